@@ -1,0 +1,158 @@
+//! The command-line surface of [`SpeculativeConfig`](super::SpeculativeConfig), generated from
+//! its fields: `snake_case` → `--kebab-case`, booleans as `--x/--no-x` pairs, literals as
+//! case-insensitive choices, the schedule as a JSON string. The `spec-rs` binary builds its
+//! parser from this table and the Python package checks its pydantic fields against it.
+
+/// How a field is spelled on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagKind {
+    /// `--x` / `--no-x`.
+    Bool,
+    Int,
+    Float,
+    Str,
+    /// One of a fixed set, case-insensitive.
+    Choice(&'static [&'static str]),
+    /// A JSON value (`'[{"batch_start": 1, ...}]'`) or a path to a YAML/JSON file holding it.
+    Json,
+}
+
+/// One configuration field exposed as a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldFlag {
+    pub field: &'static str,
+    pub kind: FlagKind,
+    pub help: &'static str,
+}
+
+impl FieldFlag {
+    /// `--num-speculative-tokens` for `num_speculative_tokens`.
+    pub fn flag(&self) -> String {
+        format!("--{}", self.field.replace('_', "-"))
+    }
+
+    /// The negative spelling of a boolean flag.
+    pub fn negated_flag(&self) -> Option<String> {
+        (self.kind == FlagKind::Bool).then(|| format!("--no-{}", self.field.replace('_', "-")))
+    }
+}
+
+pub const METHOD_CHOICES: &[&str] = &["eagle", "mtp", "dflash", "dflash2", "dspark", "ngram"];
+pub const PROPOSAL_CHOICES: &[&str] = &["argmax", "sampled"];
+pub const PLACEMENT_CHOICES: &[&str] = &["device0", "replica"];
+
+/// Every user-settable field of `SpeculativeConfig`, in declaration order.
+pub const SPECULATIVE_FLAGS: &[FieldFlag] = &[
+    FieldFlag {
+        field: "speculative_method",
+        kind: FlagKind::Choice(METHOD_CHOICES),
+        help: "Speculative decoding method (ngram is a spec-rs extension); unset disables speculation",
+    },
+    FieldFlag {
+        field: "num_speculative_tokens",
+        kind: FlagKind::Int,
+        help: "Tokens drafted per step (eagle/mtp default 2, ngram 4, block drafters: the checkpoint's width)",
+    },
+    FieldFlag {
+        field: "num_speculative_tokens_per_batch_size",
+        kind: FlagKind::Json,
+        help: "Verify width by decode batch size, as JSON: '[{\"batch_start\":1,\"batch_end\":16,\"num_tokens\":3}, ...]'",
+    },
+    FieldFlag {
+        field: "adaptive_speculative_widths",
+        kind: FlagKind::Str,
+        help: "Verify widths a throughput-driven controller chooses among: \"1,3,5\" or \"all\"",
+    },
+    FieldFlag {
+        field: "adaptive_speculative_min_batch_size",
+        kind: FlagKind::Int,
+        help: "Decode batch size below which only the widest adaptive width is used",
+    },
+    FieldFlag {
+        field: "num_speculative_tokens_mixed_batch",
+        kind: FlagKind::Int,
+        help: "Verify width on mixed prefill+decode steps (needs --enable-spec-decode-mixed-batches)",
+    },
+    FieldFlag {
+        field: "synthetic_acceptance_rate",
+        kind: FlagKind::Float,
+        help: "Benchmark-only: accept drafts with a calibrated probability, ignoring the logits (0.0-1.0)",
+    },
+    FieldFlag {
+        field: "use_relaxed_acceptance_for_thinking",
+        kind: FlagKind::Bool,
+        help: "Inside reasoning spans, accept drafts among the target's top-k close to its top-1 (lossy)",
+    },
+    FieldFlag {
+        field: "relaxed_topk",
+        kind: FlagKind::Int,
+        help: "Candidates considered by relaxed acceptance (>= 1)",
+    },
+    FieldFlag {
+        field: "relaxed_delta",
+        kind: FlagKind::Float,
+        help: "Relaxed acceptance takes candidates with p >= p_top1 - delta (0.0-1.0)",
+    },
+    FieldFlag {
+        field: "use_greedy_acceptance",
+        kind: FlagKind::Bool,
+        help: "Accept drafts by argmax match only (greedy serving)",
+    },
+    FieldFlag {
+        field: "draft_proposal",
+        kind: FlagKind::Choice(PROPOSAL_CHOICES),
+        help: "argmax drafts, or drafts sampled with their distribution kept for rejection sampling",
+    },
+    FieldFlag {
+        field: "draft_head_parallelism",
+        kind: FlagKind::Choice(PLACEMENT_CHOICES),
+        help: "Where the draft head runs with several devices: device0 or per replica",
+    },
+    FieldFlag {
+        field: "draft_probs_layout",
+        kind: FlagKind::Choice(PLACEMENT_CHOICES),
+        help: "Where sampled-draft distributions live with several devices: device0 or per replica",
+    },
+    FieldFlag {
+        field: "logit_penalties",
+        kind: FlagKind::Bool,
+        help: "Apply repetition/frequency/presence penalties at every draft position during verification",
+    },
+    FieldFlag {
+        field: "prompt_lookup_min",
+        kind: FlagKind::Int,
+        help: "ngram: shortest suffix n-gram matched in the context",
+    },
+    FieldFlag {
+        field: "prompt_lookup_max",
+        kind: FlagKind::Int,
+        help: "ngram: longest suffix n-gram matched in the context (tried first)",
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SpeculativeConfig;
+
+    #[test]
+    fn table_covers_every_config_field_in_order() {
+        let json = SpeculativeConfig::default().to_json();
+        let fields: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+        let table: Vec<&str> = SPECULATIVE_FLAGS.iter().map(|f| f.field).collect();
+        let mut a = fields.clone();
+        let mut b = table.clone();
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn flags_are_kebab_case_with_negations_for_booleans() {
+        let greedy = SPECULATIVE_FLAGS.iter().find(|f| f.field == "use_greedy_acceptance").unwrap();
+        assert_eq!(greedy.flag(), "--use-greedy-acceptance");
+        assert_eq!(greedy.negated_flag().as_deref(), Some("--no-use-greedy-acceptance"));
+        let k = SPECULATIVE_FLAGS.iter().find(|f| f.field == "num_speculative_tokens").unwrap();
+        assert_eq!(k.negated_flag(), None);
+    }
+}

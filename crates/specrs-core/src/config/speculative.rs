@@ -1,0 +1,368 @@
+//! The Rust mirror of `spec_rs.SpeculativeConfig` and every rule it is validated by.
+//!
+//! The pydantic model users hold calls [`SpeculativeConfig::validated`] through the extension,
+//! and the `spec-rs` binary calls it directly, so each rule lives here once.
+
+use serde::{Deserialize, Serialize};
+
+use super::method::{DraftPlacement, DraftProposal, SpeculativeMethod};
+use crate::error::ConfigError;
+use crate::width::{normalize_schedule, parse_adaptive_widths, VerifyWidthRange};
+
+/// Default lower bound of the n-gram match length (spec-rs extension).
+pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 2;
+/// Default upper bound of the n-gram match length (spec-rs extension).
+pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
+
+/// Configures speculative decoding for a pipeline. Field names, defaults and rules follow
+/// Modular MAX's `SpeculativeConfig`; `prompt_lookup_min`/`prompt_lookup_max` configure the
+/// spec-rs `ngram` method.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpeculativeConfig {
+    pub speculative_method: Option<SpeculativeMethod>,
+    pub num_speculative_tokens: Option<i64>,
+    pub num_speculative_tokens_per_batch_size: Option<Vec<VerifyWidthRange>>,
+    pub adaptive_speculative_widths: Option<String>,
+    pub adaptive_speculative_min_batch_size: i64,
+    pub num_speculative_tokens_mixed_batch: Option<i64>,
+    pub synthetic_acceptance_rate: Option<f64>,
+    pub use_relaxed_acceptance_for_thinking: bool,
+    pub relaxed_topk: i64,
+    pub relaxed_delta: f64,
+    pub use_greedy_acceptance: bool,
+    pub draft_proposal: DraftProposal,
+    pub draft_head_parallelism: DraftPlacement,
+    pub draft_probs_layout: DraftPlacement,
+    pub logit_penalties: bool,
+    pub prompt_lookup_min: i64,
+    pub prompt_lookup_max: i64,
+}
+
+impl Default for SpeculativeConfig {
+    fn default() -> Self {
+        Self {
+            speculative_method: None,
+            num_speculative_tokens: None,
+            num_speculative_tokens_per_batch_size: None,
+            adaptive_speculative_widths: None,
+            adaptive_speculative_min_batch_size: 1,
+            num_speculative_tokens_mixed_batch: None,
+            synthetic_acceptance_rate: None,
+            use_relaxed_acceptance_for_thinking: false,
+            relaxed_topk: 10,
+            relaxed_delta: 0.6,
+            use_greedy_acceptance: false,
+            draft_proposal: DraftProposal::Argmax,
+            draft_head_parallelism: DraftPlacement::Device0,
+            draft_probs_layout: DraftPlacement::Device0,
+            logit_penalties: false,
+            prompt_lookup_min: DEFAULT_PROMPT_LOOKUP_MIN as i64,
+            prompt_lookup_max: DEFAULT_PROMPT_LOOKUP_MAX as i64,
+        }
+    }
+}
+
+/// Which acceptance rule a pipeline runs, by the precedence synthetic > stochastic > greedy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AcceptanceRule {
+    /// Benchmark-only calibrated acceptance that ignores the logits.
+    Synthetic,
+    /// Per-row: greedy rows match the argmax, sampled rows match a target sample (argmax
+    /// drafts) or run rejection sampling against the draft distribution (sampled drafts).
+    Stochastic,
+    /// Every row matches the target argmax.
+    Greedy,
+}
+
+impl AcceptanceRule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Synthetic => "synthetic",
+            Self::Stochastic => "stochastic",
+            Self::Greedy => "greedy",
+        }
+    }
+}
+
+impl SpeculativeConfig {
+    /// Parses a JSON object (the pydantic model's dump or a config file section).
+    ///
+    /// Errors name the field at fault: unknown keys are rejected (extra fields are forbidden)
+    /// and each value is checked on its own so a wrong type points at its key.
+    pub fn from_json(value: &serde_json::Value) -> Result<Self, ConfigError> {
+        let serde_json::Value::Object(map) = value else {
+            return Err(ConfigError::new("a speculative config must be a mapping of field names to values"));
+        };
+        let known = Self::default().to_json();
+        let known = known.as_object().expect("config serialises to an object");
+        for (key, v) in map {
+            if !known.contains_key(key) {
+                let mut names: Vec<&str> = known.keys().map(String::as_str).collect();
+                names.sort_unstable();
+                return Err(ConfigError::field(
+                    key.as_str(),
+                    format!("unknown field '{key}' (extra fields are forbidden); known fields: {}", names.join(", ")),
+                ));
+            }
+            if let serde_json::Value::String(s) = v {
+                match key.as_str() {
+                    "speculative_method" => {
+                        s.parse::<SpeculativeMethod>()?;
+                    }
+                    "draft_proposal" => {
+                        s.parse::<DraftProposal>()?;
+                    }
+                    "draft_head_parallelism" | "draft_probs_layout" => {
+                        DraftPlacement::parse(key, s)?;
+                    }
+                    _ => {}
+                }
+            }
+            let single = serde_json::json!({ key.clone(): v.clone() });
+            serde_json::from_value::<Self>(single).map_err(|e| {
+                ConfigError::field(key.as_str(), format!("invalid value for {key}: {e}"))
+            })?;
+        }
+        serde_json::from_value(value.clone()).map_err(|e| ConfigError::new(e.to_string()))
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("SpeculativeConfig serialises")
+    }
+
+    /// Applies every construction-time rule and returns the normalised config: the method's
+    /// default width filled in and the schedule sorted.
+    pub fn validated(mut self) -> Result<Self, ConfigError> {
+        if let Some(k) = self.num_speculative_tokens
+            && k < 1
+        {
+            return Err(ConfigError::field(
+                "num_speculative_tokens",
+                format!("num_speculative_tokens must be >= 1, got {k}"),
+            ));
+        }
+        if self.num_speculative_tokens.is_none()
+            && let Some(k) = self
+                .speculative_method
+                .and_then(SpeculativeMethod::default_num_speculative_tokens)
+        {
+            self.num_speculative_tokens = Some(k as i64);
+        }
+        if let Some(rate) = self.synthetic_acceptance_rate
+            && !(0.0..=1.0).contains(&rate)
+        {
+            return Err(ConfigError::field(
+                "synthetic_acceptance_rate",
+                format!("synthetic_acceptance_rate must be between 0.0 and 1.0, got {rate}"),
+            ));
+        }
+        if self.relaxed_topk < 1 {
+            return Err(ConfigError::field(
+                "relaxed_topk",
+                format!("relaxed_topk must be >= 1, got {}", self.relaxed_topk),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.relaxed_delta) {
+            return Err(ConfigError::field(
+                "relaxed_delta",
+                format!("relaxed_delta must be between 0.0 and 1.0, got {}", self.relaxed_delta),
+            ));
+        }
+        if self.draft_proposal == DraftProposal::Sampled && self.use_relaxed_acceptance_for_thinking {
+            return Err(ConfigError::field(
+                "draft_proposal",
+                "draft_proposal='sampled' cannot be combined with use_relaxed_acceptance_for_thinking: \
+                 relaxed acceptance assumes each drafted token is the draft's argmax; use draft_proposal='argmax'",
+            ));
+        }
+        if let Some(ranges) = &self.num_speculative_tokens_per_batch_size {
+            self.num_speculative_tokens_per_batch_size = Some(normalize_schedule(ranges)?);
+        }
+        if self.num_speculative_tokens_per_batch_size.is_some() && self.adaptive_speculative_widths.is_some() {
+            return Err(ConfigError::field(
+                "adaptive_speculative_widths",
+                "num_speculative_tokens_per_batch_size and adaptive_speculative_widths both choose the verify width; set only one",
+            ));
+        }
+        if self.adaptive_speculative_min_batch_size < 1 {
+            return Err(ConfigError::field(
+                "adaptive_speculative_min_batch_size",
+                format!(
+                    "adaptive_speculative_min_batch_size must be >= 1, got {}",
+                    self.adaptive_speculative_min_batch_size
+                ),
+            ));
+        }
+        if self.adaptive_speculative_min_batch_size != 1 && self.adaptive_speculative_widths.is_none() {
+            return Err(ConfigError::field(
+                "adaptive_speculative_min_batch_size",
+                "adaptive_speculative_min_batch_size requires adaptive_speculative_widths to be set",
+            ));
+        }
+        if let Some(widths) = &self.adaptive_speculative_widths {
+            parse_adaptive_widths(widths, self.known_width())?;
+        }
+        if let Some(m) = self.num_speculative_tokens_mixed_batch
+            && m < 0
+        {
+            return Err(ConfigError::field(
+                "num_speculative_tokens_mixed_batch",
+                format!("num_speculative_tokens_mixed_batch must be >= 0 (0 verifies nothing on mixed steps), got {m}"),
+            ));
+        }
+        if self.prompt_lookup_min < 1 || self.prompt_lookup_max < self.prompt_lookup_min {
+            return Err(ConfigError::field(
+                "prompt_lookup_min",
+                format!(
+                    "prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max, got min={} max={}",
+                    self.prompt_lookup_min, self.prompt_lookup_max
+                ),
+            ));
+        }
+        Ok(self)
+    }
+
+    /// `num_speculative_tokens` when it is known (set, or resolved from the method).
+    pub fn known_width(&self) -> Option<usize> {
+        self.num_speculative_tokens.map(|k| k as usize)
+    }
+
+    /// The number of tokens drafted per step. Set for every config a pipeline builds.
+    pub fn draft_width(&self) -> Result<usize, ConfigError> {
+        self.known_width().ok_or_else(|| {
+            ConfigError::field(
+                "num_speculative_tokens",
+                "num_speculative_tokens is not resolved yet: block drafters take it from the draft checkpoint when the pipeline is built",
+            )
+        })
+    }
+
+    /// The validated schedule as sorted `(start, end, count)` triples.
+    pub fn verify_width_schedule(&self) -> Option<Vec<(i64, i64, i64)>> {
+        self.num_speculative_tokens_per_batch_size
+            .as_ref()
+            .map(|r| r.iter().map(VerifyWidthRange::as_triple).collect())
+    }
+
+    /// Adaptive candidate widths once the draft width is known.
+    pub fn adaptive_widths(&self) -> Result<Option<Vec<usize>>, ConfigError> {
+        match &self.adaptive_speculative_widths {
+            None => Ok(None),
+            Some(s) => parse_adaptive_widths(s, Some(self.draft_width()?)).map(Some),
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.speculative_method.is_some()
+    }
+
+    pub fn is_eagle(&self) -> bool {
+        self.speculative_method == Some(SpeculativeMethod::Eagle)
+    }
+
+    pub fn is_mtp(&self) -> bool {
+        self.speculative_method == Some(SpeculativeMethod::Mtp)
+    }
+
+    /// True for DFlash and DFlash2: v2 keeps v1's block-drafting contract.
+    pub fn is_dflash(&self) -> bool {
+        matches!(
+            self.speculative_method,
+            Some(SpeculativeMethod::Dflash | SpeculativeMethod::Dflash2)
+        )
+    }
+
+    pub fn is_dflash2(&self) -> bool {
+        self.speculative_method == Some(SpeculativeMethod::Dflash2)
+    }
+
+    pub fn is_dspark(&self) -> bool {
+        self.speculative_method == Some(SpeculativeMethod::Dspark)
+    }
+
+    pub fn is_ngram(&self) -> bool {
+        self.speculative_method == Some(SpeculativeMethod::Ngram)
+    }
+
+    pub fn is_block_draft(&self) -> bool {
+        self.speculative_method.is_some_and(SpeculativeMethod::is_block_draft)
+    }
+
+    /// The rule verification runs, by precedence synthetic > stochastic > greedy.
+    pub fn acceptance_rule(&self) -> AcceptanceRule {
+        if self.synthetic_acceptance_rate.is_some() {
+            AcceptanceRule::Synthetic
+        } else if self.use_greedy_acceptance {
+            AcceptanceRule::Greedy
+        } else {
+            AcceptanceRule::Stochastic
+        }
+    }
+
+    /// Rules checked when a pipeline is built: combinations that construct fine but that no
+    /// verifier can run.
+    pub fn check_pipeline_combinations(&self) -> Result<(), ConfigError> {
+        let greedy = self.use_greedy_acceptance;
+        let synthetic = self.synthetic_acceptance_rate.is_some();
+        let sampled = self.draft_proposal == DraftProposal::Sampled;
+        let relaxed = self.use_relaxed_acceptance_for_thinking;
+        if greedy && relaxed {
+            return Err(ConfigError::field(
+                "use_greedy_acceptance",
+                "Greedy acceptance has no relaxed rule: unset use_greedy_acceptance or use_relaxed_acceptance_for_thinking",
+            ));
+        }
+        if greedy && synthetic {
+            return Err(ConfigError::field(
+                "use_greedy_acceptance",
+                "use_greedy_acceptance cannot be combined with synthetic_acceptance_rate: synthetic acceptance replaces the acceptance rule",
+            ));
+        }
+        if sampled && synthetic {
+            return Err(ConfigError::field(
+                "draft_proposal",
+                "draft_proposal='sampled' cannot be combined with synthetic_acceptance_rate: synthetic acceptance ignores the draft distribution",
+            ));
+        }
+        if sampled && greedy {
+            return Err(ConfigError::field(
+                "draft_proposal",
+                "draft_proposal='sampled' cannot be combined with use_greedy_acceptance: greedy acceptance never reads the draft distribution",
+            ));
+        }
+        if sampled && self.is_ngram() {
+            return Err(ConfigError::field(
+                "draft_proposal",
+                "draft_proposal='sampled' needs a drafter with a distribution; the ngram method proposes copied tokens, use draft_proposal='argmax'",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eagle_and_mtp_default_to_two_block_drafters_stay_unset() {
+        let c = |m| SpeculativeConfig { speculative_method: Some(m), ..Default::default() }.validated().unwrap();
+        assert_eq!(c(SpeculativeMethod::Eagle).num_speculative_tokens, Some(2));
+        assert_eq!(c(SpeculativeMethod::Mtp).num_speculative_tokens, Some(2));
+        assert_eq!(c(SpeculativeMethod::Ngram).num_speculative_tokens, Some(4));
+        assert_eq!(c(SpeculativeMethod::Dflash).num_speculative_tokens, None);
+        assert!(c(SpeculativeMethod::Dspark).draft_width().is_err());
+    }
+
+    #[test]
+    fn precedence_is_synthetic_then_stochastic_then_greedy() {
+        let mut c = SpeculativeConfig::default();
+        assert_eq!(c.acceptance_rule(), AcceptanceRule::Stochastic);
+        c.use_greedy_acceptance = true;
+        assert_eq!(c.acceptance_rule(), AcceptanceRule::Greedy);
+        c.synthetic_acceptance_rate = Some(0.5);
+        assert_eq!(c.acceptance_rule(), AcceptanceRule::Synthetic);
+    }
+}
