@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod kv_blocks;
 pub mod metrics;
+pub mod model_alias;
 pub mod ngram;
 pub mod sampling;
 pub mod width;

@@ -1,1 +1,24 @@
-//! placeholder
+//! spec-rs models on candle: the Llama-family targets and the drafters, weight loading from
+//! safetensors and GGUF, paged KV storage and attention over ragged batches.
+//!
+//! Model files follow candle's pattern (`Config` → `load` → `forward`), keep Hugging Face
+//! weight names and comment shapes per step. The same code runs on `Device::Cpu` and
+//! `Device::Cuda`; CPU-only fast paths fall back to device-generic tensor ops elsewhere.
+
+pub mod attention;
+pub mod batch;
+pub mod config;
+pub mod error;
+pub mod kv_cache;
+pub mod linear;
+pub mod models;
+pub mod norm;
+pub mod rope;
+pub mod weights;
+
+pub use batch::{AttentionMask, BatchRow, ForwardBatch};
+pub use config::{Architecture, DecoderConfig, RopeScaling};
+pub use error::{ModelError, Result};
+pub use kv_cache::PagedKvCache;
+pub use models::{CausalLm, ForwardOutput, load_causal_lm};
+pub use weights::{ModelDType, WeightStore};

@@ -1,1 +1,21 @@
-//! (being written)
+//! Sampling on slices: request parameters, counter-based random numbers, logit processing
+//! and draws from the processed distribution.
+//!
+//! One position is processed as penalties → temperature → top-k → top-p → min-p →
+//! renormalise ([`SamplingWorkspace::processed_probs`]) and sampled by inverse CDF with one
+//! uniform ([`sample_inverse_cdf`]) from a pure `(seed, stream, counter)` generator
+//! ([`uniform`]). Plain decoding and every acceptance rule go through these functions, so a
+//! sampled token means the same thing on every path.
+
+mod distribution;
+mod logits;
+mod params;
+mod penalties;
+mod rng;
+mod truncation;
+
+pub use distribution::{processed_probs, sample_inverse_cdf, SamplingWorkspace};
+pub use logits::{argmax, log_softmax_in_place, logprobs_of, logsumexp, max_value, softmax_in_place, top_n};
+pub use params::{SamplingParams, GREEDY_TEMPERATURE, MAX_ABS_ADDITIVE_PENALTY, MAX_LOGPROBS};
+pub use penalties::PenaltyContext;
+pub use rng::{random_bits, splitmix64_mix, uniform, RngStream, GOLDEN_GAMMA};

@@ -1,0 +1,270 @@
+//! The dispatcher: picks each row's rule and walks its positions.
+
+use super::greedy;
+use super::phase::ThinkingTokens;
+use super::position::{Position, Scratch, Verdict};
+use super::relaxed::RelaxedRule;
+use super::row::{VerifyError, VerifyOutput, VerifyRow};
+use super::stochastic;
+use super::synthetic::SyntheticRule;
+use crate::config::{AcceptanceRule, DraftProposal, SpeculativeConfig};
+use crate::error::ConfigError;
+use crate::sampling::PenaltyContext;
+
+/// The rule one row runs, resolved once per row.
+#[derive(Clone, Copy)]
+enum RowRule<'a> {
+    Synthetic(SyntheticRule),
+    Greedy,
+    /// Target-sample match, with the relaxed overlay where the row is in a reasoning span.
+    TargetSample { relaxed: Option<RelaxedRule> },
+    /// Rejection sampling against the row's draft distributions (`[n · V]`), if any.
+    Rejection { draft_probs: Option<&'a [f32]> },
+}
+
+/// Verifies draft tokens against target logits under the pipeline's acceptance rule.
+///
+/// Built once per pipeline; `accept_row` and `accept_batch` are pure functions of their rows,
+/// so a row's result never depends on the batch around it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptanceSampler {
+    rule: AcceptanceRule,
+    draft_proposal: DraftProposal,
+    vocab_size: usize,
+    num_draft_steps: usize,
+    /// Set when the config asks for relaxed acceptance and the rule is stochastic.
+    relaxed: Option<RelaxedRule>,
+    /// Set under the synthetic rule.
+    synthetic: Option<SyntheticRule>,
+    thinking: Option<ThinkingTokens>,
+}
+
+impl AcceptanceSampler {
+    /// Builds the sampler for a pipeline drafting `num_draft_steps` tokens per step (`K`) over
+    /// a vocabulary of `vocab_size`. `thinking_token_ids` are the tokenizer's reasoning
+    /// `(start, end)` ids, required by `use_relaxed_acceptance_for_thinking`.
+    pub fn new(
+        config: &SpeculativeConfig,
+        num_draft_steps: usize,
+        vocab_size: usize,
+        thinking_token_ids: Option<(u32, u32)>,
+    ) -> Result<Self, ConfigError> {
+        let config = config.clone().validated()?;
+        config.check_pipeline_combinations()?;
+        if num_draft_steps == 0 {
+            return Err(ConfigError::field(
+                "num_speculative_tokens",
+                "speculative decoding drafts at least one token per step; got 0 draft steps",
+            ));
+        }
+        if vocab_size == 0 {
+            return Err(ConfigError::new("the target vocabulary is empty (vocab_size = 0)"));
+        }
+        let thinking = thinking_token_ids.map(|(start, end)| ThinkingTokens { start, end });
+        if let Some(t) = thinking
+            && (t.start as usize >= vocab_size || t.end as usize >= vocab_size)
+        {
+            return Err(ConfigError::new(format!(
+                "reasoning token ids ({}, {}) are outside the vocabulary of {vocab_size} tokens",
+                t.start, t.end
+            )));
+        }
+        if config.use_relaxed_acceptance_for_thinking && thinking.is_none() {
+            return Err(ConfigError::field(
+                "use_relaxed_acceptance_for_thinking",
+                "use_relaxed_acceptance_for_thinking needs the model's reasoning start/end token ids \
+                 (e.g. <think> and </think>), and this tokenizer has none; unset the flag for this model",
+            ));
+        }
+        let rule = config.acceptance_rule();
+        // `validated` bounds relaxed_topk to >= 1 and relaxed_delta to [0, 1].
+        let relaxed = (rule == AcceptanceRule::Stochastic && config.use_relaxed_acceptance_for_thinking).then(|| {
+            RelaxedRule {
+                topk: usize::try_from(config.relaxed_topk).unwrap_or(1),
+                delta: config.relaxed_delta,
+            }
+        });
+        let synthetic = config
+            .synthetic_acceptance_rate
+            .map(|rate| SyntheticRule::new(rate, num_draft_steps));
+        Ok(Self {
+            rule,
+            draft_proposal: config.draft_proposal,
+            vocab_size,
+            num_draft_steps,
+            relaxed,
+            synthetic,
+            thinking,
+        })
+    }
+
+    /// The acceptance rule, by precedence synthetic > stochastic > greedy.
+    pub fn rule(&self) -> AcceptanceRule {
+        self.rule
+    }
+
+    pub fn draft_proposal(&self) -> DraftProposal {
+        self.draft_proposal
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub fn num_draft_steps(&self) -> usize {
+        self.num_draft_steps
+    }
+
+    /// The relaxed thinking rule when it is active.
+    pub fn relaxed_rule(&self) -> Option<RelaxedRule> {
+        self.relaxed
+    }
+
+    /// The calibrated synthetic rule under the synthetic acceptance rule.
+    pub fn synthetic_rule(&self) -> Option<SyntheticRule> {
+        self.synthetic
+    }
+
+    /// The startup log line, e.g. `Speculative acceptance rule: stochastic
+    /// (draft_proposal=argmax, relaxed=off)`.
+    pub fn describe(&self) -> String {
+        let relaxed = match self.relaxed {
+            Some(r) => format!("on, topk={}, delta={}", r.topk, r.delta),
+            None => "off".to_string(),
+        };
+        let mut line = format!(
+            "Speculative acceptance rule: {} (draft_proposal={}, relaxed={relaxed})",
+            self.rule.as_str(),
+            self.draft_proposal.as_str(),
+        );
+        if let Some(s) = self.synthetic {
+            line.push_str(&format!(
+                "; synthetic mean joint acceptance {} over {} drafts = {:.6} per position. \
+                 Benchmark only: emitted tokens are the target argmax, not a faithful decode",
+                s.mean_joint_rate, self.num_draft_steps, s.per_position_rate
+            ));
+        }
+        line
+    }
+
+    /// Verifies one row.
+    pub fn accept_row(&self, row: &VerifyRow) -> Result<VerifyOutput, VerifyError> {
+        self.accept_row_with(row, &mut Scratch::new(self.vocab_size))
+    }
+
+    /// Verifies each row in order, sharing scratch buffers; errors name the row at fault.
+    pub fn accept_batch(&self, rows: &[VerifyRow]) -> Result<Vec<VerifyOutput>, VerifyError> {
+        let mut scratch = Scratch::new(self.vocab_size);
+        rows.iter()
+            .enumerate()
+            .map(|(i, row)| self.accept_row_with(row, &mut scratch).map_err(|e| e.in_row(i)))
+            .collect()
+    }
+
+    fn row_rule<'a>(&self, row: &VerifyRow<'a>) -> RowRule<'a> {
+        if let Some(synthetic) = self.synthetic {
+            return RowRule::Synthetic(synthetic);
+        }
+        if self.rule == AcceptanceRule::Greedy || row.params.is_greedy() {
+            return RowRule::Greedy;
+        }
+        match self.draft_proposal {
+            DraftProposal::Argmax => RowRule::TargetSample { relaxed: self.relaxed },
+            DraftProposal::Sampled => RowRule::Rejection {
+                draft_probs: row.draft_probs,
+            },
+        }
+    }
+
+    /// Walks the row's positions in order until the first rejection, then emits the
+    /// recovered token, or the bonus token when every draft was accepted. Positions past the
+    /// first rejection are never processed.
+    fn accept_row_with(&self, row: &VerifyRow, scratch: &mut Scratch) -> Result<VerifyOutput, VerifyError> {
+        row.check(self.vocab_size)?;
+        let vocab = self.vocab_size;
+        let rule = self.row_rule(row);
+        let mut penalties = row
+            .params
+            .has_penalties()
+            .then(|| PenaltyContext::new(row.history, row.prompt_len));
+        // Phase before position `i` = phase after committing `drafts[..i]`.
+        let mut in_thinking = row.in_thinking;
+        let mut num_relaxed_accepted = 0;
+
+        for (i, (&draft, logits)) in row.drafts.iter().zip(row.logits.chunks_exact(vocab)).enumerate() {
+            let pos = Position {
+                index: i,
+                logits,
+                params: row.params,
+                seed: row.seed,
+                penalties: penalties.as_ref(),
+            };
+            let verdict = match rule {
+                RowRule::Synthetic(synthetic) => {
+                    synthetic.verify(&pos, || greedy::target_argmax(&pos, &mut scratch.workspace))
+                }
+                RowRule::Greedy => greedy::verify(&pos, draft, &mut scratch.workspace),
+                RowRule::TargetSample { relaxed: Some(relaxed) } if in_thinking => relaxed.verify(logits, draft),
+                RowRule::TargetSample { .. } => stochastic::verify_by_target_sample(&pos, draft, &mut scratch.workspace),
+                RowRule::Rejection { draft_probs } => {
+                    let q = draft_probs.map(|q| &q[i * vocab..(i + 1) * vocab]);
+                    stochastic::verify_against_draft(&pos, draft, q, scratch)
+                }
+            };
+            match verdict {
+                Verdict::Accept | Verdict::AcceptRelaxed => {
+                    num_relaxed_accepted += usize::from(verdict == Verdict::AcceptRelaxed);
+                    in_thinking = self.phase_after(in_thinking, draft);
+                    if let Some(ctx) = penalties.as_mut() {
+                        ctx.record_output(draft);
+                    }
+                }
+                Verdict::Reject { recovered } => {
+                    return Ok(self.finish(row, i, recovered, false, in_thinking, num_relaxed_accepted));
+                }
+            }
+        }
+
+        let n = row.drafts.len();
+        let bonus_position = Position {
+            index: n,
+            logits: &row.logits[n * vocab..(n + 1) * vocab],
+            params: row.params,
+            seed: row.seed,
+            penalties: penalties.as_ref(),
+        };
+        let bonus = match rule {
+            RowRule::Synthetic(_) | RowRule::Greedy => greedy::target_argmax(&bonus_position, &mut scratch.workspace),
+            RowRule::TargetSample { .. } | RowRule::Rejection { .. } => {
+                stochastic::sample_target(&bonus_position, &mut scratch.workspace)
+            }
+        };
+        Ok(self.finish(row, n, bonus, true, in_thinking, num_relaxed_accepted))
+    }
+
+    fn phase_after(&self, in_thinking: bool, token: u32) -> bool {
+        self.thinking.map_or(in_thinking, |t| t.after(in_thinking, token))
+    }
+
+    fn finish(
+        &self,
+        row: &VerifyRow,
+        num_accepted: usize,
+        next: u32,
+        next_is_bonus: bool,
+        in_thinking: bool,
+        num_relaxed_accepted: usize,
+    ) -> VerifyOutput {
+        let mut tokens = Vec::with_capacity(num_accepted + 1);
+        tokens.extend_from_slice(&row.drafts[..num_accepted]);
+        tokens.push(next);
+        VerifyOutput {
+            num_drafts: row.drafts.len(),
+            num_accepted,
+            tokens,
+            next_is_bonus,
+            in_thinking_after: self.phase_after(in_thinking, next),
+            num_relaxed_accepted,
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The processed target distribution of one position, and sampling from it.
+//!
+//! Order: penalties → temperature → top-k → top-p → min-p → renormalise. Greedy requests
+//! (temperature below [`GREEDY_TEMPERATURE`](super::params::GREEDY_TEMPERATURE)) get a one-hot
+//! row at the penalised argmax, so every caller can treat them as a distribution.
+//!
+//! Every step that speculative verification and plain decoding share lives here, once: a
+//! token accepted by the target-sample rule is then drawn from exactly the distribution a
+//! non-speculative step would have drawn from.
+
+use super::logits::{argmax, max_value, softmax_with_inverse_temperature};
+use super::params::SamplingParams;
+use super::penalties::PenaltyContext;
+use super::truncation::{kth_largest, min_p_threshold, top_p_threshold};
+
+/// Reusable buffers for processing positions one at a time: no allocation per position once
+/// the buffers have grown to the vocabulary size.
+#[derive(Debug, Clone, Default)]
+pub struct SamplingWorkspace {
+    /// `[V]`: the row being processed (logits, then probabilities).
+    row: Vec<f32>,
+    /// `[<= V]`: selection scratch for top-k and top-p.
+    pool: Vec<f32>,
+}
+
+impl SamplingWorkspace {
+    pub fn new(vocab_size: usize) -> Self {
+        Self {
+            row: Vec::with_capacity(vocab_size),
+            pool: Vec::with_capacity(vocab_size),
+        }
+    }
+
+    /// `logits` (`[V]`) with the request's penalties applied (a copy; the input is untouched).
+    pub fn penalized_logits(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+    ) -> &[f32] {
+        self.load_penalized(logits, params, penalties);
+        &self.row
+    }
+
+    /// The argmax after penalties; reads `logits` in place when no penalty applies.
+    pub fn penalized_argmax(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+    ) -> u32 {
+        match penalties {
+            Some(ctx) if params.has_penalties() => {
+                self.row.clear();
+                self.row.extend_from_slice(logits);
+                ctx.apply(&mut self.row, params);
+                argmax(&self.row)
+            }
+            _ => argmax(logits),
+        }
+    }
+
+    /// The processed target distribution (`[V]`, sums to one) of one position's `logits`.
+    pub fn processed_probs(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+    ) -> &[f32] {
+        self.load_penalized(logits, params, penalties);
+        let row = &mut self.row;
+        if params.is_greedy() {
+            let best = argmax(row) as usize;
+            row.fill(0.0);
+            if let Some(p) = row.get_mut(best) {
+                *p = 1.0;
+            }
+            return row;
+        }
+        if let Some(k) = params.top_k_for(row.len()) {
+            let kth = kth_largest(row, k, &mut self.pool);
+            for logit in row.iter_mut() {
+                if *logit < kth {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        softmax_with_inverse_temperature(row, 1.0 / params.temperature);
+        let mut cut = false;
+        if params.top_p < 1.0 {
+            let threshold = top_p_threshold(row, params.top_p, &mut self.pool);
+            cut |= zero_below(row, threshold);
+        }
+        if params.min_p > 0.0 {
+            let threshold = min_p_threshold(max_value(row), params.min_p);
+            cut |= zero_below(row, threshold);
+        }
+        if cut {
+            renormalize(row);
+        }
+        row
+    }
+
+    fn load_penalized(&mut self, logits: &[f32], params: &SamplingParams, penalties: Option<&PenaltyContext>) {
+        self.row.clear();
+        self.row.extend_from_slice(logits);
+        if let Some(ctx) = penalties
+            && params.has_penalties()
+        {
+            ctx.apply(&mut self.row, params);
+        }
+    }
+}
+
+/// The processed target distribution (`[V]`) of one position; allocates. Hot loops use
+/// [`SamplingWorkspace::processed_probs`].
+pub fn processed_probs(logits: &[f32], params: &SamplingParams, penalties: Option<&PenaltyContext>) -> Vec<f32> {
+    let mut workspace = SamplingWorkspace::new(logits.len());
+    workspace.processed_probs(logits, params, penalties);
+    workspace.row
+}
+
+/// Zeroes every probability below `threshold`; returns whether anything was removed.
+fn zero_below(probs: &mut [f32], threshold: f32) -> bool {
+    let mut removed = false;
+    for p in probs.iter_mut() {
+        if *p < threshold && *p > 0.0 {
+            *p = 0.0;
+            removed = true;
+        }
+    }
+    removed
+}
+
+/// Rescales a row with positive mass to sum to one.
+fn renormalize(probs: &mut [f32]) {
+    let total: f64 = probs.iter().filter(|&&p| p > 0.0).map(|&p| f64::from(p)).sum();
+    if total > 0.0 {
+        let scale = (1.0 / total) as f32;
+        for p in probs.iter_mut() {
+            *p *= scale;
+        }
+    }
+}
+
+/// Draws one token from `weights` (`[V]`, non-negative, need not sum to one) with one
+/// uniform `u ∈ [0, 1)`: the first token, in id order, whose cumulative weight exceeds
+/// `u · total`.
+///
+/// Exact in the sense that token `i` is returned for a `u`-interval of length
+/// `weights[i] / total`; cumulative sums run in f64 over the same terms as the total.
+/// Tokens with zero (or NaN) weight are never returned, even when rounding pushes `u · total`
+/// past the last cumulative sum: then the last positive token is returned. A row without
+/// positive weight returns token 0.
+pub fn sample_inverse_cdf(weights: &[f32], u: f64) -> u32 {
+    let total: f64 = weights.iter().filter(|&&w| w > 0.0).map(|&w| f64::from(w)).sum();
+    let target = u * total;
+    let mut cumulative = 0.0f64;
+    let mut last_positive = 0usize;
+    for (i, &w) in weights.iter().enumerate() {
+        if w > 0.0 {
+            cumulative += f64::from(w);
+            last_positive = i;
+            if cumulative > target {
+                return i as u32;
+            }
+        }
+    }
+    last_positive as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32, top_k: i64, top_p: f32, min_p: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            ..Default::default()
+        }
+    }
+
+    fn support(probs: &[f32]) -> Vec<usize> {
+        probs.iter().enumerate().filter(|(_, p)| **p > 0.0).map(|(i, _)| i).collect()
+    }
+
+    #[test]
+    fn greedy_rows_are_one_hot_at_the_penalized_argmax() {
+        let logits = [1.0f32, 3.0, 2.9, 0.0];
+        assert_eq!(processed_probs(&logits, &SamplingParams::greedy(), None), [0.0, 1.0, 0.0, 0.0]);
+        let ctx = PenaltyContext::new(&[1], 0);
+        let penalized = SamplingParams {
+            presence_penalty: 0.5,
+            ..SamplingParams::greedy()
+        };
+        assert_eq!(processed_probs(&logits, &penalized, Some(&ctx)), [0.0, 0.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn each_filter_keeps_the_documented_set_and_renormalizes() {
+        // softmax([ln 4, ln 3, ln 2, ln 1]) = [0.4, 0.3, 0.2, 0.1].
+        let logits = [4.0f32.ln(), 3.0f32.ln(), 2.0f32.ln(), 0.0];
+        let p = processed_probs(&logits, &params(1.0, 2, 1.0, 0.0), None);
+        assert_eq!(support(&p), vec![0, 1]);
+        assert!((p[0] - 4.0 / 7.0).abs() < 1e-6);
+        // 0.4 + 0.3 = 0.7 reaches 0.65, 0.4 alone does not.
+        let p = processed_probs(&logits, &params(1.0, 0, 0.65, 0.0), None);
+        assert_eq!(support(&p), vec![0, 1]);
+        // min_p 0.45 keeps p >= 0.18.
+        let p = processed_probs(&logits, &params(1.0, 0, 1.0, 0.45), None);
+        assert_eq!(support(&p), vec![0, 1, 2]);
+        assert!((p[2] - 0.2 / 0.9).abs() < 1e-6);
+        let total: f32 = p.iter().sum();
+        assert!((total - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_p_applies_after_top_k_on_the_renormalized_mass() {
+        let logits = [4.0f32.ln(), 3.0f32.ln(), 2.0f32.ln(), 0.0];
+        // After top-k 3 the row is [4, 3, 2] / 9 and 4/9 alone reaches 0.42; on the full
+        // row 0.4 would not.
+        let p = processed_probs(&logits, &params(1.0, 3, 0.42, 0.0), None);
+        assert_eq!(support(&p), vec![0]);
+        let p = processed_probs(&logits, &params(1.0, 0, 0.42, 0.0), None);
+        assert_eq!(support(&p), vec![0, 1]);
+    }
+
+    #[test]
+    fn temperature_scales_logits_before_the_softmax() {
+        let logits = [0.0f32, 1.0];
+        let p = processed_probs(&logits, &params(0.5, 0, 1.0, 0.0), None);
+        let expected = 1.0 / (1.0 + (-2.0f32).exp());
+        assert!((p[1] - expected).abs() < 1e-6);
+    }
+
+    #[test]
+    fn inverse_cdf_walks_weights_in_id_order_and_never_returns_zero_weight() {
+        let weights = [0.0f32, 0.25, 0.0, 0.5, 0.25, 0.0];
+        assert_eq!(sample_inverse_cdf(&weights, 0.0), 1);
+        assert_eq!(sample_inverse_cdf(&weights, 0.2499), 1);
+        assert_eq!(sample_inverse_cdf(&weights, 0.25), 3);
+        assert_eq!(sample_inverse_cdf(&weights, 0.7499), 3);
+        assert_eq!(sample_inverse_cdf(&weights, 0.75), 4);
+        assert_eq!(sample_inverse_cdf(&weights, 1.0 - f64::EPSILON / 2.0), 4);
+        // Unnormalized weights and NaN entries.
+        assert_eq!(sample_inverse_cdf(&[f32::NAN, 2.0, 2.0, f32::NAN], 0.6), 2);
+        // Rounding past the end (u = 1 cannot come from `uniform`, it stands for rounding).
+        assert_eq!(sample_inverse_cdf(&weights, 1.0), 4);
+        assert_eq!(sample_inverse_cdf(&[0.0, 0.0], 0.5), 0);
+    }
+
+    #[test]
+    fn workspace_reuse_gives_the_same_rows_as_fresh_processing() {
+        let mut ws = SamplingWorkspace::new(4);
+        let a = [0.3f32, 1.0, -2.0, 0.7];
+        let b = [2.0f32, 1.0, 0.0, -1.0, 5.0, 0.1];
+        let p = params(0.8, 3, 0.9, 0.05);
+        assert_eq!(ws.processed_probs(&b, &p, None), processed_probs(&b, &p, None).as_slice());
+        assert_eq!(ws.processed_probs(&a, &p, None), processed_probs(&a, &p, None).as_slice());
+        assert_eq!(ws.penalized_logits(&a, &p, None), &a);
+        assert_eq!(ws.penalized_argmax(&a, &p, None), 1);
+    }
+}

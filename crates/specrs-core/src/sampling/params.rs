@@ -1,0 +1,215 @@
+//! Per-request sampling parameters and their validation.
+//!
+//! Field names and meanings follow vLLM's `SamplingParams` / the OpenAI API so the server and
+//! the Python API pass values through unchanged. `validate` runs once at admission; the
+//! acceptance and sampling code then trusts the values but never panics on invalid ones.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// Temperatures below this sample greedily (argmax), as in Modular MAX and vLLM.
+pub const GREEDY_TEMPERATURE: f32 = 1e-5;
+
+/// The most top-n logprobs a request may ask for per emitted token (OpenAI's limit).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// Bound on |frequency_penalty| and |presence_penalty| (OpenAI's range).
+pub const MAX_ABS_ADDITIVE_PENALTY: f32 = 2.0;
+
+/// How one request samples and when it stops.
+///
+/// Off values: `top_k <= 0` (or `>= vocab_size`), `top_p == 1`, `min_p == 0`,
+/// `repetition_penalty == 1`, `frequency_penalty == presence_penalty == 0`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingParams {
+    /// Softmax temperature; below [`GREEDY_TEMPERATURE`] the request decodes greedily.
+    pub temperature: f32,
+    /// Keep the `top_k` highest logits; `0` (the default) or any value `<= 0` means off, as
+    /// does a value `>= vocab_size`. Tokens tied with the k-th logit are kept too.
+    pub top_k: i64,
+    /// Nucleus sampling: keep the smallest set of most likely tokens whose mass reaches
+    /// `top_p`. `1.0` means off.
+    pub top_p: f32,
+    /// Keep tokens whose probability is at least `min_p` times the top token's; `0` is off.
+    pub min_p: f32,
+    /// Seed of the request's random streams; the engine draws one when unset.
+    pub seed: Option<u64>,
+    /// Divides positive (multiplies negative) logits of every token seen in the prompt or
+    /// the output. `1.0` means off.
+    pub repetition_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the output.
+    pub frequency_penalty: f32,
+    /// Subtracted from a token's logit once if it occurs in the output.
+    pub presence_penalty: f32,
+    /// Stop after this many generated tokens; `None` runs to the context limit.
+    pub max_tokens: Option<usize>,
+    /// Stop when the detokenized output contains one of these strings.
+    pub stop: Vec<String>,
+    /// Stop after emitting one of these token ids (in addition to EOS).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past EOS.
+    pub ignore_eos: bool,
+    /// Return this many top logprobs (from the raw target logits) per emitted token.
+    pub logprobs: Option<usize>,
+    /// Do not stop (EOS or stop ids) before this many generated tokens.
+    pub min_tokens: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            max_tokens: None,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            min_tokens: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding: `temperature = 0`.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// True when the request decodes by argmax. NaN counts as greedy so a bad value can never
+    /// reach a division.
+    pub fn is_greedy(&self) -> bool {
+        !(self.temperature >= GREEDY_TEMPERATURE)
+    }
+
+    /// True when any of the repetition, frequency or presence penalties is on.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+    }
+
+    /// The top-k cut for a vocabulary of `vocab_size` tokens, or `None` when it keeps
+    /// everything.
+    pub fn top_k_for(&self, vocab_size: usize) -> Option<usize> {
+        usize::try_from(self.top_k).ok().filter(|&k| k > 0 && k < vocab_size)
+    }
+
+    /// Checks every field; errors name the field at fault.
+    pub fn validate(&self, vocab_size: usize) -> Result<(), ConfigError> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(ConfigError::field(
+                "temperature",
+                format!("temperature must be a finite number >= 0 (0 decodes greedily), got {}", self.temperature),
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(ConfigError::field(
+                "top_p",
+                format!("top_p must be in (0, 1] (1 disables it), got {}", self.top_p),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(ConfigError::field(
+                "min_p",
+                format!("min_p must be in [0, 1] (0 disables it), got {}", self.min_p),
+            ));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(ConfigError::field(
+                "repetition_penalty",
+                format!(
+                    "repetition_penalty must be a finite number > 0 (1 disables it), got {}",
+                    self.repetition_penalty
+                ),
+            ));
+        }
+        for (field, value) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-MAX_ABS_ADDITIVE_PENALTY..=MAX_ABS_ADDITIVE_PENALTY).contains(&value) {
+                return Err(ConfigError::field(
+                    field,
+                    format!("{field} must be in [-2, 2] (0 disables it), got {value}"),
+                ));
+            }
+        }
+        if let Some(n) = self.logprobs
+            && n > MAX_LOGPROBS
+        {
+            return Err(ConfigError::field(
+                "logprobs",
+                format!("logprobs must be <= {MAX_LOGPROBS}, got {n}"),
+            ));
+        }
+        if self.max_tokens == Some(0) {
+            return Err(ConfigError::field("max_tokens", "max_tokens must be >= 1 when set, got 0"));
+        }
+        if let Some(max) = self.max_tokens
+            && self.min_tokens > max
+        {
+            return Err(ConfigError::field(
+                "min_tokens",
+                format!("min_tokens ({}) must not exceed max_tokens ({max})", self.min_tokens),
+            ));
+        }
+        if let Some(&id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(ConfigError::field(
+                "stop_token_ids",
+                format!("stop_token_ids contains {id}, outside the vocabulary of {vocab_size} tokens"),
+            ));
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(ConfigError::field("stop", "stop strings must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_turn_every_filter_off() {
+        let p = SamplingParams::default();
+        assert!(!p.is_greedy());
+        assert!(!p.has_penalties());
+        assert_eq!(p.top_k_for(100), None);
+        assert!(p.validate(100).is_ok());
+    }
+
+    #[test]
+    fn greedy_below_threshold_and_for_nan() {
+        for t in [0.0, 9e-6, -1.0, f32::NAN] {
+            assert!(SamplingParams { temperature: t, ..Default::default() }.is_greedy(), "{t}");
+        }
+        assert!(!SamplingParams { temperature: 1e-5, ..Default::default() }.is_greedy());
+    }
+
+    #[test]
+    fn top_k_is_off_at_or_below_zero_and_at_vocab_size() {
+        let k = |top_k| SamplingParams { top_k, ..Default::default() }.top_k_for(10);
+        assert_eq!(k(-1), None);
+        assert_eq!(k(0), None);
+        assert_eq!(k(10), None);
+        assert_eq!(k(3), Some(3));
+    }
+
+    #[test]
+    fn partial_json_fills_defaults_and_unknown_keys_are_rejected() {
+        let p: SamplingParams = serde_json::from_str(r#"{"temperature": 0.5, "seed": 7}"#).unwrap();
+        assert_eq!(p, SamplingParams { temperature: 0.5, seed: Some(7), ..Default::default() });
+        assert!(serde_json::from_str::<SamplingParams>(r#"{"temprature": 0.5}"#).is_err());
+    }
+}

@@ -1,0 +1,58 @@
+//! Target model families and the loader that picks one from a checkpoint.
+
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+pub mod transformer;
+
+use std::path::Path;
+
+use candle_core::Device;
+
+pub use transformer::{CausalLm, ForwardOutput};
+
+use crate::config::{Architecture, DecoderConfig};
+use crate::error::{ModelError, Result};
+use crate::weights::{ModelDType, WeightSource, WeightStore};
+
+/// Reads the decoder configuration of a checkpoint: GGUF metadata, or the `config.json` beside
+/// (or inside) a safetensors checkpoint.
+pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
+    match store.source() {
+        WeightSource::Gguf(g) => g.decoder_config(),
+        WeightSource::Safetensors(_) => {
+            let dir = if path.is_dir() {
+                path
+            } else {
+                path.parent().unwrap_or(Path::new("."))
+            };
+            let cfg_path = dir.join("config.json");
+            let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
+                ModelError::file(
+                    &cfg_path,
+                    format!("cannot read the model's config.json: {e}"),
+                )
+            })?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
+            let cfg = DecoderConfig::from_hf_json(&json)?;
+            Ok(match cfg.architecture {
+                Architecture::Llama => llama::adapt(cfg),
+                Architecture::Qwen2 => qwen2::adapt(cfg),
+                Architecture::Qwen3 => qwen3::adapt(cfg),
+            })
+        }
+    }
+}
+
+/// Opens a checkpoint (GGUF file, safetensors file or directory) and loads its decoder.
+pub fn load_causal_lm(
+    path: &Path,
+    device: &Device,
+    dtype: ModelDType,
+) -> Result<(CausalLm, WeightStore)> {
+    let store = WeightStore::open(path, device.clone(), dtype)?;
+    let config = read_config(&store, path)?;
+    let model = CausalLm::load(&store, config)?;
+    Ok((model, store))
+}

@@ -1,0 +1,435 @@
+//! The Llama-family decoder shared by Llama, Qwen2 and Qwen3: pre-norm layers of GQA
+//! attention with RoPE and a SwiGLU MLP, run over a ragged batch against paged KV storage.
+//! It returns logits only where asked, plus residual-stream taps for drafters.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+use crate::attention::{AttentionShape, paged_attention};
+use crate::batch::ForwardBatch;
+use crate::config::DecoderConfig;
+use crate::error::Result as LoadResult;
+use crate::kv_cache::PagedKvCache;
+use crate::linear::{FusedLinear, Linear, LinearWeight};
+use crate::norm::RmsNorm;
+use crate::rope::RotaryEmbedding;
+use crate::weights::WeightStore;
+
+/// Attention sub-block of one decoder layer.
+#[derive(Debug, Clone)]
+pub struct SelfAttention {
+    qkv: FusedLinear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    shape: AttentionShape,
+}
+
+impl SelfAttention {
+    pub fn load(store: &WeightStore, prefix: &str, cfg: &DecoderConfig) -> LoadResult<Self> {
+        let (h, nh, nkv, d) = (
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        Self::load_with_input(store, prefix, cfg, h, nh * d, nkv * d, nh, nkv, d)
+    }
+
+    /// Loads with an explicit input width (EAGLE-3's midlayer attends over `2H` inputs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn load_with_input(
+        store: &WeightStore,
+        prefix: &str,
+        cfg: &DecoderConfig,
+        in_dim: usize,
+        q_dim: usize,
+        kv_dim: usize,
+        num_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> LoadResult<Self> {
+        let bias = cfg.attention_bias;
+        let q = store.linear(&format!("{prefix}.q_proj"), q_dim, in_dim, bias)?;
+        let k = store.linear(&format!("{prefix}.k_proj"), kv_dim, in_dim, bias)?;
+        let v = store.linear(&format!("{prefix}.v_proj"), kv_dim, in_dim, bias)?;
+        let o_proj = store.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, q_dim, false)?;
+        let (q_norm, k_norm) = if cfg.qk_norm || store.contains(&format!("{prefix}.q_norm.weight"))
+        {
+            (
+                Some(RmsNorm::load(
+                    store,
+                    &format!("{prefix}.q_norm.weight"),
+                    head_dim,
+                    cfg.rms_norm_eps,
+                )?),
+                Some(RmsNorm::load(
+                    store,
+                    &format!("{prefix}.k_norm.weight"),
+                    head_dim,
+                    cfg.rms_norm_eps,
+                )?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Self {
+            qkv: FusedLinear::new(vec![q, k, v])?,
+            o_proj,
+            q_norm,
+            k_norm,
+            shape: AttentionShape {
+                num_heads,
+                num_kv_heads,
+                head_dim,
+                scale: (head_dim as f32).powf(-0.5),
+            },
+        })
+    }
+
+    pub fn shape(&self) -> AttentionShape {
+        self.shape
+    }
+
+    /// Projects, normalises and rotates: `x [T, in] -> (q [T, nh, d], k [T, nkv, d], v [T, nkv, d])`.
+    pub fn project(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let t = x.dim(0)?;
+        let AttentionShape {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            ..
+        } = self.shape;
+        let mut parts = self.qkv.forward(x)?.into_iter();
+        let (q, k, v) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        let mut q = q.reshape((t, num_heads, head_dim))?;
+        let mut k = k.reshape((t, num_kv_heads, head_dim))?;
+        let v = v.reshape((t, num_kv_heads, head_dim))?;
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(&q)?;
+            k = kn.forward(&k)?;
+        }
+        let q = RotaryEmbedding::apply(&q, cos, sin)?;
+        let k = RotaryEmbedding::apply(&k, cos, sin)?;
+        Ok((q, k, v))
+    }
+
+    /// `x [T, in] -> [T, hidden]`, writing this step's keys and values to `layer` of `kv`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        kv: &PagedKvCache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let (q, k, v) = self.project(x, cos, sin)?;
+        kv.write(layer, &batch.slot_mapping, None, &k, &v)?;
+        let (kc, vc) = kv.layer(layer);
+        let y = paged_attention(&q, kc, vc, batch, self.shape)?;
+        self.o_proj
+            .forward(&y.reshape((t, self.shape.num_heads * self.shape.head_dim))?)
+    }
+}
+
+/// SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    gate_up: FusedLinear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn load(
+        store: &WeightStore,
+        prefix: &str,
+        hidden: usize,
+        intermediate: usize,
+    ) -> LoadResult<Self> {
+        let gate = store.linear(&format!("{prefix}.gate_proj"), intermediate, hidden, false)?;
+        let up = store.linear(&format!("{prefix}.up_proj"), intermediate, hidden, false)?;
+        Ok(Self {
+            gate_up: FusedLinear::new(vec![gate, up])?,
+            down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, false)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut parts = self.gate_up.forward(x)?.into_iter();
+        let (gate, up) = (parts.next().unwrap(), parts.next().unwrap());
+        self.down_proj
+            .forward(&(candle_nn::ops::silu(&gate)? * up)?)
+    }
+}
+
+/// One pre-norm decoder layer.
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: SelfAttention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    pub fn load(store: &WeightStore, prefix: &str, cfg: &DecoderConfig) -> LoadResult<Self> {
+        Ok(Self {
+            input_layernorm: RmsNorm::load(
+                store,
+                &format!("{prefix}.input_layernorm.weight"),
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+            )?,
+            self_attn: SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?,
+            post_attention_layernorm: RmsNorm::load(
+                store,
+                &format!("{prefix}.post_attention_layernorm.weight"),
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+            )?,
+            mlp: Mlp::load(
+                store,
+                &format!("{prefix}.mlp"),
+                cfg.hidden_size,
+                cfg.intermediate_size,
+            )?,
+        })
+    }
+
+    pub fn size_in_bytes(&self) -> usize {
+        self.self_attn.qkv.size_in_bytes()
+            + self.self_attn.o_proj.weight().size_in_bytes()
+            + self.mlp.gate_up.size_in_bytes()
+            + self.mlp.down_proj.weight().size_in_bytes()
+    }
+
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        kv: &PagedKvCache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> Result<Tensor> {
+        let h = self.self_attn.forward(
+            &self.input_layernorm.forward(x)?,
+            cos,
+            sin,
+            kv,
+            layer,
+            batch,
+        )?;
+        let x = (x + h)?;
+        let h = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&x)?)?;
+        x + h
+    }
+}
+
+/// What a forward pass returns.
+#[derive(Debug, Clone)]
+pub struct ForwardOutput {
+    /// `[logits_indices.len(), vocab]` f32, or `None` when no logits were asked for.
+    pub logits: Option<Tensor>,
+    /// One `[T, hidden]` tensor per requested tap, in request order.
+    pub taps: Vec<Tensor>,
+    /// `[T, hidden]` final normed hidden states, when asked for.
+    pub final_hidden: Option<Tensor>,
+}
+
+/// A Llama-family causal language model.
+#[derive(Debug, Clone)]
+pub struct CausalLm {
+    config: DecoderConfig,
+    embed_tokens: LinearWeight,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: LinearWeight,
+    rope: RotaryEmbedding,
+    device: Device,
+    dtype: DType,
+}
+
+impl CausalLm {
+    /// Loads every weight with Hugging Face names from `store`.
+    pub fn load(store: &WeightStore, config: DecoderConfig) -> LoadResult<Self> {
+        let (h, v) = (config.hidden_size, config.vocab_size);
+        let embed_tokens = store.embedding_weight("model.embed_tokens.weight", v, h)?;
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| DecoderLayer::load(store, &format!("model.layers.{i}"), &config))
+            .collect::<LoadResult<Vec<_>>>()?;
+        let norm = RmsNorm::load(store, "model.norm.weight", h, config.rms_norm_eps)?;
+        let lm_head = if config.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            store.linear_weight("lm_head.weight", v, h)?
+        };
+        let dtype = store.compute_dtype();
+        let rope = RotaryEmbedding::new(
+            config.head_dim,
+            config.rope_theta,
+            config.rope_scaling.as_ref(),
+            config.max_position_embeddings,
+            dtype,
+            store.device(),
+        )?;
+        Ok(Self {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            device: store.device().clone(),
+            dtype,
+        })
+    }
+
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn rope(&self) -> &RotaryEmbedding {
+        &self.rope
+    }
+
+    pub fn embed_tokens(&self) -> &LinearWeight {
+        &self.embed_tokens
+    }
+
+    pub fn lm_head_weight(&self) -> &LinearWeight {
+        &self.lm_head
+    }
+
+    /// Bytes of weights on the device (the memory planner subtracts them from its budget).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self.layers.iter().map(DecoderLayer::size_in_bytes).sum();
+        let head = if self.config.tie_word_embeddings {
+            0
+        } else {
+            self.lm_head.size_in_bytes()
+        };
+        layers + self.embed_tokens.size_in_bytes() + head
+    }
+
+    /// A paged KV cache shaped for this model.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
+        PagedKvCache::new(
+            self.config.num_hidden_layers,
+            num_blocks,
+            block_size,
+            self.config.num_key_value_heads,
+            self.config.head_dim,
+            self.dtype,
+            &self.device,
+        )
+    }
+
+    /// `ids [T] -> [T, hidden]`.
+    pub fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        self.embed_tokens.embed(ids)?.to_dtype(self.dtype)
+    }
+
+    /// Final RMSNorm: `[N, hidden] -> [N, hidden]`.
+    pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        self.norm.forward(x)
+    }
+
+    /// `normed [N, hidden] -> logits [N, vocab]` (f32).
+    pub fn lm_head(&self, normed: &Tensor) -> Result<Tensor> {
+        self.lm_head.matmul_t(normed)?.to_dtype(DType::F32)
+    }
+
+    /// Runs the batch: writes its keys and values, returns what it asks for.
+    pub fn forward(&self, batch: &ForwardBatch, kv: &PagedKvCache) -> Result<ForwardOutput> {
+        batch.validate()?;
+        let t = batch.num_tokens();
+        let num_layers = self.layers.len();
+        if let Some(&bad) = batch.taps.iter().find(|&&i| i > num_layers) {
+            candle_core::bail!("hidden-state tap {bad} out of range 0..={num_layers}");
+        }
+        if let Some(&p) = batch.positions.iter().max()
+            && p as usize >= self.rope.max_positions()
+        {
+            candle_core::bail!(
+                "position {p} exceeds the model's {} positions",
+                self.rope.max_positions()
+            );
+        }
+        let ids = Tensor::from_slice(&batch.input_ids, t, &self.device)?;
+        let positions = Tensor::from_slice(&batch.positions, t, &self.device)?;
+        let (cos, sin) = self.rope.tables(&positions)?;
+
+        // 1. Embed: [T] -> [T, H].
+        let mut x = self.embed(&ids)?;
+        let mut taps: Vec<Option<Tensor>> = vec![None; batch.taps.len()];
+        let mut record = |index: usize, x: &Tensor| {
+            for (slot, &want) in taps.iter_mut().zip(&batch.taps) {
+                if want == index {
+                    *slot = Some(x.clone());
+                }
+            }
+        };
+        // 2. Layers; tap i is the residual stream entering layer i.
+        for (i, layer) in self.layers.iter().enumerate() {
+            record(i, &x);
+            x = layer.forward(&x, &cos, &sin, kv, i, batch)?;
+        }
+        // 3. Final norm only where needed: HF's last hidden state, and the logit rows.
+        let need_full_norm = batch.want_final_hidden || batch.taps.contains(&num_layers);
+        let final_hidden = if need_full_norm {
+            Some(self.norm.forward(&x)?)
+        } else {
+            None
+        };
+        if let Some(h) = &final_hidden {
+            record(num_layers, h);
+        }
+        let logits = if batch.logits_indices.is_empty() {
+            None
+        } else {
+            let idx = Tensor::from_slice(
+                &batch.logits_indices,
+                batch.logits_indices.len(),
+                &self.device,
+            )?;
+            let normed = match &final_hidden {
+                Some(h) => h.index_select(&idx, 0)?,
+                None => self.norm.forward(&x.index_select(&idx, 0)?)?,
+            };
+            Some(self.lm_head(&normed)?)
+        };
+        Ok(ForwardOutput {
+            logits,
+            taps: taps
+                .into_iter()
+                .map(|t| t.expect("every tap index was visited"))
+                .collect(),
+            final_hidden: if batch.want_final_hidden {
+                final_hidden
+            } else {
+                None
+            },
+        })
+    }
+}

@@ -1,0 +1,382 @@
+//! GGUF checkpoints (llama.cpp's format): metadata → [`DecoderConfig`], tensor names mapped to
+//! Hugging Face names, and llama.cpp's q/k row permutation undone so every checkpoint runs the
+//! same (Hugging Face, rotate-half) RoPE.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+use std::sync::Mutex;
+
+use candle_core::Device;
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+
+use crate::config::{Architecture, DecoderConfig, RopeScaling};
+use crate::error::{ModelError, Result};
+
+pub struct GgufSource {
+    content: Content,
+    reader: Mutex<BufReader<File>>,
+    description: String,
+    architecture: Architecture,
+    arch_key: String,
+    /// Heads of q and k, to undo llama.cpp's rope permutation of Llama checkpoints.
+    unpermute_heads: Option<(usize, usize)>,
+}
+
+/// Maps a Hugging Face tensor name to its GGUF name.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, tail) = rest.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let mapped = match tail {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_proj.bias" => "attn_q.bias",
+        "self_attn.k_proj.bias" => "attn_k.bias",
+        "self_attn.v_proj.bias" => "attn_v.bias",
+        "self_attn.q_norm.weight" => "attn_q_norm.weight",
+        "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{mapped}"))
+}
+
+impl GgufSource {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| ModelError::file(path, e.to_string()))?;
+        let mut reader = BufReader::new(file);
+        let content = Content::read(&mut reader)
+            .map_err(|e| ModelError::file(path, format!("not a readable GGUF file: {e}")))?;
+        let file_len = std::fs::metadata(path)
+            .map_err(|e| ModelError::file(path, e.to_string()))?
+            .len();
+        // Every tensor must lie inside the file: catch truncated downloads at open.
+        for (name, info) in &content.tensor_infos {
+            let elems = info.shape.elem_count();
+            let bytes = (elems / info.ggml_dtype.block_size()) * info.ggml_dtype.type_size();
+            let end = content.tensor_data_offset + info.offset + bytes as u64;
+            if end > file_len {
+                return Err(ModelError::file(
+                    path,
+                    format!(
+                        "truncated GGUF file: tensor '{name}' ends at byte {end}, the file has {file_len}; download it again"
+                    ),
+                ));
+            }
+        }
+        let arch_key = match content.metadata.get("general.architecture") {
+            Some(Value::String(s)) => s.clone(),
+            _ => {
+                return Err(ModelError::file(
+                    path,
+                    "GGUF metadata lacks general.architecture",
+                ));
+            }
+        };
+        let architecture = Architecture::from_gguf_name(&arch_key)?;
+        let mut src = Self {
+            content,
+            reader: Mutex::new(reader),
+            description: path.display().to_string(),
+            architecture,
+            arch_key,
+            unpermute_heads: None,
+        };
+        if architecture == Architecture::Llama {
+            let cfg = src.decoder_config()?;
+            src.unpermute_heads = Some((cfg.num_attention_heads, cfg.num_key_value_heads));
+        }
+        Ok(src)
+    }
+
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.content.metadata
+    }
+
+    pub fn contains(&self, hf_name: &str) -> bool {
+        gguf_name(hf_name).is_some_and(|g| self.content.tensor_infos.contains_key(&g))
+    }
+
+    pub fn stored_dtype(&self, hf_name: &str) -> Option<GgmlDType> {
+        let g = gguf_name(hf_name)?;
+        self.content.tensor_infos.get(&g).map(|i| i.ggml_dtype)
+    }
+
+    fn meta(&self, key: &str) -> Option<&Value> {
+        self.content
+            .metadata
+            .get(&format!("{}.{key}", self.arch_key))
+    }
+
+    fn meta_usize(&self, key: &str) -> Result<usize> {
+        let v = self.meta(key).ok_or_else(|| {
+            ModelError::config(
+                format!("{}.{key}", self.arch_key),
+                "missing from GGUF metadata",
+            )
+        })?;
+        value_as_u64(v).map(|x| x as usize).ok_or_else(|| {
+            ModelError::config(
+                format!("{}.{key}", self.arch_key),
+                format!("expected an integer, got {v:?}"),
+            )
+        })
+    }
+
+    fn meta_f64(&self, key: &str) -> Option<f64> {
+        match self.meta(key)? {
+            Value::F32(x) => Some(*x as f64),
+            Value::F64(x) => Some(*x),
+            _ => None,
+        }
+    }
+
+    /// The decoder configuration stored in the metadata.
+    pub fn decoder_config(&self) -> Result<DecoderConfig> {
+        let hidden_size = self.meta_usize("embedding_length")?;
+        let num_attention_heads = self.meta_usize("attention.head_count")?;
+        let num_key_value_heads = self
+            .meta_usize("attention.head_count_kv")
+            .unwrap_or(num_attention_heads);
+        let head_dim = self
+            .meta_usize("attention.key_length")
+            .or_else(|_| self.meta_usize("rope.dimension_count"))
+            .unwrap_or(hidden_size / num_attention_heads.max(1));
+        let vocab_size = match self.meta_usize("vocab_size") {
+            Ok(v) => v,
+            Err(_) => match self.content.metadata.get("tokenizer.ggml.tokens") {
+                Some(Value::Array(a)) => a.len(),
+                _ => {
+                    return Err(ModelError::config(
+                        "vocab_size",
+                        "GGUF metadata has neither vocab_size nor tokens",
+                    ));
+                }
+            },
+        };
+        let rope_scaling = if self.content.tensor_infos.contains_key("rope_freqs.weight") {
+            let t = self.load_qtensor_raw("rope_freqs.weight", &Device::Cpu)?;
+            Some(RopeScaling::FrequencyFactors(
+                t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?,
+            ))
+        } else {
+            match self
+                .content
+                .metadata
+                .get(&format!("{}.rope.scaling.type", self.arch_key))
+            {
+                Some(Value::String(s)) if s == "linear" => Some(RopeScaling::Linear {
+                    factor: self.meta_f64("rope.scaling.factor").unwrap_or(1.0),
+                }),
+                _ => None,
+            }
+        };
+        let token_id = |key: &str| {
+            self.content
+                .metadata
+                .get(key)
+                .and_then(value_as_u64)
+                .map(|x| x as u32)
+        };
+        let cfg = DecoderConfig {
+            architecture: self.architecture,
+            hidden_size,
+            intermediate_size: self.meta_usize("feed_forward_length")?,
+            num_hidden_layers: self.meta_usize("block_count")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            vocab_size,
+            rms_norm_eps: self
+                .meta_f64("attention.layer_norm_rms_epsilon")
+                .unwrap_or(1e-6),
+            rope_theta: self.meta_f64("rope.freq_base").unwrap_or(10_000.0),
+            rope_scaling,
+            max_position_embeddings: self.meta_usize("context_length").unwrap_or(4096),
+            tie_word_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
+            attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias"),
+            qk_norm: self
+                .content
+                .tensor_infos
+                .contains_key("blk.0.attn_q_norm.weight"),
+            bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
+            eos_token_ids: token_id("tokenizer.ggml.eos_token_id")
+                .into_iter()
+                .collect(),
+        };
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    fn load_qtensor_raw(&self, gguf: &str, device: &Device) -> Result<QTensor> {
+        let mut reader = self
+            .reader
+            .lock()
+            .map_err(|_| ModelError::Unsupported("GGUF reader poisoned".into()))?;
+        self.content
+            .tensor(&mut *reader, gguf, device)
+            .map_err(|e| {
+                ModelError::file(&self.description, format!("reading tensor '{gguf}': {e}"))
+            })
+    }
+
+    /// Loads a tensor by its Hugging Face name, in the checkpoint's storage format, with
+    /// llama.cpp's q/k permutation undone.
+    pub fn load_qtensor(&self, hf_name: &str, device: &Device) -> Result<QTensor> {
+        let gguf = gguf_name(hf_name)
+            .filter(|g| self.content.tensor_infos.contains_key(g))
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: hf_name.to_string(),
+                source_desc: self.description.clone(),
+            })?;
+        // Permute on the host, then move: row moves are byte copies.
+        let t = self.load_qtensor_raw(&gguf, &Device::Cpu)?;
+        let heads = match self.unpermute_heads {
+            Some((q, _))
+                if hf_name.ends_with("self_attn.q_proj.weight")
+                    || hf_name.ends_with("self_attn.q_proj.bias") =>
+            {
+                Some(q)
+            }
+            Some((_, k))
+                if hf_name.ends_with("self_attn.k_proj.weight")
+                    || hf_name.ends_with("self_attn.k_proj.bias") =>
+            {
+                Some(k)
+            }
+            _ => None,
+        };
+        let t = match heads {
+            Some(h) => unpermute_rows(&t, h)?,
+            None => t,
+        };
+        if device.is_cpu() {
+            Ok(t)
+        } else {
+            let data = t.data()?;
+            let storage = QStorage::from_data(Cow::Borrowed(&data), device, t.dtype())?;
+            Ok(QTensor::new(storage, t.shape().clone())?)
+        }
+    }
+}
+
+fn value_as_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::U8(x) => Some(*x as u64),
+        Value::U16(x) => Some(*x as u64),
+        Value::U32(x) => Some(*x as u64),
+        Value::U64(x) => Some(*x),
+        Value::I8(x) if *x >= 0 => Some(*x as u64),
+        Value::I16(x) if *x >= 0 => Some(*x as u64),
+        Value::I32(x) if *x >= 0 => Some(*x as u64),
+        Value::I64(x) if *x >= 0 => Some(*x as u64),
+        _ => None,
+    }
+}
+
+/// Undoes llama.cpp's `permute(w, n_head)` of q/k projection rows: GGUF row
+/// `h*d + 2i + j` holds Hugging Face row `h*d + j*(d/2) + i`. Rows are independently quantized,
+/// so the permutation moves whole rows of blocks.
+fn unpermute_rows(t: &QTensor, n_head: usize) -> Result<QTensor> {
+    let dims = t.shape().dims().to_vec();
+    let rows = dims[0];
+    let row_elems: usize = dims[1..].iter().product();
+    if rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+        return Err(ModelError::Unsupported(format!(
+            "cannot undo the rope permutation of a {dims:?} tensor with {n_head} heads"
+        )));
+    }
+    let dtype = t.dtype();
+    let row_bytes = row_elems / dtype.block_size() * dtype.type_size();
+    let data = t.data()?;
+    let mut out = vec![0u8; data.len()];
+    let d = rows / n_head;
+    for h in 0..n_head {
+        for i in 0..d / 2 {
+            for j in 0..2 {
+                let src = h * d + 2 * i + j;
+                let dst = h * d + j * (d / 2) + i;
+                out[dst * row_bytes..(dst + 1) * row_bytes]
+                    .copy_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
+            }
+        }
+    }
+    let storage = QStorage::from_data(Cow::Owned(out), &Device::Cpu, dtype)?;
+    Ok(QTensor::new(storage, dims)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Tensor;
+
+    #[test]
+    fn maps_hf_names_to_gguf() {
+        assert_eq!(
+            gguf_name("model.embed_tokens.weight").as_deref(),
+            Some("token_embd.weight")
+        );
+        assert_eq!(
+            gguf_name("model.layers.7.self_attn.k_proj.weight").as_deref(),
+            Some("blk.7.attn_k.weight")
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.mlp.down_proj.weight").as_deref(),
+            Some("blk.0.ffn_down.weight")
+        );
+        assert_eq!(gguf_name("model.layers.x.mlp.down_proj.weight"), None);
+        assert_eq!(gguf_name("fc.weight"), None);
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permutation() {
+        // Two heads of dim 4 over 2 input columns; llama.cpp's permute interleaves halves.
+        let hf: Vec<f32> = (0..16).map(|x| x as f32).collect();
+        let n_head = 2;
+        let d = 4;
+        let mut gguf = vec![0f32; 16];
+        for h in 0..n_head {
+            for i in 0..d / 2 {
+                for j in 0..2 {
+                    let hf_row = h * d + j * (d / 2) + i;
+                    let gguf_row = h * d + 2 * i + j;
+                    gguf[gguf_row * 2..gguf_row * 2 + 2]
+                        .copy_from_slice(&hf[hf_row * 2..hf_row * 2 + 2]);
+                }
+            }
+        }
+        let t = QTensor::quantize(
+            &Tensor::from_vec(gguf, (8, 2), &Device::Cpu).unwrap(),
+            GgmlDType::F32,
+        )
+        .unwrap();
+        let back = unpermute_rows(&t, n_head)
+            .unwrap()
+            .dequantize(&Device::Cpu)
+            .unwrap();
+        assert_eq!(back.flatten_all().unwrap().to_vec1::<f32>().unwrap(), hf);
+    }
+}

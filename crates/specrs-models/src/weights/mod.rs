@@ -1,0 +1,266 @@
+//! Weight loading: safetensors and GGUF checkpoints behind one store addressed by Hugging
+//! Face tensor names, with shape checks and the dtype policy applied at load.
+
+mod dtype;
+pub mod gguf;
+pub mod safetensors;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+pub use dtype::{ModelDType, has_fast_cpu_kernel};
+pub use gguf::GgufSource;
+pub use safetensors::{SafetensorsSource, checkpoint_files};
+
+use crate::error::{ModelError, Result};
+use crate::linear::{Linear, LinearWeight};
+
+pub enum WeightSource {
+    Safetensors(SafetensorsSource),
+    Gguf(GgufSource),
+}
+
+/// A checkpoint opened for loading, plus the device and dtype policy to load it with.
+pub struct WeightStore {
+    source: WeightSource,
+    device: Device,
+    dtype: ModelDType,
+}
+
+impl WeightStore {
+    pub fn new(source: WeightSource, device: Device, dtype: ModelDType) -> Result<Self> {
+        dtype.check_device(&device)?;
+        Ok(Self {
+            source,
+            device,
+            dtype,
+        })
+    }
+
+    /// Opens a GGUF file, a safetensors file or a checkpoint directory.
+    pub fn open(path: &Path, device: Device, dtype: ModelDType) -> Result<Self> {
+        if !path.exists() {
+            return Err(ModelError::file(path, "no such file or directory"));
+        }
+        let source = if path.extension().is_some_and(|e| e == "gguf") {
+            WeightSource::Gguf(GgufSource::open(path)?)
+        } else {
+            let files = checkpoint_files(path)?;
+            WeightSource::Safetensors(SafetensorsSource::open(&files, path.display().to_string())?)
+        };
+        Self::new(source, device, dtype)
+    }
+
+    pub fn source(&self) -> &WeightSource {
+        &self.source
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> ModelDType {
+        self.dtype
+    }
+
+    /// Dtype of activations and dense weights: f32 on CPU, the dense dtype on CUDA.
+    pub fn compute_dtype(&self) -> DType {
+        match self.dtype.dense() {
+            Some(d) if !self.device.is_cpu() => d,
+            _ if !self.device.is_cpu() && self.dtype == ModelDType::Auto => DType::BF16,
+            _ => DType::F32,
+        }
+    }
+
+    pub fn description(&self) -> &str {
+        match &self.source {
+            WeightSource::Safetensors(s) => s.description(),
+            WeightSource::Gguf(g) => g.description(),
+        }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        match &self.source {
+            WeightSource::Safetensors(s) => s.contains(name),
+            WeightSource::Gguf(g) => g.contains(name),
+        }
+    }
+
+    fn check_shape(&self, name: &str, got: &[usize], expected: &[usize]) -> Result<()> {
+        if got != expected {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                source_desc: self.description().to_string(),
+                expected: expected.to_vec(),
+                got: got.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A dense tensor in the compute dtype (norm weights, biases, small drafter tensors).
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.tensor_any_shape(name)?;
+        self.check_shape(name, t.dims(), shape)?;
+        Ok(t)
+    }
+
+    /// A dense tensor without a shape check (the caller validates it).
+    pub fn tensor_any_shape(&self, name: &str) -> Result<Tensor> {
+        let dtype = self.compute_dtype();
+        match &self.source {
+            WeightSource::Safetensors(s) => {
+                let raw = s.load_raw(name, &self.device)?;
+                if raw.dtype().is_float() {
+                    Ok(raw.to_dtype(dtype)?)
+                } else {
+                    Ok(raw)
+                }
+            }
+            WeightSource::Gguf(g) => Ok(g
+                .load_qtensor(name, &Device::Cpu)?
+                .dequantize(&self.device)?
+                .to_dtype(dtype)?),
+        }
+    }
+
+    /// An integer tensor as stored (e.g. EAGLE-3 `d2t` offsets), converted to i64.
+    pub fn int_tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = match &self.source {
+            WeightSource::Safetensors(s) => s.load_raw(name, &self.device)?,
+            WeightSource::Gguf(g) => g
+                .load_qtensor(name, &Device::Cpu)?
+                .dequantize(&self.device)?,
+        };
+        self.check_shape(name, t.dims(), shape)?;
+        Ok(t.to_dtype(DType::I64)?)
+    }
+
+    /// The weight of a linear layer `[out, in]`, quantized or dense per the dtype policy.
+    pub fn linear_weight(&self, name: &str, out_dim: usize, in_dim: usize) -> Result<LinearWeight> {
+        let expected = [out_dim, in_dim];
+        match &self.source {
+            WeightSource::Gguf(g) => {
+                let q = g.load_qtensor(name, &Device::Cpu)?;
+                self.check_shape(name, q.shape().dims(), &expected)?;
+                self.place_quantized(name, q)
+            }
+            WeightSource::Safetensors(s) => {
+                if let Some(shape) = s.shape(name) {
+                    self.check_shape(name, &shape, &expected)?;
+                }
+                let w = s.load_raw(name, &Device::Cpu)?;
+                match self.dtype.ggml() {
+                    Some(target) => {
+                        let q = quantize_or_fallback(&w.to_dtype(DType::F32)?, target)?;
+                        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(
+                            move_qtensor(q, &self.device)?,
+                        ))?))
+                    }
+                    None => Ok(LinearWeight::Dense(
+                        w.to_dtype(self.compute_dtype())?.to_device(&self.device)?,
+                    )),
+                }
+            }
+        }
+    }
+
+    /// Applies the dtype policy to a tensor read from a GGUF file.
+    fn place_quantized(&self, name: &str, q: QTensor) -> Result<LinearWeight> {
+        let stored = q.dtype();
+        let target = match self.dtype {
+            ModelDType::Auto if self.device.is_cpu() => {
+                if has_fast_cpu_kernel(stored)
+                    || matches!(stored, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
+                {
+                    None
+                } else {
+                    Some(GgmlDType::Q8_0)
+                }
+            }
+            ModelDType::Auto => None,
+            other => match other.ggml() {
+                Some(t) if t == stored => None,
+                Some(t) => Some(t),
+                None => {
+                    // A float dtype was asked for: dequantize.
+                    let dense = q
+                        .dequantize(&Device::Cpu)?
+                        .to_dtype(self.compute_dtype())?
+                        .to_device(&self.device)?;
+                    return Ok(LinearWeight::Dense(dense));
+                }
+            },
+        };
+        let q = match target {
+            Some(t) => {
+                tracing::debug!("requantizing {name} from {stored:?} to {t:?}");
+                quantize_or_fallback(&q.dequantize(&Device::Cpu)?, t)?
+            }
+            None => q,
+        };
+        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(
+            move_qtensor(q, &self.device)?,
+        ))?))
+    }
+
+    /// A linear layer with an optional bias `[out]`.
+    pub fn linear(
+        &self,
+        prefix: &str,
+        out_dim: usize,
+        in_dim: usize,
+        bias: bool,
+    ) -> Result<Linear> {
+        let weight = self.linear_weight(&format!("{prefix}.weight"), out_dim, in_dim)?;
+        let bias = if bias {
+            Some(self.tensor(&format!("{prefix}.bias"), &[out_dim])?)
+        } else {
+            None
+        };
+        Ok(Linear::new(weight, bias, out_dim, in_dim))
+    }
+
+    /// The token embedding table `[vocab, hidden]`, kept quantized when the linear layers are.
+    pub fn embedding_weight(
+        &self,
+        name: &str,
+        vocab: usize,
+        hidden: usize,
+    ) -> Result<LinearWeight> {
+        self.linear_weight(name, vocab, hidden)
+    }
+}
+
+/// Quantizes to `target`, falling back to Q8_0 (block 32) when the row length is not a
+/// multiple of the target's block (K-quants need multiples of 256).
+fn quantize_or_fallback(w: &Tensor, target: GgmlDType) -> Result<QTensor> {
+    let cols = *w.dims().last().unwrap_or(&0);
+    let target = if cols % target.block_size() == 0 {
+        target
+    } else if cols % GgmlDType::Q8_0.block_size() == 0 {
+        GgmlDType::Q8_0
+    } else {
+        GgmlDType::F32
+    };
+    Ok(QTensor::quantize(
+        &w.to_device(&Device::Cpu)?.to_dtype(DType::F32)?,
+        target,
+    )?)
+}
+
+fn move_qtensor(q: QTensor, device: &Device) -> Result<QTensor> {
+    if device.is_cpu() {
+        return Ok(q);
+    }
+    let data = q.data()?;
+    let storage = candle_core::quantized::QStorage::from_data(
+        std::borrow::Cow::Borrowed(&data),
+        device,
+        q.dtype(),
+    )?;
+    Ok(QTensor::new(storage, q.shape().clone())?)
+}
