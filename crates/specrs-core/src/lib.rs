@@ -11,6 +11,8 @@ pub mod kv_blocks;
 pub mod metrics;
 pub mod model_alias;
 pub mod ngram;
+pub mod registry;
+pub mod scheduler;
 pub mod sampling;
 pub mod width;
 

@@ -32,4 +32,4 @@ pub use phase::ThinkingTokens;
 pub use relaxed::RelaxedRule;
 pub use row::{VerifyError, VerifyOutput, VerifyRow};
 pub use sampler::AcceptanceSampler;
-pub use synthetic::{calibrate_per_position_rate, SyntheticRule};
+pub use synthetic::{SyntheticRule, calibrate_per_position_rate};

@@ -29,7 +29,9 @@ pub(crate) enum Verdict {
     /// Accepted only because of the relaxed thinking rule.
     AcceptRelaxed,
     /// Rejected; `recovered` is emitted in the draft's place and the walk ends.
-    Reject { recovered: u32 },
+    Reject {
+        recovered: u32,
+    },
 }
 
 /// Per-call buffers shared by the rows of a batch (each position overwrites what it reads).

@@ -32,7 +32,12 @@ pub struct VerifyRow<'a> {
 
 impl<'a> VerifyRow<'a> {
     /// A row with no history, no draft distributions, outside any reasoning span.
-    pub fn new(drafts: &'a [u32], logits: &'a [f32], params: &'a SamplingParams, seed: u64) -> Self {
+    pub fn new(
+        drafts: &'a [u32],
+        logits: &'a [f32],
+        params: &'a SamplingParams,
+        seed: u64,
+    ) -> Self {
         Self {
             drafts,
             logits,
@@ -61,7 +66,10 @@ impl<'a> VerifyRow<'a> {
     }
 
     pub fn with_thinking(self, in_thinking: bool) -> Self {
-        Self { in_thinking, ..self }
+        Self {
+            in_thinking,
+            ..self
+        }
     }
 
     /// Checks the slice lengths and draft ids against the vocabulary.
@@ -87,7 +95,12 @@ impl<'a> VerifyRow<'a> {
                 });
             }
         }
-        if let Some((position, &token)) = self.drafts.iter().enumerate().find(|&(_, &t)| t as usize >= vocab_size) {
+        if let Some((position, &token)) = self
+            .drafts
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t as usize >= vocab_size)
+        {
             return Err(VerifyError::DraftOutOfVocab {
                 position,
                 token,
@@ -142,14 +155,18 @@ pub enum VerifyError {
         num_drafts: usize,
         vocab_size: usize,
     },
-    #[error("draft_probs hold {got} values; {num_drafts} drafts at vocabulary size {vocab_size} need {expected}")]
+    #[error(
+        "draft_probs hold {got} values; {num_drafts} drafts at vocabulary size {vocab_size} need {expected}"
+    )]
     DraftProbsLen {
         got: usize,
         expected: usize,
         num_drafts: usize,
         vocab_size: usize,
     },
-    #[error("draft token {token} at position {position} is outside the vocabulary of {vocab_size} tokens")]
+    #[error(
+        "draft token {token} at position {position} is outside the vocabulary of {vocab_size} tokens"
+    )]
     DraftOutOfVocab {
         position: usize,
         token: u32,

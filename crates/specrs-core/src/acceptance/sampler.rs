@@ -17,9 +17,13 @@ enum RowRule<'a> {
     Synthetic(SyntheticRule),
     Greedy,
     /// Target-sample match, with the relaxed overlay where the row is in a reasoning span.
-    TargetSample { relaxed: Option<RelaxedRule> },
+    TargetSample {
+        relaxed: Option<RelaxedRule>,
+    },
     /// Rejection sampling against the row's draft distributions (`[n · V]`), if any.
-    Rejection { draft_probs: Option<&'a [f32]> },
+    Rejection {
+        draft_probs: Option<&'a [f32]>,
+    },
 }
 
 /// Verifies draft tokens against target logits under the pipeline's acceptance rule.
@@ -58,7 +62,9 @@ impl AcceptanceSampler {
             ));
         }
         if vocab_size == 0 {
-            return Err(ConfigError::new("the target vocabulary is empty (vocab_size = 0)"));
+            return Err(ConfigError::new(
+                "the target vocabulary is empty (vocab_size = 0)",
+            ));
         }
         let thinking = thinking_token_ids.map(|(start, end)| ThinkingTokens { start, end });
         if let Some(t) = thinking
@@ -78,12 +84,12 @@ impl AcceptanceSampler {
         }
         let rule = config.acceptance_rule();
         // `validated` bounds relaxed_topk to >= 1 and relaxed_delta to [0, 1].
-        let relaxed = (rule == AcceptanceRule::Stochastic && config.use_relaxed_acceptance_for_thinking).then(|| {
-            RelaxedRule {
+        let relaxed = (rule == AcceptanceRule::Stochastic
+            && config.use_relaxed_acceptance_for_thinking)
+            .then(|| RelaxedRule {
                 topk: usize::try_from(config.relaxed_topk).unwrap_or(1),
                 delta: config.relaxed_delta,
-            }
-        });
+            });
         let synthetic = config
             .synthetic_acceptance_rate
             .map(|rate| SyntheticRule::new(rate, num_draft_steps));
@@ -157,7 +163,10 @@ impl AcceptanceSampler {
         let mut scratch = Scratch::new(self.vocab_size);
         rows.iter()
             .enumerate()
-            .map(|(i, row)| self.accept_row_with(row, &mut scratch).map_err(|e| e.in_row(i)))
+            .map(|(i, row)| {
+                self.accept_row_with(row, &mut scratch)
+                    .map_err(|e| e.in_row(i))
+            })
             .collect()
     }
 
@@ -169,7 +178,9 @@ impl AcceptanceSampler {
             return RowRule::Greedy;
         }
         match self.draft_proposal {
-            DraftProposal::Argmax => RowRule::TargetSample { relaxed: self.relaxed },
+            DraftProposal::Argmax => RowRule::TargetSample {
+                relaxed: self.relaxed,
+            },
             DraftProposal::Sampled => RowRule::Rejection {
                 draft_probs: row.draft_probs,
             },
@@ -179,92 +190,115 @@ impl AcceptanceSampler {
     /// Walks the row's positions in order until the first rejection, then emits the
     /// recovered token, or the bonus token when every draft was accepted. Positions past the
     /// first rejection are never processed.
-    fn accept_row_with(&self, row: &VerifyRow, scratch: &mut Scratch) -> Result<VerifyOutput, VerifyError> {
+    fn accept_row_with(
+        &self,
+        row: &VerifyRow,
+        scratch: &mut Scratch,
+    ) -> Result<VerifyOutput, VerifyError> {
         row.check(self.vocab_size)?;
-        let vocab = self.vocab_size;
         let rule = self.row_rule(row);
-        let mut penalties = row
-            .params
-            .has_penalties()
-            .then(|| PenaltyContext::new(row.history, row.prompt_len));
-        // Phase before position `i` = phase after committing `drafts[..i]`.
-        let mut in_thinking = row.in_thinking;
-        let mut num_relaxed_accepted = 0;
-
-        for (i, (&draft, logits)) in row.drafts.iter().zip(row.logits.chunks_exact(vocab)).enumerate() {
-            let pos = Position {
-                index: i,
-                logits,
-                params: row.params,
-                seed: row.seed,
-                penalties: penalties.as_ref(),
-            };
+        let mut walk = Walk::start(row, self.thinking);
+        for (i, &draft) in row.drafts.iter().enumerate() {
+            let pos = walk.position(row, i, self.vocab_size);
             let verdict = match rule {
                 RowRule::Synthetic(synthetic) => {
                     synthetic.verify(&pos, || greedy::target_argmax(&pos, &mut scratch.workspace))
                 }
                 RowRule::Greedy => greedy::verify(&pos, draft, &mut scratch.workspace),
-                RowRule::TargetSample { relaxed: Some(relaxed) } if in_thinking => relaxed.verify(logits, draft),
-                RowRule::TargetSample { .. } => stochastic::verify_by_target_sample(&pos, draft, &mut scratch.workspace),
+                RowRule::TargetSample {
+                    relaxed: Some(relaxed),
+                } if walk.in_thinking => relaxed.verify(pos.logits, draft),
+                RowRule::TargetSample { .. } => {
+                    stochastic::verify_by_target_sample(&pos, draft, &mut scratch.workspace)
+                }
                 RowRule::Rejection { draft_probs } => {
+                    let vocab = self.vocab_size;
                     let q = draft_probs.map(|q| &q[i * vocab..(i + 1) * vocab]);
                     stochastic::verify_against_draft(&pos, draft, q, scratch)
                 }
             };
             match verdict {
-                Verdict::Accept | Verdict::AcceptRelaxed => {
-                    num_relaxed_accepted += usize::from(verdict == Verdict::AcceptRelaxed);
-                    in_thinking = self.phase_after(in_thinking, draft);
-                    if let Some(ctx) = penalties.as_mut() {
-                        ctx.record_output(draft);
-                    }
-                }
-                Verdict::Reject { recovered } => {
-                    return Ok(self.finish(row, i, recovered, false, in_thinking, num_relaxed_accepted));
-                }
+                Verdict::Accept => walk.commit_draft(draft, false),
+                Verdict::AcceptRelaxed => walk.commit_draft(draft, true),
+                Verdict::Reject { recovered } => return Ok(walk.finish(row, recovered, false)),
             }
         }
-
-        let n = row.drafts.len();
-        let bonus_position = Position {
-            index: n,
-            logits: &row.logits[n * vocab..(n + 1) * vocab],
-            params: row.params,
-            seed: row.seed,
-            penalties: penalties.as_ref(),
-        };
+        let pos = walk.position(row, row.drafts.len(), self.vocab_size);
         let bonus = match rule {
-            RowRule::Synthetic(_) | RowRule::Greedy => greedy::target_argmax(&bonus_position, &mut scratch.workspace),
+            RowRule::Synthetic(_) | RowRule::Greedy => {
+                greedy::target_argmax(&pos, &mut scratch.workspace)
+            }
             RowRule::TargetSample { .. } | RowRule::Rejection { .. } => {
-                stochastic::sample_target(&bonus_position, &mut scratch.workspace)
+                stochastic::sample_target(&pos, &mut scratch.workspace)
             }
         };
-        Ok(self.finish(row, n, bonus, true, in_thinking, num_relaxed_accepted))
+        Ok(walk.finish(row, bonus, true))
+    }
+}
+
+/// What a row's walk carries from one position to the next.
+struct Walk {
+    /// Drafts accepted so far.
+    num_accepted: usize,
+    num_relaxed_accepted: usize,
+    /// The reasoning phase after committing the accepted drafts.
+    in_thinking: bool,
+    thinking: Option<ThinkingTokens>,
+    /// History plus accepted drafts, for requests with penalties.
+    penalties: Option<PenaltyContext>,
+}
+
+impl Walk {
+    fn start(row: &VerifyRow, thinking: Option<ThinkingTokens>) -> Self {
+        Self {
+            num_accepted: 0,
+            num_relaxed_accepted: 0,
+            in_thinking: row.in_thinking,
+            thinking,
+            penalties: row
+                .params
+                .has_penalties()
+                .then(|| PenaltyContext::new(row.history, row.prompt_len)),
+        }
     }
 
-    fn phase_after(&self, in_thinking: bool, token: u32) -> bool {
-        self.thinking.map_or(in_thinking, |t| t.after(in_thinking, token))
+    /// Position `index` (`[V]` logits) as seen after the drafts committed so far.
+    fn position<'a>(&'a self, row: &VerifyRow<'a>, index: usize, vocab: usize) -> Position<'a> {
+        Position {
+            index,
+            logits: &row.logits[index * vocab..(index + 1) * vocab],
+            params: row.params,
+            seed: row.seed,
+            penalties: self.penalties.as_ref(),
+        }
     }
 
-    fn finish(
-        &self,
-        row: &VerifyRow,
-        num_accepted: usize,
-        next: u32,
-        next_is_bonus: bool,
-        in_thinking: bool,
-        num_relaxed_accepted: usize,
-    ) -> VerifyOutput {
-        let mut tokens = Vec::with_capacity(num_accepted + 1);
-        tokens.extend_from_slice(&row.drafts[..num_accepted]);
+    fn phase_after(&self, token: u32) -> bool {
+        self.thinking
+            .map_or(self.in_thinking, |t| t.after(self.in_thinking, token))
+    }
+
+    fn commit_draft(&mut self, draft: u32, relaxed: bool) {
+        self.num_accepted += 1;
+        self.num_relaxed_accepted += usize::from(relaxed);
+        self.in_thinking = self.phase_after(draft);
+        if let Some(ctx) = self.penalties.as_mut() {
+            ctx.record_output(draft);
+        }
+    }
+
+    /// Ends the walk with `next`, the recovered or bonus token.
+    fn finish(self, row: &VerifyRow, next: u32, next_is_bonus: bool) -> VerifyOutput {
+        let mut tokens = Vec::with_capacity(self.num_accepted + 1);
+        tokens.extend_from_slice(&row.drafts[..self.num_accepted]);
         tokens.push(next);
         VerifyOutput {
             num_drafts: row.drafts.len(),
-            num_accepted,
+            num_accepted: self.num_accepted,
             tokens,
             next_is_bonus,
-            in_thinking_after: self.phase_after(in_thinking, next),
-            num_relaxed_accepted,
+            in_thinking_after: self.phase_after(next),
+            num_relaxed_accepted: self.num_relaxed_accepted,
         }
     }
 }

@@ -17,17 +17,24 @@
 //! is a target sample as above. The emitted token at every position is distributed as `p`.
 
 use super::position::{Position, Scratch, Verdict};
-use crate::sampling::{sample_inverse_cdf, uniform, RngStream, SamplingWorkspace};
+use crate::sampling::{RngStream, SamplingWorkspace, sample_inverse_cdf, uniform};
 
 /// One draw from the processed target distribution at `pos` (target-sample stream): the
 /// bonus token of every stochastic row.
 pub(crate) fn sample_target(pos: &Position, workspace: &mut SamplingWorkspace) -> u32 {
     let probs = workspace.processed_probs(pos.logits, pos.params, pos.penalties);
-    sample_inverse_cdf(probs, uniform(pos.seed, RngStream::TargetSample, pos.counter()))
+    sample_inverse_cdf(
+        probs,
+        uniform(pos.seed, RngStream::TargetSample, pos.counter()),
+    )
 }
 
 /// Target-sample match for an argmax (deterministic) draft.
-pub(crate) fn verify_by_target_sample(pos: &Position, draft: u32, workspace: &mut SamplingWorkspace) -> Verdict {
+pub(crate) fn verify_by_target_sample(
+    pos: &Position,
+    draft: u32,
+    workspace: &mut SamplingWorkspace,
+) -> Verdict {
     let sample = sample_target(pos, workspace);
     if sample == draft {
         Verdict::Accept
@@ -45,7 +52,9 @@ pub(crate) fn verify_against_draft(
     scratch: &mut Scratch,
 ) -> Verdict {
     let d = draft as usize;
-    let p = scratch.workspace.processed_probs(pos.logits, pos.params, pos.penalties);
+    let p = scratch
+        .workspace
+        .processed_probs(pos.logits, pos.params, pos.penalties);
     let q = draft_probs.filter(|q| q.get(d).is_some_and(|&qd| qd > 0.0));
     let q_draft = q.map_or(1.0, |q| f64::from(q[d]));
     let coin = uniform(pos.seed, RngStream::Verdict, pos.counter());

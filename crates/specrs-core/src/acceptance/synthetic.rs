@@ -8,7 +8,7 @@
 //! bonus tokens are the target argmax: the emitted text is not a faithful decode.
 
 use super::position::{Position, Verdict};
-use crate::sampling::{uniform, RngStream};
+use crate::sampling::{RngStream, uniform};
 
 /// Bisection tolerance on the per-position rate.
 const CALIBRATION_TOLERANCE: f64 = 1e-9;
@@ -17,7 +17,7 @@ const CALIBRATION_TOLERANCE: f64 = 1e-9;
 /// mean_joint_rate`, found by bisection on `[0, 1]` to 1e-9 (returning the upper bound, as
 /// MAX does). Rates `<= 0` (or NaN) give 0 and rates `>= 1` give 1; `K = 0` is treated as 1.
 pub fn calibrate_per_position_rate(mean_joint_rate: f64, num_draft_steps: usize) -> f64 {
-    if !(mean_joint_rate > 0.0) {
+    if mean_joint_rate.is_nan() || mean_joint_rate <= 0.0 {
         return 0.0;
     }
     if mean_joint_rate >= 1.0 {
@@ -59,7 +59,9 @@ impl SyntheticRule {
         if uniform(pos.seed, RngStream::Synthetic, pos.counter()) < self.per_position_rate {
             Verdict::Accept
         } else {
-            Verdict::Reject { recovered: recovered() }
+            Verdict::Reject {
+                recovered: recovered(),
+            }
         }
     }
 }

@@ -8,7 +8,7 @@
 //! token accepted by the target-sample rule is then drawn from exactly the distribution a
 //! non-speculative step would have drawn from.
 
-use super::logits::{argmax, max_value, softmax_with_inverse_temperature};
+use super::logits::{argmax, max_value, softmax_with_inverse_temperature, sum_positive};
 use super::params::SamplingParams;
 use super::penalties::PenaltyContext;
 use super::truncation::{kth_largest, min_p_threshold, top_p_threshold};
@@ -101,7 +101,12 @@ impl SamplingWorkspace {
         row
     }
 
-    fn load_penalized(&mut self, logits: &[f32], params: &SamplingParams, penalties: Option<&PenaltyContext>) {
+    fn load_penalized(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+    ) {
         self.row.clear();
         self.row.extend_from_slice(logits);
         if let Some(ctx) = penalties
@@ -114,7 +119,11 @@ impl SamplingWorkspace {
 
 /// The processed target distribution (`[V]`) of one position; allocates. Hot loops use
 /// [`SamplingWorkspace::processed_probs`].
-pub fn processed_probs(logits: &[f32], params: &SamplingParams, penalties: Option<&PenaltyContext>) -> Vec<f32> {
+pub fn processed_probs(
+    logits: &[f32],
+    params: &SamplingParams,
+    penalties: Option<&PenaltyContext>,
+) -> Vec<f32> {
     let mut workspace = SamplingWorkspace::new(logits.len());
     workspace.processed_probs(logits, params, penalties);
     workspace.row
@@ -122,19 +131,21 @@ pub fn processed_probs(logits: &[f32], params: &SamplingParams, penalties: Optio
 
 /// Zeroes every probability below `threshold`; returns whether anything was removed.
 fn zero_below(probs: &mut [f32], threshold: f32) -> bool {
+    // Branch-free and store-always (a bit mask, not a conditional store): on a flat row the
+    // keep/drop decision is a coin flip that a branch would miss.
     let mut removed = false;
     for p in probs.iter_mut() {
-        if *p < threshold && *p > 0.0 {
-            *p = 0.0;
-            removed = true;
-        }
+        let drop = (*p < threshold) & (*p > 0.0);
+        removed |= drop;
+        let keep_mask = u32::from(drop).wrapping_sub(1);
+        *p = f32::from_bits(p.to_bits() & keep_mask);
     }
     removed
 }
 
 /// Rescales a row with positive mass to sum to one.
 fn renormalize(probs: &mut [f32]) {
-    let total: f64 = probs.iter().filter(|&&p| p > 0.0).map(|&p| f64::from(p)).sum();
+    let total = sum_positive(probs);
     if total > 0.0 {
         let scale = (1.0 / total) as f32;
         for p in probs.iter_mut() {
@@ -143,30 +154,44 @@ fn renormalize(probs: &mut [f32]) {
     }
 }
 
+/// Tokens per block of the inverse-CDF walk: blocks are summed vectorised and skipped whole,
+/// only the block holding the draw is walked token by token.
+const CDF_BLOCK: usize = 256;
+
 /// Draws one token from `weights` (`[V]`, non-negative, need not sum to one) with one
 /// uniform `u ∈ [0, 1)`: the first token, in id order, whose cumulative weight exceeds
 /// `u · total`.
 ///
-/// Exact in the sense that token `i` is returned for a `u`-interval of length
-/// `weights[i] / total`; cumulative sums run in f64 over the same terms as the total.
-/// Tokens with zero (or NaN) weight are never returned, even when rounding pushes `u · total`
-/// past the last cumulative sum: then the last positive token is returned. A row without
-/// positive weight returns token 0.
+/// Token `i` is returned for a `u`-interval of length `weights[i] / total` (up to f64
+/// rounding, ~1e-16). Tokens with zero (or NaN, or negative) weight are never returned, even
+/// when rounding pushes `u · total` past the last cumulative sum: then the last positive
+/// token is returned. A row without positive weight returns token 0.
 pub fn sample_inverse_cdf(weights: &[f32], u: f64) -> u32 {
-    let total: f64 = weights.iter().filter(|&&w| w > 0.0).map(|&w| f64::from(w)).sum();
+    let total: f64 = weights.chunks(CDF_BLOCK).map(sum_positive).sum();
     let target = u * total;
     let mut cumulative = 0.0f64;
-    let mut last_positive = 0usize;
-    for (i, &w) in weights.iter().enumerate() {
-        if w > 0.0 {
-            cumulative += f64::from(w);
-            last_positive = i;
-            if cumulative > target {
+    for (b, block) in weights.chunks(CDF_BLOCK).enumerate() {
+        let block_sum = sum_positive(block);
+        if cumulative + block_sum > target {
+            let offset = b * CDF_BLOCK;
+            let mut last_positive = None;
+            for (i, &w) in block.iter().enumerate() {
+                if w > 0.0 {
+                    cumulative += f64::from(w);
+                    last_positive = Some(offset + i);
+                    if cumulative > target {
+                        return (offset + i) as u32;
+                    }
+                }
+            }
+            // Rounding: the block's own walk fell a hair short of its vectorised sum.
+            if let Some(i) = last_positive {
                 return i as u32;
             }
         }
+        cumulative += block_sum;
     }
-    last_positive as u32
+    weights.iter().rposition(|&w| w > 0.0).unwrap_or(0) as u32
 }
 
 #[cfg(test)]
@@ -184,19 +209,30 @@ mod tests {
     }
 
     fn support(probs: &[f32]) -> Vec<usize> {
-        probs.iter().enumerate().filter(|(_, p)| **p > 0.0).map(|(i, _)| i).collect()
+        probs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| **p > 0.0)
+            .map(|(i, _)| i)
+            .collect()
     }
 
     #[test]
     fn greedy_rows_are_one_hot_at_the_penalized_argmax() {
         let logits = [1.0f32, 3.0, 2.9, 0.0];
-        assert_eq!(processed_probs(&logits, &SamplingParams::greedy(), None), [0.0, 1.0, 0.0, 0.0]);
+        assert_eq!(
+            processed_probs(&logits, &SamplingParams::greedy(), None),
+            [0.0, 1.0, 0.0, 0.0]
+        );
         let ctx = PenaltyContext::new(&[1], 0);
         let penalized = SamplingParams {
             presence_penalty: 0.5,
             ..SamplingParams::greedy()
         };
-        assert_eq!(processed_probs(&logits, &penalized, Some(&ctx)), [0.0, 0.0, 1.0, 0.0]);
+        assert_eq!(
+            processed_probs(&logits, &penalized, Some(&ctx)),
+            [0.0, 0.0, 1.0, 0.0]
+        );
     }
 
     #[test]
@@ -253,13 +289,45 @@ mod tests {
     }
 
     #[test]
+    fn inverse_cdf_across_blocks_matches_a_sequential_walk() {
+        // Sparse weights spread over several blocks, with long zero runs.
+        let weights: Vec<f32> = (0..1000)
+            .map(|i| if i % 97 == 3 { (i % 7 + 1) as f32 } else { 0.0 })
+            .collect();
+        let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+        for k in 0..1000 {
+            let u = (k as f64 + 0.5) / 1000.0;
+            let mut cumulative = 0.0;
+            let expected = weights
+                .iter()
+                .position(|&w| {
+                    cumulative += f64::from(w);
+                    w > 0.0 && cumulative > u * total
+                })
+                .unwrap();
+            assert_eq!(
+                sample_inverse_cdf(&weights, u) as usize,
+                expected,
+                "u = {u}"
+            );
+        }
+        assert_eq!(sample_inverse_cdf(&weights, 1.0), 973);
+    }
+
+    #[test]
     fn workspace_reuse_gives_the_same_rows_as_fresh_processing() {
         let mut ws = SamplingWorkspace::new(4);
         let a = [0.3f32, 1.0, -2.0, 0.7];
         let b = [2.0f32, 1.0, 0.0, -1.0, 5.0, 0.1];
         let p = params(0.8, 3, 0.9, 0.05);
-        assert_eq!(ws.processed_probs(&b, &p, None), processed_probs(&b, &p, None).as_slice());
-        assert_eq!(ws.processed_probs(&a, &p, None), processed_probs(&a, &p, None).as_slice());
+        assert_eq!(
+            ws.processed_probs(&b, &p, None),
+            processed_probs(&b, &p, None).as_slice()
+        );
+        assert_eq!(
+            ws.processed_probs(&a, &p, None),
+            processed_probs(&a, &p, None).as_slice()
+        );
         assert_eq!(ws.penalized_logits(&a, &p, None), &a);
         assert_eq!(ws.penalized_argmax(&a, &p, None), 1);
     }

@@ -6,6 +6,8 @@
 
 use std::cmp::Ordering;
 
+use super::exp::exp_f32;
+
 /// Lanes of the manual max reduction; eight f32 fill one AVX register.
 const LANES: usize = 8;
 
@@ -41,8 +43,18 @@ pub fn max_value(values: &[f32]) -> f32 {
 /// all-NaN slice gives 0.
 #[inline]
 pub fn argmax(values: &[f32]) -> u32 {
+    const CHUNK: usize = 4 * LANES;
     let max = max_value(values);
-    values.iter().position(|&v| v == max).unwrap_or(0) as u32
+    // Find the chunk holding the first maximum with one vectorised test per chunk, then the
+    // position inside it.
+    for (c, chunk) in values.chunks(CHUNK).enumerate() {
+        if chunk.iter().fold(false, |hit, &v| hit | (v == max))
+            && let Some(i) = chunk.iter().position(|&v| v == max)
+        {
+            return (c * CHUNK + i) as u32;
+        }
+    }
+    0
 }
 
 /// In-place softmax. A row whose maximum is `+inf` puts all mass evenly on its `+inf` entries;
@@ -69,19 +81,35 @@ pub(crate) fn softmax_with_inverse_temperature(values: &mut [f32], inv_temperatu
         values.fill(share);
         return;
     }
-    let mut sum = 0.0f64;
-    for v in values.iter_mut() {
-        let e = ((*v - max) * inv_temperature).exp();
-        // `e >= 0` is false only for NaN: a NaN logit gets no mass.
-        let e = if e >= 0.0 { e } else { 0.0 };
-        *v = e;
-        sum += f64::from(e);
-    }
-    // The maximum contributes exp(0) = 1, so `sum >= 1`.
-    let scale = (1.0 / sum) as f32;
+    // `exp_f32` maps NaN to 0: a NaN logit gets no mass.
+    values
+        .iter_mut()
+        .for_each(|v| *v = exp_f32((*v - max) * inv_temperature));
+    // The maximum contributes exp(0) = 1, so the sum is at least one.
+    let scale = (1.0 / sum_positive(values)) as f32;
     for v in values.iter_mut() {
         *v *= scale;
     }
+}
+
+/// `Σ max(v, 0)` in f64 over `values`, NaN counted as 0. Lane-wise partial sums keep the
+/// additions independent (a single f64 accumulator serialises on its add latency); the
+/// summation order is fixed, so the result is deterministic.
+#[inline]
+pub(crate) fn sum_positive(values: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += if v > 0.0 { f64::from(v) } else { 0.0 };
+        }
+    }
+    let tail_sum: f64 = tail
+        .iter()
+        .map(|&v| if v > 0.0 { f64::from(v) } else { 0.0 })
+        .sum();
+    lanes.iter().sum::<f64>() + tail_sum
 }
 
 /// `log Σ exp(values)`, computed stably in f64. `-inf` for a row without mass.
@@ -113,7 +141,9 @@ pub fn log_softmax_in_place(values: &mut [f32]) {
 /// truncation), as vLLM's default `logprobs_mode` does.
 pub fn logprobs_of(logits: &[f32], token: u32, top_n_count: usize) -> (f32, Vec<(u32, f32)>) {
     let lse = logsumexp(logits);
-    let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| l - lse);
+    let logprob = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| l - lse);
     let top = top_n(logits, top_n_count)
         .into_iter()
         .map(|(id, l)| (id, l - lse))
@@ -226,8 +256,14 @@ mod tests {
     #[test]
     fn top_n_equals_a_stable_descending_sort_on_both_paths() {
         // Values with many ties, long enough for both the insertion and the selection path.
-        let values: Vec<f32> = (0..500u32).map(|i| ((i * 7919) % 53) as f32 / 4.0).collect();
-        let mut sorted: Vec<(u32, f32)> = values.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+        let values: Vec<f32> = (0..500u32)
+            .map(|i| ((i * 7919) % 53) as f32 / 4.0)
+            .collect();
+        let mut sorted: Vec<(u32, f32)> = values
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
         sorted.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
         for n in [1, 5, SMALL_TOP_N, SMALL_TOP_N + 1, 100, 500, 900] {
             assert_eq!(top_n(&values, n), sorted[..n.min(500)].to_vec(), "n={n}");

@@ -8,14 +8,17 @@
 //! sampled token means the same thing on every path.
 
 mod distribution;
+mod exp;
 mod logits;
 mod params;
 mod penalties;
 mod rng;
 mod truncation;
 
-pub use distribution::{processed_probs, sample_inverse_cdf, SamplingWorkspace};
-pub use logits::{argmax, log_softmax_in_place, logprobs_of, logsumexp, max_value, softmax_in_place, top_n};
-pub use params::{SamplingParams, GREEDY_TEMPERATURE, MAX_ABS_ADDITIVE_PENALTY, MAX_LOGPROBS};
+pub use distribution::{SamplingWorkspace, processed_probs, sample_inverse_cdf};
+pub use logits::{
+    argmax, log_softmax_in_place, logprobs_of, logsumexp, max_value, softmax_in_place, top_n,
+};
+pub use params::{GREEDY_TEMPERATURE, MAX_ABS_ADDITIVE_PENALTY, MAX_LOGPROBS, SamplingParams};
 pub use penalties::PenaltyContext;
-pub use rng::{random_bits, splitmix64_mix, uniform, RngStream, GOLDEN_GAMMA};
+pub use rng::{GOLDEN_GAMMA, RngStream, random_bits, splitmix64_mix, uniform};

@@ -88,7 +88,11 @@ impl PenaltyContext {
             };
             let in_output = e.output_count > 0;
             if repetition != 1.0 && (e.in_prompt || in_output) {
-                *logit = if *logit > 0.0 { *logit / repetition } else { *logit * repetition };
+                *logit = if *logit > 0.0 {
+                    *logit / repetition
+                } else {
+                    *logit * repetition
+                };
             }
             if in_output {
                 *logit -= frequency * e.output_count as f32 + presence;

@@ -1,0 +1,288 @@
+//! The built-in architecture registry and the speculator-selection rule.
+//!
+//! A speculator is one speculative variant of a target architecture: a method (eagle, mtp,
+//! ...) paired with the draft checkpoint's architecture name (`None` when the draft heads live
+//! inside the target checkpoint, or when the method needs no draft model). Selection matches
+//! both halves, so naming a method selects the mechanism that runs rather than whichever one a
+//! draft checkpoint happens to fit. The Python registry (which users extend) declares the
+//! built-ins from this table and calls [`select_speculator`] for the rule.
+
+use std::fmt;
+
+use crate::config::SpeculativeMethod;
+
+/// The Rust pipeline a (fused) architecture runs; each is a class of the Python extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PipelineKind {
+    /// Target only, plain decoding.
+    Plain,
+    /// Prompt-lookup drafts.
+    Ngram,
+    /// EAGLE-1 or EAGLE-3 draft head (the checkpoint says which).
+    Eagle,
+    /// Multi-token-prediction heads (inside the target checkpoint, or speculators `mtp`).
+    Mtp,
+    DFlash,
+    DFlash2,
+    DSpark,
+}
+
+impl PipelineKind {
+    pub const ALL: [PipelineKind; 7] = [
+        Self::Plain,
+        Self::Ngram,
+        Self::Eagle,
+        Self::Mtp,
+        Self::DFlash,
+        Self::DFlash2,
+        Self::DSpark,
+    ];
+
+    /// The extension class name (`spec_rs._spec_rs.<name>`).
+    pub fn class_name(self) -> &'static str {
+        match self {
+            Self::Plain => "PlainPipeline",
+            Self::Ngram => "NgramPipeline",
+            Self::Eagle => "EaglePipeline",
+            Self::Mtp => "MtpPipeline",
+            Self::DFlash => "DFlashPipeline",
+            Self::DFlash2 => "DFlash2Pipeline",
+            Self::DSpark => "DSparkPipeline",
+        }
+    }
+
+    pub fn from_class_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.class_name() == name)
+    }
+
+    pub fn method(self) -> Option<SpeculativeMethod> {
+        match self {
+            Self::Plain => None,
+            Self::Ngram => Some(SpeculativeMethod::Ngram),
+            Self::Eagle => Some(SpeculativeMethod::Eagle),
+            Self::Mtp => Some(SpeculativeMethod::Mtp),
+            Self::DFlash => Some(SpeculativeMethod::Dflash),
+            Self::DFlash2 => Some(SpeculativeMethod::Dflash2),
+            Self::DSpark => Some(SpeculativeMethod::Dspark),
+        }
+    }
+}
+
+/// A target architecture spec-rs runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchitectureSpec {
+    /// The Hugging Face class name (`architectures[0]`).
+    pub name: &'static str,
+    pub example_repo_ids: &'static [&'static str],
+    pub default_weights_format: &'static str,
+    pub supports_spec_decode_mixed_batches: bool,
+    pub supports_device_graph_capture: bool,
+}
+
+/// One speculative variant of a target architecture.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpeculatorSpec {
+    pub name: String,
+    pub base: &'static str,
+    pub draft_arch: Option<&'static str>,
+    pub method: SpeculativeMethod,
+    pub pipeline: PipelineKind,
+    /// `None` inherits the base's value.
+    pub supports_spec_decode_mixed_batches: Option<bool>,
+    pub supports_device_graph_capture: Option<bool>,
+    /// Whether the draft width comes from the draft checkpoint.
+    pub checkpoint_draft_width: bool,
+    pub example_repo_ids: Option<&'static [&'static str]>,
+}
+
+pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
+    ArchitectureSpec {
+        name: "LlamaForCausalLM",
+        example_repo_ids: &["HuggingFaceTB/SmolLM2-135M-Instruct", "meta-llama/Llama-3.1-8B-Instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
+        name: "Qwen2ForCausalLM",
+        example_repo_ids: &["Qwen/Qwen2.5-0.5B-Instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
+        name: "MiMoForCausalLM",
+        example_repo_ids: &["XiaomiMiMo/MiMo-7B-RL"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
+        name: "Qwen3ForCausalLM",
+        example_repo_ids: &["Qwen/Qwen3-8B"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+];
+
+/// Draft-checkpoint architecture names per method. EAGLE drafts come as native EAGLE-3
+/// (`LlamaForCausalLMEagle3`, `Eagle3LlamaForCausalLM`), speculators EAGLE-3
+/// (`Eagle3DraftModel`, `Eagle3Speculator`) and EAGLE-1 (`LlamaForCausalLM` with one layer,
+/// rewritten to `LlamaForCausalLMEagle` as MAX does).
+const DRAFTS: &[(SpeculativeMethod, Option<&str>, PipelineKind)] = &[
+    (SpeculativeMethod::Ngram, None, PipelineKind::Ngram),
+    (SpeculativeMethod::Eagle, Some("LlamaForCausalLMEagle3"), PipelineKind::Eagle),
+    (SpeculativeMethod::Eagle, Some("Eagle3LlamaForCausalLM"), PipelineKind::Eagle),
+    (SpeculativeMethod::Eagle, Some("Eagle3DraftModel"), PipelineKind::Eagle),
+    (SpeculativeMethod::Eagle, Some("Eagle3Speculator"), PipelineKind::Eagle),
+    (SpeculativeMethod::Eagle, Some("LlamaForCausalLMEagle"), PipelineKind::Eagle),
+    (SpeculativeMethod::Mtp, None, PipelineKind::Mtp),
+    (SpeculativeMethod::Mtp, Some("MTPDraftModel"), PipelineKind::Mtp),
+    (SpeculativeMethod::Dflash, Some("DFlashDraftModel"), PipelineKind::DFlash),
+    (SpeculativeMethod::Dflash, Some("DFlashSpeculator"), PipelineKind::DFlash),
+    (SpeculativeMethod::Dflash2, Some("DFlash2DraftModel"), PipelineKind::DFlash2),
+    (SpeculativeMethod::Dspark, Some("Qwen3DSparkModel"), PipelineKind::DSpark),
+    (SpeculativeMethod::Dspark, Some("DSparkDraftModel"), PipelineKind::DSpark),
+    (SpeculativeMethod::Dspark, Some("DSparkSpeculator"), PipelineKind::DSpark),
+];
+
+fn fused_name(method: SpeculativeMethod, base: &str, draft_arch: Option<&str>) -> String {
+    let family = base.strip_suffix("ForCausalLM").unwrap_or(base);
+    let method_part = match method {
+        SpeculativeMethod::Eagle => "Eagle",
+        SpeculativeMethod::Mtp => "MTP",
+        SpeculativeMethod::Dflash => "DFlash",
+        SpeculativeMethod::Dflash2 => "DFlash2",
+        SpeculativeMethod::Dspark => "DSpark",
+        SpeculativeMethod::Ngram => "Ngram",
+    };
+    match draft_arch {
+        Some(d) => format!("Unified{method_part}{family}ForCausalLM[{d}]"),
+        None => format!("Unified{method_part}{family}ForCausalLM"),
+    }
+}
+
+/// Every built-in speculator, per target in declaration order.
+pub fn builtin_speculators() -> Vec<SpeculatorSpec> {
+    let mut out = Vec::new();
+    for arch in BUILTIN_ARCHITECTURES {
+        for &(method, draft_arch, pipeline) in DRAFTS {
+            // MTP heads inside the target checkpoint exist for MiMo; speculators MTP drafts
+            // attach to any target.
+            if method == SpeculativeMethod::Mtp && draft_arch.is_none() && arch.name != "MiMoForCausalLM" {
+                continue;
+            }
+            out.push(SpeculatorSpec {
+                name: fused_name(method, arch.name, draft_arch),
+                base: arch.name,
+                draft_arch,
+                method,
+                pipeline,
+                supports_spec_decode_mixed_batches: None,
+                supports_device_graph_capture: None,
+                checkpoint_draft_width: method.is_block_draft(),
+                example_repo_ids: None,
+            });
+        }
+    }
+    out
+}
+
+/// No declared speculator of the target runs the method with the draft's architecture.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "No speculator for {target} runs '{method}' with draft architecture '{draft}'. Declared: {declared}"
+)]
+pub struct SelectionError {
+    pub target: String,
+    pub method: String,
+    pub draft: String,
+    pub declared: String,
+}
+
+/// Picks the first declared speculator whose method and draft architecture both match.
+///
+/// `declared` lists `(method, draft_arch)` per speculator of `target`, in declaration order.
+/// Returns `Ok(None)` when the target declares no speculators at all.
+pub fn select_speculator<M: AsRef<str>, D: AsRef<str>>(
+    target: &str,
+    method: &str,
+    draft_arch: Option<&str>,
+    declared: &[(M, Option<D>)],
+) -> Result<Option<usize>, SelectionError> {
+    if declared.is_empty() {
+        return Ok(None);
+    }
+    let found = declared
+        .iter()
+        .position(|(m, d)| m.as_ref() == method && d.as_ref().map(AsRef::as_ref) == draft_arch);
+    match found {
+        Some(i) => Ok(Some(i)),
+        None => Err(SelectionError {
+            target: target.to_string(),
+            method: method.to_string(),
+            draft: draft_arch.map_or_else(|| "None".to_string(), str::to_string),
+            declared: declared
+                .iter()
+                .map(|(m, d)| format!("{}+{}", m.as_ref(), d.as_ref().map_or("None", AsRef::as_ref)))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// MAX's rewrite of draft architecture names before selection: an EAGLE draft saved as a
+/// one-layer `LlamaForCausalLM` is EAGLE-1 (`LlamaForCausalLMEagle`), unless it carries a
+/// reduced draft vocabulary, which makes it EAGLE-3.
+pub fn canonical_draft_arch(method: SpeculativeMethod, draft_arch: &str, has_draft_vocab: bool) -> String {
+    match (method, draft_arch) {
+        (SpeculativeMethod::Eagle, "LlamaForCausalLM") if has_draft_vocab => "LlamaForCausalLMEagle3".into(),
+        (SpeculativeMethod::Eagle, "LlamaForCausalLM") => "LlamaForCausalLMEagle".into(),
+        _ => draft_arch.to_string(),
+    }
+}
+
+impl fmt::Display for PipelineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.class_name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection_matches_method_and_draft_architecture() {
+        let declared = [("eagle", Some("LlamaForCausalLMEagle3")), ("mtp", None), ("ngram", None)];
+        assert_eq!(select_speculator("L", "eagle", Some("LlamaForCausalLMEagle3"), &declared), Ok(Some(0)));
+        assert_eq!(select_speculator("L", "ngram", None, &declared), Ok(Some(2)));
+        let e = select_speculator("L", "eagle", Some("DFlashDraftModel"), &declared).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "No speculator for L runs 'eagle' with draft architecture 'DFlashDraftModel'. Declared: eagle+LlamaForCausalLMEagle3, mtp+None, ngram+None"
+        );
+        let none: [(&str, Option<&str>); 0] = [];
+        assert_eq!(select_speculator("L", "eagle", None, &none), Ok(None));
+    }
+
+    #[test]
+    fn builtins_cover_every_method_for_llama_and_qwen3() {
+        let specs = builtin_speculators();
+        for target in ["LlamaForCausalLM", "Qwen3ForCausalLM"] {
+            for m in [SpeculativeMethod::Eagle, SpeculativeMethod::Dflash, SpeculativeMethod::Dflash2, SpeculativeMethod::Dspark, SpeculativeMethod::Ngram, SpeculativeMethod::Mtp] {
+                assert!(specs.iter().any(|s| s.base == target && s.method == m), "{target} {m}");
+            }
+        }
+        assert!(specs.iter().any(|s| s.base == "MiMoForCausalLM" && s.method == SpeculativeMethod::Mtp && s.draft_arch.is_none()));
+        assert!(specs.iter().filter(|s| s.method.is_block_draft()).all(|s| s.checkpoint_draft_width));
+    }
+
+    #[test]
+    fn eagle1_llama_drafts_are_rewritten() {
+        assert_eq!(canonical_draft_arch(SpeculativeMethod::Eagle, "LlamaForCausalLM", false), "LlamaForCausalLMEagle");
+        assert_eq!(canonical_draft_arch(SpeculativeMethod::Eagle, "LlamaForCausalLM", true), "LlamaForCausalLMEagle3");
+        assert_eq!(canonical_draft_arch(SpeculativeMethod::Dflash, "DFlashDraftModel", false), "DFlashDraftModel");
+    }
+}

@@ -1,0 +1,154 @@
+//! Chat templates: the Jinja program a model ships (in `tokenizer_config.json`,
+//! `chat_template.jinja` or GGUF `tokenizer.chat_template`) rendered with minijinja the way
+//! transformers renders it: trimmed blocks, Python string methods, `raise_exception`,
+//! `strftime_now`, and a `tojson` that does not HTML-escape.
+
+use minijinja::value::Value as JinjaValue;
+use minijinja::{Environment, Error as JinjaError, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+
+/// One chat message. `content` is a string or a list of content parts, as in the OpenAI API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: serde_json::Value,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: serde_json::Value::String(content.into()),
+        }
+    }
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+const TEMPLATE_NAME: &str = "chat";
+
+fn raise_exception(message: String) -> std::result::Result<JinjaValue, JinjaError> {
+    Err(JinjaError::new(ErrorKind::InvalidOperation, message))
+}
+
+fn strftime_now(format: String) -> String {
+    // The date is the only thing templates ask for (system prompts); UTC keeps it deterministic
+    // per day without a timezone database.
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let days = secs.div_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    const MONTHS: [&str; 12] = [
+        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+        "December",
+    ];
+    format
+        .replace("%Y", &y.to_string())
+        .replace("%m", &format!("{m:02}"))
+        .replace("%d", &format!("{d:02}"))
+        .replace("%B", MONTHS[(m - 1) as usize])
+        .replace("%b", &MONTHS[(m - 1) as usize][..3])
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn tojson(value: JinjaValue, indent: Option<usize>) -> std::result::Result<JinjaValue, JinjaError> {
+    let json = serde_json::to_value(&value).map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let text = match indent {
+        Some(n) => {
+            let buf = Vec::new();
+            let indent_str = " ".repeat(n);
+            let formatter = serde_json::ser::PrettyFormatter::with_indent(indent_str.as_bytes());
+            let mut ser = serde_json::Serializer::with_formatter(buf, formatter);
+            serde::Serialize::serialize(&json, &mut ser).map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
+            String::from_utf8(ser.into_inner()).unwrap_or_default()
+        }
+        None => serde_json::to_string(&json).unwrap_or_default(),
+    };
+    Ok(JinjaValue::from_safe_string(text))
+}
+
+impl ChatTemplate {
+    pub fn new(source: String) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        // Reversal by slicing is the one Python idiom minijinja parses differently.
+        let source = source.replace("[::-1]", "|reverse");
+        env.add_template_owned(TEMPLATE_NAME, source)
+            .map_err(|e| EngineError::Tokenizer(format!("invalid chat template: {e}")))?;
+        Ok(Self { env })
+    }
+
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, bos_token: &str, eos_token: &str) -> Result<String> {
+        let template = self.env.get_template(TEMPLATE_NAME).expect("added at construction");
+        template
+            .render(minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => bos_token,
+                eos_token => eos_token,
+                tools => JinjaValue::from(()),
+            })
+            .map_err(|e| {
+                if e.kind() == ErrorKind::InvalidOperation {
+                    EngineError::Request(format!("the chat template rejected the messages: {}", e.detail().unwrap_or("")))
+                } else {
+                    EngineError::Request(format!("rendering the chat template failed: {e}"))
+                }
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are helpful<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn renders_chatml_with_default_system_prompt() {
+        let t = ChatTemplate::new(CHATML.into()).unwrap();
+        let out = t.render(&[ChatMessage::new("user", "Hi")], true, "", "").unwrap();
+        assert_eq!(out, "<|im_start|>system\nYou are helpful<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        let out = t.render(&[ChatMessage::new("user", "Hi")], false, "", "").unwrap();
+        assert!(out.ends_with("Hi<|im_end|>\n"));
+    }
+
+    #[test]
+    fn python_methods_tojson_and_raise_exception() {
+        let t = ChatTemplate::new("{{ messages[0]['content'].strip().upper() }}|{{ messages | tojson }}".into()).unwrap();
+        let out = t.render(&[ChatMessage::new("user", "  a<b  ")], false, "", "").unwrap();
+        assert_eq!(out, r#"A<B|[{"role":"user","content":"  a<b  "}]"#);
+        let t = ChatTemplate::new("{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}".into()).unwrap();
+        let e = t.render(&[ChatMessage::new("assistant", "x")], false, "", "").unwrap_err().to_string();
+        assert!(e.contains("Conversation roles must alternate"), "{e}");
+    }
+
+    #[test]
+    fn civil_dates_are_right() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_819), (2027, 1, 1));
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+    }
+}

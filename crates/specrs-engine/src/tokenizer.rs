@@ -1,0 +1,317 @@
+//! Text ↔ token ids: a `tokenizer.json` (+ `tokenizer_config.json`, `generation_config.json`,
+//! `chat_template.jinja`) beside a checkpoint, or the tokenizer embedded in a GGUF file
+//! (llama.cpp's `gpt2` BPE: tokens, merges, token types and special ids).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::Value as GgufValue;
+use serde_json::Value;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::unicode::NFC;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
+
+use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::error::{EngineError, Result};
+
+/// Reasoning-span markers looked up in the vocabulary (relaxed acceptance for thinking).
+const THINKING_MARKERS: &[(&str, &str)] = &[("<think>", "</think>"), ("<|channel>", "<channel|>")];
+
+pub struct TextTokenizer {
+    tokenizer: Tokenizer,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    bos_token_id: Option<u32>,
+    eos_token_ids: Vec<u32>,
+    add_bos_token: bool,
+    chat_template: Option<ChatTemplate>,
+    thinking_token_ids: Option<(u32, u32)>,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("eos_token_ids", &self.eos_token_ids)
+            .field("has_chat_template", &self.chat_template.is_some())
+            .finish()
+    }
+}
+
+fn tok_err(context: &str, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Tokenizer(format!("{context}: {e}"))
+}
+
+fn gguf_str(meta: &HashMap<String, GgufValue>, key: &str) -> Option<String> {
+    match meta.get(key) {
+        Some(GgufValue::String(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn gguf_u32(meta: &HashMap<String, GgufValue>, key: &str) -> Option<u32> {
+    match meta.get(key)? {
+        GgufValue::U32(x) => Some(*x),
+        GgufValue::I32(x) => u32::try_from(*x).ok(),
+        GgufValue::U64(x) => u32::try_from(*x).ok(),
+        GgufValue::I64(x) => u32::try_from(*x).ok(),
+        GgufValue::U16(x) => Some(*x as u32),
+        GgufValue::U8(x) => Some(*x as u32),
+        _ => None,
+    }
+}
+
+fn gguf_strings(meta: &HashMap<String, GgufValue>, key: &str) -> Result<Vec<String>> {
+    match meta.get(key) {
+        Some(GgufValue::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                GgufValue::String(s) => Ok(s.clone()),
+                other => Err(EngineError::Tokenizer(format!("{key}: expected strings, found {other:?}"))),
+            })
+            .collect(),
+        _ => Err(EngineError::Tokenizer(format!("GGUF metadata lacks {key}"))),
+    }
+}
+
+/// llama.cpp's pre-tokenizer names (`tokenizer.ggml.pre`) → the Hugging Face pipeline.
+fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
+    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    let regex_then_bytes = |re: &str| -> Result<PreTokenizerWrapper> {
+        let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| tok_err("pre-tokenizer regex", e))?;
+        Ok(Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()]).into())
+    };
+    Ok(match pre {
+        // StarCoder-family vocabularies (SmolLM, SmolLM2): one digit per token, then GPT-2 bytes.
+        "smollm" | "starcoder" | "refact" => (
+            None,
+            Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into(),
+        ),
+        "qwen2" | "deepseek-r1-qwen" => (Some(NFC), regex_then_bytes(QWEN2)?),
+        "llama3" | "llama-bpe" | "smaug-bpe" => (None, regex_then_bytes(LLAMA3)?),
+        "gpt-2" | "gpt2" | "default" => (None, ByteLevel::new(false, true, true).into()),
+        other => {
+            return Err(EngineError::Tokenizer(format!(
+                "GGUF pre-tokenizer '{other}' is not supported (supported: smollm, starcoder, qwen2, llama3, llama-bpe, gpt2); \
+                 load the model from a directory with tokenizer.json instead"
+            )));
+        }
+    })
+}
+
+impl TextTokenizer {
+    /// Builds the tokenizer stored in GGUF metadata.
+    pub fn from_gguf(meta: &HashMap<String, GgufValue>) -> Result<Self> {
+        let model = gguf_str(meta, "tokenizer.ggml.model").unwrap_or_default();
+        if model != "gpt2" {
+            return Err(EngineError::Tokenizer(format!(
+                "GGUF tokenizer model '{model}' is not supported (only byte-level BPE, 'gpt2'); \
+                 load the model from a directory with tokenizer.json instead"
+            )));
+        }
+        let tokens = gguf_strings(meta, "tokenizer.ggml.tokens")?;
+        let merges: Vec<(String, String)> = gguf_strings(meta, "tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| EngineError::Tokenizer(format!("invalid merge '{m}'")))
+            })
+            .collect::<Result<_>>()?;
+        let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| tok_err("building BPE", e))?;
+        let mut tokenizer = Tokenizer::new(bpe);
+        let pre = gguf_str(meta, "tokenizer.ggml.pre").unwrap_or_else(|| "gpt2".into());
+        let (normalizer, pre_tokenizer) = gguf_pre_tokenizer(&pre)?;
+        if let Some(n) = normalizer {
+            tokenizer
+                .with_normalizer(Some(n))
+                .map_err(|e| tok_err("setting the normalizer", e))?;
+        }
+        tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
+        tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+        // Control and user-defined tokens are matched whole and skipped when decoding.
+        let specials: Vec<AddedToken> = match meta.get("tokenizer.ggml.token_type") {
+            Some(GgufValue::Array(types)) => types
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| matches!(t, GgufValue::I32(3) | GgufValue::I32(4) | GgufValue::U32(3) | GgufValue::U32(4)))
+                .filter_map(|(i, _)| tokens.get(i))
+                .map(|t| AddedToken::from(t.clone(), true))
+                .collect(),
+            _ => Vec::new(),
+        };
+        tokenizer.add_special_tokens(specials).map_err(|e| tok_err("adding special tokens", e))?;
+        let bos_token_id = gguf_u32(meta, "tokenizer.ggml.bos_token_id");
+        let eos_id = gguf_u32(meta, "tokenizer.ggml.eos_token_id");
+        let mut eos_token_ids: Vec<u32> = eos_id.into_iter().collect();
+        if let Some(eot) = gguf_u32(meta, "tokenizer.ggml.eot_token_id")
+            && !eos_token_ids.contains(&eot)
+        {
+            eos_token_ids.push(eot);
+        }
+        let name_of = |id: Option<u32>| id.and_then(|i| tokens.get(i as usize).cloned());
+        let chat_template = gguf_str(meta, "tokenizer.chat_template").map(ChatTemplate::new).transpose()?;
+        let mut tok = Self {
+            bos_token: name_of(bos_token_id),
+            eos_token: name_of(eos_id),
+            bos_token_id,
+            eos_token_ids,
+            add_bos_token: matches!(meta.get("tokenizer.ggml.add_bos_token"), Some(GgufValue::Bool(true))),
+            chat_template,
+            thinking_token_ids: None,
+            tokenizer,
+        };
+        tok.thinking_token_ids = tok.find_thinking_tokens();
+        Ok(tok)
+    }
+
+    /// Loads `tokenizer.json` and its companions from a checkpoint directory.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let tokenizer_path = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| EngineError::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
+        let read_json = |name: &str| -> Result<Option<Value>> {
+            let p = dir.join(name);
+            if !p.is_file() {
+                return Ok(None);
+            }
+            let text = std::fs::read_to_string(&p).map_err(|e| EngineError::Tokenizer(format!("{}: {e}", p.display())))?;
+            serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| EngineError::Tokenizer(format!("{}: invalid JSON: {e}", p.display())))
+        };
+        let config = read_json("tokenizer_config.json")?.unwrap_or(Value::Null);
+        let generation = read_json("generation_config.json")?.unwrap_or(Value::Null);
+        let model_config = read_json("config.json")?.unwrap_or(Value::Null);
+        let token_text = |v: Option<&Value>| -> Option<String> {
+            match v? {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
+                _ => None,
+            }
+        };
+        let bos_token = token_text(config.get("bos_token"));
+        let eos_token = token_text(config.get("eos_token"));
+        let ids = |v: Option<&Value>| -> Vec<u32> {
+            match v {
+                Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+                Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+                _ => Vec::new(),
+            }
+        };
+        let mut eos_token_ids = ids(generation.get("eos_token_id"));
+        if eos_token_ids.is_empty() {
+            eos_token_ids = ids(model_config.get("eos_token_id"));
+        }
+        if let Some(id) = eos_token.as_deref().and_then(|t| tokenizer.token_to_id(t))
+            && !eos_token_ids.contains(&id)
+        {
+            eos_token_ids.push(id);
+        }
+        let bos_token_id = bos_token.as_deref().and_then(|t| tokenizer.token_to_id(t));
+        let template_text = match std::fs::read_to_string(dir.join("chat_template.jinja")) {
+            Ok(t) => Some(t),
+            Err(_) => match config.get("chat_template") {
+                Some(Value::String(s)) => Some(s.clone()),
+                // A list of named templates: use "default".
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                    .and_then(|t| t.get("template"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                _ => None,
+            },
+        };
+        let mut tok = Self {
+            tokenizer,
+            bos_token,
+            eos_token,
+            bos_token_id,
+            eos_token_ids,
+            add_bos_token: false,
+            chat_template: template_text.map(ChatTemplate::new).transpose()?,
+            thinking_token_ids: None,
+        };
+        tok.thinking_token_ids = tok.find_thinking_tokens();
+        Ok(tok)
+    }
+
+    fn find_thinking_tokens(&self) -> Option<(u32, u32)> {
+        THINKING_MARKERS.iter().find_map(|(start, end)| {
+            Some((self.tokenizer.token_to_id(start)?, self.tokenizer.token_to_id(end)?))
+        })
+    }
+
+    pub fn inner(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_token_id
+    }
+
+    /// `<think>`/`</think>` (or an equivalent pair) when the vocabulary has them.
+    pub fn thinking_token_ids(&self) -> Option<(u32, u32)> {
+        self.thinking_token_ids
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Encodes text. Special tokens written in the text (e.g. `<|im_start|>`) are recognised;
+    /// `add_bos` prepends the BOS token when the model wants one.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
+        let enc = self.tokenizer.encode(text, false).map_err(|e| tok_err("encoding", e))?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if add_bos
+            && self.add_bos_token
+            && let Some(bos) = self.bos_token_id
+        {
+            ids.push(bos);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.tokenizer.decode(ids, skip_special_tokens).map_err(|e| tok_err("decoding", e))
+    }
+
+    /// Renders messages with the model's chat template.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let template = self.chat_template.as_ref().ok_or_else(|| {
+            EngineError::Request("this model has no chat template; send a plain completion prompt instead".into())
+        })?;
+        template.render(
+            messages,
+            add_generation_prompt,
+            self.bos_token.as_deref().unwrap_or(""),
+            self.eos_token.as_deref().unwrap_or(""),
+        )
+    }
+}

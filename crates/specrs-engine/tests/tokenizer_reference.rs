@@ -1,0 +1,88 @@
+//! The tokenizer and chat template embedded in the default model's GGUF reproduce what
+//! transformers produced: the chat-formatted prompt ids of every reference case, the decoded
+//! text of every reference continuation, and the same text when streamed token by token.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use specrs_core::model_alias::{find_alias, resolve_alias, DEFAULT_MODEL_ALIAS};
+use specrs_core::sampling::SamplingParams;
+use specrs_engine::{ChatMessage, OutputState, TextTokenizer};
+use specrs_models::weights::GgufSource;
+
+fn tokenizer() -> TextTokenizer {
+    let path = resolve_alias(find_alias(DEFAULT_MODEL_ALIAS).unwrap()).expect("default model installed");
+    TextTokenizer::from_gguf(GgufSource::open(&path).unwrap().metadata()).unwrap()
+}
+
+fn reference() -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/smollm2_transformers.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+#[test]
+fn chat_prompts_tokenize_exactly_like_transformers() {
+    let tok = tokenizer();
+    for case in reference()["cases"].as_array().unwrap() {
+        let text = tok
+            .apply_chat_template(&[ChatMessage::new("user", case["prompt"].as_str().unwrap())], true)
+            .unwrap();
+        assert_eq!(tok.encode(&text, true).unwrap(), ids(&case["input_ids"]), "{}", case["prompt"]);
+    }
+}
+
+#[test]
+fn continuations_decode_to_the_reference_text_whole_and_streamed() {
+    let tok = tokenizer();
+    let eos = tok.eos_token_ids().to_vec();
+    for case in reference()["cases"].as_array().unwrap() {
+        let out = ids(&case["greedy_ids"]);
+        // The reference text was decoded keeping special tokens (a final <|im_end|>); users
+        // see the text without them.
+        assert_eq!(tok.decode(&out, false).unwrap(), case["greedy_text"].as_str().unwrap());
+        let expected = case["greedy_text"].as_str().unwrap().trim_end_matches("<|im_end|>");
+        let mut state = OutputState::new(&SamplingParams::default(), &eos, 1000);
+        let mut streamed = String::new();
+        for &t in &out {
+            let outcome = state.commit(&tok, &[t]).unwrap();
+            let finished = outcome.finish.is_some();
+            let delta = state.take_delta(finished);
+            // Every chunk is whole characters: it is valid UTF-8 and has no replacement char.
+            assert!(!delta.contains('\u{FFFD}'));
+            streamed.push_str(&delta);
+            if finished {
+                break;
+            }
+        }
+        assert_eq!(streamed, expected, "{}", case["prompt"]);
+    }
+}
+
+#[test]
+fn stop_strings_cut_the_text_and_hold_back_partial_matches() {
+    let tok = tokenizer();
+    let text = "Hello world. Goodbye world.";
+    let ids = tok.encode(text, false).unwrap();
+    let params = SamplingParams {
+        stop: vec!["Goodbye".into()],
+        ..SamplingParams::default()
+    };
+    let mut state = OutputState::new(&params, tok.eos_token_ids(), 1000);
+    let mut streamed = String::new();
+    let mut finish = None;
+    for &t in &ids {
+        let o = state.commit(&tok, &[t]).unwrap();
+        finish = o.finish;
+        streamed.push_str(&state.take_delta(finish.is_some()));
+        assert!(!streamed.contains("Good"), "a partial stop string was streamed: {streamed:?}");
+        if finish.is_some() {
+            break;
+        }
+    }
+    assert_eq!(finish, Some(specrs_engine::FinishReason::Stop));
+    assert_eq!(streamed, "Hello world. ");
+}
