@@ -15,9 +15,7 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use specrs_core::acceptance::{AcceptanceSampler, VerifyRow};
 use specrs_core::config::{DraftProposal, SpeculativeConfig, SpeculativeMethod};
-use specrs_core::sampling::{
-    RngStream, SamplingParams, argmax, sample_inverse_cdf, softmax_in_place, uniform,
-};
+use specrs_core::sampling::{RngStream, SamplingParams, argmax, sample_inverse_cdf, softmax_in_place, uniform};
 
 const BATCH: usize = 64;
 const K: usize = 4;
@@ -34,9 +32,7 @@ struct RowData {
 fn random_normal_row(key: u64, len: usize, scale: f64) -> Vec<f32> {
     (0..len as u64)
         .map(|i| {
-            let irwin_hall: f64 = (0..4)
-                .map(|j| uniform(key, RngStream::Draft, 4 * i + j))
-                .sum();
+            let irwin_hall: f64 = (0..4).map(|j| uniform(key, RngStream::Draft, 4 * i + j)).sum();
             ((irwin_hall - 2.0) * 3f64.sqrt() * scale) as f32
         })
         .collect()
@@ -69,11 +65,7 @@ fn batch(sampled_drafts: bool) -> Vec<RowData> {
                     })
                     .collect()
             };
-            RowData {
-                drafts,
-                logits,
-                draft_probs,
-            }
+            RowData { drafts, logits, draft_probs }
         })
         .collect()
 }
@@ -89,20 +81,12 @@ fn sampler(greedy: bool, proposal: DraftProposal) -> AcceptanceSampler {
     AcceptanceSampler::new(&config, K, VOCAB, None).expect("valid bench config")
 }
 
-fn rows<'a>(
-    data: &'a [RowData],
-    params: &'a SamplingParams,
-    with_probs: bool,
-) -> Vec<VerifyRow<'a>> {
+fn rows<'a>(data: &'a [RowData], params: &'a SamplingParams, with_probs: bool) -> Vec<VerifyRow<'a>> {
     data.iter()
         .enumerate()
         .map(|(i, d)| {
             let row = VerifyRow::new(&d.drafts, &d.logits, params, 17 + i as u64);
-            if with_probs {
-                row.with_draft_probs(&d.draft_probs)
-            } else {
-                row
-            }
+            if with_probs { row.with_draft_probs(&d.draft_probs) } else { row }
         })
         .collect()
 }
@@ -115,15 +99,9 @@ fn accept_batch(c: &mut Criterion) {
     let greedy_params = SamplingParams::greedy();
     let greedy_rows = rows(&argmax_drafts, &greedy_params, false);
     let greedy = sampler(true, DraftProposal::Argmax);
-    group.bench_function("greedy", |b| {
-        b.iter(|| greedy.accept_batch(black_box(&greedy_rows)))
-    });
+    group.bench_function("greedy", |b| b.iter(|| greedy.accept_batch(black_box(&greedy_rows))));
 
-    let nucleus = SamplingParams {
-        temperature: 0.8,
-        top_p: 0.9,
-        ..Default::default()
-    };
+    let nucleus = SamplingParams { temperature: 0.8, top_p: 0.9, ..Default::default() };
     let match_rows = rows(&argmax_drafts, &nucleus, false);
     let target_sample = sampler(false, DraftProposal::Argmax);
     group.bench_function("target_sample_match/T=0.8,top_p=0.9", |b| {

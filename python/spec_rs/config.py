@@ -120,7 +120,9 @@ class SpeculativeConfig(BaseModel):
         merged.update({k: data[k] for k in _FILE_FIELDS if k in data})
         return merged
 
-    @field_validator("speculative_method", "draft_proposal", "draft_head_parallelism", "draft_probs_layout", mode="before")
+    @field_validator(
+        "speculative_method", "draft_proposal", "draft_head_parallelism", "draft_probs_layout", mode="before"
+    )
     @classmethod
     def _lowercase_choice(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
@@ -219,7 +221,9 @@ class SpeculativeConfig(BaseModel):
 
     def with_width(self, num_speculative_tokens: int) -> SpeculativeConfig:
         """A copy with the draft width resolved (used when a checkpoint fixes it)."""
-        return type(self).model_validate({**self._fields_json(), "num_speculative_tokens": num_speculative_tokens})
+        return type(self).model_validate(
+            {**self._fields_json(), "num_speculative_tokens": num_speculative_tokens}
+        )
 
 
 def _jsonable(value: Any) -> Any:

@@ -13,17 +13,11 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            field: None,
-            message: message.into(),
-        }
+        Self { field: None, message: message.into() }
     }
 
     pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: Some(field.into()),
-            message: message.into(),
-        }
+        Self { field: Some(field.into()), message: message.into() }
     }
 }
 
@@ -42,18 +36,8 @@ pub enum ConfigFileError {
     Yaml { path: String, message: String },
     #[error("config file '{path}' must contain a mapping at its root, found {found}")]
     NotAMapping { path: String, found: &'static str },
-    #[error(
-        "section '{section}' not found in config file '{path}'; sections present: {available}"
-    )]
-    MissingSection {
-        path: String,
-        section: String,
-        available: String,
-    },
+    #[error("section '{section}' not found in config file '{path}'; sections present: {available}")]
+    MissingSection { path: String, section: String, available: String },
     #[error("section '{section}' of config file '{path}' must be a mapping, found {found}")]
-    SectionNotAMapping {
-        path: String,
-        section: String,
-        found: &'static str,
-    },
+    SectionNotAMapping { path: String, section: String, found: &'static str },
 }

@@ -34,44 +34,23 @@ pub enum KvError {
     #[error(
         "sequence {seq} needs {needed} more KV blocks to grow from {current_len} to {new_len} tokens, but only {free} are free"
     )]
-    OutOfBlocks {
-        seq: SeqId,
-        current_len: usize,
-        new_len: usize,
-        needed: usize,
-        free: usize,
-    },
+    OutOfBlocks { seq: SeqId, current_len: usize, new_len: usize, needed: usize, free: usize },
     #[error("KV block {block} was freed twice")]
     DoubleFree { block: BlockId },
     #[error("KV block {block} does not exist: the pool has {num_blocks} blocks")]
     UnknownBlock { block: BlockId, num_blocks: usize },
     #[error("KV cache has no sequence {seq}")]
     UnknownSequence { seq: SeqId },
-    #[error(
-        "position {pos} of sequence {seq} is past its KV capacity of {capacity} tokens; grow the sequence first"
-    )]
-    PositionOutOfRange {
-        seq: SeqId,
-        pos: usize,
-        capacity: usize,
-    },
-    #[error(
-        "cannot truncate sequence {seq} to {len} tokens: it holds only {current_len}; use grow to lengthen it"
-    )]
-    TruncateBeyondLength {
-        seq: SeqId,
-        len: usize,
-        current_len: usize,
-    },
+    #[error("position {pos} of sequence {seq} is past its KV capacity of {capacity} tokens; grow the sequence first")]
+    PositionOutOfRange { seq: SeqId, pos: usize, capacity: usize },
+    #[error("cannot truncate sequence {seq} to {len} tokens: it holds only {current_len}; use grow to lengthen it")]
+    TruncateBeyondLength { seq: SeqId, len: usize, current_len: usize },
     #[error("KV cache parameter {name} must be at least 1")]
     ZeroParameter { name: &'static str },
     #[error(
         "a KV pool of {num_blocks} blocks of {block_size} tokens has more slots than a u32 slot index can address; lower the memory budget or the block size"
     )]
-    TooManySlots {
-        num_blocks: usize,
-        block_size: usize,
-    },
+    TooManySlots { num_blocks: usize, block_size: usize },
     #[error(
         "the KV cache budget of {budget} holds {num_blocks} blocks of {block_size} tokens at {bytes_per_token} bytes per token, but one sequence of max_model_len={max_model_len} tokens needs {blocks_per_sequence} blocks; raise the KV memory budget, lower max_model_len, or store the KV cache in a smaller dtype"
     )]
@@ -123,18 +102,11 @@ impl BlockAllocator {
         // Slots are u32 in the attention kernels' slot mapping; every slot must fit.
         let num_slots = num_blocks as u128 * block_size as u128;
         if num_slots > u128::from(u32::MAX) + 1 {
-            return Err(KvError::TooManySlots {
-                num_blocks,
-                block_size,
-            });
+            return Err(KvError::TooManySlots { num_blocks, block_size });
         }
         // num_blocks <= 2^32 / block_size, so every id fits in a u32.
         let free_list = (0..num_blocks).rev().map(|b| b as BlockId).collect();
-        Ok(Self {
-            block_size,
-            free_list,
-            is_free: vec![true; num_blocks],
-        })
+        Ok(Self { block_size, free_list, is_free: vec![true; num_blocks] })
     }
 
     /// Takes a free block, the most recently freed one first.
@@ -159,10 +131,7 @@ impl BlockAllocator {
     /// the pool unchanged.
     pub fn free(&mut self, block: BlockId) -> Result<(), KvError> {
         match self.is_free.get_mut(block as usize) {
-            None => Err(KvError::UnknownBlock {
-                block,
-                num_blocks: self.num_total(),
-            }),
+            None => Err(KvError::UnknownBlock { block, num_blocks: self.num_total() }),
             Some(true) => Err(KvError::DoubleFree { block }),
             Some(is_free) => {
                 *is_free = true;
@@ -227,9 +196,7 @@ pub struct KvBlockManager {
 
 impl KvBlockManager {
     pub fn new(num_blocks: usize, block_size: usize) -> Result<Self, KvError> {
-        Ok(Self::with_allocator(BlockAllocator::new(
-            num_blocks, block_size,
-        )?))
+        Ok(Self::with_allocator(BlockAllocator::new(num_blocks, block_size)?))
     }
 
     /// A manager over the pool a [`KvPlan`] sized.
@@ -238,10 +205,7 @@ impl KvBlockManager {
     }
 
     pub fn with_allocator(allocator: BlockAllocator) -> Self {
-        Self {
-            allocator,
-            tables: HashMap::new(),
-        }
+        Self { allocator, tables: HashMap::new() }
     }
 
     pub fn block_size(&self) -> usize {
@@ -279,9 +243,7 @@ impl KvBlockManager {
 
     /// Positions a sequence can hold without allocating; 0 for an unknown sequence.
     pub fn capacity(&self, seq: SeqId) -> usize {
-        self.tables
-            .get(&seq)
-            .map_or(0, |table| table.capacity(self.block_size()))
+        self.tables.get(&seq).map_or(0, |table| table.capacity(self.block_size()))
     }
 
     /// A sequence's block ids in position order; empty for an unknown sequence.
@@ -306,23 +268,17 @@ impl KvBlockManager {
             return Ok(());
         }
         let needed = self.blocks_needed(current_len, new_len);
-        let new_blocks =
-            self.allocator
-                .allocate_many(needed)
-                .ok_or_else(|| KvError::OutOfBlocks {
-                    seq,
-                    current_len,
-                    new_len,
-                    needed,
-                    free: self.allocator.num_free(),
-                })?;
+        let new_blocks = self.allocator.allocate_many(needed).ok_or_else(|| KvError::OutOfBlocks {
+            seq,
+            current_len,
+            new_len,
+            needed,
+            free: self.allocator.num_free(),
+        })?;
         let table = self.tables.entry(seq).or_default();
         table.blocks.extend(new_blocks);
         table.len = new_len;
-        debug_assert_eq!(
-            table.blocks.len(),
-            blocks_for(new_len, self.allocator.block_size())
-        );
+        debug_assert_eq!(table.blocks.len(), blocks_for(new_len, self.allocator.block_size()));
         Ok(())
     }
 
@@ -330,16 +286,9 @@ impl KvBlockManager {
     /// `ceil(len / block_size)`. Returns the number of blocks freed.
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<usize, KvError> {
         let block_size = self.allocator.block_size();
-        let table = self
-            .tables
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence { seq })?;
+        let table = self.tables.get_mut(&seq).ok_or(KvError::UnknownSequence { seq })?;
         if len > table.len {
-            return Err(KvError::TruncateBeyondLength {
-                seq,
-                len,
-                current_len: table.len,
-            });
+            return Err(KvError::TruncateBeyondLength { seq, len, current_len: table.len });
         }
         let freed = table.blocks.split_off(blocks_for(len, block_size));
         table.len = len;
@@ -359,19 +308,13 @@ impl KvBlockManager {
 
     /// The KV storage row of position `pos` of `seq`.
     pub fn slot(&self, seq: SeqId, pos: usize) -> Result<u32, KvError> {
-        let table = self
-            .tables
-            .get(&seq)
-            .ok_or(KvError::UnknownSequence { seq })?;
+        let table = self.tables.get(&seq).ok_or(KvError::UnknownSequence { seq })?;
         let block_size = self.block_size();
-        let block = table
-            .blocks
-            .get(pos / block_size)
-            .ok_or(KvError::PositionOutOfRange {
-                seq,
-                pos,
-                capacity: table.capacity(block_size),
-            })?;
+        let block = table.blocks.get(pos / block_size).ok_or(KvError::PositionOutOfRange {
+            seq,
+            pos,
+            capacity: table.capacity(block_size),
+        })?;
         let slot = u64::from(*block) * block_size as u64 + (pos % block_size) as u64;
         // The allocator refuses pools of more than 2^32 slots, so every slot fits a u32.
         debug_assert!(slot <= u64::from(u32::MAX), "slot {slot} overflows u32");
@@ -422,12 +365,7 @@ pub struct KvPlan {
 
 /// Bytes of KV cache one token occupies: K and V for every layer.
 /// Saturates instead of overflowing, which then plans zero blocks.
-pub fn kv_bytes_per_token(
-    num_layers: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
-    dtype_bytes: usize,
-) -> u64 {
+pub fn kv_bytes_per_token(num_layers: usize, num_kv_heads: usize, head_dim: usize, dtype_bytes: usize) -> u64 {
     const K_AND_V: u64 = 2;
     [num_layers, num_kv_heads, head_dim, dtype_bytes]
         .into_iter()
@@ -448,15 +386,10 @@ pub fn plan_kv_blocks(
     max_num_seqs: usize,
 ) -> Result<KvPlan, KvError> {
     if bytes_per_token == 0 {
-        return Err(KvError::ZeroParameter {
-            name: "bytes_per_token",
-        });
+        return Err(KvError::ZeroParameter { name: "bytes_per_token" });
     }
-    for (name, value) in [
-        ("block_size", block_size),
-        ("max_model_len", max_model_len),
-        ("max_num_seqs", max_num_seqs),
-    ] {
+    for (name, value) in [("block_size", block_size), ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)]
+    {
         if value == 0 {
             return Err(KvError::ZeroParameter { name });
         }
@@ -520,13 +453,7 @@ mod tests {
         let block = pool.allocate().unwrap();
         pool.free(block).unwrap();
         assert_eq!(pool.free(block), Err(KvError::DoubleFree { block }));
-        assert_eq!(
-            pool.free(7),
-            Err(KvError::UnknownBlock {
-                block: 7,
-                num_blocks: 2
-            })
-        );
+        assert_eq!(pool.free(7), Err(KvError::UnknownBlock { block: 7, num_blocks: 2 }));
         assert_eq!(pool.num_free(), 2);
     }
 
@@ -541,18 +468,12 @@ mod tests {
 
     #[test]
     fn allocator_refuses_zero_block_size_and_unaddressable_pools() {
-        assert_eq!(
-            BlockAllocator::new(4, 0).unwrap_err(),
-            KvError::ZeroParameter { name: "block_size" }
-        );
+        assert_eq!(BlockAllocator::new(4, 0).unwrap_err(), KvError::ZeroParameter { name: "block_size" });
         // 2^16 blocks of 2^16 tokens is exactly 2^32 slots: the last one is u32::MAX.
         let mut largest = KvBlockManager::new(1 << 16, 1 << 16).unwrap();
         largest.grow(1, 1 << 32).unwrap();
         assert_eq!(largest.slot(1, (1 << 32) - 1), Ok(u32::MAX));
-        assert!(matches!(
-            BlockAllocator::new((1 << 16) + 1, 1 << 16),
-            Err(KvError::TooManySlots { .. })
-        ));
+        assert!(matches!(BlockAllocator::new((1 << 16) + 1, 1 << 16), Err(KvError::TooManySlots { .. })));
     }
 
     #[test]
@@ -562,11 +483,7 @@ mod tests {
         assert_eq!(kv.block_table(7), &[0, 1]);
         assert_eq!((kv.len(7), kv.capacity(7)), (5, 8));
         kv.grow(7, 8).unwrap();
-        assert_eq!(
-            kv.block_table(7),
-            &[0, 1],
-            "growing within capacity allocates nothing"
-        );
+        assert_eq!(kv.block_table(7), &[0, 1], "growing within capacity allocates nothing");
         kv.grow(7, 9).unwrap();
         assert_eq!(kv.block_table(7), &[0, 1, 2]);
         assert_eq!(kv.num_free_blocks(), 5);
@@ -580,10 +497,7 @@ mod tests {
         assert_eq!(kv.len(1), 6);
         kv.grow(2, 0).unwrap();
         assert!(kv.contains(2));
-        assert_eq!(
-            (kv.num_sequences(), kv.len(2), kv.block_table(2)),
-            (2, 0, &[][..])
-        );
+        assert_eq!((kv.num_sequences(), kv.len(2), kv.block_table(2)), (2, 0, &[][..]));
     }
 
     #[test]
@@ -591,31 +505,16 @@ mod tests {
         let mut kv = manager(3, 4);
         kv.grow(1, 8).unwrap();
         let err = kv.grow(1, 17).unwrap_err();
-        assert_eq!(
-            err,
-            KvError::OutOfBlocks {
-                seq: 1,
-                current_len: 8,
-                new_len: 17,
-                needed: 3,
-                free: 1
-            }
-        );
+        assert_eq!(err, KvError::OutOfBlocks { seq: 1, current_len: 8, new_len: 17, needed: 3, free: 1 });
         assert_eq!(
             err.to_string(),
             "sequence 1 needs 3 more KV blocks to grow from 8 to 17 tokens, but only 1 are free"
         );
-        assert_eq!(
-            (kv.len(1), kv.block_table(1), kv.num_free_blocks()),
-            (8, &[0, 1][..], 1)
-        );
+        assert_eq!((kv.len(1), kv.block_table(1), kv.num_free_blocks()), (8, &[0, 1][..], 1));
         assert!(!kv.can_grow(1, 17));
         assert!(kv.can_grow(1, 12));
         assert!(kv.grow(2, 5).is_err());
-        assert!(
-            !kv.contains(2),
-            "a failed first grow must not register the sequence"
-        );
+        assert!(!kv.contains(2), "a failed first grow must not register the sequence");
     }
 
     #[test]
@@ -641,14 +540,7 @@ mod tests {
     fn truncate_refuses_to_lengthen_or_touch_unknown_sequences() {
         let mut kv = manager(4, 4);
         kv.grow(1, 3).unwrap();
-        assert_eq!(
-            kv.truncate(1, 4),
-            Err(KvError::TruncateBeyondLength {
-                seq: 1,
-                len: 4,
-                current_len: 3
-            })
-        );
+        assert_eq!(kv.truncate(1, 4), Err(KvError::TruncateBeyondLength { seq: 1, len: 4, current_len: 3 }));
         assert_eq!(kv.truncate(9, 0), Err(KvError::UnknownSequence { seq: 9 }));
         assert_eq!(kv.len(1), 3);
     }
@@ -675,14 +567,7 @@ mod tests {
         assert_eq!(kv.slot(1, 7), Ok(11), "capacity, not length, bounds a slot");
         assert_eq!(kv.slots(1, 2..6), Ok(vec![2, 3, 8, 9]));
         assert_eq!(kv.slots(2, 0..0), Ok(vec![]));
-        assert_eq!(
-            kv.slot(1, 8),
-            Err(KvError::PositionOutOfRange {
-                seq: 1,
-                pos: 8,
-                capacity: 8
-            })
-        );
+        assert_eq!(kv.slot(1, 8), Err(KvError::PositionOutOfRange { seq: 1, pos: 8, capacity: 8 }));
         assert_eq!(kv.slot(5, 0), Err(KvError::UnknownSequence { seq: 5 }));
         assert!(kv.slots(1, 6..9).is_err());
     }
@@ -731,16 +616,8 @@ mod tests {
              blocks; raise the KV memory budget, lower max_model_len, or store the KV cache in \
              a smaller dtype"
         );
-        assert_eq!(
-            plan_kv_blocks(1 << 30, 46_080, 0, 8192, 4),
-            Err(KvError::ZeroParameter { name: "block_size" })
-        );
-        assert_eq!(
-            plan_kv_blocks(1 << 30, 0, 16, 8192, 4),
-            Err(KvError::ZeroParameter {
-                name: "bytes_per_token"
-            })
-        );
+        assert_eq!(plan_kv_blocks(1 << 30, 46_080, 0, 8192, 4), Err(KvError::ZeroParameter { name: "block_size" }));
+        assert_eq!(plan_kv_blocks(1 << 30, 0, 16, 8192, 4), Err(KvError::ZeroParameter { name: "bytes_per_token" }));
     }
 
     #[derive(Debug, Clone)]
@@ -772,17 +649,10 @@ mod tests {
     fn assert_blocks_partitioned(kv: &KvBlockManager) {
         let mut held = HashSet::new();
         for (seq, table) in &kv.tables {
-            assert_eq!(
-                table.blocks.len(),
-                blocks_for(table.len, kv.block_size()),
-                "seq {seq}"
-            );
+            assert_eq!(table.blocks.len(), blocks_for(table.len, kv.block_size()), "seq {seq}");
             for &block in &table.blocks {
                 assert!(held.insert(block), "block {block} held twice");
-                assert!(
-                    !kv.allocator.is_free[block as usize],
-                    "held block {block} marked free"
-                );
+                assert!(!kv.allocator.is_free[block as usize], "held block {block} marked free");
             }
         }
         let free: HashSet<BlockId> = kv.allocator.free_list.iter().copied().collect();

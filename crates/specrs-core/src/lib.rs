@@ -12,8 +12,8 @@ pub mod metrics;
 pub mod model_alias;
 pub mod ngram;
 pub mod registry;
-pub mod scheduler;
 pub mod sampling;
+pub mod scheduler;
 pub mod width;
 
 pub use config::{AcceptanceRule, DraftPlacement, DraftProposal, SpeculativeConfig, SpeculativeMethod};

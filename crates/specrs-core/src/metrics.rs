@@ -54,20 +54,9 @@ impl SpecDecodeStats {
     /// [`record_row`](Self::record_row) for a row where `num_relaxed` of the accepted drafts
     /// passed only thanks to relaxed acceptance. Counts above their bounds are clamped
     /// (`num_accepted <= verify_width`, `num_relaxed <= num_accepted`).
-    pub fn record_row_with_relaxed(
-        &mut self,
-        verify_width: usize,
-        num_accepted: usize,
-        num_relaxed: usize,
-    ) {
-        debug_assert!(
-            num_accepted <= verify_width,
-            "row accepted {num_accepted} of {verify_width} drafts"
-        );
-        debug_assert!(
-            num_relaxed <= num_accepted,
-            "{num_relaxed} relaxed of {num_accepted} accepted"
-        );
+    pub fn record_row_with_relaxed(&mut self, verify_width: usize, num_accepted: usize, num_relaxed: usize) {
+        debug_assert!(num_accepted <= verify_width, "row accepted {num_accepted} of {verify_width} drafts");
+        debug_assert!(num_relaxed <= num_accepted, "{num_relaxed} relaxed of {num_accepted} accepted");
         if verify_width == 0 {
             return;
         }
@@ -89,11 +78,7 @@ impl SpecDecodeStats {
         self.num_accepted_tokens += other.num_accepted_tokens;
         self.num_relaxed_accepted += other.num_relaxed_accepted;
         self.extend_positions(other.accepted_per_position.len());
-        for (mine, theirs) in self
-            .accepted_per_position
-            .iter_mut()
-            .zip(&other.accepted_per_position)
-        {
+        for (mine, theirs) in self.accepted_per_position.iter_mut().zip(&other.accepted_per_position) {
             *mine += theirs;
         }
     }
@@ -126,10 +111,7 @@ impl SpecDecodeStats {
         if self.is_empty() {
             return Vec::new();
         }
-        self.accepted_per_position
-            .iter()
-            .map(|&reached| reached as f64 / self.num_drafts as f64)
-            .collect()
+        self.accepted_per_position.iter().map(|&reached| reached as f64 / self.num_drafts as f64).collect()
     }
 
     fn extend_positions(&mut self, width: usize) {
@@ -158,12 +140,8 @@ fn ratio(numerator: u64, denominator: u64) -> Option<f64> {
 /// A window with no drafts prints `Draft Tokens: 0/0 (n/a) accepted, Acceptance Len: n/a /
 /// {k+1} toks, Per-Pos: []`; callers usually skip logging it.
 pub fn format_log_line(stats: &SpecDecodeStats, k: usize) -> String {
-    let rate = stats
-        .acceptance_rate()
-        .map_or_else(|| "n/a".to_string(), |r| format!("{:.1}%", 100.0 * r));
-    let length = stats
-        .mean_acceptance_length()
-        .map_or_else(|| "n/a".to_string(), |l| format!("{l:.2}"));
+    let rate = stats.acceptance_rate().map_or_else(|| "n/a".to_string(), |r| format!("{:.1}%", 100.0 * r));
+    let length = stats.mean_acceptance_length().map_or_else(|| "n/a".to_string(), |l| format!("{l:.2}"));
     let per_position: Vec<String> = stats
         .acceptance_rate_per_position()
         .iter()
@@ -217,22 +195,14 @@ impl SpecDecodeCounters {
             "Number of spec decoding drafts (rows that verified at least one draft token).",
             &[(None, t.num_drafts)],
         );
-        out.counter(
-            "spec_decode_num_draft_tokens",
-            "Number of draft tokens verified.",
-            &[(None, t.num_draft_tokens)],
-        );
+        out.counter("spec_decode_num_draft_tokens", "Number of draft tokens verified.", &[(None, t.num_draft_tokens)]);
         out.counter(
             "spec_decode_num_accepted_tokens",
             "Number of accepted draft tokens.",
             &[(None, t.num_accepted_tokens)],
         );
-        let per_position: Vec<(Option<usize>, u64)> = t
-            .accepted_per_position
-            .iter()
-            .enumerate()
-            .map(|(position, &count)| (Some(position), count))
-            .collect();
+        let per_position: Vec<(Option<usize>, u64)> =
+            t.accepted_per_position.iter().enumerate().map(|(position, &count)| (Some(position), count)).collect();
         out.counter(
             "spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens per draft position.",
@@ -250,17 +220,13 @@ impl SpecDecodeCounters {
 /// Upper bounds of the `acceptance_rate_per_position` buckets, in percent. `0` isolates
 /// positions nothing reached; tenths resolve the usual 30-95% range well enough to compare
 /// drafters.
-pub const ACCEPTANCE_RATE_BUCKETS_PERCENT: &[f64] = &[
-    0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0,
-];
+pub const ACCEPTANCE_RATE_BUCKETS_PERCENT: &[f64] = &[0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0];
 
 /// Upper bounds of the `avg_acceptance_length` buckets, in accepted drafts per draft.
 /// Half-token steps up to 8 cover chain drafters (K <= 8); 10, 12 and 16 cover block
 /// drafters' wider blocks.
-pub const ACCEPTANCE_LENGTH_BUCKETS: &[f64] = &[
-    0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, 7.0, 7.5, 8.0, 10.0,
-    12.0, 16.0,
-];
+pub const ACCEPTANCE_LENGTH_BUCKETS: &[f64] =
+    &[0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, 7.0, 7.5, 8.0, 10.0, 12.0, 16.0];
 
 /// A Prometheus histogram with fixed bounds (the `+Inf` bucket is implicit).
 #[derive(Debug, Clone, PartialEq)]
@@ -276,16 +242,8 @@ pub struct Histogram {
 impl Histogram {
     /// `bounds` must be sorted ascending.
     pub fn new(bounds: &'static [f64]) -> Self {
-        debug_assert!(
-            bounds.windows(2).all(|w| w[0] < w[1]),
-            "bounds not ascending"
-        );
-        Self {
-            bounds,
-            bucket_counts: vec![0; bounds.len() + 1],
-            sum: 0.0,
-            count: 0,
-        }
+        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds not ascending");
+        Self { bounds, bucket_counts: vec![0; bounds.len() + 1], sum: 0.0, count: 0 }
     }
 
     pub fn observe(&mut self, value: f64) {
@@ -334,10 +292,7 @@ impl Default for AcceptanceHistograms {
 
 impl AcceptanceHistograms {
     pub fn new() -> Self {
-        Self {
-            rate_per_position: Vec::new(),
-            acceptance_length: Histogram::new(ACCEPTANCE_LENGTH_BUCKETS),
-        }
+        Self { rate_per_position: Vec::new(), acceptance_length: Histogram::new(ACCEPTANCE_LENGTH_BUCKETS) }
     }
 
     /// Observes one step: one rate per verified position and one acceptance length. A step
@@ -350,8 +305,7 @@ impl AcceptanceHistograms {
         self.acceptance_length.observe(accepted_drafts);
         for (position, &reached) in step.accepted_per_position.iter().enumerate() {
             if self.rate_per_position.len() <= position {
-                self.rate_per_position
-                    .push(Histogram::new(ACCEPTANCE_RATE_BUCKETS_PERCENT));
+                self.rate_per_position.push(Histogram::new(ACCEPTANCE_RATE_BUCKETS_PERCENT));
             }
             // Scaling the count before dividing keeps whole percents exact (0.6 * 100 is not
             // 60 in binary floating point), so they land in their own `le` bucket.
@@ -409,17 +363,10 @@ impl PrometheusText {
             .enumerate()
             .map(|(i, c)| {
                 let allowed = c.is_ascii_alphabetic() || c == '_' || c == ':';
-                if allowed || (i > 0 && c.is_ascii_digit()) {
-                    c
-                } else {
-                    '_'
-                }
+                if allowed || (i > 0 && c.is_ascii_digit()) { c } else { '_' }
             })
             .collect();
-        Self {
-            prefix,
-            out: String::new(),
-        }
+        Self { prefix, out: String::new() }
     }
 
     fn header(&mut self, name: &str, help: &str, kind: &str) {
@@ -448,11 +395,7 @@ impl PrometheusText {
             }
             let labels = position_labels(*position, None);
             let _ = writeln!(self.out, "{prefix}{name}_sum{labels} {}", histogram.sum());
-            let _ = writeln!(
-                self.out,
-                "{prefix}{name}_count{labels} {}",
-                histogram.count()
-            );
+            let _ = writeln!(self.out, "{prefix}{name}_count{labels} {}", histogram.count());
         }
     }
 
@@ -468,18 +411,10 @@ fn position_labels(position: Option<usize>, le: Option<f64>) -> String {
         labels.push(format!("position=\"{position}\""));
     }
     if let Some(bound) = le {
-        let bound = if bound.is_infinite() {
-            "+Inf".to_string()
-        } else {
-            bound.to_string()
-        };
+        let bound = if bound.is_infinite() { "+Inf".to_string() } else { bound.to_string() };
         labels.push(format!("le=\"{bound}\""));
     }
-    if labels.is_empty() {
-        String::new()
-    } else {
-        format!("{{{}}}", labels.join(","))
-    }
+    if labels.is_empty() { String::new() } else { format!("{{{}}}", labels.join(",")) }
 }
 
 #[cfg(test)]
@@ -538,11 +473,7 @@ mod tests {
         assert!(stats.acceptance_rate_per_position().is_empty());
         stats.record_row(2, 0);
         assert!(!stats.is_empty());
-        assert_eq!(
-            stats.accepted_per_position,
-            vec![0, 0],
-            "verified positions show as 0"
-        );
+        assert_eq!(stats.accepted_per_position, vec![0, 0], "verified positions show as 0");
         assert_eq!(stats.mean_acceptance_length(), Some(1.0));
     }
 
@@ -551,10 +482,7 @@ mod tests {
         let mut stats = SpecDecodeStats::new();
         stats.record_row_with_relaxed(4, 3, 1);
         stats.record_row_with_relaxed(4, 4, 2);
-        assert_eq!(
-            (stats.num_accepted_tokens, stats.num_relaxed_accepted),
-            (7, 3)
-        );
+        assert_eq!((stats.num_accepted_tokens, stats.num_relaxed_accepted), (7, 3));
     }
 
     #[test]
@@ -650,12 +578,7 @@ mod tests {
             assert!(
                 now.accepted_per_position
                     .iter()
-                    .zip(
-                        previous
-                            .accepted_per_position
-                            .iter()
-                            .chain(std::iter::repeat(&0))
-                    )
+                    .zip(previous.accepted_per_position.iter().chain(std::iter::repeat(&0)))
                     .all(|(n, p)| n >= p)
             );
             previous = now.clone();
@@ -680,8 +603,7 @@ mod tests {
                 let (series, value) = line.rsplit_once(' ').unwrap();
                 let name = series.split('{').next().unwrap();
                 assert!(
-                    name.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+                    name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
                     "invalid metric name {name}"
                 );
                 let family = types
@@ -705,14 +627,8 @@ mod tests {
         assert_eq!(samples["vllm:spec_decode_num_drafts_total"], 20.0);
         assert_eq!(samples["vllm:spec_decode_num_draft_tokens_total"], 60.0);
         assert_eq!(samples["vllm:spec_decode_num_accepted_tokens_total"], 45.0);
-        assert_eq!(
-            samples["vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"2\"}"],
-            12.0
-        );
-        assert_eq!(
-            samples["vllm:spec_decode_num_relaxed_accepted_tokens_total"],
-            0.0
-        );
+        assert_eq!(samples["vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"2\"}"], 12.0);
+        assert_eq!(samples["vllm:spec_decode_num_relaxed_accepted_tokens_total"], 0.0);
         assert_eq!(samples.len(), 3 + 3 + 1);
     }
 
@@ -733,31 +649,13 @@ mod tests {
         // Position 0 saw 90% and 100%; position 2 only 60% (the perfect step verified 2).
         assert_eq!(samples[&format!("{rate}_count{{position=\"0\"}}")], 2.0);
         assert_close(samples[&format!("{rate}_sum{{position=\"0\"}}")], 190.0);
-        assert_eq!(
-            samples[&format!("{rate}_bucket{{position=\"0\",le=\"80\"}}")],
-            0.0
-        );
-        assert_eq!(
-            samples[&format!("{rate}_bucket{{position=\"0\",le=\"90\"}}")],
-            1.0
-        );
-        assert_eq!(
-            samples[&format!("{rate}_bucket{{position=\"0\",le=\"100\"}}")],
-            2.0
-        );
-        assert_eq!(
-            samples[&format!("{rate}_bucket{{position=\"0\",le=\"+Inf\"}}")],
-            2.0
-        );
+        assert_eq!(samples[&format!("{rate}_bucket{{position=\"0\",le=\"80\"}}")], 0.0);
+        assert_eq!(samples[&format!("{rate}_bucket{{position=\"0\",le=\"90\"}}")], 1.0);
+        assert_eq!(samples[&format!("{rate}_bucket{{position=\"0\",le=\"100\"}}")], 2.0);
+        assert_eq!(samples[&format!("{rate}_bucket{{position=\"0\",le=\"+Inf\"}}")], 2.0);
         assert_eq!(samples[&format!("{rate}_count{{position=\"2\"}}")], 1.0);
-        assert_eq!(
-            samples[&format!("{rate}_bucket{{position=\"2\",le=\"50\"}}")],
-            0.0
-        );
-        assert_eq!(
-            samples[&format!("{rate}_bucket{{position=\"2\",le=\"60\"}}")],
-            1.0
-        );
+        assert_eq!(samples[&format!("{rate}_bucket{{position=\"2\",le=\"50\"}}")], 0.0);
+        assert_eq!(samples[&format!("{rate}_bucket{{position=\"2\",le=\"60\"}}")], 1.0);
 
         // Lengths 2.25 and 2.0 (drafts only).
         assert_eq!(samples[&format!("{length}_count")], 2.0);
@@ -790,10 +688,7 @@ mod tests {
         assert_eq!(histograms, AcceptanceHistograms::new());
         assert_eq!(histograms.acceptance_length().count(), 0);
         let text = histograms.render_prometheus("specrs_");
-        assert!(
-            !text.contains("position="),
-            "no position series before any draft:\n{text}"
-        );
+        assert!(!text.contains("position="), "no position series before any draft:\n{text}");
         assert!(text.contains("specrs_spec_decode_avg_acceptance_length_count 0\n"));
     }
 }

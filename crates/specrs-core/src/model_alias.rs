@@ -80,17 +80,15 @@ fn candidate_dirs(alias: &ModelAlias) -> Vec<PathBuf> {
 
 /// Resolves an alias to its model file, or explains how to install it.
 pub fn resolve_alias(alias: &ModelAlias) -> Result<PathBuf, ModelNotInstalled> {
-    candidate_dirs(alias)
-        .into_iter()
-        .map(|d| d.join(alias.file_name))
-        .find(|p| p.is_file())
-        .ok_or_else(|| ModelNotInstalled {
+    candidate_dirs(alias).into_iter().map(|d| d.join(alias.file_name)).find(|p| p.is_file()).ok_or_else(|| {
+        ModelNotInstalled {
             alias: alias.alias.to_string(),
             package: alias.pypi_package.to_string(),
             version: alias.pypi_version.to_string(),
             file: alias.file_name.to_string(),
             env: MODEL_DIR_ENV,
-        })
+        }
+    })
 }
 
 /// Resolves a user's model argument: an alias, or a path kept as given.

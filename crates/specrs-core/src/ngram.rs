@@ -50,11 +50,7 @@ impl NgramMatch {
 
 impl NgramProposer {
     /// Requires `1 <= min_n <= max_n` and `num_speculative_tokens >= 1`.
-    pub fn new(
-        min_n: usize,
-        max_n: usize,
-        num_speculative_tokens: usize,
-    ) -> Result<Self, ConfigError> {
+    pub fn new(min_n: usize, max_n: usize, num_speculative_tokens: usize) -> Result<Self, ConfigError> {
         if min_n < 1 || max_n < min_n {
             return Err(ConfigError::field(
                 "prompt_lookup_min",
@@ -69,19 +65,13 @@ impl NgramProposer {
                 "the ngram method needs num_speculative_tokens >= 1",
             ));
         }
-        Ok(Self {
-            min_n,
-            max_n,
-            num_speculative_tokens,
-        })
+        Ok(Self { min_n, max_n, num_speculative_tokens })
     }
 
     /// The proposer a validated `ngram` configuration describes.
     pub fn from_config(config: &SpeculativeConfig) -> Result<Self, ConfigError> {
         let to_usize = |field: &str, value: i64| {
-            usize::try_from(value).map_err(|_| {
-                ConfigError::field(field, format!("{field} must be >= 1, got {value}"))
-            })
+            usize::try_from(value).map_err(|_| ConfigError::field(field, format!("{field} must be >= 1, got {value}")))
         };
         Self::new(
             to_usize("prompt_lookup_min", config.prompt_lookup_min)?,
@@ -133,10 +123,7 @@ impl NgramProposer {
             }
             let matched = common_suffix_len(&tokens[..=end], suffix);
             if matched >= self.min_n && best.is_none_or(|b| matched > b.n) {
-                best = Some(NgramMatch {
-                    start: end + 1 - matched,
-                    n: matched,
-                });
+                best = Some(NgramMatch { start: end + 1 - matched, n: matched });
                 if matched == widest {
                     break;
                 }
@@ -149,11 +136,7 @@ impl NgramProposer {
 /// Length of the longest common suffix of `a` and `b`, compared from the back so a mismatch
 /// on the last token costs one comparison.
 fn common_suffix_len(a: &[u32], b: &[u32]) -> usize {
-    a.iter()
-        .rev()
-        .zip(b.iter().rev())
-        .take_while(|(x, y)| x == y)
-        .count()
+    a.iter().rev().zip(b.iter().rev()).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]
@@ -175,10 +158,7 @@ mod tests {
                 continue;
             }
             let pattern = &tokens[len - n..];
-            if let Some(start) = (0..=len - 1 - n)
-                .rev()
-                .find(|&i| &tokens[i..i + n] == pattern)
-            {
+            if let Some(start) = (0..=len - 1 - n).rev().find(|&i| &tokens[i..i + n] == pattern) {
                 return Some(NgramMatch { start, n });
             }
         }
@@ -206,10 +186,7 @@ mod tests {
             ..SpeculativeConfig::default()
         };
         assert_eq!(NgramProposer::from_config(&config), Ok(proposer(1, 3, 5)));
-        let negative = SpeculativeConfig {
-            prompt_lookup_min: -1,
-            ..config
-        };
+        let negative = SpeculativeConfig { prompt_lookup_min: -1, ..config };
         assert!(NgramProposer::from_config(&negative).is_err());
     }
 
@@ -225,10 +202,7 @@ mod tests {
         // "7 8 9" occurred at 0 (followed by 1 2); only "8 9" occurred at 5 (followed by 3).
         let tokens = [7, 8, 9, 1, 2, 8, 9, 3, 7, 8, 9];
         let p = proposer(2, 3, 2);
-        assert_eq!(
-            p.longest_match(&tokens),
-            Some(NgramMatch { start: 0, n: 3 })
-        );
+        assert_eq!(p.longest_match(&tokens), Some(NgramMatch { start: 0, n: 3 }));
         assert_eq!(p.propose(&tokens), vec![1, 2]);
         // Capping n at 2 makes the recent "8 9" win instead.
         assert_eq!(proposer(2, 2, 2).propose(&tokens), vec![3, 7]);
@@ -237,10 +211,7 @@ mod tests {
     #[test]
     fn most_recent_occurrence_is_preferred() {
         let tokens = [5, 6, 1, 5, 6, 2, 5, 6];
-        assert_eq!(
-            proposer(2, 2, 1).longest_match(&tokens),
-            Some(NgramMatch { start: 3, n: 2 })
-        );
+        assert_eq!(proposer(2, 2, 1).longest_match(&tokens), Some(NgramMatch { start: 3, n: 2 }));
         assert_eq!(proposer(2, 2, 1).propose(&tokens), vec![2]);
     }
 
@@ -258,10 +229,7 @@ mod tests {
         let p = proposer(2, 4, 3);
         assert!(p.propose(&[]).is_empty());
         assert!(p.propose(&[1]).is_empty());
-        assert!(
-            p.propose(&[1, 1]).is_empty(),
-            "the suffix itself is not an occurrence"
-        );
+        assert!(p.propose(&[1, 1]).is_empty(), "the suffix itself is not an occurrence");
         assert!(p.propose(&[1, 2, 3, 4, 5, 6]).is_empty());
     }
 
@@ -277,21 +245,15 @@ mod tests {
     fn code_edit_copies_the_original_code_around_the_edit() {
         // Prompt: the original function, then an instruction token (99) to rename x to y.
         //            def  f   (   x   )   :  total =   x   +   1   ; return total  ;
-        let prompt = [
-            10, 11, 12, 13, 14, 15, 20, 21, 13, 22, 23, 24, 30, 20, 24, 99,
-        ];
+        let prompt = [10, 11, 12, 13, 14, 15, 20, 21, 13, 22, 23, 24, 30, 20, 24, 99];
         let p = proposer(2, 4, 4);
-        let context =
-            |answer: &[u32]| -> Vec<u32> { prompt.iter().chain(answer).copied().collect() };
+        let context = |answer: &[u32]| -> Vec<u32> { prompt.iter().chain(answer).copied().collect() };
 
         // Answer so far "def f (": lookup copies the old parameter list, including the old
         // name, which the target will reject as its first token.
         assert_eq!(p.propose(&context(&[10, 11, 12])), vec![13, 14, 15, 20]);
         // After the edited name, ") :" re-synchronises with the original: copy the body.
-        assert_eq!(
-            p.propose(&context(&[10, 11, 12, 16, 14, 15])),
-            vec![20, 21, 13, 22]
-        );
+        assert_eq!(p.propose(&context(&[10, 11, 12, 16, 14, 15])), vec![20, 21, 13, 22]);
         // Deep in the copied tail "+ 1 ; return" (a 4-gram) the rest of the line follows.
         let tail = context(&[10, 11, 12, 16, 14, 15, 20, 21, 16, 22, 23, 24, 30]);
         assert_eq!(p.longest_match(&tail), Some(NgramMatch { start: 9, n: 4 }));
@@ -302,13 +264,7 @@ mod tests {
     fn long_context_scan_finds_a_distant_match() {
         let mut tokens: Vec<u32> = (0..32_768).map(|i| 1000 + i % 30_000).collect();
         tokens.extend([1000, 1001, 1002]);
-        assert_eq!(
-            proposer(2, 4, 3).longest_match(&tokens),
-            Some(NgramMatch {
-                start: 30_000,
-                n: 3
-            })
-        );
+        assert_eq!(proposer(2, 4, 3).longest_match(&tokens), Some(NgramMatch { start: 30_000, n: 3 }));
         assert_eq!(proposer(2, 4, 3).propose(&tokens), vec![1003, 1004, 1005]);
     }
 

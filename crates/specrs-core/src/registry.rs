@@ -28,15 +28,8 @@ pub enum PipelineKind {
 }
 
 impl PipelineKind {
-    pub const ALL: [PipelineKind; 7] = [
-        Self::Plain,
-        Self::Ngram,
-        Self::Eagle,
-        Self::Mtp,
-        Self::DFlash,
-        Self::DFlash2,
-        Self::DSpark,
-    ];
+    pub const ALL: [PipelineKind; 7] =
+        [Self::Plain, Self::Ngram, Self::Eagle, Self::Mtp, Self::DFlash, Self::DFlash2, Self::DSpark];
 
     /// The extension class name (`spec_rs._spec_rs.<name>`).
     pub fn class_name(self) -> &'static str {
@@ -191,9 +184,7 @@ pub fn builtin_speculators() -> Vec<SpeculatorSpec> {
 
 /// No declared speculator of the target runs the method with the draft's architecture.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "No speculator for {target} runs '{method}' with draft architecture '{draft}'. Declared: {declared}"
-)]
+#[error("No speculator for {target} runs '{method}' with draft architecture '{draft}'. Declared: {declared}")]
 pub struct SelectionError {
     pub target: String,
     pub method: String,
@@ -214,9 +205,7 @@ pub fn select_speculator<M: AsRef<str>, D: AsRef<str>>(
     if declared.is_empty() {
         return Ok(None);
     }
-    let found = declared
-        .iter()
-        .position(|(m, d)| m.as_ref() == method && d.as_ref().map(AsRef::as_ref) == draft_arch);
+    let found = declared.iter().position(|(m, d)| m.as_ref() == method && d.as_ref().map(AsRef::as_ref) == draft_arch);
     match found {
         Some(i) => Ok(Some(i)),
         None => Err(SelectionError {
@@ -271,11 +260,22 @@ mod tests {
     fn builtins_cover_every_method_for_llama_and_qwen3() {
         let specs = builtin_speculators();
         for target in ["LlamaForCausalLM", "Qwen3ForCausalLM"] {
-            for m in [SpeculativeMethod::Eagle, SpeculativeMethod::Dflash, SpeculativeMethod::Dflash2, SpeculativeMethod::Dspark, SpeculativeMethod::Ngram, SpeculativeMethod::Mtp] {
+            for m in [
+                SpeculativeMethod::Eagle,
+                SpeculativeMethod::Dflash,
+                SpeculativeMethod::Dflash2,
+                SpeculativeMethod::Dspark,
+                SpeculativeMethod::Ngram,
+                SpeculativeMethod::Mtp,
+            ] {
                 assert!(specs.iter().any(|s| s.base == target && s.method == m), "{target} {m}");
             }
         }
-        assert!(specs.iter().any(|s| s.base == "MiMoForCausalLM" && s.method == SpeculativeMethod::Mtp && s.draft_arch.is_none()));
+        assert!(
+            specs
+                .iter()
+                .any(|s| s.base == "MiMoForCausalLM" && s.method == SpeculativeMethod::Mtp && s.draft_arch.is_none())
+        );
         assert!(specs.iter().filter(|s| s.method.is_block_draft()).all(|s| s.checkpoint_draft_width));
     }
 

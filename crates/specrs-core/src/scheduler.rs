@@ -35,12 +35,7 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self {
-            max_num_seqs: 64,
-            max_num_batched_tokens: 2048,
-            max_prefill_chunk: 512,
-            watermark_blocks: 1,
-        }
+        Self { max_num_seqs: 64, max_num_batched_tokens: 2048, max_prefill_chunk: 512, watermark_blocks: 1 }
     }
 }
 
@@ -115,14 +110,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, kv: KvBlockManager) -> Self {
-        Self {
-            cfg,
-            kv,
-            seqs: HashMap::new(),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            next_arrival: 0,
-        }
+        Self { cfg, kv, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0 }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -157,14 +145,7 @@ impl Scheduler {
     pub fn add(&mut self, seq: SeqId, num_tokens: usize) {
         let arrival = self.next_arrival;
         self.next_arrival += 1;
-        self.seqs.insert(
-            seq,
-            SeqState {
-                arrival,
-                num_tokens,
-                num_computed: 0,
-            },
-        );
+        self.seqs.insert(seq, SeqState { arrival, num_tokens, num_computed: 0 });
         self.waiting.push_back(seq);
     }
 
@@ -211,16 +192,14 @@ impl Scheduler {
     pub fn schedule(&mut self, policy: &mut dyn WidthPolicy) -> StepPlan {
         let mut plan = StepPlan::default();
         let is_decode = |s: &SeqState| s.num_computed + 1 == s.num_tokens;
-        let decode_candidates: Vec<SeqId> = self.running.iter().copied().filter(|&s| is_decode(&self.state(s))).collect();
+        let decode_candidates: Vec<SeqId> =
+            self.running.iter().copied().filter(|&s| is_decode(&self.state(s))).collect();
         let prefill_pending = self.running.iter().any(|&s| !is_decode(&self.state(s)))
             || (!self.waiting.is_empty() && self.running.len() < self.cfg.max_num_seqs);
 
         // 1. Decode rows, at the width of a (tentatively) mixed or pure step.
-        let mut width = if decode_candidates.is_empty() {
-            0
-        } else {
-            policy.step_width(decode_candidates.len(), prefill_pending)
-        };
+        let mut width =
+            if decode_candidates.is_empty() { 0 } else { policy.step_width(decode_candidates.len(), prefill_pending) };
         let mut decode = Vec::with_capacity(decode_candidates.len());
         for seq in decode_candidates {
             if !self.running.contains(&seq) {
@@ -307,12 +286,7 @@ impl Scheduler {
         if self.kv.num_free_blocks() < needed + keep_free || self.kv.grow(seq, new_len).is_err() {
             return None;
         }
-        Some(PrefillChunk {
-            seq,
-            start: state.num_computed,
-            len,
-            completes: new_len == state.num_tokens,
-        })
+        Some(PrefillChunk { seq, start: state.num_computed, len, completes: new_len == state.num_tokens })
     }
 
     /// Grows `seq` to `need`, preempting the latest arrivals (never `seq` itself first) until
@@ -322,12 +296,7 @@ impl Scheduler {
             if self.kv.len(seq) >= need || self.kv.grow(seq, need).is_ok() {
                 return true;
             }
-            let victim = self
-                .running
-                .iter()
-                .copied()
-                .filter(|&s| s != seq)
-                .max_by_key(|&s| self.state(s).arrival);
+            let victim = self.running.iter().copied().filter(|&s| s != seq).max_by_key(|&s| self.state(s).arrival);
             match victim {
                 Some(v) if self.state(v).arrival > self.state(seq).arrival => self.preempt(v, plan),
                 _ => {
@@ -346,22 +315,14 @@ impl Scheduler {
         let state = self.seqs.get_mut(&seq).expect("running sequences are known");
         state.num_computed = 0;
         let arrival = state.arrival;
-        let at = self
-            .waiting
-            .iter()
-            .position(|&w| self.seqs[&w].arrival > arrival)
-            .unwrap_or(self.waiting.len());
+        let at = self.waiting.iter().position(|&w| self.seqs[&w].arrival > arrival).unwrap_or(self.waiting.len());
         self.waiting.insert(at, seq);
         plan.preempted.push(seq);
     }
 
     fn insert_running(&mut self, seq: SeqId) {
         let arrival = self.state(seq).arrival;
-        let at = self
-            .running
-            .iter()
-            .position(|&r| self.seqs[&r].arrival > arrival)
-            .unwrap_or(self.running.len());
+        let at = self.running.iter().position(|&r| self.seqs[&r].arrival > arrival).unwrap_or(self.running.len());
         self.running.insert(at, seq);
     }
 }
@@ -403,10 +364,13 @@ mod tests {
         s.add(1, 9);
         s.add(2, 3);
         let p = s.schedule(&mut 0usize);
-        assert_eq!(p.prefill, vec![
-            PrefillChunk { seq: 1, start: 0, len: 6, completes: false },
-            PrefillChunk { seq: 2, start: 0, len: 3, completes: true },
-        ]);
+        assert_eq!(
+            p.prefill,
+            vec![
+                PrefillChunk { seq: 1, start: 0, len: 6, completes: false },
+                PrefillChunk { seq: 2, start: 0, len: 3, completes: true },
+            ]
+        );
         run_step(&mut s, &p, 0);
         let p = s.schedule(&mut 0usize);
         assert_eq!(p.decode, vec![2]);

@@ -19,10 +19,7 @@ fn config() -> SpeculativeConfig {
 }
 
 fn greedy_config() -> SpeculativeConfig {
-    SpeculativeConfig {
-        use_greedy_acceptance: true,
-        ..config()
-    }
+    SpeculativeConfig { use_greedy_acceptance: true, ..config() }
 }
 
 fn sampler(config: &SpeculativeConfig) -> AcceptanceSampler {
@@ -78,29 +75,14 @@ fn greedy_table_matches_vllm_cases_under_both_greedy_paths() {
             tokens: vec![0],
             bonus: false,
         },
-        Case {
-            name: "single draft",
-            drafts: vec![5],
-            argmaxes: vec![5, 6],
-            tokens: vec![5, 6],
-            bonus: true,
-        },
-        Case {
-            name: "no drafts: bonus only",
-            drafts: vec![],
-            argmaxes: vec![7],
-            tokens: vec![7],
-            bonus: true,
-        },
+        Case { name: "single draft", drafts: vec![5], argmaxes: vec![5, 6], tokens: vec![5, 6], bonus: true },
+        Case { name: "no drafts: bonus only", drafts: vec![], argmaxes: vec![7], tokens: vec![7], bonus: true },
     ];
     // The greedy rule, and temperature-0 rows under the stochastic rule (both proposals).
     let samplers = [
         sampler(&greedy_config()),
         sampler(&config()),
-        sampler(&SpeculativeConfig {
-            draft_proposal: DraftProposal::Sampled,
-            ..config()
-        }),
+        sampler(&SpeculativeConfig { draft_proposal: DraftProposal::Sampled, ..config() }),
     ];
     let greedy = SamplingParams::greedy();
     for s in &samplers {
@@ -128,35 +110,21 @@ fn greedy_batch_of_rows_with_different_widths() {
         (vec![], peaked_logits(&[0])),
         (vec![5u32, 6], peaked_logits(&[5, 1, 2])),
     ];
-    let rows: Vec<VerifyRow> = rows_data
-        .iter()
-        .map(|(d, l)| VerifyRow::new(d, l, &greedy, 0))
-        .collect();
-    let tokens: Vec<Vec<u32>> = s
-        .accept_batch(&rows)
-        .unwrap()
-        .into_iter()
-        .map(|o| o.tokens)
-        .collect();
+    let rows: Vec<VerifyRow> = rows_data.iter().map(|(d, l)| VerifyRow::new(d, l, &greedy, 0)).collect();
+    let tokens: Vec<Vec<u32>> = s.accept_batch(&rows).unwrap().into_iter().map(|o| o.tokens).collect();
     assert_eq!(tokens, vec![vec![1, 2, 3, 4], vec![3], vec![0], vec![5, 1]]);
 }
 
 #[test]
 fn greedy_rule_ignores_temperature_and_takes_the_argmax() {
     let s = sampler(&greedy_config());
-    let hot = SamplingParams {
-        temperature: 5.0,
-        ..Default::default()
-    };
+    let hot = SamplingParams { temperature: 5.0, ..Default::default() };
     // Close logits: sampling at T=5 would often disagree with the argmax.
     let mut logits = vec![0.0f32; 2 * V];
     logits[3] = 0.1;
     logits[V + 2] = 0.1;
     for seed in 0..50 {
-        assert_eq!(
-            accept(&s, VerifyRow::new(&[3], &logits, &hot, seed)).tokens,
-            vec![3, 2]
-        );
+        assert_eq!(accept(&s, VerifyRow::new(&[3], &logits, &hot, seed)).tokens, vec![3, 2]);
     }
 }
 
@@ -172,10 +140,7 @@ fn relaxed_sampler(topk: i64, delta: f64) -> AcceptanceSampler {
 }
 
 fn strict_top1() -> SamplingParams {
-    SamplingParams {
-        top_k: 1,
-        ..Default::default()
-    }
+    SamplingParams { top_k: 1, ..Default::default() }
 }
 
 /// Untempered probabilities 0.4, 0.3, 0.2, 0.05, ... for tokens 0, 1, 2, 3, ...
@@ -272,14 +237,8 @@ fn relaxed_phase_follows_start_and_end_tokens_inside_one_accepted_run() {
     // pos 1: thinking, draft 1 (p = 0.3 >= 0.4 - 0.15) -> relaxed acceptance;
     // pos 2: thinking, END is the top token -> accepted, leaves the span;
     // pos 3: strict again, draft 1 is not the argmax -> rejected, 0 recovered.
-    let logits: Vec<f32> = [
-        peaked_logits(&[THINK_START]),
-        flat.clone(),
-        logits_of_probs(end_on_top),
-        flat.clone(),
-        flat,
-    ]
-    .concat();
+    let logits: Vec<f32> =
+        [peaked_logits(&[THINK_START]), flat.clone(), logits_of_probs(end_on_top), flat.clone(), flat].concat();
     let drafts = [THINK_START, 1, THINK_END, 1];
     let out = accept(&s, VerifyRow::new(&drafts, &logits, &params, 3));
     assert_eq!(out.tokens, vec![THINK_START, 1, THINK_END, 0]);
@@ -298,10 +257,7 @@ fn relaxed_phase_follows_start_and_end_tokens_inside_one_accepted_run() {
         peaked_logits(&[5]),
     ]
     .concat();
-    let out = accept(
-        &relaxed_sampler(3, 1.0),
-        VerifyRow::new(&drafts, &logits, &params, 3),
-    );
+    let out = accept(&relaxed_sampler(3, 1.0), VerifyRow::new(&drafts, &logits, &params, 3));
     assert_eq!(out.tokens, vec![THINK_START, 1, 2, 1, 5]);
     assert_eq!(out.num_relaxed_accepted, 3);
     assert!(out.in_thinking_after && out.next_is_bonus);
@@ -312,18 +268,12 @@ fn recovered_and_bonus_tokens_advance_the_phase() {
     let s = relaxed_sampler(3, 0.5);
     let params = strict_top1();
     // Rejected draft, recovered START: the request enters the span.
-    let out = accept(
-        &s,
-        VerifyRow::new(&[2], &peaked_logits(&[THINK_START, 0]), &params, 0),
-    );
+    let out = accept(&s, VerifyRow::new(&[2], &peaked_logits(&[THINK_START, 0]), &params, 0));
     assert_eq!(out.tokens, vec![THINK_START]);
     assert!(out.in_thinking_after);
     // Bonus END (strictly sampled even inside the span): the request leaves it.
     let logits = [logits_of_probs(THINKING_PROBS), peaked_logits(&[THINK_END])].concat();
-    let out = accept(
-        &s,
-        VerifyRow::new(&[0], &logits, &params, 0).with_thinking(true),
-    );
+    let out = accept(&s, VerifyRow::new(&[0], &logits, &params, 0).with_thinking(true));
     assert_eq!(out.tokens, vec![0, THINK_END]);
     assert!(!out.in_thinking_after);
 }
@@ -332,50 +282,25 @@ fn recovered_and_bonus_tokens_advance_the_phase() {
 fn greedy_rows_are_never_relaxed() {
     let s = relaxed_sampler(3, 1.0);
     let logits = [logits_of_probs(THINKING_PROBS), peaked_logits(&[4])].concat();
-    let out = accept(
-        &s,
-        VerifyRow::new(&[1], &logits, &SamplingParams::greedy(), 0).with_thinking(true),
-    );
+    let out = accept(&s, VerifyRow::new(&[1], &logits, &SamplingParams::greedy(), 0).with_thinking(true));
     assert_eq!(out.tokens, vec![0]);
     assert_eq!(out.num_relaxed_accepted, 0);
 }
 
 #[test]
 fn relaxed_needs_thinking_ids_and_argmax_proposals() {
-    let relaxed = SpeculativeConfig {
-        use_relaxed_acceptance_for_thinking: true,
-        ..config()
-    };
+    let relaxed = SpeculativeConfig { use_relaxed_acceptance_for_thinking: true, ..config() };
     let err = AcceptanceSampler::new(&relaxed, 4, V, None).unwrap_err();
+    assert_eq!(err.field.as_deref(), Some("use_relaxed_acceptance_for_thinking"));
+    assert!(err.message.contains("reasoning start/end token ids"), "{}", err.message);
+    let sampled = SpeculativeConfig { draft_proposal: DraftProposal::Sampled, ..relaxed.clone() };
     assert_eq!(
-        err.field.as_deref(),
-        Some("use_relaxed_acceptance_for_thinking")
-    );
-    assert!(
-        err.message.contains("reasoning start/end token ids"),
-        "{}",
-        err.message
-    );
-    let sampled = SpeculativeConfig {
-        draft_proposal: DraftProposal::Sampled,
-        ..relaxed.clone()
-    };
-    assert_eq!(
-        AcceptanceSampler::new(&sampled, 4, V, Some((6, 7)))
-            .unwrap_err()
-            .field
-            .as_deref(),
+        AcceptanceSampler::new(&sampled, 4, V, Some((6, 7))).unwrap_err().field.as_deref(),
         Some("draft_proposal")
     );
-    let greedy = SpeculativeConfig {
-        use_greedy_acceptance: true,
-        ..relaxed
-    };
+    let greedy = SpeculativeConfig { use_greedy_acceptance: true, ..relaxed };
     assert_eq!(
-        AcceptanceSampler::new(&greedy, 4, V, Some((6, 7)))
-            .unwrap_err()
-            .field
-            .as_deref(),
+        AcceptanceSampler::new(&greedy, 4, V, Some((6, 7))).unwrap_err().field.as_deref(),
         Some("use_greedy_acceptance")
     );
 }
@@ -383,28 +308,15 @@ fn relaxed_needs_thinking_ids_and_argmax_proposals() {
 #[test]
 fn construction_rejects_impossible_pipelines() {
     assert_eq!(
-        AcceptanceSampler::new(&config(), 0, V, None)
-            .unwrap_err()
-            .field
-            .as_deref(),
+        AcceptanceSampler::new(&config(), 0, V, None).unwrap_err().field.as_deref(),
         Some("num_speculative_tokens")
     );
     assert!(AcceptanceSampler::new(&config(), 4, 0, None).is_err());
     let err = AcceptanceSampler::new(&config(), 4, V, Some((6, V as u32))).unwrap_err();
-    assert!(
-        err.message.contains("outside the vocabulary"),
-        "{}",
-        err.message
-    );
-    let bad_rate = SpeculativeConfig {
-        synthetic_acceptance_rate: Some(1.5),
-        ..config()
-    };
+    assert!(err.message.contains("outside the vocabulary"), "{}", err.message);
+    let bad_rate = SpeculativeConfig { synthetic_acceptance_rate: Some(1.5), ..config() };
     assert_eq!(
-        AcceptanceSampler::new(&bad_rate, 4, V, None)
-            .unwrap_err()
-            .field
-            .as_deref(),
+        AcceptanceSampler::new(&bad_rate, 4, V, None).unwrap_err().field.as_deref(),
         Some("synthetic_acceptance_rate")
     );
 }
@@ -413,25 +325,15 @@ fn construction_rejects_impossible_pipelines() {
 fn rule_precedence_and_startup_line() {
     let s = sampler(&config());
     assert_eq!(s.rule(), AcceptanceRule::Stochastic);
-    assert_eq!(
-        s.describe(),
-        "Speculative acceptance rule: stochastic (draft_proposal=argmax, relaxed=off)"
-    );
+    assert_eq!(s.describe(), "Speculative acceptance rule: stochastic (draft_proposal=argmax, relaxed=off)");
     assert_eq!(sampler(&greedy_config()).rule(), AcceptanceRule::Greedy);
     assert_eq!(
         relaxed_sampler(10, 0.6).describe(),
         "Speculative acceptance rule: stochastic (draft_proposal=argmax, relaxed=on, topk=10, delta=0.6)"
     );
-    let synthetic = sampler(&SpeculativeConfig {
-        synthetic_acceptance_rate: Some(0.5),
-        ..config()
-    });
+    let synthetic = sampler(&SpeculativeConfig { synthetic_acceptance_rate: Some(0.5), ..config() });
     assert_eq!(synthetic.rule(), AcceptanceRule::Synthetic);
-    assert!(
-        synthetic
-            .describe()
-            .starts_with("Speculative acceptance rule: synthetic")
-    );
+    assert!(synthetic.describe().starts_with("Speculative acceptance rule: synthetic"));
     assert!(synthetic.describe().contains("Benchmark only"));
 }
 
@@ -442,19 +344,11 @@ fn malformed_rows_are_errors_that_name_the_row() {
     let logits = vec![0.0f32; 2 * V];
     assert!(matches!(
         s.accept_row(&VerifyRow::new(&[1, 2], &logits, &params, 0)),
-        Err(VerifyError::LogitsLen {
-            got: 16,
-            expected: 24,
-            ..
-        })
+        Err(VerifyError::LogitsLen { got: 16, expected: 24, .. })
     ));
     assert!(matches!(
         s.accept_row(&VerifyRow::new(&[V as u32], &logits, &params, 0)),
-        Err(VerifyError::DraftOutOfVocab {
-            position: 0,
-            token: 8,
-            ..
-        })
+        Err(VerifyError::DraftOutOfVocab { position: 0, token: 8, .. })
     ));
     let q = vec![0.0f32; V - 1];
     assert!(matches!(
@@ -465,10 +359,7 @@ fn malformed_rows_are_errors_that_name_the_row() {
     let bad = VerifyRow::new(&[], &logits, &params, 0);
     let err = s.accept_batch(&[good, bad]).unwrap_err();
     assert!(matches!(err, VerifyError::InRow { row: 1, .. }));
-    assert!(
-        err.to_string().starts_with("row 1: logits hold 16 values"),
-        "{err}"
-    );
+    assert!(err.to_string().starts_with("row 1: logits hold 16 values"), "{err}");
 }
 
 fn penalized(frequency: f32, presence: f32, repetition: f32) -> SamplingParams {
@@ -496,17 +387,11 @@ fn frequency_penalty_counts_history_and_preceding_drafts() {
     // Prompt [3], output [5]. Position 0: 2.0 - 0.4 = 1.6 > 1.5, accepted. Position 1 also
     // counts draft 0: 2.0 - 0.8 = 1.2 < 1.5, so token 1 is recovered.
     let history = [3, 5];
-    let out = accept(
-        &s,
-        VerifyRow::new(&[5, 5], &logits, &params, 0).with_history(&history, 1),
-    );
+    let out = accept(&s, VerifyRow::new(&[5, 5], &logits, &params, 0).with_history(&history, 1));
     assert_eq!(out.tokens, vec![5, 1]);
     // With 5 only in the prompt it is not counted: both drafts pass (2.0, then 1.6) and the
     // bonus position sees the two accepted drafts (1.2), so token 1 is the bonus.
-    let out = accept(
-        &s,
-        VerifyRow::new(&[5, 5], &logits, &params, 0).with_history(&[5], 1),
-    );
+    let out = accept(&s, VerifyRow::new(&[5, 5], &logits, &params, 0).with_history(&[5], 1));
     assert_eq!(out.tokens, vec![5, 5, 1]);
 }
 
@@ -516,15 +401,9 @@ fn presence_penalty_applies_once_per_token() {
     let logits = five_over_one(2);
     let history = [5, 5, 5];
     // 2.0 - 0.4 = 1.6 > 1.5 however often 5 occurred; frequency at 0.4 would give 0.8.
-    let out = accept(
-        &s,
-        VerifyRow::new(&[5], &logits, &penalized(0.0, 0.4, 1.0), 0).with_history(&history, 0),
-    );
+    let out = accept(&s, VerifyRow::new(&[5], &logits, &penalized(0.0, 0.4, 1.0), 0).with_history(&history, 0));
     assert_eq!(out.tokens, vec![5, 5]);
-    let out = accept(
-        &s,
-        VerifyRow::new(&[5], &logits, &penalized(0.4, 0.0, 1.0), 0).with_history(&history, 0),
-    );
+    let out = accept(&s, VerifyRow::new(&[5], &logits, &penalized(0.4, 0.0, 1.0), 0).with_history(&history, 0));
     assert_eq!(out.tokens, vec![1]);
 }
 
@@ -533,19 +412,13 @@ fn repetition_penalty_covers_prompt_tokens_and_negative_logits() {
     let s = sampler(&config());
     let params = penalized(0.0, 0.0, 2.0);
     // Token 5 in the prompt: 2.0 / 2 = 1.0 < 1.5.
-    let out = accept(
-        &s,
-        VerifyRow::new(&[], &five_over_one(1), &params, 0).with_history(&[5], 1),
-    );
+    let out = accept(&s, VerifyRow::new(&[], &five_over_one(1), &params, 0).with_history(&[5], 1));
     assert_eq!(out.tokens, vec![1]);
     // Negative logits are multiplied: -0.1 · 2 = -0.2 < -0.15.
     let mut logits = [-1.0f32; V];
     logits[2] = -0.1;
     logits[4] = -0.15;
-    let out = accept(
-        &s,
-        VerifyRow::new(&[], &logits, &params, 0).with_history(&[2], 1),
-    );
+    let out = accept(&s, VerifyRow::new(&[], &logits, &params, 0).with_history(&[2], 1));
     assert_eq!(out.tokens, vec![4]);
 }
 
@@ -553,11 +426,7 @@ fn repetition_penalty_covers_prompt_tokens_and_negative_logits() {
 fn stochastic_rows_penalize_the_bonus_position_with_every_accepted_draft() {
     let s = sampler(&config());
     // top_k = 1 makes the target sample the penalised argmax.
-    let params = SamplingParams {
-        top_k: 1,
-        frequency_penalty: 0.3,
-        ..Default::default()
-    };
+    let params = SamplingParams { top_k: 1, frequency_penalty: 0.3, ..Default::default() };
     // Positions 0 and 1 accept 5 (2.0 - 0 and 2.0 - 0.3 beat 1.5); the bonus position sees
     // 5 twice: 2.0 - 0.6 = 1.4 < 1.5.
     let out = accept(&s, VerifyRow::new(&[5, 5], &five_over_one(3), &params, 9));
@@ -586,22 +455,14 @@ fn random_rows(count: usize, vocab: usize) -> Vec<RowData> {
                 let total: f32 = q.iter().sum();
                 q.iter_mut().for_each(|x| *x /= total);
             }
-            let drafts = (0..n)
-                .map(|i| (u(20_000 + i) * vocab as f64) as u32)
-                .collect();
+            let drafts = (0..n).map(|i| (u(20_000 + i) * vocab as f64) as u32).collect();
             let params = SamplingParams {
                 temperature: if r % 5 == 4 { 0.0 } else { 0.9 },
                 top_p: 0.9,
                 frequency_penalty: if r % 3 == 0 { 0.2 } else { 0.0 },
                 ..Default::default()
             };
-            RowData {
-                drafts,
-                logits,
-                draft_probs,
-                params,
-                seed: key.wrapping_mul(31),
-            }
+            RowData { drafts, logits, draft_probs, params, seed: key.wrapping_mul(31) }
         })
         .collect()
 }
@@ -619,20 +480,11 @@ fn rows_of(data: &[RowData]) -> Vec<VerifyRow<'_>> {
 fn every_rule(vocab: usize) -> Vec<AcceptanceSampler> {
     let configs = [
         config(),
-        SpeculativeConfig {
-            draft_proposal: DraftProposal::Sampled,
-            ..config()
-        },
-        SpeculativeConfig {
-            synthetic_acceptance_rate: Some(0.6),
-            ..config()
-        },
+        SpeculativeConfig { draft_proposal: DraftProposal::Sampled, ..config() },
+        SpeculativeConfig { synthetic_acceptance_rate: Some(0.6), ..config() },
         greedy_config(),
     ];
-    configs
-        .iter()
-        .map(|c| AcceptanceSampler::new(c, 4, vocab, None).unwrap())
-        .collect()
+    configs.iter().map(|c| AcceptanceSampler::new(c, 4, vocab, None).unwrap()).collect()
 }
 
 #[test]
@@ -646,19 +498,8 @@ fn seeded_rows_are_bit_identical_across_repetitions() {
         }
         // Different seeds do change stochastic outcomes somewhere in the batch.
         if s.rule() != AcceptanceRule::Greedy {
-            let reseeded: Vec<VerifyRow> = rows
-                .iter()
-                .map(|r| VerifyRow {
-                    seed: r.seed + 1,
-                    ..*r
-                })
-                .collect();
-            assert_ne!(
-                s.accept_batch(&reseeded).unwrap(),
-                first,
-                "{}",
-                s.describe()
-            );
+            let reseeded: Vec<VerifyRow> = rows.iter().map(|r| VerifyRow { seed: r.seed + 1, ..*r }).collect();
+            assert_ne!(s.accept_batch(&reseeded).unwrap(), first, "{}", s.describe());
         }
     }
 }
@@ -671,9 +512,7 @@ fn a_rows_result_does_not_depend_on_its_batch() {
         let alone: Vec<VerifyOutput> = rows.iter().map(|r| s.accept_row(r).unwrap()).collect();
         for rotation in [0usize, 3, 7] {
             // Rotate, then reverse every other rotation: rows meet different neighbours.
-            let mut order: Vec<usize> = (0..rows.len())
-                .map(|i| (i + rotation) % rows.len())
-                .collect();
+            let mut order: Vec<usize> = (0..rows.len()).map(|i| (i + rotation) % rows.len()).collect();
             if rotation % 2 == 1 {
                 order.reverse();
             }

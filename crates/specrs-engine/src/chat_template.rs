@@ -18,10 +18,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: serde_json::Value::String(content.into()),
-        }
+        Self { role: role.into(), content: serde_json::Value::String(content.into()) }
     }
 }
 
@@ -38,13 +35,21 @@ fn raise_exception(message: String) -> std::result::Result<JinjaValue, JinjaErro
 fn strftime_now(format: String) -> String {
     // The date is the only thing templates ask for (system prompts); UTC keeps it deterministic
     // per day without a timezone database.
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     let days = secs.div_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
         "December",
     ];
     format
@@ -76,7 +81,8 @@ fn tojson(value: JinjaValue, indent: Option<usize>) -> std::result::Result<Jinja
             let indent_str = " ".repeat(n);
             let formatter = serde_json::ser::PrettyFormatter::with_indent(indent_str.as_bytes());
             let mut ser = serde_json::Serializer::with_formatter(buf, formatter);
-            serde::Serialize::serialize(&json, &mut ser).map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
+            serde::Serialize::serialize(&json, &mut ser)
+                .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
             String::from_utf8(ser.into_inner()).unwrap_or_default()
         }
         None => serde_json::to_string(&json).unwrap_or_default(),
@@ -100,7 +106,13 @@ impl ChatTemplate {
         Ok(Self { env })
     }
 
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, bos_token: &str, eos_token: &str) -> Result<String> {
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME).expect("added at construction");
         template
             .render(minijinja::context! {
@@ -112,7 +124,10 @@ impl ChatTemplate {
             })
             .map_err(|e| {
                 if e.kind() == ErrorKind::InvalidOperation {
-                    EngineError::Request(format!("the chat template rejected the messages: {}", e.detail().unwrap_or("")))
+                    EngineError::Request(format!(
+                        "the chat template rejected the messages: {}",
+                        e.detail().unwrap_or("")
+                    ))
                 } else {
                     EngineError::Request(format!("rendering the chat template failed: {e}"))
                 }
@@ -130,14 +145,18 @@ mod tests {
     fn renders_chatml_with_default_system_prompt() {
         let t = ChatTemplate::new(CHATML.into()).unwrap();
         let out = t.render(&[ChatMessage::new("user", "Hi")], true, "", "").unwrap();
-        assert_eq!(out, "<|im_start|>system\nYou are helpful<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>system\nYou are helpful<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
         let out = t.render(&[ChatMessage::new("user", "Hi")], false, "", "").unwrap();
         assert!(out.ends_with("Hi<|im_end|>\n"));
     }
 
     #[test]
     fn python_methods_tojson_and_raise_exception() {
-        let t = ChatTemplate::new("{{ messages[0]['content'].strip().upper() }}|{{ messages | tojson }}".into()).unwrap();
+        let t =
+            ChatTemplate::new("{{ messages[0]['content'].strip().upper() }}|{{ messages | tojson }}".into()).unwrap();
         let out = t.render(&[ChatMessage::new("user", "  a<b  ")], false, "", "").unwrap();
         assert_eq!(out, r#"A<B|[{"role":"user","content":"  a<b  "}]"#);
         let t = ChatTemplate::new("{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}".into()).unwrap();

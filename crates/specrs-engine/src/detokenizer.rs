@@ -139,31 +139,19 @@ impl OutputState {
             let may_stop = self.token_ids.len() > self.min_tokens;
             let is_eos = !self.ignore_eos && self.eos_token_ids.contains(&t);
             if may_stop && (is_eos || self.stop_token_ids.contains(&t)) {
-                return Ok(CommitOutcome {
-                    kept: i + 1,
-                    finish: Some(FinishReason::Stop),
-                });
+                return Ok(CommitOutcome { kept: i + 1, finish: Some(FinishReason::Stop) });
             }
             let before = self.text.len();
             let delta = self.detok.step(tokenizer, &self.token_ids)?;
             self.text.push_str(&delta);
             if may_stop && !self.stop.is_empty() && self.truncate_at_stop_string(before) {
-                return Ok(CommitOutcome {
-                    kept: i + 1,
-                    finish: Some(FinishReason::Stop),
-                });
+                return Ok(CommitOutcome { kept: i + 1, finish: Some(FinishReason::Stop) });
             }
             if self.token_ids.len() >= self.max_tokens {
-                return Ok(CommitOutcome {
-                    kept: i + 1,
-                    finish: Some(FinishReason::Length),
-                });
+                return Ok(CommitOutcome { kept: i + 1, finish: Some(FinishReason::Length) });
             }
         }
-        Ok(CommitOutcome {
-            kept: tokens.len(),
-            finish: None,
-        })
+        Ok(CommitOutcome { kept: tokens.len(), finish: None })
     }
 
     /// Looks for a stop string that ends in the text added since byte `before`; truncates
@@ -197,11 +185,7 @@ impl OutputState {
         let mut end = self.text.len();
         if !finished && self.holdback > 0 {
             let chars: Vec<usize> = self.text.char_indices().map(|(i, _)| i).collect();
-            end = if chars.len() > self.holdback {
-                chars[chars.len() - self.holdback]
-            } else {
-                0
-            };
+            end = if chars.len() > self.holdback { chars[chars.len() - self.holdback] } else { 0 };
         }
         if end <= self.sent {
             return String::new();

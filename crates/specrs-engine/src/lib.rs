@@ -3,10 +3,22 @@
 
 pub mod chat_template;
 pub mod detokenizer;
+pub mod engine;
 pub mod error;
+pub mod handle;
+pub mod metrics;
+pub mod pipeline;
+pub mod proposer;
+pub mod request;
+pub mod sequence;
 pub mod tokenizer;
+pub mod width;
 
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use detokenizer::{FinishReason, IncrementalDetokenizer, OutputState};
+pub use engine::{Engine, EngineConfig, EngineParts};
 pub use error::{EngineError, Result};
+pub use handle::{EngineHandle, FinalOutput};
+pub use pipeline::{DeviceSpec, PipelineConfig, PipelineInfo, build_engine, build_engine_with};
+pub use request::{GenerationRequest, Prompt, RequestMetrics, RequestOutput, TokenLogprob, TraceStep};
 pub use tokenizer::TextTokenizer;

@@ -90,10 +90,9 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
     };
     Ok(match pre {
         // StarCoder-family vocabularies (SmolLM, SmolLM2): one digit per token, then GPT-2 bytes.
-        "smollm" | "starcoder" | "refact" => (
-            None,
-            Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into(),
-        ),
+        "smollm" | "starcoder" | "refact" => {
+            (None, Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into())
+        }
         "qwen2" | "deepseek-r1-qwen" => (Some(NFC), regex_then_bytes(QWEN2)?),
         "llama3" | "llama-bpe" | "smaug-bpe" => (None, regex_then_bytes(LLAMA3)?),
         "gpt-2" | "gpt2" | "default" => (None, ByteLevel::new(false, true, true).into()),
@@ -125,18 +124,14 @@ impl TextTokenizer {
                     .ok_or_else(|| EngineError::Tokenizer(format!("invalid merge '{m}'")))
             })
             .collect::<Result<_>>()?;
-        let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| tok_err("building BPE", e))?;
+        let vocab: tokenizers::models::bpe::Vocab =
+            tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| tok_err("building BPE", e))?;
         let mut tokenizer = Tokenizer::new(bpe);
         let pre = gguf_str(meta, "tokenizer.ggml.pre").unwrap_or_else(|| "gpt2".into());
         let (normalizer, pre_tokenizer) = gguf_pre_tokenizer(&pre)?;
         if let Some(n) = normalizer {
-            tokenizer
-                .with_normalizer(Some(n))
-                .map_err(|e| tok_err("setting the normalizer", e))?;
+            tokenizer.with_normalizer(Some(n)).map_err(|e| tok_err("setting the normalizer", e))?;
         }
         tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
         tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
@@ -145,7 +140,9 @@ impl TextTokenizer {
             Some(GgufValue::Array(types)) => types
                 .iter()
                 .enumerate()
-                .filter(|(_, t)| matches!(t, GgufValue::I32(3) | GgufValue::I32(4) | GgufValue::U32(3) | GgufValue::U32(4)))
+                .filter(|(_, t)| {
+                    matches!(t, GgufValue::I32(3) | GgufValue::I32(4) | GgufValue::U32(3) | GgufValue::U32(4))
+                })
                 .filter_map(|(i, _)| tokens.get(i))
                 .map(|t| AddedToken::from(t.clone(), true))
                 .collect(),
@@ -186,7 +183,8 @@ impl TextTokenizer {
             if !p.is_file() {
                 return Ok(None);
             }
-            let text = std::fs::read_to_string(&p).map_err(|e| EngineError::Tokenizer(format!("{}: {e}", p.display())))?;
+            let text =
+                std::fs::read_to_string(&p).map_err(|e| EngineError::Tokenizer(format!("{}: {e}", p.display())))?;
             serde_json::from_str(&text)
                 .map(Some)
                 .map_err(|e| EngineError::Tokenizer(format!("{}: invalid JSON: {e}", p.display())))
@@ -249,9 +247,9 @@ impl TextTokenizer {
     }
 
     fn find_thinking_tokens(&self) -> Option<(u32, u32)> {
-        THINKING_MARKERS.iter().find_map(|(start, end)| {
-            Some((self.tokenizer.token_to_id(start)?, self.tokenizer.token_to_id(end)?))
-        })
+        THINKING_MARKERS
+            .iter()
+            .find_map(|(start, end)| Some((self.tokenizer.token_to_id(start)?, self.tokenizer.token_to_id(end)?)))
     }
 
     pub fn inner(&self) -> &Tokenizer {

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use specrs_core::model_alias::{find_alias, resolve_alias, DEFAULT_MODEL_ALIAS};
+use specrs_core::model_alias::{DEFAULT_MODEL_ALIAS, find_alias, resolve_alias};
 use specrs_core::sampling::SamplingParams;
 use specrs_engine::{ChatMessage, OutputState, TextTokenizer};
 use specrs_models::weights::GgufSource;
@@ -28,9 +28,8 @@ fn ids(v: &Value) -> Vec<u32> {
 fn chat_prompts_tokenize_exactly_like_transformers() {
     let tok = tokenizer();
     for case in reference()["cases"].as_array().unwrap() {
-        let text = tok
-            .apply_chat_template(&[ChatMessage::new("user", case["prompt"].as_str().unwrap())], true)
-            .unwrap();
+        let text =
+            tok.apply_chat_template(&[ChatMessage::new("user", case["prompt"].as_str().unwrap())], true).unwrap();
         assert_eq!(tok.encode(&text, true).unwrap(), ids(&case["input_ids"]), "{}", case["prompt"]);
     }
 }
@@ -67,10 +66,7 @@ fn stop_strings_cut_the_text_and_hold_back_partial_matches() {
     let tok = tokenizer();
     let text = "Hello world. Goodbye world.";
     let ids = tok.encode(text, false).unwrap();
-    let params = SamplingParams {
-        stop: vec!["Goodbye".into()],
-        ..SamplingParams::default()
-    };
+    let params = SamplingParams { stop: vec!["Goodbye".into()], ..SamplingParams::default() };
     let mut state = OutputState::new(&params, tok.eos_token_ids(), 1000);
     let mut streamed = String::new();
     let mut finish = None;

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use candle_core::Device;
 use specrs_core::model_alias::resolve_model;
-use specrs_models::{load_causal_lm, BatchRow, ForwardBatch, ModelDType};
+use specrs_models::{BatchRow, ForwardBatch, ModelDType, load_causal_lm};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -15,7 +15,12 @@ fn main() -> anyhow::Result<()> {
     let batch_size: usize = args.get(4).map_or(Ok(1), |s| s.parse())?;
     let t0 = Instant::now();
     let (model, _) = load_causal_lm(&path, &Device::Cpu, dtype)?;
-    println!("loaded {} as {dtype} in {:.2}s ({} MB of weights)", path.display(), t0.elapsed().as_secs_f64(), model.weight_bytes() / 1_000_000);
+    println!(
+        "loaded {} as {dtype} in {:.2}s ({} MB of weights)",
+        path.display(),
+        t0.elapsed().as_secs_f64(),
+        model.weight_bytes() / 1_000_000
+    );
     let block = 16;
     let prompt_len = 40;
     let per_seq_blocks = (prompt_len + new_tokens).div_ceil(block);

@@ -82,29 +82,15 @@ impl CustomOp3 for CpuPagedAttention<'_> {
         let q = &q[q_l.start_offset()..];
         let k = &k[k_l.start_offset()..];
         let v = &v[v_l.start_offset()..];
-        let AttentionShape {
-            num_heads,
-            head_dim,
-            ..
-        } = self.shape;
+        let AttentionShape { num_heads, head_dim, .. } = self.shape;
         let t = q_l.dims()[0];
         let mut out = vec![0f32; t * num_heads * head_dim];
         let batch = self.batch;
         // Work items are (token, kv head). Small decode steps run inline: a thread-pool
         // dispatch costs more than their whole attention.
-        let work: usize = batch
-            .rows
-            .iter()
-            .map(|r| r.query_len * r.context_len)
-            .sum::<usize>()
-            * num_heads
-            * head_dim;
-        let token_rows: Vec<(usize, usize)> = batch
-            .rows
-            .iter()
-            .enumerate()
-            .flat_map(|(ri, r)| (0..r.query_len).map(move |j| (ri, j)))
-            .collect();
+        let work: usize = batch.rows.iter().map(|r| r.query_len * r.context_len).sum::<usize>() * num_heads * head_dim;
+        let token_rows: Vec<(usize, usize)> =
+            batch.rows.iter().enumerate().flat_map(|(ri, r)| (0..r.query_len).map(move |j| (ri, j))).collect();
         let per_token = num_heads * head_dim;
         let run = |(tok, out_tok): (usize, &mut [f32])| {
             let (ri, j) = token_rows[tok];
@@ -115,43 +101,20 @@ impl CustomOp3 for CpuPagedAttention<'_> {
         } else {
             out.chunks_mut(per_token).enumerate().for_each(run);
         }
-        Ok((
-            CpuStorage::F32(out),
-            Shape::from_dims(&[t, num_heads, head_dim]),
-        ))
+        Ok((CpuStorage::F32(out), Shape::from_dims(&[t, num_heads, head_dim])))
     }
 }
 
 impl CpuPagedAttention<'_> {
     #[allow(clippy::too_many_arguments)]
-    fn attend_token(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        ri: usize,
-        j: usize,
-        tok: usize,
-        out: &mut [f32],
-    ) {
-        let AttentionShape {
-            num_heads,
-            num_kv_heads,
-            head_dim: d,
-            scale,
-        } = self.shape;
+    fn attend_token(&self, q: &[f32], k: &[f32], v: &[f32], ri: usize, j: usize, tok: usize, out: &mut [f32]) {
+        let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale } = self.shape;
         let group = num_heads / num_kv_heads;
         let batch = self.batch;
         let row = &batch.rows[ri];
         let table = batch.row_block_table(row);
         let bs = batch.block_size;
-        let (first, last) = visible_keys(
-            batch.mask,
-            batch.sliding_window,
-            row.cached_len(),
-            row.query_len,
-            j,
-        );
+        let (first, last) = visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
         let n_keys = last + 1 - first;
         let kv_width = num_kv_heads * d;
         let mut scores = vec![0f32; group * n_keys];
@@ -223,12 +186,7 @@ pub fn reference_attention(
     batch: &ForwardBatch,
     shape: AttentionShape,
 ) -> Result<Tensor> {
-    let AttentionShape {
-        num_heads,
-        num_kv_heads,
-        head_dim: d,
-        scale,
-    } = shape;
+    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale } = shape;
     let group = num_heads / num_kv_heads;
     let device = q.device();
     let bs = batch.block_size;
@@ -236,37 +194,22 @@ pub fn reference_attention(
     for row in &batch.rows {
         let table = batch.row_block_table(row);
         let ctx = row.context_len;
-        let slots: Vec<u32> = (0..ctx)
-            .map(|x| table[x / bs] * bs as u32 + (x % bs) as u32)
-            .collect();
+        let slots: Vec<u32> = (0..ctx).map(|x| table[x / bs] * bs as u32 + (x % bs) as u32).collect();
         let slots = Tensor::from_vec(slots, ctx, device)?;
         // 1. Gather: [ctx, kv_heads * d] -> [kv_heads, ctx, d], repeated to every head.
         let gather = |cache: &Tensor| -> Result<Tensor> {
-            let x = cache
-                .index_select(&slots, 0)?
-                .reshape((ctx, num_kv_heads, 1, d))?;
-            let x = x
-                .broadcast_as((ctx, num_kv_heads, group, d))?
-                .reshape((ctx, num_heads, d))?;
+            let x = cache.index_select(&slots, 0)?.reshape((ctx, num_kv_heads, 1, d))?;
+            let x = x.broadcast_as((ctx, num_kv_heads, group, d))?.reshape((ctx, num_heads, d))?;
             x.transpose(0, 1)?.contiguous()?.to_dtype(q.dtype())
         };
         let k = gather(k_cache)?;
         let v = gather(v_cache)?;
         // 2. Scores [heads, q_len, ctx] with the mask as -inf.
-        let qr = q
-            .narrow(0, row.query_start, row.query_len)?
-            .transpose(0, 1)?
-            .contiguous()?;
+        let qr = q.narrow(0, row.query_start, row.query_len)?.transpose(0, 1)?.contiguous()?;
         let scores = (qr.matmul(&k.t()?)? * scale as f64)?.to_dtype(DType::F32)?;
         let mut mask = vec![0f32; row.query_len * ctx];
         for j in 0..row.query_len {
-            let (first, last) = visible_keys(
-                batch.mask,
-                batch.sliding_window,
-                row.cached_len(),
-                row.query_len,
-                j,
-            );
+            let (first, last) = visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
             for x in 0..ctx {
                 if x < first || x > last {
                     mask[j * ctx + x] = f32::NEG_INFINITY;
@@ -274,8 +217,7 @@ pub fn reference_attention(
             }
         }
         let mask = Tensor::from_vec(mask, (1, row.query_len, ctx), device)?;
-        let probs =
-            candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?.to_dtype(q.dtype())?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?.to_dtype(q.dtype())?;
         // 3. [heads, q_len, d] -> [q_len, heads, d].
         outs.push(probs.matmul(&v)?.transpose(0, 1)?);
     }
@@ -285,11 +227,7 @@ pub fn reference_attention(
 /// Checks the output of attention is finite (debug aid for kernels).
 pub fn all_finite(t: &Tensor) -> Result<bool> {
     let s = t.to_dtype(DType::F32)?.flatten_all()?;
-    let bad = s
-        .ne(&s)?
-        .to_dtype(DType::F32)?
-        .sum_all()?
-        .to_scalar::<f32>()?;
+    let bad = s.ne(&s)?.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()?;
     Ok(bad == 0.0 && s.abs()?.max(D::Minus1)?.to_scalar::<f32>()?.is_finite())
 }
 
@@ -305,9 +243,7 @@ mod tests {
         let mut s = seed;
         let v: Vec<f32> = (0..n)
             .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 ((s >> 33) as f32 / (1u64 << 31) as f32) - 0.5
             })
             .collect();
@@ -316,16 +252,8 @@ mod tests {
 
     /// Two rows with scattered blocks: a 3-token verify row over 5 cached keys and a 6-token
     /// prefill row, GQA 4 heads over 2 kv heads.
-    fn setup(
-        mask: AttentionMask,
-        window: Option<usize>,
-    ) -> (Tensor, PagedKvCache, ForwardBatch, AttentionShape) {
-        let shape = AttentionShape {
-            num_heads: 4,
-            num_kv_heads: 2,
-            head_dim: 8,
-            scale: 8f32.powf(-0.5),
-        };
+    fn setup(mask: AttentionMask, window: Option<usize>) -> (Tensor, PagedKvCache, ForwardBatch, AttentionShape) {
+        let shape = AttentionShape { num_heads: 4, num_kv_heads: 2, head_dim: 8, scale: 8f32.powf(-0.5) };
         let cache = PagedKvCache::new(1, 8, 4, 2, 8, DType::F32, &Device::Cpu).unwrap();
         let (kc, vc) = cache.layer(0);
         kc.slice_set(&rand(&[32, 16], 1), 0, 0).unwrap();
@@ -334,20 +262,8 @@ mod tests {
             input_ids: vec![0; 9],
             positions: vec![0; 9],
             rows: vec![
-                BatchRow {
-                    query_start: 0,
-                    query_len: 3,
-                    context_len: 8,
-                    block_table_start: 0,
-                    block_table_len: 2,
-                },
-                BatchRow {
-                    query_start: 3,
-                    query_len: 6,
-                    context_len: 6,
-                    block_table_start: 2,
-                    block_table_len: 2,
-                },
+                BatchRow { query_start: 0, query_len: 3, context_len: 8, block_table_start: 0, block_table_len: 2 },
+                BatchRow { query_start: 3, query_len: 6, context_len: 6, block_table_start: 2, block_table_len: 2 },
             ],
             slot_mapping: vec![0; 9],
             block_tables: vec![6, 1, 3, 7],
@@ -361,23 +277,14 @@ mod tests {
 
     #[test]
     fn cpu_kernel_matches_reference_for_every_mask() {
-        for (mask, window) in [
-            (AttentionMask::Causal, None),
-            (AttentionMask::Causal, Some(3)),
-            (AttentionMask::BlockNonCausal, None),
-        ] {
+        for (mask, window) in
+            [(AttentionMask::Causal, None), (AttentionMask::Causal, Some(3)), (AttentionMask::BlockNonCausal, None)]
+        {
             let (q, cache, batch, shape) = setup(mask, window);
             let (kc, vc) = cache.layer(0);
             let fast = paged_attention(&q, kc, vc, &batch, shape).unwrap();
             let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
-            let diff = (fast - slow)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = (fast - slow).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(diff < 1e-5, "{mask:?} {window:?}: {diff}");
         }
     }
@@ -391,12 +298,7 @@ mod tests {
         let v = vc.get(12).unwrap().reshape((2, 8)).unwrap();
         let got = out.get(3).unwrap();
         for h in 0..4 {
-            let diff = (got.get(h).unwrap() - v.get(h / 2).unwrap())
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap();
+            let diff = (got.get(h).unwrap() - v.get(h / 2).unwrap()).unwrap().abs().unwrap().max_all().unwrap();
             assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
         }
     }

@@ -87,10 +87,7 @@ impl ForwardBatch {
             if r.block_table_start + r.block_table_len > self.block_tables.len()
                 || r.block_table_len * self.block_size < r.context_len
             {
-                candle_core::bail!(
-                    "ForwardBatch: row {i} block table too short for {} keys",
-                    r.context_len
-                );
+                candle_core::bail!("ForwardBatch: row {i} block table too short for {} keys", r.context_len);
             }
             expected_start += r.query_len;
         }

@@ -27,40 +27,25 @@ impl Architecture {
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
-    pub const GGUF_NAMES: &'static [(&'static str, Architecture)] = &[
-        ("llama", Architecture::Llama),
-        ("qwen2", Architecture::Qwen2),
-        ("qwen3", Architecture::Qwen3),
-    ];
+    pub const GGUF_NAMES: &'static [(&'static str, Architecture)] =
+        &[("llama", Architecture::Llama), ("qwen2", Architecture::Qwen2), ("qwen3", Architecture::Qwen3)];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
-        Self::HF_NAMES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, a)| *a)
-            .ok_or_else(|| ModelError::UnknownArchitecture {
+        Self::HF_NAMES.iter().find(|(n, _)| *n == name).map(|(_, a)| *a).ok_or_else(|| {
+            ModelError::UnknownArchitecture {
                 name: name.to_string(),
-                supported: Self::HF_NAMES
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+                supported: Self::HF_NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+            }
+        })
     }
 
     pub fn from_gguf_name(name: &str) -> Result<Self> {
-        Self::GGUF_NAMES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, a)| *a)
-            .ok_or_else(|| ModelError::UnknownArchitecture {
+        Self::GGUF_NAMES.iter().find(|(n, _)| *n == name).map(|(_, a)| *a).ok_or_else(|| {
+            ModelError::UnknownArchitecture {
                 name: name.to_string(),
-                supported: Self::GGUF_NAMES
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+                supported: Self::GGUF_NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+            }
+        })
     }
 
     /// The canonical Hugging Face class name.
@@ -77,12 +62,7 @@ impl Architecture {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
     /// Llama 3.1: long wavelengths divided by `factor`, short ones kept, smooth in between.
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: f64,
-    },
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
     /// Positions divided by `factor`.
     Linear { factor: f64 },
     /// Explicit per-frequency divisors (GGUF `rope_freqs.weight`), length head_dim / 2.
@@ -116,9 +96,7 @@ fn req_usize(v: &Value, key: &str) -> Result<usize> {
     v.get(key)
         .and_then(Value::as_u64)
         .map(|x| x as usize)
-        .ok_or_else(|| {
-            ModelError::config(key, "missing or not a non-negative integer in config.json")
-        })
+        .ok_or_else(|| ModelError::config(key, "missing or not a non-negative integer in config.json"))
 }
 
 fn opt_f64(v: &Value, key: &str) -> Option<f64> {
@@ -128,11 +106,7 @@ fn opt_f64(v: &Value, key: &str) -> Option<f64> {
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|x| x as u32)
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
         _ => Vec::new(),
     }
 }
@@ -146,10 +120,7 @@ impl DecoderConfig {
             .and_then(|a| a.first())
             .and_then(Value::as_str)
             .ok_or_else(|| {
-                ModelError::config(
-                    "architectures",
-                    "config.json must list the model class in architectures[0]",
-                )
+                ModelError::config("architectures", "config.json must list the model class in architectures[0]")
             })?;
         let architecture = Architecture::from_hf_name(arch_name)?;
         Self::from_hf_json_as(v, architecture)
@@ -159,43 +130,28 @@ impl DecoderConfig {
     pub fn from_hf_json_as(v: &Value, architecture: Architecture) -> Result<Self> {
         let hidden_size = req_usize(v, "hidden_size")?;
         let num_attention_heads = req_usize(v, "num_attention_heads")?;
-        let num_key_value_heads = v
-            .get("num_key_value_heads")
-            .and_then(Value::as_u64)
-            .map_or(num_attention_heads, |x| x as usize);
-        let head_dim = v
-            .get("head_dim")
-            .and_then(Value::as_u64)
-            .map_or(hidden_size / num_attention_heads.max(1), |x| x as usize);
+        let num_key_value_heads =
+            v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_attention_heads, |x| x as usize);
+        let head_dim =
+            v.get("head_dim").and_then(Value::as_u64).map_or(hidden_size / num_attention_heads.max(1), |x| x as usize);
         let rope_scaling = match v.get("rope_scaling") {
             None | Some(Value::Null) => None,
             Some(rs) => {
-                let kind = rs
-                    .get("rope_type")
-                    .or_else(|| rs.get("type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("default");
+                let kind = rs.get("rope_type").or_else(|| rs.get("type")).and_then(Value::as_str).unwrap_or("default");
                 match kind {
                     "default" => None,
                     "llama3" => Some(RopeScaling::Llama3 {
                         factor: opt_f64(rs, "factor").unwrap_or(8.0),
                         low_freq_factor: opt_f64(rs, "low_freq_factor").unwrap_or(1.0),
                         high_freq_factor: opt_f64(rs, "high_freq_factor").unwrap_or(4.0),
-                        original_max_position_embeddings: opt_f64(
-                            rs,
-                            "original_max_position_embeddings",
-                        )
-                        .unwrap_or(8192.0),
+                        original_max_position_embeddings: opt_f64(rs, "original_max_position_embeddings")
+                            .unwrap_or(8192.0),
                     }),
-                    "linear" => Some(RopeScaling::Linear {
-                        factor: opt_f64(rs, "factor").unwrap_or(1.0),
-                    }),
+                    "linear" => Some(RopeScaling::Linear { factor: opt_f64(rs, "factor").unwrap_or(1.0) }),
                     other => {
                         return Err(ModelError::config(
                             "rope_scaling",
-                            format!(
-                                "rope scaling type '{other}' is not supported (supported: llama3, linear)"
-                            ),
+                            format!("rope scaling type '{other}' is not supported (supported: llama3, linear)"),
                         ));
                     }
                 }
@@ -217,10 +173,7 @@ impl DecoderConfig {
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)
                 .map_or(4096, |x| x as usize),
-            tie_word_embeddings: v
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             attention_bias: v
                 .get("attention_bias")
                 .and_then(Value::as_bool)
@@ -236,12 +189,9 @@ impl DecoderConfig {
     /// Shape invariants every loader relies on.
     pub fn check(&self) -> Result<()> {
         if self.num_attention_heads == 0 || self.num_key_value_heads == 0 {
-            return Err(ModelError::config(
-                "num_attention_heads",
-                "head counts must be positive",
-            ));
+            return Err(ModelError::config("num_attention_heads", "head counts must be positive"));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(ModelError::config(
                 "num_key_value_heads",
                 format!(
@@ -250,7 +200,7 @@ impl DecoderConfig {
                 ),
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return Err(ModelError::config(
                 "head_dim",
                 format!("head_dim must be even and positive, got {}", self.head_dim),
@@ -317,22 +267,14 @@ mod tests {
         let mut v = smollm2();
         v["architectures"] = json!(["GPT2LMHeadModel"]);
         let e = DecoderConfig::from_hf_json(&v).unwrap_err().to_string();
-        assert!(
-            e.contains("GPT2LMHeadModel") && e.contains("LlamaForCausalLM"),
-            "{e}"
-        );
+        assert!(e.contains("GPT2LMHeadModel") && e.contains("LlamaForCausalLM"), "{e}");
         let mut v = smollm2();
         v.as_object_mut().unwrap().remove("intermediate_size");
         let e = DecoderConfig::from_hf_json(&v).unwrap_err().to_string();
         assert!(e.contains("intermediate_size"), "{e}");
         let mut v = smollm2();
         v["num_key_value_heads"] = json!(4);
-        assert!(
-            DecoderConfig::from_hf_json(&v)
-                .unwrap_err()
-                .to_string()
-                .contains("multiple")
-        );
+        assert!(DecoderConfig::from_hf_json(&v).unwrap_err().to_string().contains("multiple"));
     }
 
     #[test]
@@ -341,15 +283,8 @@ mod tests {
         v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
         let c = DecoderConfig::from_hf_json(&v).unwrap();
-        assert!(
-            matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 8.0)
-        );
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 8.0));
         v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
-        assert!(
-            DecoderConfig::from_hf_json(&v)
-                .unwrap_err()
-                .to_string()
-                .contains("yarn")
-        );
+        assert!(DecoderConfig::from_hf_json(&v).unwrap_err().to_string().contains("yarn"));
     }
 }

@@ -8,12 +8,7 @@ pub enum ModelError {
     MissingTensor { name: String, source_desc: String },
 
     #[error("tensor '{name}' in {source_desc} has shape {got:?}, expected {expected:?}")]
-    ShapeMismatch {
-        name: String,
-        source_desc: String,
-        expected: Vec<usize>,
-        got: Vec<usize>,
-    },
+    ShapeMismatch { name: String, source_desc: String, expected: Vec<usize>, got: Vec<usize> },
 
     #[error("unknown architecture '{name}'; supported architectures: {supported}")]
     UnknownArchitecture { name: String, supported: String },
@@ -33,17 +28,11 @@ pub enum ModelError {
 
 impl ModelError {
     pub fn config(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Config {
-            key: key.into(),
-            message: message.into(),
-        }
+        Self::Config { key: key.into(), message: message.into() }
     }
 
     pub fn file(path: impl AsRef<std::path::Path>, message: impl Into<String>) -> Self {
-        Self::File {
-            path: path.as_ref().display().to_string(),
-            message: message.into(),
-        }
+        Self::File { path: path.as_ref().display().to_string(), message: message.into() }
     }
 }
 

@@ -33,13 +33,7 @@ impl PagedKvCache {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            layers,
-            num_blocks,
-            block_size,
-            kv_heads,
-            head_dim,
-        })
+        Ok(Self { layers, num_blocks, block_size, kv_heads, head_dim })
     }
 
     pub fn num_layers(&self) -> usize {
@@ -91,11 +85,7 @@ impl PagedKvCache {
                 Some(s) => s.clone(),
                 None => Tensor::from_slice(slots, t, kc.device())?,
             };
-            let idx = idx
-                .to_dtype(DType::U32)?
-                .reshape((t, 1))?
-                .broadcast_as((t, width))?
-                .contiguous()?;
+            let idx = idx.to_dtype(DType::U32)?.reshape((t, 1))?.broadcast_as((t, width))?.contiguous()?;
             kc.scatter_set(&idx, &k, 0)?;
             vc.scatter_set(&idx, &v, 0)?;
         }
@@ -113,26 +103,14 @@ impl InplaceOp2 for WriteSlots<'_> {
         "write-kv-slots"
     }
 
-    fn cpu_fwd(
-        &self,
-        dst: &mut CpuStorage,
-        dst_l: &Layout,
-        src: &CpuStorage,
-        src_l: &Layout,
-    ) -> Result<()> {
+    fn cpu_fwd(&self, dst: &mut CpuStorage, dst_l: &Layout, src: &CpuStorage, src_l: &Layout) -> Result<()> {
         let width = dst_l.dims()[1];
         let dst_off = dst_l.start_offset();
         let src_off = src_l.start_offset();
         match (dst, src) {
-            (CpuStorage::F32(d), CpuStorage::F32(s)) => {
-                copy_rows(d, dst_off, s, src_off, width, self.slots)
-            }
-            (CpuStorage::F16(d), CpuStorage::F16(s)) => {
-                copy_rows(d, dst_off, s, src_off, width, self.slots)
-            }
-            (CpuStorage::BF16(d), CpuStorage::BF16(s)) => {
-                copy_rows(d, dst_off, s, src_off, width, self.slots)
-            }
+            (CpuStorage::F32(d), CpuStorage::F32(s)) => copy_rows(d, dst_off, s, src_off, width, self.slots),
+            (CpuStorage::F16(d), CpuStorage::F16(s)) => copy_rows(d, dst_off, s, src_off, width, self.slots),
+            (CpuStorage::BF16(d), CpuStorage::BF16(s)) => copy_rows(d, dst_off, s, src_off, width, self.slots),
             _ => candle_core::bail!("write-kv-slots: cache and values must share a float dtype"),
         }
     }
@@ -166,10 +144,7 @@ mod tests {
     fn writes_land_in_their_slots() {
         let dev = Device::Cpu;
         let cache = PagedKvCache::new(1, 2, 4, 2, 2, DType::F32, &dev).unwrap();
-        let k = Tensor::arange(0f32, 8., &dev)
-            .unwrap()
-            .reshape((2, 2, 2))
-            .unwrap();
+        let k = Tensor::arange(0f32, 8., &dev).unwrap().reshape((2, 2, 2)).unwrap();
         let v = (&k * 10.).unwrap();
         cache.write(0, &[5, 1], None, &k, &v).unwrap();
         let (kc, vc) = cache.layer(0);
@@ -178,16 +153,6 @@ mod tests {
         assert_eq!(kc[1], vec![4., 5., 6., 7.]);
         assert_eq!(kc[0], vec![0.; 4]);
         assert_eq!(vc.to_vec2::<f32>().unwrap()[1], vec![40., 50., 60., 70.]);
-        assert!(
-            cache
-                .write(
-                    0,
-                    &[8],
-                    None,
-                    &k.narrow(0, 0, 1).unwrap(),
-                    &v.narrow(0, 0, 1).unwrap()
-                )
-                .is_err()
-        );
+        assert!(cache.write(0, &[8], None, &k.narrow(0, 0, 1).unwrap(), &v.narrow(0, 0, 1).unwrap()).is_err());
     }
 }

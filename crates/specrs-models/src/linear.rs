@@ -35,9 +35,9 @@ impl LinearWeight {
     pub fn dense(&self, device: &Device) -> Result<Tensor> {
         match self {
             Self::Quantized(QMatMul::QTensor(q)) => q.dequantize(device),
-            Self::Quantized(QMatMul::Tensor(t))
-            | Self::Quantized(QMatMul::TensorF16(t))
-            | Self::Dense(t) => t.to_dtype(DType::F32)?.to_device(device),
+            Self::Quantized(QMatMul::Tensor(t)) | Self::Quantized(QMatMul::TensorF16(t)) | Self::Dense(t) => {
+                t.to_dtype(DType::F32)?.to_device(device)
+            }
         }
     }
 
@@ -45,9 +45,9 @@ impl LinearWeight {
     pub fn size_in_bytes(&self) -> usize {
         match self {
             Self::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
-            Self::Quantized(QMatMul::Tensor(t))
-            | Self::Quantized(QMatMul::TensorF16(t))
-            | Self::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Self::Quantized(QMatMul::Tensor(t)) | Self::Quantized(QMatMul::TensorF16(t)) | Self::Dense(t) => {
+                t.elem_count() * t.dtype().size_in_bytes()
+            }
         }
     }
 
@@ -64,10 +64,7 @@ impl LinearWeight {
         if let Some(qs) = qtensors {
             let dtype = qs[0].dtype();
             let cols = qs[0].shape().dims()[1];
-            if qs
-                .iter()
-                .any(|q| q.dtype() != dtype || q.shape().dims()[1] != cols)
-            {
+            if qs.iter().any(|q| q.dtype() != dtype || q.shape().dims()[1] != cols) {
                 return Ok(None);
             }
             let device = qs[0].device();
@@ -89,9 +86,7 @@ impl LinearWeight {
             })
             .collect();
         match dense {
-            Some(ts) if ts.iter().all(|t| t.dtype() == ts[0].dtype()) => {
-                Ok(Some(Self::Dense(Tensor::cat(&ts, 0)?)))
-            }
+            Some(ts) if ts.iter().all(|t| t.dtype() == ts[0].dtype()) => Ok(Some(Self::Dense(Tensor::cat(&ts, 0)?))),
             _ => Ok(None),
         }
     }
@@ -107,12 +102,7 @@ pub struct Linear {
 
 impl Linear {
     pub fn new(weight: LinearWeight, bias: Option<Tensor>, out_dim: usize, in_dim: usize) -> Self {
-        Self {
-            weight,
-            bias,
-            out_dim,
-            in_dim,
-        }
+        Self { weight, bias, out_dim, in_dim }
     }
 
     pub fn weight(&self) -> &LinearWeight {
@@ -174,10 +164,7 @@ impl FusedLinear {
             None
         };
         let out_dim = splits.iter().sum();
-        Ok(Self::Stacked {
-            linear: Linear::new(stacked, bias, out_dim, in_dim),
-            splits,
-        })
+        Ok(Self::Stacked { linear: Linear::new(stacked, bias, out_dim, in_dim), splits })
     }
 
     pub fn size_in_bytes(&self) -> usize {
@@ -220,9 +207,7 @@ mod tests {
     use candle_core::quantized::GgmlDType;
 
     fn dense(rows: usize, cols: usize, seed: f32) -> Tensor {
-        let v: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i as f32 + seed) * 0.37).sin())
-            .collect();
+        let v: Vec<f32> = (0..rows * cols).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
         Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
     }
 
@@ -240,14 +225,8 @@ mod tests {
         assert!(matches!(fused, FusedLinear::Stacked { .. }));
         let outs = fused.forward(&x).unwrap();
         for (o, l) in outs.iter().zip([a, b]) {
-            let diff = (o - l.forward(&x).unwrap())
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff =
+                (o - l.forward(&x).unwrap()).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(diff < 1e-6);
         }
     }
@@ -255,9 +234,7 @@ mod tests {
     #[test]
     fn fused_quantized_matches_separate() {
         let q = |t: Tensor| {
-            LinearWeight::Quantized(
-                QMatMul::from_qtensor(QTensor::quantize(&t, GgmlDType::Q8_0).unwrap()).unwrap(),
-            )
+            LinearWeight::Quantized(QMatMul::from_qtensor(QTensor::quantize(&t, GgmlDType::Q8_0).unwrap()).unwrap())
         };
         let a = Linear::new(q(dense(4, 64, 0.0)), None, 4, 64);
         let b = Linear::new(q(dense(8, 64, 3.0)), None, 8, 64);
@@ -266,14 +243,8 @@ mod tests {
         assert!(matches!(fused, FusedLinear::Stacked { .. }));
         let outs = fused.forward(&x).unwrap();
         for (o, l) in outs.iter().zip([a, b]) {
-            let diff = (o - l.forward(&x).unwrap())
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff =
+                (o - l.forward(&x).unwrap()).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(diff < 1e-5, "{diff}");
         }
     }

@@ -13,10 +13,7 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn new(weight: Tensor, eps: f64) -> Self {
-        Self {
-            weight,
-            eps: eps as f32,
-        }
+        Self { weight, eps: eps as f32 }
     }
 
     pub fn load(store: &WeightStore, name: &str, dim: usize, eps: f64) -> LoadResult<Self> {

@@ -16,23 +16,14 @@ pub struct RotaryEmbedding {
 /// Inverse frequencies `theta^(-2i/d)` with the configured scaling applied.
 pub fn inverse_frequencies(head_dim: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f64> {
     let half = head_dim / 2;
-    let base: Vec<f64> = (0..half)
-        .map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64))
-        .collect();
+    let base: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)).collect();
     match scaling {
         None => base,
         Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
-        Some(RopeScaling::FrequencyFactors(factors)) => base
-            .iter()
-            .zip(factors.iter().chain(std::iter::repeat(&1.0)))
-            .map(|(f, s)| f / *s as f64)
-            .collect(),
-        Some(RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        }) => {
+        Some(RopeScaling::FrequencyFactors(factors)) => {
+            base.iter().zip(factors.iter().chain(std::iter::repeat(&1.0))).map(|(f, s)| f / *s as f64).collect()
+        }
+        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
             let low_wavelen = original_max_position_embeddings / low_freq_factor;
             let high_wavelen = original_max_position_embeddings / high_freq_factor;
             base.iter()
@@ -76,11 +67,7 @@ impl RotaryEmbedding {
         }
         let cos = Tensor::from_vec(cos, (max_positions, half), device)?.to_dtype(dtype)?;
         let sin = Tensor::from_vec(sin, (max_positions, half), device)?.to_dtype(dtype)?;
-        Ok(Self {
-            cos,
-            sin,
-            max_positions,
-        })
+        Ok(Self { cos, sin, max_positions })
     }
 
     pub fn max_positions(&self) -> usize {
@@ -89,10 +76,7 @@ impl RotaryEmbedding {
 
     /// cos/sin rows of the given positions: `positions [T] (u32) -> ([T, d/2], [T, d/2])`.
     pub fn tables(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
-        Ok((
-            self.cos.index_select(positions, 0)?,
-            self.sin.index_select(positions, 0)?,
-        ))
+        Ok((self.cos.index_select(positions, 0)?, self.sin.index_select(positions, 0)?))
     }
 
     /// Rotates `x [T, heads, d]` with tables from [`Self::tables`].
@@ -114,19 +98,10 @@ mod tests {
         let x = Tensor::new(&[[[1f32, 2., 3., 4.]], [[0.5, -1., 2., 0.25]]], &dev).unwrap();
         let pos = Tensor::new(&[3u32, 11], &dev).unwrap();
         let (c, s) = rope.tables(&pos).unwrap();
-        let y = RotaryEmbedding::apply(&x, &c, &s)
-            .unwrap()
-            .to_vec3::<f32>()
-            .unwrap();
+        let y = RotaryEmbedding::apply(&x, &c, &s).unwrap().to_vec3::<f32>().unwrap();
         let inv = inverse_frequencies(4, 10_000.0, None);
         for (row, p) in [(0usize, 3f64), (1, 11f64)] {
-            let xs = x
-                .get(row)
-                .unwrap()
-                .get(0)
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
+            let xs = x.get(row).unwrap().get(0).unwrap().to_vec1::<f32>().unwrap();
             for i in 0..2 {
                 let (c, s) = ((p * inv[i]).cos() as f32, (p * inv[i]).sin() as f32);
                 let a = xs[i] * c - xs[i + 2] * s;

@@ -12,14 +12,12 @@ use specrs_models::{BatchRow, CausalLm, ForwardBatch, ModelDType, PagedKvCache, 
 const BLOCK: usize = 16;
 
 fn reference() -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data/smollm2_transformers.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/smollm2_transformers.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn model(dtype: ModelDType) -> CausalLm {
-    let path =
-        resolve_alias(find_alias(DEFAULT_MODEL_ALIAS).unwrap()).expect("default model installed");
+    let path = resolve_alias(find_alias(DEFAULT_MODEL_ALIAS).unwrap()).expect("default model installed");
     load_causal_lm(&path, &Device::Cpu, dtype).unwrap().0
 }
 
@@ -57,12 +55,8 @@ fn top2(v: &[f32]) -> ((usize, f32), (usize, f32)) {
 
 /// Greedy decoding; returns the tokens and, per step, the logits the choice was made from.
 fn greedy(model: &CausalLm, prompt: &[u32], max_new: usize, eos: u32) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let kv: PagedKvCache = model
-        .new_kv_cache((prompt.len() + max_new).div_ceil(BLOCK) + 1, BLOCK)
-        .unwrap();
-    let out = model
-        .forward(&batch(prompt, 0, vec![prompt.len() as u32 - 1]), &kv)
-        .unwrap();
+    let kv: PagedKvCache = model.new_kv_cache((prompt.len() + max_new).div_ceil(BLOCK) + 1, BLOCK).unwrap();
+    let out = model.forward(&batch(prompt, 0, vec![prompt.len() as u32 - 1]), &kv).unwrap();
     let mut logits = row(out.logits.as_ref().unwrap(), 0);
     let (mut tokens, mut seen) = (Vec::new(), Vec::new());
     loop {
@@ -73,9 +67,7 @@ fn greedy(model: &CausalLm, prompt: &[u32], max_new: usize, eos: u32) -> (Vec<u3
             return (tokens, seen);
         }
         let cached = prompt.len() + tokens.len() - 1;
-        let out = model
-            .forward(&batch(&[next], cached, vec![0]), &kv)
-            .unwrap();
+        let out = model.forward(&batch(&[next], cached, vec![0]), &kv).unwrap();
         logits = row(out.logits.as_ref().unwrap(), 0);
     }
 }
@@ -85,18 +77,10 @@ fn f32_greedy_reproduces_transformers_or_diverges_only_at_near_ties() {
     let reference = reference();
     let model = model(ModelDType::F32);
     for case in reference["cases"].as_array().unwrap() {
-        let prompt: Vec<u32> = case["input_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
-        let expected: Vec<u32> = case["greedy_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
+        let prompt: Vec<u32> =
+            case["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let expected: Vec<u32> =
+            case["greedy_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         let (got, logits) = greedy(&model, &prompt, expected.len(), 2);
         match got.iter().zip(&expected).position(|(a, b)| a != b) {
             None => {
@@ -125,23 +109,11 @@ fn f32_teacher_forced_top5_logits_match_within_1e_3() {
     let reference = reference();
     let tf = &reference["teacher_forced"];
     let case = &reference["cases"][tf["case"].as_u64().unwrap() as usize];
-    let mut tokens: Vec<u32> = case["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
-    tokens.extend(
-        case["greedy_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32),
-    );
+    let mut tokens: Vec<u32> =
+        case["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    tokens.extend(case["greedy_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32));
     let model = model(ModelDType::F32);
-    let kv = model
-        .new_kv_cache(tokens.len().div_ceil(BLOCK), BLOCK)
-        .unwrap();
+    let kv = model.new_kv_cache(tokens.len().div_ceil(BLOCK), BLOCK).unwrap();
     let all: Vec<u32> = (0..tokens.len() as u32).collect();
     let out = model.forward(&batch(&tokens, 0, all), &kv).unwrap();
     let logits = out.logits.unwrap();
@@ -151,21 +123,12 @@ fn f32_teacher_forced_top5_logits_match_within_1e_3() {
     let mut worst = 0f32;
     for (pos, (want_ids, want_vals)) in ids.iter().zip(vals).enumerate() {
         let got = row(&logits, pos);
-        for (id, val) in want_ids
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(want_vals.as_array().unwrap())
-        {
+        for (id, val) in want_ids.as_array().unwrap().iter().zip(want_vals.as_array().unwrap()) {
             let diff = (got[id.as_u64().unwrap() as usize] - val.as_f64().unwrap() as f32).abs();
             worst = worst.max(diff);
         }
         let ((best, _), _) = top2(&got);
-        assert_eq!(
-            best as u64,
-            want_ids[0].as_u64().unwrap(),
-            "top-1 at position {pos}"
-        );
+        assert_eq!(best as u64, want_ids[0].as_u64().unwrap(), "top-1 at position {pos}");
     }
     eprintln!("worst top-5 logit difference {worst}");
     assert!(worst < 1e-3, "worst top-5 logit difference {worst}");

@@ -5,13 +5,13 @@ use std::path::Path;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use specrs_core::SpeculativeConfig;
 use specrs_core::config::file::{deep_merge, load_config_file as load_file};
 use specrs_core::config::flags::{FlagKind, SPECULATIVE_FLAGS};
 use specrs_core::width::{
     AdaptiveWidthController as CoreController, AdaptiveWidthParams, VerifyWidthRange, VerifyWidthSchedule,
     parse_adaptive_widths as parse_widths,
 };
-use specrs_core::SpeculativeConfig;
 
 use crate::errors::{config_error, config_file_error};
 
@@ -54,7 +54,9 @@ pub fn load_config_file(path: &str, section_name: Option<&str>) -> PyResult<Stri
 /// Deep-merges `overrides_json` into `base_json` (both JSON objects) and returns the result.
 #[pyfunction]
 pub fn merge_config(base_json: &str, overrides_json: &str) -> PyResult<String> {
-    let (serde_json::Value::Object(mut base), serde_json::Value::Object(over)) = (json_arg(base_json)?, json_arg(overrides_json)?) else {
+    let (serde_json::Value::Object(mut base), serde_json::Value::Object(over)) =
+        (json_arg(base_json)?, json_arg(overrides_json)?)
+    else {
         return Err(pyo3::exceptions::PyTypeError::new_err("merge_config takes two JSON objects"));
     };
     deep_merge(&mut base, &over);
@@ -120,16 +122,8 @@ impl PyAdaptiveWidthController {
         margin: f64,
         min_batch_size: usize,
     ) -> PyResult<Self> {
-        let params = AdaptiveWidthParams {
-            ema_alpha,
-            update_interval,
-            probe_interval,
-            margin,
-            min_batch_size,
-        };
-        Ok(Self {
-            inner: CoreController::new(widths, params).map_err(config_error)?,
-        })
+        let params = AdaptiveWidthParams { ema_alpha, update_interval, probe_interval, margin, min_batch_size };
+        Ok(Self { inner: CoreController::new(widths, params).map_err(config_error)? })
     }
 
     #[getter]

@@ -3,6 +3,7 @@
 
 mod config;
 mod errors;
+mod registry;
 
 use pyo3::prelude::*;
 
@@ -18,5 +19,9 @@ fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config::parse_adaptive_widths, m)?)?;
     m.add_function(wrap_pyfunction!(config::schedule_lookup, m)?)?;
     m.add_class::<config::PyAdaptiveWidthController>()?;
+    m.add_function(wrap_pyfunction!(registry::builtin_architectures, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::builtin_speculators, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::select_speculator, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::canonical_draft_arch, m)?)?;
     Ok(())
 }

@@ -10,11 +10,7 @@ use crate::sampling::SamplingWorkspace;
 
 pub(crate) fn verify(pos: &Position, draft: u32, workspace: &mut SamplingWorkspace) -> Verdict {
     let best = target_argmax(pos, workspace);
-    if draft == best {
-        Verdict::Accept
-    } else {
-        Verdict::Reject { recovered: best }
-    }
+    if draft == best { Verdict::Accept } else { Verdict::Reject { recovered: best } }
 }
 
 /// The penalised target argmax: the greedy (and synthetic) recovered and bonus token.

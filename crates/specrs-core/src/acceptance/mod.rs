@@ -11,7 +11,7 @@
 //! | greedy | every row; and rows with temperature < 1e-5 under stochastic | `d == argmax` | argmax |
 //! | stochastic, argmax drafts | sampled rows | `d ==` a sample of the processed target | that sample |
 //! | stochastic, sampled drafts | sampled rows | `u · q(d) < p(d)` | residual `max(p - q, 0)` / target sample |
-//! | relaxed overlay | sampled rows inside a reasoning span | `d` in top-k with `p(d) >= p(top1) - δ` | argmax / target sample |
+//! | relaxed overlay (argmax drafts) | sampled rows inside a reasoning span | `d` in top-k with `p(d) >= p(top1) - δ` | argmax / target sample |
 //! | synthetic | every row | a coin with the calibrated rate | argmax |
 //!
 //! Argmax and penalties read the history plus the drafts accepted before the position. Every

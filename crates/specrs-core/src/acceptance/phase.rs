@@ -26,9 +26,7 @@ impl ThinkingTokens {
 
     /// The phase after committing `tokens` in order.
     pub fn after_all(self, in_thinking: bool, tokens: &[u32]) -> bool {
-        tokens
-            .iter()
-            .fold(in_thinking, |phase, &t| self.after(phase, t))
+        tokens.iter().fold(in_thinking, |phase, &t| self.after(phase, t))
     }
 }
 

@@ -44,9 +44,6 @@ pub(crate) struct Scratch {
 
 impl Scratch {
     pub fn new(vocab_size: usize) -> Self {
-        Self {
-            workspace: SamplingWorkspace::new(vocab_size),
-            residual: Vec::with_capacity(vocab_size),
-        }
+        Self { workspace: SamplingWorkspace::new(vocab_size), residual: Vec::with_capacity(vocab_size) }
     }
 }

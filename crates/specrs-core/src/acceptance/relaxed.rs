@@ -38,10 +38,7 @@ impl RelaxedRule {
         let Some(&draft_logit) = logits.get(draft as usize) else {
             return reject;
         };
-        if self.topk <= 1
-            || draft_logit.is_nan()
-            || !self.ranks_within_topk(logits, draft, draft_logit)
-        {
+        if self.topk <= 1 || draft_logit.is_nan() || !self.ranks_within_topk(logits, draft, draft_logit) {
             return reject;
         }
         if self.delta >= 1.0 {
@@ -50,11 +47,7 @@ impl RelaxedRule {
         let lse = f64::from(logsumexp(logits));
         let top_prob = (f64::from(logits[top as usize]) - lse).exp();
         let draft_prob = (f64::from(draft_logit) - lse).exp();
-        if draft_prob >= top_prob - self.delta {
-            Verdict::AcceptRelaxed
-        } else {
-            reject
-        }
+        if draft_prob >= top_prob - self.delta { Verdict::AcceptRelaxed } else { reject }
     }
 
     /// Whether fewer than `topk` tokens rank ahead of the draft (higher logit, or equal logit
@@ -86,25 +79,16 @@ mod tests {
     fn delta_is_linear_probability_below_the_top_token() {
         let rule = |delta| RelaxedRule { topk: 3, delta };
         assert_eq!(rule(0.25).verify(&logits(), 1), Verdict::AcceptRelaxed);
-        assert_eq!(
-            rule(0.25).verify(&logits(), 2),
-            Verdict::Reject { recovered: 0 }
-        );
+        assert_eq!(rule(0.25).verify(&logits(), 2), Verdict::Reject { recovered: 0 });
         assert_eq!(rule(0.35).verify(&logits(), 2), Verdict::AcceptRelaxed);
         assert_eq!(rule(0.0).verify(&logits(), 0), Verdict::Accept);
     }
 
     #[test]
     fn rank_cut_applies_before_delta_and_ties_rank_by_id() {
-        let one_short = RelaxedRule {
-            topk: 2,
-            delta: 1.0,
-        };
+        let one_short = RelaxedRule { topk: 2, delta: 1.0 };
         assert_eq!(one_short.verify(&logits(), 1), Verdict::AcceptRelaxed);
-        assert_eq!(
-            one_short.verify(&logits(), 2),
-            Verdict::Reject { recovered: 0 }
-        );
+        assert_eq!(one_short.verify(&logits(), 2), Verdict::Reject { recovered: 0 });
         let tied = [1.0f32, 1.0, 1.0];
         assert_eq!(one_short.verify(&tied, 1), Verdict::AcceptRelaxed);
         assert_eq!(one_short.verify(&tied, 2), Verdict::Reject { recovered: 0 });

@@ -32,44 +32,20 @@ pub struct VerifyRow<'a> {
 
 impl<'a> VerifyRow<'a> {
     /// A row with no history, no draft distributions, outside any reasoning span.
-    pub fn new(
-        drafts: &'a [u32],
-        logits: &'a [f32],
-        params: &'a SamplingParams,
-        seed: u64,
-    ) -> Self {
-        Self {
-            drafts,
-            logits,
-            draft_probs: None,
-            params,
-            seed,
-            history: &[],
-            prompt_len: 0,
-            in_thinking: false,
-        }
+    pub fn new(drafts: &'a [u32], logits: &'a [f32], params: &'a SamplingParams, seed: u64) -> Self {
+        Self { drafts, logits, draft_probs: None, params, seed, history: &[], prompt_len: 0, in_thinking: false }
     }
 
     pub fn with_draft_probs(self, draft_probs: &'a [f32]) -> Self {
-        Self {
-            draft_probs: Some(draft_probs),
-            ..self
-        }
+        Self { draft_probs: Some(draft_probs), ..self }
     }
 
     pub fn with_history(self, history: &'a [u32], prompt_len: usize) -> Self {
-        Self {
-            history,
-            prompt_len,
-            ..self
-        }
+        Self { history, prompt_len, ..self }
     }
 
     pub fn with_thinking(self, in_thinking: bool) -> Self {
-        Self {
-            in_thinking,
-            ..self
-        }
+        Self { in_thinking, ..self }
     }
 
     /// Checks the slice lengths and draft ids against the vocabulary.
@@ -77,35 +53,16 @@ impl<'a> VerifyRow<'a> {
         let num_drafts = self.drafts.len();
         let expected = (num_drafts + 1).saturating_mul(vocab_size);
         if self.logits.len() != expected {
-            return Err(VerifyError::LogitsLen {
-                got: self.logits.len(),
-                expected,
-                num_drafts,
-                vocab_size,
-            });
+            return Err(VerifyError::LogitsLen { got: self.logits.len(), expected, num_drafts, vocab_size });
         }
         if let Some(q) = self.draft_probs {
             let expected = num_drafts.saturating_mul(vocab_size);
             if q.len() != expected {
-                return Err(VerifyError::DraftProbsLen {
-                    got: q.len(),
-                    expected,
-                    num_drafts,
-                    vocab_size,
-                });
+                return Err(VerifyError::DraftProbsLen { got: q.len(), expected, num_drafts, vocab_size });
             }
         }
-        if let Some((position, &token)) = self
-            .drafts
-            .iter()
-            .enumerate()
-            .find(|&(_, &t)| t as usize >= vocab_size)
-        {
-            return Err(VerifyError::DraftOutOfVocab {
-                position,
-                token,
-                vocab_size,
-            });
+        if let Some((position, &token)) = self.drafts.iter().enumerate().find(|&(_, &t)| t as usize >= vocab_size) {
+            return Err(VerifyError::DraftOutOfVocab { position, token, vocab_size });
         }
         Ok(())
     }
@@ -149,29 +106,11 @@ pub enum VerifyError {
     #[error(
         "logits hold {got} values; {num_drafts} drafts + 1 bonus position at vocabulary size {vocab_size} need {expected}"
     )]
-    LogitsLen {
-        got: usize,
-        expected: usize,
-        num_drafts: usize,
-        vocab_size: usize,
-    },
-    #[error(
-        "draft_probs hold {got} values; {num_drafts} drafts at vocabulary size {vocab_size} need {expected}"
-    )]
-    DraftProbsLen {
-        got: usize,
-        expected: usize,
-        num_drafts: usize,
-        vocab_size: usize,
-    },
-    #[error(
-        "draft token {token} at position {position} is outside the vocabulary of {vocab_size} tokens"
-    )]
-    DraftOutOfVocab {
-        position: usize,
-        token: u32,
-        vocab_size: usize,
-    },
+    LogitsLen { got: usize, expected: usize, num_drafts: usize, vocab_size: usize },
+    #[error("draft_probs hold {got} values; {num_drafts} drafts at vocabulary size {vocab_size} need {expected}")]
+    DraftProbsLen { got: usize, expected: usize, num_drafts: usize, vocab_size: usize },
+    #[error("draft token {token} at position {position} is outside the vocabulary of {vocab_size} tokens")]
+    DraftOutOfVocab { position: usize, token: u32, vocab_size: usize },
     #[error("row {row}: {source}")]
     InRow {
         row: usize,
@@ -182,9 +121,6 @@ pub enum VerifyError {
 
 impl VerifyError {
     pub(crate) fn in_row(self, row: usize) -> Self {
-        Self::InRow {
-            row,
-            source: Box::new(self),
-        }
+        Self::InRow { row, source: Box::new(self) }
     }
 }

@@ -62,9 +62,7 @@ impl AcceptanceSampler {
             ));
         }
         if vocab_size == 0 {
-            return Err(ConfigError::new(
-                "the target vocabulary is empty (vocab_size = 0)",
-            ));
+            return Err(ConfigError::new("the target vocabulary is empty (vocab_size = 0)"));
         }
         let thinking = thinking_token_ids.map(|(start, end)| ThinkingTokens { start, end });
         if let Some(t) = thinking
@@ -84,15 +82,10 @@ impl AcceptanceSampler {
         }
         let rule = config.acceptance_rule();
         // `validated` bounds relaxed_topk to >= 1 and relaxed_delta to [0, 1].
-        let relaxed = (rule == AcceptanceRule::Stochastic
-            && config.use_relaxed_acceptance_for_thinking)
-            .then(|| RelaxedRule {
-                topk: usize::try_from(config.relaxed_topk).unwrap_or(1),
-                delta: config.relaxed_delta,
-            });
-        let synthetic = config
-            .synthetic_acceptance_rate
-            .map(|rate| SyntheticRule::new(rate, num_draft_steps));
+        let relaxed = (rule == AcceptanceRule::Stochastic && config.use_relaxed_acceptance_for_thinking).then(|| {
+            RelaxedRule { topk: usize::try_from(config.relaxed_topk).unwrap_or(1), delta: config.relaxed_delta }
+        });
+        let synthetic = config.synthetic_acceptance_rate.map(|rate| SyntheticRule::new(rate, num_draft_steps));
         Ok(Self {
             rule,
             draft_proposal: config.draft_proposal,
@@ -163,10 +156,7 @@ impl AcceptanceSampler {
         let mut scratch = Scratch::new(self.vocab_size);
         rows.iter()
             .enumerate()
-            .map(|(i, row)| {
-                self.accept_row_with(row, &mut scratch)
-                    .map_err(|e| e.in_row(i))
-            })
+            .map(|(i, row)| self.accept_row_with(row, &mut scratch).map_err(|e| e.in_row(i)))
             .collect()
     }
 
@@ -178,23 +168,15 @@ impl AcceptanceSampler {
             return RowRule::Greedy;
         }
         match self.draft_proposal {
-            DraftProposal::Argmax => RowRule::TargetSample {
-                relaxed: self.relaxed,
-            },
-            DraftProposal::Sampled => RowRule::Rejection {
-                draft_probs: row.draft_probs,
-            },
+            DraftProposal::Argmax => RowRule::TargetSample { relaxed: self.relaxed },
+            DraftProposal::Sampled => RowRule::Rejection { draft_probs: row.draft_probs },
         }
     }
 
     /// Walks the row's positions in order until the first rejection, then emits the
     /// recovered token, or the bonus token when every draft was accepted. Positions past the
     /// first rejection are never processed.
-    fn accept_row_with(
-        &self,
-        row: &VerifyRow,
-        scratch: &mut Scratch,
-    ) -> Result<VerifyOutput, VerifyError> {
+    fn accept_row_with(&self, row: &VerifyRow, scratch: &mut Scratch) -> Result<VerifyOutput, VerifyError> {
         row.check(self.vocab_size)?;
         let rule = self.row_rule(row);
         let mut walk = Walk::start(row, self.thinking);
@@ -205,9 +187,9 @@ impl AcceptanceSampler {
                     synthetic.verify(&pos, || greedy::target_argmax(&pos, &mut scratch.workspace))
                 }
                 RowRule::Greedy => greedy::verify(&pos, draft, &mut scratch.workspace),
-                RowRule::TargetSample {
-                    relaxed: Some(relaxed),
-                } if walk.in_thinking => relaxed.verify(pos.logits, draft),
+                RowRule::TargetSample { relaxed: Some(relaxed) } if walk.in_thinking => {
+                    relaxed.verify(pos.logits, draft)
+                }
                 RowRule::TargetSample { .. } => {
                     stochastic::verify_by_target_sample(&pos, draft, &mut scratch.workspace)
                 }
@@ -225,9 +207,7 @@ impl AcceptanceSampler {
         }
         let pos = walk.position(row, row.drafts.len(), self.vocab_size);
         let bonus = match rule {
-            RowRule::Synthetic(_) | RowRule::Greedy => {
-                greedy::target_argmax(&pos, &mut scratch.workspace)
-            }
+            RowRule::Synthetic(_) | RowRule::Greedy => greedy::target_argmax(&pos, &mut scratch.workspace),
             RowRule::TargetSample { .. } | RowRule::Rejection { .. } => {
                 stochastic::sample_target(&pos, &mut scratch.workspace)
             }
@@ -255,10 +235,7 @@ impl Walk {
             num_relaxed_accepted: 0,
             in_thinking: row.in_thinking,
             thinking,
-            penalties: row
-                .params
-                .has_penalties()
-                .then(|| PenaltyContext::new(row.history, row.prompt_len)),
+            penalties: row.params.has_penalties().then(|| PenaltyContext::new(row.history, row.prompt_len)),
         }
     }
 
@@ -274,8 +251,7 @@ impl Walk {
     }
 
     fn phase_after(&self, token: u32) -> bool {
-        self.thinking
-            .map_or(self.in_thinking, |t| t.after(self.in_thinking, token))
+        self.thinking.map_or(self.in_thinking, |t| t.after(self.in_thinking, token))
     }
 
     fn commit_draft(&mut self, draft: u32, relaxed: bool) {

@@ -23,24 +23,13 @@ use crate::sampling::{RngStream, SamplingWorkspace, sample_inverse_cdf, uniform}
 /// bonus token of every stochastic row.
 pub(crate) fn sample_target(pos: &Position, workspace: &mut SamplingWorkspace) -> u32 {
     let probs = workspace.processed_probs(pos.logits, pos.params, pos.penalties);
-    sample_inverse_cdf(
-        probs,
-        uniform(pos.seed, RngStream::TargetSample, pos.counter()),
-    )
+    sample_inverse_cdf(probs, uniform(pos.seed, RngStream::TargetSample, pos.counter()))
 }
 
 /// Target-sample match for an argmax (deterministic) draft.
-pub(crate) fn verify_by_target_sample(
-    pos: &Position,
-    draft: u32,
-    workspace: &mut SamplingWorkspace,
-) -> Verdict {
+pub(crate) fn verify_by_target_sample(pos: &Position, draft: u32, workspace: &mut SamplingWorkspace) -> Verdict {
     let sample = sample_target(pos, workspace);
-    if sample == draft {
-        Verdict::Accept
-    } else {
-        Verdict::Reject { recovered: sample }
-    }
+    if sample == draft { Verdict::Accept } else { Verdict::Reject { recovered: sample } }
 }
 
 /// Rejection sampling of `draft` against `draft_probs` (`[V]`, the distribution it was drawn
@@ -52,9 +41,7 @@ pub(crate) fn verify_against_draft(
     scratch: &mut Scratch,
 ) -> Verdict {
     let d = draft as usize;
-    let p = scratch
-        .workspace
-        .processed_probs(pos.logits, pos.params, pos.penalties);
+    let p = scratch.workspace.processed_probs(pos.logits, pos.params, pos.penalties);
     let q = draft_probs.filter(|q| q.get(d).is_some_and(|&qd| qd > 0.0));
     let q_draft = q.map_or(1.0, |q| f64::from(q[d]));
     let coin = uniform(pos.seed, RngStream::Verdict, pos.counter());
@@ -74,10 +61,7 @@ pub(crate) fn verify_against_draft(
     let u = uniform(pos.seed, RngStream::Residual, pos.counter());
     // An empty residual means `p <= q` everywhere, i.e. `p = q` up to rounding, where a
     // rejection had probability ~0: fall back to `p` itself.
-    let recovered = if residual.iter().any(|&r| r > 0.0) {
-        sample_inverse_cdf(residual, u)
-    } else {
-        sample_inverse_cdf(p, u)
-    };
+    let recovered =
+        if residual.iter().any(|&r| r > 0.0) { sample_inverse_cdf(residual, u) } else { sample_inverse_cdf(p, u) };
     Verdict::Reject { recovered }
 }

@@ -48,10 +48,7 @@ pub struct SyntheticRule {
 
 impl SyntheticRule {
     pub fn new(mean_joint_rate: f64, num_draft_steps: usize) -> Self {
-        Self {
-            mean_joint_rate,
-            per_position_rate: calibrate_per_position_rate(mean_joint_rate, num_draft_steps),
-        }
+        Self { mean_joint_rate, per_position_rate: calibrate_per_position_rate(mean_joint_rate, num_draft_steps) }
     }
 
     /// Flips the position's coin; on rejection `recovered` (the target argmax) is emitted.
@@ -59,9 +56,7 @@ impl SyntheticRule {
         if uniform(pos.seed, RngStream::Synthetic, pos.counter()) < self.per_position_rate {
             Verdict::Accept
         } else {
-            Verdict::Reject {
-                recovered: recovered(),
-            }
+            Verdict::Reject { recovered: recovered() }
         }
     }
 }

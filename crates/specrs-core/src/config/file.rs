@@ -33,10 +33,8 @@ pub fn load_config_file(path: &Path, section: Option<&str>) -> Result<Map<String
     let root: Value = if text.trim().is_empty() {
         Value::Object(Map::new())
     } else {
-        serde_yaml::from_str(&text).map_err(|e| ConfigFileError::Yaml {
-            path: shown.clone(),
-            message: e.to_string(),
-        })?
+        serde_yaml::from_str(&text)
+            .map_err(|e| ConfigFileError::Yaml { path: shown.clone(), message: e.to_string() })?
     };
     let Value::Object(root) = root else {
         return Err(ConfigFileError::NotAMapping { path: shown, found: kind_of(&root) });
@@ -52,19 +50,11 @@ pub fn load_config_file(path: &Path, section: Option<&str>) -> Result<Map<String
             found: kind_of(other),
         }),
         None => {
-            let available: Vec<&str> = root
-                .iter()
-                .filter(|(_, v)| v.is_object())
-                .map(|(k, _)| k.as_str())
-                .collect();
+            let available: Vec<&str> = root.iter().filter(|(_, v)| v.is_object()).map(|(k, _)| k.as_str()).collect();
             Err(ConfigFileError::MissingSection {
                 path: shown,
                 section: section.to_string(),
-                available: if available.is_empty() {
-                    "(none)".to_string()
-                } else {
-                    available.join(", ")
-                },
+                available: if available.is_empty() { "(none)".to_string() } else { available.join(", ") },
             })
         }
     }

@@ -21,14 +21,8 @@ pub enum SpeculativeMethod {
 }
 
 impl SpeculativeMethod {
-    pub const ALL: [SpeculativeMethod; 6] = [
-        Self::Eagle,
-        Self::Mtp,
-        Self::Dflash,
-        Self::Dflash2,
-        Self::Dspark,
-        Self::Ngram,
-    ];
+    pub const ALL: [SpeculativeMethod; 6] =
+        [Self::Eagle, Self::Mtp, Self::Dflash, Self::Dflash2, Self::Dspark, Self::Ngram];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -73,17 +67,12 @@ impl FromStr for SpeculativeMethod {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let lower = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|m| m.as_str() == lower)
-            .ok_or_else(|| {
-                ConfigError::field(
-                    "speculative_method",
-                    format!(
-                        "unknown speculative_method '{s}'; expected one of eagle, mtp, dflash, dflash2, dspark, ngram"
-                    ),
-                )
-            })
+        Self::ALL.into_iter().find(|m| m.as_str() == lower).ok_or_else(|| {
+            ConfigError::field(
+                "speculative_method",
+                format!("unknown speculative_method '{s}'; expected one of eagle, mtp, dflash, dflash2, dspark, ngram"),
+            )
+        })
     }
 }
 
@@ -146,10 +135,7 @@ impl DraftPlacement {
         match s.trim().to_ascii_lowercase().as_str() {
             "device0" => Ok(Self::Device0),
             "replica" => Ok(Self::Replica),
-            _ => Err(ConfigError::field(
-                field,
-                format!("unknown {field} '{s}'; expected 'device0' or 'replica'"),
-            )),
+            _ => Err(ConfigError::field(field, format!("unknown {field} '{s}'; expected 'device0' or 'replica'"))),
         }
     }
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::method::{DraftPlacement, DraftProposal, SpeculativeMethod};
 use crate::error::ConfigError;
-use crate::width::{normalize_schedule, parse_adaptive_widths, VerifyWidthRange};
+use crate::width::{VerifyWidthRange, normalize_schedule, parse_adaptive_widths};
 
 /// Default lower bound of the n-gram match length (spec-rs extension).
 pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 2;
@@ -121,9 +121,8 @@ impl SpeculativeConfig {
                 }
             }
             let single = serde_json::json!({ key.clone(): v.clone() });
-            serde_json::from_value::<Self>(single).map_err(|e| {
-                ConfigError::field(key.as_str(), format!("invalid value for {key}: {e}"))
-            })?;
+            serde_json::from_value::<Self>(single)
+                .map_err(|e| ConfigError::field(key.as_str(), format!("invalid value for {key}: {e}")))?;
         }
         serde_json::from_value(value.clone()).map_err(|e| ConfigError::new(e.to_string()))
     }
@@ -144,9 +143,7 @@ impl SpeculativeConfig {
             ));
         }
         if self.num_speculative_tokens.is_none()
-            && let Some(k) = self
-                .speculative_method
-                .and_then(SpeculativeMethod::default_num_speculative_tokens)
+            && let Some(k) = self.speculative_method.and_then(SpeculativeMethod::default_num_speculative_tokens)
         {
             self.num_speculative_tokens = Some(k as i64);
         }
@@ -241,9 +238,7 @@ impl SpeculativeConfig {
 
     /// The validated schedule as sorted `(start, end, count)` triples.
     pub fn verify_width_schedule(&self) -> Option<Vec<(i64, i64, i64)>> {
-        self.num_speculative_tokens_per_batch_size
-            .as_ref()
-            .map(|r| r.iter().map(VerifyWidthRange::as_triple).collect())
+        self.num_speculative_tokens_per_batch_size.as_ref().map(|r| r.iter().map(VerifyWidthRange::as_triple).collect())
     }
 
     /// Adaptive candidate widths once the draft width is known.
@@ -268,10 +263,7 @@ impl SpeculativeConfig {
 
     /// True for DFlash and DFlash2: v2 keeps v1's block-drafting contract.
     pub fn is_dflash(&self) -> bool {
-        matches!(
-            self.speculative_method,
-            Some(SpeculativeMethod::Dflash | SpeculativeMethod::Dflash2)
-        )
+        matches!(self.speculative_method, Some(SpeculativeMethod::Dflash | SpeculativeMethod::Dflash2))
     }
 
     pub fn is_dflash2(&self) -> bool {

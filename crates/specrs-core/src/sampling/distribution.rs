@@ -25,10 +25,7 @@ pub struct SamplingWorkspace {
 
 impl SamplingWorkspace {
     pub fn new(vocab_size: usize) -> Self {
-        Self {
-            row: Vec::with_capacity(vocab_size),
-            pool: Vec::with_capacity(vocab_size),
-        }
+        Self { row: Vec::with_capacity(vocab_size), pool: Vec::with_capacity(vocab_size) }
     }
 
     /// `logits` (`[V]`) with the request's penalties applied (a copy; the input is untouched).
@@ -49,14 +46,11 @@ impl SamplingWorkspace {
         params: &SamplingParams,
         penalties: Option<&PenaltyContext>,
     ) -> u32 {
-        match penalties {
-            Some(ctx) if params.has_penalties() => {
-                self.row.clear();
-                self.row.extend_from_slice(logits);
-                ctx.apply(&mut self.row, params);
-                argmax(&self.row)
-            }
-            _ => argmax(logits),
+        if penalties.is_some() && params.has_penalties() {
+            self.load_penalized(logits, params, penalties);
+            argmax(&self.row)
+        } else {
+            argmax(logits)
         }
     }
 
@@ -92,7 +86,8 @@ impl SamplingWorkspace {
             cut |= zero_below(row, threshold);
         }
         if params.min_p > 0.0 {
-            let threshold = min_p_threshold(max_value(row), params.min_p);
+            // Clamped so an unvalidated `min_p > 1` still keeps the most likely token.
+            let threshold = min_p_threshold(max_value(row), params.min_p.min(1.0));
             cut |= zero_below(row, threshold);
         }
         if cut {
@@ -101,12 +96,7 @@ impl SamplingWorkspace {
         row
     }
 
-    fn load_penalized(
-        &mut self,
-        logits: &[f32],
-        params: &SamplingParams,
-        penalties: Option<&PenaltyContext>,
-    ) {
+    fn load_penalized(&mut self, logits: &[f32], params: &SamplingParams, penalties: Option<&PenaltyContext>) {
         self.row.clear();
         self.row.extend_from_slice(logits);
         if let Some(ctx) = penalties
@@ -119,11 +109,7 @@ impl SamplingWorkspace {
 
 /// The processed target distribution (`[V]`) of one position; allocates. Hot loops use
 /// [`SamplingWorkspace::processed_probs`].
-pub fn processed_probs(
-    logits: &[f32],
-    params: &SamplingParams,
-    penalties: Option<&PenaltyContext>,
-) -> Vec<f32> {
+pub fn processed_probs(logits: &[f32], params: &SamplingParams, penalties: Option<&PenaltyContext>) -> Vec<f32> {
     let mut workspace = SamplingWorkspace::new(logits.len());
     workspace.processed_probs(logits, params, penalties);
     workspace.row
@@ -131,8 +117,8 @@ pub fn processed_probs(
 
 /// Zeroes every probability below `threshold`; returns whether anything was removed.
 fn zero_below(probs: &mut [f32], threshold: f32) -> bool {
-    // Branch-free and store-always (a bit mask, not a conditional store): on a flat row the
-    // keep/drop decision is a coin flip that a branch would miss.
+    // Branch-free (a bit mask): on a flat row the keep/drop decision is a coin flip that a
+    // branch would mispredict.
     let mut removed = false;
     for p in probs.iter_mut() {
         let drop = (*p < threshold) & (*p > 0.0);
@@ -199,40 +185,20 @@ mod tests {
     use super::*;
 
     fn params(temperature: f32, top_k: i64, top_p: f32, min_p: f32) -> SamplingParams {
-        SamplingParams {
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            ..Default::default()
-        }
+        SamplingParams { temperature, top_k, top_p, min_p, ..Default::default() }
     }
 
     fn support(probs: &[f32]) -> Vec<usize> {
-        probs
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| **p > 0.0)
-            .map(|(i, _)| i)
-            .collect()
+        probs.iter().enumerate().filter(|(_, p)| **p > 0.0).map(|(i, _)| i).collect()
     }
 
     #[test]
     fn greedy_rows_are_one_hot_at_the_penalized_argmax() {
         let logits = [1.0f32, 3.0, 2.9, 0.0];
-        assert_eq!(
-            processed_probs(&logits, &SamplingParams::greedy(), None),
-            [0.0, 1.0, 0.0, 0.0]
-        );
+        assert_eq!(processed_probs(&logits, &SamplingParams::greedy(), None), [0.0, 1.0, 0.0, 0.0]);
         let ctx = PenaltyContext::new(&[1], 0);
-        let penalized = SamplingParams {
-            presence_penalty: 0.5,
-            ..SamplingParams::greedy()
-        };
-        assert_eq!(
-            processed_probs(&logits, &penalized, Some(&ctx)),
-            [0.0, 0.0, 1.0, 0.0]
-        );
+        let penalized = SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy() };
+        assert_eq!(processed_probs(&logits, &penalized, Some(&ctx)), [0.0, 0.0, 1.0, 0.0]);
     }
 
     #[test]
@@ -291,9 +257,7 @@ mod tests {
     #[test]
     fn inverse_cdf_across_blocks_matches_a_sequential_walk() {
         // Sparse weights spread over several blocks, with long zero runs.
-        let weights: Vec<f32> = (0..1000)
-            .map(|i| if i % 97 == 3 { (i % 7 + 1) as f32 } else { 0.0 })
-            .collect();
+        let weights: Vec<f32> = (0..1000).map(|i| if i % 97 == 3 { (i % 7 + 1) as f32 } else { 0.0 }).collect();
         let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
         for k in 0..1000 {
             let u = (k as f64 + 0.5) / 1000.0;
@@ -305,13 +269,32 @@ mod tests {
                     w > 0.0 && cumulative > u * total
                 })
                 .unwrap();
-            assert_eq!(
-                sample_inverse_cdf(&weights, u) as usize,
-                expected,
-                "u = {u}"
-            );
+            assert_eq!(sample_inverse_cdf(&weights, u) as usize, expected, "u = {u}");
         }
         assert_eq!(sample_inverse_cdf(&weights, 1.0), 973);
+    }
+
+    #[test]
+    fn unvalidated_parameters_still_give_a_distribution() {
+        let logits = [0.5f32, 2.0, -1.0, 2.0, 0.0];
+        for p in [
+            params(1.0, 0, 0.0, 0.0),
+            params(1.0, 0, -3.0, 0.0),
+            params(1.0, 0, f32::NAN, 0.0),
+            params(1.0, 0, 1.0, 7.0),
+            params(f32::INFINITY, -5, 1.0, -1.0),
+            params(f32::NAN, 99, 1.0, 0.0),
+            SamplingParams { repetition_penalty: 0.0, ..params(1.0, 2, 0.5, 0.0) },
+        ] {
+            let history = PenaltyContext::new(&[1, 3], 0);
+            let probs = processed_probs(&logits, &p, Some(&history));
+            let total: f32 = probs.iter().sum();
+            assert!((total - 1.0).abs() < 1e-5, "{p:?}: {probs:?}");
+            let token = sample_inverse_cdf(&probs, 0.5) as usize;
+            assert!(probs[token] > 0.0, "{p:?}");
+        }
+        // top_p <= 0 keeps exactly the top tokens (here the tie at 2.0).
+        assert_eq!(support(&processed_probs(&logits, &params(1.0, 0, 0.0, 0.0), None)), vec![1, 3]);
     }
 
     #[test]
@@ -320,14 +303,8 @@ mod tests {
         let a = [0.3f32, 1.0, -2.0, 0.7];
         let b = [2.0f32, 1.0, 0.0, -1.0, 5.0, 0.1];
         let p = params(0.8, 3, 0.9, 0.05);
-        assert_eq!(
-            ws.processed_probs(&b, &p, None),
-            processed_probs(&b, &p, None).as_slice()
-        );
-        assert_eq!(
-            ws.processed_probs(&a, &p, None),
-            processed_probs(&a, &p, None).as_slice()
-        );
+        assert_eq!(ws.processed_probs(&b, &p, None), processed_probs(&b, &p, None).as_slice());
+        assert_eq!(ws.processed_probs(&a, &p, None), processed_probs(&a, &p, None).as_slice());
         assert_eq!(ws.penalized_logits(&a, &p, None), &a);
         assert_eq!(ws.penalized_argmax(&a, &p, None), 1);
     }

@@ -10,14 +10,7 @@ const LOG2_E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 /// Cephes `expf` coefficients of `P(r)`, highest degree first.
-const EXP_POLY: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
+const EXP_POLY: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
 /// Below this, `exp` underflows the normal range; the result is flushed to 0.
 const MIN_INPUT: f32 = -87.0;
 /// Above this the result saturates to `+inf`, a little early (f32 `exp` overflows at 88.72)
@@ -39,9 +32,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     let p = EXP_POLY.iter().fold(0.0f32, |acc, &c| acc * r + c);
     let exp_r = p * r * r + r + 1.0;
     // 2^n from its biased exponent n + 127, which lies in [1, 254].
-    let biased_exponent = (n + 127.0 + ROUNDING_MAGIC)
-        .to_bits()
-        .wrapping_sub(ROUNDING_MAGIC_BITS);
+    let biased_exponent = (n + 127.0 + ROUNDING_MAGIC).to_bits().wrapping_sub(ROUNDING_MAGIC_BITS);
     let two_to_n = f32::from_bits(biased_exponent << 23);
     let y = exp_r * two_to_n;
     if x > MAX_INPUT {
@@ -70,9 +61,7 @@ mod tests {
         assert!(worst < 2.5e-7, "worst relative error {worst}");
         assert_eq!(exp_f32(0.0), 1.0);
         for x in [0.5f32, 1.0, 10.0, 87.9, 88.0] {
-            assert!(
-                ((f64::from(exp_f32(x)) - f64::from(x).exp()) / f64::from(x).exp()).abs() < 2.5e-7
-            );
+            assert!(((f64::from(exp_f32(x)) - f64::from(x).exp()) / f64::from(x).exp()).abs() < 2.5e-7);
         }
     }
 

@@ -82,9 +82,7 @@ pub(crate) fn softmax_with_inverse_temperature(values: &mut [f32], inv_temperatu
         return;
     }
     // `exp_f32` maps NaN to 0: a NaN logit gets no mass.
-    values
-        .iter_mut()
-        .for_each(|v| *v = exp_f32((*v - max) * inv_temperature));
+    values.iter_mut().for_each(|v| *v = exp_f32((*v - max) * inv_temperature));
     // The maximum contributes exp(0) = 1, so the sum is at least one.
     let scale = (1.0 / sum_positive(values)) as f32;
     for v in values.iter_mut() {
@@ -105,10 +103,7 @@ pub(crate) fn sum_positive(values: &[f32]) -> f64 {
             *lane += if v > 0.0 { f64::from(v) } else { 0.0 };
         }
     }
-    let tail_sum: f64 = tail
-        .iter()
-        .map(|&v| if v > 0.0 { f64::from(v) } else { 0.0 })
-        .sum();
+    let tail_sum: f64 = tail.iter().map(|&v| if v > 0.0 { f64::from(v) } else { 0.0 }).sum();
     lanes.iter().sum::<f64>() + tail_sum
 }
 
@@ -118,11 +113,7 @@ pub fn logsumexp(values: &[f32]) -> f32 {
     if !max.is_finite() {
         return max;
     }
-    let sum: f64 = values
-        .iter()
-        .map(|&v| f64::from(v - max).exp())
-        .filter(|e| *e >= 0.0)
-        .sum();
+    let sum: f64 = values.iter().map(|&v| f64::from(v - max).exp()).filter(|e| *e >= 0.0).sum();
     (f64::from(max) + sum.ln()) as f32
 }
 
@@ -141,13 +132,8 @@ pub fn log_softmax_in_place(values: &mut [f32]) {
 /// truncation), as vLLM's default `logprobs_mode` does.
 pub fn logprobs_of(logits: &[f32], token: u32, top_n_count: usize) -> (f32, Vec<(u32, f32)>) {
     let lse = logsumexp(logits);
-    let logprob = logits
-        .get(token as usize)
-        .map_or(f32::NEG_INFINITY, |&l| l - lse);
-    let top = top_n(logits, top_n_count)
-        .into_iter()
-        .map(|(id, l)| (id, l - lse))
-        .collect();
+    let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| l - lse);
+    let top = top_n(logits, top_n_count).into_iter().map(|(id, l)| (id, l - lse)).collect();
     (logprob, top)
 }
 
@@ -166,12 +152,8 @@ pub fn top_n(values: &[f32], n: usize) -> Vec<(u32, f32)> {
     if n <= SMALL_TOP_N {
         return top_n_by_insertion(values, n);
     }
-    let mut ranked: Vec<(u32, f32)> = values
-        .iter()
-        .enumerate()
-        .filter(|(_, v)| !v.is_nan())
-        .map(|(i, &v)| (i as u32, v))
-        .collect();
+    let mut ranked: Vec<(u32, f32)> =
+        values.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(i, &v)| (i as u32, v)).collect();
     if ranked.len() > n {
         ranked.select_nth_unstable_by(n - 1, rank_order);
         ranked.truncate(n);
@@ -256,14 +238,8 @@ mod tests {
     #[test]
     fn top_n_equals_a_stable_descending_sort_on_both_paths() {
         // Values with many ties, long enough for both the insertion and the selection path.
-        let values: Vec<f32> = (0..500u32)
-            .map(|i| ((i * 7919) % 53) as f32 / 4.0)
-            .collect();
-        let mut sorted: Vec<(u32, f32)> = values
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| (i as u32, v))
-            .collect();
+        let values: Vec<f32> = (0..500u32).map(|i| ((i * 7919) % 53) as f32 / 4.0).collect();
+        let mut sorted: Vec<(u32, f32)> = values.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
         sorted.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
         for n in [1, 5, SMALL_TOP_N, SMALL_TOP_N + 1, 100, 500, 900] {
             assert_eq!(top_n(&values, n), sorted[..n.min(500)].to_vec(), "n={n}");

@@ -81,10 +81,7 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Greedy decoding: `temperature = 0`.
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            ..Self::default()
-        }
+        Self { temperature: 0.0, ..Self::default() }
     }
 
     /// True when the request decodes by argmax. NaN counts as greedy so a bad value can never
@@ -95,17 +92,13 @@ impl SamplingParams {
 
     /// True when any of the repetition, frequency or presence penalties is on.
     pub fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0
-            || self.frequency_penalty != 0.0
-            || self.presence_penalty != 0.0
+        self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
     }
 
     /// The top-k cut for a vocabulary of `vocab_size` tokens, or `None` when it keeps
     /// everything.
     pub fn top_k_for(&self, vocab_size: usize) -> Option<usize> {
-        usize::try_from(self.top_k)
-            .ok()
-            .filter(|&k| k > 0 && k < vocab_size)
+        usize::try_from(self.top_k).ok().filter(|&k| k > 0 && k < vocab_size)
     }
 
     /// Checks every field; errors name the field at fault.
@@ -113,28 +106,19 @@ impl SamplingParams {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return Err(ConfigError::field(
                 "temperature",
-                format!(
-                    "temperature must be a finite number >= 0 (0 decodes greedily), got {}",
-                    self.temperature
-                ),
+                format!("temperature must be a finite number >= 0 (0 decodes greedily), got {}", self.temperature),
             ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(ConfigError::field(
                 "top_p",
-                format!(
-                    "top_p must be in (0, 1] (1 disables it), got {}",
-                    self.top_p
-                ),
+                format!("top_p must be in (0, 1] (1 disables it), got {}", self.top_p),
             ));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             return Err(ConfigError::field(
                 "min_p",
-                format!(
-                    "min_p must be in [0, 1] (0 disables it), got {}",
-                    self.min_p
-                ),
+                format!("min_p must be in [0, 1] (0 disables it), got {}", self.min_p),
             ));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
@@ -146,10 +130,9 @@ impl SamplingParams {
                 ),
             ));
         }
-        for (field, value) in [
-            ("frequency_penalty", self.frequency_penalty),
-            ("presence_penalty", self.presence_penalty),
-        ] {
+        for (field, value) in
+            [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)]
+        {
             if !(-MAX_ABS_ADDITIVE_PENALTY..=MAX_ABS_ADDITIVE_PENALTY).contains(&value) {
                 return Err(ConfigError::field(
                     field,
@@ -160,38 +143,23 @@ impl SamplingParams {
         if let Some(n) = self.logprobs
             && n > MAX_LOGPROBS
         {
-            return Err(ConfigError::field(
-                "logprobs",
-                format!("logprobs must be <= {MAX_LOGPROBS}, got {n}"),
-            ));
+            return Err(ConfigError::field("logprobs", format!("logprobs must be <= {MAX_LOGPROBS}, got {n}")));
         }
         if self.max_tokens == Some(0) {
-            return Err(ConfigError::field(
-                "max_tokens",
-                "max_tokens must be >= 1 when set, got 0",
-            ));
+            return Err(ConfigError::field("max_tokens", "max_tokens must be >= 1 when set, got 0"));
         }
         if let Some(max) = self.max_tokens
             && self.min_tokens > max
         {
             return Err(ConfigError::field(
                 "min_tokens",
-                format!(
-                    "min_tokens ({}) must not exceed max_tokens ({max})",
-                    self.min_tokens
-                ),
+                format!("min_tokens ({}) must not exceed max_tokens ({max})", self.min_tokens),
             ));
         }
-        if let Some(&id) = self
-            .stop_token_ids
-            .iter()
-            .find(|&&id| id as usize >= vocab_size)
-        {
+        if let Some(&id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
             return Err(ConfigError::field(
                 "stop_token_ids",
-                format!(
-                    "stop_token_ids contains {id}, outside the vocabulary of {vocab_size} tokens"
-                ),
+                format!("stop_token_ids contains {id}, outside the vocabulary of {vocab_size} tokens"),
             ));
         }
         if self.stop.iter().any(String::is_empty) {
@@ -217,33 +185,14 @@ mod tests {
     #[test]
     fn greedy_below_threshold_and_for_nan() {
         for t in [0.0, 9e-6, -1.0, f32::NAN] {
-            assert!(
-                SamplingParams {
-                    temperature: t,
-                    ..Default::default()
-                }
-                .is_greedy(),
-                "{t}"
-            );
+            assert!(SamplingParams { temperature: t, ..Default::default() }.is_greedy(), "{t}");
         }
-        assert!(
-            !SamplingParams {
-                temperature: 1e-5,
-                ..Default::default()
-            }
-            .is_greedy()
-        );
+        assert!(!SamplingParams { temperature: 1e-5, ..Default::default() }.is_greedy());
     }
 
     #[test]
     fn top_k_is_off_at_or_below_zero_and_at_vocab_size() {
-        let k = |top_k| {
-            SamplingParams {
-                top_k,
-                ..Default::default()
-            }
-            .top_k_for(10)
-        };
+        let k = |top_k| SamplingParams { top_k, ..Default::default() }.top_k_for(10);
         assert_eq!(k(-1), None);
         assert_eq!(k(0), None);
         assert_eq!(k(10), None);
@@ -253,14 +202,7 @@ mod tests {
     #[test]
     fn partial_json_fills_defaults_and_unknown_keys_are_rejected() {
         let p: SamplingParams = serde_json::from_str(r#"{"temperature": 0.5, "seed": 7}"#).unwrap();
-        assert_eq!(
-            p,
-            SamplingParams {
-                temperature: 0.5,
-                seed: Some(7),
-                ..Default::default()
-            }
-        );
+        assert_eq!(p, SamplingParams { temperature: 0.5, seed: Some(7), ..Default::default() });
         assert!(serde_json::from_str::<SamplingParams>(r#"{"temprature": 0.5}"#).is_err());
     }
 }

@@ -34,21 +34,15 @@ impl PenaltyContext {
     pub fn new(history: &[u32], prompt_len: usize) -> Self {
         let prompt_len = prompt_len.min(history.len());
         // (token, is_output) sorts each token's prompt occurrences before its output ones.
-        let mut tagged: Vec<(u32, bool)> = history
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| (t, i >= prompt_len))
-            .collect();
+        let mut tagged: Vec<(u32, bool)> = history.iter().enumerate().map(|(i, &t)| (t, i >= prompt_len)).collect();
         tagged.sort_unstable();
         let mut entries: Vec<TokenOccurrences> = Vec::new();
         for (token, is_output) in tagged {
             match entries.last_mut() {
                 Some(last) if last.token == token => last.output_count += u32::from(is_output),
-                _ => entries.push(TokenOccurrences {
-                    token,
-                    in_prompt: !is_output,
-                    output_count: u32::from(is_output),
-                }),
+                _ => {
+                    entries.push(TokenOccurrences { token, in_prompt: !is_output, output_count: u32::from(is_output) })
+                }
             }
         }
         Self { entries }
@@ -58,22 +52,13 @@ impl PenaltyContext {
     pub fn record_output(&mut self, token: u32) {
         match self.entries.binary_search_by_key(&token, |e| e.token) {
             Ok(i) => self.entries[i].output_count += 1,
-            Err(i) => self.entries.insert(
-                i,
-                TokenOccurrences {
-                    token,
-                    in_prompt: false,
-                    output_count: 1,
-                },
-            ),
+            Err(i) => self.entries.insert(i, TokenOccurrences { token, in_prompt: false, output_count: 1 }),
         }
     }
 
     /// Occurrences of `token` in the output so far.
     pub fn output_count(&self, token: u32) -> u32 {
-        self.entries
-            .binary_search_by_key(&token, |e| e.token)
-            .map_or(0, |i| self.entries[i].output_count)
+        self.entries.binary_search_by_key(&token, |e| e.token).map_or(0, |i| self.entries[i].output_count)
     }
 
     /// Applies the three penalties of `params` to one position's logits (`[V]`). Tokens
@@ -88,11 +73,7 @@ impl PenaltyContext {
             };
             let in_output = e.output_count > 0;
             if repetition != 1.0 && (e.in_prompt || in_output) {
-                *logit = if *logit > 0.0 {
-                    *logit / repetition
-                } else {
-                    *logit * repetition
-                };
+                *logit = if *logit > 0.0 { *logit / repetition } else { *logit * repetition };
             }
             if in_output {
                 *logit -= frequency * e.output_count as f32 + presence;

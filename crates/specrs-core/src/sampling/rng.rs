@@ -59,9 +59,7 @@ pub const fn splitmix64_mix(mut z: u64) -> u64 {
 /// 64 random bits for `counter` of `stream` under `seed`.
 #[inline]
 pub fn random_bits(seed: u64, stream: RngStream, counter: u64) -> u64 {
-    let state = seed
-        .wrapping_add(stream.offset())
-        .wrapping_add(counter.wrapping_mul(GOLDEN_GAMMA));
+    let state = seed.wrapping_add(stream.offset()).wrapping_add(counter.wrapping_mul(GOLDEN_GAMMA));
     splitmix64_mix(state.wrapping_add(GOLDEN_GAMMA))
 }
 
@@ -85,31 +83,19 @@ mod tests {
     fn matches_the_published_splitmix64_sequence() {
         // First outputs of SplitMix64 seeded with 1234567 (Vigna's reference implementation).
         let mut state = 1_234_567u64;
-        let expected = [
-            6_457_827_717_110_365_317u64,
-            3_203_168_211_198_807_973,
-            9_817_491_932_198_370_423,
-        ];
+        let expected = [6_457_827_717_110_365_317u64, 3_203_168_211_198_807_973, 9_817_491_932_198_370_423];
         for e in expected {
             assert_eq!(splitmix64_next(&mut state), e);
         }
-        assert_eq!(
-            random_bits(1_234_567, RngStream::TargetSample, 0),
-            expected[0]
-        );
+        assert_eq!(random_bits(1_234_567, RngStream::TargetSample, 0), expected[0]);
     }
 
     #[test]
     fn counter_p_is_the_first_output_of_a_generator_seeded_at_seed_plus_p_gamma() {
         let seed = 42u64;
         for p in 0..8u64 {
-            let mut state = seed
-                .wrapping_add(RngStream::Verdict.offset())
-                .wrapping_add(p.wrapping_mul(GOLDEN_GAMMA));
-            assert_eq!(
-                random_bits(seed, RngStream::Verdict, p),
-                splitmix64_next(&mut state)
-            );
+            let mut state = seed.wrapping_add(RngStream::Verdict.offset()).wrapping_add(p.wrapping_mul(GOLDEN_GAMMA));
+            assert_eq!(random_bits(seed, RngStream::Verdict, p), splitmix64_next(&mut state));
         }
     }
 
@@ -132,13 +118,8 @@ mod tests {
 
     #[test]
     fn streams_and_counters_are_distinct() {
-        let streams = [
-            RngStream::TargetSample,
-            RngStream::Verdict,
-            RngStream::Residual,
-            RngStream::Synthetic,
-            RngStream::Draft,
-        ];
+        let streams =
+            [RngStream::TargetSample, RngStream::Verdict, RngStream::Residual, RngStream::Synthetic, RngStream::Draft];
         let mut seen = std::collections::HashSet::new();
         for s in streams {
             for c in 0..64 {

@@ -52,12 +52,13 @@ pub(crate) fn top_p_threshold(probs: &[f32], top_p: f32, pool: &mut Vec<f32>) ->
         let p = if p > 0.0 { p } else { 0.0 };
         mass[bucket_of(p)] += f64::from(p);
     }
-    let target = f64::from(top_p);
+    // An unvalidated `top_p <= 0` keeps just the most likely token(s).
+    let target = f64::from(top_p).max(f64::MIN_POSITIVE);
     let mut covered = 0.0f64;
     // Bucket 0 holds zeros and the smallest subnormals: reaching it means keeping everything.
     let mut boundary = None;
     for bucket in (1..BUCKETS).rev() {
-        if covered + mass[bucket] >= target {
+        if mass[bucket] > 0.0 && covered + mass[bucket] >= target {
             boundary = Some((bucket, target - covered));
             break;
         }
@@ -68,8 +69,7 @@ pub(crate) fn top_p_threshold(probs: &[f32], top_p: f32, pool: &mut Vec<f32>) ->
     };
     collect_bucket(probs, bucket, pool);
     // If rounding left the bucket a hair short of `need`, its smallest token closes the set.
-    weighted_select(pool, need)
-        .unwrap_or_else(|| pool.iter().copied().fold(f32::INFINITY, f32::min))
+    weighted_select(pool, need).unwrap_or_else(|| pool.iter().copied().fold(f32::INFINITY, f32::min))
 }
 
 /// Copies the probabilities of `bucket` (`>= 1`) into `pool`. A bucket is a value range
@@ -175,9 +175,8 @@ mod tests {
     }
 
     fn random_probs(seed: u64, len: usize, sharpness: f64) -> Vec<f32> {
-        let weights: Vec<f64> = (0..len as u64)
-            .map(|i| (sharpness * uniform(seed, RngStream::TargetSample, i)).exp())
-            .collect();
+        let weights: Vec<f64> =
+            (0..len as u64).map(|i| (sharpness * uniform(seed, RngStream::TargetSample, i)).exp()).collect();
         let total: f64 = weights.iter().sum();
         weights.iter().map(|w| (w / total) as f32).collect()
     }
@@ -185,12 +184,7 @@ mod tests {
     #[test]
     fn top_p_threshold_agrees_with_sorting_on_flat_and_peaked_rows() {
         let mut pool = Vec::new();
-        for (seed, len, sharpness) in [
-            (1, 10, 1.0),
-            (2, 1000, 0.5),
-            (3, 5000, 20.0),
-            (4, 3000, 60.0),
-        ] {
+        for (seed, len, sharpness) in [(1, 10, 1.0), (2, 1000, 0.5), (3, 5000, 20.0), (4, 3000, 60.0)] {
             let probs = random_probs(seed, len, sharpness);
             for top_p in [0.05, 0.5, 0.8, 0.9, 0.99, 1.0] {
                 assert_eq!(
@@ -223,10 +217,7 @@ mod tests {
         let total: f32 = raw.iter().sum();
         let probs: Vec<f32> = raw.iter().map(|x| x / total).collect();
         for top_p in [0.001, 0.3, 0.77, 0.999] {
-            assert_eq!(
-                top_p_threshold(&probs, top_p, &mut pool),
-                sorted_top_p_threshold(&probs, top_p)
-            );
+            assert_eq!(top_p_threshold(&probs, top_p, &mut pool), sorted_top_p_threshold(&probs, top_p));
         }
         // NaN and negative entries are ignored.
         let dirty = [0.5f32, f32::NAN, -0.2, 0.3, 0.2];
@@ -254,12 +245,7 @@ mod tests {
 
     #[test]
     fn median_of_three_is_the_middle_value() {
-        for (a, b, c) in [
-            (1.0, 2.0, 3.0),
-            (3.0, 1.0, 2.0),
-            (2.0, 3.0, 1.0),
-            (2.0, 2.0, 1.0),
-        ] {
+        for (a, b, c) in [(1.0, 2.0, 3.0), (3.0, 1.0, 2.0), (2.0, 3.0, 1.0), (2.0, 2.0, 1.0)] {
             let mut v = [a, b, c];
             v.sort_by(f32::total_cmp);
             assert_eq!(median_of_three(a, b, c), v[1]);

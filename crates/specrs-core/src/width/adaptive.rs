@@ -49,10 +49,7 @@ pub fn parse_adaptive_widths(value: &str, limit: Option<usize>) -> Result<Vec<us
     if !outside.is_empty() {
         let bound = limit.map_or_else(|| "num_speculative_tokens".to_string(), |k| k.to_string());
         let listed: Vec<String> = outside.iter().map(i64::to_string).collect();
-        return Err(ConfigError::field(
-            FIELD,
-            format!("Verify widths [{}] are outside 1..{bound}", listed.join(", ")),
-        ));
+        return Err(ConfigError::field(FIELD, format!("Verify widths [{}] are outside 1..{bound}", listed.join(", "))));
     }
     widths.sort_unstable();
     widths.dedup();
@@ -76,13 +73,7 @@ pub struct AdaptiveWidthParams {
 
 impl Default for AdaptiveWidthParams {
     fn default() -> Self {
-        Self {
-            ema_alpha: 0.2,
-            update_interval: 5,
-            probe_interval: 50,
-            margin: 0.02,
-            min_batch_size: 1,
-        }
+        Self { ema_alpha: 0.2, update_interval: 5, probe_interval: 50, margin: 0.02, min_batch_size: 1 }
     }
 }
 
@@ -173,11 +164,7 @@ impl AdaptiveWidthController {
     /// `min_batch_size` up, only the widest below it (small batches are memory-bound, so
     /// narrowing them barely changes step cost).
     pub fn captured_widths(&self, batch_size: usize) -> Vec<usize> {
-        if batch_size >= self.params.min_batch_size {
-            self.widths.clone()
-        } else {
-            vec![self.widest()]
-        }
+        if batch_size >= self.params.min_batch_size { self.widths.clone() } else { vec![self.widest()] }
     }
 
     /// The width the next decode step at this batch size verifies. Call once per decode step.
@@ -187,11 +174,7 @@ impl AdaptiveWidthController {
             self.probe_countdown = self.params.probe_interval;
             return self.widest();
         }
-        let chosen = self
-            .chosen
-            .get(&batch_bucket(batch_size))
-            .copied()
-            .unwrap_or(self.widest());
+        let chosen = self.chosen.get(&batch_bucket(batch_size)).copied().unwrap_or(self.widest());
         // A narrow choice for a batch below min_batch_size rounds up to a captured width.
         let captured = self.captured_widths(batch_size);
         captured.into_iter().find(|&w| w >= chosen).unwrap_or(self.widest())
@@ -199,10 +182,7 @@ impl AdaptiveWidthController {
 
     /// The width currently chosen for a bucket (widest until a switch).
     pub fn chosen_width(&self, batch_size: usize) -> usize {
-        self.chosen
-            .get(&batch_bucket(batch_size))
-            .copied()
-            .unwrap_or(self.widest())
+        self.chosen.get(&batch_bucket(batch_size)).copied().unwrap_or(self.widest())
     }
 
     /// Records a decode step that verified `width` drafts per row.
@@ -243,10 +223,7 @@ impl AdaptiveWidthController {
         let bucket = batch_bucket(batch_size);
         if let Some(t) = step_time_s {
             let times = self.step_times.entry(bucket).or_default();
-            times
-                .entry(width)
-                .and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema)
-                .or_insert(t);
+            times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
         }
         let interval = self.params.update_interval;
         let countdown = self.countdown.entry(bucket).or_insert(interval);
@@ -263,11 +240,7 @@ impl AdaptiveWidthController {
         let mut out = Vec::with_capacity(self.accepted.len());
         let mut previous = 1.0f64;
         for k in 0..self.accepted.len() {
-            let p = if self.fresh_for[k] > 0 {
-                self.accepted[k]
-            } else {
-                previous * self.ratio.min(1.0)
-            };
+            let p = if self.fresh_for[k] > 0 { self.accepted[k] } else { previous * self.ratio.min(1.0) };
             out.push(p);
             previous = p;
         }

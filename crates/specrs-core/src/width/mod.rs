@@ -4,7 +4,5 @@
 pub mod adaptive;
 pub mod schedule;
 
-pub use adaptive::{
-    AdaptiveWidthController, AdaptiveWidthParams, WidthSwitch, batch_bucket, parse_adaptive_widths,
-};
+pub use adaptive::{AdaptiveWidthController, AdaptiveWidthParams, WidthSwitch, batch_bucket, parse_adaptive_widths};
 pub use schedule::{VerifyWidthRange, VerifyWidthSchedule, normalize_schedule};

@@ -22,11 +22,7 @@ pub struct VerifyWidthRange {
 
 impl VerifyWidthRange {
     pub fn new(batch_start: i64, batch_end: i64, num_tokens: i64) -> Self {
-        Self {
-            batch_start,
-            batch_end,
-            num_tokens,
-        }
+        Self { batch_start, batch_end, num_tokens }
     }
 
     pub fn as_triple(&self) -> (i64, i64, i64) {
@@ -40,10 +36,7 @@ impl VerifyWidthRange {
 /// overlap, first range at 1) so a user fixes one thing at a time.
 pub fn normalize_schedule(ranges: &[VerifyWidthRange]) -> Result<Vec<VerifyWidthRange>, ConfigError> {
     if ranges.is_empty() {
-        return Err(ConfigError::field(
-            FIELD,
-            format!("{FIELD} must name at least one batch-size range"),
-        ));
+        return Err(ConfigError::field(FIELD, format!("{FIELD} must name at least one batch-size range")));
     }
     for r in ranges {
         let (s, e, n) = r.as_triple();
@@ -54,10 +47,7 @@ pub fn normalize_schedule(ranges: &[VerifyWidthRange]) -> Result<Vec<VerifyWidth
             ));
         }
         if s > e {
-            return Err(ConfigError::field(
-                FIELD,
-                format!("range ({s}, {e}) in {FIELD} must have start <= end"),
-            ));
+            return Err(ConfigError::field(FIELD, format!("range ({s}, {e}) in {FIELD} must have start <= end")));
         }
         if n < 0 {
             return Err(ConfigError::field(
@@ -103,11 +93,7 @@ pub struct VerifyWidthSchedule {
 
 impl VerifyWidthSchedule {
     /// Builds the table for batch sizes `1..=max_batch_size`, capping every count at `max_width`.
-    pub fn build(
-        ranges: &[VerifyWidthRange],
-        max_batch_size: usize,
-        max_width: usize,
-    ) -> Result<Self, ConfigError> {
+    pub fn build(ranges: &[VerifyWidthRange], max_batch_size: usize, max_width: usize) -> Result<Self, ConfigError> {
         if max_batch_size == 0 {
             return Err(ConfigError::new("the verify-width schedule needs a max batch size of at least 1"));
         }
@@ -131,9 +117,7 @@ impl VerifyWidthSchedule {
 
     /// A schedule that verifies every drafted token at every batch size.
     pub fn constant(max_batch_size: usize, width: usize) -> Self {
-        Self {
-            table: vec![width; max_batch_size.max(1) + 1],
-        }
+        Self { table: vec![width; max_batch_size.max(1) + 1] }
     }
 
     /// The width for a decode batch of `batch_size` rows (per replica). 0 rows reads as 1;

@@ -6,12 +6,7 @@ use specrs_core::sampling::SamplingParams;
 
 /// The processed target of one position's `logits` (`[V]`) for a request whose prompt is
 /// `prompt` and whose output so far (including accepted drafts) is `output`.
-pub fn reference_probs(
-    logits: &[f32],
-    params: &SamplingParams,
-    prompt: &[u32],
-    output: &[u32],
-) -> Vec<f64> {
+pub fn reference_probs(logits: &[f32], params: &SamplingParams, prompt: &[u32], output: &[u32]) -> Vec<f64> {
     let vocab = logits.len();
     let mut l: Vec<f64> = logits.iter().map(|&x| f64::from(x)).collect();
     for (token, logit) in l.iter_mut().enumerate() {
@@ -22,17 +17,14 @@ pub fn reference_probs(
             *logit = if *logit > 0.0 { *logit / r } else { *logit * r };
         }
         if count > 0.0 {
-            *logit -=
-                f64::from(params.frequency_penalty) * count + f64::from(params.presence_penalty);
+            *logit -= f64::from(params.frequency_penalty) * count + f64::from(params.presence_penalty);
         }
     }
     if params.top_k > 0 && (params.top_k as usize) < vocab {
         let mut sorted = l.clone();
         sorted.sort_by(|a, b| b.total_cmp(a));
         let kth = sorted[params.top_k as usize - 1];
-        l.iter_mut()
-            .filter(|x| **x < kth)
-            .for_each(|x| *x = f64::NEG_INFINITY);
+        l.iter_mut().filter(|x| **x < kth).for_each(|x| *x = f64::NEG_INFINITY);
     }
     let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let t = f64::from(params.temperature);
@@ -50,9 +42,7 @@ pub fn reference_probs(
                 break;
             }
         }
-        p.iter_mut()
-            .filter(|x| **x < threshold)
-            .for_each(|x| *x = 0.0);
+        p.iter_mut().filter(|x| **x < threshold).for_each(|x| *x = 0.0);
     }
     if params.min_p > 0.0 {
         let cut = f64::from(params.min_p) * p.iter().copied().fold(0.0, f64::max);

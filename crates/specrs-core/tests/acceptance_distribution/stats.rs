@@ -25,12 +25,8 @@ pub fn ln_gamma(x: f64) -> f64 {
     }
     let x = x - 1.0;
     let t = x + G + 0.5;
-    let series = COEFFICIENTS[1..]
-        .iter()
-        .enumerate()
-        .fold(COEFFICIENTS[0], |acc, (i, c)| {
-            acc + c / (x + i as f64 + 1.0)
-        });
+    let series =
+        COEFFICIENTS[1..].iter().enumerate().fold(COEFFICIENTS[0], |acc, (i, c)| acc + c / (x + i as f64 + 1.0));
     0.5 * (2.0 * PI).ln() + (x + 0.5) * t.ln() - t + series.ln()
 }
 
@@ -103,18 +99,9 @@ pub struct GoodnessOfFit {
 pub fn chi_square(observed: &[u64], expected: &[f64]) -> GoodnessOfFit {
     assert_eq!(observed.len(), expected.len());
     let draws: u64 = observed.iter().sum();
-    let impossible_draws = observed
-        .iter()
-        .zip(expected)
-        .filter(|&(_, &e)| e <= 0.0)
-        .map(|(&o, _)| o)
-        .sum();
-    let mut bins: Vec<(f64, f64)> = observed
-        .iter()
-        .zip(expected)
-        .filter(|&(_, &e)| e > 0.0)
-        .map(|(&o, &e)| (e * draws as f64, o as f64))
-        .collect();
+    let impossible_draws = observed.iter().zip(expected).filter(|&(_, &e)| e <= 0.0).map(|(&o, _)| o).sum();
+    let mut bins: Vec<(f64, f64)> =
+        observed.iter().zip(expected).filter(|&(_, &e)| e > 0.0).map(|(&o, &e)| (e * draws as f64, o as f64)).collect();
     bins.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut merged: Vec<(f64, f64)> = Vec::new();
     let mut pending = (0.0, 0.0);
@@ -133,27 +120,13 @@ pub fn chi_square(observed: &[u64], expected: &[f64]) -> GoodnessOfFit {
     }
     let statistic: f64 = merged.iter().map(|(e, o)| (o - e) * (o - e) / e).sum();
     let df = merged.len().saturating_sub(1);
-    let p_value = if df == 0 {
-        1.0
-    } else {
-        chi_square_survival(statistic, df)
-    };
-    GoodnessOfFit {
-        draws,
-        statistic,
-        df,
-        p_value,
-        impossible_draws,
-    }
+    let p_value = if df == 0 { 1.0 } else { chi_square_survival(statistic, df) };
+    GoodnessOfFit { draws, statistic, df, p_value, impossible_draws }
 }
 
 /// Euclidean distance between two distributions.
 pub fn l2_distance(a: &[f64], b: &[f64]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y) * (x - y))
-        .sum::<f64>()
-        .sqrt()
+    a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt()
 }
 
 /// The normalized histogram of `samples` over `vocab` tokens.

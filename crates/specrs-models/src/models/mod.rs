@@ -21,20 +21,12 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
     match store.source() {
         WeightSource::Gguf(g) => g.decoder_config(),
         WeightSource::Safetensors(_) => {
-            let dir = if path.is_dir() {
-                path
-            } else {
-                path.parent().unwrap_or(Path::new("."))
-            };
+            let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
             let cfg_path = dir.join("config.json");
-            let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
-                ModelError::file(
-                    &cfg_path,
-                    format!("cannot read the model's config.json: {e}"),
-                )
-            })?;
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
+            let text = std::fs::read_to_string(&cfg_path)
+                .map_err(|e| ModelError::file(&cfg_path, format!("cannot read the model's config.json: {e}")))?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
             let cfg = DecoderConfig::from_hf_json(&json)?;
             Ok(match cfg.architecture {
                 Architecture::Llama => llama::adapt(cfg),
@@ -46,11 +38,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
 }
 
 /// Opens a checkpoint (GGUF file, safetensors file or directory) and loads its decoder.
-pub fn load_causal_lm(
-    path: &Path,
-    device: &Device,
-    dtype: ModelDType,
-) -> Result<(CausalLm, WeightStore)> {
+pub fn load_causal_lm(path: &Path, device: &Device, dtype: ModelDType) -> Result<(CausalLm, WeightStore)> {
     let store = WeightStore::open(path, device.clone(), dtype)?;
     let config = read_config(&store, path)?;
     let model = CausalLm::load(&store, config)?;

@@ -26,12 +26,7 @@ pub struct SelfAttention {
 
 impl SelfAttention {
     pub fn load(store: &WeightStore, prefix: &str, cfg: &DecoderConfig) -> LoadResult<Self> {
-        let (h, nh, nkv, d) = (
-            cfg.hidden_size,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
+        let (h, nh, nkv, d) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         Self::load_with_input(store, prefix, cfg, h, nh * d, nkv * d, nh, nkv, d)
     }
 
@@ -53,21 +48,10 @@ impl SelfAttention {
         let k = store.linear(&format!("{prefix}.k_proj"), kv_dim, in_dim, bias)?;
         let v = store.linear(&format!("{prefix}.v_proj"), kv_dim, in_dim, bias)?;
         let o_proj = store.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, q_dim, false)?;
-        let (q_norm, k_norm) = if cfg.qk_norm || store.contains(&format!("{prefix}.q_norm.weight"))
-        {
+        let (q_norm, k_norm) = if cfg.qk_norm || store.contains(&format!("{prefix}.q_norm.weight")) {
             (
-                Some(RmsNorm::load(
-                    store,
-                    &format!("{prefix}.q_norm.weight"),
-                    head_dim,
-                    cfg.rms_norm_eps,
-                )?),
-                Some(RmsNorm::load(
-                    store,
-                    &format!("{prefix}.k_norm.weight"),
-                    head_dim,
-                    cfg.rms_norm_eps,
-                )?),
+                Some(RmsNorm::load(store, &format!("{prefix}.q_norm.weight"), head_dim, cfg.rms_norm_eps)?),
+                Some(RmsNorm::load(store, &format!("{prefix}.k_norm.weight"), head_dim, cfg.rms_norm_eps)?),
             )
         } else {
             (None, None)
@@ -77,12 +61,7 @@ impl SelfAttention {
             o_proj,
             q_norm,
             k_norm,
-            shape: AttentionShape {
-                num_heads,
-                num_kv_heads,
-                head_dim,
-                scale: (head_dim as f32).powf(-0.5),
-            },
+            shape: AttentionShape { num_heads, num_kv_heads, head_dim, scale: (head_dim as f32).powf(-0.5) },
         })
     }
 
@@ -91,25 +70,11 @@ impl SelfAttention {
     }
 
     /// Projects, normalises and rotates: `x [T, in] -> (q [T, nh, d], k [T, nkv, d], v [T, nkv, d])`.
-    pub fn project(
-        &self,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
+    pub fn project(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let t = x.dim(0)?;
-        let AttentionShape {
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            ..
-        } = self.shape;
+        let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
         let mut parts = self.qkv.forward(x)?.into_iter();
-        let (q, k, v) = (
-            parts.next().unwrap(),
-            parts.next().unwrap(),
-            parts.next().unwrap(),
-        );
+        let (q, k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
         let mut q = q.reshape((t, num_heads, head_dim))?;
         let mut k = k.reshape((t, num_kv_heads, head_dim))?;
         let v = v.reshape((t, num_kv_heads, head_dim))?;
@@ -137,8 +102,7 @@ impl SelfAttention {
         kv.write(layer, &batch.slot_mapping, None, &k, &v)?;
         let (kc, vc) = kv.layer(layer);
         let y = paged_attention(&q, kc, vc, batch, self.shape)?;
-        self.o_proj
-            .forward(&y.reshape((t, self.shape.num_heads * self.shape.head_dim))?)
+        self.o_proj.forward(&y.reshape((t, self.shape.num_heads * self.shape.head_dim))?)
     }
 }
 
@@ -150,12 +114,7 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(
-        store: &WeightStore,
-        prefix: &str,
-        hidden: usize,
-        intermediate: usize,
-    ) -> LoadResult<Self> {
+    pub fn load(store: &WeightStore, prefix: &str, hidden: usize, intermediate: usize) -> LoadResult<Self> {
         let gate = store.linear(&format!("{prefix}.gate_proj"), intermediate, hidden, false)?;
         let up = store.linear(&format!("{prefix}.up_proj"), intermediate, hidden, false)?;
         Ok(Self {
@@ -167,8 +126,7 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut parts = self.gate_up.forward(x)?.into_iter();
         let (gate, up) = (parts.next().unwrap(), parts.next().unwrap());
-        self.down_proj
-            .forward(&(candle_nn::ops::silu(&gate)? * up)?)
+        self.down_proj.forward(&(candle_nn::ops::silu(&gate)? * up)?)
     }
 }
 
@@ -197,12 +155,7 @@ impl DecoderLayer {
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
             )?,
-            mlp: Mlp::load(
-                store,
-                &format!("{prefix}.mlp"),
-                cfg.hidden_size,
-                cfg.intermediate_size,
-            )?,
+            mlp: Mlp::load(store, &format!("{prefix}.mlp"), cfg.hidden_size, cfg.intermediate_size)?,
         })
     }
 
@@ -222,18 +175,9 @@ impl DecoderLayer {
         layer: usize,
         batch: &ForwardBatch,
     ) -> Result<Tensor> {
-        let h = self.self_attn.forward(
-            &self.input_layernorm.forward(x)?,
-            cos,
-            sin,
-            kv,
-            layer,
-            batch,
-        )?;
+        let h = self.self_attn.forward(&self.input_layernorm.forward(x)?, cos, sin, kv, layer, batch)?;
         let x = (x + h)?;
-        let h = self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&x)?)?;
+        let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
         x + h
     }
 }
@@ -285,16 +229,7 @@ impl CausalLm {
             dtype,
             store.device(),
         )?;
-        Ok(Self {
-            config,
-            embed_tokens,
-            layers,
-            norm,
-            lm_head,
-            rope,
-            device: store.device().clone(),
-            dtype,
-        })
+        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, device: store.device().clone(), dtype })
     }
 
     pub fn config(&self) -> &DecoderConfig {
@@ -324,11 +259,7 @@ impl CausalLm {
     /// Bytes of weights on the device (the memory planner subtracts them from its budget).
     pub fn weight_bytes(&self) -> usize {
         let layers: usize = self.layers.iter().map(DecoderLayer::size_in_bytes).sum();
-        let head = if self.config.tie_word_embeddings {
-            0
-        } else {
-            self.lm_head.size_in_bytes()
-        };
+        let head = if self.config.tie_word_embeddings { 0 } else { self.lm_head.size_in_bytes() };
         layers + self.embed_tokens.size_in_bytes() + head
     }
 
@@ -371,10 +302,7 @@ impl CausalLm {
         if let Some(&p) = batch.positions.iter().max()
             && p as usize >= self.rope.max_positions()
         {
-            candle_core::bail!(
-                "position {p} exceeds the model's {} positions",
-                self.rope.max_positions()
-            );
+            candle_core::bail!("position {p} exceeds the model's {} positions", self.rope.max_positions());
         }
         let ids = Tensor::from_slice(&batch.input_ids, t, &self.device)?;
         let positions = Tensor::from_slice(&batch.positions, t, &self.device)?;
@@ -397,22 +325,14 @@ impl CausalLm {
         }
         // 3. Final norm only where needed: HF's last hidden state, and the logit rows.
         let need_full_norm = batch.want_final_hidden || batch.taps.contains(&num_layers);
-        let final_hidden = if need_full_norm {
-            Some(self.norm.forward(&x)?)
-        } else {
-            None
-        };
+        let final_hidden = if need_full_norm { Some(self.norm.forward(&x)?) } else { None };
         if let Some(h) = &final_hidden {
             record(num_layers, h);
         }
         let logits = if batch.logits_indices.is_empty() {
             None
         } else {
-            let idx = Tensor::from_slice(
-                &batch.logits_indices,
-                batch.logits_indices.len(),
-                &self.device,
-            )?;
+            let idx = Tensor::from_slice(&batch.logits_indices, batch.logits_indices.len(), &self.device)?;
             let normed = match &final_hidden {
                 Some(h) => h.index_select(&idx, 0)?,
                 None => self.norm.forward(&x.index_select(&idx, 0)?)?,
@@ -421,15 +341,8 @@ impl CausalLm {
         };
         Ok(ForwardOutput {
             logits,
-            taps: taps
-                .into_iter()
-                .map(|t| t.expect("every tap index was visited"))
-                .collect(),
-            final_hidden: if batch.want_final_hidden {
-                final_hidden
-            } else {
-                None
-            },
+            taps: taps.into_iter().map(|t| t.expect("every tap index was visited")).collect(),
+            final_hidden: if batch.want_final_hidden { final_hidden } else { None },
         })
     }
 }

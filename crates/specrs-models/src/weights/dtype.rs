@@ -26,8 +26,7 @@ pub enum ModelDType {
 }
 
 impl ModelDType {
-    pub const NAMES: &'static [&'static str] =
-        &["auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4k", "q6k"];
+    pub const NAMES: &'static [&'static str] = &["auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4k", "q6k"];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -110,12 +109,7 @@ impl FromStr for ModelDType {
 pub fn has_fast_cpu_kernel(dtype: GgmlDType) -> bool {
     matches!(
         dtype,
-        GgmlDType::Q4_0
-            | GgmlDType::Q8_0
-            | GgmlDType::Q4K
-            | GgmlDType::Q5K
-            | GgmlDType::Q6K
-            | GgmlDType::Q8K
+        GgmlDType::Q4_0 | GgmlDType::Q8_0 | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K | GgmlDType::Q8K
     )
 }
 

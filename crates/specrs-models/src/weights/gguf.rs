@@ -64,11 +64,9 @@ impl GgufSource {
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| ModelError::file(path, e.to_string()))?;
         let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader)
-            .map_err(|e| ModelError::file(path, format!("not a readable GGUF file: {e}")))?;
-        let file_len = std::fs::metadata(path)
-            .map_err(|e| ModelError::file(path, e.to_string()))?
-            .len();
+        let content =
+            Content::read(&mut reader).map_err(|e| ModelError::file(path, format!("not a readable GGUF file: {e}")))?;
+        let file_len = std::fs::metadata(path).map_err(|e| ModelError::file(path, e.to_string()))?.len();
         // Every tensor must lie inside the file: catch truncated downloads at open.
         for (name, info) in &content.tensor_infos {
             let elems = info.shape.elem_count();
@@ -86,10 +84,7 @@ impl GgufSource {
         let arch_key = match content.metadata.get("general.architecture") {
             Some(Value::String(s)) => s.clone(),
             _ => {
-                return Err(ModelError::file(
-                    path,
-                    "GGUF metadata lacks general.architecture",
-                ));
+                return Err(ModelError::file(path, "GGUF metadata lacks general.architecture"));
             }
         };
         let architecture = Architecture::from_gguf_name(&arch_key)?;
@@ -126,23 +121,15 @@ impl GgufSource {
     }
 
     fn meta(&self, key: &str) -> Option<&Value> {
-        self.content
-            .metadata
-            .get(&format!("{}.{key}", self.arch_key))
+        self.content.metadata.get(&format!("{}.{key}", self.arch_key))
     }
 
     fn meta_usize(&self, key: &str) -> Result<usize> {
-        let v = self.meta(key).ok_or_else(|| {
-            ModelError::config(
-                format!("{}.{key}", self.arch_key),
-                "missing from GGUF metadata",
-            )
-        })?;
+        let v = self
+            .meta(key)
+            .ok_or_else(|| ModelError::config(format!("{}.{key}", self.arch_key), "missing from GGUF metadata"))?;
         value_as_u64(v).map(|x| x as usize).ok_or_else(|| {
-            ModelError::config(
-                format!("{}.{key}", self.arch_key),
-                format!("expected an integer, got {v:?}"),
-            )
+            ModelError::config(format!("{}.{key}", self.arch_key), format!("expected an integer, got {v:?}"))
         })
     }
 
@@ -158,9 +145,7 @@ impl GgufSource {
     pub fn decoder_config(&self) -> Result<DecoderConfig> {
         let hidden_size = self.meta_usize("embedding_length")?;
         let num_attention_heads = self.meta_usize("attention.head_count")?;
-        let num_key_value_heads = self
-            .meta_usize("attention.head_count_kv")
-            .unwrap_or(num_attention_heads);
+        let num_key_value_heads = self.meta_usize("attention.head_count_kv").unwrap_or(num_attention_heads);
         let head_dim = self
             .meta_usize("attention.key_length")
             .or_else(|_| self.meta_usize("rope.dimension_count"))
@@ -170,37 +155,22 @@ impl GgufSource {
             Err(_) => match self.content.metadata.get("tokenizer.ggml.tokens") {
                 Some(Value::Array(a)) => a.len(),
                 _ => {
-                    return Err(ModelError::config(
-                        "vocab_size",
-                        "GGUF metadata has neither vocab_size nor tokens",
-                    ));
+                    return Err(ModelError::config("vocab_size", "GGUF metadata has neither vocab_size nor tokens"));
                 }
             },
         };
         let rope_scaling = if self.content.tensor_infos.contains_key("rope_freqs.weight") {
             let t = self.load_qtensor_raw("rope_freqs.weight", &Device::Cpu)?;
-            Some(RopeScaling::FrequencyFactors(
-                t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?,
-            ))
+            Some(RopeScaling::FrequencyFactors(t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?))
         } else {
-            match self
-                .content
-                .metadata
-                .get(&format!("{}.rope.scaling.type", self.arch_key))
-            {
-                Some(Value::String(s)) if s == "linear" => Some(RopeScaling::Linear {
-                    factor: self.meta_f64("rope.scaling.factor").unwrap_or(1.0),
-                }),
+            match self.content.metadata.get(&format!("{}.rope.scaling.type", self.arch_key)) {
+                Some(Value::String(s)) if s == "linear" => {
+                    Some(RopeScaling::Linear { factor: self.meta_f64("rope.scaling.factor").unwrap_or(1.0) })
+                }
                 _ => None,
             }
         };
-        let token_id = |key: &str| {
-            self.content
-                .metadata
-                .get(key)
-                .and_then(value_as_u64)
-                .map(|x| x as u32)
-        };
+        let token_id = |key: &str| self.content.metadata.get(key).and_then(value_as_u64).map(|x| x as u32);
         let cfg = DecoderConfig {
             architecture: self.architecture,
             hidden_size,
@@ -210,60 +180,43 @@ impl GgufSource {
             num_key_value_heads,
             head_dim,
             vocab_size,
-            rms_norm_eps: self
-                .meta_f64("attention.layer_norm_rms_epsilon")
-                .unwrap_or(1e-6),
+            rms_norm_eps: self.meta_f64("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_theta: self.meta_f64("rope.freq_base").unwrap_or(10_000.0),
             rope_scaling,
             max_position_embeddings: self.meta_usize("context_length").unwrap_or(4096),
             tie_word_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
             attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias"),
-            qk_norm: self
-                .content
-                .tensor_infos
-                .contains_key("blk.0.attn_q_norm.weight"),
+            qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
-            eos_token_ids: token_id("tokenizer.ggml.eos_token_id")
-                .into_iter()
-                .collect(),
+            eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         };
         cfg.check()?;
         Ok(cfg)
     }
 
     fn load_qtensor_raw(&self, gguf: &str, device: &Device) -> Result<QTensor> {
-        let mut reader = self
-            .reader
-            .lock()
-            .map_err(|_| ModelError::Unsupported("GGUF reader poisoned".into()))?;
+        let mut reader = self.reader.lock().map_err(|_| ModelError::Unsupported("GGUF reader poisoned".into()))?;
         self.content
             .tensor(&mut *reader, gguf, device)
-            .map_err(|e| {
-                ModelError::file(&self.description, format!("reading tensor '{gguf}': {e}"))
-            })
+            .map_err(|e| ModelError::file(&self.description, format!("reading tensor '{gguf}': {e}")))
     }
 
     /// Loads a tensor by its Hugging Face name, in the checkpoint's storage format, with
     /// llama.cpp's q/k permutation undone.
     pub fn load_qtensor(&self, hf_name: &str, device: &Device) -> Result<QTensor> {
-        let gguf = gguf_name(hf_name)
-            .filter(|g| self.content.tensor_infos.contains_key(g))
-            .ok_or_else(|| ModelError::MissingTensor {
-                name: hf_name.to_string(),
-                source_desc: self.description.clone(),
-            })?;
+        let gguf = gguf_name(hf_name).filter(|g| self.content.tensor_infos.contains_key(g)).ok_or_else(|| {
+            ModelError::MissingTensor { name: hf_name.to_string(), source_desc: self.description.clone() }
+        })?;
         // Permute on the host, then move: row moves are byte copies.
         let t = self.load_qtensor_raw(&gguf, &Device::Cpu)?;
         let heads = match self.unpermute_heads {
             Some((q, _))
-                if hf_name.ends_with("self_attn.q_proj.weight")
-                    || hf_name.ends_with("self_attn.q_proj.bias") =>
+                if hf_name.ends_with("self_attn.q_proj.weight") || hf_name.ends_with("self_attn.q_proj.bias") =>
             {
                 Some(q)
             }
             Some((_, k))
-                if hf_name.ends_with("self_attn.k_proj.weight")
-                    || hf_name.ends_with("self_attn.k_proj.bias") =>
+                if hf_name.ends_with("self_attn.k_proj.weight") || hf_name.ends_with("self_attn.k_proj.bias") =>
             {
                 Some(k)
             }
@@ -304,7 +257,7 @@ fn unpermute_rows(t: &QTensor, n_head: usize) -> Result<QTensor> {
     let dims = t.shape().dims().to_vec();
     let rows = dims[0];
     let row_elems: usize = dims[1..].iter().product();
-    if rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+    if !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
         return Err(ModelError::Unsupported(format!(
             "cannot undo the rope permutation of a {dims:?} tensor with {n_head} heads"
         )));
@@ -335,18 +288,9 @@ mod tests {
 
     #[test]
     fn maps_hf_names_to_gguf() {
-        assert_eq!(
-            gguf_name("model.embed_tokens.weight").as_deref(),
-            Some("token_embd.weight")
-        );
-        assert_eq!(
-            gguf_name("model.layers.7.self_attn.k_proj.weight").as_deref(),
-            Some("blk.7.attn_k.weight")
-        );
-        assert_eq!(
-            gguf_name("model.layers.0.mlp.down_proj.weight").as_deref(),
-            Some("blk.0.ffn_down.weight")
-        );
+        assert_eq!(gguf_name("model.embed_tokens.weight").as_deref(), Some("token_embd.weight"));
+        assert_eq!(gguf_name("model.layers.7.self_attn.k_proj.weight").as_deref(), Some("blk.7.attn_k.weight"));
+        assert_eq!(gguf_name("model.layers.0.mlp.down_proj.weight").as_deref(), Some("blk.0.ffn_down.weight"));
         assert_eq!(gguf_name("model.layers.x.mlp.down_proj.weight"), None);
         assert_eq!(gguf_name("fc.weight"), None);
     }
@@ -363,20 +307,12 @@ mod tests {
                 for j in 0..2 {
                     let hf_row = h * d + j * (d / 2) + i;
                     let gguf_row = h * d + 2 * i + j;
-                    gguf[gguf_row * 2..gguf_row * 2 + 2]
-                        .copy_from_slice(&hf[hf_row * 2..hf_row * 2 + 2]);
+                    gguf[gguf_row * 2..gguf_row * 2 + 2].copy_from_slice(&hf[hf_row * 2..hf_row * 2 + 2]);
                 }
             }
         }
-        let t = QTensor::quantize(
-            &Tensor::from_vec(gguf, (8, 2), &Device::Cpu).unwrap(),
-            GgmlDType::F32,
-        )
-        .unwrap();
-        let back = unpermute_rows(&t, n_head)
-            .unwrap()
-            .dequantize(&Device::Cpu)
-            .unwrap();
+        let t = QTensor::quantize(&Tensor::from_vec(gguf, (8, 2), &Device::Cpu).unwrap(), GgmlDType::F32).unwrap();
+        let back = unpermute_rows(&t, n_head).unwrap().dequantize(&Device::Cpu).unwrap();
         assert_eq!(back.flatten_all().unwrap().to_vec1::<f32>().unwrap(), hf);
     }
 }

@@ -33,11 +33,7 @@ pub struct WeightStore {
 impl WeightStore {
     pub fn new(source: WeightSource, device: Device, dtype: ModelDType) -> Result<Self> {
         dtype.check_device(&device)?;
-        Ok(Self {
-            source,
-            device,
-            dtype,
-        })
+        Ok(Self { source, device, dtype })
     }
 
     /// Opens a GGUF file, a safetensors file or a checkpoint directory.
@@ -114,16 +110,11 @@ impl WeightStore {
         match &self.source {
             WeightSource::Safetensors(s) => {
                 let raw = s.load_raw(name, &self.device)?;
-                if raw.dtype().is_float() {
-                    Ok(raw.to_dtype(dtype)?)
-                } else {
-                    Ok(raw)
-                }
+                if raw.dtype().is_float() { Ok(raw.to_dtype(dtype)?) } else { Ok(raw) }
             }
-            WeightSource::Gguf(g) => Ok(g
-                .load_qtensor(name, &Device::Cpu)?
-                .dequantize(&self.device)?
-                .to_dtype(dtype)?),
+            WeightSource::Gguf(g) => {
+                Ok(g.load_qtensor(name, &Device::Cpu)?.dequantize(&self.device)?.to_dtype(dtype)?)
+            }
         }
     }
 
@@ -131,9 +122,7 @@ impl WeightStore {
     pub fn int_tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let t = match &self.source {
             WeightSource::Safetensors(s) => s.load_raw(name, &self.device)?,
-            WeightSource::Gguf(g) => g
-                .load_qtensor(name, &Device::Cpu)?
-                .dequantize(&self.device)?,
+            WeightSource::Gguf(g) => g.load_qtensor(name, &Device::Cpu)?.dequantize(&self.device)?,
         };
         self.check_shape(name, t.dims(), shape)?;
         Ok(t.to_dtype(DType::I64)?)
@@ -156,13 +145,9 @@ impl WeightStore {
                 match self.dtype.ggml() {
                     Some(target) => {
                         let q = quantize_or_fallback(&w.to_dtype(DType::F32)?, target)?;
-                        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(
-                            move_qtensor(q, &self.device)?,
-                        ))?))
+                        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(move_qtensor(q, &self.device)?))?))
                     }
-                    None => Ok(LinearWeight::Dense(
-                        w.to_dtype(self.compute_dtype())?.to_device(&self.device)?,
-                    )),
+                    None => Ok(LinearWeight::Dense(w.to_dtype(self.compute_dtype())?.to_device(&self.device)?)),
                 }
             }
         }
@@ -173,9 +158,7 @@ impl WeightStore {
         let stored = q.dtype();
         let target = match self.dtype {
             ModelDType::Auto if self.device.is_cpu() => {
-                if has_fast_cpu_kernel(stored)
-                    || matches!(stored, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
-                {
+                if has_fast_cpu_kernel(stored) || matches!(stored, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
                     None
                 } else {
                     Some(GgmlDType::Q8_0)
@@ -187,10 +170,7 @@ impl WeightStore {
                 Some(t) => Some(t),
                 None => {
                     // A float dtype was asked for: dequantize.
-                    let dense = q
-                        .dequantize(&Device::Cpu)?
-                        .to_dtype(self.compute_dtype())?
-                        .to_device(&self.device)?;
+                    let dense = q.dequantize(&Device::Cpu)?.to_dtype(self.compute_dtype())?.to_device(&self.device)?;
                     return Ok(LinearWeight::Dense(dense));
                 }
             },
@@ -202,35 +182,18 @@ impl WeightStore {
             }
             None => q,
         };
-        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(
-            move_qtensor(q, &self.device)?,
-        ))?))
+        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(move_qtensor(q, &self.device)?))?))
     }
 
     /// A linear layer with an optional bias `[out]`.
-    pub fn linear(
-        &self,
-        prefix: &str,
-        out_dim: usize,
-        in_dim: usize,
-        bias: bool,
-    ) -> Result<Linear> {
+    pub fn linear(&self, prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
         let weight = self.linear_weight(&format!("{prefix}.weight"), out_dim, in_dim)?;
-        let bias = if bias {
-            Some(self.tensor(&format!("{prefix}.bias"), &[out_dim])?)
-        } else {
-            None
-        };
+        let bias = if bias { Some(self.tensor(&format!("{prefix}.bias"), &[out_dim])?) } else { None };
         Ok(Linear::new(weight, bias, out_dim, in_dim))
     }
 
     /// The token embedding table `[vocab, hidden]`, kept quantized when the linear layers are.
-    pub fn embedding_weight(
-        &self,
-        name: &str,
-        vocab: usize,
-        hidden: usize,
-    ) -> Result<LinearWeight> {
+    pub fn embedding_weight(&self, name: &str, vocab: usize, hidden: usize) -> Result<LinearWeight> {
         self.linear_weight(name, vocab, hidden)
     }
 }
@@ -239,17 +202,14 @@ impl WeightStore {
 /// multiple of the target's block (K-quants need multiples of 256).
 fn quantize_or_fallback(w: &Tensor, target: GgmlDType) -> Result<QTensor> {
     let cols = *w.dims().last().unwrap_or(&0);
-    let target = if cols % target.block_size() == 0 {
+    let target = if cols.is_multiple_of(target.block_size()) {
         target
-    } else if cols % GgmlDType::Q8_0.block_size() == 0 {
+    } else if cols.is_multiple_of(GgmlDType::Q8_0.block_size()) {
         GgmlDType::Q8_0
     } else {
         GgmlDType::F32
     };
-    Ok(QTensor::quantize(
-        &w.to_device(&Device::Cpu)?.to_dtype(DType::F32)?,
-        target,
-    )?)
+    Ok(QTensor::quantize(&w.to_device(&Device::Cpu)?.to_dtype(DType::F32)?, target)?)
 }
 
 fn move_qtensor(q: QTensor, device: &Device) -> Result<QTensor> {
@@ -257,10 +217,6 @@ fn move_qtensor(q: QTensor, device: &Device) -> Result<QTensor> {
         return Ok(q);
     }
     let data = q.data()?;
-    let storage = candle_core::quantized::QStorage::from_data(
-        std::borrow::Cow::Borrowed(&data),
-        device,
-        q.dtype(),
-    )?;
+    let storage = candle_core::quantized::QStorage::from_data(std::borrow::Cow::Borrowed(&data), device, q.dtype())?;
     Ok(QTensor::new(storage, q.shape().clone())?)
 }

@@ -21,10 +21,9 @@ pub fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>> {
     }
     let index = path.join("model.safetensors.index.json");
     if index.is_file() {
-        let text =
-            std::fs::read_to_string(&index).map_err(|e| ModelError::file(&index, e.to_string()))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| ModelError::file(&index, format!("invalid JSON: {e}")))?;
+        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::file(&index, e.to_string()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::file(&index, format!("invalid JSON: {e}")))?;
         let map = json
             .get("weight_map")
             .and_then(serde_json::Value::as_object)
@@ -33,10 +32,7 @@ pub fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>> {
         let files: Vec<PathBuf> = shards.into_iter().map(|s| path.join(s)).collect();
         for f in &files {
             if !f.is_file() {
-                return Err(ModelError::file(
-                    f,
-                    "shard listed in model.safetensors.index.json is missing",
-                ));
+                return Err(ModelError::file(f, "shard listed in model.safetensors.index.json is missing"));
             }
         }
         return Ok(files);
@@ -68,20 +64,10 @@ impl SafetensorsSource {
         // SAFETY: the files are opened read-only; like every mmap-based loader we rely on them
         // not being truncated while the process runs.
         let files_mm = unsafe { MmapedSafetensors::multi(files) }.map_err(|e| {
-            ModelError::file(
-                files
-                    .first()
-                    .map(PathBuf::as_path)
-                    .unwrap_or(Path::new("?")),
-                e.to_string(),
-            )
+            ModelError::file(files.first().map(PathBuf::as_path).unwrap_or(Path::new("?")), e.to_string())
         })?;
         let names = files_mm.tensors().into_iter().map(|(n, _)| n).collect();
-        Ok(Self {
-            files: files_mm,
-            names,
-            description,
-        })
+        Ok(Self { files: files_mm, names, description })
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -103,10 +89,7 @@ impl SafetensorsSource {
     /// Loads a tensor as stored (dtype of the file).
     pub fn load_raw(&self, name: &str, device: &Device) -> Result<Tensor> {
         if !self.contains(name) {
-            return Err(ModelError::MissingTensor {
-                name: name.to_string(),
-                source_desc: self.description.clone(),
-            });
+            return Err(ModelError::MissingTensor { name: name.to_string(), source_desc: self.description.clone() });
         }
         Ok(self.files.load(name, device)?)
     }
@@ -122,29 +105,19 @@ impl SafetensorsSource {
 fn check_header(path: &Path) -> Result<()> {
     use std::io::Read;
     let mut file = std::fs::File::open(path).map_err(|e| ModelError::file(path, e.to_string()))?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| ModelError::file(path, e.to_string()))?
-        .len();
+    let file_len = file.metadata().map_err(|e| ModelError::file(path, e.to_string()))?.len();
     let mut len_bytes = [0u8; 8];
-    file.read_exact(&mut len_bytes).map_err(|_| {
-        ModelError::file(
-            path,
-            "truncated safetensors file: shorter than its 8-byte header length",
-        )
-    })?;
+    file.read_exact(&mut len_bytes)
+        .map_err(|_| ModelError::file(path, "truncated safetensors file: shorter than its 8-byte header length"))?;
     let header_len = u64::from_le_bytes(len_bytes);
     if header_len > file_len.saturating_sub(8) || header_len > 100_000_000 {
         return Err(ModelError::file(
             path,
-            format!(
-                "truncated or corrupt safetensors file: header claims {header_len} bytes, file has {file_len}"
-            ),
+            format!("truncated or corrupt safetensors file: header claims {header_len} bytes, file has {file_len}"),
         ));
     }
     let mut header = vec![0u8; header_len as usize];
-    file.read_exact(&mut header)
-        .map_err(|e| ModelError::file(path, format!("truncated safetensors header: {e}")))?;
+    file.read_exact(&mut header).map_err(|e| ModelError::file(path, format!("truncated safetensors header: {e}")))?;
     let json: serde_json::Value = serde_json::from_slice(&header)
         .map_err(|e| ModelError::file(path, format!("corrupt safetensors header: {e}")))?;
     let data_len = file_len - 8 - header_len;

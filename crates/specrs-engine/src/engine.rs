@@ -1,0 +1,685 @@
+//! The engine: one step at a time, schedule → verify → accept → commit → roll back → propose.
+//!
+//! Each step runs one target forward over a ragged batch. Decode rows feed their last
+//! committed token followed by the drafts to verify; prefill rows feed a chunk of prompt (or
+//! of a preempted sequence being recomputed). Acceptance turns each row's logits into the
+//! tokens it commits; stop conditions are checked token by token; KV reservations shrink back
+//! to what was committed; then the proposer drafts for the next step.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::{Storage, Tensor};
+use specrs_core::SpeculativeConfig;
+use specrs_core::acceptance::{AcceptanceSampler, VerifyOutput, VerifyRow};
+use specrs_core::kv_blocks::{KvBlockManager, SeqId};
+use specrs_core::metrics::{SpecDecodeStats, format_log_line};
+use specrs_core::sampling::{argmax, logprobs_of};
+use specrs_core::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use specrs_models::{BatchRow, CausalLm, ForwardBatch, ForwardOutput, PagedKvCache};
+
+use crate::detokenizer::{FinishReason, OutputState};
+use crate::error::{EngineError, Result};
+use crate::metrics::EngineMetrics;
+use crate::proposer::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use crate::request::{GenerationRequest, OutputSink, Prompt, TokenLogprob, TraceStep};
+use crate::sequence::Sequence;
+use crate::tokenizer::TextTokenizer;
+use crate::width::EngineWidthPolicy;
+
+/// Runtime limits of an engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    pub max_num_seqs: usize,
+    /// Tokens one step may feed the target.
+    pub max_num_batched_tokens: usize,
+    /// Longest prefill chunk per sequence per step.
+    pub max_prefill_chunk: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Bytes of KV storage (target plus drafter), sized into blocks by the memory planner.
+    pub kv_cache_bytes: u64,
+    /// Context length; `None` takes the model's.
+    pub max_model_len: Option<usize>,
+    pub enable_spec_decode_mixed_batches: bool,
+    /// How often the speculative acceptance line is logged.
+    pub log_interval: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            max_prefill_chunk: 512,
+            block_size: 16,
+            kv_cache_bytes: 1 << 30,
+            max_model_len: None,
+            enable_spec_decode_mixed_batches: false,
+            log_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything an engine runs, assembled by the pipeline builder.
+pub struct EngineParts {
+    pub target: CausalLm,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub proposer: Option<Box<dyn Proposer>>,
+    /// The resolved speculative config (`num_speculative_tokens` set when enabled).
+    pub spec: SpeculativeConfig,
+    /// The architecture is per-row correct on mixed prefill+decode verify steps.
+    pub supports_mixed_batches: bool,
+    /// KV bytes the drafter keeps per token, for memory planning.
+    pub drafter_kv_bytes_per_token: u64,
+    /// Drafter weights already on the device, subtracted from nothing (reported only).
+    pub drafter_weight_bytes: usize,
+}
+
+pub struct Engine {
+    target: CausalLm,
+    kv: PagedKvCache,
+    tokenizer: Arc<TextTokenizer>,
+    proposer: Option<Box<dyn Proposer>>,
+    taps: TapRequest,
+    acceptance: AcceptanceSampler,
+    width: EngineWidthPolicy,
+    scheduler: Scheduler,
+    seqs: HashMap<SeqId, Sequence>,
+    metrics: Arc<EngineMetrics>,
+    spec: SpeculativeConfig,
+    cfg: EngineConfig,
+    max_model_len: usize,
+    vocab_size: usize,
+    next_seed: u64,
+    window: SpecDecodeStats,
+    last_log: Instant,
+}
+
+/// How a row of the step was fed.
+#[derive(Debug, Clone, Copy)]
+enum RowKind {
+    /// Last committed token plus `width` drafts.
+    Decode {
+        width: usize,
+    },
+    Prefill {
+        len: usize,
+        completes: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FedRow {
+    seq: SeqId,
+    kind: RowKind,
+    /// Position of the first fed token.
+    start: usize,
+    flat_start: usize,
+    /// First row of the step's logits for this row (when it has logits).
+    logits_start: usize,
+}
+
+/// Host view of a `[rows, vocab]` f32 logits tensor: borrowed on CPU, copied elsewhere.
+fn host_logits<R>(logits: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    let logits = logits.contiguous()?;
+    let (storage, layout) = logits.storage_and_layout();
+    if let Storage::Cpu(cpu) = &*storage {
+        let all = cpu.as_slice::<f32>()?;
+        let start = layout.start_offset();
+        return Ok(f(&all[start..start + logits.elem_count()]));
+    }
+    drop(storage);
+    let v = logits.flatten_all()?.to_vec1::<f32>()?;
+    Ok(f(&v))
+}
+
+impl Engine {
+    pub fn new(parts: EngineParts, cfg: EngineConfig) -> Result<Self> {
+        let EngineParts {
+            target, tokenizer, proposer, spec, supports_mixed_batches, drafter_kv_bytes_per_token, ..
+        } = parts;
+        let model_cfg = target.config().clone();
+        let vocab_size = model_cfg.vocab_size;
+        let max_model_len =
+            cfg.max_model_len.unwrap_or(model_cfg.max_position_embeddings).min(model_cfg.max_position_embeddings);
+        let k = proposer.as_ref().map_or(0, |p| p.num_speculative_tokens());
+        let dtype_bytes = target.dtype().size_in_bytes();
+        let bytes_per_token = model_cfg.kv_bytes_per_token(dtype_bytes) + drafter_kv_bytes_per_token;
+        // Room for a full-length sequence plus the drafts a step writes past it.
+        let plan = specrs_core::kv_blocks::plan_kv_blocks(
+            cfg.kv_cache_bytes,
+            bytes_per_token,
+            cfg.block_size,
+            max_model_len + 2 * k + 1,
+            cfg.max_num_seqs,
+        )
+        .map_err(|e| EngineError::Request(e.to_string()))?;
+        let kv = target.new_kv_cache(plan.num_blocks, cfg.block_size)?;
+        let manager = KvBlockManager::new(plan.num_blocks, cfg.block_size)?;
+        let scheduler = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: cfg.max_num_seqs,
+                max_num_batched_tokens: cfg.max_num_batched_tokens.max(cfg.max_num_seqs * (k + 1)),
+                max_prefill_chunk: cfg.max_prefill_chunk,
+                watermark_blocks: (plan.num_blocks / 100).max(1),
+            },
+            manager,
+        );
+        let width = crate::pipeline::width_policy(
+            &spec,
+            k,
+            cfg.max_num_seqs,
+            cfg.enable_spec_decode_mixed_batches && supports_mixed_batches,
+        )?;
+        let acceptance = AcceptanceSampler::new(&spec, k.max(1), vocab_size, tokenizer.thinking_token_ids())?;
+        if proposer.is_some() {
+            tracing::info!("Speculative acceptance rule: {}", acceptance.describe());
+        }
+        let taps = proposer.as_ref().map(|p| p.tap_request()).unwrap_or_default();
+        let metrics = Arc::new(EngineMetrics::default());
+        metrics.kv_total_blocks.store(plan.num_blocks, std::sync::atomic::Ordering::Relaxed);
+        metrics.kv_free_blocks.store(plan.num_blocks, std::sync::atomic::Ordering::Relaxed);
+        Ok(Self {
+            target,
+            kv,
+            tokenizer,
+            proposer,
+            taps,
+            acceptance,
+            width,
+            scheduler,
+            seqs: HashMap::new(),
+            metrics,
+            spec,
+            cfg,
+            max_model_len,
+            vocab_size,
+            next_seed: 0x5EED_0000,
+            window: SpecDecodeStats::new(),
+            last_log: Instant::now(),
+        })
+    }
+
+    pub fn metrics(&self) -> Arc<EngineMetrics> {
+        self.metrics.clone()
+    }
+
+    pub fn tokenizer(&self) -> &Arc<TextTokenizer> {
+        &self.tokenizer
+    }
+
+    pub fn target(&self) -> &CausalLm {
+        &self.target
+    }
+
+    pub fn spec(&self) -> &SpeculativeConfig {
+        &self.spec
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.scheduler.kv().num_free_blocks()
+    }
+
+    pub fn num_total_blocks(&self) -> usize {
+        self.scheduler.kv().num_total_blocks()
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Tokenizes and validates a request; on success it is queued. Errors describe what the
+    /// client must change.
+    pub fn add_request(&mut self, id: SeqId, request: GenerationRequest, sink: OutputSink) -> Result<()> {
+        if self.seqs.contains_key(&id) {
+            return Err(EngineError::Request(format!("request id {id} is already running")));
+        }
+        let GenerationRequest { prompt, params, trace } = request;
+        params.validate(self.vocab_size)?;
+        if self.proposer.is_some() && params.has_penalties() && !self.spec.logit_penalties {
+            return Err(EngineError::Request(
+                "repetition/frequency/presence penalties under speculative decoding need logit_penalties=True \
+                 in the speculative config (they are applied at every draft position)"
+                    .into(),
+            ));
+        }
+        let tokens = match prompt {
+            Prompt::Tokens(t) => t,
+            Prompt::Text(text) => self.tokenizer.encode(&text, true)?,
+            Prompt::Chat(messages) => {
+                let text = self.tokenizer.apply_chat_template(&messages, true)?;
+                self.tokenizer.encode(&text, true)?
+            }
+        };
+        if tokens.is_empty() {
+            return Err(EngineError::Request("the prompt is empty".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(EngineError::Request(format!(
+                "prompt token id {bad} is outside the vocabulary of {} tokens",
+                self.vocab_size
+            )));
+        }
+        if tokens.len() >= self.max_model_len {
+            return Err(EngineError::Request(format!(
+                "the prompt has {} tokens but the model's context holds {}; shorten the prompt",
+                tokens.len(),
+                self.max_model_len
+            )));
+        }
+        let room = self.max_model_len - tokens.len();
+        let max_tokens = params.max_tokens.map_or(room, |m| m.min(room));
+        if max_tokens == 0 {
+            return Err(EngineError::Request("max_tokens must be at least 1".into()));
+        }
+        let seed = params.seed.unwrap_or_else(|| {
+            self.next_seed = self.next_seed.wrapping_mul(6364136223846793005).wrapping_add(id | 1);
+            self.next_seed
+        });
+        let prompt_len = tokens.len();
+        self.metrics.prompt_tokens.fetch_add(prompt_len as u64, std::sync::atomic::Ordering::Relaxed);
+        self.scheduler.add(id, prompt_len);
+        let output = OutputState::new(&params, self.tokenizer.eos_token_ids(), max_tokens);
+        self.seqs.insert(
+            id,
+            Sequence {
+                id,
+                tokens,
+                prompt_len,
+                params,
+                seed,
+                output,
+                drafts: Vec::new(),
+                draft_probs: None,
+                in_thinking: false,
+                stats: SpecDecodeStats::new(),
+                trace: trace.then(Vec::new),
+                pending_logprobs: Vec::new(),
+                sink,
+                arrival: Instant::now(),
+                first_token: None,
+                unsent_from: 0,
+            },
+        );
+        self.update_gauges();
+        Ok(())
+    }
+
+    /// Cancels a request: its outputs stop and its KV blocks return to the pool at once.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        if let Some(mut seq) = self.seqs.remove(&id) {
+            seq.send(Some(FinishReason::Abort), None);
+            self.forget(id, FinishReason::Abort, &seq);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Aborts every request (shutdown).
+    pub fn abort_all(&mut self) {
+        let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
+        for id in ids {
+            self.abort(id);
+        }
+    }
+
+    fn forget(&mut self, id: SeqId, reason: FinishReason, seq: &Sequence) {
+        self.scheduler.remove(id);
+        if let Some(p) = self.proposer.as_mut() {
+            p.release(id);
+        }
+        self.metrics.record_finished(
+            reason,
+            seq.first_token.map(|t| t.duration_since(seq.arrival).as_secs_f64()),
+            seq.arrival.elapsed().as_secs_f64(),
+        );
+        self.update_gauges();
+    }
+
+    fn finish(&mut self, id: SeqId, reason: FinishReason, error: Option<String>) {
+        if let Some(mut seq) = self.seqs.remove(&id) {
+            seq.send(Some(reason), error);
+            self.forget(id, reason, &seq);
+        }
+    }
+
+    fn update_gauges(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.metrics.num_running.store(self.scheduler.num_running(), Relaxed);
+        self.metrics.num_waiting.store(self.scheduler.num_waiting(), Relaxed);
+        self.metrics.kv_free_blocks.store(self.scheduler.kv().num_free_blocks(), Relaxed);
+    }
+
+    /// Cancels requests whose client went away (closed output stream).
+    fn reap_disconnected(&mut self) {
+        let gone: Vec<SeqId> = self.seqs.values().filter(|s| s.sink.is_closed()).map(|s| s.id).collect();
+        for id in gone {
+            self.finish(id, FinishReason::Abort, None);
+        }
+    }
+
+    /// Runs one step. Returns the number of rows it ran.
+    pub fn step(&mut self) -> Result<usize> {
+        let started = Instant::now();
+        self.reap_disconnected();
+        let plan = self.scheduler.schedule(&mut self.width);
+        for (id, err) in &plan.rejected {
+            self.finish(
+                *id,
+                FinishReason::Error,
+                Some(format!("the request needs more KV cache than the whole pool holds: {err}")),
+            );
+        }
+        for &id in &plan.preempted {
+            self.metrics.num_preemptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.drafts.clear();
+                seq.draft_probs = None;
+            }
+            if let Some(p) = self.proposer.as_mut() {
+                p.release(id);
+            }
+        }
+        if plan.is_empty() {
+            self.update_gauges();
+            return Ok(0);
+        }
+        let (batch, rows) = self.build_batch(&plan)?;
+        let forward = match self.target.forward(&batch, &self.kv) {
+            Ok(f) => f,
+            Err(e) => {
+                // A failed forward fails the rows it ran; the engine keeps serving others.
+                let msg = format!("target forward failed: {e}");
+                tracing::error!("{msg}");
+                for r in &rows {
+                    self.finish(r.seq, FinishReason::Error, Some(msg.clone()));
+                }
+                return Ok(0);
+            }
+        };
+        let step_stats = self.accept_and_commit(&rows, &forward)?;
+        self.propose(&rows, &forward)?;
+        self.record_step(&plan, &step_stats, started.elapsed());
+        self.update_gauges();
+        Ok(rows.len())
+    }
+
+    fn build_batch(&self, plan: &StepPlan) -> Result<(ForwardBatch, Vec<FedRow>)> {
+        let kv = self.scheduler.kv();
+        let mut batch = ForwardBatch {
+            block_size: kv.block_size(),
+            taps: self.taps.taps.clone(),
+            want_final_hidden: self.taps.final_hidden,
+            ..Default::default()
+        };
+        let mut rows = Vec::with_capacity(plan.decode.len() + plan.prefill.len());
+        let mut push_row = |batch: &mut ForwardBatch,
+                            seq: SeqId,
+                            tokens: &[u32],
+                            start: usize,
+                            kind: RowKind,
+                            logits: usize|
+         -> Result<()> {
+            let flat_start = batch.input_ids.len();
+            let logits_start = batch.logits_indices.len();
+            batch.input_ids.extend_from_slice(tokens);
+            batch.positions.extend((start..start + tokens.len()).map(|p| p as u32));
+            batch.slot_mapping.extend(kv.slots(seq, start..start + tokens.len())?);
+            let table = kv.block_table(seq);
+            batch.rows.push(BatchRow {
+                query_start: flat_start,
+                query_len: tokens.len(),
+                context_len: start + tokens.len(),
+                block_table_start: batch.block_tables.len(),
+                block_table_len: table.len(),
+            });
+            batch.block_tables.extend_from_slice(table);
+            let first_logit = flat_start + tokens.len() - logits;
+            batch.logits_indices.extend((first_logit..flat_start + tokens.len()).map(|i| i as u32));
+            rows.push(FedRow { seq, kind, start, flat_start, logits_start });
+            Ok(())
+        };
+        for &id in &plan.decode {
+            let seq = &self.seqs[&id];
+            let start = seq.tokens.len() - 1;
+            // Never verify more drafts than the row could commit.
+            let room = seq.output.remaining().saturating_sub(1).min(self.max_model_len - seq.tokens.len());
+            let width = plan.verify_width.min(seq.drafts.len()).min(room);
+            let mut fed = Vec::with_capacity(width + 1);
+            fed.push(seq.tokens[start]);
+            fed.extend_from_slice(&seq.drafts[..width]);
+            push_row(&mut batch, id, &fed, start, RowKind::Decode { width }, width + 1)?;
+        }
+        for chunk in &plan.prefill {
+            let seq = &self.seqs[&chunk.seq];
+            let tokens = &seq.tokens[chunk.start..chunk.start + chunk.len];
+            let kind = RowKind::Prefill { len: chunk.len, completes: chunk.completes };
+            push_row(&mut batch, chunk.seq, tokens, chunk.start, kind, usize::from(chunk.completes))?;
+        }
+        Ok((batch, rows))
+    }
+
+    fn accept_and_commit(&mut self, rows: &[FedRow], forward: &ForwardOutput) -> Result<SpecDecodeStats> {
+        let mut step_stats = SpecDecodeStats::new();
+        let Some(logits) = &forward.logits else {
+            // Only non-final prefill chunks ran: record their progress.
+            for r in rows {
+                if let RowKind::Prefill { len, .. } = r.kind {
+                    let n = self.seqs[&r.seq].tokens.len();
+                    self.scheduler.commit(r.seq, n, r.start + len)?;
+                }
+            }
+            return Ok(step_stats);
+        };
+        let v = self.vocab_size;
+        let outputs: Vec<Option<VerifyOutput>> = host_logits(logits, |all| -> Result<Vec<Option<VerifyOutput>>> {
+            let verify_rows: Vec<(usize, VerifyRow<'_>)> = rows
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    let seq = &self.seqs[&r.seq];
+                    let n = match r.kind {
+                        RowKind::Decode { width } => width,
+                        RowKind::Prefill { completes: true, .. } => 0,
+                        RowKind::Prefill { completes: false, .. } => return None,
+                    };
+                    let row_logits = &all[r.logits_start * v..(r.logits_start + n + 1) * v];
+                    let mut row = VerifyRow::new(&seq.drafts[..n], row_logits, &seq.params, seq.step_seed())
+                        .with_history(&seq.tokens, seq.prompt_len)
+                        .with_thinking(seq.in_thinking);
+                    if let Some(q) = seq.draft_probs.as_deref() {
+                        row = row.with_draft_probs(&q[..n * v]);
+                    }
+                    Some((i, row))
+                })
+                .collect();
+            let accepted = self
+                .acceptance
+                .accept_batch(&verify_rows.iter().map(|(_, r)| *r).collect::<Vec<_>>())
+                .map_err(|e| EngineError::Internal(e.to_string()))?;
+            let mut out: Vec<Option<VerifyOutput>> = vec![None; rows.len()];
+            for ((i, _), a) in verify_rows.into_iter().zip(accepted) {
+                out[i] = Some(a);
+            }
+            Ok(out)
+        })??;
+
+        // Logprobs and traces read the logits, so they are gathered before commit.
+        let extras: Vec<(Vec<TokenLogprob>, Option<TraceStep>)> = host_logits(logits, |all| {
+            rows.iter()
+                .zip(&outputs)
+                .map(|(r, out)| {
+                    let (Some(out), Some(seq)) = (out, self.seqs.get(&r.seq)) else {
+                        return (Vec::new(), None);
+                    };
+                    let at = |pos: usize| &all[(r.logits_start + pos) * v..(r.logits_start + pos + 1) * v];
+                    let logprobs = match seq.params.logprobs {
+                        Some(n) => out
+                            .tokens
+                            .iter()
+                            .enumerate()
+                            .map(|(pos, &t)| {
+                                let (logprob, top) = logprobs_of(at(pos), t, n);
+                                TokenLogprob { token: t, logprob, top }
+                            })
+                            .collect(),
+                        None => Vec::new(),
+                    };
+                    let trace = match (r.kind, &seq.trace) {
+                        (RowKind::Decode { width }, Some(_)) if width > 0 => Some(TraceStep {
+                            position: r.start + 1,
+                            drafted: seq.drafts[..width].to_vec(),
+                            target: (0..=width).map(|pos| argmax(at(pos))).collect(),
+                            num_accepted: out.num_accepted,
+                        }),
+                        _ => None,
+                    };
+                    (logprobs, trace)
+                })
+                .collect()
+        })?;
+
+        for ((r, out), (logprobs, trace)) in rows.iter().zip(outputs).zip(extras) {
+            let Some(out) = out else {
+                if let RowKind::Prefill { len, .. } = r.kind {
+                    let n = self.seqs[&r.seq].tokens.len();
+                    self.scheduler.commit(r.seq, n, r.start + len)?;
+                }
+                continue;
+            };
+            let tokenizer = self.tokenizer.clone();
+            let seq = self.seqs.get_mut(&r.seq).expect("scheduled sequences are known");
+            let (num_computed, width) = match r.kind {
+                RowKind::Decode { width } => (r.start + 1 + out.num_accepted, width),
+                RowKind::Prefill { len, .. } => (r.start + len, 0),
+            };
+            if width > 0 {
+                seq.stats.record_row_with_relaxed(width, out.num_accepted, out.num_relaxed_accepted);
+                step_stats.record_row_with_relaxed(width, out.num_accepted, out.num_relaxed_accepted);
+            }
+            let outcome = seq.output.commit(&tokenizer, &out.tokens)?;
+            let kept = &out.tokens[..outcome.kept];
+            seq.tokens.extend_from_slice(kept);
+            seq.in_thinking = out.in_thinking_after;
+            seq.drafts.clear();
+            seq.draft_probs = None;
+            if seq.first_token.is_none() {
+                seq.first_token = Some(Instant::now());
+            }
+            seq.pending_logprobs.extend(logprobs.into_iter().take(outcome.kept));
+            if let (Some(t), Some(traces)) = (trace, seq.trace.as_mut()) {
+                traces.push(t);
+            }
+            self.metrics.generation_tokens.fetch_add(outcome.kept as u64, std::sync::atomic::Ordering::Relaxed);
+            let finish =
+                outcome.finish.or_else(|| (seq.tokens.len() >= self.max_model_len).then_some(FinishReason::Length));
+            let (n_tokens, id) = (seq.tokens.len(), seq.id);
+            match finish {
+                Some(reason) => self.finish(id, reason, None),
+                None => {
+                    self.scheduler.commit(id, n_tokens, num_computed.min(n_tokens - 1))?;
+                    let seq = self.seqs.get_mut(&id).expect("still running");
+                    if !seq.send(None, None) {
+                        // The client went away: free everything now.
+                        self.finish(id, FinishReason::Abort, None);
+                    }
+                }
+            }
+        }
+        Ok(step_stats)
+    }
+
+    fn propose(&mut self, rows: &[FedRow], forward: &ForwardOutput) -> Result<()> {
+        let Some(proposer) = self.proposer.as_mut() else {
+            return Ok(());
+        };
+        let k = proposer.num_speculative_tokens();
+        let mut wants = Vec::with_capacity(rows.len());
+        for r in rows {
+            let Some(seq) = self.seqs.get(&r.seq) else {
+                wants.push(false);
+                continue;
+            };
+            let decoding = self.scheduler.num_computed(r.seq) + 1 == seq.tokens.len();
+            // Drafting writes past the committed tokens: reserve for it without preempting.
+            let want =
+                decoding && seq.output.remaining() > 1 && self.scheduler.reserve(r.seq, seq.tokens.len() + k + 1);
+            wants.push(want);
+        }
+        let propose_rows: Vec<ProposeRow<'_>> = rows
+            .iter()
+            .zip(&wants)
+            .filter_map(|(r, &want)| {
+                let seq = self.seqs.get(&r.seq)?;
+                let num_valid = self.scheduler.num_computed(r.seq).saturating_sub(r.start).min(match r.kind {
+                    RowKind::Decode { width } => width + 1,
+                    RowKind::Prefill { len, .. } => len,
+                });
+                Some(ProposeRow {
+                    seq: r.seq,
+                    tokens: &seq.tokens,
+                    fed_start: r.start,
+                    num_valid,
+                    flat_start: r.flat_start,
+                    wants_drafts: want,
+                    params: &seq.params,
+                    seed: seq.step_seed(),
+                })
+            })
+            .collect();
+        let taps = StepTaps { taps: &forward.taps, final_hidden: forward.final_hidden.as_ref() };
+        let proposals: Vec<Proposal> = proposer.propose(&propose_rows, &taps, &self.scheduler)?;
+        let wanting: Vec<SeqId> = propose_rows.iter().filter(|r| r.wants_drafts).map(|r| r.seq).collect();
+        drop(propose_rows);
+        for (id, p) in wanting.into_iter().zip(proposals) {
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.drafts = p.drafts;
+                seq.draft_probs = p.probs;
+            }
+        }
+        // Drafting reservations shrink back to the committed tokens.
+        for r in rows {
+            if let Some(seq) = self.seqs.get(&r.seq) {
+                let (n, c) = (seq.tokens.len(), self.scheduler.num_computed(r.seq));
+                self.scheduler.commit(r.seq, n, c)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn record_step(&mut self, plan: &StepPlan, stats: &SpecDecodeStats, elapsed: Duration) {
+        self.metrics.record_step(stats);
+        if let Some(c) = self.width.controller()
+            && !plan.mixed
+            && !plan.decode.is_empty()
+            && plan.verify_width > 0
+            && let Some(switch) = c.record_step(
+                plan.decode.len(),
+                plan.verify_width,
+                &stats.accepted_per_position,
+                stats.num_drafts,
+                Some(elapsed.as_secs_f64()),
+            )
+        {
+            tracing::info!("{switch}");
+        }
+        self.window.merge(stats);
+        if self.last_log.elapsed() >= self.cfg.log_interval && !self.window.is_empty() {
+            let k = self.proposer.as_ref().map_or(0, |p| p.num_speculative_tokens());
+            tracing::info!("{}", format_log_line(&self.window, k));
+            self.window = SpecDecodeStats::new();
+            self.last_log = Instant::now();
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! Building an engine from what a user names: a target (alias or path), an optional draft
+//! checkpoint, a speculative config and runtime limits.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::Device;
+use specrs_core::config::SpeculativeMethod;
+use specrs_core::ngram::NgramProposer as Lookup;
+use specrs_core::registry::{
+    BUILTIN_ARCHITECTURES, PipelineKind, builtin_speculators, canonical_draft_arch, select_speculator,
+};
+use specrs_core::width::{AdaptiveWidthController, AdaptiveWidthParams, VerifyWidthSchedule};
+use specrs_core::{ConfigError, SpeculativeConfig};
+use specrs_models::weights::WeightSource;
+use specrs_models::{CausalLm, ModelDType, WeightStore};
+
+use crate::engine::{Engine, EngineConfig, EngineParts};
+use crate::error::{EngineError, Result};
+use crate::proposer::Proposer;
+use crate::proposer::ngram::NgramProposer;
+use crate::tokenizer::TextTokenizer;
+use crate::width::{EngineWidthPolicy, WidthMode};
+
+/// Which device the models run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSpec {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim().to_ascii_lowercase();
+        if s == "cpu" {
+            return Ok(Self::Cpu);
+        }
+        if s == "cuda" || s == "gpu" {
+            return Ok(Self::Cuda(0));
+        }
+        if let Some(i) = s.strip_prefix("cuda:").and_then(|i| i.parse().ok()) {
+            return Ok(Self::Cuda(i));
+        }
+        Err(EngineError::Request(format!("unknown device '{s}'; expected 'cpu', 'cuda' or 'cuda:N'")))
+    }
+}
+
+impl DeviceSpec {
+    pub fn device(self) -> Result<Device> {
+        match self {
+            Self::Cpu => Ok(Device::Cpu),
+            Self::Cuda(i) => Device::new_cuda(i).map_err(|e| {
+                EngineError::Request(format!(
+                    "cannot open CUDA device {i}: {e}. spec-rs CPU builds run on device='cpu'; the CUDA build is a separate artifact (see README)"
+                ))
+            }),
+        }
+    }
+}
+
+/// Everything needed to build a pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// A model alias (`smollm2-135m-instruct`), a GGUF file, or a checkpoint directory.
+    pub model: String,
+    /// Draft checkpoint for eagle/dflash/dflash2/dspark (and speculators-format mtp).
+    pub draft_model: Option<String>,
+    pub speculative: SpeculativeConfig,
+    pub dtype: ModelDType,
+    pub device: DeviceSpec,
+    pub engine: EngineConfig,
+}
+
+impl PipelineConfig {
+    pub fn new(model: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            draft_model: None,
+            speculative: SpeculativeConfig::default(),
+            dtype: ModelDType::Auto,
+            device: DeviceSpec::Cpu,
+            engine: EngineConfig::default(),
+        }
+    }
+}
+
+/// The resolved identity of a pipeline, for startup logs and `/v1/models`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineInfo {
+    pub model_path: PathBuf,
+    pub architecture: String,
+    /// The derived (fused) architecture name, or the target's for plain decoding.
+    pub pipeline_name: String,
+    pub kind: PipelineKind,
+    pub method: Option<SpeculativeMethod>,
+    pub num_speculative_tokens: Option<usize>,
+    pub acceptance_rule: String,
+}
+
+/// Reads the target's Hugging Face architecture name from its checkpoint.
+pub fn target_architecture(store: &WeightStore, config: &specrs_models::DecoderConfig, path: &Path) -> String {
+    if let WeightSource::Safetensors(_) = store.source() {
+        let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
+        if let Some(name) = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["architectures"][0].as_str().map(str::to_string))
+        {
+            return name;
+        }
+    }
+    config.architecture.hf_name().to_string()
+}
+
+/// A draft checkpoint's `architectures[0]` (rewritten as MAX does for one-layer EAGLE drafts).
+pub fn draft_architecture(method: SpeculativeMethod, draft: &Path) -> Result<String> {
+    let cfg_path = if draft.is_dir() { draft.join("config.json") } else { draft.with_file_name("config.json") };
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
+        EngineError::Request(format!("cannot read the draft model's config {}: {e}", cfg_path.display()))
+    })?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| EngineError::Request(format!("{}: invalid JSON: {e}", cfg_path.display())))?;
+    let name = json["architectures"][0].as_str().unwrap_or_default().to_string();
+    let has_draft_vocab = json.get("draft_vocab_size").is_some() || json.get("truncated_vocab_size").is_some();
+    Ok(canonical_draft_arch(method, &name, has_draft_vocab))
+}
+
+/// Picks the built-in speculator for the target and method, as the `spec-rs` binary does.
+/// (The Python registry makes the same choice through the same rule.)
+pub fn select_builtin(target_arch: &str, method: SpeculativeMethod, draft_arch: Option<&str>) -> Result<PipelineKind> {
+    if !BUILTIN_ARCHITECTURES.iter().any(|a| a.name == target_arch) {
+        return Err(EngineError::Request(format!(
+            "architecture '{target_arch}' has no speculators declared; supported targets: {}",
+            BUILTIN_ARCHITECTURES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    let specs: Vec<_> = builtin_speculators().into_iter().filter(|s| s.base == target_arch).collect();
+    let declared: Vec<(&str, Option<&str>)> = specs.iter().map(|s| (s.method.as_str(), s.draft_arch)).collect();
+    let idx = select_speculator(target_arch, method.as_str(), draft_arch, &declared)
+        .map_err(|e| EngineError::Request(e.to_string()))?
+        .expect("built-in targets declare speculators");
+    Ok(specs[idx].pipeline)
+}
+
+/// The width policy of a resolved config with `k` drafts per step.
+pub fn width_policy(
+    spec: &SpeculativeConfig,
+    k: usize,
+    max_batch: usize,
+    mixed_enabled: bool,
+) -> Result<EngineWidthPolicy> {
+    let mode = if !spec.is_enabled() || k == 0 {
+        WidthMode::Off
+    } else if let Some(widths) = spec.adaptive_widths()? {
+        if let Some(&w) = widths.iter().find(|&&w| w > k) {
+            return Err(ConfigError::field(
+                "adaptive_speculative_widths",
+                format!("Verify widths [{w}] are outside 1..{k}"),
+            )
+            .into());
+        }
+        WidthMode::Adaptive(Box::new(AdaptiveWidthController::new(
+            widths,
+            AdaptiveWidthParams {
+                min_batch_size: spec.adaptive_speculative_min_batch_size.max(1) as usize,
+                ..AdaptiveWidthParams::default()
+            },
+        )?))
+    } else if let Some(ranges) = &spec.num_speculative_tokens_per_batch_size {
+        WidthMode::Schedule(VerifyWidthSchedule::build(ranges, max_batch.max(1), k)?)
+    } else {
+        WidthMode::Fixed(k)
+    };
+    if spec.num_speculative_tokens_mixed_batch.is_some() && !mixed_enabled && spec.is_enabled() {
+        tracing::warn!(
+            "num_speculative_tokens_mixed_batch has no effect: mixed prefill+decode steps verify nothing without \
+             --enable-spec-decode-mixed-batches (on an architecture that supports it)"
+        );
+    }
+    Ok(EngineWidthPolicy {
+        mode,
+        max_width: k,
+        mixed_enabled,
+        mixed_width: spec.num_speculative_tokens_mixed_batch.map(|m| (m.max(0) as usize).min(k)),
+        last_pure_width: None,
+    })
+}
+
+/// Opens a tokenizer for a checkpoint: embedded in a GGUF, or tokenizer.json beside it.
+pub fn load_tokenizer(store: &WeightStore, path: &Path) -> Result<TextTokenizer> {
+    match store.source() {
+        WeightSource::Gguf(g) => TextTokenizer::from_gguf(g.metadata()),
+        WeightSource::Safetensors(_) => {
+            let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
+            TextTokenizer::from_dir(dir)
+        }
+    }
+}
+
+/// Resolves the model argument to a file or directory.
+pub fn resolve_model_path(model: &str) -> Result<PathBuf> {
+    let path = specrs_core::model_alias::resolve_model(model)?;
+    if !path.exists() {
+        return Err(EngineError::Request(format!(
+            "model '{model}' is neither a known alias ({}) nor an existing file or directory",
+            specrs_core::model_alias::ALIASES.iter().map(|a| a.alias).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(path)
+}
+
+/// Builds the proposer of a pipeline kind.
+fn build_proposer(
+    kind: PipelineKind,
+    spec: &SpeculativeConfig,
+    _target: &CausalLm,
+    _target_store: &WeightStore,
+    _draft: Option<&Path>,
+) -> Result<(Option<Box<dyn Proposer>>, u64)> {
+    match kind {
+        PipelineKind::Plain => Ok((None, 0)),
+        PipelineKind::Ngram => {
+            let lookup = Lookup::from_config(spec)?;
+            Ok((Some(Box::new(NgramProposer::new(lookup))), 0))
+        }
+        other => Err(EngineError::Request(format!("the {other} pipeline is not available in this build yet"))),
+    }
+}
+
+/// Loads everything and builds the engine for an explicitly chosen pipeline kind (the Python
+/// registry chooses it; [`build_engine`] chooses it from the built-in registry).
+pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(Engine, PipelineInfo)> {
+    let path = resolve_model_path(&cfg.model)?;
+    let device = cfg.device.device()?;
+    let store = WeightStore::open(&path, device, cfg.dtype)?;
+    let model_config = specrs_models::models::read_config(&store, &path)?;
+    let architecture = target_architecture(&store, &model_config, &path);
+    let target = CausalLm::load(&store, model_config)?;
+    let tokenizer = Arc::new(load_tokenizer(&store, &path)?);
+    let mut spec = cfg.speculative.clone().validated()?;
+    spec.check_pipeline_combinations()?;
+    if kind.method() != spec.speculative_method {
+        return Err(EngineError::Request(format!(
+            "pipeline {kind} runs method {:?}, the config asks for {:?}",
+            kind.method().map(|m| m.as_str()),
+            spec.speculative_method.map(|m| m.as_str())
+        )));
+    }
+    let draft_path = match &cfg.draft_model {
+        Some(d) => Some(resolve_model_path(d)?),
+        None => None,
+    };
+    let (proposer, drafter_kv_bytes_per_token) = build_proposer(kind, &spec, &target, &store, draft_path.as_deref())?;
+    let k = proposer.as_ref().map(|p| p.num_speculative_tokens());
+    if let Some(k) = k {
+        spec.num_speculative_tokens = Some(k as i64);
+    }
+    let info = PipelineInfo {
+        model_path: path,
+        pipeline_name: match kind {
+            PipelineKind::Plain => architecture.clone(),
+            _ => builtin_speculators()
+                .into_iter()
+                .find(|s| s.base == architecture && s.pipeline == kind)
+                .map_or_else(|| format!("{kind}[{architecture}]"), |s| s.name),
+        },
+        architecture,
+        kind,
+        method: spec.speculative_method,
+        num_speculative_tokens: k,
+        acceptance_rule: spec.acceptance_rule().as_str().to_string(),
+    };
+    let supports_mixed = BUILTIN_ARCHITECTURES
+        .iter()
+        .find(|a| a.name == info.architecture)
+        .is_some_and(|a| a.supports_spec_decode_mixed_batches);
+    let engine = Engine::new(
+        EngineParts {
+            target,
+            tokenizer,
+            proposer,
+            spec,
+            supports_mixed_batches: supports_mixed,
+            drafter_kv_bytes_per_token,
+            drafter_weight_bytes: 0,
+        },
+        cfg.engine.clone(),
+    )?;
+    Ok((engine, info))
+}
+
+/// Builds the engine choosing the pipeline from the built-in registry.
+pub fn build_engine(cfg: &PipelineConfig) -> Result<(Engine, PipelineInfo)> {
+    let kind = match cfg.speculative.speculative_method {
+        None => PipelineKind::Plain,
+        Some(method) => {
+            let path = resolve_model_path(&cfg.model)?;
+            let target_arch = peek_architecture(&path)?;
+            let draft_arch = match &cfg.draft_model {
+                Some(d) => Some(draft_architecture(method, &resolve_model_path(d)?)?),
+                None => None,
+            };
+            select_builtin(&target_arch, method, draft_arch.as_deref())?
+        }
+    };
+    build_engine_with(cfg, kind)
+}
+
+/// The target architecture name without loading weights.
+pub fn peek_architecture(path: &Path) -> Result<String> {
+    let store = WeightStore::open(path, Device::Cpu, ModelDType::Auto)?;
+    let config = specrs_models::models::read_config(&store, path)?;
+    Ok(target_architecture(&store, &config, path))
+}

@@ -1,0 +1,82 @@
+//! Proposers: what produces the draft tokens a step verifies.
+//!
+//! A proposer sees every row after the step's tokens are committed: the committed tokens,
+//! which positions the target processed this step and which of them are now final, and the
+//! target's hidden-state taps for those positions. It returns the drafts for the next step.
+//! It never sees acceptance; acceptance never sees how drafts were made (vLLM's split).
+
+pub mod ngram;
+
+use candle_core::Tensor;
+use specrs_core::kv_blocks::SeqId;
+use specrs_core::sampling::SamplingParams;
+use specrs_core::scheduler::Scheduler;
+
+use crate::error::Result;
+
+/// One row of the step, as the proposer sees it after commit.
+#[derive(Debug, Clone, Copy)]
+pub struct ProposeRow<'a> {
+    pub seq: SeqId,
+    /// Every committed token (prompt + output) after this step.
+    pub tokens: &'a [u32],
+    /// Position of the first token the target processed this step.
+    pub fed_start: usize,
+    /// Leading processed positions whose keys, values and taps are committed (the last fed
+    /// token plus the accepted drafts, or a prefill chunk). Position `p` among them pairs with
+    /// the committed token `tokens[p + 1]`.
+    pub num_valid: usize,
+    /// Index of the row's first processed token in the step's flat batch (rows of taps).
+    pub flat_start: usize,
+    /// The row continues decoding and wants drafts for the next step.
+    pub wants_drafts: bool,
+    pub params: &'a SamplingParams,
+    /// The row's step seed for drafters that sample.
+    pub seed: u64,
+}
+
+/// Drafts for one row. `probs`, when present, holds the distribution each draft was sampled
+/// from (`[drafts.len() * vocab]`), for rejection sampling.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Proposal {
+    pub drafts: Vec<u32>,
+    pub probs: Option<Vec<f32>>,
+}
+
+/// What a proposer needs from the target forward of a step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TapRequest {
+    /// Hugging Face `hidden_states` indices.
+    pub taps: Vec<usize>,
+    pub final_hidden: bool,
+}
+
+/// The target's outputs of the step that proposers read.
+pub struct StepTaps<'a> {
+    /// One `[T, hidden]` tensor per requested tap, rows in flat batch order.
+    pub taps: &'a [Tensor],
+    pub final_hidden: Option<&'a Tensor>,
+}
+
+pub trait Proposer: Send {
+    /// Name for logs.
+    fn name(&self) -> &str;
+
+    /// Drafts per step (`K`).
+    fn num_speculative_tokens(&self) -> usize;
+
+    /// Hidden states the proposer reads from every target forward.
+    fn tap_request(&self) -> TapRequest {
+        TapRequest::default()
+    }
+
+    /// Proposes the next drafts for every row with `wants_drafts`, in row order, and updates
+    /// any per-sequence state from the committed positions of every row. The scheduler
+    /// (block tables) has already reserved KV for `tokens.len() + K` tokens of rows that want
+    /// drafts.
+    fn propose(&mut self, rows: &[ProposeRow<'_>], taps: &StepTaps<'_>, scheduler: &Scheduler)
+    -> Result<Vec<Proposal>>;
+
+    /// Forgets a sequence (finished, cancelled or preempted).
+    fn release(&mut self, _seq: SeqId) {}
+}

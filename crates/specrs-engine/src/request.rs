@@ -1,0 +1,113 @@
+//! What a client submits and what it receives back.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use specrs_core::sampling::SamplingParams;
+
+use crate::chat_template::ChatMessage;
+use crate::detokenizer::FinishReason;
+
+pub type RequestId = u64;
+
+/// The prompt of a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Prompt {
+    /// Text encoded as-is (no chat template).
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+    /// Messages rendered with the model's chat template (generation prompt added).
+    Chat(Vec<ChatMessage>),
+}
+
+/// A generation request.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    pub prompt: Prompt,
+    pub params: SamplingParams,
+    /// Record a per-step draft trace (drafted tokens, target tokens, accepted count).
+    pub trace: bool,
+}
+
+impl GenerationRequest {
+    pub fn new(prompt: Prompt, params: SamplingParams) -> Self {
+        Self { prompt, params, trace: false }
+    }
+}
+
+/// Log probabilities of one emitted token, from the raw target logits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `n` most likely tokens at that position, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One verify step of one request, for diagnosing drafters: what was drafted, what the
+/// target chose at those positions (its argmax), and how many drafts were accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceStep {
+    /// Position (index into prompt + output) of the first drafted token.
+    pub position: usize,
+    pub drafted: Vec<u32>,
+    /// Target argmax at each drafted position and at the bonus position (`drafted.len() + 1`).
+    pub target: Vec<u32>,
+    pub num_accepted: usize,
+}
+
+/// Speculative-decoding statistics of one request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestMetrics {
+    /// Verify steps that carried at least one draft.
+    pub num_drafts: u64,
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+    /// `accepted_per_position[i]`: steps that accepted at least `i + 1` drafts.
+    pub accepted_per_position: Vec<u64>,
+    /// Mean committed tokens per verify step with drafts (accepted + 1).
+    pub acceptance_length: f64,
+    pub num_prompt_tokens: usize,
+    pub num_generated_tokens: usize,
+    /// Seconds from arrival to the first generated token.
+    pub time_to_first_token: Option<f64>,
+    /// Seconds from arrival to finish.
+    pub latency: f64,
+}
+
+/// A streamed piece of a request's output. The last one carries `finish_reason`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    pub request_id: RequestId,
+    /// Tokens committed since the previous output.
+    pub token_ids: Vec<u32>,
+    /// Text decoded since the previous output (never a split character).
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub trace: Vec<TraceStep>,
+    pub finish_reason: Option<FinishReason>,
+    /// Set on the final output.
+    pub metrics: Option<RequestMetrics>,
+    /// Why the request failed, for `FinishReason::Error`.
+    pub error: Option<String>,
+    pub num_prompt_tokens: usize,
+}
+
+impl RequestOutput {
+    pub fn is_finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+}
+
+/// Where a request's outputs go. A send that fails means the client went away: the engine
+/// cancels the request and frees its KV blocks.
+pub type OutputSink = tokio::sync::mpsc::UnboundedSender<RequestOutput>;
+pub type OutputStream = tokio::sync::mpsc::UnboundedReceiver<RequestOutput>;
+
+/// Arrival bookkeeping.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub arrival: Instant,
+    pub first_token: Option<Instant>,
+}

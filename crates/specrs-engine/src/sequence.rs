@@ -1,0 +1,84 @@
+//! One request inside the engine.
+
+use std::time::Instant;
+
+use specrs_core::kv_blocks::SeqId;
+use specrs_core::metrics::SpecDecodeStats;
+use specrs_core::sampling::SamplingParams;
+
+use crate::detokenizer::FinishReason;
+use crate::detokenizer::OutputState;
+use crate::request::{OutputSink, RequestMetrics, RequestOutput, TokenLogprob, TraceStep};
+
+pub struct Sequence {
+    pub id: SeqId,
+    /// Prompt followed by every committed output token.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    pub params: SamplingParams,
+    /// The request's seed; each step uses `seed + tokens.len()`.
+    pub seed: u64,
+    pub output: OutputState,
+    /// Drafts to verify next step, with their distributions for rejection sampling.
+    pub drafts: Vec<u32>,
+    pub draft_probs: Option<Vec<f32>>,
+    /// Inside a reasoning span (relaxed acceptance for thinking).
+    pub in_thinking: bool,
+    pub stats: SpecDecodeStats,
+    pub trace: Option<Vec<TraceStep>>,
+    pub pending_logprobs: Vec<TokenLogprob>,
+    pub sink: OutputSink,
+    pub arrival: Instant,
+    pub first_token: Option<Instant>,
+    /// Tokens of `output.token_ids` not yet sent.
+    pub unsent_from: usize,
+}
+
+impl Sequence {
+    pub fn step_seed(&self) -> u64 {
+        self.seed.wrapping_add(self.tokens.len() as u64)
+    }
+
+    pub fn num_generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Sends what was committed since the last send. Returns false when the client is gone.
+    pub fn send(&mut self, finish: Option<FinishReason>, error: Option<String>) -> bool {
+        let finished = finish.is_some();
+        let token_ids = self.output.token_ids[self.unsent_from..].to_vec();
+        self.unsent_from = self.output.token_ids.len();
+        let text = self.output.take_delta(finished);
+        let metrics = finished.then(|| self.metrics());
+        let out = RequestOutput {
+            request_id: self.id,
+            token_ids,
+            text,
+            logprobs: std::mem::take(&mut self.pending_logprobs),
+            trace: self.trace.as_mut().map(std::mem::take).unwrap_or_default(),
+            finish_reason: finish,
+            metrics,
+            error,
+            num_prompt_tokens: self.prompt_len,
+        };
+        if !finished && out.token_ids.is_empty() && out.text.is_empty() {
+            return !self.sink.is_closed();
+        }
+        self.sink.send(out).is_ok()
+    }
+
+    pub fn metrics(&self) -> RequestMetrics {
+        let s = &self.stats;
+        RequestMetrics {
+            num_drafts: s.num_drafts,
+            num_draft_tokens: s.num_draft_tokens,
+            num_accepted_tokens: s.num_accepted_tokens,
+            accepted_per_position: s.accepted_per_position.clone(),
+            acceptance_length: s.mean_acceptance_length().unwrap_or(1.0),
+            num_prompt_tokens: self.prompt_len,
+            num_generated_tokens: self.output.num_tokens(),
+            time_to_first_token: self.first_token.map(|t| t.duration_since(self.arrival).as_secs_f64()),
+            latency: self.arrival.elapsed().as_secs_f64(),
+        }
+    }
+}
