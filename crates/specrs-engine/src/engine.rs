@@ -10,13 +10,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::{Storage, Tensor};
 use specrs_core::SpeculativeConfig;
 use specrs_core::acceptance::{AcceptanceSampler, VerifyOutput, VerifyRow};
 use specrs_core::kv_blocks::{KvBlockManager, SeqId};
 use specrs_core::metrics::{SpecDecodeStats, format_log_line};
 use specrs_core::sampling::{argmax, logprobs_of};
 use specrs_core::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use specrs_models::host::with_f32_slice;
 use specrs_models::{BatchRow, CausalLm, ForwardBatch, ForwardOutput, PagedKvCache};
 
 use crate::detokenizer::{FinishReason, OutputState};
@@ -71,8 +71,6 @@ pub struct EngineParts {
     pub spec: SpeculativeConfig,
     /// The architecture is per-row correct on mixed prefill+decode verify steps.
     pub supports_mixed_batches: bool,
-    /// KV bytes the drafter keeps per token, for memory planning.
-    pub drafter_kv_bytes_per_token: u64,
     /// Drafter weights already on the device, subtracted from nothing (reported only).
     pub drafter_weight_bytes: usize,
 }
@@ -121,25 +119,10 @@ struct FedRow {
     logits_start: usize,
 }
 
-/// Host view of a `[rows, vocab]` f32 logits tensor: borrowed on CPU, copied elsewhere.
-fn host_logits<R>(logits: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
-    let logits = logits.contiguous()?;
-    let (storage, layout) = logits.storage_and_layout();
-    if let Storage::Cpu(cpu) = &*storage {
-        let all = cpu.as_slice::<f32>()?;
-        let start = layout.start_offset();
-        return Ok(f(&all[start..start + logits.elem_count()]));
-    }
-    drop(storage);
-    let v = logits.flatten_all()?.to_vec1::<f32>()?;
-    Ok(f(&v))
-}
-
 impl Engine {
     pub fn new(parts: EngineParts, cfg: EngineConfig) -> Result<Self> {
-        let EngineParts {
-            target, tokenizer, proposer, spec, supports_mixed_batches, drafter_kv_bytes_per_token, ..
-        } = parts;
+        let EngineParts { target, tokenizer, mut proposer, spec, supports_mixed_batches, .. } = parts;
+        let drafter_kv_bytes_per_token = proposer.as_ref().map_or(0, |p| p.kv_bytes_per_token());
         let model_cfg = target.config().clone();
         let vocab_size = model_cfg.vocab_size;
         let max_model_len =
@@ -157,6 +140,9 @@ impl Engine {
         )
         .map_err(|e| EngineError::Request(e.to_string()))?;
         let kv = target.new_kv_cache(plan.num_blocks, cfg.block_size)?;
+        if let Some(p) = proposer.as_mut() {
+            p.allocate(plan.num_blocks, cfg.block_size)?;
+        }
         let manager = KvBlockManager::new(plan.num_blocks, cfg.block_size)?;
         let scheduler = Scheduler::new(
             SchedulerConfig {
@@ -483,7 +469,7 @@ impl Engine {
             return Ok(step_stats);
         };
         let v = self.vocab_size;
-        let outputs: Vec<Option<VerifyOutput>> = host_logits(logits, |all| -> Result<Vec<Option<VerifyOutput>>> {
+        let outputs: Vec<Option<VerifyOutput>> = with_f32_slice(logits, |all| -> Result<Vec<Option<VerifyOutput>>> {
             let verify_rows: Vec<(usize, VerifyRow<'_>)> = rows
                 .iter()
                 .enumerate()
@@ -516,7 +502,7 @@ impl Engine {
         })??;
 
         // Logprobs and traces read the logits, so they are gathered before commit.
-        let extras: Vec<(Vec<TokenLogprob>, Option<TraceStep>)> = host_logits(logits, |all| {
+        let extras: Vec<(Vec<TokenLogprob>, Option<TraceStep>)> = with_f32_slice(logits, |all| {
             rows.iter()
                 .zip(&outputs)
                 .map(|(r, out)| {

@@ -12,6 +12,9 @@ use specrs_core::registry::{
 };
 use specrs_core::width::{AdaptiveWidthController, AdaptiveWidthParams, VerifyWidthSchedule};
 use specrs_core::{ConfigError, SpeculativeConfig};
+use specrs_models::drafters::SequentialDraftModel;
+use specrs_models::drafters::eagle::EagleDraft;
+use specrs_models::drafters::mtp::MtpDraft;
 use specrs_models::weights::WeightSource;
 use specrs_models::{CausalLm, ModelDType, WeightStore};
 
@@ -19,6 +22,7 @@ use crate::engine::{Engine, EngineConfig, EngineParts};
 use crate::error::{EngineError, Result};
 use crate::proposer::Proposer;
 use crate::proposer::ngram::NgramProposer;
+use crate::proposer::sequential::SequentialProposer;
 use crate::tokenizer::TextTokenizer;
 use crate::width::{EngineWidthPolicy, WidthMode};
 
@@ -216,15 +220,44 @@ pub fn resolve_model_path(model: &str) -> Result<PathBuf> {
 fn build_proposer(
     kind: PipelineKind,
     spec: &SpeculativeConfig,
-    _target: &CausalLm,
-    _target_store: &WeightStore,
-    _draft: Option<&Path>,
-) -> Result<(Option<Box<dyn Proposer>>, u64)> {
+    target: &CausalLm,
+    target_store: &WeightStore,
+    draft: Option<&Path>,
+    dtype: ModelDType,
+) -> Result<Option<Box<dyn Proposer>>> {
+    let need_draft = |what: &str| -> Result<&Path> {
+        draft.ok_or_else(|| {
+            EngineError::Request(format!(
+                "speculative_method='{what}' needs a draft checkpoint: pass draft_model / --draft-model"
+            ))
+        })
+    };
+    let sequential = |model: Arc<dyn SequentialDraftModel>| -> Result<Option<Box<dyn Proposer>>> {
+        let k = spec.draft_width()?;
+        Ok(Some(Box::new(SequentialProposer::new(
+            model,
+            k,
+            spec.draft_proposal,
+            target.config().vocab_size,
+            target.device().clone(),
+        ))))
+    };
     match kind {
-        PipelineKind::Plain => Ok((None, 0)),
+        PipelineKind::Plain => Ok(None),
         PipelineKind::Ngram => {
             let lookup = Lookup::from_config(spec)?;
-            Ok((Some(Box::new(NgramProposer::new(lookup))), 0))
+            Ok(Some(Box::new(NgramProposer::new(lookup))))
+        }
+        PipelineKind::Eagle => {
+            let dir = need_draft("eagle")?;
+            sequential(Arc::new(EagleDraft::load(dir, target, target.device(), dtype)?))
+        }
+        PipelineKind::Mtp => {
+            let model = match draft {
+                Some(dir) => MtpDraft::load_speculators(dir, target, target.device(), dtype)?,
+                None => MtpDraft::load_from_target(target_store, target)?,
+            };
+            sequential(Arc::new(model))
         }
         other => Err(EngineError::Request(format!("the {other} pipeline is not available in this build yet"))),
     }
@@ -253,7 +286,7 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
         Some(d) => Some(resolve_model_path(d)?),
         None => None,
     };
-    let (proposer, drafter_kv_bytes_per_token) = build_proposer(kind, &spec, &target, &store, draft_path.as_deref())?;
+    let proposer = build_proposer(kind, &spec, &target, &store, draft_path.as_deref(), cfg.dtype)?;
     let k = proposer.as_ref().map(|p| p.num_speculative_tokens());
     if let Some(k) = k {
         spec.num_speculative_tokens = Some(k as i64);
@@ -284,7 +317,6 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
             proposer,
             spec,
             supports_mixed_batches: supports_mixed,
-            drafter_kv_bytes_per_token,
             drafter_weight_bytes: 0,
         },
         cfg.engine.clone(),

@@ -13,6 +13,8 @@ fn main() -> anyhow::Result<()> {
     let dtype: ModelDType = args.get(2).map_or("auto", String::as_str).parse()?;
     let new_tokens: usize = args.get(3).map_or(Ok(128), |s| s.parse())?;
     let batch_size: usize = args.get(4).map_or(Ok(1), |s| s.parse())?;
+    // Tokens each row feeds per step: 1 for decoding, K + 1 for verifying K drafts.
+    let per_step: usize = args.get(5).map_or(Ok(1), |s| s.parse())?;
     let t0 = Instant::now();
     let (model, _) = load_causal_lm(&path, &Device::Cpu, dtype)?;
     println!(
@@ -23,7 +25,7 @@ fn main() -> anyhow::Result<()> {
     );
     let block = 16;
     let prompt_len = 40;
-    let per_seq_blocks = (prompt_len + new_tokens).div_ceil(block);
+    let per_seq_blocks = (prompt_len + new_tokens * per_step).div_ceil(block);
     let kv = model.new_kv_cache(per_seq_blocks * batch_size, block)?;
     let tables: Vec<u32> = (0..(per_seq_blocks * batch_size) as u32).collect();
     let make = |tokens_per_row: usize, cached: usize| {
@@ -43,7 +45,7 @@ fn main() -> anyhow::Result<()> {
                 block_table_start: r * per_seq_blocks,
                 block_table_len: per_seq_blocks,
             });
-            b.logits_indices.push((start + tokens_per_row - 1) as u32);
+            b.logits_indices.extend((start..start + tokens_per_row).map(|i| i as u32));
         }
         b
     };
@@ -52,11 +54,11 @@ fn main() -> anyhow::Result<()> {
     let prefill = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
     for step in 0..new_tokens {
-        model.forward(&make(1, prompt_len + step), &kv)?;
+        model.forward(&make(per_step, prompt_len + step * per_step), &kv)?;
     }
     let decode = t0.elapsed().as_secs_f64();
     println!(
-        "prefill {} x {prompt_len} tokens: {:.1} tok/s; decode batch {batch_size}: {:.1} steps/s, {:.1} tok/s",
+        "prefill {} x {prompt_len} tokens: {:.1} tok/s; batch {batch_size} x {per_step} tokens/step: {:.1} steps/s, {:.1} rows/s",
         batch_size,
         (batch_size * prompt_len) as f64 / prefill,
         new_tokens as f64 / decode,

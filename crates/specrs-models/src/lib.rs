@@ -8,12 +8,17 @@
 pub mod attention;
 pub mod batch;
 pub mod config;
+pub mod drafters;
 pub mod error;
+pub mod host;
 pub mod kv_cache;
 pub mod linear;
 pub mod models;
 pub mod norm;
 pub mod rope;
+pub mod skinny;
+pub mod skinny_quant;
+pub mod testing;
 pub mod weights;
 
 pub use batch::{AttentionMask, BatchRow, ForwardBatch};

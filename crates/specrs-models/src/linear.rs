@@ -19,7 +19,10 @@ impl LinearWeight {
     pub fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Self::Quantized(q) => q.forward(x),
-            Self::Dense(w) => x.matmul(&w.t()?),
+            Self::Dense(w) => match crate::skinny::matmul_t(x, w)? {
+                Some(y) => Ok(y),
+                None => x.matmul(&w.t()?),
+            },
         }
     }
 

@@ -6,6 +6,7 @@
 //! It never sees acceptance; acceptance never sees how drafts were made (vLLM's split).
 
 pub mod ngram;
+pub mod sequential;
 
 use candle_core::Tensor;
 use specrs_core::kv_blocks::SeqId;
@@ -76,6 +77,17 @@ pub trait Proposer: Send {
     /// drafts.
     fn propose(&mut self, rows: &[ProposeRow<'_>], taps: &StepTaps<'_>, scheduler: &Scheduler)
     -> Result<Vec<Proposal>>;
+
+    /// Bytes of drafter KV per token, for the memory planner.
+    fn kv_bytes_per_token(&self) -> u64 {
+        0
+    }
+
+    /// Allocates drafter state for a KV pool of `num_blocks` blocks of `block_size` tokens; the
+    /// drafter addresses its KV through the target's block tables.
+    fn allocate(&mut self, _num_blocks: usize, _block_size: usize) -> Result<()> {
+        Ok(())
+    }
 
     /// Forgets a sequence (finished, cancelled or preempted).
     fn release(&mut self, _seq: SeqId) {}

@@ -1,0 +1,181 @@
+//! Every sequential method end to end on tiny checkpoints written in the real formats:
+//! - wiring: on a "bigram" target, a drafter built to predict it exactly is accepted at every
+//!   position (acceptance length K + 1), so any off-by-one in positions, taps or chaining shows;
+//! - losslessness: random drafters never change the greedy output, alone or batched, with rows
+//!   finishing at different steps;
+//! - every KV block returns to the pool.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::Tensor;
+use serde_json::json;
+use specrs_core::SpeculativeConfig;
+use specrs_core::config::SpeculativeMethod;
+use specrs_core::sampling::SamplingParams;
+use specrs_engine::{EngineConfig, EngineHandle, FinalOutput, GenerationRequest, PipelineConfig, Prompt, build_engine};
+use specrs_models::ModelDType;
+use specrs_models::config::Architecture;
+use specrs_models::testing::{self, TinyShape};
+
+const SHAPE: TinyShape =
+    TinyShape { vocab: 48, hidden: 64, layers: 4, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 64 };
+
+fn write(dir: &Path, cfg: &serde_json::Value, tensors: &HashMap<String, Tensor>) {
+    testing::write_checkpoint(dir, cfg, tensors).unwrap();
+}
+
+fn engine(target: &Path, draft: Option<&Path>, method: Option<SpeculativeMethod>, k: i64) -> EngineHandle {
+    let mut cfg = PipelineConfig::new(target.to_str().unwrap());
+    cfg.draft_model = draft.map(|d| d.to_str().unwrap().to_string());
+    cfg.dtype = ModelDType::F32;
+    cfg.speculative = SpeculativeConfig {
+        speculative_method: method,
+        num_speculative_tokens: method.map(|_| k),
+        prompt_lookup_min: 1,
+        ..SpeculativeConfig::default()
+    };
+    cfg.engine = EngineConfig { max_num_seqs: 8, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
+    let (engine, info) = build_engine(&cfg).unwrap();
+    EngineHandle::spawn(engine, Some(info))
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest::new(
+        Prompt::Tokens(prompt),
+        SamplingParams {
+            temperature: 0.0,
+            max_tokens: Some(max_tokens),
+            ignore_eos: true,
+            ..SamplingParams::default()
+        },
+    )
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![vec![3, 9, 27], vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], vec![40], vec![5, 5, 5, 5, 6, 7]]
+}
+
+fn run(h: &EngineHandle, max_tokens: &[usize]) -> Vec<FinalOutput> {
+    let out = h.generate(prompts().into_iter().zip(max_tokens).map(|(p, &m)| greedy(p, m)).collect()).unwrap();
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total, "every KV block returns to the pool");
+    out
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    bigram: std::path::PathBuf,
+    mimo: std::path::PathBuf,
+    random: std::path::PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let bigram = dir.path().join("bigram");
+    write(
+        &bigram,
+        &testing::target_config(Architecture::Llama, &SHAPE, false),
+        &testing::bigram_target(Architecture::Llama, &SHAPE).unwrap(),
+    );
+    let mimo = dir.path().join("mimo");
+    let mut mimo_cfg = testing::target_config(Architecture::Qwen2, &SHAPE, false);
+    mimo_cfg["architectures"] = json!(["MiMoForCausalLM"]);
+    mimo_cfg["num_nextn_predict_layers"] = json!(1);
+    let mut mimo_tensors = testing::bigram_target(Architecture::Qwen2, &SHAPE).unwrap();
+    mimo_tensors.extend(testing::mimo_mtp_oracle(&SHAPE).unwrap());
+    write(&mimo, &mimo_cfg, &mimo_tensors);
+    let random = dir.path().join("random");
+    write(
+        &random,
+        &testing::target_config(Architecture::Llama, &SHAPE, true),
+        &testing::random_target(Architecture::Llama, &SHAPE, true, 3).unwrap(),
+    );
+    Fixture { _dir: dir, bigram, mimo, random }
+}
+
+fn oracle_drafts(f: &Fixture) -> Vec<(SpeculativeMethod, Option<std::path::PathBuf>, std::path::PathBuf)> {
+    let root = f.bigram.parent().unwrap();
+    let e1 = root.join("eagle1");
+    let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    write(&e1, &c, &t);
+    let e3 = root.join("eagle3");
+    let (c, t) = testing::eagle3_oracle(&SHAPE, [2, 2, 3]).unwrap();
+    write(&e3, &c, &t);
+    let mtp = root.join("mtp");
+    let (c, t) = testing::mtp_oracle(&SHAPE).unwrap();
+    write(&mtp, &c, &t);
+    vec![
+        (SpeculativeMethod::Eagle, Some(e1), f.bigram.clone()),
+        (SpeculativeMethod::Eagle, Some(e3), f.bigram.clone()),
+        (SpeculativeMethod::Mtp, Some(mtp), f.bigram.clone()),
+        (SpeculativeMethod::Mtp, None, f.mimo.clone()),
+        (SpeculativeMethod::Ngram, None, f.bigram.clone()),
+    ]
+}
+
+#[test]
+fn oracle_drafters_are_accepted_at_every_position() {
+    let f = fixture();
+    let k = 3;
+    for (method, draft, target) in oracle_drafts(&f) {
+        // Prompt lookup needs the bigram cycle (47 tokens) to repeat before it can copy it.
+        let len = if method == SpeculativeMethod::Ngram { 150 } else { 20 };
+        let plain = run(&engine(&target, None, None, 0), &[len; 4]);
+        let spec = run(&engine(&target, draft.as_deref(), Some(method), k), &[len; 4]);
+        let mut drafted = 0;
+        let mut accepted = 0;
+        for (p, s) in plain.iter().zip(&spec) {
+            assert_eq!(p.token_ids, s.token_ids, "{method} {draft:?}: speculative output differs from plain");
+            drafted += s.metrics.num_draft_tokens;
+            accepted += s.metrics.num_accepted_tokens;
+        }
+        assert!(drafted > 0, "{method} {draft:?}: nothing was drafted");
+        if method == SpeculativeMethod::Ngram {
+            // Prompt lookup only proposes once the cycle has repeated in the context.
+            assert!(accepted * 2 >= drafted, "{method}: {accepted}/{drafted} accepted");
+        } else {
+            assert_eq!(accepted, drafted, "{method} {draft:?}: a perfect drafter must be accepted everywhere");
+            for s in &spec {
+                let len = s.metrics.acceptance_length;
+                assert!(len > k as f64, "{method} {draft:?}: acceptance length {len} for K={k}");
+            }
+        }
+    }
+}
+
+#[test]
+fn random_drafters_never_change_greedy_output_in_batches() {
+    let f = fixture();
+    let root = f.random.parent().unwrap();
+    // Random heads of every format against a random target: few drafts are accepted, and
+    // the output must still be exactly the plain greedy output.
+    let e1 = root.join("rand-eagle1");
+    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.3, 100 + i as u64).unwrap();
+    }
+    write(&e1, &c, &t);
+    let e3 = root.join("rand-eagle3");
+    let (c, mut t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.3, 200 + i as u64).unwrap();
+    }
+    write(&e3, &c, &t);
+    let lengths = [17, 5, 30, 9];
+    let plain = run(&engine(&f.random, None, None, 0), &lengths);
+    for (method, draft) in
+        [(SpeculativeMethod::Eagle, Some(&e1)), (SpeculativeMethod::Eagle, Some(&e3)), (SpeculativeMethod::Ngram, None)]
+    {
+        for k in [1, 4] {
+            let spec = run(&engine(&f.random, draft.map(|d| d.as_path()), Some(method), k), &lengths);
+            for (p, s) in plain.iter().zip(&spec) {
+                assert_eq!(p.token_ids, s.token_ids, "{method} {draft:?} K={k}");
+                assert_eq!(
+                    s.token_ids.len(),
+                    lengths[plain.iter().position(|x| x.request_id == p.request_id).unwrap()]
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Multi-token-prediction heads: one extra decoder layer that fuses the target's final hidden
+//! state with the embedding of the next token.
+//!
+//! - **MiMo** (`MiMoForCausalLM`, inside the target checkpoint): `model.mtp_layers.{i}.*` with
+//!   `input_proj [H, 2H]` over **[hidden, embedding]** (hidden first), a Qwen2 decoder layer
+//!   (q/k/v bias), `final_layernorm`; the target's `lm_head`.
+//! - **speculators `mtp`** (`MTPDraftModel`, a separate checkpoint): `mtp_layers.0.*` with
+//!   `input_proj` over **[embedding, hidden]**, the layer type of `transformer_layer_config`.
+//!
+//! One step at position `t`: `u = input_proj(concat(...hidden_layernorm(h_t),
+//! token_layernorm(embed(x_{t+1}))...))`, `y = final_layernorm(layer(u))`, logits
+//! `lm_head(y)`; `y` is the hidden state of the next step. `h_t` of the first step is the
+//! target's final normed hidden state.
+
+use std::path::Path;
+
+use candle_core::{D, DType, Device, Result, Tensor};
+use serde_json::Value;
+
+use super::layer::DraftLayer;
+use super::{DraftInputs, DraftLogits, SequentialDraftModel};
+use crate::batch::ForwardBatch;
+use crate::config::{Architecture, DecoderConfig};
+use crate::error::{ModelError, Result as LoadResult};
+use crate::kv_cache::PagedKvCache;
+use crate::linear::{Linear, LinearWeight};
+use crate::models::CausalLm;
+use crate::norm::RmsNorm;
+use crate::rope::RotaryEmbedding;
+use crate::weights::{ModelDType, WeightStore};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MtpFormat {
+    /// Heads inside a MiMo target checkpoint; hidden state first in the fusion.
+    MiMo,
+    /// A speculators `mtp` checkpoint; embedding first.
+    Speculators,
+}
+
+#[derive(Debug, Clone)]
+pub struct MtpDraft {
+    format: MtpFormat,
+    layer_cfg: DecoderConfig,
+    hidden_layernorm: RmsNorm,
+    token_layernorm: RmsNorm,
+    input_proj: Linear,
+    layer: DraftLayer,
+    final_layernorm: RmsNorm,
+    embed_tokens: LinearWeight,
+    lm_head: LinearWeight,
+    rope: RotaryEmbedding,
+    device: Device,
+    dtype: DType,
+    trained_width: Option<usize>,
+}
+
+impl MtpDraft {
+    fn load_prefixed(
+        store: &WeightStore,
+        prefix: &str,
+        format: MtpFormat,
+        layer_cfg: DecoderConfig,
+        target: &CausalLm,
+        trained_width: Option<usize>,
+    ) -> LoadResult<Self> {
+        let h = layer_cfg.hidden_size;
+        let eps = layer_cfg.rms_norm_eps;
+        let dtype = store.compute_dtype();
+        let rope = RotaryEmbedding::new(
+            layer_cfg.head_dim,
+            layer_cfg.rope_theta,
+            layer_cfg.rope_scaling.as_ref(),
+            layer_cfg.max_position_embeddings,
+            dtype,
+            store.device(),
+        )?;
+        Ok(Self {
+            format,
+            hidden_layernorm: RmsNorm::load(store, &format!("{prefix}.hidden_layernorm.weight"), h, eps)?,
+            token_layernorm: RmsNorm::load(store, &format!("{prefix}.token_layernorm.weight"), h, eps)?,
+            input_proj: store.linear(&format!("{prefix}.input_proj"), h, 2 * h, false)?,
+            layer: DraftLayer::load(store, prefix, &layer_cfg, h)?,
+            final_layernorm: RmsNorm::load(store, &format!("{prefix}.final_layernorm.weight"), h, eps)?,
+            embed_tokens: target.embed_tokens().clone(),
+            lm_head: target.lm_head_weight().clone(),
+            rope,
+            device: store.device().clone(),
+            dtype,
+            layer_cfg,
+            trained_width,
+        })
+    }
+
+    /// The MTP heads stored in a MiMo target checkpoint (`num_nextn_predict_layers >= 1`).
+    pub fn load_from_target(store: &WeightStore, target: &CausalLm) -> LoadResult<Self> {
+        let prefix = "model.mtp_layers.0";
+        if !store.contains(&format!("{prefix}.input_proj.weight")) {
+            return Err(ModelError::MissingTensor {
+                name: format!(
+                    "{prefix}.input_proj.weight (the target checkpoint has no MTP heads; use a target with num_nextn_predict_layers >= 1 or pass a speculators mtp draft)"
+                ),
+                source_desc: store.description().to_string(),
+            });
+        }
+        let mut cfg = target.config().clone();
+        cfg.attention_bias = cfg.architecture == Architecture::Qwen2 || cfg.attention_bias;
+        Self::load_prefixed(store, prefix, MtpFormat::MiMo, cfg, target, Some(1))
+    }
+
+    /// A speculators-format `mtp` draft checkpoint directory.
+    pub fn load_speculators(dir: &Path, target: &CausalLm, device: &Device, dtype: ModelDType) -> LoadResult<Self> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::file(&cfg_path, e.to_string()))?;
+        let json: Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
+        if json.get("speculators_model_type").and_then(Value::as_str) != Some("mtp") {
+            return Err(ModelError::config(
+                "speculators_model_type",
+                "an MTP draft checkpoint needs speculators_model_type 'mtp'",
+            ));
+        }
+        let layer_json = json
+            .get("transformer_layer_config")
+            .ok_or_else(|| ModelError::config("transformer_layer_config", "missing from the MTP draft config"))?;
+        let family = match layer_json.get("model_type").and_then(Value::as_str) {
+            Some("qwen3") => Architecture::Qwen3,
+            Some("qwen2") => Architecture::Qwen2,
+            _ => Architecture::Llama,
+        };
+        let mut cfg = DecoderConfig::from_hf_json_as(layer_json, family)?;
+        cfg.vocab_size = target.config().vocab_size;
+        if cfg.hidden_size != target.config().hidden_size {
+            return Err(ModelError::config(
+                "hidden_size",
+                format!("the MTP head is {} wide, the target {}", cfg.hidden_size, target.config().hidden_size),
+            ));
+        }
+        let trained = json
+            .pointer("/speculators_config/proposal_methods/0/speculative_tokens")
+            .or_else(|| json.get("num_speculative_steps"))
+            .and_then(Value::as_u64)
+            .map(|v| v as usize);
+        let store = WeightStore::open(dir, device.clone(), dtype)?;
+        Self::load_prefixed(&store, "mtp_layers.0", MtpFormat::Speculators, cfg, target, trained)
+    }
+}
+
+impl SequentialDraftModel for MtpDraft {
+    fn name(&self) -> &str {
+        match self.format {
+            MtpFormat::MiMo => "MTP (MiMo)",
+            MtpFormat::Speculators => "MTP",
+        }
+    }
+
+    fn inputs(&self) -> DraftInputs {
+        DraftInputs { taps: Vec::new(), final_hidden: true }
+    }
+
+    fn first_hidden(&self, _taps: &[Tensor], final_hidden: Option<&Tensor>, flat_index: &Tensor) -> Result<Tensor> {
+        final_hidden
+            .ok_or_else(|| candle_core::Error::msg("MTP needs the target's final hidden states"))?
+            .index_select(flat_index, 0)
+    }
+
+    fn forward(&self, hidden: &Tensor, batch: &ForwardBatch, kv: &PagedKvCache) -> Result<(Tensor, DraftLogits)> {
+        batch.validate()?;
+        let ids = Tensor::from_slice(&batch.input_ids, batch.num_tokens(), &self.device)?;
+        let emb = self.token_layernorm.forward(&self.embed_tokens.embed(&ids)?.to_dtype(self.dtype)?)?;
+        let hid = self.hidden_layernorm.forward(&hidden.to_dtype(self.dtype)?)?;
+        // 1. Fuse: MiMo puts the hidden state first, speculators the embedding.
+        let fused = match self.format {
+            MtpFormat::MiMo => Tensor::cat(&[&hid, &emb], D::Minus1)?,
+            MtpFormat::Speculators => Tensor::cat(&[&emb, &hid], D::Minus1)?,
+        };
+        let u = self.input_proj.forward(&fused)?;
+        // 2. An ordinary pre-norm decoder layer, then the final norm.
+        let attn_in = match &self.layer.input_layernorm {
+            Some(n) => n.forward(&u)?,
+            None => u.clone(),
+        };
+        let y = self.final_layernorm.forward(&self.layer.forward(&attn_in, &u, &self.rope, kv, batch)?)?;
+        // 3. Logits with the target's head.
+        let idx = Tensor::from_slice(&batch.logits_indices, batch.logits_indices.len(), &self.device)?;
+        let logits = self.lm_head.matmul_t(&y.index_select(&idx, 0)?)?.to_dtype(DType::F32)?;
+        Ok((y, DraftLogits { logits, draft_to_target: None }))
+    }
+
+    fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
+        PagedKvCache::new(
+            1,
+            num_blocks,
+            block_size,
+            self.layer_cfg.num_key_value_heads,
+            self.layer_cfg.head_dim,
+            self.dtype,
+            &self.device,
+        )
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        DraftLayer::kv_bytes_per_token(&self.layer_cfg, self.dtype.size_in_bytes())
+    }
+
+    fn trained_width(&self) -> Option<usize> {
+        self.trained_width
+    }
+}

@@ -1,0 +1,465 @@
+//! Skinny quantized matmuls on CPU: `x [m, k] · wᵀ` for f32 activations, a GGUF weight
+//! `w [n, k]` in Q8_0 or Q4_0 blocks, and `1 ≤ m ≤ 16` (a decode token, or a token plus the
+//! drafts it verifies).
+//!
+//! Decoding on CPU is bound by memory bandwidth, so a step costs about one read of the weights,
+//! and verifying K drafts with one forward over K + 1 tokens is only worth it if that forward
+//! still reads every weight once. candle's quantized matmul walks the weights once per
+//! activation row at these sizes, so its cost grows with m. Here instead:
+//!
+//! 1. the m activation rows are quantized once per call to Q8_0 blocks (per 32 values a scale
+//!    `d = max|x| / 127` and `q = round(x / d)`, bit for bit what candle's `BlockQ8_0::from_float`
+//!    computes, so results equal candle's up to the order of float additions);
+//! 2. each weight block is loaded once, decoded to 32 signed bytes, and dotted with that block of
+//!    every activation row while it sits in a register: int8 products summed into i32 lanes,
+//!    scaled by `d_w · d_x` and accumulated in f32;
+//! 3. the weight rows are split across rayon tasks, each writing its own columns of the output.
+//!
+//! Two instruction sets: AVX2 (`vpmaddubsw` + `vpmaddwd` with the sign trick, compiled in by the
+//! x86-64-v3 target) and AVX-512 VNNI (`vpdpbusd`, 4 products into an i32 lane in one
+//! instruction, picked at runtime). Other targets get `None` and use candle.
+
+use candle_core::quantized::QTensor;
+use candle_core::{Result, Tensor};
+
+/// Largest `m` served here; taller products go to candle's tiled matmul.
+pub const MAX_ROWS: usize = 16;
+
+/// `x [m, k] · w[n, k]ᵀ -> [m, n]`, or `None` when the operands are not served here: a device
+/// other than the CPU, `x` not f32 or not 2-D, `m` outside `1..=MAX_ROWS`, `w` neither Q8_0 nor
+/// Q4_0, or `k` not a whole number of 32-value blocks.
+pub fn matmul_t(x: &Tensor, w: &QTensor) -> Result<Option<Tensor>> {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    return x86::matmul_t(x, w, x86::Isa::detect());
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    {
+        let _ = (x, w);
+        Ok(None)
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{CpuStorage, DType, Result, Storage, Tensor};
+    use half::f16;
+    use rayon::prelude::*;
+
+    use super::MAX_ROWS;
+
+    /// Values per quantization block, in the weights and the activations alike.
+    const QK: usize = 32;
+
+    /// Activation rows per register tile: with `COLS` weight rows, `ROWS · COLS` f32 accumulators.
+    const ROWS: usize = 4;
+
+    /// Weight rows per register tile: each decoded weight block feeds `ROWS` dot products.
+    const COLS: usize = 2;
+
+    /// Weight bytes per parallel task: enough work to amortise rayon's dispatch (a few µs per
+    /// call), small enough that the 576-row matrices still split evenly across the cores.
+    const TASK_BYTES: usize = 48 * 1024;
+
+    /// The SIMD flavour of the dot products.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Isa {
+        /// `vpmaddubsw`/`vpmaddwd`: always present, the crate is compiled for x86-64-v3.
+        Avx2,
+        /// `vpdpbusd` on 256-bit registers. Only constructed by [`Isa::supported`], so holding
+        /// one proves the CPU has AVX-512 F/BW/VL and VNNI.
+        Avx512Vnni,
+    }
+
+    impl Isa {
+        /// The fastest flavour this CPU runs.
+        pub(super) fn detect() -> Self {
+            *Self::supported().last().expect("AVX2 is always supported")
+        }
+
+        /// Every flavour this CPU runs, slowest first.
+        pub(super) fn supported() -> Vec<Self> {
+            let vnni = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni");
+            if vnni { vec![Self::Avx2, Self::Avx512Vnni] } else { vec![Self::Avx2] }
+        }
+
+        /// `vpdpbusd` multiplies unsigned by signed bytes: the activations are stored as
+        /// `q + 128` for it and as plain `q` for the AVX2 sign trick.
+        fn offset_activations(self) -> bool {
+            self == Self::Avx512Vnni
+        }
+    }
+
+    /// See [`super::matmul_t`]; `isa` picks the kernels.
+    pub(super) fn matmul_t(x: &Tensor, w: &QTensor, isa: Isa) -> Result<Option<Tensor>> {
+        let format = match w.dtype() {
+            GgmlDType::Q8_0 => Format::Q8_0,
+            GgmlDType::Q4_0 => Format::Q4_0,
+            _ => return Ok(None),
+        };
+        if !x.device().is_cpu() || !w.device().is_cpu() || x.dtype() != DType::F32 || x.rank() != 2 {
+            return Ok(None);
+        }
+        let (m, k) = x.dims2()?;
+        let (n, w_k) = w.shape().dims2()?;
+        if m == 0 || m > MAX_ROWS || n == 0 || k != w_k || !k.is_multiple_of(QK) {
+            return Ok(None);
+        }
+        let weights = w.data()?; // borrowed, not copied, for CPU storage
+        let row_bytes = k / QK * format.block_bytes();
+        if weights.len() != n * row_bytes {
+            candle_core::bail!("{:?} weight {n}x{k} holds {} bytes, expected {}", w.dtype(), weights.len(), n * row_bytes);
+        }
+
+        let x = x.contiguous()?;
+        let acts = {
+            let (storage, layout) = x.storage_and_layout();
+            let Storage::Cpu(CpuStorage::F32(xs)) = &*storage else {
+                return Ok(None);
+            };
+            Activations::quantize(&xs[layout.start_offset()..][..m * k], m, k, isa.offset_activations())
+        };
+
+        let mut out = vec![0f32; m * n];
+        let out_ptr = Output { ptr: out.as_mut_ptr(), n };
+        // Whole tiles per task, so only the last task has a column left over.
+        let cols_per_task = (TASK_BYTES / row_bytes).next_multiple_of(COLS).clamp(COLS, n.next_multiple_of(COLS));
+        (0..n.div_ceil(cols_per_task)).into_par_iter().for_each(|task| {
+            let cols = task * cols_per_task..n.min((task + 1) * cols_per_task);
+            // SAFETY: `weights` holds n rows of `row_bytes` (checked above) and `acts` the m rows
+            // of `k` values they are dotted with; `out` is `[m, n]` and outlives the parallel
+            // loop, whose tasks write disjoint column ranges of it. `Isa::Avx512Vnni` exists only
+            // on CPUs that run it.
+            unsafe {
+                match (isa, format) {
+                    (Isa::Avx2, Format::Q8_0) => rows_avx2::<Q8_0>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx2, Format::Q4_0) => rows_avx2::<Q4_0>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx512Vnni, Format::Q8_0) => rows_vnni::<Q8_0>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx512Vnni, Format::Q4_0) => rows_vnni::<Q4_0>(&weights, &acts, cols, out_ptr),
+                }
+            }
+        });
+        Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Format {
+        Q8_0,
+        Q4_0,
+    }
+
+    impl Format {
+        fn block_bytes(self) -> usize {
+            match self {
+                Self::Q8_0 => Q8_0::BYTES,
+                Self::Q4_0 => Q4_0::BYTES,
+            }
+        }
+    }
+
+    /// `[m, n]` f32 output written from several threads, each to its own columns.
+    #[derive(Clone, Copy)]
+    struct Output {
+        ptr: *mut f32,
+        n: usize,
+    }
+
+    // SAFETY: tasks write disjoint columns of the buffer (see `matmul_t`), which outlives them.
+    unsafe impl Send for Output {}
+    // SAFETY: as above; no task reads what another writes.
+    unsafe impl Sync for Output {}
+
+    /// Activation rows quantized to Q8_0: `qs [m, k]` bytes (offset by 128 when the kernels
+    /// want unsigned bytes) and `d [m, k / 32]` block scales, already rounded through f16 like
+    /// the scale candle stores.
+    pub(super) struct Activations {
+        m: usize,
+        k: usize,
+        qs: Vec<u8>,
+        d: Vec<f32>,
+    }
+
+    impl Activations {
+        pub(super) fn quantize(x: &[f32], m: usize, k: usize, offset: bool) -> Self {
+            assert_eq!(x.len(), m * k);
+            let mut qs = vec![0u8; m * k];
+            let mut d = vec![0f32; m * k / QK];
+            for ((src, dst), d) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(&mut d) {
+                *d = quantize_block(src.try_into().expect("32 values"), dst.try_into().expect("32 bytes"), offset);
+            }
+            Self { m, k, qs, d }
+        }
+
+        #[cfg(test)]
+        pub(super) fn parts(&self) -> (&[u8], &[f32]) {
+            (&self.qs, &self.d)
+        }
+    }
+
+    /// candle's `BlockQ8_0::from_float` on one block: writes `q = round(x / d)` (half away from
+    /// zero, plus 128 when `offset`) and returns the scale `d = max|x| / 127` as f16 stores it.
+    fn quantize_block(x: &[f32; QK], q: &mut [u8; QK], offset: bool) -> f32 {
+        // SAFETY: four 8-float loads cover `x` and one 32-byte store covers `q`, both exactly.
+        unsafe {
+            let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x.as_ptr().add(i)));
+            let sign = _mm256_set1_ps(-0.0);
+            let amax = v.iter().fold(_mm256_setzero_ps(), |acc, &v| _mm256_max_ps(acc, _mm256_andnot_ps(sign, v)));
+            let amax = {
+                let m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps::<1>(amax));
+                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+                _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+            };
+            let d = amax / 127.0;
+            let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+            let q32 = v.map(|v| {
+                // f32::round: truncate, then step away from zero when the fraction is ≥ 0.5.
+                let x = _mm256_mul_ps(v, id);
+                let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(x);
+                let away = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_andnot_ps(sign, _mm256_sub_ps(x, t)), _mm256_set1_ps(0.5));
+                let step = _mm256_and_ps(away, _mm256_or_ps(_mm256_and_ps(sign, x), _mm256_set1_ps(1.0)));
+                _mm256_cvttps_epi32(_mm256_add_ps(t, step))
+            });
+            // The packs interleave 128-bit lanes; the permute restores element order.
+            let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q32[0], q32[1]), _mm256_packs_epi32(q32[2], q32[3]));
+            let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let bytes = if offset { _mm256_xor_si256(bytes, _mm256_set1_epi8(i8::MIN)) } else { bytes };
+            _mm256_storeu_si256(q.as_mut_ptr().cast(), bytes);
+            f16::from_f32(d).to_f32()
+        }
+    }
+
+    /// A weight block layout, as candle stores it (`#[repr(C)]`, f16 scale first).
+    trait Block {
+        const BYTES: usize;
+
+        /// The block at `p` as 32 signed values and its scale in every lane.
+        ///
+        /// # Safety
+        /// `p` points to `BYTES` readable bytes.
+        unsafe fn load(p: *const u8) -> (__m256i, __m256);
+    }
+
+    /// `BlockQ8_0 { d: f16, qs: [i8; 32] }`.
+    struct Q8_0;
+
+    /// `BlockQ4_0 { d: f16, qs: [u8; 16] }`: value `j` is `(qs[j] & 0xF) - 8` for `j < 16` and
+    /// `(qs[j - 16] >> 4) - 8` after.
+    struct Q4_0;
+
+    /// The block's f16 scale broadcast to every lane.
+    ///
+    /// # Safety
+    /// `p` points to 2 readable bytes.
+    #[inline(always)]
+    unsafe fn load_scale(p: *const u8) -> __m256 {
+        // SAFETY: the caller guarantees the 2 bytes.
+        let bits = unsafe { p.cast::<i16>().read_unaligned() };
+        _mm256_cvtph_ps(_mm_set1_epi16(bits))
+    }
+
+    impl Block for Q8_0 {
+        const BYTES: usize = 2 + QK;
+
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> (__m256i, __m256) {
+            // SAFETY: the block is 2 scale bytes then 32 quant bytes, all readable.
+            unsafe { (_mm256_loadu_si256(p.add(2).cast()), load_scale(p)) }
+        }
+    }
+
+    impl Block for Q4_0 {
+        const BYTES: usize = 2 + QK / 2;
+
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> (__m256i, __m256) {
+            // SAFETY: the block is 2 scale bytes then 16 nibble bytes, all readable.
+            let (packed, d) = unsafe { (_mm_loadu_si128(p.add(2).cast()), load_scale(p)) };
+            let nibbles = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed),
+                _mm256_set1_epi8(0x0F),
+            );
+            (_mm256_sub_epi8(nibbles, _mm256_set1_epi8(8)), d)
+        }
+    }
+
+    /// How one instruction set dots 32 signed weight bytes with 32 quantized activations.
+    trait Dot {
+        /// Per weight block, shared by every activation row it meets.
+        type Prepared: Copy;
+
+        /// # Safety
+        /// The CPU supports the instruction set.
+        unsafe fn prepare(w: __m256i) -> Self::Prepared;
+
+        /// `x · w` as 8 i32 lanes of partial sums.
+        ///
+        /// # Safety
+        /// The CPU supports the instruction set.
+        unsafe fn dot(w: __m256i, prepared: Self::Prepared, x: __m256i) -> __m256i;
+    }
+
+    /// AVX2: `vpmaddubsw` wants one unsigned operand, so it multiplies `|w|` by `x` carrying
+    /// `w`'s sign; products of `|w| ≤ 128` and `|x| ≤ 127` sum in pairs without saturating.
+    struct Avx2;
+
+    impl Dot for Avx2 {
+        type Prepared = __m256i;
+
+        #[inline(always)]
+        unsafe fn prepare(w: __m256i) -> __m256i {
+            _mm256_sign_epi8(w, w)
+        }
+
+        #[inline(always)]
+        unsafe fn dot(w: __m256i, abs_w: __m256i, x: __m256i) -> __m256i {
+            let pairs = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w));
+            _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+        }
+    }
+
+    /// AVX-512 VNNI: `vpdpbusd` sums four `u8 · i8` products into each i32 lane. The
+    /// activations come as `x + 128`, so each lane starts from `-128 · Σw` of its four weights,
+    /// computed once per weight block.
+    struct Vnni;
+
+    impl Dot for Vnni {
+        type Prepared = __m256i;
+
+        #[inline(always)]
+        unsafe fn prepare(w: __m256i) -> __m256i {
+            // SAFETY: the caller guarantees VNNI.
+            let bias = unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(i8::MIN), w) };
+            _mm256_sub_epi32(_mm256_setzero_si256(), bias)
+        }
+
+        #[inline(always)]
+        unsafe fn dot(w: __m256i, neg_bias: __m256i, x: __m256i) -> __m256i {
+            // SAFETY: the caller guarantees VNNI.
+            unsafe { _mm256_dpbusd_epi32(neg_bias, x, w) }
+        }
+    }
+
+    /// Output columns `cols` (weight rows) for every activation row, AVX2 kernels.
+    ///
+    /// # Safety
+    /// `w` holds the weight rows of `cols`, `out` is `[acts.m, n]` with `cols.end <= n`, and no
+    /// other thread touches those columns meanwhile.
+    unsafe fn rows_avx2<B: Block>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+        // SAFETY: forwarded from the caller; AVX2 is compiled in.
+        unsafe { rows::<B, Avx2>(w, acts, cols, out) }
+    }
+
+    /// As [`rows_avx2`] with the VNNI kernels.
+    ///
+    /// # Safety
+    /// As [`rows_avx2`], and the CPU supports AVX-512 F/BW/VL and VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn rows_vnni<B: Block>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+        // SAFETY: forwarded from the caller.
+        unsafe { rows::<B, Vnni>(w, acts, cols, out) }
+    }
+
+    /// Walks `cols` in tiles of `COLS` weight rows × `ROWS` activation rows.
+    ///
+    /// # Safety
+    /// As [`rows_avx2`], and `D`'s instruction set is available.
+    #[inline(always)]
+    unsafe fn rows<B: Block, D: Dot>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+        let row_bytes = acts.k / QK * B::BYTES;
+        assert!(cols.end * row_bytes <= w.len() && acts.qs.len() == acts.m * acts.k);
+        let mut col = cols.start;
+        // SAFETY: every tile reads weight rows below `cols.end` and activation rows below `m`
+        // (asserted above), and writes its own output columns.
+        unsafe {
+            while col + COLS <= cols.end {
+                tile_rows::<B, D, COLS>(w.as_ptr().add(col * row_bytes), row_bytes, acts, col, out);
+                col += COLS;
+            }
+            if col < cols.end {
+                tile_rows::<B, D, 1>(w.as_ptr().add(col * row_bytes), row_bytes, acts, col, out);
+            }
+        }
+    }
+
+    /// All activation rows against the `C` weight rows starting at `w` (output column `col`).
+    ///
+    /// # Safety
+    /// `w` points to `C` rows of `row_bytes`; the rest as [`rows`].
+    #[inline(always)]
+    unsafe fn tile_rows<B: Block, D: Dot, const C: usize>(
+        w: *const u8,
+        row_bytes: usize,
+        acts: &Activations,
+        col: usize,
+        out: Output,
+    ) {
+        let mut row = 0;
+        // SAFETY: forwarded; each call covers rows `row..row + R` with `row + R <= m`.
+        unsafe {
+            while acts.m - row >= ROWS {
+                tile::<B, D, ROWS, C>(w, row_bytes, acts, row, col, out);
+                row += ROWS;
+            }
+            match acts.m - row {
+                1 => tile::<B, D, 1, C>(w, row_bytes, acts, row, col, out),
+                2 => tile::<B, D, 2, C>(w, row_bytes, acts, row, col, out),
+                3 => tile::<B, D, 3, C>(w, row_bytes, acts, row, col, out),
+                _ => {}
+            }
+        }
+    }
+
+    /// `out[row + r][col + c] = x_{row + r} · w_c` for an `R × C` tile, accumulated in
+    /// registers over the `k / 32` blocks.
+    ///
+    /// # Safety
+    /// As [`tile_rows`], with activation rows `row..row + R` present.
+    #[inline(always)]
+    unsafe fn tile<B: Block, D: Dot, const R: usize, const C: usize>(
+        w: *const u8,
+        row_bytes: usize,
+        acts: &Activations,
+        row: usize,
+        col: usize,
+        out: Output,
+    ) {
+        let blocks = acts.k / QK;
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        // SAFETY: block `b < blocks` of weight row `c < C` lies within the caller's `C` rows;
+        // activation row `row + r` has `k` bytes and `blocks` scales.
+        unsafe {
+            for b in 0..blocks {
+                let mut ws = [(_mm256_setzero_si256(), _mm256_setzero_ps()); C];
+                for (c, w_c) in ws.iter_mut().enumerate() {
+                    *w_c = B::load(w.add(c * row_bytes + b * B::BYTES));
+                }
+                let prepared = ws.map(|(w_c, _)| D::prepare(w_c));
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let i = (row + r) * blocks + b;
+                    let x = _mm256_loadu_si256(acts.qs.as_ptr().add(i * QK).cast());
+                    let d_x = _mm256_broadcast_ss(acts.d.get_unchecked(i));
+                    for ((acc_rc, &(w_c, d_w)), &p_c) in acc_r.iter_mut().zip(&ws).zip(&prepared) {
+                        let dot = _mm256_cvtepi32_ps(D::dot(w_c, p_c, x));
+                        *acc_rc = _mm256_fmadd_ps(dot, _mm256_mul_ps(d_w, d_x), *acc_rc);
+                    }
+                }
+            }
+            for (r, acc_r) in acc.iter().enumerate() {
+                for (c, &acc_rc) in acc_r.iter().enumerate() {
+                    *out.ptr.add((row + r) * out.n + col + c) = hsum(acc_rc);
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
