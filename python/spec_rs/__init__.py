@@ -1,14 +1,48 @@
 """spec-rs: speculative decoding on a Rust core.
 
-Load a target model and a drafter, get the same text as plain decoding, faster.
+Load a target model and a drafter (EAGLE, MTP, DFlash, DFlash2, DSpark or n-gram) and get the
+same text as plain decoding, faster.
 """
 
 from __future__ import annotations
 
 from . import _spec_rs
 from .config import SpeculativeConfig, VerifyWidthRange
-from .errors import ConfigError, SpecRsError
+from .errors import (
+    ConfigError,
+    EngineError,
+    ModelLoadError,
+    ModelNotInstalledError,
+    RequestError,
+    SpecRsError,
+    SpeculatorSelectionError,
+)
+from .llm import LLM, RequestOutput, SamplingParams, SpecDecodeMetrics, TraceStep
+from .models import DEFAULT_MODEL
+from .registry import ARCH_LOOKUP, ArchLookup, Speculator, SupportedArchitecture, WeightsFormat
 
 __version__: str = _spec_rs.__version__
 
-__all__ = ["ConfigError", "SpecRsError", "SpeculativeConfig", "VerifyWidthRange", "__version__"]
+__all__ = [
+    "ARCH_LOOKUP",
+    "DEFAULT_MODEL",
+    "LLM",
+    "ArchLookup",
+    "ConfigError",
+    "EngineError",
+    "ModelLoadError",
+    "ModelNotInstalledError",
+    "RequestError",
+    "RequestOutput",
+    "SamplingParams",
+    "SpecDecodeMetrics",
+    "SpecRsError",
+    "SpeculativeConfig",
+    "SpeculatorSelectionError",
+    "Speculator",
+    "SupportedArchitecture",
+    "TraceStep",
+    "VerifyWidthRange",
+    "WeightsFormat",
+    "__version__",
+]

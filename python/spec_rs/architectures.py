@@ -9,37 +9,15 @@ so nothing here is imported before a lookup needs it.
 
 from __future__ import annotations
 
-import functools
-from typing import Any, ClassVar
 
 from . import _spec_rs
-from .errors import SpecRsError
 from .registry import PipelineModelType, Speculator, SupportedArchitecture, WeightsFormat
 
 
 def pipeline_class(class_name: str) -> PipelineModelType:
-    """The extension's pipeline class ``class_name``, or a placeholder if it is not built yet."""
-    return getattr(_spec_rs, class_name, None) or _placeholder_pipeline(class_name)
-
-
-class PipelineNotBuiltPlaceholder:
-    """TEMPORARY stand-in for an extension pipeline class that is not built yet.
-
-    Declarations need a ``pipeline_model`` before every pipeline exists in Rust; constructing a
-    placeholder raises. Remove once ``spec_rs._spec_rs`` exports every pipeline class.
-    """
-
-    pipeline_class_name: ClassVar[str]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise SpecRsError(
-            f"{self.pipeline_class_name} is not built yet: this spec_rs._spec_rs has no such pipeline class"
-        )
-
-
-@functools.cache
-def _placeholder_pipeline(class_name: str) -> type[PipelineNotBuiltPlaceholder]:
-    return type(f"{class_name}NotBuilt", (PipelineNotBuiltPlaceholder,), {"pipeline_class_name": class_name})
+    """The extension's pipeline class ``class_name``."""
+    cls: PipelineModelType = getattr(_spec_rs, class_name)
+    return cls
 
 
 def declare_architectures() -> dict[str, SupportedArchitecture]:
@@ -96,7 +74,6 @@ def __getattr__(name: str) -> SupportedArchitecture | Speculator:
 __all__ = [
     "BUILTIN_ARCHITECTURES",
     "BUILTIN_SPECULATORS",
-    "PipelineNotBuiltPlaceholder",
     "declare_architectures",
     "declare_speculators",
     "pipeline_class",

@@ -161,7 +161,7 @@ impl Engine {
         )?;
         let acceptance = AcceptanceSampler::new(&spec, k.max(1), vocab_size, tokenizer.thinking_token_ids())?;
         if proposer.is_some() {
-            tracing::info!("Speculative acceptance rule: {}", acceptance.describe());
+            tracing::info!("{}", acceptance.describe());
         }
         let taps = proposer.as_ref().map(|p| p.tap_request()).unwrap_or_default();
         let metrics = Arc::new(EngineMetrics::default());
@@ -202,6 +202,10 @@ impl Engine {
 
     pub fn spec(&self) -> &SpeculativeConfig {
         &self.spec
+    }
+
+    pub fn max_num_seqs(&self) -> usize {
+        self.cfg.max_num_seqs
     }
 
     pub fn max_model_len(&self) -> usize {

@@ -27,6 +27,7 @@ enum Command {
         reply: oneshot::Sender<Result<()>>,
     },
     Abort(RequestId),
+    AbortAll,
     /// Stop accepting work; finish running requests for up to `grace`, then cancel the rest.
     Shutdown {
         grace: Duration,
@@ -41,6 +42,7 @@ pub struct EngineInfo {
     pub pipeline: Option<PipelineInfo>,
     pub max_model_len: usize,
     pub vocab_size: usize,
+    pub max_num_seqs: usize,
 }
 
 pub struct EngineHandle {
@@ -53,7 +55,7 @@ pub struct EngineHandle {
 }
 
 /// A finished request, collected from its stream.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct FinalOutput {
     pub request_id: RequestId,
     pub token_ids: Vec<u32>,
@@ -106,6 +108,7 @@ impl EngineHandle {
             pipeline,
             max_model_len: engine.max_model_len(),
             vocab_size: engine.target().config().vocab_size,
+            max_num_seqs: engine.max_num_seqs(),
         };
         let thread = std::thread::Builder::new()
             .name("specrs-engine".into())
@@ -150,6 +153,16 @@ impl EngineHandle {
 
     pub fn abort(&self, id: RequestId) {
         let _ = self.tx.send(Command::Abort(id));
+    }
+
+    /// Cancels every request (shutdown after the grace period).
+    pub fn abort_all(&self) {
+        let _ = self.tx.send(Command::AbortAll);
+    }
+
+    /// The engine thread is running.
+    pub fn is_alive(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// `(free, total)` KV blocks.
@@ -245,6 +258,7 @@ fn handle(engine: &mut Engine, cmd: Command, shutdown: &mut Option<Instant>) {
         Command::Abort(id) => {
             engine.abort(id);
         }
+        Command::AbortAll => engine.abort_all(),
         Command::Shutdown { grace } => {
             shutdown.get_or_insert_with(|| Instant::now() + grace);
         }

@@ -152,8 +152,9 @@ impl EngineMetrics {
             );
         }
         let spec = self.spec.lock().expect("metrics lock");
-        out.push_str(&spec.0.render_prometheus(prefix));
-        out.push_str(&spec.1.render_prometheus(prefix));
+        let spec_prefix = format!("{prefix}_");
+        out.push_str(&spec.0.render_prometheus(&spec_prefix));
+        out.push_str(&spec.1.render_prometheus(&spec_prefix));
         out
     }
 }

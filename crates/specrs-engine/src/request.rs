@@ -77,7 +77,7 @@ pub struct RequestMetrics {
 }
 
 /// A streamed piece of a request's output. The last one carries `finish_reason`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestOutput {
     pub request_id: RequestId,
     /// Tokens committed since the previous output.

@@ -18,7 +18,14 @@ impl LinearWeight {
     /// `x [T, in] -> [T, out]`.
     pub fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Quantized(q) => q.forward(x),
+            Self::Quantized(q) => {
+                if let QMatMul::QTensor(w) = q
+                    && let Some(y) = crate::skinny_quant::matmul_t(x, w)?
+                {
+                    return Ok(y);
+                }
+                q.forward(x)
+            }
             Self::Dense(w) => match crate::skinny::matmul_t(x, w)? {
                 Some(y) => Ok(y),
                 None => x.matmul(&w.t()?),

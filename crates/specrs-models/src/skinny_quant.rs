@@ -29,16 +29,16 @@ pub const MAX_ROWS: usize = 16;
 /// other than the CPU, `x` not f32 or not 2-D, `m` outside `1..=MAX_ROWS`, `w` neither Q8_0 nor
 /// Q4_0, or `k` not a whole number of 32-value blocks.
 pub fn matmul_t(x: &Tensor, w: &QTensor) -> Result<Option<Tensor>> {
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
     return x86::matmul_t(x, w, x86::Isa::detect());
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
     {
         let _ = (x, w);
         Ok(None)
     }
 }
 
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
 mod x86 {
     use std::arch::x86_64::*;
 
@@ -75,6 +75,9 @@ mod x86 {
     impl Isa {
         /// The fastest flavour this CPU runs.
         pub(super) fn detect() -> Self {
+            if std::env::var("TMP_ISA").as_deref() == Ok("avx2") {
+                return Self::Avx2;
+            }
             *Self::supported().last().expect("AVX2 is always supported")
         }
 
@@ -128,7 +131,8 @@ mod x86 {
         let out_ptr = Output { ptr: out.as_mut_ptr(), n };
         // Whole tiles per task, so only the last task has a column left over.
         let cols_per_task = (TASK_BYTES / row_bytes).next_multiple_of(COLS).clamp(COLS, n.next_multiple_of(COLS));
-        (0..n.div_ceil(cols_per_task)).into_par_iter().for_each(|task| {
+        let tasks = n.div_ceil(cols_per_task);
+        let run = |task: usize| {
             let cols = task * cols_per_task..n.min((task + 1) * cols_per_task);
             // SAFETY: `weights` holds n rows of `row_bytes` (checked above) and `acts` the m rows
             // of `k` values they are dotted with; `out` is `[m, n]` and outlives the parallel
@@ -142,7 +146,12 @@ mod x86 {
                     (Isa::Avx512Vnni, Format::Q4_0) => rows_vnni::<Q4_0>(&weights, &acts, cols, out_ptr),
                 }
             }
-        });
+        };
+        if std::env::var("TMP_POOL").as_deref() == Ok("barrier") {
+            candle_core::utils::barrier_pool().execute_chunked(tasks, |range| range.for_each(run));
+        } else {
+            (0..tasks).into_par_iter().for_each(run);
+        }
         Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
     }
 
@@ -203,7 +212,8 @@ mod x86 {
     /// candle's `BlockQ8_0::from_float` on one block: writes `q = round(x / d)` (half away from
     /// zero, plus 128 when `offset`) and returns the scale `d = max|x| / 127` as f16 stores it.
     fn quantize_block(x: &[f32; QK], q: &mut [u8; QK], offset: bool) -> f32 {
-        // SAFETY: four 8-float loads cover `x` and one 32-byte store covers `q`, both exactly.
+        // SAFETY: four 8-float loads cover `x` and one 32-byte store covers `q`, both exactly; AVX2
+        // is compiled in.
         unsafe {
             let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x.as_ptr().add(i)));
             let sign = _mm256_set1_ps(-0.0);
@@ -256,9 +266,8 @@ mod x86 {
     /// `p` points to 2 readable bytes.
     #[inline(always)]
     unsafe fn load_scale(p: *const u8) -> __m256 {
-        // SAFETY: the caller guarantees the 2 bytes.
-        let bits = unsafe { p.cast::<i16>().read_unaligned() };
-        _mm256_cvtph_ps(_mm_set1_epi16(bits))
+        // SAFETY: the caller guarantees the 2 bytes; F16C is compiled in.
+        unsafe { _mm256_cvtph_ps(_mm_set1_epi16(p.cast::<i16>().read_unaligned())) }
     }
 
     impl Block for Q8_0 {
@@ -276,13 +285,14 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn load(p: *const u8) -> (__m256i, __m256) {
-            // SAFETY: the block is 2 scale bytes then 16 nibble bytes, all readable.
-            let (packed, d) = unsafe { (_mm_loadu_si128(p.add(2).cast()), load_scale(p)) };
-            let nibbles = _mm256_and_si256(
-                _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed),
-                _mm256_set1_epi8(0x0F),
-            );
-            (_mm256_sub_epi8(nibbles, _mm256_set1_epi8(8)), d)
+            // SAFETY: the block is 2 scale bytes then 16 nibble bytes, all readable; AVX2 is
+            // compiled in.
+            unsafe {
+                let packed = _mm_loadu_si128(p.add(2).cast());
+                let nibbles =
+                    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), _mm256_set1_epi8(0x0F));
+                (_mm256_sub_epi8(nibbles, _mm256_set1_epi8(8)), load_scale(p))
+            }
         }
     }
 
@@ -311,13 +321,14 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn prepare(w: __m256i) -> __m256i {
-            _mm256_sign_epi8(w, w)
+            // SAFETY: AVX2 is compiled in.
+            unsafe { _mm256_sign_epi8(w, w) }
         }
 
         #[inline(always)]
         unsafe fn dot(w: __m256i, abs_w: __m256i, x: __m256i) -> __m256i {
-            let pairs = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w));
-            _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+            // SAFETY: AVX2 is compiled in.
+            unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1)) }
         }
     }
 
@@ -332,8 +343,10 @@ mod x86 {
         #[inline(always)]
         unsafe fn prepare(w: __m256i) -> __m256i {
             // SAFETY: the caller guarantees VNNI.
-            let bias = unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(i8::MIN), w) };
-            _mm256_sub_epi32(_mm256_setzero_si256(), bias)
+            unsafe {
+                let bias = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(i8::MIN), w);
+                _mm256_sub_epi32(_mm256_setzero_si256(), bias)
+            }
         }
 
         #[inline(always)]
@@ -428,10 +441,10 @@ mod x86 {
         out: Output,
     ) {
         let blocks = acts.k / QK;
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
         // SAFETY: block `b < blocks` of weight row `c < C` lies within the caller's `C` rows;
-        // activation row `row + r` has `k` bytes and `blocks` scales.
+        // activation row `row + r` has `k` bytes and `blocks` scales; AVX2 and FMA are compiled in.
         unsafe {
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
             for b in 0..blocks {
                 let mut ws = [(_mm256_setzero_si256(), _mm256_setzero_ps()); C];
                 for (c, w_c) in ws.iter_mut().enumerate() {
@@ -458,8 +471,160 @@ mod x86 {
 
     #[inline(always)]
     fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        // SAFETY: AVX is compiled in.
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+mod tests {
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{DType, Device, Module, Tensor};
+    use half::f16;
+    use std::sync::Arc;
+
+    use super::x86::{Activations, Isa, matmul_t};
+
+    /// Deterministic values spread like activations: mostly small, a few outliers per block.
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let u = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                if i % 29 == 3 { 8.0 * u } else { u }
+            })
+            .collect()
+    }
+
+    fn tensor(rows: usize, cols: usize, seed: u64) -> Tensor {
+        Tensor::from_vec(values(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap()
+    }
+
+    fn to_rows(t: &Tensor) -> Vec<Vec<f32>> {
+        t.to_dtype(DType::F32).unwrap().to_vec2().unwrap()
+    }
+
+    /// candle's own Q8_0 blocks of `x`: per 32 values the f16 scale and the quants.
+    fn candle_q8_0(x: &Tensor) -> Vec<(f32, [i8; 32])> {
+        let q = QTensor::quantize(x, GgmlDType::Q8_0).unwrap();
+        q.data()
+            .unwrap()
+            .chunks_exact(34)
+            .map(|b| (f16::from_le_bytes([b[0], b[1]]).to_f32(), std::array::from_fn(|j| b[2 + j] as i8)))
+            .collect()
+    }
+
+    #[test]
+    fn quantizes_activations_bit_for_bit_like_candle() {
+        // Random rows, an all-zero block, and a block of exact ties (d = 1: x.5 rounds away from 0).
+        let mut x = values(3 * 96, 7);
+        x[96..128].fill(0.0);
+        for (j, v) in x[128..160].iter_mut().enumerate() {
+            *v = if j == 0 { 127.0 } else { (j as f32 - 16.0) + 0.5 };
+        }
+        let blocks = candle_q8_0(&Tensor::from_slice(&x, (3, 96), &Device::Cpu).unwrap());
+        for offset in [false, true] {
+            let acts = Activations::quantize(&x, 3, 96, offset);
+            let (qs, d) = acts.parts();
+            for (b, (want_d, want_q)) in blocks.iter().enumerate() {
+                assert_eq!(d[b].to_bits(), want_d.to_bits(), "block {b} scale");
+                let got: Vec<i8> = qs[b * 32..(b + 1) * 32].iter().map(|&q| (q ^ if offset { 0x80 } else { 0 }) as i8).collect();
+                assert_eq!(got, want_q, "block {b} quants (offset {offset})");
+            }
+        }
+    }
+
+    /// Checks `matmul_t` on `x [m, k]` and `w [n, k]` quantized to `dtype`, with every kernel
+    /// flavour the CPU runs, against:
+    /// - the exact integer result: candle's Q8_0 activations dequantized, dotted in f64 with the
+    ///   dequantized weight (float-summation noise only);
+    /// - candle's `QMatMul::forward`, when `exact_candle` (candle quantizes the activations the
+    ///   same way), else within both sides' activation-quantization error;
+    /// - the f32 product with the dequantized weight, within the activation-quantization error.
+    fn check(dtype: GgmlDType, m: usize, k: usize, n: usize, exact_candle: bool) {
+        let x = tensor(m, k, (m * 1000 + k + n) as u64);
+        let w = Arc::new(QTensor::quantize(&tensor(n, k, (n * 7 + k) as u64), dtype).unwrap());
+        let wd = to_rows(&w.dequantize(&Device::Cpu).unwrap());
+        let xs = to_rows(&x);
+        let xq = candle_q8_0(&x);
+        let candle = to_rows(&QMatMul::from_arc(w.clone()).unwrap().forward(&x).unwrap());
+        for isa in Isa::supported() {
+            let ours = to_rows(&matmul_t(&x, &w, isa).unwrap().expect("served"));
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut exact, mut f32_ref, mut magnitude, mut q_err, mut q_err_256) = (0f64, 0f64, 0f64, 0f64, 0f64);
+                    for t in 0..k {
+                        let (d, q) = xq[(i * k + t) / 32];
+                        let (xv, wv) = (xs[i][t] as f64, wd[j][t] as f64);
+                        exact += d as f64 * q[t % 32] as f64 * wv;
+                        f32_ref += xv * wv;
+                        magnitude += (xv * wv).abs();
+                        // |x - d·q| ≤ d / 2 plus the f16 rounding of d (≤ 2⁻¹¹ relative).
+                        q_err += wv.abs() * (0.51 * d as f64 + xv.abs() / 1024.0);
+                        let amax_256 = xs[i][t / 256 * 256..(t / 256 * 256 + 256).min(k)]
+                            .iter()
+                            .fold(0f32, |a, v| a.max(v.abs())) as f64;
+                        q_err_256 += wv.abs() * (amax_256 / 127.0 + xv.abs() / 1024.0);
+                    }
+                    let noise = 1e-5 * magnitude + 1e-6;
+                    let at = format!("{dtype:?} {isa:?} m={m} k={k} n={n} [{i}, {j}]");
+                    let got = ours[i][j] as f64;
+                    assert!((got - exact).abs() <= noise, "{at}: ours {got} vs exact {exact}");
+                    assert!((got - f32_ref).abs() <= q_err + noise, "{at}: ours {got} vs f32 {f32_ref}");
+                    let candle_tol = if exact_candle { noise } else { q_err + q_err_256 + noise };
+                    let theirs = candle[i][j] as f64;
+                    assert!((got - theirs).abs() <= candle_tol, "{at}: ours {got} vs candle {theirs}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_candle_for_every_row_count_and_odd_n() {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
+            for (k, n) in [(32, 5), (576, 37), (1536, 19)] {
+                for m in 1..=super::MAX_ROWS {
+                    check(dtype, m, k, n, true);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn spans_several_parallel_tasks() {
+        // Enough rows for many tasks, with a last task holding a single row.
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
+            check(dtype, 5, 576, 1001, true);
+        }
+    }
+
+    #[test]
+    fn agrees_with_candle_where_it_quantizes_activations_per_256() {
+        // candle repacks Q8_0 weights with k % 256 == 0 and n % 16 == 0 for AVX-512 VNNI and
+        // quantizes the activations to Q8_K there.
+        check(GgmlDType::Q8_0, 4, 1536, 64, false);
+    }
+
+    #[test]
+    fn declines_what_it_does_not_serve() {
+        let w8 = QTensor::quantize(&tensor(8, 64, 1), GgmlDType::Q8_0).unwrap();
+        let x = tensor(2, 64, 2);
+        let none = |x: &Tensor, w: &QTensor| super::matmul_t(x, w).unwrap().is_none();
+        assert!(none(&tensor(super::MAX_ROWS + 1, 64, 3), &w8), "too many rows");
+        assert!(none(&x.to_dtype(DType::F16).unwrap(), &w8), "f16 activations");
+        assert!(none(&x.reshape((1, 2, 64)).unwrap(), &w8), "3-D activations");
+        let q4k = QTensor::quantize(&tensor(8, 256, 4), GgmlDType::Q4K).unwrap();
+        assert!(none(&tensor(2, 256, 5), &q4k), "Q4_K weight");
+        let f32_w = QTensor::quantize(&tensor(8, 48, 6), GgmlDType::F32).unwrap();
+        assert!(none(&tensor(2, 48, 7), &f32_w), "k not a multiple of 32 (and not quantized)");
+        let w8_32 = QTensor::quantize(&tensor(8, 32, 8), GgmlDType::Q8_0).unwrap();
+        assert!(none(&x, &w8_32), "mismatched k, left to candle to report");
     }
 }

@@ -3,9 +3,56 @@
 
 mod config;
 mod errors;
+mod pipeline;
 mod registry;
 
+use std::path::Path;
+use std::sync::Arc;
+
 use pyo3::prelude::*;
+use specrs_core::SpeculativeMethod;
+
+/// The Hugging Face architecture of a target checkpoint (GGUF, safetensors file or
+/// directory), read without loading weights.
+#[pyfunction]
+fn peek_architecture(py: Python<'_>, path: &str) -> PyResult<String> {
+    py.detach(|| specrs_engine::pipeline::peek_architecture(Path::new(path))).map_err(pipeline::engine_error)
+}
+
+/// A draft checkpoint's `architectures[0]`, rewritten as MAX does for one-layer EAGLE drafts.
+#[pyfunction]
+fn draft_architecture(method: &str, path: &str) -> PyResult<String> {
+    let method: SpeculativeMethod = method.parse().map_err(errors::config_error)?;
+    specrs_engine::pipeline::draft_architecture(method, Path::new(path)).map_err(pipeline::engine_error)
+}
+
+/// Resolves a model alias to its file (paths are returned as given).
+#[pyfunction]
+fn resolve_model(py: Python<'_>, name: &str) -> PyResult<String> {
+    py.detach(|| specrs_engine::pipeline::resolve_model_path(name))
+        .map(|p| p.display().to_string())
+        .map_err(pipeline::engine_error)
+}
+
+/// Runs the `spec-rs` command line. `factory`, when given, builds the pipeline for the parsed
+/// arguments (a JSON string) and returns it; the Python console script passes one so that
+/// custom architectures registered in Python are honoured.
+#[pyfunction]
+#[pyo3(signature = (argv, factory=None))]
+fn cli_main(py: Python<'_>, argv: Vec<String>, factory: Option<Py<PyAny>>) -> i32 {
+    let Some(factory) = factory else {
+        return py.detach(|| specrs_server::main_with_args(argv, None));
+    };
+    let build = move |args: &specrs_server::cli::PipelineArgs| -> Result<Arc<specrs_engine::EngineHandle>, String> {
+        let json = args.to_json().map_err(|e| e.to_string())?.to_string();
+        Python::attach(|py| {
+            let obj = factory.call1(py, (json,)).map_err(|e| e.to_string())?;
+            let pipe = obj.extract::<PyRef<'_, pipeline::PyPipeline>>(py).map_err(|e| e.to_string())?;
+            Ok(pipe.handle.clone())
+        })
+    };
+    py.detach(|| specrs_server::main_with_args(argv, Some(&build)))
+}
 
 #[pymodule(gil_used = false)]
 fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -23,5 +70,10 @@ fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::builtin_speculators, m)?)?;
     m.add_function(wrap_pyfunction!(registry::select_speculator, m)?)?;
     m.add_function(wrap_pyfunction!(registry::canonical_draft_arch, m)?)?;
+    m.add_function(wrap_pyfunction!(peek_architecture, m)?)?;
+    m.add_function(wrap_pyfunction!(draft_architecture, m)?)?;
+    m.add_function(wrap_pyfunction!(resolve_model, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    pipeline::register(m)?;
     Ok(())
 }

@@ -1,0 +1,404 @@
+//! The `spec-rs` command line, shared by the cargo binary and the Python console script.
+//!
+//! The speculative flags are generated from `SpeculativeConfig`'s fields
+//! (`specrs_core::config::flags`), so the CLI, YAML files and Python accept the same names.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+use serde_json::{Map, Value};
+use specrs_core::SpeculativeConfig;
+use specrs_core::config::file::{deep_merge, load_config_file};
+use specrs_core::config::flags::{FlagKind, SPECULATIVE_FLAGS};
+use specrs_core::model_alias::DEFAULT_MODEL_ALIAS;
+use specrs_engine::{DeviceSpec, EngineConfig, PipelineConfig};
+use specrs_models::ModelDType;
+
+/// What the user asked for.
+#[derive(Debug, Clone)]
+pub enum CliCommand {
+    Serve { pipeline: PipelineArgs, server: ServerArgs },
+    Generate { pipeline: PipelineArgs, generate: GenerateArgs },
+}
+
+/// Everything that builds a pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineArgs {
+    pub model: String,
+    pub draft_model: Option<String>,
+    /// Speculative fields given on the command line (explicit values only).
+    pub speculative: Map<String, Value>,
+    pub config_file: Option<PathBuf>,
+    pub section_name: Option<String>,
+    pub dtype: ModelDType,
+    pub device: DeviceSpec,
+    pub engine: EngineConfig,
+    pub custom_architectures: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerArgs {
+    pub host: String,
+    pub port: u16,
+    pub served_model_name: Option<String>,
+    pub api_key: Option<String>,
+    /// Requests admitted beyond the running batch before the server answers 429.
+    pub max_pending: usize,
+    /// Seconds in-flight requests get to finish on SIGINT/SIGTERM.
+    pub shutdown_timeout: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateArgs {
+    pub prompt: String,
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: i64,
+    pub seed: Option<u64>,
+    pub chat: bool,
+    pub trace: bool,
+}
+
+fn pipeline_args(cmd: Command) -> Command {
+    let mut cmd = cmd
+        .arg(Arg::new("model").long("model").default_value(DEFAULT_MODEL_ALIAS).help(
+            "Target model: an alias (smollm2-135m-instruct), a GGUF file, or a Hugging Face checkpoint directory",
+        ))
+        .arg(Arg::new("draft-model").long("draft-model").help("Draft checkpoint directory (eagle, dflash, dflash2, dspark; speculators mtp)"))
+        .arg(Arg::new("config-file").long("config-file").value_parser(value_parser!(PathBuf)).help(
+            "YAML file with speculative settings; flags given explicitly override it",
+        ))
+        .arg(Arg::new("section-name").long("section-name").help("Top-level section of --config-file to read (e.g. speculative)"))
+        .arg(Arg::new("dtype").long("dtype").default_value("auto").help(
+            "Weight dtype: auto, f32, f16, bf16 (CUDA), q8_0, q4_0, q4k, q6k",
+        ))
+        .arg(Arg::new("device").long("device").default_value("cpu").help("cpu, cuda or cuda:N"))
+        .arg(Arg::new("max-num-seqs").long("max-num-seqs").value_parser(value_parser!(usize)).default_value("64").help(
+            "Sequences decoded together",
+        ))
+        .arg(Arg::new("max-model-len").long("max-model-len").value_parser(value_parser!(usize)).help(
+            "Context length (default: the model's)",
+        ))
+        .arg(Arg::new("max-num-batched-tokens").long("max-num-batched-tokens").value_parser(value_parser!(usize)).default_value("2048"))
+        .arg(Arg::new("kv-cache-memory").long("kv-cache-memory").value_parser(value_parser!(u64)).default_value("1073741824").help(
+            "Bytes of KV cache (target and drafter)",
+        ))
+        .arg(Arg::new("block-size").long("block-size").value_parser(value_parser!(usize)).default_value("16"))
+        .arg(
+            Arg::new("enable-spec-decode-mixed-batches")
+                .long("enable-spec-decode-mixed-batches")
+                .action(ArgAction::SetTrue)
+                .help("Verify drafts on steps that also prefill (architectures that support it)"),
+        )
+        .arg(Arg::new("custom-architectures").long("custom-architectures").help(
+            "Python module (path.py or dir:module) exposing ARCHITECTURES; needs the Python console script",
+        ));
+    for f in SPECULATIVE_FLAGS {
+        let long = f.field.replace('_', "-");
+        let arg = Arg::new(f.field).long(long.clone()).help(f.help);
+        cmd = match f.kind {
+            FlagKind::Bool => {
+                let neg_id = format!("no_{}", f.field);
+                cmd.arg(arg.action(ArgAction::SetTrue).overrides_with(neg_id.clone())).arg(
+                    Arg::new(neg_id)
+                        .long(format!("no-{long}"))
+                        .action(ArgAction::SetTrue)
+                        .overrides_with(f.field)
+                        .hide(true),
+                )
+            }
+            FlagKind::Int => cmd.arg(arg.value_parser(value_parser!(i64)).allow_negative_numbers(true)),
+            FlagKind::Float => cmd.arg(arg.value_parser(value_parser!(f64)).allow_negative_numbers(true)),
+            FlagKind::Str | FlagKind::Json => cmd.arg(arg),
+            FlagKind::Choice(choices) => {
+                cmd.arg(arg.value_parser(clap::builder::PossibleValuesParser::new(choices.iter().copied())).ignore_case(true))
+            }
+        };
+    }
+    cmd
+}
+
+/// The full command tree.
+pub fn command() -> Command {
+    Command::new("spec-rs")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("Speculative-decoding LLM inference: EAGLE, MTP, DFlash, DFlash2, DSpark and n-gram drafters on a Rust core")
+        .subcommand_required(true)
+        .arg_required_else_help(true)
+        .subcommand(
+            pipeline_args(Command::new("serve").about("Serve the OpenAI-compatible API (chat and completions, streaming, /metrics)"))
+                .arg(Arg::new("host").long("host").default_value("127.0.0.1"))
+                .arg(Arg::new("port").long("port").value_parser(value_parser!(u16)).default_value("8000"))
+                .arg(Arg::new("served-model-name").long("served-model-name").help("Model name clients send (default: the --model value)"))
+                .arg(Arg::new("api-key").long("api-key").env("SPEC_RS_API_KEY").help("Require 'Authorization: Bearer KEY' on every endpoint but /health"))
+                .arg(Arg::new("max-pending").long("max-pending").value_parser(value_parser!(usize)).help(
+                    "Requests queued beyond the running batch before answering 429 (default: 4 x --max-num-seqs)",
+                ))
+                .arg(Arg::new("shutdown-timeout").long("shutdown-timeout").value_parser(value_parser!(f64)).default_value("10")),
+        )
+        .subcommand(
+            pipeline_args(Command::new("generate").about("Generate once, streaming text and live acceptance statistics"))
+                .arg(Arg::new("prompt").required(true).help("The prompt (a user message unless --no-chat)"))
+                .arg(Arg::new("max-tokens").long("max-tokens").value_parser(value_parser!(usize)).default_value("128"))
+                .arg(Arg::new("temperature").long("temperature").value_parser(value_parser!(f32)).default_value("0"))
+                .arg(Arg::new("top-p").long("top-p").value_parser(value_parser!(f32)).default_value("1"))
+                .arg(Arg::new("top-k").long("top-k").value_parser(value_parser!(i64)).default_value("0"))
+                .arg(Arg::new("seed").long("seed").value_parser(value_parser!(u64)))
+                .arg(Arg::new("no-chat").long("no-chat").action(ArgAction::SetTrue).help("Send the prompt as raw text, without the chat template"))
+                .arg(Arg::new("trace").long("trace").action(ArgAction::SetTrue).help(
+                    "Print per step the drafted tokens, the target's tokens there, and how many were accepted",
+                )),
+        )
+}
+
+/// A command-line error; the binary prints it and exits with status 2.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Clap(#[from] clap::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn speculative_values(m: &ArgMatches) -> Result<Map<String, Value>, CliError> {
+    let mut out = Map::new();
+    for f in SPECULATIVE_FLAGS {
+        let value = match f.kind {
+            FlagKind::Bool => {
+                if m.get_flag(f.field) {
+                    Some(Value::Bool(true))
+                } else if m.get_flag(&format!("no_{}", f.field)) {
+                    Some(Value::Bool(false))
+                } else {
+                    None
+                }
+            }
+            FlagKind::Int => m.get_one::<i64>(f.field).map(|v| Value::from(*v)),
+            FlagKind::Float => m.get_one::<f64>(f.field).map(|v| Value::from(*v)),
+            FlagKind::Str => m.get_one::<String>(f.field).map(|v| Value::String(v.clone())),
+            FlagKind::Choice(_) => m.get_one::<String>(f.field).map(|v| Value::String(v.to_lowercase())),
+            FlagKind::Json => match m.get_one::<String>(f.field) {
+                None => None,
+                Some(text) => Some(parse_json_flag(f.field, text)?),
+            },
+        };
+        if let Some(v) = value {
+            out.insert(f.field.to_string(), v);
+        }
+    }
+    Ok(out)
+}
+
+/// A JSON flag: inline JSON (starting with `[` or `{`) or a path to a YAML/JSON file.
+fn parse_json_flag(field: &str, text: &str) -> Result<Value, CliError> {
+    let trimmed = text.trim_start();
+    let flag = format!("--{}", field.replace('_', "-"));
+    if trimmed.starts_with('[') || trimmed.starts_with('{') {
+        return serde_json::from_str(trimmed).map_err(|e| CliError::Invalid(format!("{flag}: invalid JSON: {e}")));
+    }
+    let content = std::fs::read_to_string(text).map_err(|e| {
+        CliError::Invalid(format!("{flag}: '{text}' is neither inline JSON nor a readable file: {e}"))
+    })?;
+    serde_yaml::from_str::<Value>(&content).map_err(|e| CliError::Invalid(format!("{flag}: {text}: {e}")))
+}
+
+fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
+    let invalid = |e: specrs_engine::EngineError| CliError::Invalid(e.to_string());
+    let engine = EngineConfig {
+        max_num_seqs: *m.get_one::<usize>("max-num-seqs").expect("default"),
+        max_num_batched_tokens: *m.get_one::<usize>("max-num-batched-tokens").expect("default"),
+        kv_cache_bytes: *m.get_one::<u64>("kv-cache-memory").expect("default"),
+        block_size: *m.get_one::<usize>("block-size").expect("default"),
+        max_model_len: m.get_one::<usize>("max-model-len").copied(),
+        enable_spec_decode_mixed_batches: m.get_flag("enable-spec-decode-mixed-batches"),
+        ..EngineConfig::default()
+    };
+    if engine.max_num_seqs == 0 || engine.block_size == 0 {
+        return Err(CliError::Invalid("--max-num-seqs and --block-size must be at least 1".into()));
+    }
+    Ok(PipelineArgs {
+        model: m.get_one::<String>("model").expect("default").clone(),
+        draft_model: m.get_one::<String>("draft-model").cloned(),
+        speculative: speculative_values(m)?,
+        config_file: m.get_one::<PathBuf>("config-file").cloned(),
+        section_name: m.get_one::<String>("section-name").cloned(),
+        dtype: m
+            .get_one::<String>("dtype")
+            .expect("default")
+            .parse()
+            .map_err(|e: specrs_models::ModelError| CliError::Invalid(format!("--dtype: {e}")))?,
+        device: m.get_one::<String>("device").expect("default").parse().map_err(invalid)?,
+        engine,
+        custom_architectures: m.get_one::<String>("custom-architectures").cloned(),
+    })
+}
+
+/// Parses arguments (without the program name) into a command.
+pub fn parse<I, T>(args: I) -> Result<CliCommand, CliError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = command().try_get_matches_from(std::iter::once(OsString::from("spec-rs")).chain(args.into_iter().map(Into::into)))?;
+    match matches.subcommand() {
+        Some(("serve", m)) => {
+            let pipeline = pipeline_from(m)?;
+            let max_num_seqs = pipeline.engine.max_num_seqs;
+            Ok(CliCommand::Serve {
+                pipeline,
+                server: ServerArgs {
+                    host: m.get_one::<String>("host").expect("default").clone(),
+                    port: *m.get_one::<u16>("port").expect("default"),
+                    served_model_name: m.get_one::<String>("served-model-name").cloned(),
+                    api_key: m.get_one::<String>("api-key").cloned(),
+                    max_pending: m.get_one::<usize>("max-pending").copied().unwrap_or(4 * max_num_seqs),
+                    shutdown_timeout: *m.get_one::<f64>("shutdown-timeout").expect("default"),
+                },
+            })
+        }
+        Some(("generate", m)) => Ok(CliCommand::Generate {
+            pipeline: pipeline_from(m)?,
+            generate: GenerateArgs {
+                prompt: m.get_one::<String>("prompt").expect("required").clone(),
+                max_tokens: *m.get_one::<usize>("max-tokens").expect("default"),
+                temperature: *m.get_one::<f32>("temperature").expect("default"),
+                top_p: *m.get_one::<f32>("top-p").expect("default"),
+                top_k: *m.get_one::<i64>("top-k").expect("default"),
+                seed: m.get_one::<u64>("seed").copied(),
+                chat: !m.get_flag("no-chat"),
+                trace: m.get_flag("trace"),
+            },
+        }),
+        _ => unreachable!("a subcommand is required"),
+    }
+}
+
+impl PipelineArgs {
+    /// The speculative config: the file (or its section) as base, explicit flags on top,
+    /// validated by the shared rules.
+    pub fn speculative_config(&self) -> Result<SpeculativeConfig, CliError> {
+        let mut values = match &self.config_file {
+            Some(path) => load_config_file(path, self.section_name.as_deref()).map_err(|e| CliError::Invalid(e.to_string()))?,
+            None if self.section_name.is_some() => {
+                return Err(CliError::Invalid("--section-name needs --config-file".into()));
+            }
+            None => Map::new(),
+        };
+        deep_merge(&mut values, &self.speculative);
+        SpeculativeConfig::from_json(&Value::Object(values))
+            .and_then(SpeculativeConfig::validated)
+            .map_err(|e| CliError::Invalid(e.message))
+    }
+
+    /// The arguments as JSON for the Python console script, with the speculative config
+    /// already merged from the file and validated.
+    pub fn to_json(&self) -> Result<Value, CliError> {
+        let device = match self.device {
+            DeviceSpec::Cpu => "cpu".to_string(),
+            DeviceSpec::Cuda(i) => format!("cuda:{i}"),
+        };
+        Ok(serde_json::json!({
+            "model": self.model,
+            "draft_model": self.draft_model,
+            "speculative_config": self.speculative_config()?.to_json(),
+            "dtype": self.dtype.as_str(),
+            "device": device,
+            "max_num_seqs": self.engine.max_num_seqs,
+            "max_model_len": self.engine.max_model_len,
+            "max_num_batched_tokens": self.engine.max_num_batched_tokens,
+            "kv_cache_bytes": self.engine.kv_cache_bytes,
+            "block_size": self.engine.block_size,
+            "enable_spec_decode_mixed_batches": self.engine.enable_spec_decode_mixed_batches,
+            "custom_architectures": self.custom_architectures,
+        }))
+    }
+
+    /// The pipeline configuration (built-in architectures only).
+    pub fn pipeline_config(&self) -> Result<PipelineConfig, CliError> {
+        if self.custom_architectures.is_some() {
+            return Err(CliError::Invalid(
+                "--custom-architectures loads a Python module: run the Python console script (pip install spec-rs; spec-rs ...)".into(),
+            ));
+        }
+        Ok(PipelineConfig {
+            model: self.model.clone(),
+            draft_model: self.draft_model.clone(),
+            speculative: self.speculative_config()?,
+            dtype: self.dtype,
+            device: self.device,
+            engine: self.engine.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(args: &[&str]) -> PipelineArgs {
+        let mut v = vec!["serve"];
+        v.extend_from_slice(args);
+        match parse(v).unwrap() {
+            CliCommand::Serve { pipeline, .. } => pipeline,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn speculative_flags_become_explicit_config_values() {
+        let p = serve(&[
+            "--speculative-method",
+            "EAGLE",
+            "--num-speculative-tokens",
+            "3",
+            "--use-greedy-acceptance",
+            "--num-speculative-tokens-per-batch-size",
+            r#"[{"batch_start":1,"batch_end":4,"num_tokens":2}]"#,
+        ]);
+        let cfg = p.speculative_config().unwrap();
+        assert_eq!(cfg.speculative_method, Some(specrs_core::SpeculativeMethod::Eagle));
+        assert_eq!(cfg.num_speculative_tokens, Some(3));
+        assert!(cfg.use_greedy_acceptance);
+        assert_eq!(cfg.verify_width_schedule(), Some(vec![(1, 4, 2)]));
+        assert!(!p.speculative.contains_key("relaxed_topk"), "unset flags stay unset");
+    }
+
+    #[test]
+    fn boolean_flags_pair_with_their_negation() {
+        let p = serve(&["--logit-penalties", "--no-logit-penalties"]);
+        assert_eq!(p.speculative.get("logit_penalties"), Some(&Value::Bool(false)));
+    }
+
+    #[test]
+    fn rule_violations_are_cli_errors() {
+        let p = serve(&["--speculative-method", "eagle", "--synthetic-acceptance-rate", "1.5"]);
+        let e = p.speculative_config().unwrap_err().to_string();
+        assert!(e.contains("synthetic_acceptance_rate must be between 0.0 and 1.0"), "{e}");
+        assert!(parse(["serve", "--speculative-method", "medusa"]).is_err());
+        assert!(parse(["serve", "--port", "-1"]).is_err());
+    }
+
+    #[test]
+    fn config_file_section_is_the_base_and_flags_override() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), "speculative:\n  speculative_method: ngram\n  num_speculative_tokens: 6\n").unwrap();
+        let path = f.path().to_str().unwrap();
+        let p = serve(&["--config-file", path, "--section-name", "speculative", "--num-speculative-tokens", "2"]);
+        let cfg = p.speculative_config().unwrap();
+        assert_eq!(cfg.speculative_method, Some(specrs_core::SpeculativeMethod::Ngram));
+        assert_eq!(cfg.num_speculative_tokens, Some(2));
+        let p = serve(&["--config-file", path, "--section-name", "runtime"]);
+        assert!(p.speculative_config().unwrap_err().to_string().contains("sections present: speculative"));
+    }
+
+    #[test]
+    fn help_lists_every_speculative_flag() {
+        let mut serve = command().find_subcommand("serve").unwrap().clone();
+        let help = serve.render_long_help().to_string();
+        for f in SPECULATIVE_FLAGS {
+            assert!(help.contains(&format!("--{}", f.field.replace('_', "-"))), "{}", f.field);
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! OpenAI API request and response types (chat completions, completions, models, errors),
+//! with vLLM's sampling extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
+//! `ignore_eos`, `stop_token_ids`).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling fields shared by both endpoints.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingFields {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<StopSpec>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub min_tokens: Option<usize>,
+    pub ignore_eos: Option<bool>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub n: Option<usize>,
+    pub best_of: Option<usize>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub response_format: Option<Value>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub logit_bias: Option<Value>,
+    pub user: Option<String>,
+    /// spec-rs: record the per-step draft trace in the response.
+    pub trace: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Value>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessageIn>,
+    pub max_tokens: Option<usize>,
+    pub max_completion_tokens: Option<usize>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<usize>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// `prompt`: text, texts, token ids, or lists of token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptSpec {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: PromptSpec,
+    pub max_tokens: Option<usize>,
+    pub logprobs: Option<usize>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SpecDecodeUsage {
+    pub num_drafts: u64,
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+    pub acceptance_length: f64,
+    pub accepted_per_position: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    /// spec-rs: the request's speculative-decoding statistics.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec_decode: Option<SpecDecodeUsage>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}

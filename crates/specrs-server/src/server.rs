@@ -1,0 +1,655 @@
+//! The OpenAI-compatible HTTP server: `/v1/chat/completions`, `/v1/completions` (streaming or
+//! not), `/v1/models`, `/health`, `/metrics`.
+//!
+//! Requests are validated into engine requests (bad input is a 4xx with OpenAI's error JSON
+//! naming the field), admitted up to a bounded number in flight (beyond it: 429 with
+//! Retry-After), and streamed as server-sent events ending with `data: [DONE]`. A client that
+//! disconnects drops its output stream, which cancels the request and frees its KV blocks.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::stream::{self, Stream, StreamExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use specrs_core::sampling::SamplingParams;
+use specrs_engine::request::OutputStream;
+use specrs_engine::{ChatMessage, EngineHandle, FinishReason, GenerationRequest, Prompt, RequestOutput, TokenLogprob};
+
+use crate::error::ApiError;
+use crate::openai::{
+    ChatCompletionRequest, CompletionRequest, PromptSpec, SamplingFields, SpecDecodeUsage, Usage,
+};
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 8 << 20;
+
+pub struct AppState {
+    pub handle: Arc<EngineHandle>,
+    /// Names a request's `model` may use.
+    pub model_names: Vec<String>,
+    pub api_key: Option<String>,
+    pub max_pending: usize,
+    pub in_flight: AtomicUsize,
+    pub created: u64,
+}
+
+/// Counts a request in flight until dropped.
+struct InFlight(Arc<AppState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    Router::new()
+        .route("/health", get(health))
+        .merge(api)
+        .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such endpoint; see /v1/models, /v1/chat/completions, /v1/completions") })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError::status(StatusCode::UNAUTHORIZED, "missing or invalid API key: send 'Authorization: Bearer <key>'")
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.handle.is_alive() {
+        true => (StatusCode::OK, axum::Json(json!({"status": "ok"}))).into_response(),
+        false => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped").into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut text = state.handle.metrics().render_prometheus("specrs");
+    text.push_str(&format!(
+        "# HELP specrs_num_requests_in_flight Requests admitted by the HTTP server and not yet answered.\n\
+         # TYPE specrs_num_requests_in_flight gauge\nspecrs_num_requests_in_flight {}\n",
+        state.in_flight.load(Ordering::Relaxed)
+    ));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let data: Vec<Value> = state
+        .model_names
+        .iter()
+        .take(1)
+        .map(|m| {
+            json!({"id": m, "object": "model", "created": state.created, "owned_by": "spec-rs",
+                   "max_model_len": state.handle.info().max_model_len})
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// Parses a JSON body into `T`, reporting malformed JSON, wrong types and unknown enum values
+/// as 400s that name the field.
+fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|r| ApiError::status(r.status(), r.body_text()))?;
+    let value: Value = serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the request body must be a JSON object", None));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let message = match &param {
+            Some(p) => format!("invalid value for '{p}': {}", e.inner()),
+            None => e.inner().to_string(),
+        };
+        ApiError::bad_request(message, param.as_deref())
+    })
+}
+
+fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    if state.model_names.iter().any(|m| m == model) {
+        Ok(())
+    } else {
+        Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{model}` does not exist; this server serves `{}`", state.model_names[0]),
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        })
+    }
+}
+
+/// Sampling fields shared by both endpoints → engine parameters, rejecting what spec-rs does
+/// not do rather than ignoring it.
+fn sampling_params(
+    f: &SamplingFields,
+    max_tokens: Option<usize>,
+    max_tokens_field: &str,
+    logprobs: Option<usize>,
+    state: &AppState,
+) -> Result<SamplingParams, ApiError> {
+    if f.n.unwrap_or(1) != 1 {
+        return Err(ApiError::bad_request("only n=1 is supported", Some("n")));
+    }
+    if f.best_of.unwrap_or(1) != 1 {
+        return Err(ApiError::bad_request("only best_of=1 is supported", Some("best_of")));
+    }
+    let synthetic = state.handle.info().pipeline.as_ref().is_some_and(|p| p.acceptance_rule == "synthetic");
+    for (field, present) in [("response_format", f.response_format.as_ref().is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text"))), ("tools", f.tools.is_some()), ("tool_choice", f.tool_choice.is_some())] {
+        if present {
+            let message = if synthetic {
+                format!("{field} needs constrained decoding, which synthetic acceptance (a benchmarking mode that ignores the logits) cannot serve")
+            } else {
+                format!("{field} (constrained decoding) is not supported by this server")
+            };
+            return Err(ApiError::bad_request(message, Some(field)));
+        }
+    }
+    if f.logit_bias.as_ref().is_some_and(|v| v.as_object().is_some_and(|o| !o.is_empty())) {
+        return Err(ApiError::bad_request("logit_bias is not supported", Some("logit_bias")));
+    }
+    if max_tokens == Some(0) {
+        return Err(ApiError::bad_request("max_tokens must be at least 1", Some(max_tokens_field)));
+    }
+    if let Some(t) = f.temperature
+        && !(0.0..=2.0).contains(&t)
+    {
+        return Err(ApiError::bad_request(format!("temperature must be between 0 and 2, got {t}"), Some("temperature")));
+    }
+    let params = SamplingParams {
+        temperature: f.temperature.unwrap_or(1.0),
+        top_k: f.top_k.unwrap_or(0),
+        top_p: f.top_p.unwrap_or(1.0),
+        min_p: f.min_p.unwrap_or(0.0),
+        seed: f.seed,
+        repetition_penalty: f.repetition_penalty.unwrap_or(1.0),
+        frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: f.presence_penalty.unwrap_or(0.0),
+        max_tokens,
+        stop: f.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+        stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
+        ignore_eos: f.ignore_eos.unwrap_or(false),
+        logprobs,
+        min_tokens: f.min_tokens.unwrap_or(0),
+    };
+    params
+        .validate(state.handle.info().vocab_size)
+        .map_err(|e| ApiError::bad_request(e.message, Some(e.field.as_deref().unwrap_or("temperature"))))?;
+    Ok(params)
+}
+
+fn admit(state: &Arc<AppState>, n: usize) -> Result<Vec<InFlight>, ApiError> {
+    let now = state.in_flight.fetch_add(n, Ordering::Relaxed) + n;
+    let guards: Vec<InFlight> = (0..n).map(|_| InFlight(state.clone())).collect();
+    if now > state.max_pending + state.handle.info().max_num_seqs {
+        return Err(ApiError::status(StatusCode::TOO_MANY_REQUESTS, "the server is at capacity; retry shortly"));
+    }
+    Ok(guards)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn request_id(prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("{prefix}-{:x}{:06x}", now_secs(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Collects a stream into one output (non-streaming responses).
+async fn collect(mut stream: OutputStream) -> Result<specrs_engine::FinalOutput, ApiError> {
+    let mut outs = Vec::new();
+    while let Some(o) = stream.recv().await {
+        let done = o.is_finished();
+        outs.push(o);
+        if done {
+            break;
+        }
+    }
+    let out = specrs_engine::FinalOutput::collect(outs).ok_or_else(|| ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped"))?;
+    if out.finish_reason == FinishReason::Error {
+        return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, out.error.unwrap_or_else(|| "generation failed".into())));
+    }
+    Ok(out)
+}
+
+fn usage_of(prompt: usize, completion: usize, m: Option<&specrs_engine::RequestMetrics>) -> Usage {
+    Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt + completion,
+        spec_decode: m.filter(|m| m.num_drafts > 0).map(|m| SpecDecodeUsage {
+            num_drafts: m.num_drafts,
+            num_draft_tokens: m.num_draft_tokens,
+            num_accepted_tokens: m.num_accepted_tokens,
+            acceptance_length: m.acceptance_length,
+            accepted_per_position: m.accepted_per_position.clone(),
+        }),
+    }
+}
+
+fn finish_str(r: Option<FinishReason>) -> Value {
+    match r {
+        Some(FinishReason::Stop) => json!("stop"),
+        Some(FinishReason::Length) => json!("length"),
+        Some(FinishReason::Abort) => json!("abort"),
+        Some(FinishReason::Error) => json!("error"),
+        None => Value::Null,
+    }
+}
+
+fn token_text(state: &AppState, id: u32) -> String {
+    state.handle.tokenizer().decode(&[id], false).unwrap_or_default()
+}
+
+fn chat_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let t = token_text(state, id);
+        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            let mut e = entry(l.token, l.logprob);
+            e["top_logprobs"] = Value::Array(l.top.iter().map(|&(id, lp)| entry(id, lp)).collect());
+            e
+        })
+        .collect();
+    json!({"content": content})
+}
+
+fn completion_logprobs(state: &AppState, lps: &[TokenLogprob], offset: usize) -> Value {
+    let mut text_offset = Vec::with_capacity(lps.len());
+    let mut at = offset;
+    let tokens: Vec<String> = lps
+        .iter()
+        .map(|l| {
+            let t = token_text(state, l.token);
+            text_offset.push(at);
+            at += t.len();
+            t
+        })
+        .collect();
+    let top: Vec<Value> = lps
+        .iter()
+        .map(|l| Value::Object(l.top.iter().map(|&(id, lp)| (token_text(state, id), json!(lp))).collect()))
+        .collect();
+    json!({"tokens": tokens, "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(), "top_logprobs": top, "text_offset": text_offset})
+}
+
+fn sse_done() -> Event {
+    Event::default().data("[DONE]")
+}
+
+fn sse_json(v: &Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+fn chat_messages(req: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request("messages must contain at least one message", Some("messages")));
+    }
+    req.messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool" | "developer") {
+                return Err(ApiError::bad_request(
+                    format!("unknown role '{}'; expected system, user, assistant, tool or developer", m.role),
+                    Some(&format!("messages[{i}].role")),
+                ));
+            }
+            // Text parts are joined; other modalities are refused.
+            let content = match &m.content {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                            (Some("text"), Some(t)) => text.push_str(t),
+                            _ => {
+                                return Err(ApiError::bad_request(
+                                    "only text content parts are supported",
+                                    Some(&format!("messages[{i}].content")),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+                Some(_) => {
+                    return Err(ApiError::bad_request(
+                        "content must be a string or a list of text parts",
+                        Some(&format!("messages[{i}].content")),
+                    ));
+                }
+            };
+            Ok(ChatMessage::new(m.role.clone(), content))
+        })
+        .collect()
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_body(body)?;
+    check_model(&state, &req.model)?;
+    let messages = chat_messages(&req)?;
+    let top = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (false, Some(n)) if n > 0 => return Err(ApiError::bad_request("top_logprobs needs logprobs=true", Some("top_logprobs"))),
+        (true, n) if n.unwrap_or(0) > 20 => return Err(ApiError::bad_request("top_logprobs must be at most 20", Some("top_logprobs"))),
+        (true, n) => Some(n.unwrap_or(0)),
+        (false, _) => None,
+    };
+    let (max_tokens, field) = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(m), _) => (Some(m), "max_completion_tokens"),
+        (None, m) => (m, "max_tokens"),
+    };
+    let params = sampling_params(&req.sampling, max_tokens, field, top, &state)?;
+    let guards = admit(&state, 1)?;
+    let mut request = GenerationRequest::new(Prompt::Chat(messages), params);
+    request.trace = req.sampling.trace.unwrap_or(false);
+    let (_, stream) = state.handle.submit_async(request).await.map_err(|e| ApiError::from_engine(e, "messages"))?;
+    let id = request_id("chatcmpl");
+    let created = now_secs();
+    let model = req.model.clone();
+    if req.sampling.stream.unwrap_or(false) {
+        let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        let events = chat_stream(state.clone(), stream, id, created, model, include_usage, top.is_some(), guards);
+        return Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response());
+    }
+    let out = collect(stream).await?;
+    drop(guards);
+    let mut choice = json!({
+        "index": 0,
+        "message": {"role": "assistant", "content": out.text},
+        "logprobs": if top.is_some() { chat_logprobs(&state, &out.logprobs) } else { Value::Null },
+        "finish_reason": finish_str(Some(out.finish_reason)),
+    });
+    if !out.trace.is_empty() {
+        choice["trace"] = serde_json::to_value(&out.trace).unwrap_or(Value::Null);
+    }
+    let usage = usage_of(out.num_prompt_tokens, out.token_ids.len(), Some(&out.metrics));
+    Ok(axum::Json(json!({
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [choice], "usage": usage,
+    }))
+    .into_response())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn chat_stream(
+    state: Arc<AppState>,
+    stream: OutputStream,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    logprobs: bool,
+    guards: Vec<InFlight>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let chunk = move |delta: Value, finish: Option<FinishReason>, lps: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+               "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish_str(finish)}]})
+    };
+    let first = chunk(json!({"role": "assistant", "content": ""}), None, Value::Null);
+    let usage_chunk = first.clone();
+    let body = output_events(stream).map(move |o: RequestOutput| {
+        let lps = if logprobs && !o.logprobs.is_empty() { chat_logprobs(&state, &o.logprobs) } else { Value::Null };
+        let delta = if o.text.is_empty() { json!({}) } else { json!({"content": o.text}) };
+        let mut events = vec![];
+        if !o.text.is_empty() || !lps.is_null() {
+            events.push(sse_json(&chunk(delta, None, lps)));
+        }
+        if let Some(reason) = o.finish_reason {
+            if reason == FinishReason::Error {
+                events.push(sse_json(&json!({"error": {"message": o.error.clone().unwrap_or_default(), "type": "server_error"}})));
+            } else {
+                events.push(sse_json(&chunk(json!({}), Some(reason), Value::Null)));
+            }
+            if include_usage {
+                let m = o.metrics.clone();
+                let mut u = usage_chunk.clone();
+                u["choices"] = json!([]);
+                u["usage"] = serde_json::to_value(usage_of(
+                    o.num_prompt_tokens,
+                    m.as_ref().map_or(0, |m| m.num_generated_tokens),
+                    m.as_ref(),
+                ))
+                .unwrap_or(Value::Null);
+                events.push(sse_json(&u));
+            }
+            events.push(sse_done());
+        }
+        stream::iter(events.into_iter().map(Ok))
+    });
+    let _guards = guards;
+    stream::once(async move { Ok(sse_json(&first)) }).chain(body.flatten()).map(move |e| {
+        let _ = &_guards;
+        e
+    })
+}
+
+/// The outputs of a request until (and including) the final one.
+fn output_events(stream: OutputStream) -> impl Stream<Item = RequestOutput> {
+    stream::unfold((stream, false), |(mut s, done)| async move {
+        if done {
+            return None;
+        }
+        let o = s.recv().await?;
+        let finished = o.is_finished();
+        Some((o, (s, finished)))
+    })
+}
+
+fn completion_prompts(p: &PromptSpec) -> Result<Vec<Prompt>, ApiError> {
+    let prompts = match p {
+        PromptSpec::Text(t) => vec![Prompt::Text(t.clone())],
+        PromptSpec::Texts(ts) => ts.iter().map(|t| Prompt::Text(t.clone())).collect(),
+        PromptSpec::Tokens(ids) => vec![Prompt::Tokens(ids.clone())],
+        PromptSpec::TokenLists(ls) => ls.iter().map(|ids| Prompt::Tokens(ids.clone())).collect(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_request("prompt must not be empty", Some("prompt")));
+    }
+    Ok(prompts)
+}
+
+async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse_body(body)?;
+    check_model(&state, &req.model)?;
+    if req.echo.unwrap_or(false) {
+        return Err(ApiError::bad_request("echo is not supported", Some("echo")));
+    }
+    if req.suffix.is_some() {
+        return Err(ApiError::bad_request("suffix is not supported", Some("suffix")));
+    }
+    if req.logprobs.is_some_and(|n| n > 20) {
+        return Err(ApiError::bad_request("logprobs must be at most 20", Some("logprobs")));
+    }
+    let prompts = completion_prompts(&req.prompt)?;
+    // OpenAI's default for completions.
+    let params = sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(16)), "max_tokens", req.logprobs, &state)?;
+    let guards = admit(&state, prompts.len())?;
+    let mut streams = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let mut request = GenerationRequest::new(prompt, params.clone());
+        request.trace = req.sampling.trace.unwrap_or(false);
+        let (_, s) = state.handle.submit_async(request).await.map_err(|e| ApiError::from_engine(e, "prompt"))?;
+        streams.push(s);
+    }
+    let id = request_id("cmpl");
+    let created = now_secs();
+    let model = req.model.clone();
+    let logprobs = req.logprobs.is_some();
+    if req.sampling.stream.unwrap_or(false) {
+        let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        return Ok(Sse::new(completion_stream(state.clone(), streams, id, created, model, include_usage, logprobs, guards))
+            .keep_alive(KeepAlive::default())
+            .into_response());
+    }
+    let mut choices = Vec::new();
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    let mut totals = specrs_engine::RequestMetrics::default();
+    for (index, s) in streams.into_iter().enumerate() {
+        let out = collect(s).await?;
+        prompt_tokens += out.num_prompt_tokens;
+        completion_tokens += out.token_ids.len();
+        merge_metrics(&mut totals, &out.metrics);
+        let mut choice = json!({
+            "index": index, "text": out.text,
+            "logprobs": if logprobs { completion_logprobs(&state, &out.logprobs, 0) } else { Value::Null },
+            "finish_reason": finish_str(Some(out.finish_reason)),
+        });
+        if !out.trace.is_empty() {
+            choice["trace"] = serde_json::to_value(&out.trace).unwrap_or(Value::Null);
+        }
+        choices.push(choice);
+    }
+    drop(guards);
+    Ok(axum::Json(json!({
+        "id": id, "object": "text_completion", "created": created, "model": model,
+        "choices": choices, "usage": usage_of(prompt_tokens, completion_tokens, Some(&totals)),
+    }))
+    .into_response())
+}
+
+fn merge_metrics(total: &mut specrs_engine::RequestMetrics, m: &specrs_engine::RequestMetrics) {
+    total.num_drafts += m.num_drafts;
+    total.num_draft_tokens += m.num_draft_tokens;
+    total.num_accepted_tokens += m.num_accepted_tokens;
+    if total.accepted_per_position.len() < m.accepted_per_position.len() {
+        total.accepted_per_position.resize(m.accepted_per_position.len(), 0);
+    }
+    for (t, v) in total.accepted_per_position.iter_mut().zip(&m.accepted_per_position) {
+        *t += v;
+    }
+    total.acceptance_length = if total.num_drafts > 0 { 1.0 + total.num_accepted_tokens as f64 / total.num_drafts as f64 } else { 1.0 };
+}
+
+#[allow(clippy::too_many_arguments)]
+fn completion_stream(
+    state: Arc<AppState>,
+    streams: Vec<OutputStream>,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    logprobs: bool,
+    guards: Vec<InFlight>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let n = streams.len();
+    let indexed = stream::select_all(streams.into_iter().enumerate().map(|(i, s)| output_events(s).map(move |o| (i, o)).boxed()));
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |index: usize, text: String, finish: Option<FinishReason>, lps: Value| {
+            json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                   "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish_str(finish)}]})
+        }
+    };
+    let mut offsets = vec![0usize; n];
+    let mut remaining = n;
+    let mut usage = (0usize, 0usize, specrs_engine::RequestMetrics::default());
+    let _guards = guards;
+    indexed
+        .map(move |(i, o)| {
+            let _ = &_guards;
+            let mut events = Vec::new();
+            let lps = if logprobs && !o.logprobs.is_empty() { completion_logprobs(&state, &o.logprobs, offsets[i]) } else { Value::Null };
+            offsets[i] += o.text.len();
+            if !o.text.is_empty() || !lps.is_null() {
+                events.push(sse_json(&chunk(i, o.text.clone(), None, lps)));
+            }
+            if let Some(reason) = o.finish_reason {
+                events.push(sse_json(&chunk(i, String::new(), Some(reason), Value::Null)));
+                remaining -= 1;
+                usage.0 += o.num_prompt_tokens;
+                if let Some(m) = &o.metrics {
+                    usage.1 += m.num_generated_tokens;
+                    merge_metrics(&mut usage.2, m);
+                }
+                if remaining == 0 {
+                    if include_usage {
+                        events.push(sse_json(&json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                            "choices": [], "usage": usage_of(usage.0, usage.1, Some(&usage.2))})));
+                    }
+                    events.push(sse_done());
+                }
+            }
+            stream::iter(events.into_iter().map(Ok))
+        })
+        .flatten()
+}
+
+/// Serves until SIGINT/SIGTERM, then stops accepting, gives in-flight requests `grace` to
+/// finish, cancels the rest and returns.
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>, grace: Duration) -> std::io::Result<()> {
+    let app = router(state.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        let _ = tx.send(());
+    });
+    let server = tokio::spawn(async move { server.await });
+    // After the signal, in-flight responses get `grace`; then the engine cancels the rest,
+    // which ends their streams and lets the server finish.
+    let _ = rx.await;
+    tracing::info!("shutting down: finishing in-flight requests for up to {:.0}s", grace.as_secs_f64());
+    let handle = state.handle.clone();
+    let deadline = tokio::time::Instant::now() + grace;
+    while state.in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    handle.abort_all();
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(Ok(r)) => r,
+        _ => Ok(()),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

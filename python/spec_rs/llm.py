@@ -1,0 +1,372 @@
+"""The offline API: ``LLM(model, draft_model, speculative_config=...)`` and ``generate`` /
+``chat`` / ``stream``.
+
+Building an ``LLM`` resolves the pipeline the way the server does: the target checkpoint's
+architecture is looked up in :data:`~spec_rs.registry.ARCH_LOOKUP`; with speculation on, the
+speculator matching the method and the draft checkpoint's architecture is selected and
+``derive()``-d; the draft width is resolved from the checkpoint where the architecture says
+so; and the derived ``pipeline_model`` (a Rust pipeline class) is built. Generation runs on
+the engine's own thread with the GIL released.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from . import _spec_rs
+from .config import SpeculativeConfig
+from .errors import ConfigError
+from .models import DEFAULT_MODEL, resolve_model
+from .registry import ARCH_LOOKUP, ArchLookup, SupportedArchitecture
+
+Prompt = str | Sequence[int]
+Message = dict[str, Any]
+
+
+class SamplingParams(BaseModel):
+    """How a request samples and when it stops (vLLM's names and meanings).
+
+    ``temperature=0`` decodes greedily. Off values: ``top_k=0``, ``top_p=1``, ``min_p=0``,
+    ``repetition_penalty=1``, ``frequency_penalty=presence_penalty=0``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    max_tokens: int | None = 16
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    min_tokens: int = 0
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class SpecDecodeMetrics:
+    """Speculative-decoding statistics of one request."""
+
+    num_drafts: int = 0
+    """Verify steps that carried at least one draft."""
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    acceptance_length: float = 1.0
+    """Committed tokens per verify step with drafts (accepted drafts + 1)."""
+    accepted_per_position: list[int] = field(default_factory=list)
+    """``accepted_per_position[i]``: steps that accepted at least ``i + 1`` drafts."""
+    time_to_first_token: float | None = None
+    latency: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One verify step of a request: drafted tokens, the target's argmax at those positions
+    (and the bonus position), and how many drafts were accepted."""
+
+    position: int
+    drafted: list[int]
+    target: list[int]
+    num_accepted: int
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A finished request (or, from :meth:`LLM.stream`, one streamed delta)."""
+
+    request_id: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    metrics: SpecDecodeMetrics | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    trace: list[TraceStep] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def _from_json(cls, text: str) -> RequestOutput:
+        d = json.loads(text)
+        m = d.get("metrics")
+        metrics = (
+            SpecDecodeMetrics(
+                num_drafts=m["num_drafts"],
+                num_draft_tokens=m["num_draft_tokens"],
+                num_accepted_tokens=m["num_accepted_tokens"],
+                acceptance_length=m["acceptance_length"],
+                accepted_per_position=m["accepted_per_position"],
+                time_to_first_token=m["time_to_first_token"],
+                latency=m["latency"],
+            )
+            if m
+            else None
+        )
+        return cls(
+            request_id=d["request_id"],
+            text=d["text"],
+            token_ids=d["token_ids"],
+            finish_reason=d["finish_reason"],
+            num_prompt_tokens=d["num_prompt_tokens"],
+            metrics=metrics,
+            logprobs=[TokenLogprob(lp["token"], lp["logprob"], [tuple(t) for t in lp["top"]]) for lp in d["logprobs"]],
+            trace=[TraceStep(**t) for t in d["trace"]],
+            error=d.get("error"),
+        )
+
+
+def _read_hf_config(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    p = Path(path)
+    cfg = p / "config.json" if p.is_dir() else p.with_name("config.json")
+    if p.suffix == ".gguf" or not cfg.is_file():
+        return {}
+    loaded: dict[str, Any] = json.loads(cfg.read_text())
+    return loaded
+
+
+@dataclass(frozen=True)
+class ResolvedPipeline:
+    """What building a pipeline decided."""
+
+    target_architecture: str
+    architecture: SupportedArchitecture
+    speculative_config: SpeculativeConfig
+    pipeline: Any
+
+
+def build_pipeline(
+    model: str = DEFAULT_MODEL,
+    draft_model: str | None = None,
+    speculative_config: SpeculativeConfig | None = None,
+    *,
+    dtype: str | None = None,
+    device: str = "cpu",
+    max_num_seqs: int = 64,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int = 2048,
+    kv_cache_memory: int = 1 << 30,
+    block_size: int = 16,
+    enable_spec_decode_mixed_batches: bool = False,
+    arch_lookup: ArchLookup | None = None,
+) -> ResolvedPipeline:
+    """Selects the architecture (and speculator), resolves the draft width, builds the pipeline."""
+    lookup = arch_lookup or ARCH_LOOKUP
+    spec = speculative_config or SpeculativeConfig()
+    target_path = resolve_model(model)
+    draft_path = resolve_model(draft_model) if draft_model is not None else None
+    target_arch = _spec_rs.peek_architecture(target_path)
+    arch = lookup.find(target_arch)
+    if arch is None:
+        raise ConfigError(f"architecture {target_arch!r} of {model!r} is not registered; register it in ARCH_LOOKUP")
+    if spec.speculative_method is not None:
+        draft_arch = (
+            _spec_rs.draft_architecture(spec.speculative_method, draft_path) if draft_path is not None else None
+        )
+        speculator = lookup.select_speculator(target_arch, spec.speculative_method, draft_arch)
+        if speculator is None:
+            raise ConfigError(
+                f"{target_arch} declares no speculators; speculative_method={spec.speculative_method!r} cannot run"
+            )
+        arch = speculator.derive()
+        if arch.checkpoint_draft_width is not None:
+            width = arch.checkpoint_draft_width(spec, _read_hf_config(target_path), _read_hf_config(draft_path))
+            spec = spec.with_width(width)
+        spec.check_pipeline_combinations()
+    pipeline = arch.pipeline_model(
+        target_path,
+        draft_path,
+        json.dumps(spec.model_dump(mode="json")),
+        dtype=dtype or "auto",
+        device=device,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kv_cache_bytes=kv_cache_memory,
+        block_size=block_size,
+        enable_spec_decode_mixed_batches=enable_spec_decode_mixed_batches,
+    )
+    return ResolvedPipeline(target_arch, arch, spec, pipeline)
+
+
+def _prompt_json(prompt: Prompt) -> dict[str, Any]:
+    if isinstance(prompt, str):
+        return {"text": prompt}
+    return {"tokens": [int(t) for t in prompt]}
+
+
+class LLM:
+    """A target model, optionally with a drafter, ready to generate.
+
+    >>> llm = LLM("smollm2-135m-instruct", speculative_config=SpeculativeConfig(speculative_method="ngram"))
+    >>> out = llm.generate(["def fibonacci(n):"], SamplingParams(max_tokens=64, temperature=0.0))
+    >>> out[0].text, out[0].metrics.acceptance_length  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        draft_model: str | None = None,
+        *,
+        speculative_config: SpeculativeConfig | None = None,
+        dtype: str | None = None,
+        device: str = "cpu",
+        max_num_seqs: int = 64,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int = 2048,
+        kv_cache_memory: int = 1 << 30,
+        block_size: int = 16,
+        enable_spec_decode_mixed_batches: bool = False,
+        custom_architectures: str | None = None,
+        arch_lookup: ArchLookup | None = None,
+    ) -> None:
+        lookup = arch_lookup or ARCH_LOOKUP
+        if custom_architectures is not None:
+            lookup.load_custom_architectures(custom_architectures)
+        resolved = build_pipeline(
+            model,
+            draft_model,
+            speculative_config,
+            dtype=dtype,
+            device=device,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_memory=kv_cache_memory,
+            block_size=block_size,
+            enable_spec_decode_mixed_batches=enable_spec_decode_mixed_batches,
+            arch_lookup=lookup,
+        )
+        self.model = model
+        self.architecture = resolved.architecture
+        self.speculative_config = resolved.speculative_config
+        self.pipeline = resolved.pipeline
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The resolved pipeline: architecture, fused name, method, width, acceptance rule."""
+        info: dict[str, Any] = self.pipeline.info
+        return info
+
+    def _run(self, prompts: list[dict[str, Any]], params: SamplingParams | None, trace: bool) -> list[RequestOutput]:
+        p = (params or SamplingParams()).model_dump()
+        requests = [json.dumps({"prompt": pr, "params": p, "trace": trace}) for pr in prompts]
+        return [RequestOutput._from_json(o) for o in self.pipeline.generate(requests)]
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | None = None,
+        *,
+        trace: bool = False,
+    ) -> list[RequestOutput]:
+        """Completes each prompt (text, or token ids) as is, batched; outputs in prompt order.
+
+        ``trace=True`` records, per verify step, the drafted tokens, the target's tokens at
+        those positions and how many were accepted.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
+            batch = [prompts]
+        else:
+            batch = list(prompts)  # type: ignore[arg-type]
+        return self._run([_prompt_json(p) for p in batch], sampling_params, trace)  # type: ignore[arg-type]
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        trace: bool = False,
+    ) -> list[RequestOutput]:
+        """Answers one conversation (a list of ``{"role", "content"}``) or several, with the
+        model's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        return self._run([{"chat": list(c)} for c in conversations], sampling_params, trace)
+
+    def stream(
+        self,
+        prompt: Prompt | Sequence[Message],
+        sampling_params: SamplingParams | None = None,
+        *,
+        trace: bool = False,
+    ) -> Iterator[RequestOutput]:
+        """Yields a request's output as it is committed; the last delta carries
+        ``finish_reason`` and ``metrics``. Stop iterating (or close the generator) to cancel."""
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            p = _prompt_json(prompt)  # type: ignore[arg-type]
+        else:
+            p = {"chat": list(prompt)}
+        request = json.dumps({"prompt": p, "params": (sampling_params or SamplingParams()).model_dump(), "trace": trace})
+        stream = self.pipeline.submit(request)
+        try:
+            for delta in stream:
+                yield RequestOutput._from_json(delta)
+        finally:
+            stream.cancel()
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        tokens: list[int] = self.pipeline.tokenize(text, add_special_tokens)
+        return tokens
+
+    def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        text: str = self.pipeline.detokenize(list(token_ids), skip_special_tokens)
+        return text
+
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        text: str = self.pipeline.apply_chat_template(json.dumps(list(messages)), add_generation_prompt)
+        return text
+
+    def kv_blocks(self) -> tuple[int, int]:
+        """``(free, total)`` KV-cache blocks; every finished request returns its blocks."""
+        blocks: tuple[int, int] = self.pipeline.kv_blocks()
+        return blocks
+
+    def metrics_text(self) -> str:
+        """The engine's Prometheus metrics."""
+        text: str = self.pipeline.metrics_text()
+        return text
+
+    def serve(self, host: str = "127.0.0.1", port: int = 8000, **kwargs: Any) -> None:
+        """Serves the OpenAI API on this model until SIGINT/SIGTERM."""
+        self.pipeline.serve(host, port, **kwargs)
+
+
+__all__ = [
+    "LLM",
+    "RequestOutput",
+    "ResolvedPipeline",
+    "SamplingParams",
+    "SpecDecodeMetrics",
+    "TokenLogprob",
+    "TraceStep",
+    "build_pipeline",
+]
