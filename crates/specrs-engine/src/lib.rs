@@ -12,6 +12,7 @@ pub mod proposer;
 pub mod request;
 pub mod sequence;
 pub mod tokenizer;
+pub mod train;
 pub mod width;
 
 pub use chat_template::{ChatMessage, ChatTemplate};

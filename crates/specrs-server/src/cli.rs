@@ -20,6 +20,7 @@ use specrs_models::ModelDType;
 pub enum CliCommand {
     Serve { pipeline: PipelineArgs, server: ServerArgs },
     Generate { pipeline: PipelineArgs, generate: GenerateArgs },
+    TrainDraft(Box<crate::train_cli::TrainDraftArgs>),
 }
 
 /// Everything that builds a pipeline.
@@ -66,25 +67,55 @@ fn pipeline_args(cmd: Command) -> Command {
         .arg(Arg::new("model").long("model").default_value(DEFAULT_MODEL_ALIAS).help(
             "Target model: an alias (smollm2-135m-instruct), a GGUF file, or a Hugging Face checkpoint directory",
         ))
-        .arg(Arg::new("draft-model").long("draft-model").help("Draft checkpoint directory (eagle, dflash, dflash2, dspark; speculators mtp)"))
-        .arg(Arg::new("config-file").long("config-file").value_parser(value_parser!(PathBuf)).help(
-            "YAML file with speculative settings; flags given explicitly override it",
-        ))
-        .arg(Arg::new("section-name").long("section-name").help("Top-level section of --config-file to read (e.g. speculative)"))
-        .arg(Arg::new("dtype").long("dtype").default_value("auto").help(
-            "Weight dtype: auto, f32, f16, bf16 (CUDA), q8_0, q4_0, q4k, q6k",
-        ))
+        .arg(
+            Arg::new("draft-model")
+                .long("draft-model")
+                .help("Draft checkpoint directory (eagle, dflash, dflash2, dspark; speculators mtp)"),
+        )
+        .arg(
+            Arg::new("config-file")
+                .long("config-file")
+                .value_parser(value_parser!(PathBuf))
+                .help("YAML file with speculative settings; flags given explicitly override it"),
+        )
+        .arg(
+            Arg::new("section-name")
+                .long("section-name")
+                .help("Top-level section of --config-file to read (e.g. speculative)"),
+        )
+        .arg(
+            Arg::new("dtype")
+                .long("dtype")
+                .default_value("auto")
+                .help("Weight dtype: auto, f32, f16, bf16 (CUDA), q8_0, q4_0, q4k, q6k"),
+        )
         .arg(Arg::new("device").long("device").default_value("cpu").help("cpu, cuda or cuda:N"))
-        .arg(Arg::new("max-num-seqs").long("max-num-seqs").value_parser(value_parser!(usize)).default_value("64").help(
-            "Sequences decoded together",
-        ))
-        .arg(Arg::new("max-model-len").long("max-model-len").value_parser(value_parser!(usize)).help(
-            "Context length (default: the model's)",
-        ))
-        .arg(Arg::new("max-num-batched-tokens").long("max-num-batched-tokens").value_parser(value_parser!(usize)).default_value("2048"))
-        .arg(Arg::new("kv-cache-memory").long("kv-cache-memory").value_parser(value_parser!(u64)).default_value("1073741824").help(
-            "Bytes of KV cache (target and drafter)",
-        ))
+        .arg(
+            Arg::new("max-num-seqs")
+                .long("max-num-seqs")
+                .value_parser(value_parser!(usize))
+                .default_value("64")
+                .help("Sequences decoded together"),
+        )
+        .arg(
+            Arg::new("max-model-len")
+                .long("max-model-len")
+                .value_parser(value_parser!(usize))
+                .help("Context length (default: the model's)"),
+        )
+        .arg(
+            Arg::new("max-num-batched-tokens")
+                .long("max-num-batched-tokens")
+                .value_parser(value_parser!(usize))
+                .default_value("2048"),
+        )
+        .arg(
+            Arg::new("kv-cache-memory")
+                .long("kv-cache-memory")
+                .value_parser(value_parser!(u64))
+                .default_value("1073741824")
+                .help("Bytes of KV cache (target and drafter)"),
+        )
         .arg(Arg::new("block-size").long("block-size").value_parser(value_parser!(usize)).default_value("16"))
         .arg(
             Arg::new("enable-spec-decode-mixed-batches")
@@ -92,9 +123,11 @@ fn pipeline_args(cmd: Command) -> Command {
                 .action(ArgAction::SetTrue)
                 .help("Verify drafts on steps that also prefill (architectures that support it)"),
         )
-        .arg(Arg::new("custom-architectures").long("custom-architectures").help(
-            "Python module (path.py or dir:module) exposing ARCHITECTURES; needs the Python console script",
-        ));
+        .arg(
+            Arg::new("custom-architectures")
+                .long("custom-architectures")
+                .help("Python module (path.py or dir:module) exposing ARCHITECTURES; needs the Python console script"),
+        );
     for f in SPECULATIVE_FLAGS {
         let long = f.field.replace('_', "-");
         let arg = Arg::new(f.field).long(long.clone()).help(f.help);
@@ -112,9 +145,9 @@ fn pipeline_args(cmd: Command) -> Command {
             FlagKind::Int => cmd.arg(arg.value_parser(value_parser!(i64)).allow_negative_numbers(true)),
             FlagKind::Float => cmd.arg(arg.value_parser(value_parser!(f64)).allow_negative_numbers(true)),
             FlagKind::Str | FlagKind::Json => cmd.arg(arg),
-            FlagKind::Choice(choices) => {
-                cmd.arg(arg.value_parser(clap::builder::PossibleValuesParser::new(choices.iter().copied())).ignore_case(true))
-            }
+            FlagKind::Choice(choices) => cmd.arg(
+                arg.value_parser(clap::builder::PossibleValuesParser::new(choices.iter().copied())).ignore_case(true),
+            ),
         };
     }
     cmd
@@ -151,6 +184,7 @@ pub fn command() -> Command {
                     "Print per step the drafted tokens, the target's tokens there, and how many were accepted",
                 )),
         )
+        .subcommand(crate::train_cli::command())
 }
 
 /// A command-line error; the binary prints it and exits with status 2.
@@ -198,9 +232,8 @@ fn parse_json_flag(field: &str, text: &str) -> Result<Value, CliError> {
     if trimmed.starts_with('[') || trimmed.starts_with('{') {
         return serde_json::from_str(trimmed).map_err(|e| CliError::Invalid(format!("{flag}: invalid JSON: {e}")));
     }
-    let content = std::fs::read_to_string(text).map_err(|e| {
-        CliError::Invalid(format!("{flag}: '{text}' is neither inline JSON nor a readable file: {e}"))
-    })?;
+    let content = std::fs::read_to_string(text)
+        .map_err(|e| CliError::Invalid(format!("{flag}: '{text}' is neither inline JSON nor a readable file: {e}")))?;
     serde_yaml::from_str::<Value>(&content).map_err(|e| CliError::Invalid(format!("{flag}: {text}: {e}")))
 }
 
@@ -241,7 +274,8 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let matches = command().try_get_matches_from(std::iter::once(OsString::from("spec-rs")).chain(args.into_iter().map(Into::into)))?;
+    let matches = command()
+        .try_get_matches_from(std::iter::once(OsString::from("spec-rs")).chain(args.into_iter().map(Into::into)))?;
     match matches.subcommand() {
         Some(("serve", m)) => {
             let pipeline = pipeline_from(m)?;
@@ -271,6 +305,7 @@ where
                 trace: m.get_flag("trace"),
             },
         }),
+        Some(("train-draft", m)) => Ok(CliCommand::TrainDraft(Box::new(crate::train_cli::parse(m)?))),
         _ => unreachable!("a subcommand is required"),
     }
 }
@@ -280,7 +315,9 @@ impl PipelineArgs {
     /// validated by the shared rules.
     pub fn speculative_config(&self) -> Result<SpeculativeConfig, CliError> {
         let mut values = match &self.config_file {
-            Some(path) => load_config_file(path, self.section_name.as_deref()).map_err(|e| CliError::Invalid(e.to_string()))?,
+            Some(path) => {
+                load_config_file(path, self.section_name.as_deref()).map_err(|e| CliError::Invalid(e.to_string()))?
+            }
             None if self.section_name.is_some() => {
                 return Err(CliError::Invalid("--section-name needs --config-file".into()));
             }

@@ -7,6 +7,7 @@ pub mod error;
 pub mod generate;
 pub mod openai;
 pub mod server;
+pub mod train_cli;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -27,7 +28,8 @@ pub type EngineFactory<'a> = &'a dyn Fn(&cli::PipelineArgs) -> Result<Arc<Engine
 pub fn start_engine(cfg: &PipelineConfig) -> Result<EngineHandle, String> {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
     spinner.set_message(format!("loading {}", cfg.model));
     spinner.enable_steady_tick(Duration::from_millis(120));
@@ -79,7 +81,8 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
     });
     let addr = format!("{}:{}", args.host, args.port);
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let listener =
+            tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!("serving the OpenAI API on http://{local}/v1 (model '{}')", state.model_names[0]);
         // Tests and launchers read this line to learn the port.
@@ -95,7 +98,8 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
 }
 
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SPEC_RS_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SPEC_RS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
@@ -118,9 +122,10 @@ pub fn run(cmd: CliCommand, factory: Option<EngineFactory<'_>>) -> i32 {
         CliCommand::Serve { pipeline, server } => start(&pipeline)
             .map_err(|e| (EXIT_USAGE, e))
             .and_then(|h| serve_blocking(h, &pipeline.model, &server).map_err(|e| (1, e))),
-        CliCommand::Generate { pipeline, generate } => start(&pipeline)
-            .map_err(|e| (EXIT_USAGE, e))
-            .and_then(|h| generate::run(&h, &generate).map_err(|e| (1, e))),
+        CliCommand::Generate { pipeline, generate } => {
+            start(&pipeline).map_err(|e| (EXIT_USAGE, e)).and_then(|h| generate::run(&h, &generate).map_err(|e| (1, e)))
+        }
+        CliCommand::TrainDraft(args) => train_cli::run(&args).map_err(|e| (1, e)),
     };
     match result {
         Ok(()) => 0,

@@ -9,19 +9,27 @@ use candle_core::{DType, Device};
 use crate::error::{ModelError, Result};
 
 /// The user-facing weight dtype (`LLM(dtype=...)`, `--dtype`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum ModelDType {
     /// The best for the device and checkpoint: on CPU, f32 for float checkpoints and the GGUF's
     /// own quantization where candle has fast kernels for it (others requantized to q8_0);
     /// on CUDA, bf16 for float checkpoints.
     #[default]
+    #[serde(rename = "auto")]
     Auto,
+    #[serde(rename = "f32")]
     F32,
+    #[serde(rename = "f16")]
     F16,
+    #[serde(rename = "bf16")]
     BF16,
+    #[serde(rename = "q8_0")]
     Q8_0,
+    #[serde(rename = "q4_0")]
     Q4_0,
+    #[serde(rename = "q4k")]
     Q4K,
+    #[serde(rename = "q6k")]
     Q6K,
 }
 

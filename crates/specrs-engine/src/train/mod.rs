@@ -1,0 +1,418 @@
+//! `spec-rs train-draft`: trains an EAGLE-3 draft head for a target on CPU, from data the
+//! target itself generates, and writes it in the speculators `eagle3` format the engine loads.
+//!
+//! 1. Prompts ([`prompts`]) → the target answers them greedily with its chat template through
+//!    the engine's batched generation ([`data::generate_samples`], cached, resumable).
+//! 2. The draft vocabulary is the most frequent answer tokens (`d2t` maps it to target ids).
+//! 3. The target's taps (HF hidden_states `[2, L/2, L-3]` by default) and final hidden state
+//!    are extracted once per sample ([`data::extract_features`], cached shards).
+//! 4. Training-time-test unrolling over `ttt_steps`, soft cross-entropy against the target's
+//!    distribution over the draft vocabulary on answer tokens, step weights `0.8^s`, AdamW,
+//!    warmup + cosine schedule, gradient clipping; checkpoints to resume.
+//! 5. Export ([`export`]) and held-out evaluation through the engine's EAGLE pipeline.
+
+pub mod data;
+pub mod eagle3;
+pub mod export;
+pub mod prompts;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use serde::{Deserialize, Serialize};
+use specrs_models::{CausalLm, ModelDType};
+
+use crate::error::{EngineError, Result};
+use crate::handle::EngineHandle;
+use crate::pipeline::{PipelineConfig, build_engine};
+use data::{Features, Sample};
+use eagle3::{Eagle3Shape, TrainableEagle3, soft_cross_entropy};
+
+/// Everything `train-draft` can be told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainDraftConfig {
+    /// Target: alias, GGUF file or checkpoint directory.
+    pub model: String,
+    /// Weights the target generates data with (what it will be served with).
+    pub dtype: ModelDType,
+    /// Where the trained draft (config.json + model.safetensors) is written.
+    pub output: PathBuf,
+    /// Cache of samples, features and checkpoints (resumable).
+    pub work_dir: PathBuf,
+    pub num_prompts: usize,
+    pub max_new_tokens: usize,
+    /// HF hidden_states indices to tap; default `[2, L/2, L-3]`.
+    pub taps: Option<Vec<usize>>,
+    pub draft_vocab_size: usize,
+    pub intermediate_size: Option<usize>,
+    pub ttt_steps: usize,
+    pub epochs: f64,
+    pub learning_rate: f64,
+    pub warmup_fraction: f64,
+    /// Sequences per optimizer step.
+    pub batch_size: usize,
+    pub grad_clip: f64,
+    /// Width written into the checkpoint's speculators config.
+    pub num_speculative_tokens: usize,
+    pub seed: u64,
+    /// Generation batch (engine max_num_seqs).
+    pub generation_batch: usize,
+}
+
+impl Default for TrainDraftConfig {
+    fn default() -> Self {
+        Self {
+            model: specrs_core::model_alias::DEFAULT_MODEL_ALIAS.into(),
+            dtype: ModelDType::Auto,
+            output: PathBuf::from("draft-eagle3"),
+            work_dir: PathBuf::from(".spec-rs-train"),
+            num_prompts: 2000,
+            max_new_tokens: 128,
+            taps: None,
+            draft_vocab_size: 8192,
+            intermediate_size: None,
+            ttt_steps: 4,
+            epochs: 3.0,
+            learning_rate: 5e-4,
+            warmup_fraction: 0.04,
+            batch_size: 8,
+            grad_clip: 1.0,
+            num_speculative_tokens: 3,
+            seed: 7,
+            generation_batch: 64,
+        }
+    }
+}
+
+/// What training produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainReport {
+    pub samples: usize,
+    pub response_tokens: usize,
+    pub steps: usize,
+    pub final_loss: f64,
+    /// Training top-1 agreement per TTT step over the last epoch.
+    pub top1_per_step: Vec<f64>,
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CheckpointState {
+    step: usize,
+    config: TrainDraftConfig,
+}
+
+/// Reports progress (stage, done, total, message).
+pub type Progress<'a> = &'a dyn Fn(&str, usize, usize, &str);
+
+/// The frozen target pieces training reads.
+struct TargetParts {
+    /// `[V, H]` f32 embedding.
+    embed: Tensor,
+    /// `[Vd, H]` f32 head rows of the draft vocabulary.
+    head_rows: Tensor,
+}
+
+fn target_parts(target: &CausalLm, vocab: &[u32]) -> Result<TargetParts> {
+    let embed = target.embed_tokens().dense(&Device::Cpu)?.to_dtype(DType::F32)?;
+    let head = target.lm_head_weight().dense(&Device::Cpu)?.to_dtype(DType::F32)?;
+    let ids = Tensor::from_slice(vocab, vocab.len(), &Device::Cpu)?;
+    Ok(TargetParts { embed, head_rows: head.index_select(&ids, 0)? })
+}
+
+/// Per-sample training inputs derived from the features.
+struct Example {
+    tokens: Vec<u32>,
+    taps: Tensor,
+    /// `[n, Vd]` target probabilities over the draft vocabulary at every position.
+    target_probs: Tensor,
+    /// `[n]`: 1 where position p's next token is an answer token inside the draft vocabulary.
+    mask: Tensor,
+}
+
+fn example(sample: &Sample, f: &Features, parts: &TargetParts, in_vocab: &[bool]) -> Result<Example> {
+    let tokens = sample.tokens();
+    let n = tokens.len();
+    let fin = f.final_hidden.to_dtype(DType::F32)?;
+    let logits = fin.matmul(&parts.head_rows.t()?)?;
+    let target_probs = candle_nn::ops::softmax_last_dim(&logits)?;
+    let p0 = sample.prompt_ids.len();
+    let mask: Vec<f32> = (0..n)
+        .map(|p| {
+            let next = p + 1;
+            let answer = next >= p0 && next < n;
+            f32::from(u8::from(answer && in_vocab[tokens[next] as usize]))
+        })
+        .collect();
+    Ok(Example {
+        taps: f.taps.to_dtype(DType::F32)?,
+        target_probs,
+        mask: Tensor::from_vec(mask, n, &Device::Cpu)?,
+        tokens,
+    })
+}
+
+fn lr_at(step: usize, total: usize, cfg: &TrainDraftConfig) -> f64 {
+    let warm = ((total as f64) * cfg.warmup_fraction).ceil().max(1.0) as usize;
+    if step < warm {
+        return cfg.learning_rate * (step + 1) as f64 / warm as f64;
+    }
+    let progress = (step - warm) as f64 / (total - warm).max(1) as f64;
+    // Cosine down to a tenth of the peak.
+    cfg.learning_rate * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
+}
+
+/// Trains (or resumes) and exports a draft; returns the report.
+pub fn train_draft(cfg: &TrainDraftConfig, progress: Progress<'_>) -> Result<TrainReport> {
+    std::fs::create_dir_all(&cfg.work_dir)
+        .map_err(|e| EngineError::Internal(format!("{}: {e}", cfg.work_dir.display())))?;
+    // 1. Self-distilled answers.
+    let prompts = prompts::training_prompts(cfg.num_prompts, cfg.seed);
+    let samples_path = cfg.work_dir.join("samples.jsonl");
+    let mut pipeline = PipelineConfig::new(cfg.model.clone());
+    pipeline.dtype = cfg.dtype;
+    pipeline.engine.max_num_seqs = cfg.generation_batch;
+    pipeline.engine.max_num_batched_tokens = 4096;
+    let samples = {
+        let (engine, info) = build_engine(&pipeline)?;
+        let handle = EngineHandle::spawn(engine, Some(info));
+        let s = data::generate_samples(
+            &handle,
+            &prompts,
+            cfg.max_new_tokens,
+            cfg.generation_batch,
+            &samples_path,
+            &|d, t| progress("generate", d, t, ""),
+        )?;
+        handle.shutdown(std::time::Duration::from_secs(1));
+        s
+    };
+    let samples: Vec<Sample> = samples.into_iter().filter(|s| !s.response_ids.is_empty()).collect();
+    let response_tokens: usize = samples.iter().map(|s| s.response_ids.len()).sum();
+    // 2. Target and draft vocabulary.
+    let path = crate::pipeline::resolve_model_path(&cfg.model)?;
+    let (target, store) = specrs_models::load_causal_lm(&path, &Device::Cpu, cfg.dtype)?;
+    let tokenizer = crate::pipeline::load_tokenizer(&store, &path)?;
+    let tc = target.config().clone();
+    let taps = cfg.taps.clone().unwrap_or_else(|| tc.default_eagle3_taps().to_vec());
+    let vocab = data::draft_vocabulary(&samples, cfg.draft_vocab_size.min(tc.vocab_size), tokenizer.eos_token_ids());
+    let mut in_vocab = vec![false; tc.vocab_size];
+    for &t in &vocab {
+        in_vocab[t as usize] = true;
+    }
+    // 3. Features.
+    let shard = 64;
+    let shards = data::extract_features(&target, &samples, &taps, &cfg.work_dir.join("features"), shard, &|d, t| {
+        progress("features", d, t, "")
+    })?;
+    let features = data::load_features(&shards, shard, samples.len())?;
+    let parts = target_parts(&target, &vocab)?;
+    drop(target);
+    // 4. Model, optimizer, resume.
+    let shape = Eagle3Shape {
+        hidden: tc.hidden_size,
+        num_taps: taps.len(),
+        heads: tc.num_attention_heads,
+        kv_heads: tc.num_key_value_heads,
+        head_dim: tc.head_dim,
+        intermediate: cfg.intermediate_size.unwrap_or(tc.intermediate_size),
+        draft_vocab: vocab.len(),
+        rms_norm_eps: tc.rms_norm_eps,
+        rope_theta: tc.rope_theta,
+        max_positions: tc.max_position_embeddings,
+    };
+    let mut varmap = VarMap::new();
+    let model = TrainableEagle3::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), shape.clone())?;
+    let ckpt = cfg.work_dir.join("checkpoint.safetensors");
+    let state_path = cfg.work_dir.join("checkpoint.json");
+    let mut start_step = 0;
+    if ckpt.exists() && state_path.exists() {
+        let state: CheckpointState = serde_json::from_str(&std::fs::read_to_string(&state_path).unwrap_or_default())
+            .map_err(|e| EngineError::Internal(format!("{}: {e}", state_path.display())))?;
+        varmap.load(&ckpt)?;
+        start_step = state.step;
+    } else {
+        // The draft head starts as the target's head over the draft vocabulary.
+        let data = varmap.data().lock().expect("varmap lock");
+        data.get("lm_head.weight").expect("created above").set(&parts.head_rows)?;
+    }
+    let mut opt = AdamW::new(
+        varmap.all_vars(),
+        ParamsAdamW { lr: cfg.learning_rate, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0 },
+    )?;
+    let steps_per_epoch = samples.len().div_ceil(cfg.batch_size);
+    let total_steps = ((steps_per_epoch as f64) * cfg.epochs).ceil() as usize;
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    let mut rng = cfg.seed | 1;
+    let mut shuffle = |order: &mut Vec<usize>| {
+        for i in (1..order.len()).rev() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            order.swap(i, (rng % (i as u64 + 1)) as usize);
+        }
+    };
+    let weights: Vec<f64> = (0..cfg.ttt_steps).map(|s| 0.8f64.powi(s as i32)).collect();
+    let mut agree = vec![0f64; cfg.ttt_steps];
+    let mut counted = vec![0f64; cfg.ttt_steps];
+    let mut last_loss = f64::NAN;
+    let started = Instant::now();
+    for epoch_step in 0..total_steps {
+        let epoch = epoch_step / steps_per_epoch;
+        if epoch_step % steps_per_epoch == 0 {
+            shuffle(&mut order);
+            if epoch_step >= start_step {
+                agree.iter_mut().for_each(|a| *a = 0.0);
+                counted.iter_mut().for_each(|c| *c = 0.0);
+            }
+        }
+        if epoch_step < start_step {
+            continue;
+        }
+        let in_epoch = epoch_step % steps_per_epoch;
+        let batch = &order[in_epoch * cfg.batch_size..((in_epoch + 1) * cfg.batch_size).min(order.len())];
+        let mut total: Option<Tensor> = None;
+        for &i in batch {
+            let ex = example(&samples[i], &features[i], &parts, &in_vocab)?;
+            let n = ex.tokens.len();
+            let outs = model.forward_ttt(&ex.taps, &ex.tokens, &parts.embed, cfg.ttt_steps)?;
+            for (s, logits) in outs.iter().enumerate() {
+                let m = n - 1 - s;
+                // Chain at anchor t, step s: the target's distribution at position t + s + 1.
+                let probs = ex.target_probs.narrow(0, s + 1, m)?;
+                let mask = ex.mask.narrow(0, s + 1, m)?;
+                let (loss, a, c) = soft_cross_entropy(logits, &probs, &mask)?;
+                agree[s] += a;
+                counted[s] += c;
+                let term = (loss * (weights[s] / batch.len() as f64))?;
+                total = Some(match total {
+                    Some(t) => (t + term)?,
+                    None => term,
+                });
+            }
+        }
+        let Some(loss) = total else { continue };
+        last_loss = loss.to_scalar::<f32>()? as f64;
+        let mut grads = loss.backward()?;
+        // Clip the global gradient norm.
+        let vars = varmap.all_vars();
+        let mut sq = 0f64;
+        for v in &vars {
+            if let Some(g) = grads.get(v) {
+                sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+            }
+        }
+        let norm = sq.sqrt();
+        if norm > cfg.grad_clip {
+            let scale = cfg.grad_clip / norm;
+            for v in &vars {
+                if let Some(g) = grads.remove(v) {
+                    grads.insert(v, (g * scale)?);
+                }
+            }
+        }
+        opt.set_learning_rate(lr_at(epoch_step, total_steps, cfg));
+        opt.step(&grads)?;
+        let top1: Vec<String> = agree.iter().zip(&counted).map(|(a, c)| format!("{:.3}", a / c.max(1.0))).collect();
+        progress(
+            "train",
+            epoch_step + 1,
+            total_steps,
+            &format!(
+                "epoch {} loss {last_loss:.4} top1 [{}] {:.0}s",
+                epoch + 1,
+                top1.join(", "),
+                started.elapsed().as_secs_f64()
+            ),
+        );
+        if (epoch_step + 1) % 10 == 0 {
+            tracing::info!(
+                "train step {}/{total_steps}: loss {last_loss:.4}, grad norm {norm:.3}, lr {:.2e}, top-1 per TTT step [{}]",
+                epoch_step + 1,
+                lr_at(epoch_step, total_steps, cfg),
+                top1.join(", ")
+            );
+        }
+        if (epoch_step + 1) % 50 == 0 || epoch_step + 1 == total_steps {
+            varmap.save(&ckpt)?;
+            let state = CheckpointState { step: epoch_step + 1, config: cfg.clone() };
+            std::fs::write(&state_path, serde_json::to_string_pretty(&state).expect("state serialises"))
+                .map_err(|e| EngineError::Internal(format!("{}: {e}", state_path.display())))?;
+        }
+    }
+    // 5. Export.
+    export::write_speculators_eagle3(
+        &cfg.output,
+        &varmap,
+        &shape,
+        &taps,
+        &vocab,
+        &tc,
+        cfg.num_speculative_tokens,
+        &cfg.model,
+    )?;
+    Ok(TrainReport {
+        samples: samples.len(),
+        response_tokens,
+        steps: total_steps,
+        final_loss: last_loss,
+        top1_per_step: agree.iter().zip(&counted).map(|(a, c)| a / c.max(1.0)).collect(),
+        output: cfg.output.clone(),
+    })
+}
+
+/// Acceptance of a trained draft on held-out prompts: mean acceptance length and
+/// per-position acceptance for each width in `widths`, greedy.
+pub fn evaluate_draft(
+    model: &str,
+    draft: &Path,
+    dtype: ModelDType,
+    widths: &[usize],
+    prompts: &[String],
+    max_tokens: usize,
+) -> Result<Vec<(usize, f64, Vec<f64>)>> {
+    let mut out = Vec::new();
+    for &k in widths {
+        let mut cfg = PipelineConfig::new(model.to_string());
+        cfg.dtype = dtype;
+        cfg.draft_model = Some(draft.display().to_string());
+        cfg.speculative = specrs_core::SpeculativeConfig {
+            speculative_method: Some(specrs_core::SpeculativeMethod::Eagle),
+            num_speculative_tokens: Some(k as i64),
+            ..Default::default()
+        };
+        let (engine, info) = build_engine(&cfg)?;
+        let handle = Arc::new(EngineHandle::spawn(engine, Some(info)));
+        let requests = prompts
+            .iter()
+            .map(|p| {
+                crate::request::GenerationRequest::new(
+                    crate::request::Prompt::Chat(vec![crate::chat_template::ChatMessage::new("user", p.as_str())]),
+                    specrs_core::sampling::SamplingParams {
+                        temperature: 0.0,
+                        max_tokens: Some(max_tokens),
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        let outs = handle.generate(requests)?;
+        let mut stats = specrs_core::metrics::SpecDecodeStats::new();
+        for o in &outs {
+            let m = &o.metrics;
+            let s = specrs_core::metrics::SpecDecodeStats {
+                num_drafts: m.num_drafts,
+                num_draft_tokens: m.num_draft_tokens,
+                num_accepted_tokens: m.num_accepted_tokens,
+                accepted_per_position: m.accepted_per_position.clone(),
+                num_relaxed_accepted: 0,
+            };
+            stats.merge(&s);
+        }
+        out.push((k, stats.mean_acceptance_length().unwrap_or(1.0), stats.acceptance_rate_per_position()));
+    }
+    Ok(out)
+}

@@ -1,0 +1,371 @@
+//! The prompts a drafter is self-distilled on: chat requests the project writes from topic
+//! and task lists (explanations, lists, comparisons, how-tos, stories, poems, emails, code,
+//! SQL, shell, translation, arithmetic word problems), deterministic for a seed.
+//!
+//! Held-out prompts draw from topics the training prompts never use, so acceptance measured
+//! on them is acceptance on requests the drafter has not seen.
+
+/// Topics training prompts are written about.
+const TOPICS: &[&str] = &[
+    "photosynthesis",
+    "black holes",
+    "the water cycle",
+    "volcanoes",
+    "the French Revolution",
+    "ancient Rome",
+    "the printing press",
+    "electric cars",
+    "solar panels",
+    "wind turbines",
+    "recycling",
+    "climate change",
+    "the human heart",
+    "the immune system",
+    "vaccines",
+    "sleep",
+    "nutrition",
+    "exercise",
+    "meditation",
+    "coffee",
+    "tea",
+    "chocolate",
+    "bread baking",
+    "pizza",
+    "sushi",
+    "gardening",
+    "houseplants",
+    "bees",
+    "dolphins",
+    "elephants",
+    "penguins",
+    "wolves",
+    "cats",
+    "dogs",
+    "horses",
+    "dinosaurs",
+    "fossils",
+    "earthquakes",
+    "hurricanes",
+    "tornadoes",
+    "rainbows",
+    "the moon",
+    "Mars",
+    "Jupiter",
+    "the Sun",
+    "comets",
+    "satellites",
+    "the internet",
+    "email",
+    "smartphones",
+    "social media",
+    "video games",
+    "chess",
+    "soccer",
+    "basketball",
+    "tennis",
+    "the Olympics",
+    "marathons",
+    "cycling",
+    "swimming",
+    "the piano",
+    "the guitar",
+    "jazz",
+    "classical music",
+    "opera",
+    "painting",
+    "sculpture",
+    "photography",
+    "movies",
+    "theater",
+    "poetry",
+    "libraries",
+    "museums",
+    "newspapers",
+    "democracy",
+    "taxes",
+    "inflation",
+    "banks",
+    "credit cards",
+    "budgeting",
+    "saving money",
+    "investing",
+    "the stock market",
+    "startups",
+    "remote work",
+    "job interviews",
+    "public speaking",
+    "time management",
+    "learning a language",
+    "reading habits",
+    "writing essays",
+    "note taking",
+    "online courses",
+    "teachers",
+    "homework",
+    "friendship",
+    "kindness",
+    "teamwork",
+    "leadership",
+    "negotiation",
+    "conflict resolution",
+    "travel",
+    "packing a suitcase",
+    "camping",
+    "hiking",
+    "mountains",
+    "deserts",
+    "rainforests",
+    "oceans",
+    "rivers",
+    "islands",
+    "trains",
+    "airplanes",
+    "bicycles",
+    "bridges",
+    "skyscrapers",
+    "castles",
+    "pyramids",
+    "the Great Wall of China",
+    "the Roman Empire",
+    "the Industrial Revolution",
+    "the Renaissance",
+    "electricity",
+    "magnets",
+    "gravity",
+    "light",
+    "sound",
+    "atoms",
+    "DNA",
+    "evolution",
+    "cells",
+    "bacteria",
+    "viruses",
+    "antibiotics",
+    "first aid",
+    "recipes",
+    "cooking pasta",
+    "baking cookies",
+    "weather forecasts",
+    "clouds",
+    "snow",
+    "seasons",
+    "calendars",
+    "clocks",
+    "maps",
+    "compasses",
+    "robots",
+    "artificial intelligence",
+    "computers",
+    "programming",
+    "databases",
+    "cybersecurity",
+    "passwords",
+    "encryption",
+    "cloud computing",
+    "3D printing",
+    "drones",
+    "batteries",
+    "nuclear energy",
+];
+
+/// Topics only held-out prompts use.
+const HELD_OUT_TOPICS: &[&str] = &[
+    "lighthouses",
+    "glaciers",
+    "origami",
+    "beekeeping",
+    "submarines",
+    "hot air balloons",
+    "tides",
+    "coral reefs",
+    "the metric system",
+    "kites",
+    "volleyball",
+    "the violin",
+    "knitting",
+    "sundials",
+    "owls",
+    "cheese making",
+    "zeppelins",
+    "fireflies",
+];
+
+/// Task phrasings with `{}` for the topic.
+const TASKS: &[&str] = &[
+    "Explain {} in simple terms.",
+    "What are three interesting facts about {}?",
+    "Write a short paragraph about {}.",
+    "Give me a list of five tips related to {}.",
+    "Describe the history of {} briefly.",
+    "What are the pros and cons of {}?",
+    "Write a short poem about {}.",
+    "Explain {} to a ten-year-old.",
+    "Write the opening of a short story involving {}.",
+    "Summarize the most important things to know about {} in two sentences.",
+    "Write a friendly email to a colleague about {}.",
+    "How does {} affect everyday life?",
+    "Compare {} with something similar and explain the differences.",
+    "What questions do people often ask about {}? Answer two of them.",
+];
+
+/// Programming tasks.
+const CODE_TASKS: &[&str] = &[
+    "Write a Python function that reverses a string.",
+    "Write a Python function that returns the factorial of n.",
+    "Write a Python function that checks whether a word is a palindrome.",
+    "Write a Python function that computes the n-th Fibonacci number.",
+    "Write a Python function that counts the vowels in a string.",
+    "Write a Python function that finds the largest number in a list.",
+    "Write a Python function that removes duplicates from a list.",
+    "Write a Python function that sorts a list of dictionaries by a key.",
+    "Write a Python class for a simple bank account with deposit and withdraw methods.",
+    "Write a Python function that reads a text file and counts its lines.",
+    "Write a Python function that merges two sorted lists.",
+    "Write a Python function that converts Celsius to Fahrenheit.",
+    "Write a Python function that checks whether a year is a leap year.",
+    "Write a Python function that returns the sum of the digits of a number.",
+    "Write a Python function that flattens a nested list.",
+    "Write a Python function that computes the average of a list of numbers.",
+    "Write a JavaScript function that capitalizes the first letter of every word.",
+    "Write a JavaScript function that returns the maximum of an array.",
+    "Write a JavaScript function that debounces another function.",
+    "Write a SQL query that selects all customers from a table named customers where the city is Paris.",
+    "Write a SQL query that returns the ten most expensive products from a products table.",
+    "Write a SQL query that counts orders per customer in an orders table.",
+    "Write a SQL query that joins employees and departments on department_id.",
+    "Write a bash command that counts the files in the current directory.",
+    "Write a bash script that prints the numbers from 1 to 10.",
+    "Write a Rust function that returns the length of the longest word in a string.",
+    "Write a C function that swaps two integers using pointers.",
+    "Explain what a for loop is in Python with an example.",
+    "Explain the difference between a list and a tuple in Python.",
+    "Explain what recursion is with a small Python example.",
+    "Write a Python function that checks whether two strings are anagrams.",
+    "Write a Python function that returns the prime numbers below n.",
+    "Write a Python function that validates an email address with a regular expression.",
+    "Write a Python function that computes the greatest common divisor of two numbers.",
+    "Write a Python script that prints a multiplication table from 1 to 9.",
+];
+
+const PHRASES: &[&str] = &[
+    "good night",
+    "where is the train station?",
+    "thank you very much",
+    "I would like a coffee",
+    "how much does this cost?",
+    "the weather is nice today",
+    "I am learning to cook",
+    "see you tomorrow",
+    "can you help me?",
+    "I love reading books",
+    "what time is it?",
+    "happy birthday",
+];
+
+const LANGUAGES: &[&str] = &["Spanish", "French", "German", "Italian", "Portuguese"];
+
+const NAMES: &[&str] = &["Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hiro"];
+const ITEMS: &[&str] = &["apples", "books", "pencils", "marbles", "stickers", "cookies"];
+
+/// A deterministic generator of xorshift numbers.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+}
+
+fn word_problem(rng: &mut Rng) -> String {
+    let (a, b) = (rng.pick(NAMES), rng.pick(NAMES));
+    let item = rng.pick(ITEMS);
+    let (x, y) = (3 + rng.next() % 20, 2 + rng.next() % 15);
+    format!("{a} has {x} {item} and {b} gives {a} {y} more. How many {item} does {a} have now? Explain your answer.")
+}
+
+/// `count` training prompts for `seed`: every (topic, task) pair and the code, translation
+/// and arithmetic prompts, shuffled, cycling with variations if more are asked for.
+pub fn training_prompts(count: usize, seed: u64) -> Vec<String> {
+    let mut all: Vec<String> = Vec::new();
+    for topic in TOPICS {
+        for task in TASKS {
+            all.push(task.replace("{}", topic));
+        }
+    }
+    all.extend(CODE_TASKS.iter().map(|s| s.to_string()));
+    for phrase in PHRASES {
+        for lang in LANGUAGES {
+            all.push(format!("Translate '{phrase}' into {lang}."));
+        }
+    }
+    let mut rng = Rng(seed | 1);
+    for _ in 0..200 {
+        all.push(word_problem(&mut rng));
+    }
+    // Fisher-Yates with the seeded generator.
+    for i in (1..all.len()).rev() {
+        let j = (rng.next() % (i as u64 + 1)) as usize;
+        all.swap(i, j);
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut round = 0;
+    while out.len() < count {
+        for p in &all {
+            if out.len() == count {
+                break;
+            }
+            out.push(if round == 0 { p.clone() } else { format!("{p} Keep it short.") });
+        }
+        round += 1;
+    }
+    out
+}
+
+/// Prompts about topics no training prompt uses, plus the reference prompts of the default
+/// model's fidelity table (also absent from training).
+pub fn held_out_prompts() -> Vec<String> {
+    let mut out = vec![
+        "Write a Python function that checks whether a number is prime.".to_string(),
+        "Explain what a hash table is to a ten-year-old.".to_string(),
+        "Translate 'good morning, how are you?' into Spanish.".to_string(),
+        "Summarize the plot of Romeo and Juliet in two sentences.".to_string(),
+        "Give me a SQL query that counts rows in a table named users.".to_string(),
+        "Write a short story opening about a robot who learns to paint.".to_string(),
+    ];
+    for (i, topic) in HELD_OUT_TOPICS.iter().enumerate() {
+        out.push(TASKS[i % TASKS.len()].replace("{}", topic));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_are_deterministic_and_distinct() {
+        let a = training_prompts(500, 7);
+        assert_eq!(a, training_prompts(500, 7));
+        assert_ne!(a, training_prompts(500, 8));
+        let unique: std::collections::HashSet<&String> = a.iter().collect();
+        assert_eq!(unique.len(), 500);
+    }
+
+    #[test]
+    fn held_out_prompts_never_appear_in_training() {
+        let train: std::collections::HashSet<String> = training_prompts(20_000, 1).into_iter().collect();
+        for p in held_out_prompts() {
+            assert!(!train.contains(&p), "{p}");
+            for topic in HELD_OUT_TOPICS {
+                assert!(!TOPICS.contains(topic));
+            }
+        }
+    }
+}
