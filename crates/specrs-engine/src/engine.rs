@@ -128,14 +128,15 @@ impl Engine {
         let max_model_len =
             cfg.max_model_len.unwrap_or(model_cfg.max_position_embeddings).min(model_cfg.max_position_embeddings);
         let k = proposer.as_ref().map_or(0, |p| p.num_speculative_tokens());
+        let lookahead = proposer.as_ref().map_or(0, |p| p.draft_lookahead());
         let dtype_bytes = target.dtype().size_in_bytes();
         let bytes_per_token = model_cfg.kv_bytes_per_token(dtype_bytes) + drafter_kv_bytes_per_token;
-        // Room for a full-length sequence plus the drafts a step writes past it.
+        // Room for a full-length sequence plus what a step verifies and drafts past it.
         let plan = specrs_core::kv_blocks::plan_kv_blocks(
             cfg.kv_cache_bytes,
             bytes_per_token,
             cfg.block_size,
-            max_model_len + 2 * k + 1,
+            max_model_len + k + lookahead,
             cfg.max_num_seqs,
         )
         .map_err(|e| EngineError::Request(e.to_string()))?;
@@ -351,6 +352,16 @@ impl Engine {
         self.metrics.kv_free_blocks.store(self.scheduler.kv().num_free_blocks(), Relaxed);
     }
 
+    /// Token ids that end a request: EOS (unless ignored) and its stop ids.
+    fn stop_ids_of(&self, seq: &Sequence) -> Vec<u32> {
+        let mut ids = seq.params.stop_token_ids.clone();
+        if !seq.params.ignore_eos {
+            ids.extend_from_slice(self.tokenizer.eos_token_ids());
+        }
+        ids.retain(|&t| (t as usize) < self.vocab_size);
+        ids
+    }
+
     /// Cancels requests whose client went away (closed output stream).
     fn reap_disconnected(&mut self) {
         let gone: Vec<SeqId> = self.seqs.values().filter(|s| s.sink.is_closed()).map(|s| s.id).collect();
@@ -474,6 +485,33 @@ impl Engine {
         };
         let v = self.vocab_size;
         let outputs: Vec<Option<VerifyOutput>> = with_f32_slice(logits, |all| -> Result<Vec<Option<VerifyOutput>>> {
+            // Rows still under `min_tokens` must not end: their stop tokens are masked at the
+            // positions that would emit one too early (a copy of just those rows' logits).
+            let masked: Vec<Option<Vec<f32>>> = rows
+                .iter()
+                .map(|r| {
+                    let seq = &self.seqs[&r.seq];
+                    let n = match r.kind {
+                        RowKind::Decode { width } => width,
+                        RowKind::Prefill { completes: true, .. } => 0,
+                        RowKind::Prefill { completes: false, .. } => return None,
+                    };
+                    let generated = seq.num_generated();
+                    if generated >= seq.params.min_tokens {
+                        return None;
+                    }
+                    let mut copy = all[r.logits_start * v..(r.logits_start + n + 1) * v].to_vec();
+                    let stops: Vec<u32> = self.stop_ids_of(seq);
+                    for pos in 0..=n {
+                        if generated + pos < seq.params.min_tokens {
+                            for &t in &stops {
+                                copy[pos * v + t as usize] = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                    Some(copy)
+                })
+                .collect();
             let verify_rows: Vec<(usize, VerifyRow<'_>)> = rows
                 .iter()
                 .enumerate()
@@ -484,7 +522,10 @@ impl Engine {
                         RowKind::Prefill { completes: true, .. } => 0,
                         RowKind::Prefill { completes: false, .. } => return None,
                     };
-                    let row_logits = &all[r.logits_start * v..(r.logits_start + n + 1) * v];
+                    let row_logits = match &masked[i] {
+                        Some(copy) => copy.as_slice(),
+                        None => &all[r.logits_start * v..(r.logits_start + n + 1) * v],
+                    };
                     let mut row = VerifyRow::new(&seq.drafts[..n], row_logits, &seq.params, seq.step_seed())
                         .with_history(&seq.tokens, seq.prompt_len)
                         .with_thinking(seq.in_thinking);
@@ -594,7 +635,7 @@ impl Engine {
         let Some(proposer) = self.proposer.as_mut() else {
             return Ok(());
         };
-        let k = proposer.num_speculative_tokens();
+        let lookahead = proposer.draft_lookahead();
         let mut wants = Vec::with_capacity(rows.len());
         for r in rows {
             let Some(seq) = self.seqs.get(&r.seq) else {
@@ -604,7 +645,7 @@ impl Engine {
             let decoding = self.scheduler.num_computed(r.seq) + 1 == seq.tokens.len();
             // Drafting writes past the committed tokens: reserve for it without preempting.
             let want =
-                decoding && seq.output.remaining() > 1 && self.scheduler.reserve(r.seq, seq.tokens.len() + k + 1);
+                decoding && seq.output.remaining() > 1 && self.scheduler.reserve(r.seq, seq.tokens.len() + lookahead);
             wants.push(want);
         }
         let propose_rows: Vec<ProposeRow<'_>> = rows

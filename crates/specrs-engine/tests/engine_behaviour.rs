@@ -1,0 +1,54 @@
+//! Request-level behaviour of the engine on a tiny bigram target: stop conditions and
+//! `min_tokens`, independent of any drafter.
+
+use candle_core::{Device, Tensor};
+use specrs_core::sampling::SamplingParams;
+use specrs_engine::{
+    EngineConfig, EngineHandle, FinishReason, GenerationRequest, PipelineConfig, Prompt, build_engine,
+};
+use specrs_models::ModelDType;
+use specrs_models::config::Architecture;
+use specrs_models::testing::{self, TinyShape};
+
+const SHAPE: TinyShape =
+    TinyShape { vocab: 48, hidden: 64, layers: 2, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 64 };
+const EOS: u32 = 47;
+
+/// A bigram target whose successor of token 5 is EOS.
+fn engine(dir: &std::path::Path) -> EngineHandle {
+    let mut t = testing::bigram_target(Architecture::Llama, &SHAPE).unwrap();
+    let next = testing::bigram_successor(SHAPE.vocab);
+    let mut head = t["lm_head.weight"].to_vec2::<f32>().unwrap();
+    head[next[5] as usize][5] = 0.0;
+    head[EOS as usize][5] = 1.0;
+    t.insert("lm_head.weight".into(), Tensor::new(head, &Device::Cpu).unwrap());
+    testing::write_checkpoint(dir, &testing::target_config(Architecture::Llama, &SHAPE, false), &t).unwrap();
+    let mut cfg = PipelineConfig::new(dir.to_str().unwrap());
+    cfg.dtype = ModelDType::F32;
+    cfg.engine = EngineConfig { max_num_seqs: 4, kv_cache_bytes: 16 << 20, block_size: 4, ..EngineConfig::default() };
+    let (engine, info) = build_engine(&cfg).unwrap();
+    EngineHandle::spawn(engine, Some(info))
+}
+
+fn run(h: &EngineHandle, params: SamplingParams) -> specrs_engine::FinalOutput {
+    h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 5]), params)]).unwrap().remove(0)
+}
+
+#[test]
+fn eos_stops_and_min_tokens_keeps_it_from_ending_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let greedy = SamplingParams { temperature: 0.0, max_tokens: Some(10), ..SamplingParams::default() };
+    let out = run(&h, greedy.clone());
+    assert_eq!(out.token_ids, vec![EOS]);
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    let out = run(&h, SamplingParams { min_tokens: 3, ..greedy.clone() });
+    assert!(out.token_ids.len() >= 3, "{:?}", out.token_ids);
+    assert!(!out.token_ids[..3].contains(&EOS), "EOS before min_tokens: {:?}", out.token_ids);
+    let out = run(&h, SamplingParams { ignore_eos: true, ..greedy.clone() });
+    assert_eq!((out.token_ids.len(), out.finish_reason), (10, FinishReason::Length));
+    let out = run(&h, SamplingParams { stop_token_ids: vec![out.token_ids[2]], ignore_eos: true, ..greedy });
+    assert_eq!((out.token_ids.len(), out.finish_reason), (3, FinishReason::Stop));
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total);
+}
