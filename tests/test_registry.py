@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from spec_rs import _spec_rs, architectures
-from spec_rs.errors import ConfigError, SpecRsError, SpeculatorSelectionError
+from spec_rs.errors import ConfigError, SpeculatorSelectionError
 from spec_rs.registry import (
     ARCH_LOOKUP,
     ArchLookup,
@@ -574,12 +574,6 @@ def test_builtin_block_drafters_take_their_width_from_the_rust_reader(
     }
 
 
-def test_builtin_drafter_width_is_left_unset_without_the_rust_reader(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(_spec_rs, "checkpoint_draft_width", raising=False)
-    speculators = architectures.declare_speculators(architectures.declare_architectures())
-    assert all(s.checkpoint_draft_width is None for s in speculators.values())
-
-
 def test_pipeline_class_is_the_extension_class_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
     class EaglePipeline:
         pass
@@ -588,15 +582,11 @@ def test_pipeline_class_is_the_extension_class_when_built(monkeypatch: pytest.Mo
     assert architectures.pipeline_class("EaglePipeline") is EaglePipeline
 
 
-def test_pipeline_class_not_built_yet_is_a_placeholder_that_refuses_construction(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delattr(_spec_rs, "DSparkPipeline", raising=False)
-    placeholder = architectures.pipeline_class("DSparkPipeline")
-    assert issubclass(placeholder, architectures.PipelineNotBuiltPlaceholder)
-    assert placeholder is architectures.pipeline_class("DSparkPipeline")
-    with pytest.raises(SpecRsError, match="DSparkPipeline is not built yet"):
-        placeholder()
+def test_every_builtin_pipeline_is_a_rust_pipeline_class() -> None:
+    for spec in architectures.declare_speculators(architectures.declare_architectures()).values():
+        assert issubclass(spec.pipeline_model, _spec_rs.Pipeline), spec.name
+    for arch in architectures.declare_architectures().values():
+        assert arch.pipeline_model is _spec_rs.PlainPipeline
 
 
 def test_weights_format_values() -> None:

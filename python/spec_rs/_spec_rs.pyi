@@ -1,20 +1,36 @@
 """Type stub of the ``spec_rs._spec_rs`` extension (crates/specrs-py), checked against the
 built module by ``python -m mypy.stubtest spec_rs._spec_rs``."""
 
-from collections.abc import Sequence
-from typing import Literal, TypedDict, final
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol, Self, TypedDict, final
+
+from typing_extensions import disjoint_base
 
 __all__ = [
     "AdaptiveWidthController",
+    "DFlash2Pipeline",
+    "DFlashPipeline",
+    "DSparkPipeline",
+    "EaglePipeline",
+    "MtpPipeline",
+    "NgramPipeline",
+    "Pipeline",
+    "PlainPipeline",
+    "RequestStream",
     "__version__",
     "acceptance_rule",
     "builtin_architectures",
     "builtin_speculators",
     "canonical_draft_arch",
     "check_pipeline_combinations",
+    "checkpoint_draft_width",
+    "cli_main",
+    "draft_architecture",
     "load_config_file",
     "merge_config",
     "parse_adaptive_widths",
+    "peek_architecture",
+    "resolve_model",
     "schedule_lookup",
     "select_speculator",
     "speculative_flags",
@@ -97,3 +113,98 @@ def select_speculator(
     target: str, method: str, draft_arch: str | None, declared: Sequence[tuple[str, str | None]]
 ) -> int | None: ...
 def canonical_draft_arch(method: str, draft_arch: str, has_draft_vocab: bool) -> str: ...
+
+# Drafters (crates/specrs-py/src/drafters.rs).
+
+class _DumpsJson(Protocol):
+    def model_dump_json(self) -> str: ...
+
+def checkpoint_draft_width(
+    config: _DumpsJson | str, target_hf_config: dict[str, Any] | str, draft_hf_config: dict[str, Any] | str
+) -> int: ...
+
+# Pipelines (crates/specrs-py/src/pipeline.rs). Requests and outputs cross as JSON text; the
+# typed API is ``spec_rs.LLM``.
+
+def peek_architecture(path: str) -> str: ...
+def draft_architecture(method: str, path: str) -> str: ...
+def resolve_model(name: str) -> str: ...
+def cli_main(argv: list[str], factory: Callable[[str], Pipeline] | None = None) -> int: ...
+
+class _PipelineInfo(TypedDict):
+    model_path: str
+    architecture: str
+    pipeline_name: str
+    pipeline_class: str
+    method: str | None
+    num_speculative_tokens: int | None
+    acceptance_rule: Literal["synthetic", "stochastic", "greedy"]
+    max_model_len: int
+    vocab_size: int
+
+@disjoint_base
+class Pipeline:
+    @property
+    def info(self) -> _PipelineInfo: ...
+    def generate(self, requests: list[str]) -> list[str]: ...
+    def submit(self, request: str) -> RequestStream: ...
+    def kv_blocks(self) -> tuple[int, int]: ...
+    def metrics_text(self) -> str: ...
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
+    def apply_chat_template(self, messages: str, add_generation_prompt: bool = True) -> str: ...
+    def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        served_model_name: str | None = None,
+        api_key: str | None = None,
+        max_pending: int = 256,
+        shutdown_timeout: float = 10.0,
+    ) -> None: ...
+
+@final
+class RequestStream:
+    @property
+    def request_id(self) -> int: ...
+    def __iter__(self) -> RequestStream: ...
+    def __next__(self) -> str: ...
+    def cancel(self) -> None: ...
+
+class _PipelineClass(Pipeline):
+    def __new__(
+        cls,
+        model: str,
+        draft_model: str | None = None,
+        speculative_config: str | None = None,
+        *,
+        dtype: str = "auto",
+        device: str = "cpu",
+        max_num_seqs: int = 64,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int = 2048,
+        kv_cache_bytes: int = 1073741824,
+        block_size: int = 16,
+        enable_spec_decode_mixed_batches: bool = False,
+    ) -> Self: ...
+
+@final
+class PlainPipeline(_PipelineClass): ...
+
+@final
+class NgramPipeline(_PipelineClass): ...
+
+@final
+class EaglePipeline(_PipelineClass): ...
+
+@final
+class MtpPipeline(_PipelineClass): ...
+
+@final
+class DFlashPipeline(_PipelineClass): ...
+
+@final
+class DFlash2Pipeline(_PipelineClass): ...
+
+@final
+class DSparkPipeline(_PipelineClass): ...

@@ -9,7 +9,6 @@ so nothing here is imported before a lookup needs it.
 
 from __future__ import annotations
 
-
 from . import _spec_rs
 from .registry import PipelineModelType, Speculator, SupportedArchitecture, WeightsFormat
 
@@ -38,9 +37,8 @@ def declare_architectures() -> dict[str, SupportedArchitecture]:
 def declare_speculators(targets: dict[str, SupportedArchitecture]) -> dict[str, Speculator]:
     """Every built-in speculator, by name, each based on its target in ``targets``."""
     # Block drafters run at the width their checkpoint was trained for, read from the draft
-    # config by `_spec_rs.checkpoint_draft_width(config, target_hf_config, draft_hf_config)`.
-    # An extension built before that reader existed leaves the width to num_speculative_tokens.
-    width_from_checkpoint = getattr(_spec_rs, "checkpoint_draft_width", None)
+    # config by the engine's rule (`checkpoint_draft_width(config, target_hf_config, draft_hf_config)`).
+    width_from_checkpoint = _spec_rs.checkpoint_draft_width
     return {
         row["name"]: Speculator(
             name=row["name"],

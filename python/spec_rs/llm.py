@@ -26,6 +26,9 @@ from .models import DEFAULT_MODEL, resolve_model
 from .registry import ARCH_LOOKUP, ArchLookup, SupportedArchitecture
 
 Prompt = str | Sequence[int]
+
+#: Methods whose drafter is a separate checkpoint (MTP heads may live in the target's).
+DRAFT_CHECKPOINT_METHODS = ("eagle", "dflash", "dflash2", "dspark")
 Message = dict[str, Any]
 
 
@@ -137,7 +140,10 @@ class RequestOutput:
             finish_reason=d["finish_reason"],
             num_prompt_tokens=d["num_prompt_tokens"],
             metrics=metrics,
-            logprobs=[TokenLogprob(lp["token"], lp["logprob"], [tuple(t) for t in lp["top"]]) for lp in d["logprobs"]],
+            logprobs=[
+                TokenLogprob(lp["token"], lp["logprob"], [tuple(t) for t in lp["top"]])
+                for lp in d["logprobs"]
+            ],
             trace=[TraceStep(**t) for t in d["trace"]],
             error=d.get("error"),
         )
@@ -187,19 +193,33 @@ def build_pipeline(
     target_arch = _spec_rs.peek_architecture(target_path)
     arch = lookup.find(target_arch)
     if arch is None:
-        raise ConfigError(f"architecture {target_arch!r} of {model!r} is not registered; register it in ARCH_LOOKUP")
+        raise ConfigError(
+            f"architecture {target_arch!r} of {model!r} is not registered; register it in ARCH_LOOKUP"
+        )
+    if spec.speculative_method in DRAFT_CHECKPOINT_METHODS and draft_path is None:
+        error = ConfigError(
+            f"speculative_method={spec.speculative_method!r} needs a draft checkpoint: "
+            "pass draft_model=<directory>"
+        )
+        error.field = "draft_model"
+        raise error
     if spec.speculative_method is not None:
         draft_arch = (
-            _spec_rs.draft_architecture(spec.speculative_method, draft_path) if draft_path is not None else None
+            _spec_rs.draft_architecture(spec.speculative_method, draft_path)
+            if draft_path is not None
+            else None
         )
         speculator = lookup.select_speculator(target_arch, spec.speculative_method, draft_arch)
         if speculator is None:
             raise ConfigError(
-                f"{target_arch} declares no speculators; speculative_method={spec.speculative_method!r} cannot run"
+                f"{target_arch} declares no speculators; "
+                f"speculative_method={spec.speculative_method!r} cannot run"
             )
         arch = speculator.derive()
         if arch.checkpoint_draft_width is not None:
-            width = arch.checkpoint_draft_width(spec, _read_hf_config(target_path), _read_hf_config(draft_path))
+            width = arch.checkpoint_draft_width(
+                spec, _read_hf_config(target_path), _read_hf_config(draft_path)
+            )
             spec = spec.with_width(width)
         spec.check_pipeline_combinations()
     pipeline = arch.pipeline_model(
@@ -277,7 +297,9 @@ class LLM:
         info: dict[str, Any] = self.pipeline.info
         return info
 
-    def _run(self, prompts: list[dict[str, Any]], params: SamplingParams | None, trace: bool) -> list[RequestOutput]:
+    def _run(
+        self, prompts: list[dict[str, Any]], params: SamplingParams | None, trace: bool
+    ) -> list[RequestOutput]:
         p = (params or SamplingParams()).model_dump()
         requests = [json.dumps({"prompt": pr, "params": p, "trace": trace}) for pr in prompts]
         return [RequestOutput._from_json(o) for o in self.pipeline.generate(requests)]
@@ -294,7 +316,9 @@ class LLM:
         ``trace=True`` records, per verify step, the drafted tokens, the target's tokens at
         those positions and how many were accepted.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
             batch = [prompts]
         else:
             batch = list(prompts)  # type: ignore[arg-type]
@@ -325,7 +349,9 @@ class LLM:
             p = _prompt_json(prompt)  # type: ignore[arg-type]
         else:
             p = {"chat": list(prompt)}
-        request = json.dumps({"prompt": p, "params": (sampling_params or SamplingParams()).model_dump(), "trace": trace})
+        request = json.dumps(
+            {"prompt": p, "params": (sampling_params or SamplingParams()).model_dump(), "trace": trace}
+        )
         stream = self.pipeline.submit(request)
         try:
             for delta in stream:

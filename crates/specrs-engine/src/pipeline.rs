@@ -12,15 +12,19 @@ use specrs_core::registry::{
 };
 use specrs_core::width::{AdaptiveWidthController, AdaptiveWidthParams, VerifyWidthSchedule};
 use specrs_core::{ConfigError, SpeculativeConfig};
-use specrs_models::drafters::SequentialDraftModel;
+use specrs_models::drafters::dflash::DFlashDraft;
+use specrs_models::drafters::dflash2::DFlash2Draft;
+use specrs_models::drafters::dspark::DSparkDraft;
 use specrs_models::drafters::eagle::EagleDraft;
 use specrs_models::drafters::mtp::MtpDraft;
+use specrs_models::drafters::{BlockDraftModel, SequentialDraftModel};
 use specrs_models::weights::WeightSource;
 use specrs_models::{CausalLm, ModelDType, WeightStore};
 
 use crate::engine::{Engine, EngineConfig, EngineParts};
 use crate::error::{EngineError, Result};
 use crate::proposer::Proposer;
+use crate::proposer::block::{BlockProposer, draft_skip_schedule, resolve_block_width};
 use crate::proposer::ngram::NgramProposer;
 use crate::proposer::sequential::SequentialProposer;
 use crate::tokenizer::TextTokenizer;
@@ -216,7 +220,9 @@ pub fn resolve_model_path(model: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Builds the proposer of a pipeline kind.
+/// Builds the proposer of a pipeline kind. `max_batch_size` and `mixed_steps_verify` decide
+/// whether a block drafter may skip its forward on steps that verify nothing.
+#[allow(clippy::too_many_arguments)]
 fn build_proposer(
     kind: PipelineKind,
     spec: &SpeculativeConfig,
@@ -224,6 +230,8 @@ fn build_proposer(
     target_store: &WeightStore,
     draft: Option<&Path>,
     dtype: ModelDType,
+    max_batch_size: usize,
+    mixed_steps_verify: bool,
 ) -> Result<Option<Box<dyn Proposer>>> {
     let need_draft = |what: &str| -> Result<&Path> {
         draft.ok_or_else(|| {
@@ -259,7 +267,23 @@ fn build_proposer(
             };
             sequential(Arc::new(model))
         }
-        other => Err(EngineError::Request(format!("the {other} pipeline is not available in this build yet"))),
+        PipelineKind::DFlash | PipelineKind::DFlash2 | PipelineKind::DSpark => {
+            let method = kind.method().expect("block pipelines run a method");
+            let dir = need_draft(method.as_str())?;
+            let device = target.device();
+            let model: Arc<dyn BlockDraftModel> = match kind {
+                PipelineKind::DFlash => Arc::new(DFlashDraft::load(dir, target, device, dtype)?),
+                PipelineKind::DFlash2 => Arc::new(DFlash2Draft::load(dir, target, device, dtype)?),
+                _ => Arc::new(DSparkDraft::load(dir, target, device, dtype)?),
+            };
+            let k = resolve_block_width(spec.num_speculative_tokens, model.trained_width(), model.name())?;
+            let mut proposer =
+                BlockProposer::new(model, k, spec.draft_proposal, target.config().vocab_size, device.clone());
+            if let Some(schedule) = draft_skip_schedule(spec, k, max_batch_size, mixed_steps_verify)? {
+                proposer = proposer.with_draft_skipping(schedule);
+            }
+            Ok(Some(Box::new(proposer)))
+        }
     }
 }
 
@@ -286,7 +310,23 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
         Some(d) => Some(resolve_model_path(d)?),
         None => None,
     };
-    let proposer = build_proposer(kind, &spec, &target, &store, draft_path.as_deref(), cfg.dtype)?;
+    let supports_mixed = BUILTIN_ARCHITECTURES
+        .iter()
+        .find(|a| a.name == architecture)
+        .is_some_and(|a| a.supports_spec_decode_mixed_batches);
+    let mixed_steps_verify = cfg.engine.enable_spec_decode_mixed_batches
+        && supports_mixed
+        && spec.num_speculative_tokens_mixed_batch != Some(0);
+    let proposer = build_proposer(
+        kind,
+        &spec,
+        &target,
+        &store,
+        draft_path.as_deref(),
+        cfg.dtype,
+        cfg.engine.max_num_seqs,
+        mixed_steps_verify,
+    )?;
     let k = proposer.as_ref().map(|p| p.num_speculative_tokens());
     if let Some(k) = k {
         spec.num_speculative_tokens = Some(k as i64);
@@ -306,10 +346,6 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
         num_speculative_tokens: k,
         acceptance_rule: spec.acceptance_rule().as_str().to_string(),
     };
-    let supports_mixed = BUILTIN_ARCHITECTURES
-        .iter()
-        .find(|a| a.name == info.architecture)
-        .is_some_and(|a| a.supports_spec_decode_mixed_batches);
     let engine = Engine::new(
         EngineParts {
             target,

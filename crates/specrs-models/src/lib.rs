@@ -15,6 +15,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod models;
 pub mod norm;
+pub mod reductions;
 pub mod rope;
 pub mod skinny;
 pub mod skinny_quant;

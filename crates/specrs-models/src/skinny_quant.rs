@@ -56,7 +56,7 @@ mod x86 {
     const ROWS: usize = 4;
 
     /// Weight rows per register tile: each decoded weight block feeds `ROWS` dot products.
-    const COLS: usize = 2;
+    const COLS: usize = 4;
 
     /// Weight bytes per parallel task: enough work to amortise rayon's dispatch (a few µs per
     /// call), small enough that the 576-row matrices still split evenly across the cores.
@@ -115,7 +115,12 @@ mod x86 {
         let weights = w.data()?; // borrowed, not copied, for CPU storage
         let row_bytes = k / QK * format.block_bytes();
         if weights.len() != n * row_bytes {
-            candle_core::bail!("{:?} weight {n}x{k} holds {} bytes, expected {}", w.dtype(), weights.len(), n * row_bytes);
+            candle_core::bail!(
+                "{:?} weight {n}x{k} holds {} bytes, expected {}",
+                w.dtype(),
+                weights.len(),
+                n * row_bytes
+            );
         }
 
         let x = x.contiguous()?;
@@ -147,7 +152,9 @@ mod x86 {
                 }
             }
         };
-        if std::env::var("TMP_POOL").as_deref() == Ok("barrier") {
+        if std::env::var("TMP_POOL").as_deref() == Ok("serial") {
+            (0..tasks).for_each(run);
+        } else if std::env::var("TMP_POOL").as_deref() == Ok("barrier") {
             candle_core::utils::barrier_pool().execute_chunked(tasks, |range| range.for_each(run));
         } else {
             (0..tasks).into_par_iter().for_each(run);
@@ -229,7 +236,8 @@ mod x86 {
                 // f32::round: truncate, then step away from zero when the fraction is ≥ 0.5.
                 let x = _mm256_mul_ps(v, id);
                 let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(x);
-                let away = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_andnot_ps(sign, _mm256_sub_ps(x, t)), _mm256_set1_ps(0.5));
+                let away =
+                    _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_andnot_ps(sign, _mm256_sub_ps(x, t)), _mm256_set1_ps(0.5));
                 let step = _mm256_and_ps(away, _mm256_or_ps(_mm256_and_ps(sign, x), _mm256_set1_ps(1.0)));
                 _mm256_cvttps_epi32(_mm256_add_ps(t, step))
             });
@@ -535,7 +543,8 @@ mod tests {
             let (qs, d) = acts.parts();
             for (b, (want_d, want_q)) in blocks.iter().enumerate() {
                 assert_eq!(d[b].to_bits(), want_d.to_bits(), "block {b} scale");
-                let got: Vec<i8> = qs[b * 32..(b + 1) * 32].iter().map(|&q| (q ^ if offset { 0x80 } else { 0 }) as i8).collect();
+                let got: Vec<i8> =
+                    qs[b * 32..(b + 1) * 32].iter().map(|&q| (q ^ if offset { 0x80 } else { 0 }) as i8).collect();
                 assert_eq!(got, want_q, "block {b} quants (offset {offset})");
             }
         }
@@ -559,7 +568,8 @@ mod tests {
             let ours = to_rows(&matmul_t(&x, &w, isa).unwrap().expect("served"));
             for i in 0..m {
                 for j in 0..n {
-                    let (mut exact, mut f32_ref, mut magnitude, mut q_err, mut q_err_256) = (0f64, 0f64, 0f64, 0f64, 0f64);
+                    let (mut exact, mut f32_ref, mut magnitude, mut q_err, mut q_err_256) =
+                        (0f64, 0f64, 0f64, 0f64, 0f64);
                     for t in 0..k {
                         let (d, q) = xq[(i * k + t) / 32];
                         let (xv, wv) = (xs[i][t] as f64, wd[j][t] as f64);

@@ -343,3 +343,385 @@ pub fn mtp_oracle(s: &TinyShape) -> Result<(Value, HashMap<String, Tensor>)> {
     });
     Ok((cfg, t))
 }
+
+// ---------------------------------------------------------------------------------------------
+// Block drafters (DFlash, DFlash2, DSpark).
+
+/// Shape of a tiny block drafter over a target of `TinyShape`. Block drafters' mask token is
+/// the vocabulary's last id (the tiny tokenizer's EOS, which the bigram target never emits).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockShape {
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+impl Default for BlockShape {
+    fn default() -> Self {
+        Self { layers: 2, heads: 4, kv_heads: 2, head_dim: 16, block_size: 5 }
+    }
+}
+
+/// The Qwen3-style layer keys of a draft config.
+fn block_layer_json(s: &TinyShape, b: &BlockShape, rope_theta: f64) -> Value {
+    json!({
+        "model_type": "qwen3", "hidden_size": s.hidden, "intermediate_size": s.intermediate,
+        "num_hidden_layers": b.layers, "num_attention_heads": b.heads, "num_key_value_heads": b.kv_heads,
+        "head_dim": b.head_dim, "vocab_size": s.vocab, "rms_norm_eps": 1e-6, "rope_theta": rope_theta,
+        "max_position_embeddings": 512, "tie_word_embeddings": false
+    })
+}
+
+/// Random DFlash body tensors: `fc` over `n_taps` target taps, norms and Qwen3 layers with
+/// q/k norms.
+fn random_block_body(s: &TinyShape, b: &BlockShape, n_taps: usize, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = HashMap::new();
+    let mut k = seed;
+    let mut next = || {
+        k += 1;
+        k
+    };
+    let h = s.hidden;
+    let (q, kv) = (b.heads * b.head_dim, b.kv_heads * b.head_dim);
+    let lin = |out: usize, inp: usize, seed: u64| random_tensor(&[out, inp], (1.0 / inp as f32).sqrt(), seed);
+    let norm = |n: usize, seed: u64| random_tensor(&[n], 0.2, seed).and_then(|x| x + 1.0);
+    t.insert("fc.weight".into(), lin(h, n_taps * h, next())?);
+    t.insert("hidden_norm.weight".into(), norm(h, next())?);
+    t.insert("norm.weight".into(), norm(h, next())?);
+    for i in 0..b.layers {
+        let p = format!("layers.{i}");
+        t.insert(format!("{p}.input_layernorm.weight"), norm(h, next())?);
+        t.insert(format!("{p}.post_attention_layernorm.weight"), norm(h, next())?);
+        t.insert(format!("{p}.self_attn.q_proj.weight"), lin(q, h, next())?);
+        t.insert(format!("{p}.self_attn.k_proj.weight"), lin(kv, h, next())?);
+        t.insert(format!("{p}.self_attn.v_proj.weight"), lin(kv, h, next())?);
+        t.insert(format!("{p}.self_attn.o_proj.weight"), lin(h, q, next())?);
+        t.insert(format!("{p}.self_attn.q_norm.weight"), norm(b.head_dim, next())?);
+        t.insert(format!("{p}.self_attn.k_norm.weight"), norm(b.head_dim, next())?);
+        t.insert(format!("{p}.mlp.gate_proj.weight"), lin(s.intermediate, h, next())?);
+        t.insert(format!("{p}.mlp.up_proj.weight"), lin(s.intermediate, h, next())?);
+        t.insert(format!("{p}.mlp.down_proj.weight"), lin(h, s.intermediate, next())?);
+    }
+    Ok(t)
+}
+
+/// A reduced draft vocabulary of the first `draft_vocab` even target ids: `d2t[i] = i`
+/// (target id `i + d2t[i] = 2i`), stored as i64.
+fn even_d2t(draft_vocab: usize) -> Result<Tensor> {
+    Tensor::from_vec((0..draft_vocab as i64).collect::<Vec<_>>(), draft_vocab, &Device::Cpu)
+}
+
+/// Random z-lab DFlash draft (`DFlashDraftModel`): `target_layer_ids` are output-of-layer ids.
+pub fn dflash_zlab(
+    s: &TinyShape,
+    b: &BlockShape,
+    target_layer_ids: &[i64],
+    seed: u64,
+) -> Result<(Value, HashMap<String, Tensor>)> {
+    let mut cfg = block_layer_json(s, b, 1_000_000.0);
+    cfg["architectures"] = json!(["DFlashDraftModel"]);
+    cfg["auto_map"] = json!({"AutoModel": "dflash.DFlashDraftModel"});
+    cfg["num_target_layers"] = json!(s.layers);
+    cfg["block_size"] = json!(b.block_size);
+    cfg["dflash_config"] = json!({"mask_token_id": s.vocab - 1, "target_layer_ids": target_layer_ids});
+    Ok((cfg, random_block_body(s, b, target_layer_ids.len(), seed)?))
+}
+
+/// The `embed_tokens` and `lm_head` a speculators or DeepSpec checkpoint carries: copies of the
+/// target's (`target` holds its tensors), or a trained `lm_head [Vd, H]` plus `d2t` when the
+/// draft vocabulary is reduced.
+fn head_tensors(
+    s: &TinyShape,
+    target: &HashMap<String, Tensor>,
+    draft_vocab: usize,
+    t: &mut HashMap<String, Tensor>,
+    seed: u64,
+) -> Result<()> {
+    let embed = target["model.embed_tokens.weight"].clone();
+    let lm_head = if draft_vocab < s.vocab {
+        t.insert("d2t".into(), even_d2t(draft_vocab)?);
+        random_tensor(&[draft_vocab, s.hidden], 0.3, seed)?
+    } else {
+        target.get("lm_head.weight").cloned().unwrap_or_else(|| embed.clone())
+    };
+    t.insert("lm_head.weight".into(), lm_head);
+    t.insert("embed_tokens.weight".into(), embed);
+    Ok(())
+}
+
+/// Random speculators DFlash draft (`DFlashSpeculator`): `aux_hidden_state_layer_ids` are
+/// `hidden_states` indices; a `draft_vocab` below the target's adds `lm_head [Vd, H]` and `d2t`.
+/// `target` holds the target's tensors (the checkpoint carries copies of its embedding).
+pub fn dflash_speculators(
+    s: &TinyShape,
+    b: &BlockShape,
+    aux_ids: &[i64],
+    draft_vocab: usize,
+    target: &HashMap<String, Tensor>,
+    seed: u64,
+) -> Result<(Value, HashMap<String, Tensor>)> {
+    let mut t = random_block_body(s, b, aux_ids.len(), seed)?;
+    head_tensors(s, target, draft_vocab, &mut t, seed + 1000)?;
+    let cfg = json!({
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "speculators_version": "0.3.0",
+        "block_size": b.block_size,
+        "mask_token_id": s.vocab - 1,
+        "aux_hidden_state_layer_ids": aux_ids,
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": null,
+        "sample_from_anchor": false,
+        "sliding_window_non_causal": false,
+        "transformer_layer_config": block_layer_json(s, b, 1_000_000.0),
+        "speculators_config": {"algorithm": "dflash", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": b.block_size - 1}]}
+    });
+    Ok((cfg, t))
+}
+
+/// DFlash2 convolution and selector sizes of the tiny drafters.
+pub const TINY_DFLASH2: (usize, usize, usize, usize) = (3, 16, 8, 4); // taps, group, rank, top-k
+
+/// Random DFlash2 draft (`DFlash2DraftModel`): the z-lab body plus per-layer convolutions and
+/// the candidate selector.
+pub fn dflash2_zlab(
+    s: &TinyShape,
+    b: &BlockShape,
+    target_layer_ids: &[i64],
+    seed: u64,
+) -> Result<(Value, HashMap<String, Tensor>)> {
+    let (taps, group, rank, top_k) = TINY_DFLASH2;
+    let (mut cfg, mut t) = dflash_zlab(s, b, target_layer_ids, seed)?;
+    cfg["architectures"] = json!(["DFlash2DraftModel"]);
+    let dc = cfg["dflash_config"].as_object_mut().expect("object");
+    for (k, v) in [
+        ("conv_kernel_size", json!(taps)),
+        ("conv_group_size", json!(group)),
+        ("selector_rank", json!(rank)),
+        ("selector_top_k", json!(top_k)),
+        ("input_embedding_scale", json!(1.5)),
+        ("output_multiplier", json!(0.8)),
+        ("final_logit_softcapping", json!(4.0)),
+        ("block_size", json!(b.block_size)),
+    ] {
+        dc.insert(k.into(), v);
+    }
+    let h = s.hidden;
+    let groups = h / group;
+    for i in 0..b.layers {
+        for conv in ["attention_conv", "mlp_conv"] {
+            let p = format!("layers.{i}.{conv}");
+            t.insert(format!("{p}.base_kernel"), random_tensor(&[2, taps, h], 0.5, seed + 2000 + i as u64)?);
+            t.insert(
+                format!("{p}.kernel_projection.weight"),
+                random_tensor(&[2 * taps * groups, h], 0.1, seed + 3000 + i as u64)?,
+            );
+        }
+    }
+    t.insert("candidate_selector.predecessor_codebook".into(), random_tensor(&[s.vocab, rank], 1.0, seed + 4000)?);
+    t.insert("candidate_selector.successor_codebook".into(), random_tensor(&[s.vocab, rank], 1.0, seed + 4001)?);
+    t.insert("candidate_selector.hidden_projection.weight".into(), random_tensor(&[rank, h], 0.5, seed + 4002)?);
+    Ok((cfg, t))
+}
+
+/// Random DeepSpec DSpark draft (`Qwen3DSparkModel`): output-of-layer `target_layer_ids`, a
+/// vanilla Markov head of `markov_rank`, and the target-copied `embed_tokens`/`lm_head`
+/// (`target` names the target's tensors the copies are taken from).
+pub fn dspark_deepspec(
+    s: &TinyShape,
+    b: &BlockShape,
+    target_layer_ids: &[i64],
+    markov_rank: usize,
+    target: &HashMap<String, Tensor>,
+    seed: u64,
+) -> Result<(Value, HashMap<String, Tensor>)> {
+    let mut t = random_block_body(s, b, target_layer_ids.len(), seed)?;
+    head_tensors(s, target, s.vocab, &mut t, seed)?;
+    t.insert("markov_head.markov_w1.weight".into(), random_tensor(&[s.vocab, markov_rank], 1.0, seed + 5000)?);
+    t.insert("markov_head.markov_w2.weight".into(), random_tensor(&[s.vocab, markov_rank], 2.0, seed + 5001)?);
+    let mut cfg = block_layer_json(s, b, 1_000_000.0);
+    cfg["architectures"] = json!(["Qwen3DSparkModel"]);
+    for (k, v) in [
+        ("num_target_layers", json!(s.layers)),
+        ("block_size", json!(b.block_size)),
+        ("target_layer_ids", json!(target_layer_ids)),
+        ("mask_token_id", json!(s.vocab - 1)),
+        ("num_anchors", json!(512)),
+        ("markov_rank", json!(markov_rank)),
+        ("markov_head_type", json!("vanilla")),
+        ("enable_confidence_head", json!(false)),
+        ("confidence_head_with_markov", json!(false)),
+        ("layer_types", json!(vec!["full_attention"; b.layers])),
+    ] {
+        cfg[k] = v;
+    }
+    Ok((cfg, t))
+}
+
+/// Random speculators DSpark draft (`DSparkSpeculator`), with a reduced draft vocabulary when
+/// `draft_vocab` is below the target's (`target` holds the target's tensors).
+pub fn dspark_speculators(
+    s: &TinyShape,
+    b: &BlockShape,
+    aux_ids: &[i64],
+    draft_vocab: usize,
+    markov_rank: usize,
+    target: &HashMap<String, Tensor>,
+    seed: u64,
+) -> Result<(Value, HashMap<String, Tensor>)> {
+    let mut t = random_block_body(s, b, aux_ids.len(), seed)?;
+    head_tensors(s, target, draft_vocab, &mut t, seed + 6000)?;
+    t.insert("markov_head.markov_w1.weight".into(), random_tensor(&[s.vocab, markov_rank], 1.0, seed + 6001)?);
+    t.insert("markov_head.markov_w2.weight".into(), random_tensor(&[draft_vocab, markov_rank], 2.0, seed + 6002)?);
+    let cfg = json!({
+        "architectures": ["DSparkSpeculator"],
+        "speculators_model_type": "dspark",
+        "speculators_version": "0.3.0",
+        "block_size": b.block_size,
+        "mask_token_id": s.vocab - 1,
+        "aux_hidden_state_layer_ids": aux_ids,
+        "draft_vocab_size": draft_vocab,
+        "sample_from_anchor": true,
+        "markov_rank": markov_rank,
+        "markov_head_type": "vanilla",
+        "enable_confidence_head": false,
+        "transformer_layer_config": block_layer_json(s, b, 1_000_000.0),
+        "speculators_config": {"algorithm": "dspark", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": b.block_size}]}
+    });
+    Ok((cfg, t))
+}
+
+/// One-layer block-drafter body that predicts the bigram target perfectly, for a block of
+/// `block_size` slots whose slot `j` must hold the token `next^(j − shift)(anchor)` so that
+/// the target's head turns it into the right draft (`shift` 1 for DFlash, 0 for DSpark).
+///
+/// Head `h` (`h = 1 .. block_size − 1`) finds the key exactly `h` positions back, which for
+/// slot `h` is the anchor; its value carries the anchor token and `o_proj` applies the
+/// successor `h − shift` times. Queries and keys are constant, so RoPE alone places the
+/// attention: `rope_theta = 0.01` spreads the frequencies over [1, 86] rad, and each key is
+/// the query rotated per frequency pair so that one half of the pairs peaks at offset `−h`
+/// and the other half (weaker) at offset `+1`. A slot with no key `h` back (`h > j`) then
+/// attends to the next slot instead — a mask slot whose value is zero — rather than spreading
+/// over keys that would leak the anchor through the wrong power of the successor. Context keys
+/// and values are zero (`fc = 0`). The residual keeps the slot's own embedding, weaker than
+/// the copied token, so the anchor slot of a DSpark block drafts `next(anchor)` unaided.
+/// Needs `vocab <= 64 = hidden`, the mask token the last id (the EOS, never drafted).
+fn oracle_block_body(s: &TinyShape, block_size: usize, shift: usize) -> Result<(Value, HashMap<String, Tensor>)> {
+    let (h, d) = (s.hidden, 64usize);
+    assert!(s.vocab <= d && h == d, "the block oracle needs vocab <= hidden = 64");
+    let heads = block_size - 1;
+    let next = bigram_successor(s.vocab);
+    let half = d / 2;
+    let theta = |i: usize| 0.01f64.powf(-2.0 * i as f64 / d as f64);
+    // Pair i = dims (i, i + d/2): even pairs (amplitude² 2) peak at offset −h, odd ones at +1.
+    let amplitude = |i: usize| if i.is_multiple_of(2) { 2f64.sqrt() } else { 1.0 };
+    let mut t = HashMap::new();
+    let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &Device::Cpu);
+    let ones = |n: usize| Tensor::ones(n, DType::F32, &Device::Cpu);
+    t.insert("fc.weight".into(), zeros(&[h, h])?);
+    t.insert("hidden_norm.weight".into(), ones(h)?);
+    t.insert("norm.weight".into(), ones(h)?);
+    let p = "layers.0";
+    t.insert(format!("{p}.input_layernorm.weight"), ones(h)?);
+    t.insert(format!("{p}.post_attention_layernorm.weight"), ones(h)?);
+    t.insert(format!("{p}.self_attn.q_norm.weight"), (ones(d)? * 4.0)?);
+    t.insert(format!("{p}.self_attn.k_norm.weight"), (ones(d)? * 3.0)?);
+    let (mut q, mut k, mut v, mut o) =
+        (vec![0f32; heads * d * h], vec![0f32; heads * d * h], vec![0f32; heads * d * h], vec![0f32; h * heads * d]);
+    for head in 0..heads {
+        let offset = head + 1;
+        for i in 0..half {
+            let phi = if i.is_multiple_of(2) { offset as f64 * theta(i) } else { -theta(i) };
+            let a = amplitude(i);
+            let (qx, kx, ky) = (a, a * phi.cos(), a * phi.sin());
+            // Every token column maps to the same query and key.
+            for col in 0..s.vocab {
+                q[(head * d + i) * h + col] = qx as f32;
+                k[(head * d + i) * h + col] = kx as f32;
+                k[(head * d + i + half) * h + col] = ky as f32;
+            }
+        }
+        // Value: the (normed, √H-scaled) one-hot token, scaled to 4; the mask token carries none.
+        for tok in 0..s.vocab - 1 {
+            v[(head * d + tok) * h + tok] = 4.0 / (h as f32).sqrt();
+            let mut out = tok;
+            for _ in shift..offset {
+                out = next[out] as usize;
+            }
+            o[out * heads * d + head * d + tok] = 1.0;
+        }
+    }
+    let cpu = &Device::Cpu;
+    t.insert(format!("{p}.self_attn.q_proj.weight"), Tensor::from_vec(q, (heads * d, h), cpu)?);
+    t.insert(format!("{p}.self_attn.k_proj.weight"), Tensor::from_vec(k, (heads * d, h), cpu)?);
+    t.insert(format!("{p}.self_attn.v_proj.weight"), Tensor::from_vec(v, (heads * d, h), cpu)?);
+    t.insert(format!("{p}.self_attn.o_proj.weight"), Tensor::from_vec(o, (h, heads * d), cpu)?);
+    t.insert(format!("{p}.mlp.gate_proj.weight"), random_tensor(&[s.intermediate, h], 0.1, 21)?);
+    t.insert(format!("{p}.mlp.up_proj.weight"), random_tensor(&[s.intermediate, h], 0.1, 22)?);
+    t.insert(format!("{p}.mlp.down_proj.weight"), zeros(&[h, s.intermediate])?);
+    let b = BlockShape { layers: 1, heads, kv_heads: heads, head_dim: d, block_size };
+    let mut cfg = block_layer_json(s, &b, 0.01);
+    cfg["num_target_layers"] = json!(s.layers);
+    cfg["block_size"] = json!(block_size);
+    Ok((cfg, t))
+}
+
+/// z-lab DFlash draft that predicts the bigram target perfectly (see [`oracle_block_body`]).
+pub fn dflash_oracle(s: &TinyShape, block_size: usize) -> Result<(Value, HashMap<String, Tensor>)> {
+    let (mut cfg, t) = oracle_block_body(s, block_size, 1)?;
+    cfg["architectures"] = json!(["DFlashDraftModel"]);
+    cfg["dflash_config"] = json!({"mask_token_id": s.vocab - 1, "target_layer_ids": [s.layers as i64 - 2]});
+    Ok((cfg, t))
+}
+
+/// DFlash2 draft that predicts the bigram target perfectly: the DFlash oracle with identity
+/// convolutions (tap 0 of both sides 1, no dynamic part) and a selector whose pairwise term
+/// is zero, so the walk follows the `lm_head` argmax.
+pub fn dflash2_oracle(s: &TinyShape, block_size: usize) -> Result<(Value, HashMap<String, Tensor>)> {
+    let (taps, group, rank, top_k) = TINY_DFLASH2;
+    let (mut cfg, mut t) = dflash_oracle(s, block_size)?;
+    cfg["architectures"] = json!(["DFlash2DraftModel"]);
+    let dc = cfg["dflash_config"].as_object_mut().expect("object");
+    dc.insert("conv_kernel_size".into(), json!(taps));
+    dc.insert("conv_group_size".into(), json!(group));
+    dc.insert("selector_rank".into(), json!(rank));
+    dc.insert("selector_top_k".into(), json!(top_k));
+    let h = s.hidden;
+    let mut base = vec![0f32; 2 * taps * h];
+    for side in 0..2 {
+        base[side * taps * h..side * taps * h + h].fill(1.0);
+    }
+    for conv in ["attention_conv", "mlp_conv"] {
+        t.insert(format!("layers.0.{conv}.base_kernel"), Tensor::from_vec(base.clone(), (2, taps, h), &Device::Cpu)?);
+        t.insert(
+            format!("layers.0.{conv}.kernel_projection.weight"),
+            Tensor::zeros((2 * taps * (h / group), h), DType::F32, &Device::Cpu)?,
+        );
+    }
+    for name in ["predecessor_codebook", "successor_codebook"] {
+        t.insert(format!("candidate_selector.{name}"), Tensor::zeros((s.vocab, rank), DType::F32, &Device::Cpu)?);
+    }
+    t.insert("candidate_selector.hidden_projection.weight".into(), Tensor::zeros((rank, h), DType::F32, &Device::Cpu)?);
+    Ok((cfg, t))
+}
+
+/// DeepSpec DSpark draft that predicts the bigram target perfectly: every slot drafts
+/// (`sample_from_anchor`), slot `k` holding `next^k(anchor)`; the Markov head adds nothing.
+pub fn dspark_oracle(s: &TinyShape, block_size: usize) -> Result<(Value, HashMap<String, Tensor>)> {
+    let (mut cfg, mut t) = oracle_block_body(s, block_size, 0)?;
+    cfg["architectures"] = json!(["Qwen3DSparkModel"]);
+    cfg["target_layer_ids"] = json!([-1]);
+    cfg["mask_token_id"] = json!(s.vocab - 1);
+    cfg["num_anchors"] = json!(512);
+    cfg["markov_rank"] = json!(8);
+    cfg["markov_head_type"] = json!("vanilla");
+    cfg["enable_confidence_head"] = json!(false);
+    for name in ["markov_w1", "markov_w2"] {
+        t.insert(format!("markov_head.{name}.weight"), Tensor::zeros((s.vocab, 8), DType::F32, &Device::Cpu)?);
+    }
+    Ok((cfg, t))
+}

@@ -2,6 +2,7 @@
 //! Rust user could not reach through the crates themselves.
 
 mod config;
+mod drafters;
 mod errors;
 mod pipeline;
 mod registry;
@@ -70,6 +71,7 @@ fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::builtin_speculators, m)?)?;
     m.add_function(wrap_pyfunction!(registry::select_speculator, m)?)?;
     m.add_function(wrap_pyfunction!(registry::canonical_draft_arch, m)?)?;
+    m.add_function(wrap_pyfunction!(drafters::checkpoint_draft_width, m)?)?;
     m.add_function(wrap_pyfunction!(peek_architecture, m)?)?;
     m.add_function(wrap_pyfunction!(draft_architecture, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_model, m)?)?;

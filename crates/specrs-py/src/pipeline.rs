@@ -7,9 +7,9 @@ use std::time::Duration;
 use pyo3::exceptions::{PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use specrs_core::SpeculativeConfig;
 use specrs_core::registry::PipelineKind;
 use specrs_core::sampling::SamplingParams;
-use specrs_core::SpeculativeConfig;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
     ChatMessage, EngineConfig, EngineError, EngineHandle, GenerationRequest, PipelineConfig, PipelineInfo, Prompt,
@@ -80,10 +80,14 @@ fn build(
     enable_spec_decode_mixed_batches: bool,
 ) -> PyResult<PyPipeline> {
     let speculative = match speculative_config {
-        Some(json) => SpeculativeConfig::from_json(&serde_json::from_str(json).map_err(json_err)?).map_err(config_error)?,
+        Some(json) => {
+            SpeculativeConfig::from_json(&serde_json::from_str(json).map_err(json_err)?).map_err(config_error)?
+        }
         None => SpeculativeConfig::default(),
     };
-    let dtype: ModelDType = dtype.parse().map_err(|e: specrs_models::ModelError| raise("ConfigError", e.to_string(), &[("field", Some("dtype".into()))]))?;
+    let dtype: ModelDType = dtype.parse().map_err(|e: specrs_models::ModelError| {
+        raise("ConfigError", e.to_string(), &[("field", Some("dtype".into()))])
+    })?;
     let device = device.parse().map_err(engine_error)?;
     let cfg = PipelineConfig {
         model,
@@ -259,8 +263,8 @@ macro_rules! pipeline_class {
         impl $rust {
             #[new]
             #[pyo3(signature = (model, draft_model=None, speculative_config=None, *, dtype="auto", device="cpu",
-                max_num_seqs=64, max_model_len=None, max_num_batched_tokens=2048, kv_cache_bytes=1073741824,
-                block_size=16, enable_spec_decode_mixed_batches=false))]
+                        max_num_seqs=64, max_model_len=None, max_num_batched_tokens=2048, kv_cache_bytes=1073741824,
+                        block_size=16, enable_spec_decode_mixed_batches=false))]
             #[allow(clippy::too_many_arguments)]
             fn new(
                 py: Python<'_>,

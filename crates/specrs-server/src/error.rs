@@ -38,6 +38,14 @@ impl ApiError {
         }
     }
 
+    /// Names the penalty field the request set when the error is about penalties.
+    pub fn for_penalty(mut self, field: &str) -> Self {
+        if self.message.contains("penalt") {
+            self.param = Some(field.to_string());
+        }
+        self
+    }
+
     /// Maps an engine admission error onto the request field it concerns.
     pub fn from_engine(e: EngineError, prompt_field: &str) -> Self {
         match e {
@@ -45,7 +53,6 @@ impl ApiError {
             EngineError::Request(m) if m.contains("context") && m.contains("prompt") => {
                 Self::bad_request(m, Some(prompt_field)).with_code("context_length_exceeded")
             }
-            EngineError::Request(m) if m.contains("penalt") => Self::bad_request(m, Some("frequency_penalty")),
             EngineError::Request(m) if m.contains("max_tokens") => Self::bad_request(m, Some("max_tokens")),
             EngineError::Request(m) | EngineError::Tokenizer(m) => Self::bad_request(m, Some(prompt_field)),
             EngineError::Shutdown => Self::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"),
@@ -57,7 +64,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
-            error: ErrorDetail { message: self.message.clone(), kind: self.kind(), param: self.param.clone(), code: self.code },
+            error: ErrorDetail {
+                message: self.message.clone(),
+                kind: self.kind(),
+                param: self.param.clone(),
+                code: self.code,
+            },
         };
         let mut resp = (self.status, axum::Json(body)).into_response();
         if matches!(self.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {

@@ -45,7 +45,11 @@ pub fn run(handle: &EngineHandle, args: &GenerateArgs) -> Result<(), String> {
             let _ = writeln!(stdout);
             let secs = started.elapsed().as_secs_f64();
             if let Some(m) = &out.metrics {
-                let mut line = format!("[{tokens} tokens in {secs:.2}s, {:.1} tok/s, finish: {}]", tokens as f64 / secs.max(1e-9), reason.as_str());
+                let mut line = format!(
+                    "[{tokens} tokens in {secs:.2}s, {:.1} tok/s, finish: {}]",
+                    tokens as f64 / secs.max(1e-9),
+                    reason.as_str()
+                );
                 if speculative {
                     line.push_str(&format!(
                         " drafts accepted {}/{} ({:.0}%), acceptance length {:.2}, per position {:?}",

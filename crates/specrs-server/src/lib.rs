@@ -100,7 +100,8 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPEC_RS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
 
 fn builtin_factory(args: &cli::PipelineArgs) -> Result<Arc<EngineHandle>, String> {

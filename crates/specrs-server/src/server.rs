@@ -28,9 +28,7 @@ use specrs_engine::request::OutputStream;
 use specrs_engine::{ChatMessage, EngineHandle, FinishReason, GenerationRequest, Prompt, RequestOutput, TokenLogprob};
 
 use crate::error::ApiError;
-use crate::openai::{
-    ChatCompletionRequest, CompletionRequest, PromptSpec, SamplingFields, SpecDecodeUsage, Usage,
-};
+use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptSpec, SamplingFields, SpecDecodeUsage, Usage};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
@@ -64,7 +62,12 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .merge(api)
-        .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such endpoint; see /v1/models, /v1/chat/completions, /v1/completions") })
+        .fallback(|| async {
+            ApiError::status(
+                StatusCode::NOT_FOUND,
+                "no such endpoint; see /v1/models, /v1/chat/completions, /v1/completions",
+            )
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -77,8 +80,11 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         if given != Some(key.as_str()) {
-            return ApiError::status(StatusCode::UNAUTHORIZED, "missing or invalid API key: send 'Authorization: Bearer <key>'")
-                .into_response();
+            return ApiError::status(
+                StatusCode::UNAUTHORIZED,
+                "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            )
+            .into_response();
         }
     }
     next.run(req).await
@@ -118,10 +124,18 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
 /// as 400s that name the field.
 fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let body = body.map_err(|r| ApiError::status(r.status(), r.body_text()))?;
-    let value: Value = serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))?;
+    let value: Value =
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))?;
     if !value.is_object() {
         return Err(ApiError::bad_request("the request body must be a JSON object", None));
     }
+    // The sampling fields are flattened into both request types, and serde loses the path of
+    // flattened fields: check them on their own first so their errors name the field.
+    deserialize_named::<SamplingFields>(value.clone())?;
+    deserialize_named(value)
+}
+
+fn deserialize_named<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
@@ -162,10 +176,19 @@ fn sampling_params(
         return Err(ApiError::bad_request("only best_of=1 is supported", Some("best_of")));
     }
     let synthetic = state.handle.info().pipeline.as_ref().is_some_and(|p| p.acceptance_rule == "synthetic");
-    for (field, present) in [("response_format", f.response_format.as_ref().is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text"))), ("tools", f.tools.is_some()), ("tool_choice", f.tool_choice.is_some())] {
+    for (field, present) in [
+        (
+            "response_format",
+            f.response_format.as_ref().is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text")),
+        ),
+        ("tools", f.tools.is_some()),
+        ("tool_choice", f.tool_choice.is_some()),
+    ] {
         if present {
             let message = if synthetic {
-                format!("{field} needs constrained decoding, which synthetic acceptance (a benchmarking mode that ignores the logits) cannot serve")
+                format!(
+                    "{field} needs constrained decoding, which synthetic acceptance (a benchmarking mode that ignores the logits) cannot serve"
+                )
             } else {
                 format!("{field} (constrained decoding) is not supported by this server")
             };
@@ -181,7 +204,10 @@ fn sampling_params(
     if let Some(t) = f.temperature
         && !(0.0..=2.0).contains(&t)
     {
-        return Err(ApiError::bad_request(format!("temperature must be between 0 and 2, got {t}"), Some("temperature")));
+        return Err(ApiError::bad_request(
+            format!("temperature must be between 0 and 2, got {t}"),
+            Some("temperature"),
+        ));
     }
     let params = SamplingParams {
         temperature: f.temperature.unwrap_or(1.0),
@@ -203,6 +229,17 @@ fn sampling_params(
         .validate(state.handle.info().vocab_size)
         .map_err(|e| ApiError::bad_request(e.message, Some(e.field.as_deref().unwrap_or("temperature"))))?;
     Ok(params)
+}
+
+/// The penalty field a request set (for errors about penalties).
+fn penalty_field(f: &SamplingFields) -> &'static str {
+    if f.frequency_penalty.is_some_and(|v| v != 0.0) {
+        "frequency_penalty"
+    } else if f.presence_penalty.is_some_and(|v| v != 0.0) {
+        "presence_penalty"
+    } else {
+        "repetition_penalty"
+    }
 }
 
 fn admit(state: &Arc<AppState>, n: usize) -> Result<Vec<InFlight>, ApiError> {
@@ -233,9 +270,13 @@ async fn collect(mut stream: OutputStream) -> Result<specrs_engine::FinalOutput,
             break;
         }
     }
-    let out = specrs_engine::FinalOutput::collect(outs).ok_or_else(|| ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped"))?;
+    let out = specrs_engine::FinalOutput::collect(outs)
+        .ok_or_else(|| ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped"))?;
     if out.finish_reason == FinishReason::Error {
-        return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, out.error.unwrap_or_else(|| "generation failed".into())));
+        return Err(ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            out.error.unwrap_or_else(|| "generation failed".into()),
+        ));
     }
     Ok(out)
 }
@@ -357,13 +398,20 @@ fn chat_messages(req: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiErr
         .collect()
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body)?;
     check_model(&state, &req.model)?;
     let messages = chat_messages(&req)?;
     let top = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
-        (false, Some(n)) if n > 0 => return Err(ApiError::bad_request("top_logprobs needs logprobs=true", Some("top_logprobs"))),
-        (true, n) if n.unwrap_or(0) > 20 => return Err(ApiError::bad_request("top_logprobs must be at most 20", Some("top_logprobs"))),
+        (false, Some(n)) if n > 0 => {
+            return Err(ApiError::bad_request("top_logprobs needs logprobs=true", Some("top_logprobs")));
+        }
+        (true, n) if n.unwrap_or(0) > 20 => {
+            return Err(ApiError::bad_request("top_logprobs must be at most 20", Some("top_logprobs")));
+        }
         (true, n) => Some(n.unwrap_or(0)),
         (false, _) => None,
     };
@@ -375,7 +423,12 @@ async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes
     let guards = admit(&state, 1)?;
     let mut request = GenerationRequest::new(Prompt::Chat(messages), params);
     request.trace = req.sampling.trace.unwrap_or(false);
-    let (_, stream) = state.handle.submit_async(request).await.map_err(|e| ApiError::from_engine(e, "messages"))?;
+    let penalty = penalty_field(&req.sampling);
+    let (_, stream) = state
+        .handle
+        .submit_async(request)
+        .await
+        .map_err(|e| ApiError::from_engine(e, "messages").for_penalty(penalty))?;
     let id = request_id("chatcmpl");
     let created = now_secs();
     let model = req.model.clone();
@@ -429,7 +482,9 @@ fn chat_stream(
         }
         if let Some(reason) = o.finish_reason {
             if reason == FinishReason::Error {
-                events.push(sse_json(&json!({"error": {"message": o.error.clone().unwrap_or_default(), "type": "server_error"}})));
+                events.push(sse_json(
+                    &json!({"error": {"message": o.error.clone().unwrap_or_default(), "type": "server_error"}}),
+                ));
             } else {
                 events.push(sse_json(&chunk(json!({}), Some(reason), Value::Null)));
             }
@@ -481,7 +536,10 @@ fn completion_prompts(p: &PromptSpec) -> Result<Vec<Prompt>, ApiError> {
     Ok(prompts)
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(body)?;
     check_model(&state, &req.model)?;
     if req.echo.unwrap_or(false) {
@@ -495,13 +553,18 @@ async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, Byt
     }
     let prompts = completion_prompts(&req.prompt)?;
     // OpenAI's default for completions.
-    let params = sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(16)), "max_tokens", req.logprobs, &state)?;
+    let params =
+        sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(16)), "max_tokens", req.logprobs, &state)?;
     let guards = admit(&state, prompts.len())?;
     let mut streams = Vec::with_capacity(prompts.len());
     for prompt in prompts {
         let mut request = GenerationRequest::new(prompt, params.clone());
         request.trace = req.sampling.trace.unwrap_or(false);
-        let (_, s) = state.handle.submit_async(request).await.map_err(|e| ApiError::from_engine(e, "prompt"))?;
+        let (_, s) = state
+            .handle
+            .submit_async(request)
+            .await
+            .map_err(|e| ApiError::from_engine(e, "prompt").for_penalty(penalty_field(&req.sampling)))?;
         streams.push(s);
     }
     let id = request_id("cmpl");
@@ -510,9 +573,18 @@ async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, Byt
     let logprobs = req.logprobs.is_some();
     if req.sampling.stream.unwrap_or(false) {
         let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        return Ok(Sse::new(completion_stream(state.clone(), streams, id, created, model, include_usage, logprobs, guards))
-            .keep_alive(KeepAlive::default())
-            .into_response());
+        return Ok(Sse::new(completion_stream(
+            state.clone(),
+            streams,
+            id,
+            created,
+            model,
+            include_usage,
+            logprobs,
+            guards,
+        ))
+        .keep_alive(KeepAlive::default())
+        .into_response());
     }
     let mut choices = Vec::new();
     let (mut prompt_tokens, mut completion_tokens) = (0, 0);
@@ -550,7 +622,8 @@ fn merge_metrics(total: &mut specrs_engine::RequestMetrics, m: &specrs_engine::R
     for (t, v) in total.accepted_per_position.iter_mut().zip(&m.accepted_per_position) {
         *t += v;
     }
-    total.acceptance_length = if total.num_drafts > 0 { 1.0 + total.num_accepted_tokens as f64 / total.num_drafts as f64 } else { 1.0 };
+    total.acceptance_length =
+        if total.num_drafts > 0 { 1.0 + total.num_accepted_tokens as f64 / total.num_drafts as f64 } else { 1.0 };
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -565,7 +638,8 @@ fn completion_stream(
     guards: Vec<InFlight>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let n = streams.len();
-    let indexed = stream::select_all(streams.into_iter().enumerate().map(|(i, s)| output_events(s).map(move |o| (i, o)).boxed()));
+    let indexed =
+        stream::select_all(streams.into_iter().enumerate().map(|(i, s)| output_events(s).map(move |o| (i, o)).boxed()));
     let chunk = {
         let (id, model) = (id.clone(), model.clone());
         move |index: usize, text: String, finish: Option<FinishReason>, lps: Value| {
@@ -581,7 +655,11 @@ fn completion_stream(
         .map(move |(i, o)| {
             let _ = &_guards;
             let mut events = Vec::new();
-            let lps = if logprobs && !o.logprobs.is_empty() { completion_logprobs(&state, &o.logprobs, offsets[i]) } else { Value::Null };
+            let lps = if logprobs && !o.logprobs.is_empty() {
+                completion_logprobs(&state, &o.logprobs, offsets[i])
+            } else {
+                Value::Null
+            };
             offsets[i] += o.text.len();
             if !o.text.is_empty() || !lps.is_null() {
                 events.push(sse_json(&chunk(i, o.text.clone(), None, lps)));
@@ -596,8 +674,10 @@ fn completion_stream(
                 }
                 if remaining == 0 {
                     if include_usage {
-                        events.push(sse_json(&json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                            "choices": [], "usage": usage_of(usage.0, usage.1, Some(&usage.2))})));
+                        events.push(sse_json(
+                            &json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                            "choices": [], "usage": usage_of(usage.0, usage.1, Some(&usage.2))}),
+                        ));
                     }
                     events.push(sse_done());
                 }

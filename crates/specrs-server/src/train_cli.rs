@@ -28,6 +28,9 @@ pub fn command() -> Command {
         .arg(Arg::new("learning-rate").long("learning-rate").value_parser(value_parser!(f64)).default_value(d.learning_rate.to_string()))
         .arg(Arg::new("batch-size").long("batch-size").value_parser(value_parser!(usize)).default_value(d.batch_size.to_string()))
         .arg(Arg::new("num-speculative-tokens").long("num-speculative-tokens").value_parser(value_parser!(usize)).default_value(d.num_speculative_tokens.to_string()))
+        .arg(Arg::new("generation-batch").long("generation-batch").value_parser(value_parser!(usize)).default_value(d.generation_batch.to_string()).help(
+            "Sequences the target answers at once while generating data",
+        ))
         .arg(Arg::new("seed").long("seed").value_parser(value_parser!(u64)).default_value(d.seed.to_string()))
         .arg(Arg::new("eval-max-tokens").long("eval-max-tokens").value_parser(value_parser!(usize)).default_value("96").help(
             "Tokens per held-out prompt when measuring acceptance after training (0 skips it)",
@@ -73,6 +76,7 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
         batch_size: *m.get_one::<usize>("batch-size").expect("default"),
         num_speculative_tokens: *m.get_one::<usize>("num-speculative-tokens").expect("default"),
         seed: *m.get_one::<u64>("seed").expect("default"),
+        generation_batch: *m.get_one::<usize>("generation-batch").expect("default"),
         ..TrainDraftConfig::default()
     };
     for (name, v) in [
@@ -86,7 +90,7 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
             return Err(CliError::Invalid(format!("{name} must be at least 1")));
         }
     }
-    if !(config.epochs > 0.0) || !(config.learning_rate > 0.0) {
+    if config.epochs.is_nan() || config.epochs <= 0.0 || config.learning_rate.is_nan() || config.learning_rate <= 0.0 {
         return Err(CliError::Invalid("--epochs and --learning-rate must be positive".into()));
     }
     Ok(TrainDraftArgs { config, eval_max_tokens: *m.get_one::<usize>("eval-max-tokens").expect("default") })

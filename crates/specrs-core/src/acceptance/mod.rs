@@ -22,6 +22,7 @@
 mod greedy;
 mod phase;
 mod position;
+mod reduced;
 mod relaxed;
 mod row;
 mod sampler;
@@ -29,7 +30,8 @@ mod stochastic;
 mod synthetic;
 
 pub use phase::ThinkingTokens;
-pub use relaxed::RelaxedRule;
+pub use reduced::{ReducedError, ReducedPosition, ReducedRow, Reductions};
+pub use relaxed::{RelaxedRule, RelaxedStats};
 pub use row::{VerifyError, VerifyOutput, VerifyRow};
 pub use sampler::AcceptanceSampler;
 pub use synthetic::{SyntheticRule, calibrate_per_position_rate};

@@ -30,40 +30,70 @@ pub struct RelaxedRule {
 impl RelaxedRule {
     /// Judges `draft` against one position's raw logits (`[V]`).
     pub(crate) fn verify(&self, logits: &[f32], draft: u32) -> Verdict {
-        let top = argmax(logits);
-        if draft == top {
+        self.decide(draft, &RelaxedStats::of(logits, draft, self.topk))
+    }
+
+    /// The rule on a position's [`RelaxedStats`]: what [`Self::verify`] decides, for callers
+    /// that reduced the logits elsewhere (on the device holding them).
+    pub(crate) fn decide(&self, draft: u32, stats: &RelaxedStats) -> Verdict {
+        if draft == stats.top {
             return Verdict::Accept;
         }
-        let reject = Verdict::Reject { recovered: top };
-        let Some(&draft_logit) = logits.get(draft as usize) else {
-            return reject;
-        };
-        if self.topk <= 1 || draft_logit.is_nan() || !self.ranks_within_topk(logits, draft, draft_logit) {
+        let reject = Verdict::Reject { recovered: stats.top };
+        if self.topk <= 1 || stats.draft_logit.is_nan() || stats.ahead >= self.topk {
             return reject;
         }
         if self.delta >= 1.0 {
             return Verdict::AcceptRelaxed;
         }
-        let lse = f64::from(logsumexp(logits));
-        let top_prob = (f64::from(logits[top as usize]) - lse).exp();
-        let draft_prob = (f64::from(draft_logit) - lse).exp();
+        let top_prob = (f64::from(stats.top_logit) - stats.logsumexp).exp();
+        let draft_prob = (f64::from(stats.draft_logit) - stats.logsumexp).exp();
         if draft_prob >= top_prob - self.delta { Verdict::AcceptRelaxed } else { reject }
     }
+}
 
-    /// Whether fewer than `topk` tokens rank ahead of the draft (higher logit, or equal logit
-    /// and lower id).
-    fn ranks_within_topk(&self, logits: &[f32], draft: u32, draft_logit: f32) -> bool {
-        let mut ahead = 0usize;
-        for (id, &l) in logits.iter().enumerate() {
-            if l > draft_logit || (l == draft_logit && (id as u32) < draft) {
-                ahead += 1;
-                if ahead >= self.topk {
-                    return false;
-                }
+/// What the relaxed rule reads of one position's raw logits, for a given draft.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RelaxedStats {
+    /// The argmax (ties by lowest id, NaN skipped): the recovered token on rejection.
+    pub top: u32,
+    /// Tokens ranked ahead of the draft, at least up to `topk` (a larger count decides the
+    /// same way).
+    pub ahead: usize,
+    pub draft_logit: f32,
+    pub top_logit: f32,
+    /// `log Σ exp(logits)` of the raw row.
+    pub logsumexp: f64,
+}
+
+impl RelaxedStats {
+    /// The statistics of `logits` (`[V]`) for `draft`, counting ranks up to `topk`.
+    pub fn of(logits: &[f32], draft: u32, topk: usize) -> Self {
+        let top = argmax(logits);
+        let draft_logit = logits.get(draft as usize).copied().unwrap_or(f32::NAN);
+        Self {
+            top,
+            ahead: count_ahead(logits, draft, draft_logit, topk),
+            draft_logit,
+            top_logit: logits.get(top as usize).copied().unwrap_or(f32::NEG_INFINITY),
+            logsumexp: f64::from(logsumexp(logits)),
+        }
+    }
+}
+
+/// Tokens ranked ahead of the draft (higher logit, or equal logit and lower id), counted up
+/// to `limit` (enough to decide a rank cut of `limit`).
+fn count_ahead(logits: &[f32], draft: u32, draft_logit: f32, limit: usize) -> usize {
+    let mut ahead = 0usize;
+    for (id, &l) in logits.iter().enumerate() {
+        if l > draft_logit || (l == draft_logit && (id as u32) < draft) {
+            ahead += 1;
+            if ahead >= limit {
+                break;
             }
         }
-        true
     }
+    ahead
 }
 
 #[cfg(test)]

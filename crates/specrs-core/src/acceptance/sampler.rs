@@ -3,13 +3,14 @@
 use super::greedy;
 use super::phase::ThinkingTokens;
 use super::position::{Position, Scratch, Verdict};
+use super::reduced::{ReducedError, ReducedRow, Reductions, need};
 use super::relaxed::RelaxedRule;
 use super::row::{VerifyError, VerifyOutput, VerifyRow};
 use super::stochastic;
 use super::synthetic::SyntheticRule;
 use crate::config::{AcceptanceRule, DraftProposal, SpeculativeConfig};
 use crate::error::ConfigError;
-use crate::sampling::PenaltyContext;
+use crate::sampling::{PenaltyContext, SamplingParams};
 
 /// The rule one row runs, resolved once per row.
 #[derive(Clone, Copy)]
@@ -160,16 +161,81 @@ impl AcceptanceSampler {
             .collect()
     }
 
+    /// What [`Self::accept_reduced_row`] reads for a row with these parameters, or `None`
+    /// when the row must be verified on its logits ([`Self::accept_row`]): rows with
+    /// penalties.
+    pub fn reductions_for(&self, params: &SamplingParams) -> Option<Reductions> {
+        if params.has_penalties() {
+            return None;
+        }
+        Some(match self.rule_for(params, None) {
+            RowRule::Synthetic(_) | RowRule::Greedy => Reductions::default(),
+            RowRule::TargetSample { relaxed } => {
+                Reductions { target_sample: true, relaxed_topk: relaxed.map(|r| r.topk), ..Default::default() }
+            }
+            RowRule::Rejection { .. } => Reductions { target_sample: true, rejection: true, relaxed_topk: None },
+        })
+    }
+
+    /// Verifies one row from its per-position reductions: the same rules, random streams and
+    /// outputs as [`Self::accept_row`] on the logits the reductions came from.
+    pub fn accept_reduced_row(&self, row: &ReducedRow) -> Result<VerifyOutput, ReducedError> {
+        row.check()?;
+        let rule = self.rule_for(row.params, None);
+        let mut walk = Walk::without_penalties(row.in_thinking, self.thinking);
+        for (i, (&draft, pos)) in row.drafts.iter().zip(row.positions).enumerate() {
+            let counter = i as u64;
+            let verdict = match rule {
+                RowRule::Synthetic(synthetic) if synthetic.coin_accepts(row.seed, counter) => Verdict::Accept,
+                RowRule::Greedy if draft == pos.argmax => Verdict::Accept,
+                RowRule::Synthetic(_) | RowRule::Greedy => Verdict::Reject { recovered: pos.argmax },
+                RowRule::TargetSample { relaxed: Some(relaxed) } if walk.in_thinking => {
+                    relaxed.decide(draft, &need(pos.relaxed, i, "relaxed statistics")?)
+                }
+                RowRule::TargetSample { .. } => {
+                    let sample = need(pos.target_sample, i, "target sample")?;
+                    if sample == draft { Verdict::Accept } else { Verdict::Reject { recovered: sample } }
+                }
+                RowRule::Rejection { .. } => {
+                    let p = need(pos.draft_p, i, "draft probability")?;
+                    if stochastic::accepts_against_draft(row.seed, counter, p, pos.draft_q) {
+                        Verdict::Accept
+                    } else {
+                        Verdict::Reject { recovered: need(pos.residual_sample, i, "residual sample")? }
+                    }
+                }
+            };
+            match verdict {
+                Verdict::Accept => walk.commit_draft(draft, false),
+                Verdict::AcceptRelaxed => walk.commit_draft(draft, true),
+                Verdict::Reject { recovered } => return Ok(walk.finish(row.drafts, recovered, false)),
+            }
+        }
+        let n = row.drafts.len();
+        let bonus_pos = &row.positions[n];
+        let bonus = match rule {
+            RowRule::Synthetic(_) | RowRule::Greedy => bonus_pos.argmax,
+            RowRule::TargetSample { .. } | RowRule::Rejection { .. } => {
+                need(bonus_pos.target_sample, n, "target sample")?
+            }
+        };
+        Ok(walk.finish(row.drafts, bonus, true))
+    }
+
     fn row_rule<'a>(&self, row: &VerifyRow<'a>) -> RowRule<'a> {
+        self.rule_for(row.params, row.draft_probs)
+    }
+
+    fn rule_for<'a>(&self, params: &SamplingParams, draft_probs: Option<&'a [f32]>) -> RowRule<'a> {
         if let Some(synthetic) = self.synthetic {
             return RowRule::Synthetic(synthetic);
         }
-        if self.rule == AcceptanceRule::Greedy || row.params.is_greedy() {
+        if self.rule == AcceptanceRule::Greedy || params.is_greedy() {
             return RowRule::Greedy;
         }
         match self.draft_proposal {
             DraftProposal::Argmax => RowRule::TargetSample { relaxed: self.relaxed },
-            DraftProposal::Sampled => RowRule::Rejection { draft_probs: row.draft_probs },
+            DraftProposal::Sampled => RowRule::Rejection { draft_probs },
         }
     }
 
@@ -202,7 +268,7 @@ impl AcceptanceSampler {
             match verdict {
                 Verdict::Accept => walk.commit_draft(draft, false),
                 Verdict::AcceptRelaxed => walk.commit_draft(draft, true),
-                Verdict::Reject { recovered } => return Ok(walk.finish(row, recovered, false)),
+                Verdict::Reject { recovered } => return Ok(walk.finish(row.drafts, recovered, false)),
             }
         }
         let pos = walk.position(row, row.drafts.len(), self.vocab_size);
@@ -212,7 +278,7 @@ impl AcceptanceSampler {
                 stochastic::sample_target(&pos, &mut scratch.workspace)
             }
         };
-        Ok(walk.finish(row, bonus, true))
+        Ok(walk.finish(row.drafts, bonus, true))
     }
 }
 
@@ -231,12 +297,13 @@ struct Walk {
 impl Walk {
     fn start(row: &VerifyRow, thinking: Option<ThinkingTokens>) -> Self {
         Self {
-            num_accepted: 0,
-            num_relaxed_accepted: 0,
-            in_thinking: row.in_thinking,
-            thinking,
             penalties: row.params.has_penalties().then(|| PenaltyContext::new(row.history, row.prompt_len)),
+            ..Self::without_penalties(row.in_thinking, thinking)
         }
+    }
+
+    fn without_penalties(in_thinking: bool, thinking: Option<ThinkingTokens>) -> Self {
+        Self { num_accepted: 0, num_relaxed_accepted: 0, in_thinking, thinking, penalties: None }
     }
 
     /// Position `index` (`[V]` logits) as seen after the drafts committed so far.
@@ -263,13 +330,13 @@ impl Walk {
         }
     }
 
-    /// Ends the walk with `next`, the recovered or bonus token.
-    fn finish(self, row: &VerifyRow, next: u32, next_is_bonus: bool) -> VerifyOutput {
+    /// Ends the walk over `drafts` with `next`, the recovered or bonus token.
+    fn finish(self, drafts: &[u32], next: u32, next_is_bonus: bool) -> VerifyOutput {
         let mut tokens = Vec::with_capacity(self.num_accepted + 1);
-        tokens.extend_from_slice(&row.drafts[..self.num_accepted]);
+        tokens.extend_from_slice(&drafts[..self.num_accepted]);
         tokens.push(next);
         VerifyOutput {
-            num_drafts: row.drafts.len(),
+            num_drafts: drafts.len(),
             num_accepted: self.num_accepted,
             tokens,
             next_is_bonus,

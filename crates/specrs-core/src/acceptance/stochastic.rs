@@ -43,9 +43,7 @@ pub(crate) fn verify_against_draft(
     let d = draft as usize;
     let p = scratch.workspace.processed_probs(pos.logits, pos.params, pos.penalties);
     let q = draft_probs.filter(|q| q.get(d).is_some_and(|&qd| qd > 0.0));
-    let q_draft = q.map_or(1.0, |q| f64::from(q[d]));
-    let coin = uniform(pos.seed, RngStream::Verdict, pos.counter());
-    if coin * q_draft < f64::from(p[d]) {
+    if accepts_against_draft(pos.seed, pos.counter(), p[d], q.map(|q| q[d])) {
         return Verdict::Accept;
     }
 
@@ -64,4 +62,11 @@ pub(crate) fn verify_against_draft(
     let recovered =
         if residual.iter().any(|&r| r > 0.0) { sample_inverse_cdf(residual, u) } else { sample_inverse_cdf(p, u) };
     Verdict::Reject { recovered }
+}
+
+/// The rejection-sampling coin of position `counter`: accept iff `u · q(d) < p(d)` with the
+/// verdict-stream uniform `u`; a missing or zero `q(d)` is a one-hot proposal (`q(d) = 1`).
+pub(crate) fn accepts_against_draft(seed: u64, counter: u64, p_draft: f32, q_draft: Option<f32>) -> bool {
+    let q_draft = q_draft.filter(|&q| q > 0.0).map_or(1.0, f64::from);
+    uniform(seed, RngStream::Verdict, counter) * q_draft < f64::from(p_draft)
 }

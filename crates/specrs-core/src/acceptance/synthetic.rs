@@ -53,11 +53,16 @@ impl SyntheticRule {
 
     /// Flips the position's coin; on rejection `recovered` (the target argmax) is emitted.
     pub(crate) fn verify(&self, pos: &Position, recovered: impl FnOnce() -> u32) -> Verdict {
-        if uniform(pos.seed, RngStream::Synthetic, pos.counter()) < self.per_position_rate {
+        if self.coin_accepts(pos.seed, pos.counter()) {
             Verdict::Accept
         } else {
             Verdict::Reject { recovered: recovered() }
         }
+    }
+
+    /// The coin of position `counter` of a row seeded with `seed`.
+    pub(crate) fn coin_accepts(&self, seed: u64, counter: u64) -> bool {
+        uniform(seed, RngStream::Synthetic, counter) < self.per_position_rate
     }
 }
 

@@ -5,6 +5,7 @@
 //! target's hidden-state taps for those positions. It returns the drafts for the next step.
 //! It never sees acceptance; acceptance never sees how drafts were made (vLLM's split).
 
+pub mod block;
 pub mod ngram;
 pub mod sequential;
 
@@ -66,6 +67,13 @@ pub trait Proposer: Send {
     /// Drafts per step (`K`).
     fn num_speculative_tokens(&self) -> usize;
 
+    /// KV slots past a row's committed tokens that drafting writes (the engine reserves them
+    /// before [`Self::propose`] and rolls them back after): `K + 1` for a chain of `K` drafts
+    /// one position apart; a block drafter writes its whole block.
+    fn draft_lookahead(&self) -> usize {
+        self.num_speculative_tokens() + 1
+    }
+
     /// Hidden states the proposer reads from every target forward.
     fn tap_request(&self) -> TapRequest {
         TapRequest::default()
@@ -73,8 +81,8 @@ pub trait Proposer: Send {
 
     /// Proposes the next drafts for every row with `wants_drafts`, in row order, and updates
     /// any per-sequence state from the committed positions of every row. The scheduler
-    /// (block tables) has already reserved KV for `tokens.len() + K` tokens of rows that want
-    /// drafts.
+    /// (block tables) has already reserved KV for `tokens.len() + draft_lookahead()` tokens of
+    /// rows that want drafts.
     fn propose(&mut self, rows: &[ProposeRow<'_>], taps: &StepTaps<'_>, scheduler: &Scheduler)
     -> Result<Vec<Proposal>>;
 

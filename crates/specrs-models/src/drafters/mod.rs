@@ -4,7 +4,16 @@
 //! forward pairs the target's hidden state at each committed position `t` with the token at
 //! `t + 1`, then each further forward feeds the drafter its own output and its last draft.
 //! They share [`SequentialDraftModel`]; the engine's sequential driver runs any of them.
+//!
+//! Block drafters (DFlash, DFlash2, DSpark) propose a whole block per forward: the target's
+//! hidden states of committed positions are projected into the drafter's KV ("materialised"),
+//! then one forward over `[anchor, mask × (S − 1)]` yields every draft. They share
+//! [`block::BlockBackbone`] and [`BlockDraftModel`]; the engine's block driver runs any of them.
 
+pub mod block;
+pub mod dflash;
+pub mod dflash2;
+pub mod dspark;
 pub mod eagle;
 pub mod layer;
 pub mod mtp;
@@ -15,6 +24,7 @@ use candle_core::{Result, Tensor};
 
 use crate::batch::ForwardBatch;
 use crate::kv_cache::PagedKvCache;
+use block::BlockBackbone;
 
 /// Draft logits and, for a reduced draft vocabulary, the map from draft index to target id.
 #[derive(Debug, Clone)]
@@ -59,5 +69,92 @@ pub trait SequentialDraftModel: Send + Sync {
     /// Drafts per step the checkpoint was trained for, when it says.
     fn trained_width(&self) -> Option<usize> {
         None
+    }
+}
+
+/// Chooses each drafting slot's token from its logits (the driver's proposal policy: argmax,
+/// or a sample under the request's parameters with its distribution kept).
+pub trait SlotSampler {
+    /// `logits [Vd]` of drafting slot `slot` (0-based among the row's drafts) of drafting row
+    /// `row`; `draft_to_target` maps draft-vocabulary indices to target ids when the draft
+    /// vocabulary is reduced. Returns the chosen target token id.
+    fn choose(&mut self, row: usize, slot: usize, logits: &[f32], draft_to_target: Option<&[u32]>) -> u32;
+}
+
+/// A drafter that proposes a block of tokens per forward.
+///
+/// Per step the driver calls [`materialize`](Self::materialize) on every committed position
+/// of every row, then [`forward_block`](Self::forward_block) once over the drafting rows'
+/// blocks, then [`head`](Self::head) on the drafting slots.
+pub trait BlockDraftModel: Send + Sync {
+    /// Name for logs, e.g. "DFlash".
+    fn name(&self) -> &str;
+
+    fn backbone(&self) -> &BlockBackbone;
+
+    /// Draft tokens from the drafting slots' hidden states: `hidden [n·W, H]` holds `W`
+    /// consecutive slots per row (the first drafting slot first), `anchors [n]` the rows'
+    /// anchor tokens. Returns `n` lists of `W` target token ids. Sequential corrections (the
+    /// DSpark Markov head, the DFlash2 selector walk) happen here, slot by slot.
+    fn head(&self, hidden: &Tensor, anchors: &[u32], sampler: &mut dyn SlotSampler) -> Result<Vec<Vec<u32>>>;
+
+    /// Which target outputs the drafter reads.
+    fn inputs(&self) -> DraftInputs {
+        DraftInputs { taps: self.backbone().config().taps.clone(), final_hidden: false }
+    }
+
+    /// Slots of the trained block, the anchor included.
+    fn block_size(&self) -> usize {
+        self.backbone().config().block_size
+    }
+
+    fn mask_token_id(&self) -> u32 {
+        self.backbone().config().mask_token_id
+    }
+
+    /// Slot 0 (the anchor) drafts too: slot `k` predicts the token after its own position.
+    fn samples_from_anchor(&self) -> bool {
+        self.backbone().config().samples_from_anchor
+    }
+
+    /// Drafts one block was trained to produce: `block_size − (0 if samples_from_anchor else 1)`.
+    fn trained_width(&self) -> usize {
+        self.backbone().config().trained_width()
+    }
+
+    /// Whether the driver may skip the block forward on steps whose schedule verifies
+    /// nothing. Block drafters keep no state besides the materialised context (written every
+    /// step regardless), so any of them can.
+    fn supports_zero_draft_rows(&self) -> bool {
+        true
+    }
+
+    /// Writes the context keys and values of committed positions: rows `flat_index [n]` (u32)
+    /// of the target's `taps`, at `positions [n]`, into KV `slots [n]`.
+    fn materialize(
+        &self,
+        taps: &[Tensor],
+        flat_index: &Tensor,
+        positions: &[u32],
+        slots: &[u32],
+        kv: &PagedKvCache,
+    ) -> Result<()> {
+        self.backbone().materialize(taps, flat_index, positions, slots, kv)
+    }
+
+    /// One forward over `batch`, whose rows are blocks `[anchor, mask × (S − 1)]` at the
+    /// positions they stand for; returns every slot's final normed hidden state `[T, H]`.
+    fn forward_block(&self, batch: &ForwardBatch, kv: &PagedKvCache) -> Result<Tensor> {
+        self.backbone().forward(batch, kv)
+    }
+
+    /// A KV cache for the drafter's layers, sharing the target's block layout.
+    fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
+        self.backbone().new_kv_cache(num_blocks, block_size)
+    }
+
+    /// Bytes of drafter KV per token (memory planning).
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.backbone().kv_bytes_per_token()
     }
 }

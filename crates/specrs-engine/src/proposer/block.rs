@@ -1,0 +1,328 @@
+//! The block driver for DFlash, DFlash2 and DSpark drafters: one drafter forward proposes a
+//! whole block of tokens.
+//!
+//! Each step, after the target's tokens are committed:
+//! 1. **Materialise.** Every committed position of every row — the last fed token plus the
+//!    accepted drafts, or a prefill chunk — projects the target's tapped hidden states into
+//!    the drafter's KV at its own position. Rows write from the pre-step length, so whatever
+//!    the previous block left at rejected positions is overwritten.
+//! 2. **Block.** Each row wanting drafts runs `[anchor, mask × (S − 1)]` at positions
+//!    `a .. a + S − 1`, where `a` is the row's last committed token (the bonus or recovered
+//!    token, not yet through the target); all rows share one forward. The block's own keys
+//!    and values land in slots the engine reserved past the committed tokens
+//!    ([`Proposer::draft_lookahead`]) and are rolled back with that reservation.
+//! 3. **Head.** The first `K` drafting slots (from slot 1 for DFlash, from the anchor for
+//!    DSpark) go through the drafter's head: the target's `lm_head`, DSpark's Markov
+//!    correction, DFlash2's selector walk. Tokens are the argmax, or with
+//!    `draft_proposal="sampled"` a sample under the request's parameters whose distribution is
+//!    kept for rejection sampling.
+//!
+//! **Width.** The block runs at its trained width: `K` (`num_speculative_tokens`, resolved by
+//! [`resolve_block_width`]) at most the trained width verifies a prefix of the block's
+//! proposals; a larger `K` widens the block past what it was trained for, with a warning. The
+//! schedule narrows what each step verifies further, as for any proposer.
+//!
+//! **Zero-draft rows.** When the verify-width schedule verifies nothing at some batch size and
+//! the drafter declares `supports_zero_draft_rows`, a step whose drafting rows form such a
+//! batch skips the block forward and proposes nothing. Materialisation still runs every step:
+//! it is what later blocks attend to, and it is cheap next to a block forward. A wrong guess of
+//! the next batch size costs one step without drafts.
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use serde_json::Value;
+use specrs_core::config::{DraftProposal, SpeculativeMethod};
+use specrs_core::sampling::{RngStream, SamplingParams, argmax, processed_probs, sample_inverse_cdf, uniform};
+use specrs_core::scheduler::Scheduler;
+use specrs_core::width::VerifyWidthSchedule;
+use specrs_core::{ConfigError, SpeculativeConfig};
+use specrs_models::drafters::block::TargetDims;
+use specrs_models::drafters::dflash::dflash_config;
+use specrs_models::drafters::dflash2::dflash2_config;
+use specrs_models::drafters::dspark::dspark_config;
+use specrs_models::drafters::{BlockDraftModel, SlotSampler};
+use specrs_models::{BatchRow, DecoderConfig, ForwardBatch, PagedKvCache};
+
+use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use crate::error::{EngineError, Result};
+
+/// Drafts per step for a block drafter trained to draft `trained` per block.
+///
+/// Unset, the trained width. An explicit `num_speculative_tokens` below 1 is an error; up to
+/// the trained width it verifies a prefix of each block; above it, it is honoured by widening
+/// the block beyond its training, with a warning (acceptance past `trained` degrades).
+pub fn resolve_block_width(explicit: Option<i64>, trained: usize, drafter: &str) -> Result<usize, ConfigError> {
+    match explicit {
+        None => Ok(trained),
+        Some(k) if k < 1 => Err(ConfigError::field(
+            "num_speculative_tokens",
+            format!("num_speculative_tokens must be >= 1 for a block drafter, got {k}"),
+        )),
+        Some(k) => {
+            let k = k as usize;
+            if k > trained {
+                tracing::warn!(
+                    "num_speculative_tokens={k} exceeds the {trained} drafts per block the {drafter} checkpoint was \
+                     trained for: its blocks are widened to {k} drafting slots, and drafts past {trained} are rarely accepted"
+                );
+            }
+            Ok(k)
+        }
+    }
+}
+
+/// The draft width a block-drafter pipeline runs with, from the speculative config and the
+/// target's and draft's Hugging Face configs (MAX's `checkpoint_draft_width`): the trained
+/// width read from the draft config, or the explicit `num_speculative_tokens` under
+/// [`resolve_block_width`]'s rules. Draft configs are checked in full, so their errors
+/// surface before any weight is loaded. A target config without `architectures` (a GGUF
+/// target) is replaced by what the draft config says about its target.
+pub fn checkpoint_draft_width(spec: &SpeculativeConfig, target_hf: &Value, draft_hf: &Value) -> Result<usize> {
+    let method = spec.speculative_method.ok_or_else(|| {
+        ConfigError::field("speculative_method", "the draft width of a checkpoint needs a speculative_method")
+    })?;
+    let dims = match DecoderConfig::from_hf_json(target_hf) {
+        Ok(c) => TargetDims::from(&c),
+        Err(_) => TargetDims::from_draft_json(draft_hf)?,
+    };
+    let trained = match method {
+        SpeculativeMethod::Dflash => dflash_config(draft_hf, &dims)?.1.trained_width(),
+        SpeculativeMethod::Dflash2 => dflash2_config(draft_hf, &dims)?.0.trained_width(),
+        SpeculativeMethod::Dspark => dspark_config(draft_hf, &dims)?.block.trained_width(),
+        other => {
+            return Err(ConfigError::field(
+                "speculative_method",
+                format!(
+                    "'{other}' does not take its width from the draft checkpoint; only dflash, dflash2 and dspark do"
+                ),
+            )
+            .into());
+        }
+    };
+    Ok(resolve_block_width(spec.num_speculative_tokens, trained, method.as_str())?)
+}
+
+/// The schedule under which a block driver may skip its forward: the configured verify-width
+/// schedule when some batch size verifies nothing, unless mixed prefill+decode steps verify
+/// (a mixed step reads drafts at its own width and would find none after a skipped step).
+pub fn draft_skip_schedule(
+    spec: &SpeculativeConfig,
+    num_speculative_tokens: usize,
+    max_batch_size: usize,
+    mixed_steps_verify: bool,
+) -> Result<Option<VerifyWidthSchedule>, ConfigError> {
+    let Some(ranges) = &spec.num_speculative_tokens_per_batch_size else { return Ok(None) };
+    let schedule = VerifyWidthSchedule::build(ranges, max_batch_size.max(1), num_speculative_tokens)?;
+    Ok((schedule.has_zero_width() && !mixed_steps_verify).then_some(schedule))
+}
+
+/// The proposal policy of one step: argmax, or sampling with the distribution kept.
+struct DraftSampler<'a> {
+    proposal: DraftProposal,
+    vocab_size: usize,
+    params: &'a [&'a SamplingParams],
+    seeds: &'a [u64],
+    /// Per drafting row, the distributions its drafts were sampled from (`[K · V]`).
+    probs: Vec<Option<Vec<f32>>>,
+}
+
+impl SlotSampler for DraftSampler<'_> {
+    fn choose(&mut self, row: usize, slot: usize, logits: &[f32], draft_to_target: Option<&[u32]>) -> u32 {
+        let to_target = |i: u32| draft_to_target.map_or(i, |m| m[i as usize]);
+        let params = self.params[row];
+        if self.proposal != DraftProposal::Sampled || params.is_greedy() {
+            return to_target(argmax(logits));
+        }
+        // The distribution lives in target-id space, where rejection sampling compares it.
+        let mut full = vec![f32::NEG_INFINITY; self.vocab_size];
+        for (j, &x) in logits.iter().enumerate() {
+            full[to_target(j as u32) as usize] = x;
+        }
+        let q = processed_probs(&full, params, None);
+        let token = sample_inverse_cdf(&q, uniform(self.seeds[row], RngStream::Draft, slot as u64));
+        self.probs[row].get_or_insert_with(Vec::new).extend_from_slice(&q);
+        token
+    }
+}
+
+pub struct BlockProposer {
+    model: Arc<dyn BlockDraftModel>,
+    kv: Option<PagedKvCache>,
+    num_speculative_tokens: usize,
+    /// Query slots of one block: the trained block, widened when `K` exceeds its width.
+    block_slots: usize,
+    proposal: DraftProposal,
+    skip: Option<VerifyWidthSchedule>,
+    vocab_size: usize,
+    device: Device,
+    name: String,
+}
+
+impl BlockProposer {
+    /// A driver proposing `num_speculative_tokens` drafts per step (see
+    /// [`resolve_block_width`]) over a target vocabulary of `vocab_size`.
+    pub fn new(
+        model: Arc<dyn BlockDraftModel>,
+        num_speculative_tokens: usize,
+        proposal: DraftProposal,
+        vocab_size: usize,
+        device: Device,
+    ) -> Self {
+        let anchor_slot = usize::from(!model.samples_from_anchor());
+        let block_slots = model.block_size().max(num_speculative_tokens + anchor_slot);
+        let name = model.name().to_string();
+        Self { model, kv: None, num_speculative_tokens, block_slots, proposal, skip: None, vocab_size, device, name }
+    }
+
+    /// Skips the block forward on steps whose drafting batch `schedule` verifies nothing at,
+    /// when the drafter supports zero-draft rows (see [`draft_skip_schedule`]).
+    pub fn with_draft_skipping(mut self, schedule: VerifyWidthSchedule) -> Self {
+        if self.model.supports_zero_draft_rows() && schedule.has_zero_width() {
+            self.skip = Some(schedule);
+        }
+        self
+    }
+
+    /// Query slots of each block forward.
+    pub fn block_slots(&self) -> usize {
+        self.block_slots
+    }
+
+    /// Writes the context keys and values of every committed position of every row.
+    fn materialize(
+        &self,
+        rows: &[ProposeRow<'_>],
+        taps: &StepTaps<'_>,
+        scheduler: &Scheduler,
+        kv: &PagedKvCache,
+    ) -> Result<()> {
+        let blocks = scheduler.kv();
+        let (mut flat, mut positions, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        for r in rows.iter().filter(|r| r.num_valid > 0) {
+            let span = r.fed_start..r.fed_start + r.num_valid;
+            positions.extend(span.clone().map(|p| p as u32));
+            slots.extend(blocks.slots(r.seq, span)?);
+            flat.extend((r.flat_start..r.flat_start + r.num_valid).map(|i| i as u32));
+        }
+        if flat.is_empty() {
+            return Ok(());
+        }
+        let flat = Tensor::from_vec(flat.clone(), flat.len(), &self.device)?;
+        self.model.materialize(taps.taps, &flat, &positions, &slots, kv)?;
+        Ok(())
+    }
+}
+
+impl Proposer for BlockProposer {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn num_speculative_tokens(&self) -> usize {
+        self.num_speculative_tokens
+    }
+
+    /// The block's slots past the anchor (the anchor is the last committed token).
+    fn draft_lookahead(&self) -> usize {
+        self.block_slots - 1
+    }
+
+    fn tap_request(&self) -> TapRequest {
+        let inputs = self.model.inputs();
+        TapRequest { taps: inputs.taps, final_hidden: inputs.final_hidden }
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.model.kv_bytes_per_token()
+    }
+
+    fn allocate(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
+        self.kv = Some(self.model.new_kv_cache(num_blocks, block_size)?);
+        Ok(())
+    }
+
+    fn propose(
+        &mut self,
+        rows: &[ProposeRow<'_>],
+        taps: &StepTaps<'_>,
+        scheduler: &Scheduler,
+    ) -> Result<Vec<Proposal>> {
+        let kv = self.kv.as_ref().ok_or_else(|| EngineError::Internal("drafter KV not allocated".into()))?;
+        // 1. Materialise every committed position, drafting or not.
+        self.materialize(rows, taps, scheduler, kv)?;
+        let drafting: Vec<&ProposeRow<'_>> = rows.iter().filter(|r| r.wants_drafts).collect();
+        let n = drafting.len();
+        if n == 0 || self.skip.as_ref().is_some_and(|s| s.width_for(n) == 0) {
+            return Ok(vec![Proposal::default(); n]);
+        }
+        // 2. One block forward: [anchor, mask × (S − 1)] per drafting row.
+        let blocks = scheduler.kv();
+        let s = self.block_slots;
+        let mask = self.model.mask_token_id();
+        let mut batch = ForwardBatch { block_size: blocks.block_size(), ..Default::default() };
+        for (i, r) in drafting.iter().enumerate() {
+            let a = r.tokens.len() - 1;
+            batch.input_ids.push(r.tokens[a]);
+            batch.input_ids.extend(std::iter::repeat_n(mask, s - 1));
+            batch.positions.extend((a..a + s).map(|p| p as u32));
+            batch.slot_mapping.extend(blocks.slots(r.seq, a..a + s)?);
+            let table = blocks.block_table(r.seq);
+            batch.rows.push(BatchRow {
+                query_start: i * s,
+                query_len: s,
+                context_len: a + s,
+                block_table_start: batch.block_tables.len(),
+                block_table_len: table.len(),
+            });
+            batch.block_tables.extend_from_slice(table);
+        }
+        let hidden = self.model.forward_block(&batch, kv)?;
+        // 3. The head on each block's first K drafting slots.
+        let (k, first) = (self.num_speculative_tokens, usize::from(!self.model.samples_from_anchor()));
+        let idx: Vec<u32> = (0..n).flat_map(|i| (i * s + first..i * s + first + k).map(|j| j as u32)).collect();
+        let drafting_hidden = hidden.index_select(&Tensor::from_vec(idx, n * k, &self.device)?, 0)?;
+        let anchors: Vec<u32> = drafting.iter().map(|r| r.tokens[r.tokens.len() - 1]).collect();
+        let params: Vec<&SamplingParams> = drafting.iter().map(|r| r.params).collect();
+        let seeds: Vec<u64> = drafting.iter().map(|r| r.seed).collect();
+        let mut sampler = DraftSampler {
+            proposal: self.proposal,
+            vocab_size: self.vocab_size,
+            params: &params,
+            seeds: &seeds,
+            probs: vec![None; n],
+        };
+        let drafts = self.model.head(&drafting_hidden, &anchors, &mut sampler)?;
+        Ok(drafts.into_iter().zip(sampler.probs).map(|(drafts, probs)| Proposal { drafts, probs }).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specrs_core::width::VerifyWidthRange;
+
+    #[test]
+    fn width_is_trained_unless_set_and_never_below_one() {
+        assert_eq!(resolve_block_width(None, 15, "DFlash"), Ok(15));
+        assert_eq!(resolve_block_width(Some(3), 15, "DFlash"), Ok(3));
+        assert_eq!(resolve_block_width(Some(20), 15, "DFlash"), Ok(20));
+        let e = resolve_block_width(Some(0), 15, "DFlash").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("num_speculative_tokens"));
+    }
+
+    #[test]
+    fn drafts_are_skipped_only_where_the_schedule_verifies_nothing_and_mixed_steps_do_not() {
+        let spec = |ranges: Vec<VerifyWidthRange>| SpeculativeConfig {
+            speculative_method: Some(SpeculativeMethod::Dflash),
+            num_speculative_tokens_per_batch_size: Some(ranges),
+            ..Default::default()
+        };
+        let zero_at_4 = spec(vec![VerifyWidthRange::new(1, 3, 2), VerifyWidthRange::new(4, 8, 0)]);
+        let s = draft_skip_schedule(&zero_at_4, 4, 8, false).unwrap().expect("a zero-width range");
+        assert_eq!((s.width_for(2), s.width_for(5)), (2, 0));
+        assert!(draft_skip_schedule(&zero_at_4, 4, 8, true).unwrap().is_none());
+        assert!(draft_skip_schedule(&spec(vec![VerifyWidthRange::new(1, 8, 2)]), 4, 8, false).unwrap().is_none());
+        assert!(draft_skip_schedule(&SpeculativeConfig::default(), 4, 8, false).unwrap().is_none());
+    }
+}

@@ -1,0 +1,170 @@
+"""The `spec-rs` command line: help, flag errors, `generate` with speculation and its trace,
+and the cargo binary agreeing with the Python console script."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from spec_rs import LLM, SamplingParams, _spec_rs
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPT = "List the numbers from 1 to 20, separated by commas."
+GENERATE = ["generate", "--speculative-method", "ngram", "--max-tokens", "16", PROMPT]
+STATS = re.compile(
+    r"\[(\d+) tokens in [\d.]+s, [\d.]+ tok/s, finish: (\w+)\] drafts accepted (\d+)/(\d+) \(\d+%\), "
+    r"acceptance length ([\d.]+), per position \[([\d, ]*)\]"
+)
+TRACE_LINE = re.compile(r"^\s+(\d+): \[([\d, ]*)\] \| \[([\d, ]*)\] \| (\d+)$")
+
+
+def console_script() -> list[str]:
+    script = Path(sysconfig.get_path("scripts")) / "spec-rs"
+    assert script.is_file(), f"the spec-rs console script is not installed at {script}: pip install -e ."
+    return [str(script)]
+
+
+ENTRY_POINTS = {
+    "console-script": console_script,
+    "python-m": lambda: [sys.executable, "-m", "spec_rs.cli"],
+}
+
+
+def run(cmd: list[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPEC_RS_LOG": "warn", "NO_COLOR": "1"}
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+    )
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+@pytest.fixture(scope="module")
+def cargo_binary() -> Path:
+    """The newest `spec-rs` cargo binary (release or debug). Missing, the test fails with the
+    build command rather than skipping."""
+    built = [b for b in (REPO / "target" / p / "spec-rs" for p in ("release", "debug")) if b.is_file()]
+    if not built:
+        pytest.fail(
+            "no cargo-built spec-rs binary: run `cargo build --release -p specrs-server --bin spec-rs`"
+        )
+    return max(built, key=lambda b: b.stat().st_mtime)
+
+
+# --- help and flag errors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_help_lists_the_commands(entry: str) -> None:
+    proc = run([*ENTRY_POINTS[entry](), "--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert "serve" in proc.stdout and "generate" in proc.stdout
+    version = run([*ENTRY_POINTS[entry](), "--version"])
+    assert version.returncode == 0
+    assert _spec_rs.__version__ in version.stdout
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_subcommand_help_lists_every_speculative_flag(entry: str, command: str) -> None:
+    proc = run([*ENTRY_POINTS[entry](), command, "--help"])
+    assert proc.returncode == 0, proc.stderr
+    flags = [row["flag"] for row in _spec_rs.speculative_flags()]
+    assert "--speculative-method" in flags and "--synthetic-acceptance-rate" in flags
+    missing = [f for f in flags if re.search(rf"{re.escape(f)}\b", proc.stdout) is None]
+    assert not missing, missing
+    assert "--config-file" in proc.stdout and "--section-name" in proc.stdout
+
+
+BAD_FLAGS = [
+    ("unknown-method", ["--speculative-method", "foo"], "invalid value 'foo' for '--speculative-method"),
+    (
+        "synthetic-rate-2",
+        ["--speculative-method", "ngram", "--synthetic-acceptance-rate", "2"],
+        "synthetic_acceptance_rate must be between 0.0 and 1.0",
+    ),
+    (
+        "section-name-without-config-file",
+        ["--section-name", "speculative"],
+        "--section-name needs --config-file",
+    ),
+    ("missing-config-file", ["--config-file", "/nonexistent/spec.yaml"], "not found"),
+    ("unknown-flag", ["--bogus"], "unexpected argument '--bogus'"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), [c[1:] for c in BAD_FLAGS], ids=[c[0] for c in BAD_FLAGS])
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_bad_flags_exit_2_with_a_message_on_stderr(command: str, args: list[str], message: str) -> None:
+    positional = ["hello"] if command == "generate" else []
+    proc = run([*console_script(), command, *args, *positional])
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert message in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_generate_without_a_prompt_is_a_usage_error() -> None:
+    proc = run([*console_script(), "generate"])
+    assert proc.returncode == 2
+    assert "<prompt>" in proc.stderr
+
+
+# --- generate ----------------------------------------------------------------------------------
+
+
+def test_generate_with_ngram_prints_the_greedy_text_and_acceptance_statistics(plain_llm: LLM) -> None:
+    proc = run([*console_script(), *GENERATE])
+    assert proc.returncode == 0, proc.stderr
+    expected = plain_llm.chat(
+        [{"role": "user", "content": PROMPT}], SamplingParams(temperature=0.0, max_tokens=16)
+    )[0]
+    assert proc.stdout == expected.text + "\n"
+    m = STATS.search(proc.stderr)
+    assert m, proc.stderr
+    tokens, finish, accepted, drafted = int(m[1]), m[2], int(m[3]), int(m[4])
+    assert (tokens, finish) == (16, "length")
+    assert drafted > 0 and 0 <= accepted <= drafted
+    per_position = ints(m[6])
+    assert len(per_position) == 4  # the ngram default width
+    assert sum(per_position) == accepted
+
+
+def test_generate_trace_prints_one_line_per_verify_step() -> None:
+    proc = run([*console_script(), *GENERATE, "--trace"])
+    assert proc.returncode == 0, proc.stderr
+    assert "draft trace (position: drafted | target | accepted):" in proc.stderr
+    steps = [TRACE_LINE.match(line) for line in proc.stderr.splitlines() if TRACE_LINE.match(line)]
+    assert steps
+    stats = STATS.search(proc.stderr)
+    assert stats
+    assert sum(len(ints(s[2])) for s in steps if s) == int(stats[4])
+    assert sum(int(s[4]) for s in steps if s) == int(stats[3])
+    positions = [int(s[1]) for s in steps if s]
+    assert positions == sorted(set(positions))
+    for s in steps:
+        assert s
+        drafted, target, n = ints(s[2]), ints(s[3]), int(s[4])
+        assert len(target) == len(drafted) + 1
+        assert n <= len(drafted) and drafted[:n] == target[:n]
+
+
+def test_cargo_binary_generates_the_same_greedy_text_as_the_console_script(cargo_binary: Path) -> None:
+    python = run([*console_script(), *GENERATE])
+    rust = run([str(cargo_binary), *GENERATE], timeout=110)
+    assert python.returncode == 0, python.stderr
+    assert rust.returncode == 0, rust.stderr
+    assert rust.stdout == python.stdout
+    py_stats, rs_stats = STATS.search(python.stderr), STATS.search(rust.stderr)
+    assert py_stats and rs_stats
+    # Same tokens, finish reason and draft counts: the two front ends run the same engine.
+    assert py_stats.group(1, 2, 3, 4, 6) == rs_stats.group(1, 2, 3, 4, 6)

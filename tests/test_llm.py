@@ -1,0 +1,488 @@
+"""The offline API on the default model: exactness against transformers, batch invariance,
+lossless speculation and its metrics, draft traces, streaming and cancellation, stop rules,
+seeded sampling, errors, and the resolved pipeline."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from typing import Any
+
+import pytest
+
+from conftest import IM_END, make_llm, reference_cases
+from spec_rs import (
+    LLM,
+    ConfigError,
+    ModelLoadError,
+    ModelNotInstalledError,
+    RequestError,
+    RequestOutput,
+    SamplingParams,
+    SpecDecodeMetrics,
+    SpecRsError,
+    SpeculativeConfig,
+    SpeculatorSelectionError,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+REFERENCE = reference_cases()
+GREEDY = SamplingParams(temperature=0.0, max_tokens=48)
+
+#: Chat prompts for the speculative tests: four reference prompts plus two whose answers
+#: repeat text, so the n-gram drafter both hits and misses.
+SPEC_PROMPTS = [c["prompt"] for c in REFERENCE[:4]] + [
+    "Repeat the following sentence three times: The quick brown fox jumps over the lazy dog.",
+    "List the numbers from 1 to 20, separated by commas.",
+]
+
+
+def user(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (or the shorter length), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def wait_for_free_kv(llm: LLM, timeout: float = 5.0) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout
+    free, total = llm.kv_blocks()
+    while free != total and time.monotonic() < deadline:
+        time.sleep(0.02)
+        free, total = llm.kv_blocks()
+    return free, total
+
+
+def abort_count(llm: LLM) -> float:
+    m = re.search(
+        r'^specrs_request_success_total\{finished_reason="abort"\} (\S+)$', llm.metrics_text(), re.M
+    )
+    assert m, "the abort counter is missing from the metrics"
+    return float(m.group(1))
+
+
+def assert_metrics_consistent(m: SpecDecodeMetrics | None, width: int) -> None:
+    """The invariants every request's speculative statistics satisfy."""
+    assert m is not None
+    assert 0 <= m.num_accepted_tokens <= m.num_draft_tokens <= width * m.num_drafts
+    per_pos = m.accepted_per_position
+    assert len(per_pos) <= width
+    assert all(a >= b for a, b in itertools.pairwise(per_pos)), f"not monotone: {per_pos}"
+    assert sum(per_pos) == m.num_accepted_tokens
+    assert not per_pos or per_pos[0] <= m.num_drafts
+    if m.num_drafts:
+        assert m.acceptance_length == pytest.approx(1 + m.num_accepted_tokens / m.num_drafts)
+    assert m.latency > 0
+
+
+def assert_trace_matches_output(out: RequestOutput, *, greedy: bool) -> None:
+    """Every traced step committed drafted[:n] + [target[n]]; under greedy acceptance the
+    accepted drafts are also the target's argmax."""
+    assert out.trace, "no verify step was traced"
+    positions = [s.position for s in out.trace]
+    assert positions == sorted(set(positions)), "trace positions must increase"
+    for step in out.trace:
+        n = step.num_accepted
+        assert len(step.target) == len(step.drafted) + 1
+        assert 0 <= n <= len(step.drafted)
+        if greedy:
+            assert step.drafted[:n] == step.target[:n], step
+        at = step.position - out.num_prompt_tokens
+        expected = [*step.drafted[:n], step.target[n]]
+        committed = out.token_ids[at : at + n + 1]
+        # A stop or max_tokens inside the window cuts what was committed.
+        assert committed == expected[: len(committed)], step
+        assert len(committed) == n + 1 or at + len(committed) == len(out.token_ids), step
+
+
+# --- fixtures ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def f32_llm(default_model_path: str) -> LLM:
+    return make_llm(dtype="f32")
+
+
+@pytest.fixture(scope="module")
+def f32_ngram_llm(default_model_path: str) -> LLM:
+    return make_llm(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=3), dtype="f32")
+
+
+@pytest.fixture(scope="module")
+def synthetic_llm(default_model_path: str) -> LLM:
+    return make_llm(
+        SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=3, synthetic_acceptance_rate=0.7)
+    )
+
+
+@pytest.fixture(scope="module")
+def plain_alone(plain_llm: LLM) -> list[RequestOutput]:
+    """Plain greedy outputs of SPEC_PROMPTS, each generated on its own (batch size 1)."""
+    return [plain_llm.chat(user(p), GREEDY)[0] for p in SPEC_PROMPTS]
+
+
+# --- exactness against transformers (f32) ------------------------------------------------
+
+
+def test_f32_greedy_generate_reproduces_transformers_token_ids(f32_llm: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=96)
+    outs = f32_llm.generate([c["input_ids"] for c in REFERENCE], params)
+    assert len(outs) == len(REFERENCE)
+    for case, out in zip(REFERENCE, outs, strict=True):
+        assert out.num_prompt_tokens == len(case["input_ids"])
+        assert out.token_ids == case["greedy_ids"], (
+            case["prompt"],
+            first_divergence(out.token_ids, case["greedy_ids"]),
+        )
+        stopped = case["greedy_ids"][-1] == IM_END
+        assert out.finish_reason == ("stop" if stopped else "length")
+        # The reference text was decoded with special tokens; ours skips them.
+        assert out.text == case["greedy_text"].removesuffix("<|im_end|>")
+
+
+def test_f32_chat_applies_the_chat_template_in_rust_and_matches_transformers(f32_llm: LLM) -> None:
+    for case in REFERENCE:
+        rendered = f32_llm.apply_chat_template(user(case["prompt"]))
+        assert f32_llm.tokenize(rendered) == case["input_ids"]
+    outs = f32_llm.chat(
+        [user(c["prompt"]) for c in REFERENCE], SamplingParams(temperature=0.0, max_tokens=96)
+    )
+    for case, out in zip(REFERENCE, outs, strict=True):
+        assert out.num_prompt_tokens == len(case["input_ids"])
+        assert out.token_ids == case["greedy_ids"], case["prompt"]
+
+
+# --- batch invariance --------------------------------------------------------------------
+
+
+def test_batched_generation_of_different_length_prompts_equals_each_prompt_alone(plain_llm: LLM) -> None:
+    prompts: list[Any] = [
+        "Hi",
+        "The three primary colors are",
+        REFERENCE[0]["input_ids"],
+        "Explain, step by step and in plain words, how a bicycle stays upright while it is moving forward.",
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    batched = plain_llm.generate(prompts, params)
+    alone = [plain_llm.generate([p], params)[0] for p in prompts]
+    lengths = {o.num_prompt_tokens for o in batched}
+    assert len(lengths) == len(prompts), "the prompts must differ in length"
+    for i, (b, a) in enumerate(zip(batched, alone, strict=True)):
+        assert b.token_ids == a.token_ids, (
+            f"prompt {i}: first divergence at {first_divergence(b.token_ids, a.token_ids)}"
+        )
+        assert b.text == a.text
+        assert b.finish_reason == a.finish_reason
+
+
+# --- speculative decoding ------------------------------------------------------------------
+
+
+def test_ngram_speculation_is_lossless_under_greedy_and_reports_consistent_metrics(
+    ngram_llm: LLM, plain_alone: list[RequestOutput]
+) -> None:
+    drafts = accepted = 0
+    for prompt, plain in zip(SPEC_PROMPTS, plain_alone, strict=True):
+        out = ngram_llm.chat(user(prompt), GREEDY)[0]
+        assert out.token_ids == plain.token_ids, (prompt, first_divergence(out.token_ids, plain.token_ids))
+        assert out.text == plain.text
+        assert out.finish_reason == plain.finish_reason
+        assert_metrics_consistent(out.metrics, width=3)
+        assert out.metrics is not None
+        drafts += out.metrics.num_drafts
+        accepted += out.metrics.num_accepted_tokens
+    assert drafts > 0 and accepted > 0, (
+        "the n-gram drafter never drafted or never hit: the test proves nothing"
+    )
+
+
+def test_ngram_speculation_in_a_batch_equals_plain_greedy_in_f32(f32_llm: LLM, f32_ngram_llm: LLM) -> None:
+    # f32 isolates speculation from the quantized kernels (see the batch-invariance test).
+    prompts = [user(p) for p in SPEC_PROMPTS]
+    plain = f32_llm.chat(prompts, GREEDY)
+    outs = f32_ngram_llm.chat(prompts, GREEDY)
+    for prompt, out, ref in zip(SPEC_PROMPTS, outs, plain, strict=True):
+        assert out.token_ids == ref.token_ids, (prompt, first_divergence(out.token_ids, ref.token_ids))
+        assert_metrics_consistent(out.metrics, width=3)
+    assert sum(o.metrics.num_accepted_tokens for o in outs if o.metrics) > 0
+
+
+def test_synthetic_acceptance_hits_the_configured_rate_and_emits_target_argmax(
+    synthetic_llm: LLM, plain_alone: list[RequestOutput]
+) -> None:
+    """Synthetic acceptance accepts drafts by a calibrated coin, not by the logits: recovered
+    and bonus tokens are the target argmax, so the output equals plain greedy until the first
+    accepted draft the target would not have chosen (after that it is not a faithful decode)."""
+    draft_tokens = accepted = 0
+    seeded = GREEDY.model_copy(update={"seed": 0})  # fixes the acceptance coin flips
+    for prompt, plain in zip(SPEC_PROMPTS, plain_alone, strict=True):
+        out = synthetic_llm.chat(user(prompt), seeded, trace=True)[0]
+        assert_metrics_consistent(out.metrics, width=3)
+        assert out.metrics is not None
+        draft_tokens += out.metrics.num_draft_tokens
+        accepted += out.metrics.num_accepted_tokens
+        if not out.trace:
+            assert out.token_ids == plain.token_ids
+            continue
+        assert_trace_matches_output(out, greedy=False)
+        wrong = [s for s in out.trace if s.drafted[: s.num_accepted] != s.target[: s.num_accepted]]
+        exact_until = len(out.token_ids)
+        if wrong:
+            s = wrong[0]
+            first_bad = next(i for i in range(s.num_accepted) if s.drafted[i] != s.target[i])
+            exact_until = s.position - out.num_prompt_tokens + first_bad
+        assert out.token_ids[:exact_until] == plain.token_ids[:exact_until], prompt
+    assert draft_tokens >= 30, f"too few drafts ({draft_tokens}) to measure the rate"
+    rate = accepted / draft_tokens
+    assert 0.45 <= rate <= 0.95, (
+        f"synthetic rate 0.7 configured, measured {rate:.2f} over {draft_tokens} drafts"
+    )
+
+
+def test_trace_steps_agree_with_committed_tokens_and_are_deterministic(ngram_llm: LLM) -> None:
+    for prompt in SPEC_PROMPTS[4:]:
+        first = ngram_llm.chat(user(prompt), GREEDY, trace=True)[0]
+        second = ngram_llm.chat(user(prompt), GREEDY, trace=True)[0]
+        untraced = ngram_llm.chat(user(prompt), GREEDY)[0]
+        assert_trace_matches_output(first, greedy=True)
+        assert first.trace == second.trace
+        assert first.token_ids == second.token_ids == untraced.token_ids
+        assert untraced.trace == []
+        assert first.metrics is not None
+        assert len(first.trace) == first.metrics.num_drafts
+        assert sum(s.num_accepted for s in first.trace) == first.metrics.num_accepted_tokens
+        assert sum(len(s.drafted) for s in first.trace) == first.metrics.num_draft_tokens
+
+
+# --- streaming ---------------------------------------------------------------------------------
+
+
+def test_stream_deltas_concatenate_to_the_generated_output(ngram_llm: LLM) -> None:
+    prompt = user(SPEC_PROMPTS[5])
+    whole = ngram_llm.chat(prompt, GREEDY)[0]
+    deltas = list(ngram_llm.stream(prompt, GREEDY))
+    assert len(deltas) > 1
+    assert "".join(d.text for d in deltas) == whole.text
+    assert [t for d in deltas for t in d.token_ids] == whole.token_ids
+    *partial, last = deltas
+    assert all(d.finish_reason is None and d.metrics is None for d in partial)
+    assert last.finish_reason == whole.finish_reason
+    assert last.metrics is not None
+    assert last.metrics.num_drafts == whole.metrics.num_drafts  # type: ignore[union-attr]
+    assert last.metrics.time_to_first_token is not None and last.metrics.time_to_first_token > 0
+
+
+def test_breaking_out_of_a_stream_cancels_the_request_and_frees_its_kv_blocks(plain_llm: LLM) -> None:
+    aborted_before = abort_count(plain_llm)
+    # 1500 tokens take far longer than the 5 s allowed below: freeing means cancelling.
+    params = SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True)
+    received = 0
+    for delta in plain_llm.stream("Once upon a time", params):
+        received += len(delta.token_ids)
+        if received >= 3:
+            break
+    free, total = wait_for_free_kv(plain_llm)
+    assert free == total
+    assert abort_count(plain_llm) == aborted_before + 1
+    # The engine keeps serving.
+    assert (
+        plain_llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=4))[0].finish_reason
+        == "length"
+    )
+
+
+# --- stop rules ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_output(plain_llm: LLM) -> RequestOutput:
+    out = plain_llm.generate("The capital of France is", SamplingParams(temperature=0.0, max_tokens=40))[0]
+    assert len(out.token_ids) >= 12
+    return out
+
+
+def test_stop_string_truncates_before_it_and_finishes_with_stop(
+    plain_llm: LLM, base_output: RequestOutput
+) -> None:
+    words = re.findall(r"[A-Za-z]{4,}", base_output.text)
+    stop = words[1] if len(words) > 1 else words[0]
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop=[stop, "@@never@@"])
+    out = plain_llm.generate("The capital of France is", params)[0]
+    assert out.finish_reason == "stop"
+    assert stop not in out.text
+    assert out.text == base_output.text[: base_output.text.index(stop)]
+    streamed = list(plain_llm.stream("The capital of France is", params))
+    assert all(stop not in d.text for d in streamed)
+    assert "".join(d.text for d in streamed) == out.text
+
+
+def test_stop_token_ids_end_the_output_at_that_token(plain_llm: LLM, base_output: RequestOutput) -> None:
+    k = next(
+        i
+        for i in range(3, len(base_output.token_ids))
+        if base_output.token_ids[i] not in base_output.token_ids[:i]
+    )
+    stop_id = base_output.token_ids[k]
+    out = plain_llm.generate(
+        "The capital of France is", SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop_id])
+    )[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == base_output.token_ids[: k + 1]
+    # The stop token's own text is not emitted.
+    assert out.text == plain_llm.detokenize(base_output.token_ids[:k])
+
+
+def test_max_tokens_cuts_the_output_with_finish_reason_length(
+    plain_llm: LLM, base_output: RequestOutput
+) -> None:
+    out = plain_llm.generate("The capital of France is", SamplingParams(temperature=0.0, max_tokens=5))[0]
+    assert out.finish_reason == "length"
+    assert out.token_ids == base_output.token_ids[:5]
+
+
+def test_ignore_eos_generates_past_the_end_of_turn(plain_llm: LLM) -> None:
+    prompt = user(REFERENCE[2]["prompt"])  # a short answer that ends with <|im_end|>
+    stopped = plain_llm.chat(prompt, SamplingParams(temperature=0.0, max_tokens=64))[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == IM_END
+    n = len(stopped.token_ids)
+    out = plain_llm.chat(prompt, SamplingParams(temperature=0.0, max_tokens=n + 8, ignore_eos=True))[0]
+    assert out.finish_reason == "length"
+    assert len(out.token_ids) == n + 8
+    assert out.token_ids[:n] == stopped.token_ids
+
+
+# --- seeded sampling -------------------------------------------------------------------------
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_batch_composition(f32_llm: LLM) -> None:
+    params = SamplingParams(temperature=0.8, seed=1234, max_tokens=24, ignore_eos=True)
+    prompt = user("Write a haiku about the sea.")
+    alone = f32_llm.chat(prompt, params)[0]
+    again = f32_llm.chat(prompt, params)[0]
+    assert len(alone.token_ids) == 24
+    assert alone.token_ids == again.token_ids
+    batch = f32_llm.chat(
+        [user("Tell me a joke."), prompt, user("Name three rivers in Europe and one in Asia.")], params
+    )
+    assert batch[1].token_ids == alone.token_ids
+    other_seed = f32_llm.chat(prompt, params.model_copy(update={"seed": 4321}))[0]
+    assert other_seed.token_ids != alone.token_ids, "the seed must change the sample"
+
+
+def test_seeded_sampling_with_speculation_is_reproducible(ngram_llm: LLM) -> None:
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=32)
+    prompt = user(SPEC_PROMPTS[5])
+    a = ngram_llm.chat(prompt, params)[0]
+    b = ngram_llm.chat(prompt, params)[0]
+    assert a.token_ids == b.token_ids
+    assert_metrics_consistent(a.metrics, width=3)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["no-such-model-alias", "/nonexistent/dir/model.gguf"])
+def test_unknown_model_fails_with_a_message_naming_it(model: str) -> None:
+    with pytest.raises((ModelNotInstalledError, ModelLoadError, RequestError)) as excinfo:
+        LLM(model)
+    assert model in str(excinfo.value)
+
+
+@pytest.fixture(scope="module")
+def short_llm(default_model_path: str) -> LLM:
+    return make_llm(max_model_len=64, kv_cache_memory=32 << 20)
+
+
+def test_prompt_longer_than_max_model_len_raises_request_error(short_llm: LLM) -> None:
+    with pytest.raises(RequestError, match=r"context holds 64") as excinfo:
+        short_llm.generate("word " * 100, SamplingParams(max_tokens=4))
+    assert "prompt" in str(excinfo.value)
+    assert short_llm.info["max_model_len"] == 64
+    assert (
+        short_llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=2))[0].finish_reason == "length"
+    )
+    assert wait_for_free_kv(short_llm)[0] == short_llm.kv_blocks()[1]
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", -1.0), ("top_p", 0.0), ("max_tokens", 0)])
+def test_invalid_sampling_params_raise_an_error_naming_the_field(
+    short_llm: LLM, field: str, value: Any
+) -> None:
+    with pytest.raises(SpecRsError) as excinfo:
+        short_llm.generate("Hi", SamplingParams(**{field: value}))
+    assert isinstance(excinfo.value, ValueError)
+    assert getattr(excinfo.value, "field", None) == field
+    assert field in str(excinfo.value)
+
+
+def test_penalties_under_speculation_need_logit_penalties(ngram_llm: LLM) -> None:
+    for params in (SamplingParams(repetition_penalty=1.2), SamplingParams(presence_penalty=0.5)):
+        with pytest.raises(RequestError, match="logit_penalties"):
+            ngram_llm.generate("Hi", params)
+    with_penalties = make_llm(
+        SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=3, logit_penalties=True),
+        max_model_len=256,
+        kv_cache_memory=32 << 20,
+    )
+    out = with_penalties.generate(
+        "Hi", SamplingParams(temperature=0.0, repetition_penalty=1.2, max_tokens=4)
+    )[0]
+    assert len(out.token_ids) == 4
+
+
+def test_eagle_without_a_draft_model_is_a_clear_error() -> None:
+    with pytest.raises(SpeculatorSelectionError) as excinfo:
+        LLM(speculative_config=SpeculativeConfig(speculative_method="eagle"))
+    message = str(excinfo.value)
+    assert "eagle" in message and "draft" in message
+
+
+def test_sampled_drafts_with_greedy_acceptance_fail_at_llm_build() -> None:
+    config = SpeculativeConfig(
+        speculative_method="ngram", draft_proposal="sampled", use_greedy_acceptance=True
+    )
+    with pytest.raises(ConfigError, match="use_greedy_acceptance") as excinfo:
+        LLM(speculative_config=config)
+    assert excinfo.value.field == "draft_proposal"
+
+
+# --- the resolved pipeline ---------------------------------------------------------------------
+
+
+def test_plain_llm_selects_the_plain_pipeline(plain_llm: LLM) -> None:
+    info = plain_llm.info
+    assert info["architecture"] == "LlamaForCausalLM"
+    assert info["pipeline_class"] == "PlainPipeline" == type(plain_llm.pipeline).__name__
+    assert info["method"] is None
+    assert info["num_speculative_tokens"] is None
+    assert info["vocab_size"] == 49152
+
+
+@pytest.mark.parametrize(("fixture", "rule"), [("ngram_llm", "stochastic"), ("synthetic_llm", "synthetic")])
+def test_speculative_llm_info_reports_pipeline_method_width_and_rule(
+    request: pytest.FixtureRequest, fixture: str, rule: str
+) -> None:
+    llm: LLM = request.getfixturevalue(fixture)
+    info = llm.info
+    assert info["architecture"] == "LlamaForCausalLM"
+    assert info["pipeline_class"] == "NgramPipeline" == type(llm.pipeline).__name__
+    assert "Ngram" in info["pipeline_name"] and "LlamaForCausalLM" in info["pipeline_name"]
+    assert info["method"] == "ngram"
+    assert info["num_speculative_tokens"] == 3 == llm.speculative_config.num_speculative_tokens
+    assert info["acceptance_rule"] == rule
+
+
+@pytest.mark.parametrize("fixture", ["plain_llm", "ngram_llm", "synthetic_llm", "f32_llm"])
+def test_every_finished_request_returns_its_kv_blocks(request: pytest.FixtureRequest, fixture: str) -> None:
+    llm: LLM = request.getfixturevalue(fixture)
+    llm.generate(["Hi", "The three primary colors are"], SamplingParams(temperature=0.0, max_tokens=6))
+    free, total = llm.kv_blocks()
+    assert total > 0
+    assert free == total
