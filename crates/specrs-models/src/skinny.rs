@@ -13,7 +13,7 @@ use rayon::prelude::*;
 pub const MAX_ROWS: usize = 16;
 
 /// Weight rows per parallel task: large enough to amortise scheduling, small enough to balance.
-const ROWS_PER_TASK: usize = 256;
+const ROWS_PER_TASK: usize = 128;
 
 /// `x [m, k] · w[n, k]ᵀ -> [m, n]`, or `None` when the operands do not suit the kernel.
 pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
@@ -33,105 +33,117 @@ pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     };
     let xv = &xv[xl.start_offset()..xl.start_offset() + m * k];
     let wv = &wv[wl.start_offset()..wl.start_offset() + n * k];
-    // Output transposed ([n, m]) so each task writes one contiguous range.
-    let mut out_t = vec![0f32; n * m];
-    out_t.par_chunks_mut(ROWS_PER_TASK * m).enumerate().for_each(|(task, chunk)| {
-        let first = task * ROWS_PER_TASK;
-        for (j, dst) in chunk.chunks_mut(m).enumerate() {
-            let row = &wv[(first + j) * k..(first + j + 1) * k];
-            dots(xv, row, k, dst);
-        }
+    let mut out = vec![0f32; m * n];
+    let out_ptr = Output { ptr: out.as_mut_ptr(), n };
+    (0..n.div_ceil(ROWS_PER_TASK)).into_par_iter().for_each(|task| {
+        let cols = task * ROWS_PER_TASK..n.min((task + 1) * ROWS_PER_TASK);
+        // SAFETY: `out` is `[m, n]` and outlives the loop; tasks write disjoint columns.
+        unsafe { columns(xv, m, k, wv, cols, out_ptr) };
     });
     drop((xs, ws));
-    let out = if m == 1 {
-        Tensor::from_vec(out_t, (1, n), x.device())?
-    } else {
-        Tensor::from_vec(out_t, (n, m), x.device())?.t()?.contiguous()?
-    };
-    Ok(Some(out))
+    Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
 }
 
-/// `dst[i] = x_i · w` for every row `x_i` of `xs [m, k]`.
-#[inline]
-fn dots(xs: &[f32], w: &[f32], k: usize, dst: &mut [f32]) {
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-    {
-        // SAFETY: the target features are enabled at compile time; slices are bounds-checked
-        // by construction (k divides both, tails handled below).
-        unsafe { dots_avx2(xs, w, k, dst) }
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-    {
-        for (i, d) in dst.iter_mut().enumerate() {
-            let x = &xs[i * k..(i + 1) * k];
-            *d = x.iter().zip(w).map(|(a, b)| a * b).sum();
+/// `[m, n]` f32 output written from several threads, each to its own columns.
+#[derive(Clone, Copy)]
+struct Output {
+    ptr: *mut f32,
+    n: usize,
+}
+
+// SAFETY: tasks write disjoint columns of the buffer (see `matmul_t`), which outlives them.
+unsafe impl Send for Output {}
+// SAFETY: as above; no task reads what another writes.
+unsafe impl Sync for Output {}
+
+/// `out[i][j] = x_i · w_j` for every row `x_i` of `xs [m, k]` and `j` in `cols`.
+///
+/// # Safety
+/// `out` is `[m, n]` with `cols.end <= n`, and no other thread touches those columns meanwhile.
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+unsafe fn columns(xs: &[f32], m: usize, k: usize, w: &[f32], cols: std::ops::Range<usize>, out: Output) {
+    for j in cols {
+        let w = &w[j * k..(j + 1) * k];
+        for (i, x) in xs.chunks_exact(k).enumerate().take(m) {
+            // SAFETY: `i < m`, `j < n`, and the caller gives this task column `j`.
+            unsafe { *out.ptr.add(i * out.n + j) = x.iter().zip(w).map(|(a, b)| a * b).sum() };
         }
     }
 }
 
+/// As the portable version, with AVX2/FMA register tiles: one weight row × up to 4 rows of `x`.
+///
+/// # Safety
+/// As the portable version.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2(xs: &[f32], w: &[f32], k: usize, dst: &mut [f32]) {
-    // SAFETY: every load reads 8 floats at offset o + 8 <= blocks * 8 <= k of a row of length k.
-    unsafe {
-        use std::arch::x86_64::*;
-        let m = dst.len();
-        let blocks = k / 8;
+unsafe fn columns(xs: &[f32], m: usize, k: usize, w: &[f32], cols: std::ops::Range<usize>, out: Output) {
+    assert!(xs.len() >= m * k && w.len() >= cols.end * k);
+    for j in cols {
         let mut i = 0;
-        // Four rows of x at a time: one load of w feeds four FMAs.
-        while i + 4 <= m {
-            let (x0, x1, x2, x3) = (&xs[i * k..], &xs[(i + 1) * k..], &xs[(i + 2) * k..], &xs[(i + 3) * k..]);
-            let (mut a0, mut a1, mut a2, mut a3) =
-                (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
-            for b in 0..blocks {
-                let o = b * 8;
-                let wv = _mm256_loadu_ps(w.as_ptr().add(o));
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0.as_ptr().add(o)), wv, a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x1.as_ptr().add(o)), wv, a1);
-                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x2.as_ptr().add(o)), wv, a2);
-                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x3.as_ptr().add(o)), wv, a3);
+        // SAFETY: weight row `j < cols.end` and rows `i..i + R <= m` of `x` exist (asserted
+        // above); the caller gives this task column `j`.
+        unsafe {
+            while m - i >= 4 {
+                tile::<4>(xs, k, w, i, j, out);
+                i += 4;
             }
-            for (r, acc) in [a0, a1, a2, a3].into_iter().enumerate() {
-                let x = &xs[(i + r) * k..(i + r + 1) * k];
-                let tail: f32 = (blocks * 8..k).map(|t| x[t] * w[t]).sum();
-                dst[i + r] = hsum(acc) + tail;
+            match m - i {
+                1 => tile::<1>(xs, k, w, i, j, out),
+                2 => tile::<2>(xs, k, w, i, j, out),
+                3 => tile::<3>(xs, k, w, i, j, out),
+                _ => {}
             }
-            i += 4;
         }
-        while i < m {
-            let x = &xs[i * k..(i + 1) * k];
-            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let mut b = 0;
-            while b + 2 <= blocks {
-                let o = b * 8;
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(o)), _mm256_loadu_ps(w.as_ptr().add(o)), a0);
-                a1 =
-                    _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(o + 8)), _mm256_loadu_ps(w.as_ptr().add(o + 8)), a1);
-                b += 2;
+    }
+}
+
+/// `out[i + r][j] = x_{i + r} · w_j` for `R` rows of `x`: every 8-float load of the weight row
+/// feeds `R` FMAs, and two accumulators per row keep `2R` FMA chains in flight.
+///
+/// # Safety
+/// Rows `i..i + R` of `x` and row `j` of `w` exist; `out` has those cells to this task.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+#[inline(always)]
+unsafe fn tile<const R: usize>(xs: &[f32], k: usize, w: &[f32], i: usize, j: usize, out: Output) {
+    use std::arch::x86_64::*;
+    // SAFETY: every vector load reads 8 floats at offset `o + 8 <= k` of a row of length `k`
+    // that the caller guarantees; AVX2 and FMA are compiled in.
+    unsafe {
+        let x = xs.as_ptr().add(i * k);
+        let w = w.as_ptr().add(j * k);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut o = 0;
+        while o + 16 <= k {
+            let (w0, w1) = (_mm256_loadu_ps(w.add(o)), _mm256_loadu_ps(w.add(o + 8)));
+            for (r, [a0, a1]) in acc.iter_mut().enumerate() {
+                *a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(r * k + o)), w0, *a0);
+                *a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(r * k + o + 8)), w1, *a1);
             }
-            if b < blocks {
-                let o = b * 8;
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(o)), _mm256_loadu_ps(w.as_ptr().add(o)), a0);
+            o += 16;
+        }
+        if o + 8 <= k {
+            let w0 = _mm256_loadu_ps(w.add(o));
+            for (r, [a0, _]) in acc.iter_mut().enumerate() {
+                *a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(r * k + o)), w0, *a0);
             }
-            let tail: f32 = (blocks * 8..k).map(|t| x[t] * w[t]).sum();
-            dst[i] = hsum(_mm256_add_ps(a0, a1)) + tail;
-            i += 1;
+            o += 8;
+        }
+        for (r, &[a0, a1]) in acc.iter().enumerate() {
+            let tail: f32 = (o..k).map(|t| *x.add(r * k + t) * *w.add(t)).sum();
+            *out.ptr.add((i + r) * out.n + j) = hsum(_mm256_add_ps(a0, a1)) + tail;
         }
     }
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
+#[inline(always)]
 fn hsum(v: std::arch::x86_64::__m256) -> f32 {
-    {
-        use std::arch::x86_64::*;
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
+    use std::arch::x86_64::*;
+    // SAFETY: AVX is compiled in.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 }
 
@@ -142,7 +154,9 @@ mod tests {
 
     #[test]
     fn matches_general_matmul_for_every_row_count_and_odd_k() {
-        for (m, k, n) in [(1, 576, 700), (3, 576, 300), (4, 37, 5), (7, 64, 513), (16, 9, 3)] {
+        for (m, k, n) in
+            [(1, 576, 700), (3, 576, 300), (4, 37, 5), (5, 1536, 131), (7, 64, 513), (16, 9, 3), (16, 24, 2)]
+        {
             let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu).unwrap();
             let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap();
             let fast = matmul_t(&x, &w).unwrap().unwrap();
