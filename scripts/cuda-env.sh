@@ -65,7 +65,7 @@ specrs_cuda_setup() {
         local pin name wheel
         for pin in "${pins[@]}"; do
             name="${pin%%==*}"
-            wheel=$(ls "$wheels/${name//-/_}-${pin##*==}-"*.whl 2>/dev/null | head -n 1)
+            wheel=$(compgen -G "$wheels/${name//-/_}-${pin##*==}-*.whl" | head -n 1) || true
             [[ -n "$wheel" ]] || { echo "cuda-env: no wheel for $pin in $wheels" >&2; return 1; }
             python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
                 "$wheel" "$staging" || return 1

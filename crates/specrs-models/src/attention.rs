@@ -224,6 +224,67 @@ pub fn reference_attention(
     Tensor::cat(&outs, 0)?.contiguous()
 }
 
+/// Attention metadata of a fixed-shape batch: `rows` rows of exactly `queries` query tokens,
+/// each row attending to at most `keys` keys of its context. Shapes never change, so a step
+/// that reads only these tensors can be captured once and replayed with new contents
+/// (`crate::graph`). Padding rows and padding queries point at a scratch slot and see only
+/// key 0 of it; their outputs are never read.
+#[derive(Debug, Clone)]
+pub struct FixedAttention {
+    pub rows: usize,
+    pub queries: usize,
+    pub keys: usize,
+    /// `[rows · keys]` u32: the KV slot of each row's key `x`.
+    pub key_slots: Tensor,
+    /// `[rows, queries, 1]` u32: first and last key index visible to each query.
+    pub first_key: Tensor,
+    pub last_key: Tensor,
+    /// `[1, 1, keys]` u32: `0..keys`, kept so no step uploads it.
+    pub key_index: Tensor,
+}
+
+/// Masked fill value: large and finite, so fully masked (padding) queries stay NaN-free.
+const MASKED: f64 = 1e30;
+
+/// [`reference_attention`] over a [`FixedAttention`] batch: `q [rows · queries, heads, d]`
+/// against each row's first `keys` keys, gathered through `key_slots`. Every op is a device
+/// op on fixed shapes (no host data, no per-row loop), so it can run inside a CUDA graph.
+/// Grouped-query heads share their key/value head without copies: queries are regrouped as
+/// `[rows, kv_heads, group · queries, d]`.
+pub fn fixed_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    fixed: &FixedAttention,
+    shape: AttentionShape,
+) -> Result<Tensor> {
+    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale } = shape;
+    let group = num_heads / num_kv_heads;
+    let (b, qn, l) = (fixed.rows, fixed.queries, fixed.keys);
+    // 1. Keys and values: [b · l, kv · d] -> [b, kv, l, d].
+    let gather = |cache: &Tensor| -> Result<Tensor> {
+        cache.index_select(&fixed.key_slots, 0)?.reshape((b, l, num_kv_heads, d))?.transpose(1, 2)?.contiguous()
+    };
+    let k = gather(k_cache)?.to_dtype(q.dtype())?;
+    let v = gather(v_cache)?.to_dtype(q.dtype())?;
+    // 2. Queries: [b · qn, heads, d] -> [b, kv, group · qn, d].
+    let qg = q.reshape((b, qn, num_kv_heads, group, d))?.permute((0, 2, 3, 1, 4))?.contiguous()?;
+    let qg = qg.reshape((b, num_kv_heads, group * qn, d))?;
+    // 3. Scores with the visibility mask [b, 1, 1, qn, l], softmax, weighted values.
+    let scores = (qg.matmul(&k.t()?.contiguous()?)? * f64::from(scale))?.to_dtype(DType::F32)?;
+    let scores = scores.reshape((b, num_kv_heads, group, qn, l))?;
+    let visible = fixed
+        .key_index
+        .broadcast_ge(&fixed.first_key)?
+        .mul(&fixed.key_index.broadcast_le(&fixed.last_key)?)?
+        .to_dtype(DType::F32)?;
+    let additive = ((visible - 1.0)? * MASKED)?.reshape((b, 1, 1, qn, l))?;
+    let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&additive)?)?.to_dtype(q.dtype())?;
+    let out = probs.reshape((b, num_kv_heads, group * qn, l))?.matmul(&v)?;
+    // 4. [b, kv, group, qn, d] -> [b · qn, heads, d].
+    out.reshape((b, num_kv_heads, group, qn, d))?.permute((0, 3, 1, 2, 4))?.reshape((b * qn, num_heads, d))
+}
+
 /// Checks the output of attention is finite (debug aid for kernels).
 pub fn all_finite(t: &Tensor) -> Result<bool> {
     let s = t.to_dtype(DType::F32)?.flatten_all()?;

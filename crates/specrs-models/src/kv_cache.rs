@@ -62,7 +62,10 @@ impl PagedKvCache {
         (k, v)
     }
 
-    /// Writes `k, v [T, kv_heads, head_dim]` of this step's tokens to their slots.
+    /// Writes `k, v [T, kv_heads, head_dim]` of this step's tokens to their slots: `slots`
+    /// on the host, or `slot_tensor [T]` (u32) on the cache's device. Off the CPU a given
+    /// `slot_tensor` is used as is (no upload, so the write can be captured in a device graph);
+    /// on the CPU the host slots are used, read from `slot_tensor` when `slots` is empty.
     pub fn write(
         &self,
         layer: usize,
@@ -72,11 +75,22 @@ impl PagedKvCache {
         v: &Tensor,
     ) -> Result<()> {
         let (kc, vc) = &self.layers[layer];
-        let t = slots.len();
+        let t = k.dim(0)?;
         let width = self.kv_heads * self.head_dim;
         let k = k.reshape((t, width))?.to_dtype(kc.dtype())?;
         let v = v.reshape((t, width))?.to_dtype(vc.dtype())?;
         if kc.device().is_cpu() {
+            let from_tensor;
+            let slots = match slot_tensor {
+                Some(s) if slots.is_empty() => {
+                    from_tensor = s.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+                    &from_tensor
+                }
+                _ => slots,
+            };
+            if slots.len() != t {
+                candle_core::bail!("write-kv-slots: {} slots for {t} tokens", slots.len());
+            }
             let op = WriteSlots { slots };
             kc.inplace_op2(&k.contiguous()?, &op)?;
             vc.inplace_op2(&v.contiguous()?, &op)?;

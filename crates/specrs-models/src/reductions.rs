@@ -257,6 +257,22 @@ pub fn processed_probs(x: &Tensor, params: &[&SamplingParams]) -> Result<Tensor>
     p.broadcast_mul(&scale)
 }
 
+/// The processed distribution `[R, V]` of raw `logits` under each row's parameters, greedy
+/// rows included (one-hot at `argmax [R]`, as the host's `processed_probs` makes them).
+pub fn distributions(logits: &Tensor, params: &[&SamplingParams], argmax: &Tensor) -> Result<Tensor> {
+    let x = sanitize(logits)?;
+    let (r, v) = x.dims2()?;
+    let plain = SamplingParams::default();
+    let stand_ins: Vec<&SamplingParams> = params.iter().map(|p| if p.is_greedy() { &plain } else { *p }).collect();
+    let probs = processed_probs(&x, &stand_ins)?;
+    if !params.iter().any(|p| p.is_greedy()) {
+        return Ok(probs);
+    }
+    let one_hot = iota(v, x.device())?.unsqueeze(0)?.broadcast_eq(&argmax.unsqueeze(1)?)?.to_dtype(DType::F32)?;
+    let greedy = column(params.iter().map(|p| if p.is_greedy() { 1.0 } else { 0.0 }), x.device())?.gt(0.5)?;
+    greedy.broadcast_as((r, v))?.where_cond(&one_hot, &probs)
+}
+
 /// What a monotone-decreasing bisection predicate measures over `values >= t`.
 #[derive(Clone, Copy)]
 enum Measure {

@@ -16,6 +16,7 @@ use specrs_core::sampling::{RngStream, SamplingParams, argmax, processed_probs, 
 use specrs_core::scheduler::Scheduler;
 use specrs_models::drafters::{DraftLogits, SequentialDraftModel};
 use specrs_models::host::with_f32_slice;
+use specrs_models::reductions;
 use specrs_models::{BatchRow, ForwardBatch, PagedKvCache};
 
 use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
@@ -67,10 +68,21 @@ impl SequentialProposer {
     ) -> Result<()> {
         let vd = logits.logits.dim(1)?;
         let v = self.vocab_size;
+        let to_target = |idx: u32| logits.draft_to_target.as_ref().map_or(idx, |m| m[idx as usize]);
+        let any_sampled = self.proposal == DraftProposal::Sampled && params.iter().any(|p| !p.is_greedy());
+        if !any_sampled && !logits.logits.device().is_cpu() {
+            // Argmax drafts off the host: reduce where the logits live, copy back only the ids.
+            let ids = reductions::argmax_rows(&logits.logits)?.to_vec1::<u32>()?;
+            for (d, idx) in rows.iter_mut().zip(ids) {
+                d.drafts.push(to_target(idx));
+            }
+            return Ok(());
+        }
+        // Sampled drafts keep their distribution on the host (`Proposal::probs`), so their
+        // logits come over whole.
         with_f32_slice(&logits.logits, |all| {
             for (i, d) in rows.iter_mut().enumerate() {
                 let row = &all[i * vd..(i + 1) * vd];
-                let to_target = |idx: u32| logits.draft_to_target.as_ref().map_or(idx, |m| m[idx as usize]);
                 let sample = self.proposal == DraftProposal::Sampled && !params[i].is_greedy();
                 if !sample {
                     d.drafts.push(to_target(argmax(row)));

@@ -4,10 +4,11 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use crate::attention::{AttentionShape, paged_attention};
+use crate::attention::{AttentionShape, fixed_attention, paged_attention};
 use crate::batch::ForwardBatch;
 use crate::config::DecoderConfig;
 use crate::error::Result as LoadResult;
+use crate::graph::StepInputs;
 use crate::kv_cache::PagedKvCache;
 use crate::linear::{FusedLinear, Linear, LinearWeight};
 use crate::norm::RmsNorm;
@@ -106,6 +107,27 @@ impl SelfAttention {
     }
 }
 
+impl SelfAttention {
+    /// [`Self::forward`] on a fixed-shape batch (`crate::graph::StepInputs`): the slots and
+    /// the attention metadata are device tensors, so the step never reads host data.
+    pub fn forward_fixed(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        kv: &PagedKvCache,
+        layer: usize,
+        inputs: &StepInputs,
+    ) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let (q, k, v) = self.project(x, cos, sin)?;
+        kv.write(layer, &[], Some(&inputs.slot_mapping), &k, &v)?;
+        let (kc, vc) = kv.layer(layer);
+        let y = fixed_attention(&q, kc, vc, &inputs.attention, self.shape)?;
+        self.o_proj.forward(&y.reshape((t, self.shape.num_heads * self.shape.head_dim))?)
+    }
+}
+
 /// SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -176,6 +198,24 @@ impl DecoderLayer {
         batch: &ForwardBatch,
     ) -> Result<Tensor> {
         let h = self.self_attn.forward(&self.input_layernorm.forward(x)?, cos, sin, kv, layer, batch)?;
+        let x = (x + h)?;
+        let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
+        x + h
+    }
+}
+
+impl DecoderLayer {
+    /// [`Self::forward`] on a fixed-shape batch.
+    pub fn forward_fixed(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        kv: &PagedKvCache,
+        layer: usize,
+        inputs: &StepInputs,
+    ) -> Result<Tensor> {
+        let h = self.self_attn.forward_fixed(&self.input_layernorm.forward(x)?, cos, sin, kv, layer, inputs)?;
         let x = (x + h)?;
         let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
         x + h
@@ -289,6 +329,19 @@ impl CausalLm {
     /// `normed [N, hidden] -> logits [N, vocab]` (f32).
     pub fn lm_head(&self, normed: &Tensor) -> Result<Tensor> {
         self.lm_head.matmul_t(normed)?.to_dtype(DType::F32)
+    }
+
+    /// A decode/verify step on fixed shapes: every token of `inputs` (padding included) runs
+    /// through the model and `[B · (W + 1), vocab]` f32 logits come back, row `r`'s query `j`
+    /// at `graph::fixed_output_row`. Built from device ops that read only `inputs`' tensors,
+    /// so it can be captured in a device graph and replayed after `StepInputs::fill`.
+    pub fn forward_fixed(&self, inputs: &StepInputs, kv: &PagedKvCache) -> Result<Tensor> {
+        let (cos, sin) = self.rope.tables(&inputs.positions)?;
+        let mut x = self.embed(&inputs.input_ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward_fixed(&x, &cos, &sin, kv, i, inputs)?;
+        }
+        self.lm_head(&self.norm.forward(&x)?)
     }
 
     /// Runs the batch: writes its keys and values, returns what it asks for.

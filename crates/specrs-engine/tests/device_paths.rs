@@ -1,0 +1,281 @@
+//! The engine's device paths: verification from device reductions, and the GPU test subset.
+//!
+//! Every test runs on `SPECRS_TEST_DEVICE` (`cpu` by default; `cuda` in a CUDA build on a GPU
+//! machine, see scripts/gpu-check.sh). On CPU, `acceptance_on_device: Some(true)` forces the
+//! reduction path that CUDA takes by default, so it is checked here against the host path.
+//!
+//! - reductions vs host copies: identical outputs (tokens, logprobs, traces) for greedy and
+//!   seeded sampled requests, every acceptance rule, rows mixing both paths;
+//! - lossless greedy: speculative output equals plain output for every sequential method;
+//! - sampled speculative decoding follows the plain distribution.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::Tensor;
+use specrs_core::SpeculativeConfig;
+use specrs_core::config::{DraftProposal, SpeculativeMethod};
+use specrs_core::sampling::SamplingParams;
+use specrs_engine::{
+    DeviceSpec, EngineConfig, EngineHandle, FinalOutput, GenerationRequest, PipelineConfig, Prompt, build_engine,
+};
+use specrs_models::ModelDType;
+use specrs_models::config::Architecture;
+use specrs_models::testing::{self, TinyShape};
+
+const SHAPE: TinyShape =
+    TinyShape { vocab: 48, hidden: 64, layers: 3, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 64 };
+
+fn device() -> DeviceSpec {
+    std::env::var("SPECRS_TEST_DEVICE").map_or(DeviceSpec::Cpu, |d| d.parse().expect("SPECRS_TEST_DEVICE"))
+}
+
+fn write(dir: &Path, cfg: &serde_json::Value, tensors: &HashMap<String, Tensor>) {
+    testing::write_checkpoint(dir, cfg, tensors).unwrap();
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    bigram: PathBuf,
+    random: PathBuf,
+    eagle3: PathBuf,
+    mtp: PathBuf,
+    random_eagle1: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let bigram = root.join("bigram");
+    write(
+        &bigram,
+        &testing::target_config(Architecture::Llama, &SHAPE, false),
+        &testing::bigram_target(Architecture::Llama, &SHAPE).unwrap(),
+    );
+    let random = root.join("random");
+    write(
+        &random,
+        &testing::target_config(Architecture::Llama, &SHAPE, true),
+        &testing::random_target(Architecture::Llama, &SHAPE, true, 3).unwrap(),
+    );
+    let eagle3 = root.join("eagle3");
+    let (c, t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
+    write(&eagle3, &c, &t);
+    let mtp = root.join("mtp");
+    let (c, t) = testing::mtp_oracle(&SHAPE).unwrap();
+    write(&mtp, &c, &t);
+    let random_eagle1 = root.join("random-eagle1");
+    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.3, 100 + i as u64).unwrap();
+    }
+    write(&random_eagle1, &c, &t);
+    Fixture { _dir: dir, bigram, random, eagle3, mtp, random_eagle1 }
+}
+
+struct Setup<'a> {
+    target: &'a Path,
+    draft: Option<&'a Path>,
+    spec: SpeculativeConfig,
+    on_device: Option<bool>,
+}
+
+fn engine(s: &Setup) -> EngineHandle {
+    let mut cfg = PipelineConfig::new(s.target.to_str().unwrap());
+    cfg.draft_model = s.draft.map(|d| d.to_str().unwrap().to_string());
+    // f32 everywhere: lossless comparisons must not hinge on bf16 near-ties between GEMM shapes.
+    cfg.dtype = ModelDType::F32;
+    cfg.device = device();
+    cfg.speculative = s.spec.clone();
+    cfg.engine = EngineConfig {
+        max_num_seqs: 16,
+        kv_cache_bytes: 64 << 20,
+        block_size: 4,
+        acceptance_on_device: s.on_device,
+        // Steps that mix prefill and decode rows verify too, so a row's steps (and with them
+        // its random streams) do not depend on when other requests arrive.
+        enable_spec_decode_mixed_batches: true,
+        ..EngineConfig::default()
+    };
+    let (engine, info) = build_engine(&cfg).unwrap();
+    EngineHandle::spawn(engine, Some(info))
+}
+
+fn spec(method: SpeculativeMethod, k: i64, f: impl FnOnce(&mut SpeculativeConfig)) -> SpeculativeConfig {
+    let mut c = SpeculativeConfig {
+        speculative_method: Some(method),
+        num_speculative_tokens: Some(k),
+        prompt_lookup_min: 1,
+        ..SpeculativeConfig::default()
+    };
+    f(&mut c);
+    c
+}
+
+fn request(prompt: &[u32], params: SamplingParams, trace: bool) -> GenerationRequest {
+    let mut r = GenerationRequest::new(Prompt::Tokens(prompt.to_vec()), params);
+    r.trace = trace;
+    r
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        vec![3, 9, 27],
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+        vec![40],
+        vec![5, 5, 5, 5, 6, 7],
+        vec![12, 30, 12, 30],
+    ]
+}
+
+/// Greedy, sampled (several truncations, seeded), a logprobs row and a min_tokens row (both
+/// verified on host copies), traced.
+fn mixed_requests(max_tokens: usize) -> Vec<GenerationRequest> {
+    let base = SamplingParams { max_tokens: Some(max_tokens), ignore_eos: true, ..SamplingParams::default() };
+    let variants = [
+        SamplingParams { temperature: 0.0, ..base.clone() },
+        SamplingParams { temperature: 0.8, seed: Some(1), ..base.clone() },
+        SamplingParams { temperature: 1.0, top_k: 5, seed: Some(2), ..base.clone() },
+        SamplingParams { temperature: 0.7, top_p: 0.8, min_p: 0.05, seed: Some(3), ..base.clone() },
+        SamplingParams { temperature: 1.2, top_k: 12, top_p: 0.9, seed: Some(4), ..base.clone() },
+        SamplingParams { temperature: 0.9, logprobs: Some(3), seed: Some(5), ..base.clone() },
+        SamplingParams { temperature: 0.9, min_tokens: 4, ignore_eos: false, seed: Some(6), ..base.clone() },
+    ];
+    let prompts = prompts();
+    variants.iter().enumerate().map(|(i, p)| request(&prompts[i % prompts.len()], p.clone(), true)).collect()
+}
+
+fn tokens(outs: &[FinalOutput]) -> Vec<Vec<u32>> {
+    outs.iter().map(|o| o.token_ids.clone()).collect()
+}
+
+fn run(h: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<FinalOutput> {
+    let out = h.generate(requests).unwrap();
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total, "every KV block returns to the pool");
+    out
+}
+
+#[test]
+fn device_reductions_verify_exactly_like_host_copies() {
+    let f = fixture();
+    let cases: Vec<(&str, &Path, Option<&Path>, SpeculativeConfig)> = vec![
+        ("eagle3 target-sample", &f.bigram, Some(&f.eagle3), spec(SpeculativeMethod::Eagle, 3, |_| {})),
+        (
+            "mtp greedy rule",
+            &f.bigram,
+            Some(&f.mtp),
+            spec(SpeculativeMethod::Mtp, 2, |c| c.use_greedy_acceptance = true),
+        ),
+        ("random eagle1", &f.random, Some(&f.random_eagle1), spec(SpeculativeMethod::Eagle, 3, |_| {})),
+        (
+            "random eagle1 one-hot rejection",
+            &f.random,
+            Some(&f.random_eagle1),
+            spec(SpeculativeMethod::Eagle, 3, |c| c.draft_proposal = DraftProposal::Sampled),
+        ),
+        ("ngram", &f.random, None, spec(SpeculativeMethod::Ngram, 3, |_| {})),
+        (
+            "ngram synthetic",
+            &f.random,
+            None,
+            spec(SpeculativeMethod::Ngram, 3, |c| c.synthetic_acceptance_rate = Some(0.5)),
+        ),
+    ];
+    for (name, target, draft, config) in cases {
+        let outputs: Vec<Vec<FinalOutput>> = [Some(false), Some(true)]
+            .into_iter()
+            .map(|on_device| {
+                run(&engine(&Setup { target, draft, spec: config.clone(), on_device }), mixed_requests(12))
+            })
+            .collect();
+        let (host, device) = (&outputs[0], &outputs[1]);
+        for (h, d) in host.iter().zip(device) {
+            assert_eq!(h.token_ids, d.token_ids, "{name}: tokens");
+            assert_eq!(h.trace, d.trace, "{name}: traces");
+            // Logprobs come from host copies on both paths; the logits themselves move in the
+            // last float bits with the batch a row shares (GEMM shapes), hence the tolerance.
+            assert_eq!(h.logprobs.len(), d.logprobs.len(), "{name}: logprobs");
+            for (a, b) in h.logprobs.iter().zip(&d.logprobs) {
+                assert_eq!(a.token, b.token, "{name}: logprob token");
+                assert!((a.logprob - b.logprob).abs() < 1e-4, "{name}: logprob {a:?} vs {b:?}");
+                let ids = |t: &[(u32, f32)]| t.iter().map(|x| x.0).collect::<Vec<_>>();
+                assert_eq!(ids(&a.top), ids(&b.top), "{name}: top logprobs");
+            }
+            assert_eq!(h.metrics.num_accepted_tokens, d.metrics.num_accepted_tokens, "{name}: acceptance");
+        }
+        let drafted: u64 = device.iter().map(|o| o.metrics.num_draft_tokens).sum();
+        assert!(drafted > 0, "{name}: nothing was drafted");
+    }
+}
+
+#[test]
+fn greedy_speculative_decoding_is_lossless_for_every_method() {
+    let f = fixture();
+    let greedy =
+        |len| SamplingParams { temperature: 0.0, max_tokens: Some(len), ignore_eos: true, ..Default::default() };
+    let requests = |len| prompts().iter().map(|p| request(p, greedy(len), false)).collect::<Vec<_>>();
+    for (target, draft, method) in [
+        (&f.bigram, Some(f.eagle3.as_path()), SpeculativeMethod::Eagle),
+        (&f.bigram, Some(f.mtp.as_path()), SpeculativeMethod::Mtp),
+        (&f.random, Some(f.random_eagle1.as_path()), SpeculativeMethod::Eagle),
+        (&f.random, None, SpeculativeMethod::Ngram),
+    ] {
+        let plain = run(
+            &engine(&Setup { target, draft: None, spec: SpeculativeConfig::default(), on_device: None }),
+            requests(24),
+        );
+        let spec = run(&engine(&Setup { target, draft, spec: spec(method, 3, |_| {}), on_device: None }), requests(24));
+        assert_eq!(tokens(&plain), tokens(&spec), "{method} {draft:?}");
+    }
+}
+
+#[test]
+fn sampled_speculative_decoding_follows_the_plain_distribution() {
+    // The second generated token of 600 seeded requests, plain vs EAGLE (random drafter,
+    // target-sample match, device reductions): the two empirical distributions over the
+    // vocabulary agree within sampling noise.
+    let f = fixture();
+    let n = 600;
+    let requests = || {
+        (0..n)
+            .map(|i| {
+                let params = SamplingParams {
+                    temperature: 1.0,
+                    top_k: 6,
+                    max_tokens: Some(3),
+                    ignore_eos: true,
+                    seed: Some(i as u64 * 7 + 1),
+                    ..Default::default()
+                };
+                request(&[3, 9, 27], params, false)
+            })
+            .collect::<Vec<_>>()
+    };
+    let histogram = |outs: &[FinalOutput]| {
+        let mut h = vec![0f64; SHAPE.vocab];
+        for o in outs {
+            h[o.token_ids[1] as usize] += 1.0 / outs.len() as f64;
+        }
+        h
+    };
+    let plain = run(
+        &engine(&Setup { target: &f.random, draft: None, spec: SpeculativeConfig::default(), on_device: None }),
+        requests(),
+    );
+    let spec_out = run(
+        &engine(&Setup {
+            target: &f.random,
+            draft: Some(&f.random_eagle1),
+            spec: spec(SpeculativeMethod::Eagle, 3, |_| {}),
+            on_device: Some(true),
+        }),
+        requests(),
+    );
+    let (hp, hs) = (histogram(&plain), histogram(&spec_out));
+    let tv: f64 = hp.iter().zip(&hs).map(|(a, b)| (a - b).abs()).sum::<f64>() / 2.0;
+    // Two samples of 600 over <= 6 likely tokens: TV noise is ~0.05; a biased rule moves mass
+    // between tokens far beyond that.
+    assert!(tv < 0.12, "total variation {tv} between plain and speculative second tokens");
+    assert!(spec_out.iter().map(|o| o.metrics.num_draft_tokens).sum::<u64>() > 0);
+}
