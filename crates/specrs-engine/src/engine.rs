@@ -10,13 +10,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use candle_core::Tensor;
 use specrs_core::SpeculativeConfig;
-use specrs_core::acceptance::{AcceptanceSampler, VerifyOutput, VerifyRow};
+use specrs_core::acceptance::{AcceptanceSampler, ReducedPosition, ReducedRow, VerifyOutput, VerifyRow};
 use specrs_core::kv_blocks::{KvBlockManager, SeqId};
 use specrs_core::metrics::{SpecDecodeStats, format_log_line};
 use specrs_core::sampling::{argmax, logprobs_of};
 use specrs_core::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use specrs_models::host::with_f32_slice;
+use specrs_models::reductions::{self, PositionQuery};
 use specrs_models::{BatchRow, CausalLm, ForwardBatch, ForwardOutput, PagedKvCache};
 
 use crate::detokenizer::{FinishReason, OutputState};
@@ -45,6 +47,10 @@ pub struct EngineConfig {
     pub enable_spec_decode_mixed_batches: bool,
     /// How often the speculative acceptance line is logged.
     pub log_interval: Duration,
+    /// Verify from device reductions instead of host copies of the logits: `None` (the
+    /// default) does so when the logits live off the host (CUDA); `Some(true)` forces it
+    /// (exercises the device path on CPU), `Some(false)` always copies the logits.
+    pub acceptance_on_device: Option<bool>,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +64,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             enable_spec_decode_mixed_batches: false,
             log_interval: Duration::from_secs(10),
+            acceptance_on_device: None,
         }
     }
 }
@@ -94,6 +101,9 @@ pub struct Engine {
     window: SpecDecodeStats,
     last_log: Instant,
 }
+
+/// Each row's verify output (rows without logits have none), with its logprobs and trace.
+type Verified = (Vec<Option<VerifyOutput>>, Vec<(Vec<TokenLogprob>, Option<TraceStep>)>);
 
 /// How a row of the step was fed.
 #[derive(Debug, Clone, Copy)]
@@ -483,103 +493,13 @@ impl Engine {
             }
             return Ok(step_stats);
         };
-        let v = self.vocab_size;
-        let outputs: Vec<Option<VerifyOutput>> = with_f32_slice(logits, |all| -> Result<Vec<Option<VerifyOutput>>> {
-            // Rows still under `min_tokens` must not end: their stop tokens are masked at the
-            // positions that would emit one too early (a copy of just those rows' logits).
-            let masked: Vec<Option<Vec<f32>>> = rows
-                .iter()
-                .map(|r| {
-                    let seq = &self.seqs[&r.seq];
-                    let n = match r.kind {
-                        RowKind::Decode { width } => width,
-                        RowKind::Prefill { completes: true, .. } => 0,
-                        RowKind::Prefill { completes: false, .. } => return None,
-                    };
-                    let generated = seq.num_generated();
-                    if generated >= seq.params.min_tokens {
-                        return None;
-                    }
-                    let mut copy = all[r.logits_start * v..(r.logits_start + n + 1) * v].to_vec();
-                    let stops: Vec<u32> = self.stop_ids_of(seq);
-                    for pos in 0..=n {
-                        if generated + pos < seq.params.min_tokens {
-                            for &t in &stops {
-                                copy[pos * v + t as usize] = f32::NEG_INFINITY;
-                            }
-                        }
-                    }
-                    Some(copy)
-                })
-                .collect();
-            let verify_rows: Vec<(usize, VerifyRow<'_>)> = rows
-                .iter()
-                .enumerate()
-                .filter_map(|(i, r)| {
-                    let seq = &self.seqs[&r.seq];
-                    let n = match r.kind {
-                        RowKind::Decode { width } => width,
-                        RowKind::Prefill { completes: true, .. } => 0,
-                        RowKind::Prefill { completes: false, .. } => return None,
-                    };
-                    let row_logits = match &masked[i] {
-                        Some(copy) => copy.as_slice(),
-                        None => &all[r.logits_start * v..(r.logits_start + n + 1) * v],
-                    };
-                    let mut row = VerifyRow::new(&seq.drafts[..n], row_logits, &seq.params, seq.step_seed())
-                        .with_history(&seq.tokens, seq.prompt_len)
-                        .with_thinking(seq.in_thinking);
-                    if let Some(q) = seq.draft_probs.as_deref() {
-                        row = row.with_draft_probs(&q[..n * v]);
-                    }
-                    Some((i, row))
-                })
-                .collect();
-            let accepted = self
-                .acceptance
-                .accept_batch(&verify_rows.iter().map(|(_, r)| *r).collect::<Vec<_>>())
-                .map_err(|e| EngineError::Internal(e.to_string()))?;
-            let mut out: Vec<Option<VerifyOutput>> = vec![None; rows.len()];
-            for ((i, _), a) in verify_rows.into_iter().zip(accepted) {
-                out[i] = Some(a);
-            }
-            Ok(out)
-        })??;
-
-        // Logprobs and traces read the logits, so they are gathered before commit.
-        let extras: Vec<(Vec<TokenLogprob>, Option<TraceStep>)> = with_f32_slice(logits, |all| {
-            rows.iter()
-                .zip(&outputs)
-                .map(|(r, out)| {
-                    let (Some(out), Some(seq)) = (out, self.seqs.get(&r.seq)) else {
-                        return (Vec::new(), None);
-                    };
-                    let at = |pos: usize| &all[(r.logits_start + pos) * v..(r.logits_start + pos + 1) * v];
-                    let logprobs = match seq.params.logprobs {
-                        Some(n) => out
-                            .tokens
-                            .iter()
-                            .enumerate()
-                            .map(|(pos, &t)| {
-                                let (logprob, top) = logprobs_of(at(pos), t, n);
-                                TokenLogprob { token: t, logprob, top }
-                            })
-                            .collect(),
-                        None => Vec::new(),
-                    };
-                    let trace = match (r.kind, &seq.trace) {
-                        (RowKind::Decode { width }, Some(_)) if width > 0 => Some(TraceStep {
-                            position: r.start + 1,
-                            drafted: seq.drafts[..width].to_vec(),
-                            target: (0..=width).map(|pos| argmax(at(pos))).collect(),
-                            num_accepted: out.num_accepted,
-                        }),
-                        _ => None,
-                    };
-                    (logprobs, trace)
-                })
-                .collect()
-        })?;
+        let on_device = self.cfg.acceptance_on_device.unwrap_or(!logits.device().is_cpu());
+        let (outputs, extras) = if !on_device {
+            let starts: Vec<Option<usize>> = rows.iter().map(|r| Some(r.logits_start)).collect();
+            with_f32_slice(logits, |all| self.verify(rows, all, &starts, &[]))??
+        } else {
+            self.verify_on_device(rows, logits)?
+        };
 
         for ((r, out), (logprobs, trace)) in rows.iter().zip(outputs).zip(extras) {
             let Some(out) = out else {
@@ -631,21 +551,215 @@ impl Engine {
         Ok(step_stats)
     }
 
+    /// How many drafts a row verifies this step (`Some(0)` for a completing prefill chunk),
+    /// or `None` when it has no logits (a prefill chunk that does not complete).
+    fn verified_drafts(r: &FedRow) -> Option<usize> {
+        match r.kind {
+            RowKind::Decode { width } => Some(width),
+            RowKind::Prefill { completes: true, .. } => Some(0),
+            RowKind::Prefill { completes: false, .. } => None,
+        }
+    }
+
+    /// Whether a row reads its logit rows themselves rather than device reductions: penalties,
+    /// `min_tokens` masking, logprobs and host-side draft distributions all need the values.
+    fn needs_host_logits(&self, seq: &Sequence) -> bool {
+        self.acceptance.reductions_for(&seq.params).is_none()
+            || seq.num_generated() < seq.params.min_tokens
+            || seq.params.logprobs.is_some()
+            || seq.draft_probs.is_some()
+    }
+
+    /// Verification where the logits live off the host: rows that need their logits get a
+    /// copy of just their rows; every other row is verified from `[positions]`-sized device
+    /// reductions (`specrs_models::reductions`), never copying `V`-wide rows.
+    fn verify_on_device(&self, rows: &[FedRow], logits: &Tensor) -> Result<Verified> {
+        let v = self.vocab_size;
+        let mut host_rows: Vec<u32> = Vec::new();
+        let mut starts: Vec<Option<usize>> = vec![None; rows.len()];
+        let mut queries: Vec<PositionQuery<'_>> = Vec::new();
+        let mut query_rows: Vec<(usize, usize)> = Vec::new();
+        for (i, r) in rows.iter().enumerate() {
+            let Some(n) = Self::verified_drafts(r) else { continue };
+            let seq = &self.seqs[&r.seq];
+            if self.needs_host_logits(seq) {
+                starts[i] = Some(host_rows.len());
+                host_rows.extend((r.logits_start..=r.logits_start + n).map(|x| x as u32));
+                continue;
+            }
+            let wants = self.acceptance.reductions_for(&seq.params).expect("checked by needs_host_logits");
+            query_rows.push((i, queries.len()));
+            queries.extend((0..=n).map(|pos| PositionQuery {
+                row: r.logits_start + pos,
+                params: &seq.params,
+                seed: seq.step_seed(),
+                index: pos,
+                draft: seq.drafts.get(pos).copied().filter(|_| pos < n),
+                q_row: None,
+                wants,
+            }));
+        }
+        let host: Vec<f32> = if host_rows.is_empty() {
+            Vec::new()
+        } else {
+            let idx = Tensor::from_vec(host_rows.clone(), host_rows.len(), logits.device())?;
+            logits.index_select(&idx, 0)?.flatten_all()?.to_vec1::<f32>()?
+        };
+        debug_assert_eq!(host.len(), host_rows.len() * v);
+        let reduced_all = reductions::reduce(logits, &queries, None)?;
+        let mut reduced: Vec<Option<Vec<ReducedPosition>>> = vec![None; rows.len()];
+        for (k, &(i, first)) in query_rows.iter().enumerate() {
+            let end = query_rows.get(k + 1).map_or(reduced_all.len(), |&(_, next)| next);
+            reduced[i] = Some(reduced_all[first..end].to_vec());
+        }
+        self.verify(rows, &host, &starts, &reduced)
+    }
+
+    /// Verifies every row with logits: from host logit rows (`all`, the rows of row `i`
+    /// starting at row `starts[i]`) or from device reductions (`reduced[i]`). Returns each
+    /// row's output with its logprobs and trace.
+    fn verify(
+        &self,
+        rows: &[FedRow],
+        all: &[f32],
+        starts: &[Option<usize>],
+        reduced: &[Option<Vec<ReducedPosition>>],
+    ) -> Result<Verified> {
+        // `reduced` is empty when every row has host logits.
+        let v = self.vocab_size;
+        let host_logits = |i: usize, n: usize| starts[i].map(|s| &all[s * v..(s + n + 1) * v]);
+        // Rows still under `min_tokens` must not end: their stop tokens are masked at the
+        // positions that would emit one too early (a copy of just those rows' logits).
+        let masked: Vec<Option<Vec<f32>>> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let seq = &self.seqs[&r.seq];
+                let n = Self::verified_drafts(r)?;
+                let generated = seq.num_generated();
+                if generated >= seq.params.min_tokens {
+                    return None;
+                }
+                let mut copy = host_logits(i, n)?.to_vec();
+                let stops: Vec<u32> = self.stop_ids_of(seq);
+                for pos in 0..=n {
+                    if generated + pos < seq.params.min_tokens {
+                        for &t in &stops {
+                            copy[pos * v + t as usize] = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                Some(copy)
+            })
+            .collect();
+        let verify_rows: Vec<(usize, VerifyRow<'_>)> = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let seq = &self.seqs[&r.seq];
+                let n = Self::verified_drafts(r)?;
+                let row_logits = match &masked[i] {
+                    Some(copy) => copy.as_slice(),
+                    None => host_logits(i, n)?,
+                };
+                let mut row = VerifyRow::new(&seq.drafts[..n], row_logits, &seq.params, seq.step_seed())
+                    .with_history(&seq.tokens, seq.prompt_len)
+                    .with_thinking(seq.in_thinking);
+                if let Some(q) = seq.draft_probs.as_deref() {
+                    row = row.with_draft_probs(&q[..n * v]);
+                }
+                Some((i, row))
+            })
+            .collect();
+        let accepted = self
+            .acceptance
+            .accept_batch(&verify_rows.iter().map(|(_, r)| *r).collect::<Vec<_>>())
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let mut outputs: Vec<Option<VerifyOutput>> = vec![None; rows.len()];
+        for ((i, _), a) in verify_rows.into_iter().zip(accepted) {
+            outputs[i] = Some(a);
+        }
+        for (i, r) in rows.iter().enumerate() {
+            let (Some(positions), Some(n)) = (reduced.get(i).and_then(Option::as_ref), Self::verified_drafts(r)) else {
+                continue;
+            };
+            let seq = &self.seqs[&r.seq];
+            let row = ReducedRow {
+                drafts: &seq.drafts[..n],
+                positions,
+                params: &seq.params,
+                seed: seq.step_seed(),
+                in_thinking: seq.in_thinking,
+            };
+            let out = self.acceptance.accept_reduced_row(&row).map_err(|e| EngineError::Internal(e.to_string()))?;
+            outputs[i] = Some(out);
+        }
+
+        // Logprobs and traces read the logits (or their argmaxes), so they are gathered before
+        // commit. Rows asking for logprobs always have host logits.
+        let extras: Vec<(Vec<TokenLogprob>, Option<TraceStep>)> = rows
+            .iter()
+            .enumerate()
+            .zip(&outputs)
+            .map(|((i, r), out)| {
+                let (Some(out), Some(seq)) = (out, self.seqs.get(&r.seq)) else {
+                    return (Vec::new(), None);
+                };
+                let n = out.num_drafts;
+                let at = |pos: usize| host_logits(i, n).map(|l| &l[pos * v..(pos + 1) * v]);
+                let logprobs = match (seq.params.logprobs, host_logits(i, n)) {
+                    (Some(top), Some(_)) => out
+                        .tokens
+                        .iter()
+                        .enumerate()
+                        .map(|(pos, &t)| {
+                            let (logprob, top) = logprobs_of(at(pos).expect("host row"), t, top);
+                            TokenLogprob { token: t, logprob, top }
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                let argmax_at = |pos: usize| match (reduced.get(i).and_then(Option::as_ref), at(pos)) {
+                    (Some(positions), _) => positions[pos].argmax,
+                    (None, Some(l)) => argmax(l),
+                    (None, None) => unreachable!("a verified row has host logits or reductions"),
+                };
+                let trace = match (r.kind, &seq.trace) {
+                    (RowKind::Decode { width }, Some(_)) if width > 0 => Some(TraceStep {
+                        position: r.start + 1,
+                        drafted: seq.drafts[..width].to_vec(),
+                        target: (0..=width).map(argmax_at).collect(),
+                        num_accepted: out.num_accepted,
+                    }),
+                    _ => None,
+                };
+                (logprobs, trace)
+            })
+            .collect();
+        Ok((outputs, extras))
+    }
+
     fn propose(&mut self, rows: &[FedRow], forward: &ForwardOutput) -> Result<()> {
         let Some(proposer) = self.proposer.as_mut() else {
             return Ok(());
         };
         let lookahead = proposer.draft_lookahead();
+        let will_decode = |scheduler: &Scheduler, seq: &Sequence, id: SeqId| {
+            scheduler.num_computed(id) + 1 == seq.tokens.len() && seq.output.remaining() > 1
+        };
+        let decode_rows = self.seqs.iter().filter(|&(&id, seq)| will_decode(&self.scheduler, seq, id)).count();
+        // A plain step next (the adaptive controller's width 0) needs no drafts.
+        let drafting = self.width.plan_next_pure_step(decode_rows) != Some(0);
         let mut wants = Vec::with_capacity(rows.len());
         for r in rows {
             let Some(seq) = self.seqs.get(&r.seq) else {
                 wants.push(false);
                 continue;
             };
-            let decoding = self.scheduler.num_computed(r.seq) + 1 == seq.tokens.len();
             // Drafting writes past the committed tokens: reserve for it without preempting.
-            let want =
-                decoding && seq.output.remaining() > 1 && self.scheduler.reserve(r.seq, seq.tokens.len() + lookahead);
+            let want = drafting
+                && will_decode(&self.scheduler, seq, r.seq)
+                && self.scheduler.reserve(r.seq, seq.tokens.len() + lookahead);
             wants.push(want);
         }
         let propose_rows: Vec<ProposeRow<'_>> = rows
@@ -694,7 +808,6 @@ impl Engine {
         if let Some(c) = self.width.controller()
             && !plan.mixed
             && !plan.decode.is_empty()
-            && plan.verify_width > 0
             && let Some(switch) = c.record_step(
                 plan.decode.len(),
                 plan.verify_width,

@@ -18,6 +18,7 @@ use specrs_models::drafters::dspark::DSparkDraft;
 use specrs_models::drafters::eagle::EagleDraft;
 use specrs_models::drafters::mtp::MtpDraft;
 use specrs_models::drafters::{BlockDraftModel, SequentialDraftModel};
+use specrs_models::linear::LinearWeight;
 use specrs_models::weights::WeightSource;
 use specrs_models::{CausalLm, ModelDType, WeightStore};
 
@@ -170,13 +171,18 @@ pub fn width_policy(
             )
             .into());
         }
-        WidthMode::Adaptive(Box::new(AdaptiveWidthController::new(
-            widths,
-            AdaptiveWidthParams {
-                min_batch_size: spec.adaptive_speculative_min_batch_size.max(1) as usize,
-                ..AdaptiveWidthParams::default()
-            },
-        )?))
+        WidthMode::Adaptive(Box::new(
+            AdaptiveWidthController::new(
+                widths,
+                AdaptiveWidthParams {
+                    min_batch_size: spec.adaptive_speculative_min_batch_size.max(1) as usize,
+                    ..AdaptiveWidthParams::default()
+                },
+            )?
+            // Plain steps (width 0) are ours, beyond MAX: where verification costs more than the
+            // drafts return (large, compute-bound batches), the controller stops speculating.
+            .with_plain_steps(),
+        ))
     } else if let Some(ranges) = &spec.num_speculative_tokens_per_batch_size {
         WidthMode::Schedule(VerifyWidthSchedule::build(ranges, max_batch.max(1), k)?)
     } else {
@@ -193,7 +199,7 @@ pub fn width_policy(
         max_width: k,
         mixed_enabled,
         mixed_width: spec.num_speculative_tokens_mixed_batch.map(|m| (m.max(0) as usize).min(k)),
-        last_pure_width: None,
+        planned: None,
     })
 }
 
@@ -323,7 +329,7 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
         &target,
         &store,
         draft_path.as_deref(),
-        cfg.dtype,
+        draft_dtype(cfg.dtype, &target),
         cfg.engine.max_num_seqs,
         mixed_steps_verify,
     )?;
@@ -358,6 +364,16 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
         cfg.engine.clone(),
     )?;
     Ok((engine, info))
+}
+
+/// The weight format of a draft checkpoint: what the user asked for, except that `auto` beside
+/// a quantized target quantizes the draft to q8_0 too. A draft runs K times per step, so an f32
+/// head beside a q8_0 target would cost as much as the target it is meant to save.
+fn draft_dtype(requested: ModelDType, target: &CausalLm) -> ModelDType {
+    match (requested, target.lm_head_weight()) {
+        (ModelDType::Auto, LinearWeight::Quantized(_)) if target.device().is_cpu() => ModelDType::Q8_0,
+        _ => requested,
+    }
 }
 
 /// Builds the engine choosing the pipeline from the built-in registry.

@@ -22,8 +22,9 @@ pub struct EngineWidthPolicy {
     pub mixed_enabled: bool,
     /// `num_speculative_tokens_mixed_batch`.
     pub mixed_width: Option<usize>,
-    /// The width the last pure decode step was planned with, for the adaptive controller.
-    pub last_pure_width: Option<usize>,
+    /// The next pure decode step's width, when it was decided before drafting for it
+    /// ([`Self::plan_next_pure_step`]).
+    pub planned: Option<usize>,
 }
 
 impl EngineWidthPolicy {
@@ -34,6 +35,22 @@ impl EngineWidthPolicy {
             WidthMode::Schedule(s) => s.width_for(rows),
             WidthMode::Adaptive(c) => c.chosen_width(rows),
         }
+    }
+
+    /// Decides the next pure decode step's width now, before the drafts for it are made, when
+    /// that width may be 0: the adaptive controller with plain steps can pick a plain step,
+    /// and then drafting for it would be wasted work. `None` when the width is decided at
+    /// schedule time as usual.
+    pub fn plan_next_pure_step(&mut self, decode_rows: usize) -> Option<usize> {
+        let WidthMode::Adaptive(c) = &mut self.mode else {
+            return None;
+        };
+        if !c.plain_steps() || decode_rows == 0 {
+            return None;
+        }
+        let width = c.next_step_width(decode_rows);
+        self.planned = Some(width);
+        Some(width)
     }
 
     pub fn controller(&mut self) -> Option<&mut AdaptiveWidthController> {
@@ -49,19 +66,74 @@ impl WidthPolicy for EngineWidthPolicy {
         if matches!(self.mode, WidthMode::Off) {
             return 0;
         }
+        // A plan made at drafting time holds for the step right after it only.
+        let planned = self.planned.take();
         let width = if mixed {
             if !self.mixed_enabled {
                 return 0;
             }
             self.mixed_width.unwrap_or_else(|| self.schedule_width(decode_rows))
         } else {
-            let w = match &mut self.mode {
-                WidthMode::Adaptive(c) => c.next_step_width(decode_rows),
+            match &mut self.mode {
+                WidthMode::Adaptive(c) => planned.unwrap_or_else(|| c.next_step_width(decode_rows)),
                 _ => self.schedule_width(decode_rows),
-            };
-            self.last_pure_width = Some(w);
-            w
+            }
         };
         width.min(self.max_width)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use specrs_core::width::AdaptiveWidthParams;
+
+    use super::*;
+
+    fn adaptive_policy() -> EngineWidthPolicy {
+        let c = AdaptiveWidthController::new(vec![1, 2], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        EngineWidthPolicy {
+            mode: WidthMode::Adaptive(Box::new(c)),
+            max_width: 2,
+            mixed_enabled: false,
+            mixed_width: None,
+            planned: None,
+        }
+    }
+
+    #[test]
+    fn a_width_planned_at_drafting_time_is_the_next_pure_steps_width() {
+        let mut p = adaptive_policy();
+        // Teach the controller that nothing is accepted and verifying is expensive.
+        for _ in 0..10 {
+            let w = p.step_width(32, false);
+            p.controller().unwrap().record_step(32, w, &[0, 0][..w], 32 * u64::from(w > 0), Some(1.0 + w as f64));
+        }
+        assert_eq!(p.controller().unwrap().chosen_width(32), 0);
+        let planned = p.plan_next_pure_step(32);
+        assert_eq!(planned, Some(0));
+        assert_eq!(p.step_width(32, false), 0, "the step runs the planned width");
+        assert_eq!(p.planned, None, "a plan serves one step");
+    }
+
+    #[test]
+    fn a_mixed_step_discards_the_plan() {
+        let mut p = adaptive_policy();
+        p.mixed_enabled = true;
+        p.plan_next_pure_step(4);
+        p.step_width(4, true);
+        assert_eq!(p.planned, None);
+    }
+
+    #[test]
+    fn only_adaptive_plain_steps_plan_ahead() {
+        let mut p = EngineWidthPolicy {
+            mode: WidthMode::Fixed(3),
+            max_width: 3,
+            mixed_enabled: false,
+            mixed_width: None,
+            planned: None,
+        };
+        assert_eq!(p.plan_next_pure_step(8), None);
+        assert_eq!(p.step_width(8, false), 3);
     }
 }

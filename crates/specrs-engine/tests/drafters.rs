@@ -179,3 +179,43 @@ fn random_drafters_never_change_greedy_output_in_batches() {
         }
     }
 }
+
+#[test]
+fn adaptive_plain_steps_stop_drafting_for_a_rejected_head_and_stay_lossless() {
+    let f = fixture();
+    let e1 = f.random.parent().unwrap().join("rand-eagle1-adaptive");
+    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.3, 300 + i as u64).unwrap();
+    }
+    write(&e1, &c, &t);
+    let lengths = [60, 60, 60, 60];
+    let plain = run(&engine(&f.random, None, None, 0), &lengths);
+
+    let mut cfg = PipelineConfig::new(f.random.to_str().unwrap());
+    cfg.draft_model = Some(e1.to_str().unwrap().to_string());
+    cfg.dtype = ModelDType::F32;
+    cfg.speculative = SpeculativeConfig {
+        speculative_method: Some(SpeculativeMethod::Eagle),
+        num_speculative_tokens: Some(4),
+        adaptive_speculative_widths: Some("all".into()),
+        adaptive_speculative_min_batch_size: 1,
+        ..SpeculativeConfig::default()
+    };
+    cfg.engine = EngineConfig { max_num_seqs: 8, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
+    let (engine, info) = build_engine(&cfg).unwrap();
+    let adaptive = run(&EngineHandle::spawn(engine, Some(info)), &lengths);
+
+    for (p, a) in plain.iter().zip(&adaptive) {
+        assert_eq!(p.token_ids, a.token_ids, "plain steps interleaved with verify steps change nothing");
+    }
+    // A random head is almost never accepted, so after the first choice (5 steps) the controller
+    // runs plain steps, apart from a probe of the widest width every 50 steps: most tokens come
+    // from steps that verified, and drafted, nothing.
+    let verify_steps: u64 = adaptive.iter().map(|o| o.metrics.num_drafts).sum();
+    let tokens: usize = adaptive.iter().map(|o| o.token_ids.len()).sum();
+    assert!(
+        (verify_steps as f64) < 0.4 * tokens as f64,
+        "{verify_steps} of the steps behind {tokens} tokens still verified drafts"
+    );
+}

@@ -12,6 +12,12 @@
 //! - Cost: per bucket and width, an EMA of the step time; unmeasured widths are interpolated.
 //! - Choice: every `update_interval` observations of a bucket, switch to the width with the
 //!   best `(1 + Σ p_k) / t(w)` when it beats the current one by more than `margin`.
+//! - Plain steps (spec-rs, opt-in with [`AdaptiveWidthController::with_plain_steps`]): width 0,
+//!   a step that drafts and verifies nothing, competes as one more candidate worth exactly one
+//!   token. Where the target is compute-bound (large batches on a CPU) verifying even one
+//!   draft per row can cost more than it returns; MAX forbids 0 among the listed widths
+//!   because a controller sitting at 0 would learn no acceptance, but the probe steps keep
+//!   measuring it here, so the controller can always widen again.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -119,6 +125,8 @@ pub struct AdaptiveWidthController {
     step_times: HashMap<u32, BTreeMap<usize, f64>>,
     countdown: HashMap<u32, usize>,
     probe_countdown: usize,
+    /// Width 0 (a plain step) is a candidate.
+    plain_steps: bool,
 }
 
 impl AdaptiveWidthController {
@@ -145,7 +153,23 @@ impl AdaptiveWidthController {
             countdown: HashMap::new(),
             probe_countdown: params.probe_interval,
             widths,
+            plain_steps: false,
         })
+    }
+
+    /// Lets the controller choose plain steps (width 0) for buckets where they are faster.
+    pub fn with_plain_steps(mut self) -> Self {
+        self.plain_steps = true;
+        self
+    }
+
+    pub fn plain_steps(&self) -> bool {
+        self.plain_steps
+    }
+
+    /// Widths a choice ranges over: the listed ones, plus 0 with plain steps on.
+    fn candidates(&self) -> impl Iterator<Item = usize> + '_ {
+        self.plain_steps.then_some(0).into_iter().chain(self.widths.iter().copied())
     }
 
     pub fn widths(&self) -> &[usize] {
@@ -164,7 +188,7 @@ impl AdaptiveWidthController {
     /// `min_batch_size` up, only the widest below it (small batches are memory-bound, so
     /// narrowing them barely changes step cost).
     pub fn captured_widths(&self, batch_size: usize) -> Vec<usize> {
-        if batch_size >= self.params.min_batch_size { self.widths.clone() } else { vec![self.widest()] }
+        if batch_size >= self.params.min_batch_size { self.candidates().collect() } else { vec![self.widest()] }
     }
 
     /// The width the next decode step at this batch size verifies. Call once per decode step.
@@ -198,6 +222,10 @@ impl AdaptiveWidthController {
         num_verifications: u64,
         step_time_s: Option<f64>,
     ) -> Option<WidthSwitch> {
+        if width == 0 && self.plain_steps {
+            // A plain step teaches its cost only.
+            return self.record_time(batch_size, 0, step_time_s);
+        }
         if num_verifications == 0 || width == 0 {
             return None;
         }
@@ -220,6 +248,12 @@ impl AdaptiveWidthController {
                 self.ratio = alpha * observed + (1.0 - alpha) * self.ratio;
             }
         }
+        self.record_time(batch_size, width, step_time_s)
+    }
+
+    /// Folds a step time into its bucket and, every `update_interval` steps, re-chooses.
+    fn record_time(&mut self, batch_size: usize, width: usize, step_time_s: Option<f64>) -> Option<WidthSwitch> {
+        let alpha = self.params.ema_alpha;
         let bucket = batch_bucket(batch_size);
         if let Some(t) = step_time_s {
             let times = self.step_times.entry(bucket).or_default();
@@ -285,7 +319,7 @@ impl AdaptiveWidthController {
         let current_rate = self.rate(bucket, current, &p);
         let mut best = current;
         let mut best_rate = current_rate;
-        for &w in &self.widths {
+        for w in self.candidates() {
             let r = self.rate(bucket, w, &p);
             if r > best_rate {
                 best = w;
@@ -351,5 +385,60 @@ mod tests {
         assert!((c.step_time(b, 1) - 2.0 * 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(c.step_time(b, 9), 4.0);
         assert_eq!(c.step_time(batch_bucket(64), 3), 1.0);
+    }
+
+    /// Runs `steps` decode steps of `batch` rows against a modelled target: each row accepts
+    /// at least `k + 1` drafts with probability `accept[k]`, and a step verifying `w` costs
+    /// `cost(w)`. Returns the widths the steps ran.
+    fn simulate(
+        c: &mut AdaptiveWidthController,
+        batch: usize,
+        steps: usize,
+        accept: &[f64],
+        cost: impl Fn(usize) -> f64,
+    ) -> Vec<usize> {
+        let mut ran = Vec::new();
+        for _ in 0..steps {
+            let w = c.next_step_width(batch);
+            let apc: Vec<u64> = accept[..w].iter().map(|p| (p * batch as f64).round() as u64).collect();
+            let verifications = if w > 0 { batch as u64 } else { 0 };
+            c.record_step(batch, w, &apc, verifications, Some(cost(w)));
+            ran.push(w);
+        }
+        ran
+    }
+
+    const ACCEPT: [f64; 3] = [0.6, 0.4, 0.25];
+
+    #[test]
+    fn plain_steps_win_where_verification_is_compute_bound() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        // Compute-bound: every verified position costs as much as the committed one.
+        let ran = simulate(&mut c, 32, 300, &ACCEPT, |w| (w + 1) as f64);
+        assert_eq!(c.chosen_width(32), 0);
+        let tail = &ran[100..];
+        let plain = tail.iter().filter(|&&w| w == 0).count();
+        assert!(plain as f64 >= 0.95 * tail.len() as f64, "{plain} of {} steps plain", tail.len());
+        // Probes keep measuring the widest width, so acceptance never goes stale for good.
+        assert!(tail.contains(&3));
+    }
+
+    #[test]
+    fn memory_bound_batches_keep_speculating_after_trying_plain_steps() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        // Memory-bound: verifying more positions costs little.
+        let ran = simulate(&mut c, 20, 300, &ACCEPT, |w| 1.0 + 0.05 * w as f64);
+        assert_eq!(c.chosen_width(20), 3);
+        assert!(ran[100..].iter().all(|&w| w == 3));
+    }
+
+    #[test]
+    fn without_plain_steps_the_narrowest_listed_width_is_the_floor() {
+        let mut c = AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap();
+        let ran = simulate(&mut c, 32, 300, &ACCEPT, |w| (w + 1) as f64);
+        assert!(ran.iter().all(|&w| w >= 1));
+        assert_eq!(c.chosen_width(32), 1);
     }
 }
