@@ -56,9 +56,8 @@ REPO_ROOT = peers.REPO_ROOT
 DEFAULT_MODEL = "smollm2-135m-instruct"
 #: Where the shipped EAGLE-3 head for the default model is expected (override with
 #: --eagle-draft or SPEC_RS_EAGLE_DRAFT).
-DEFAULT_EAGLE_DRAFT = Path(
-    os.environ.get("SPEC_RS_EAGLE_DRAFT", REPO_ROOT / "crates" / "specrs-engine" / "drafters" / "smollm2-135m-instruct-eagle3")
-)
+SHIPPED_EAGLE_DRAFT = REPO_ROOT / "crates" / "specrs-engine" / "drafters" / "smollm2-135m-instruct-eagle3"
+DEFAULT_EAGLE_DRAFT = Path(os.environ.get("SPEC_RS_EAGLE_DRAFT", SHIPPED_EAGLE_DRAFT))
 PROMPTS_RS = REPO_ROOT / "crates" / "specrs-engine" / "src" / "train" / "prompts.rs"
 
 #: The first 12 of ``held_out_prompts()`` (crates/specrs-engine/src/train/prompts.rs): the six
