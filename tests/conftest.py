@@ -62,6 +62,9 @@ def default_model_path() -> str:
 
 
 def make_llm(speculative_config: SpeculativeConfig | None = None, **kwargs: Any) -> LLM:
+    """The default model, decoding plainly unless `speculative_config` says otherwise (the
+    shipped draft is tested on its own in test_default_draft.py)."""
+    speculative_config = speculative_config or SpeculativeConfig()
     kwargs.setdefault("kv_cache_memory", TEST_KV_MEMORY)
     kwargs.setdefault("max_model_len", TEST_MAX_MODEL_LEN)
     return LLM(DEFAULT_MODEL, speculative_config=speculative_config, **kwargs)

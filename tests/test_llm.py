@@ -23,7 +23,6 @@ from spec_rs import (
     SpecDecodeMetrics,
     SpecRsError,
     SpeculativeConfig,
-    SpeculatorSelectionError,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -438,10 +437,11 @@ def test_penalties_under_speculation_need_logit_penalties(ngram_llm: LLM) -> Non
 
 
 def test_eagle_without_a_draft_model_is_a_clear_error() -> None:
-    with pytest.raises(SpeculatorSelectionError) as excinfo:
+    with pytest.raises(ConfigError) as excinfo:
         LLM(speculative_config=SpeculativeConfig(speculative_method="eagle"))
     message = str(excinfo.value)
-    assert "eagle" in message and "draft" in message
+    assert "eagle" in message and "draft_model=" in message
+    assert excinfo.value.field == "draft_model"
 
 
 def test_sampled_drafts_with_greedy_acceptance_fail_at_llm_build() -> None:

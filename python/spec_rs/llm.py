@@ -7,6 +7,10 @@ speculator matching the method and the draft checkpoint's architecture is select
 ``derive()``-d; the draft width is resolved from the checkpoint where the architecture says
 so; and the derived ``pipeline_model`` (a Rust pipeline class) is built. Generation runs on
 the engine's own thread with the GIL released.
+
+With neither ``draft_model`` nor ``speculative_config``, the default model runs with the
+EAGLE-3 head spec-rs ships for it (K=3); ``speculative_config=SpeculativeConfig()`` asks for
+plain decoding.
 """
 
 from __future__ import annotations
@@ -187,6 +191,11 @@ def build_pipeline(
 ) -> ResolvedPipeline:
     """Selects the architecture (and speculator), resolves the draft width, builds the pipeline."""
     lookup = arch_lookup or ARCH_LOOKUP
+    if speculative_config is None and draft_model is None:
+        shipped = _spec_rs.default_draft(model)
+        if shipped is not None:
+            draft_model, spec_json = shipped
+            speculative_config = SpeculativeConfig.model_validate_json(spec_json)
     spec = speculative_config or SpeculativeConfig()
     target_path = resolve_model(model)
     draft_path = resolve_model(draft_model) if draft_model is not None else None

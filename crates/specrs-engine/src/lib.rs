@@ -2,6 +2,7 @@
 //! drafts, commits tokens and streams text.
 
 pub mod chat_template;
+pub mod default_draft;
 pub mod detokenizer;
 pub mod engine;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod train;
 pub mod width;
 
 pub use chat_template::{ChatMessage, ChatTemplate};
+pub use default_draft::{DefaultDraft, apply_default_draft, default_draft};
 pub use detokenizer::{FinishReason, IncrementalDetokenizer, OutputState};
 pub use engine::{Engine, EngineConfig, EngineParts};
 pub use error::{EngineError, Result};

@@ -35,6 +35,14 @@ fn resolve_model(py: Python<'_>, name: &str) -> PyResult<String> {
         .map_err(pipeline::engine_error)
 }
 
+/// The draft spec-rs ships for `model`, written to the cache on first use: `(directory,
+/// speculative config as JSON)`, or `None` when the model has none.
+#[pyfunction]
+fn default_draft(py: Python<'_>, model: &str) -> PyResult<Option<(String, String)>> {
+    let draft = py.detach(|| specrs_engine::default_draft(model)).map_err(pipeline::engine_error)?;
+    Ok(draft.map(|d| (d.path.display().to_string(), d.speculative.to_json().to_string())))
+}
+
 /// Runs the `spec-rs` command line. `factory`, when given, builds the pipeline for the parsed
 /// arguments (a JSON string) and returns it; the Python console script passes one so that
 /// custom architectures registered in Python are honoured.
@@ -75,6 +83,7 @@ fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(peek_architecture, m)?)?;
     m.add_function(wrap_pyfunction!(draft_architecture, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_model, m)?)?;
+    m.add_function(wrap_pyfunction!(default_draft, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     pipeline::register(m)?;
     Ok(())

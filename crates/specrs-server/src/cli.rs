@@ -36,6 +36,8 @@ pub struct PipelineArgs {
     pub device: DeviceSpec,
     pub engine: EngineConfig,
     pub custom_architectures: Option<String>,
+    /// Whether the default model gets its shipped draft when nothing speculative is asked for.
+    pub default_draft: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -71,6 +73,12 @@ fn pipeline_args(cmd: Command) -> Command {
             Arg::new("draft-model")
                 .long("draft-model")
                 .help("Draft checkpoint directory (eagle, dflash, dflash2, dspark; speculators mtp)"),
+        )
+        .arg(
+            Arg::new("no-default-draft")
+                .long("no-default-draft")
+                .action(ArgAction::SetTrue)
+                .help("Decode the default model without its shipped EAGLE-3 draft (plain decoding)"),
         )
         .arg(
             Arg::new("config-file")
@@ -265,6 +273,7 @@ fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
         device: m.get_one::<String>("device").expect("default").parse().map_err(invalid)?,
         engine,
         custom_architectures: m.get_one::<String>("custom-architectures").cloned(),
+        default_draft: !m.get_flag("no-default-draft"),
     })
 }
 
@@ -329,17 +338,37 @@ impl PipelineArgs {
             .map_err(|e| CliError::Invalid(e.message))
     }
 
+    /// The draft checkpoint and speculative config to run: the ones asked for, or the model's
+    /// shipped draft when nothing speculative was asked for (no draft, flags or config file).
+    pub fn speculation(&self) -> Result<(Option<String>, SpeculativeConfig), CliError> {
+        let spec = self.speculative_config()?;
+        let asked_nothing = self.draft_model.is_none() && self.config_file.is_none() && self.speculative.is_empty();
+        if self.default_draft && asked_nothing {
+            let shipped = specrs_engine::default_draft(&self.model).map_err(|e| CliError::Invalid(e.to_string()))?;
+            if let Some(draft) = shipped {
+                tracing::info!(
+                    "running {} with its shipped EAGLE-3 draft ({}); --no-default-draft decodes plainly",
+                    self.model,
+                    draft.path.display()
+                );
+                return Ok((Some(draft.path.to_string_lossy().into_owned()), draft.speculative));
+            }
+        }
+        Ok((self.draft_model.clone(), spec))
+    }
+
     /// The arguments as JSON for the Python console script, with the speculative config
     /// already merged from the file and validated.
     pub fn to_json(&self) -> Result<Value, CliError> {
+        let (draft_model, speculative) = self.speculation()?;
         let device = match self.device {
             DeviceSpec::Cpu => "cpu".to_string(),
             DeviceSpec::Cuda(i) => format!("cuda:{i}"),
         };
         Ok(serde_json::json!({
             "model": self.model,
-            "draft_model": self.draft_model,
-            "speculative_config": self.speculative_config()?.to_json(),
+            "draft_model": draft_model,
+            "speculative_config": speculative.to_json(),
             "dtype": self.dtype.as_str(),
             "device": device,
             "max_num_seqs": self.engine.max_num_seqs,
@@ -359,10 +388,11 @@ impl PipelineArgs {
                 "--custom-architectures loads a Python module: run the Python console script (pip install spec-rs; spec-rs ...)".into(),
             ));
         }
+        let (draft_model, speculative) = self.speculation()?;
         Ok(PipelineConfig {
             model: self.model.clone(),
-            draft_model: self.draft_model.clone(),
-            speculative: self.speculative_config()?,
+            draft_model,
+            speculative,
             dtype: self.dtype,
             device: self.device,
             engine: self.engine.clone(),
@@ -437,5 +467,23 @@ mod tests {
         for f in SPECULATIVE_FLAGS {
             assert!(help.contains(&format!("--{}", f.field.replace('_', "-"))), "{}", f.field);
         }
+    }
+
+    #[test]
+    fn default_model_without_speculative_flags_gets_the_shipped_draft() {
+        let (draft, spec) = serve(&[]).speculation().unwrap();
+        assert!(draft.unwrap().contains("smollm2-135m-instruct-eagle3"));
+        assert_eq!(spec.speculative_method, Some(specrs_core::SpeculativeMethod::Eagle));
+        assert_eq!(spec.num_speculative_tokens, Some(3));
+    }
+
+    #[test]
+    fn any_speculative_choice_or_the_opt_out_keeps_the_shipped_draft_away() {
+        let (draft, spec) = serve(&["--no-default-draft"]).speculation().unwrap();
+        assert_eq!((draft, spec.speculative_method), (None, None));
+        let (draft, spec) = serve(&["--speculative-method", "ngram"]).speculation().unwrap();
+        assert_eq!((draft, spec.speculative_method), (None, Some(specrs_core::SpeculativeMethod::Ngram)));
+        let (draft, spec) = serve(&["--model", "/models/other.gguf"]).speculation().unwrap();
+        assert_eq!((draft, spec.speculative_method), (None, None));
     }
 }

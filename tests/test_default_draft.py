@@ -1,0 +1,101 @@
+"""The EAGLE-3 head shipped for the default model: it is what `LLM()` and `spec-rs generate` run
+when nothing speculative is asked for, it is lossless against plain decoding, it accepts most of
+its drafts on prompts it was never trained on, and every explicit choice turns it off."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_KV_MEMORY, TEST_MAX_MODEL_LEN, reference_cases
+from spec_rs import LLM, SamplingParams, SpeculativeConfig, _spec_rs
+from spec_rs.models import DEFAULT_MODEL
+
+pytestmark = pytest.mark.timeout(300)
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=48)
+STATS = re.compile(r"drafts accepted (\d+)/(\d+) \(\d+%\), acceptance length ([\d.]+)")
+
+
+@pytest.fixture(scope="module")
+def shipped_llm(default_model_path: str) -> LLM:
+    """The default model as a user gets it: no draft_model, no speculative_config."""
+    return LLM(DEFAULT_MODEL, kv_cache_memory=TEST_KV_MEMORY, max_model_len=TEST_MAX_MODEL_LEN)
+
+
+def held_out_prompts() -> list[list[int]]:
+    """The reference prompts (token ids), which `train-draft` keeps out of its training set."""
+    return [case["input_ids"] for case in reference_cases()]
+
+
+def test_default_model_without_a_config_runs_the_shipped_eagle3_head(shipped_llm: LLM) -> None:
+    info = shipped_llm.info
+    assert info["method"] == "eagle"
+    assert info["num_speculative_tokens"] == 3
+    assert shipped_llm.speculative_config.speculative_method == "eagle"
+    draft = _spec_rs.default_draft(DEFAULT_MODEL)
+    assert draft is not None
+    path, spec_json = draft
+    config = json.loads((Path(path) / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["transformer_layer_config"]["hidden_size"] == 576
+    assert json.loads(spec_json)["num_speculative_tokens"] == 3
+
+
+def test_other_models_have_no_shipped_draft() -> None:
+    assert _spec_rs.default_draft("/models/Qwen3-8B") is None
+
+
+#: Mean acceptance length (K = 3, greedy) the shipped head measured on the held-out reference
+#: prompts when it was shipped (crates/specrs-engine/drafters/README.md). A wiring fault (taps,
+#: d2t, chaining) drops it to ~1.0.
+SHIPPED_HEAD_REFERENCE_AL = 1.43
+
+
+def test_shipped_head_is_lossless_and_accepted_on_held_out_prompts(shipped_llm: LLM, plain_llm: LLM) -> None:
+    prompts = held_out_prompts()
+    speculative = shipped_llm.generate(prompts, GREEDY)
+    plain = plain_llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in speculative] == [o.token_ids for o in plain]
+    drafts = sum(o.metrics.num_drafts for o in speculative)
+    accepted = sum(o.metrics.num_accepted_tokens for o in speculative)
+    acceptance_length = 1 + accepted / drafts
+    assert acceptance_length >= SHIPPED_HEAD_REFERENCE_AL - 0.1, (
+        f"mean acceptance length {acceptance_length:.2f}"
+    )
+    # Acceptance falls with depth: each position accepts no more often than the one before.
+    per_position = [sum(o.metrics.accepted_per_position[i] for o in speculative) for i in range(3)]
+    assert per_position[0] >= per_position[1] >= per_position[2] > 0
+
+
+def test_an_explicit_empty_config_means_plain_decoding(plain_llm: LLM) -> None:
+    assert plain_llm.info["method"] is None
+    assert plain_llm.speculative_config == SpeculativeConfig()
+
+
+def test_an_explicit_method_replaces_the_shipped_draft(ngram_llm: LLM) -> None:
+    assert ngram_llm.info["method"] == "ngram"
+
+
+def _generate(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPEC_RS_LOG": "warn", "NO_COLOR": "1"}
+    cmd = [sys.executable, "-m", "spec_rs.cli", "generate", "--max-tokens", "24", *args, "Name three rivers."]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL)
+
+
+def test_cli_generate_uses_the_shipped_draft_unless_told_not_to() -> None:
+    shipped = _generate()
+    assert shipped.returncode == 0, shipped.stderr
+    stats = STATS.search(shipped.stderr)
+    assert stats, shipped.stderr
+    assert int(stats[2]) > 0 and float(stats[3]) > 1.0
+    plain = _generate("--no-default-draft")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout == shipped.stdout
+    assert "drafts accepted" not in plain.stderr
