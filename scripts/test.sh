@@ -25,6 +25,9 @@ else
     cargo test --workspace --locked
 fi
 
+step "spec-rs cargo binary (the CLI tests run it beside the console script)"
+cargo build -p specrs-server --bin spec-rs --locked
+
 step "Python package (dev profile: reuses the Rust build above)"
 MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 
