@@ -423,7 +423,8 @@ def specrs_worker(job: SpecJob, items: list[dict[str, Any]], max_tokens: int, re
     llm = LLM(
         DEFAULT_MODEL,
         job.draft,
-        speculative_config=SpeculativeConfig(**job.speculative) if job.speculative else None,
+        # An explicit empty config: the default model would otherwise run its shipped draft.
+        speculative_config=SpeculativeConfig(**job.speculative) if job.speculative else SpeculativeConfig(),
         dtype=job.dtype,
         max_num_seqs=max(64, *job.batches),
         max_model_len=2048,

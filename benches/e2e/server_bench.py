@@ -188,7 +188,8 @@ def specrs_servers(args: argparse.Namespace, max_concurrency: int) -> list[Serve
     ]
     adaptive = ["--adaptive-speculative-widths", "all"]
     configs = {
-        "plain": ServerSpec("specrs-plain", "spec-rs serve", "off", base),
+        # --no-default-draft: the default model would otherwise serve its shipped draft.
+        "plain": ServerSpec("specrs-plain", "spec-rs serve", "off", [*base, "--no-default-draft"]),
         "ngram": ServerSpec(
             "specrs-ngram",
             "spec-rs serve",
