@@ -17,13 +17,21 @@
 //!   token. Where the target is compute-bound (large batches on a CPU) verifying even one
 //!   draft per row can cost more than it returns; MAX forbids 0 among the listed widths
 //!   because a controller sitting at 0 would learn no acceptance, but the probe steps keep
-//!   measuring it here, so the controller can always widen again.
+//!   measuring it here, so the controller can always widen again. Two more rules keep what
+//!   speculation costs on such batches small: a bucket seen for the first time starts from the
+//!   nearest bucket's choice instead of the widest width, and while a bucket sits at width 0
+//!   each probe that leaves the choice unchanged doubles the interval to the next probe (up to
+//!   `MAX_PROBE_BACKOFF` times `probe_interval`); any switch resets it. On a compute-bound CPU
+//!   a probe of the widest width costs several plain steps.
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::error::ConfigError;
 
 const FIELD: &str = "adaptive_speculative_widths";
+
+/// The longest probe interval, as a multiple of `probe_interval`, while plain steps win.
+pub const MAX_PROBE_BACKOFF: usize = 16;
 
 /// Parses `"1,3,5"` or `"all"` into sorted distinct widths.
 ///
@@ -127,6 +135,11 @@ pub struct AdaptiveWidthController {
     probe_countdown: usize,
     /// Width 0 (a plain step) is a candidate.
     plain_steps: bool,
+    /// Multiplier of `probe_interval` (plain steps only): doubled by each probe that did not
+    /// move a bucket off width 0, reset by any switch.
+    probe_backoff: usize,
+    /// A probe ran and its bucket's next choice has not been made yet.
+    probed: Option<u32>,
 }
 
 impl AdaptiveWidthController {
@@ -154,6 +167,8 @@ impl AdaptiveWidthController {
             probe_countdown: params.probe_interval,
             widths,
             plain_steps: false,
+            probe_backoff: 1,
+            probed: None,
         })
     }
 
@@ -195,10 +210,11 @@ impl AdaptiveWidthController {
     pub fn next_step_width(&mut self, batch_size: usize) -> usize {
         self.probe_countdown = self.probe_countdown.saturating_sub(1);
         if self.probe_countdown == 0 {
-            self.probe_countdown = self.params.probe_interval;
+            self.probe_countdown = self.params.probe_interval * self.probe_backoff;
+            self.probed = Some(batch_bucket(batch_size));
             return self.widest();
         }
-        let chosen = self.chosen.get(&batch_bucket(batch_size)).copied().unwrap_or(self.widest());
+        let chosen = self.current(batch_bucket(batch_size));
         // A narrow choice for a batch below min_batch_size rounds up to a captured width.
         let captured = self.captured_widths(batch_size);
         captured.into_iter().find(|&w| w >= chosen).unwrap_or(self.widest())
@@ -206,7 +222,21 @@ impl AdaptiveWidthController {
 
     /// The width currently chosen for a bucket (widest until a switch).
     pub fn chosen_width(&self, batch_size: usize) -> usize {
-        self.chosen.get(&batch_bucket(batch_size)).copied().unwrap_or(self.widest())
+        self.current(batch_bucket(batch_size))
+    }
+
+    /// A bucket's width: its own choice; else, with plain steps on, the choice of the nearest
+    /// bucket that has one (step costs change smoothly with the batch size); else the widest.
+    fn current(&self, bucket: u32) -> usize {
+        if let Some(&w) = self.chosen.get(&bucket) {
+            return w;
+        }
+        if self.plain_steps
+            && let Some((_, &w)) = self.chosen.iter().min_by_key(|&(&b, _)| (b.abs_diff(bucket), b))
+        {
+            return w;
+        }
+        self.widest()
     }
 
     /// Records a decode step that verified `width` drafts per row.
@@ -315,7 +345,8 @@ impl AdaptiveWidthController {
             return None;
         }
         let p = self.acceptance_estimate();
-        let current = self.chosen.get(&bucket).copied().unwrap_or(self.widest());
+        let current = self.current(bucket);
+        let probed = self.probed.take_if(|&mut b| b == bucket).is_some();
         let current_rate = self.rate(bucket, current, &p);
         let mut best = current;
         let mut best_rate = current_rate;
@@ -328,6 +359,7 @@ impl AdaptiveWidthController {
         }
         if best != current && best_rate > current_rate * (1.0 + self.params.margin) {
             self.chosen.insert(bucket, best);
+            self.probe_backoff = 1;
             let switch = WidthSwitch {
                 bucket,
                 from: current,
@@ -337,6 +369,10 @@ impl AdaptiveWidthController {
             };
             tracing::info!("{switch}");
             return Some(switch);
+        }
+        if probed && current == 0 && self.plain_steps {
+            // The probe confirmed plain steps: look again less often.
+            self.probe_backoff = (self.probe_backoff * 2).min(MAX_PROBE_BACKOFF);
         }
         None
     }
@@ -432,6 +468,40 @@ mod tests {
         let ran = simulate(&mut c, 20, 300, &ACCEPT, |w| 1.0 + 0.05 * w as f64);
         assert_eq!(c.chosen_width(20), 3);
         assert!(ran[100..].iter().all(|&w| w == 3));
+    }
+
+    #[test]
+    fn probes_back_off_while_plain_steps_keep_winning_and_reset_on_a_switch() {
+        let mut c = AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let compute_bound = |w: usize| (w + 1) as f64;
+        let ran = simulate(&mut c, 32, 2000, &ACCEPT, compute_bound);
+        let probes_late = ran[1000..].iter().filter(|&&w| w == 3).count();
+        // Without backoff, 1000 steps would hold 20 probes of the widest width.
+        assert!(probes_late <= 2, "{probes_late} probes in the last 1000 steps");
+        assert!(probes_late >= 1, "probes never stop altogether");
+        // Verification becomes cheap (memory-bound): a probe finds it and the controller leaves
+        // plain steps, then widens step by step as it measures each width.
+        let cheap = |w: usize| 1.0 + 0.05 * w as f64;
+        simulate(&mut c, 32, 2500, &ACCEPT, cheap);
+        assert_ne!(c.chosen_width(32), 0);
+        let ran = simulate(&mut c, 32, 2000, &ACCEPT, cheap);
+        assert_eq!(c.chosen_width(32), 3);
+        assert!(ran[1000..].iter().all(|&w| w == 3));
+    }
+
+    #[test]
+    fn a_new_bucket_starts_from_its_nearest_neighbours_choice_with_plain_steps() {
+        let mut c = AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        simulate(&mut c, 32, 100, &ACCEPT, |w| (w + 1) as f64);
+        assert_eq!(c.chosen_width(32), 0);
+        // Batch 20 (bucket 4) was never seen: it starts at bucket 5's plain steps, not at 3.
+        assert_eq!(c.chosen_width(20), 0);
+        assert_eq!(c.next_step_width(20), 0);
+        // Without plain steps an unseen bucket starts at the widest width, as in MAX.
+        let mut m = AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap();
+        simulate(&mut m, 32, 100, &ACCEPT, |w| (w + 1) as f64);
+        assert_eq!(m.chosen_width(32), 1);
+        assert_eq!(m.chosen_width(20), 3);
     }
 
     #[test]
