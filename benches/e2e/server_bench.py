@@ -217,6 +217,8 @@ def llama_server(args: argparse.Namespace, gguf_path: str, python: Path) -> Serv
     port = free_port()
     argv = [str(python), "-m", "llama_cpp.server", "--model", gguf_path, "--model_alias", args.model]
     argv += ["--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "4096"]
+    # By default a new request interrupts the stream being served; queue them instead.
+    argv += ["--interrupt_requests", "False"]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
     return ServerSpec("llama", "llama-cpp-python server", "off", argv, url=f"http://127.0.0.1:{port}")
 
