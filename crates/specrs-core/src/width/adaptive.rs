@@ -472,7 +472,8 @@ mod tests {
 
     #[test]
     fn probes_back_off_while_plain_steps_keep_winning_and_reset_on_a_switch() {
-        let mut c = AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
         let compute_bound = |w: usize| (w + 1) as f64;
         let ran = simulate(&mut c, 32, 2000, &ACCEPT, compute_bound);
         let probes_late = ran[1000..].iter().filter(|&&w| w == 3).count();
@@ -491,7 +492,8 @@ mod tests {
 
     #[test]
     fn a_new_bucket_starts_from_its_nearest_neighbours_choice_with_plain_steps() {
-        let mut c = AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
         simulate(&mut c, 32, 100, &ACCEPT, |w| (w + 1) as f64);
         assert_eq!(c.chosen_width(32), 0);
         // Batch 20 (bucket 4) was never seen: it starts at bucket 5's plain steps, not at 3.
