@@ -576,7 +576,7 @@ mod tests {
     #[test]
     fn matches_candle_for_every_row_count_and_odd_n() {
         for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
-            for (k, n) in [(32, 5), (576, 37), (1536, 19)] {
+            for (k, n) in [(32, 5), (96, 9), (576, 37), (1536, 19)] {
                 for m in (1..=17).chain([40]) {
                     check(dtype, m, k, n, true);
                 }
