@@ -381,7 +381,14 @@ impl Engine {
     }
 
     /// Runs one step. Returns the number of rows it ran.
+    ///
+    /// The step runs on a worker of the compute pool (see `specrs_models::compute`), so its
+    /// serial stretches do not compete with idle workers for the cores.
     pub fn step(&mut self) -> Result<usize> {
+        specrs_models::on_compute_pool(|| self.step_here())
+    }
+
+    fn step_here(&mut self) -> Result<usize> {
         let started = Instant::now();
         self.reap_disconnected();
         let plan = self.scheduler.schedule(&mut self.width);

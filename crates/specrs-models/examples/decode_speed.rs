@@ -50,12 +50,16 @@ fn main() -> anyhow::Result<()> {
         b
     };
     let t0 = Instant::now();
-    model.forward(&make(prompt_len, 0), &kv)?;
+    specrs_models::on_compute_pool(|| model.forward(&make(prompt_len, 0), &kv))?;
     let prefill = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
-    for step in 0..new_tokens {
-        model.forward(&make(per_step, prompt_len + step * per_step), &kv)?;
-    }
+    // Like the engine, run the steps on a compute-pool worker (specrs_models::compute).
+    specrs_models::on_compute_pool(|| -> anyhow::Result<()> {
+        for step in 0..new_tokens {
+            model.forward(&make(per_step, prompt_len + step * per_step), &kv)?;
+        }
+        Ok(())
+    })?;
     let decode = t0.elapsed().as_secs_f64();
     println!(
         "prefill {} x {prompt_len} tokens: {:.1} tok/s; batch {batch_size} x {per_step} tokens/step: {:.1} steps/s, {:.1} rows/s",

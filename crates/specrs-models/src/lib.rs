@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod batch;
+pub mod compute;
 pub mod config;
 pub mod drafters;
 pub mod error;
@@ -25,6 +26,7 @@ pub mod testing;
 pub mod weights;
 
 pub use batch::{AttentionMask, BatchRow, ForwardBatch};
+pub use compute::on_compute_pool;
 pub use config::{Architecture, DecoderConfig, RopeScaling};
 pub use error::{ModelError, Result};
 pub use kv_cache::PagedKvCache;
