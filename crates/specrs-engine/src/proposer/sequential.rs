@@ -6,7 +6,13 @@
 //! drafts). The last of those pairs yields the first draft. Each further draft feeds the
 //! drafter its own output and its previous draft one position on. Those chained positions
 //! are speculative; the next step's committed pairs overwrite them.
+//!
+//! A row that does not draft this step (the adaptive controller planned a plain step, or the
+//! row is mid-prefill) is not caught up: its drafter inputs are kept and fed, in one batch,
+//! the next time it drafts. Under load, where plain steps win, the drafter then costs almost
+//! nothing, and a row that finishes without drafting again is never caught up at all.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
@@ -30,6 +36,21 @@ pub struct SequentialProposer {
     vocab_size: usize,
     device: Device,
     name: String,
+    /// Committed positions of rows that have not drafted since, by sequence.
+    deferred: HashMap<SeqId, Deferred>,
+}
+
+/// Drafter inputs (`first_hidden` rows, `[n, hidden]`) of a row's committed positions
+/// `start..start + n`, not yet fed to the drafter.
+struct Deferred {
+    start: usize,
+    hidden: Tensor,
+}
+
+impl Deferred {
+    fn end(&self) -> Result<usize> {
+        Ok(self.start + self.hidden.dim(0)?)
+    }
 }
 
 impl SequentialProposer {
@@ -41,7 +62,7 @@ impl SequentialProposer {
         device: Device,
     ) -> Self {
         let name = model.name().to_string();
-        Self { model, kv: None, num_speculative_tokens, proposal, vocab_size, device, name }
+        Self { model, kv: None, num_speculative_tokens, proposal, vocab_size, device, name, deferred: HashMap::new() }
     }
 }
 
@@ -127,6 +148,10 @@ impl Proposer for SequentialProposer {
         Ok(())
     }
 
+    fn release(&mut self, seq: SeqId) {
+        self.deferred.remove(&seq);
+    }
+
     fn propose(
         &mut self,
         rows: &[ProposeRow<'_>],
@@ -135,18 +160,48 @@ impl Proposer for SequentialProposer {
     ) -> Result<Vec<Proposal>> {
         let kv_cache = self.kv.as_ref().ok_or_else(|| EngineError::Internal("drafter KV not allocated".into()))?;
         let blocks = scheduler.kv();
-        // 1. Catch up on every committed position; the last pair of a drafting row gives draft 1.
+        // 1. Drafter inputs of every position committed this step, rows in order.
+        let flat_index: Vec<u32> =
+            rows.iter().flat_map(|r| (r.flat_start..r.flat_start + r.num_valid).map(|i| i as u32)).collect();
+        if flat_index.is_empty() {
+            return Ok(rows.iter().filter(|r| r.wants_drafts).map(|_| Proposal::default()).collect());
+        }
+        let flat = Tensor::from_vec(flat_index.clone(), flat_index.len(), &self.device)?;
+        let step_hidden = self.model.first_hidden(taps.taps, taps.final_hidden, &flat)?;
+        // 2. Rows that do not draft keep theirs; drafting rows catch up on everything they
+        //    kept plus this step's positions, and their last pair gives draft 1.
         let mut batch = ForwardBatch { block_size: blocks.block_size(), ..Default::default() };
-        let mut flat_index: Vec<u32> = Vec::new();
+        let mut inputs: Vec<Tensor> = Vec::new();
         let mut drafting: Vec<Drafting> = Vec::new();
         let mut params: Vec<&SamplingParams> = Vec::new();
         let mut seeds: Vec<u64> = Vec::new();
+        let mut offset = 0;
         for (index, r) in rows.iter().enumerate() {
             if r.num_valid == 0 {
                 continue;
             }
-            let start = r.fed_start;
-            let end = start + r.num_valid;
+            let own = step_hidden.narrow(0, offset, r.num_valid)?;
+            offset += r.num_valid;
+            // Kept positions join only if they end where this step's begin; anything else
+            // (a preempted and recomputed row) starts afresh.
+            let kept = match self.deferred.remove(&r.seq) {
+                Some(d) if d.end()? == r.fed_start => Some(d),
+                _ => None,
+            };
+            if !r.wants_drafts {
+                let deferred = match kept {
+                    Some(d) => Deferred { start: d.start, hidden: Tensor::cat(&[&d.hidden, &own], 0)? },
+                    None => Deferred { start: r.fed_start, hidden: own.copy()? },
+                };
+                self.deferred.insert(r.seq, deferred);
+                continue;
+            }
+            let start = kept.as_ref().map_or(r.fed_start, |d| d.start);
+            if let Some(d) = kept {
+                inputs.push(d.hidden);
+            }
+            inputs.push(own);
+            let end = r.fed_start + r.num_valid;
             let query_start = batch.input_ids.len();
             batch.input_ids.extend(r.tokens[start + 1..end + 1].iter().copied());
             batch.positions.extend((start..end).map(|p| p as u32));
@@ -154,41 +209,33 @@ impl Proposer for SequentialProposer {
             let table = blocks.block_table(r.seq);
             batch.rows.push(BatchRow {
                 query_start,
-                query_len: r.num_valid,
+                query_len: end - start,
                 context_len: end,
                 block_table_start: batch.block_tables.len(),
                 block_table_len: table.len(),
             });
             batch.block_tables.extend_from_slice(table);
-            flat_index.extend((r.flat_start..r.flat_start + r.num_valid).map(|i| i as u32));
-            if r.wants_drafts {
-                let last = query_start + r.num_valid - 1;
-                batch.logits_indices.push(last as u32);
-                drafting.push(Drafting {
-                    index,
-                    seq: r.seq,
-                    position: end,
-                    hidden_row: last,
-                    drafts: Vec::with_capacity(self.num_speculative_tokens),
-                    probs: None,
-                });
-                params.push(r.params);
-                seeds.push(r.seed);
-            }
+            let last = batch.input_ids.len() - 1;
+            batch.logits_indices.push(last as u32);
+            drafting.push(Drafting {
+                index,
+                seq: r.seq,
+                position: end,
+                hidden_row: last,
+                drafts: Vec::with_capacity(self.num_speculative_tokens),
+                probs: None,
+            });
+            params.push(r.params);
+            seeds.push(r.seed);
         }
-        if batch.input_ids.is_empty() {
+        if drafting.is_empty() {
             return Ok(rows.iter().filter(|r| r.wants_drafts).map(|_| Proposal::default()).collect());
         }
-        let flat = Tensor::from_vec(flat_index.clone(), flat_index.len(), &self.device)?;
-        let hidden = self.model.first_hidden(taps.taps, taps.final_hidden, &flat)?;
+        let hidden = Tensor::cat(&inputs, 0)?;
         let (out, logits) = self.model.forward(&hidden, &batch, kv_cache)?;
-        if !drafting.is_empty() {
-            self.choose(&logits, &mut drafting, &params, &seeds, 0)?;
-        }
-        // 2. Chain: each further draft from the drafter's own output, one position on.
-        let mut last_hidden = if drafting.is_empty() {
-            None
-        } else {
+        self.choose(&logits, &mut drafting, &params, &seeds, 0)?;
+        // 3. Chain: each further draft from the drafter's own output, one position on.
+        let mut last_hidden = {
             let idx: Vec<u32> = drafting.iter().map(|d| d.hidden_row as u32).collect();
             Some(out.index_select(&Tensor::from_vec(idx, drafting.len(), &self.device)?, 0)?)
         };
@@ -222,5 +269,154 @@ impl Proposer for SequentialProposer {
             by_row[d.index] = Some(Proposal { drafts: d.drafts, probs: d.probs });
         }
         Ok(rows.iter().zip(by_row).filter(|(r, _)| r.wants_drafts).map(|(_, p)| p.unwrap_or_default()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use candle_core::DType;
+    use specrs_core::kv_blocks::KvBlockManager;
+    use specrs_core::scheduler::SchedulerConfig;
+    use specrs_models::drafters::{DraftInputs, DraftLogits};
+
+    use super::*;
+
+    const HIDDEN: usize = 4;
+    const VOCAB: usize = 16;
+
+    /// What one drafter forward was fed.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Fed {
+        positions: Vec<u32>,
+        input_ids: Vec<u32>,
+        /// Column 0 of each input hidden row: the flat index it was taken from, plus 1000 × step.
+        hidden: Vec<f32>,
+    }
+
+    /// A drafter that records its inputs and always drafts token 7.
+    #[derive(Default)]
+    struct Recorder {
+        fed: Mutex<Vec<Fed>>,
+    }
+
+    impl SequentialDraftModel for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+
+        fn inputs(&self) -> DraftInputs {
+            DraftInputs { taps: Vec::new(), final_hidden: true }
+        }
+
+        fn first_hidden(
+            &self,
+            _: &[Tensor],
+            final_hidden: Option<&Tensor>,
+            flat: &Tensor,
+        ) -> candle_core::Result<Tensor> {
+            final_hidden.expect("requested").index_select(flat, 0)
+        }
+
+        fn forward(
+            &self,
+            hidden: &Tensor,
+            batch: &ForwardBatch,
+            _: &PagedKvCache,
+        ) -> candle_core::Result<(Tensor, DraftLogits)> {
+            let column: Vec<f32> = hidden.narrow(1, 0, 1)?.flatten_all()?.to_vec1()?;
+            self.fed.lock().unwrap().push(Fed {
+                positions: batch.positions.clone(),
+                input_ids: batch.input_ids.clone(),
+                hidden: column,
+            });
+            let mut logits = vec![0f32; batch.logits_indices.len() * VOCAB];
+            for row in logits.chunks_mut(VOCAB) {
+                row[7] = 1.0;
+            }
+            let logits = Tensor::from_vec(logits, (batch.logits_indices.len(), VOCAB), &Device::Cpu)?;
+            Ok((hidden.clone(), DraftLogits { logits, draft_to_target: None }))
+        }
+
+        fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> candle_core::Result<PagedKvCache> {
+            PagedKvCache::new(1, num_blocks, block_size, 1, HIDDEN, DType::F32, &Device::Cpu)
+        }
+
+        fn kv_bytes_per_token(&self) -> u64 {
+            0
+        }
+    }
+
+    /// The target's final hidden states of a step of `t` flat tokens: row `i` is
+    /// `[i + 1000 · step, ...]`.
+    fn step_hidden(t: usize, step: usize) -> Tensor {
+        let v: Vec<f32> = (0..t * HIDDEN).map(|x| (x / HIDDEN + 1000 * step) as f32).collect();
+        Tensor::from_vec(v, (t, HIDDEN), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn rows_that_do_not_draft_are_caught_up_in_order_when_they_draft_again() {
+        let recorder = Arc::new(Recorder::default());
+        let mut proposer = SequentialProposer::new(recorder.clone(), 2, DraftProposal::Argmax, VOCAB, Device::Cpu);
+        proposer.allocate(16, 4).unwrap();
+        let mut scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(16, 4).unwrap());
+        let seq: SeqId = 1;
+        scheduler.add(seq, 5);
+        scheduler.schedule(&mut 0usize);
+        assert!(scheduler.reserve(seq, 12));
+        let tokens: Vec<u32> = (100..112).collect();
+        let params = SamplingParams::greedy();
+        let row = |fed_start, num_valid, flat_start, wants_drafts| ProposeRow {
+            seq,
+            tokens: &tokens,
+            fed_start,
+            num_valid,
+            flat_start,
+            wants_drafts,
+            params: &params,
+            seed: 0,
+        };
+        let mut propose = |rows: &[ProposeRow<'_>], t: usize, step: usize| {
+            let hidden = step_hidden(t, step);
+            let taps = StepTaps { taps: &[], final_hidden: Some(&hidden) };
+            proposer.propose(rows, &taps, &scheduler).unwrap()
+        };
+
+        // Step 0: the 5-token prompt (flat rows 1..6 of the step, behind another row's token),
+        // step 1: one decode token; neither drafts, so the drafter runs nothing.
+        assert!(propose(&[row(0, 5, 1, false)], 6, 0).is_empty());
+        assert!(propose(&[row(5, 1, 0, false)], 1, 1).is_empty());
+        assert!(recorder.fed.lock().unwrap().is_empty(), "a row that does not draft is fed nothing");
+
+        // Step 2: two committed positions (a token and an accepted draft), and the row drafts:
+        // one forward feeds all 8 positions in order, then one chained draft.
+        let proposals = propose(&[row(6, 2, 0, true)], 3, 2);
+        assert_eq!(proposals, vec![Proposal { drafts: vec![7, 7], probs: None }]);
+        let fed = recorder.fed.lock().unwrap().clone();
+        assert_eq!(fed.len(), 2, "catch-up forward plus one chained draft");
+        assert_eq!(fed[0].positions, (0..8).collect::<Vec<u32>>());
+        assert_eq!(fed[0].input_ids, (101..109).collect::<Vec<u32>>(), "position p pairs with token p + 1");
+        assert_eq!(fed[0].hidden, vec![1.0, 2.0, 3.0, 4.0, 5.0, 1000.0, 2000.0, 2001.0]);
+        assert_eq!(fed[1].positions, vec![8]);
+
+        // Step 3: only the new position is fed; nothing is fed twice.
+        propose(&[row(8, 1, 0, true)], 1, 3);
+        let fed = recorder.fed.lock().unwrap().clone();
+        assert_eq!(fed[2].positions, vec![8]);
+        assert_eq!(fed[2].hidden, vec![3000.0]);
+
+        // A released row forgets what it kept: positions that do not continue it are fed alone.
+        propose(&[row(9, 1, 0, false)], 1, 4);
+        proposer.release(seq);
+        let mut propose_again = |rows: &[ProposeRow<'_>], t: usize, step: usize| {
+            let hidden = step_hidden(t, step);
+            let taps = StepTaps { taps: &[], final_hidden: Some(&hidden) };
+            proposer.propose(rows, &taps, &scheduler).unwrap()
+        };
+        propose_again(&[row(10, 1, 0, true)], 1, 5);
+        let fed = recorder.fed.lock().unwrap().clone();
+        assert_eq!(fed[4].positions, vec![10]);
+        assert_eq!(fed[4].hidden, vec![5000.0]);
     }
 }
