@@ -106,7 +106,7 @@ struct CheckpointState {
 }
 
 /// Reports progress (stage, done, total, message).
-pub type Progress<'a> = &'a dyn Fn(&str, usize, usize, &str);
+pub type Progress<'a> = &'a (dyn Fn(&str, usize, usize, &str) + Sync);
 
 /// The frozen target pieces training reads.
 struct TargetParts {
@@ -191,6 +191,13 @@ pub fn train_draft(cfg: &TrainDraftConfig, progress: Progress<'_>) -> Result<Tra
         s
     };
     let samples: Vec<Sample> = samples.into_iter().filter(|s| !s.response_ids.is_empty()).collect();
+    // Features and training run on a compute-pool worker (see `specrs_models::compute`);
+    // generation above runs on the engine's own thread, which hands its steps to the pool.
+    specrs_models::on_compute_pool(|| train_on_samples(cfg, &samples, progress))
+}
+
+/// Features, training and export on self-distilled `samples`.
+fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progress<'_>) -> Result<TrainReport> {
     let response_tokens: usize = samples.iter().map(|s| s.response_ids.len()).sum();
     // 2. Target and draft vocabulary.
     let path = crate::pipeline::resolve_model_path(&cfg.model)?;
@@ -198,14 +205,14 @@ pub fn train_draft(cfg: &TrainDraftConfig, progress: Progress<'_>) -> Result<Tra
     let tokenizer = crate::pipeline::load_tokenizer(&store, &path)?;
     let tc = target.config().clone();
     let taps = cfg.taps.clone().unwrap_or_else(|| tc.default_eagle3_taps().to_vec());
-    let vocab = data::draft_vocabulary(&samples, cfg.draft_vocab_size.min(tc.vocab_size), tokenizer.eos_token_ids());
+    let vocab = data::draft_vocabulary(samples, cfg.draft_vocab_size.min(tc.vocab_size), tokenizer.eos_token_ids());
     let mut in_vocab = vec![false; tc.vocab_size];
     for &t in &vocab {
         in_vocab[t as usize] = true;
     }
     // 3. Features.
     let shard = 64;
-    let shards = data::extract_features(&target, &samples, &taps, &cfg.work_dir.join("features"), shard, &|d, t| {
+    let shards = data::extract_features(&target, samples, &taps, &cfg.work_dir.join("features"), shard, &|d, t| {
         progress("features", d, t, "")
     })?;
     let features = data::load_features(&shards, shard, samples.len())?;

@@ -1,0 +1,94 @@
+//! `train_draft` end to end on the default model, kept tiny: it generates self-distilled
+//! answers through the engine, extracts features, trains a few steps, writes a speculators
+//! EAGLE-3 draft that the normal loader runs losslessly, and resumes from its work directory.
+
+use specrs_core::SpeculativeConfig;
+use specrs_core::config::SpeculativeMethod;
+use specrs_core::sampling::SamplingParams;
+use specrs_engine::train::{TrainDraftConfig, train_draft};
+use specrs_engine::{EngineHandle, GenerationRequest, PipelineConfig, Prompt, build_engine};
+use specrs_models::ModelDType;
+
+fn engine(draft: Option<&std::path::Path>) -> EngineHandle {
+    let mut cfg = PipelineConfig::new("smollm2-135m-instruct");
+    cfg.dtype = ModelDType::F32;
+    if let Some(draft) = draft {
+        cfg.draft_model = Some(draft.to_string_lossy().into_owned());
+        cfg.speculative = SpeculativeConfig {
+            speculative_method: Some(SpeculativeMethod::Eagle),
+            num_speculative_tokens: Some(2),
+            ..SpeculativeConfig::default()
+        };
+    }
+    let (engine, info) = build_engine(&cfg).unwrap();
+    EngineHandle::spawn(engine, Some(info))
+}
+
+#[test]
+fn trains_exports_a_lossless_draft_and_resumes_from_its_work_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = TrainDraftConfig {
+        dtype: ModelDType::F32,
+        output: dir.path().join("draft"),
+        work_dir: dir.path().join("work"),
+        num_prompts: 4,
+        max_new_tokens: 8,
+        draft_vocab_size: 256,
+        intermediate_size: Some(64),
+        ttt_steps: 2,
+        epochs: 1.0,
+        batch_size: 2,
+        num_speculative_tokens: 2,
+        generation_batch: 4,
+        ..TrainDraftConfig::default()
+    };
+    let stages = std::sync::Mutex::new(Vec::<String>::new());
+    let progress = |stage: &str, _: usize, _: usize, _: &str| {
+        let mut seen = stages.lock().unwrap();
+        if seen.last().map(String::as_str) != Some(stage) {
+            seen.push(stage.to_string());
+        }
+    };
+    let report = train_draft(&cfg, &progress).unwrap();
+    assert_eq!(stages.lock().unwrap().clone(), ["generate", "features", "train"]);
+    assert_eq!(report.samples, 4);
+    assert!(report.response_tokens > 4 && report.response_tokens <= 4 * 8, "{} answer tokens", report.response_tokens);
+    assert_eq!(report.steps, 2, "4 samples in batches of 2, one epoch");
+    assert!(report.final_loss.is_finite() && report.final_loss > 0.0, "loss {}", report.final_loss);
+    assert_eq!(report.top1_per_step.len(), 2);
+
+    // The export is the speculators EAGLE-3 format, and the engine's loader runs it losslessly.
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cfg.output.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["speculators_model_type"], "eagle3");
+    // The draft vocabulary is the most frequent answer tokens, at most the size asked for.
+    let draft_vocab = config["draft_vocab_size"].as_u64().unwrap();
+    assert!(draft_vocab > 1 && draft_vocab <= 256, "draft vocabulary of {draft_vocab}");
+    assert!(cfg.output.join("model.safetensors").exists());
+    let prompts = [vec![1u32, 504, 3458, 282, 4195, 314], vec![1, 9690, 198, 2683, 359, 253]];
+    let requests = || {
+        prompts
+            .iter()
+            .map(|p| {
+                GenerationRequest::new(
+                    Prompt::Tokens(p.clone()),
+                    SamplingParams { temperature: 0.0, max_tokens: Some(12), ..SamplingParams::default() },
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let plain = engine(None).generate(requests()).unwrap();
+    let spec = engine(Some(&cfg.output)).generate(requests()).unwrap();
+    for (p, s) in plain.iter().zip(&spec) {
+        assert_eq!(p.token_ids, s.token_ids, "a freshly trained draft changes nothing in greedy output");
+        assert!(s.metrics.num_drafts > 0, "the trained draft was used");
+    }
+
+    // A second run with more epochs keeps the samples and features and trains on from step 2.
+    cfg.epochs = 2.0;
+    stages.lock().unwrap().clear();
+    let resumed = train_draft(&cfg, &progress).unwrap();
+    assert_eq!(resumed.samples, 4);
+    assert_eq!(resumed.response_tokens, report.response_tokens, "cached samples, not regenerated");
+    assert_eq!(resumed.steps, 4);
+}
