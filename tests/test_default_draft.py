@@ -29,6 +29,20 @@ def shipped_llm(default_model_path: str) -> LLM:
     return LLM(DEFAULT_MODEL, kv_cache_memory=TEST_KV_MEMORY, max_model_len=TEST_MAX_MODEL_LEN)
 
 
+@pytest.fixture(scope="module")
+def fixed_width_llm(default_model_path: str) -> LLM:
+    """The shipped head verifying 3 drafts every step (no adaptive widths): its quality alone."""
+    draft = _spec_rs.default_draft(DEFAULT_MODEL)
+    assert draft is not None
+    return LLM(
+        DEFAULT_MODEL,
+        draft_model=draft[0],
+        speculative_config=SpeculativeConfig(speculative_method="eagle", num_speculative_tokens=3),
+        kv_cache_memory=TEST_KV_MEMORY,
+        max_model_len=TEST_MAX_MODEL_LEN,
+    )
+
+
 def held_out_prompts() -> list[list[int]]:
     """The reference prompts (token ids), which `train-draft` keeps out of its training set."""
     return [case["input_ids"] for case in reference_cases()]
@@ -46,6 +60,9 @@ def test_default_model_without_a_config_runs_the_shipped_eagle3_head(shipped_llm
     assert config["speculators_model_type"] == "eagle3"
     assert config["transformer_layer_config"]["hidden_size"] == 576
     assert json.loads(spec_json)["num_speculative_tokens"] == 3
+    # The adaptive controller picks widths 1..3 or plain steps per batch size by default.
+    assert json.loads(spec_json)["adaptive_speculative_widths"] == "all"
+    assert shipped_llm.speculative_config.adaptive_speculative_widths == "all"
 
 
 def test_other_models_have_no_shipped_draft() -> None:
@@ -58,10 +75,14 @@ def test_other_models_have_no_shipped_draft() -> None:
 SHIPPED_HEAD_REFERENCE_AL = 1.43
 
 
-def test_shipped_head_is_lossless_and_accepted_on_held_out_prompts(shipped_llm: LLM, plain_llm: LLM) -> None:
+def test_shipped_head_is_lossless_and_accepted_on_held_out_prompts(
+    shipped_llm: LLM, fixed_width_llm: LLM, plain_llm: LLM
+) -> None:
     prompts = held_out_prompts()
-    speculative = shipped_llm.generate(prompts, GREEDY)
     plain = plain_llm.generate(prompts, GREEDY)
+    adaptive = shipped_llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in adaptive] == [o.token_ids for o in plain]
+    speculative = fixed_width_llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in speculative] == [o.token_ids for o in plain]
     drafts = sum(o.metrics.num_drafts for o in speculative)
     accepted = sum(o.metrics.num_accepted_tokens for o in speculative)

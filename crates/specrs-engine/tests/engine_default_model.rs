@@ -76,6 +76,9 @@ fn shipped_eagle3_head_is_lossless_and_accepted_on_held_out_prompts() {
     let mut cfg = PipelineConfig::new("smollm2-135m-instruct");
     cfg.dtype = ModelDType::F32;
     assert!(apply_default_draft(&mut cfg).unwrap(), "the default model ships a draft");
+    assert_eq!(cfg.speculative.adaptive_speculative_widths.as_deref(), Some("all"), "adaptive widths by default");
+    // The head's quality is measured at the width it was trained for, every step verifying 3.
+    cfg.speculative.adaptive_speculative_widths = None;
     let (spec_engine, info) = build_engine(&cfg).unwrap();
     assert_eq!(info.num_speculative_tokens, Some(3));
     let spec = EngineHandle::spawn(spec_engine, Some(info));
