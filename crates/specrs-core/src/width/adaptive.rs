@@ -19,10 +19,12 @@
 //!   because a controller sitting at 0 would learn no acceptance, but the probe steps keep
 //!   measuring it here, so the controller can always widen again. Two more rules keep what
 //!   speculation costs on such batches small: a bucket seen for the first time starts from the
-//!   nearest bucket's choice instead of the widest width, and while a bucket sits at width 0
-//!   each probe that leaves the choice unchanged doubles the interval to the next probe (up to
-//!   `MAX_PROBE_BACKOFF` times `probe_interval`); any switch resets it. On a compute-bound CPU
-//!   a probe of the widest width costs several plain steps.
+//!   nearest bucket's choice instead of the widest width, and probes are counted per bucket:
+//!   every `probe_interval`-th step of a bucket probes it, and while the bucket sits at width 0
+//!   each probe that leaves the choice unchanged doubles its interval (up to
+//!   `MAX_PROBE_BACKOFF` times `probe_interval`) until the bucket switches. On a compute-bound
+//!   CPU a probe of the widest width costs several plain steps, so a batch size settled on
+//!   plain steps must not be probed again because some other batch size changed its mind.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -132,12 +134,15 @@ pub struct AdaptiveWidthController {
     chosen: HashMap<u32, usize>,
     step_times: HashMap<u32, BTreeMap<usize, f64>>,
     countdown: HashMap<u32, usize>,
+    /// Steps to the next probe (MAX's global count, without plain steps).
     probe_countdown: usize,
     /// Width 0 (a plain step) is a candidate.
     plain_steps: bool,
-    /// Multiplier of `probe_interval` (plain steps only): doubled by each probe that did not
-    /// move a bucket off width 0, reset by any switch.
-    probe_backoff: usize,
+    /// Steps of each bucket since its last probe (plain steps only).
+    since_probe: HashMap<u32, usize>,
+    /// Multiplier of `probe_interval` per bucket (plain steps only, 1 when absent): doubled by
+    /// each probe that did not move the bucket off width 0, reset when the bucket switches.
+    probe_backoff: HashMap<u32, usize>,
     /// A probe ran and its bucket's next choice has not been made yet.
     probed: Option<u32>,
 }
@@ -167,7 +172,8 @@ impl AdaptiveWidthController {
             probe_countdown: params.probe_interval,
             widths,
             plain_steps: false,
-            probe_backoff: 1,
+            since_probe: HashMap::new(),
+            probe_backoff: HashMap::new(),
             probed: None,
         })
     }
@@ -208,9 +214,7 @@ impl AdaptiveWidthController {
 
     /// The width the next decode step at this batch size verifies. Call once per decode step.
     pub fn next_step_width(&mut self, batch_size: usize) -> usize {
-        self.probe_countdown = self.probe_countdown.saturating_sub(1);
-        if self.probe_countdown == 0 {
-            self.probe_countdown = self.params.probe_interval * self.probe_backoff;
+        if self.probe_due(batch_bucket(batch_size)) {
             self.probed = Some(batch_bucket(batch_size));
             return self.widest();
         }
@@ -218,6 +222,27 @@ impl AdaptiveWidthController {
         // A narrow choice for a batch below min_batch_size rounds up to a captured width.
         let captured = self.captured_widths(batch_size);
         captured.into_iter().find(|&w| w >= chosen).unwrap_or(self.widest())
+    }
+
+    /// Whether this step of `bucket` probes the widest width: every `probe_interval`-th step
+    /// overall (MAX), or with plain steps every `probe_interval · backoff`-th step of the bucket.
+    fn probe_due(&mut self, bucket: u32) -> bool {
+        if !self.plain_steps {
+            self.probe_countdown = self.probe_countdown.saturating_sub(1);
+            if self.probe_countdown == 0 {
+                self.probe_countdown = self.params.probe_interval;
+                return true;
+            }
+            return false;
+        }
+        let interval = self.params.probe_interval * self.probe_backoff.get(&bucket).copied().unwrap_or(1);
+        let since = self.since_probe.entry(bucket).or_insert(0);
+        *since += 1;
+        if *since >= interval {
+            *since = 0;
+            return true;
+        }
+        false
     }
 
     /// The width currently chosen for a bucket (widest until a switch).
@@ -359,7 +384,7 @@ impl AdaptiveWidthController {
         }
         if best != current && best_rate > current_rate * (1.0 + self.params.margin) {
             self.chosen.insert(bucket, best);
-            self.probe_backoff = 1;
+            self.probe_backoff.remove(&bucket);
             let switch = WidthSwitch {
                 bucket,
                 from: current,
@@ -371,8 +396,9 @@ impl AdaptiveWidthController {
             return Some(switch);
         }
         if probed && current == 0 && self.plain_steps {
-            // The probe confirmed plain steps: look again less often.
-            self.probe_backoff = (self.probe_backoff * 2).min(MAX_PROBE_BACKOFF);
+            // The probe confirmed plain steps: look at this bucket again less often.
+            let backoff = self.probe_backoff.entry(bucket).or_insert(1);
+            *backoff = (*backoff * 2).min(MAX_PROBE_BACKOFF);
         }
         None
     }
@@ -488,6 +514,33 @@ mod tests {
         let ran = simulate(&mut c, 32, 2000, &ACCEPT, cheap);
         assert_eq!(c.chosen_width(32), 3);
         assert!(ran[1000..].iter().all(|&w| w == 3));
+    }
+
+    #[test]
+    fn switches_in_another_bucket_do_not_bring_back_probes_of_a_plain_bucket() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let compute_bound = |w: usize| (w + 1) as f64;
+        let cheap = |w: usize| 1.0 + 0.05 * w as f64;
+        simulate(&mut c, 32, 2000, &ACCEPT, compute_bound);
+        assert_eq!(c.chosen_width(32), 0);
+        // Batch 1 keeps changing its mind (its step cost flips every 60 of its steps), while
+        // batch 32 stays compute-bound; the two alternate step by step.
+        let mut at_32 = Vec::new();
+        let mut switches_at_1 = 0;
+        for i in 0..3000 {
+            let before = c.chosen_width(1);
+            let cost_1 = if (i / 60) % 2 == 0 { cheap } else { compute_bound };
+            simulate(&mut c, 1, 1, &ACCEPT, cost_1);
+            switches_at_1 += usize::from(c.chosen_width(1) != before);
+            at_32.extend(simulate(&mut c, 32, 1, &ACCEPT, compute_bound));
+        }
+        assert!(switches_at_1 >= 3, "batch 1 switched {switches_at_1} times");
+        let probes = at_32.iter().filter(|&&w| w == 3).count();
+        // At the longest interval (16 × 50 steps) 3000 steps hold 3-4 probes; reset on every
+        // switch at batch 1 they would hold dozens.
+        assert!(probes <= 4, "{probes} probes of batch 32 in 3000 of its steps");
+        assert_eq!(c.chosen_width(32), 0);
     }
 
     #[test]
