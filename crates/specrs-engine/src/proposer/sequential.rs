@@ -10,7 +10,9 @@
 //! A row that does not draft this step (the adaptive controller planned a plain step, or the
 //! row is mid-prefill) is not caught up: its drafter inputs are kept and fed, in one batch,
 //! the next time it drafts. Under load, where plain steps win, the drafter then costs almost
-//! nothing, and a row that finishes without drafting again is never caught up at all.
+//! nothing, and a row that finishes without drafting again is never caught up at all. A row
+//! keeps at most `MAX_DEFERRED_POSITIONS`; past that it is fed at once, so no catch-up feeds
+//! the drafter a query longer than a prefill chunk (attention off the CPU holds its scores).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,6 +41,9 @@ pub struct SequentialProposer {
     /// Committed positions of rows that have not drafted since, by sequence.
     deferred: HashMap<SeqId, Deferred>,
 }
+
+/// Committed positions a row that does not draft may keep unfed.
+const MAX_DEFERRED_POSITIONS: usize = 512;
 
 /// Drafter inputs (`first_hidden` rows, `[n, hidden]`) of a row's committed positions
 /// `start..start + n`, not yet fed to the drafter.
@@ -163,10 +168,11 @@ impl Proposer for SequentialProposer {
         // 1. Drafter inputs of every position committed this step, rows in order.
         let flat_index: Vec<u32> =
             rows.iter().flat_map(|r| (r.flat_start..r.flat_start + r.num_valid).map(|i| i as u32)).collect();
-        if flat_index.is_empty() {
+        let flat_len = flat_index.len();
+        if flat_len == 0 {
             return Ok(rows.iter().filter(|r| r.wants_drafts).map(|_| Proposal::default()).collect());
         }
-        let flat = Tensor::from_vec(flat_index.clone(), flat_index.len(), &self.device)?;
+        let flat = Tensor::from_vec(flat_index, flat_len, &self.device)?;
         let step_hidden = self.model.first_hidden(taps.taps, taps.final_hidden, &flat)?;
         // 2. Rows that do not draft keep theirs; drafting rows catch up on everything they
         //    kept plus this step's positions, and their last pair gives draft 1.
@@ -188,7 +194,11 @@ impl Proposer for SequentialProposer {
                 Some(d) if d.end()? == r.fed_start => Some(d),
                 _ => None,
             };
-            if !r.wants_drafts {
+            let kept_len = match &kept {
+                Some(d) => d.hidden.dim(0)?,
+                None => 0,
+            };
+            if !r.wants_drafts && kept_len + r.num_valid <= MAX_DEFERRED_POSITIONS {
                 let deferred = match kept {
                     Some(d) => Deferred { start: d.start, hidden: Tensor::cat(&[&d.hidden, &own], 0)? },
                     None => Deferred { start: r.fed_start, hidden: own.copy()? },
@@ -215,6 +225,9 @@ impl Proposer for SequentialProposer {
                 block_table_len: table.len(),
             });
             batch.block_tables.extend_from_slice(table);
+            if !r.wants_drafts {
+                continue;
+            }
             let last = batch.input_ids.len() - 1;
             batch.logits_indices.push(last as u32);
             drafting.push(Drafting {
@@ -228,11 +241,14 @@ impl Proposer for SequentialProposer {
             params.push(r.params);
             seeds.push(r.seed);
         }
-        if drafting.is_empty() {
+        if batch.input_ids.is_empty() {
             return Ok(rows.iter().filter(|r| r.wants_drafts).map(|_| Proposal::default()).collect());
         }
         let hidden = Tensor::cat(&inputs, 0)?;
         let (out, logits) = self.model.forward(&hidden, &batch, kv_cache)?;
+        if drafting.is_empty() {
+            return Ok(Vec::new());
+        }
         self.choose(&logits, &mut drafting, &params, &seeds, 0)?;
         // 3. Chain: each further draft from the drafter's own output, one position on.
         let mut last_hidden = {
@@ -418,5 +434,49 @@ mod tests {
         let fed = recorder.fed.lock().unwrap().clone();
         assert_eq!(fed[4].positions, vec![10]);
         assert_eq!(fed[4].hidden, vec![5000.0]);
+    }
+
+    #[test]
+    fn a_row_that_does_not_draft_is_fed_once_it_would_keep_too_many_positions() {
+        let recorder = Arc::new(Recorder::default());
+        let mut proposer = SequentialProposer::new(recorder.clone(), 2, DraftProposal::Argmax, VOCAB, Device::Cpu);
+        proposer.allocate(256, 4).unwrap();
+        let mut scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(256, 4).unwrap());
+        let seq: SeqId = 1;
+        scheduler.add(seq, 600);
+        scheduler.schedule(&mut 0usize);
+        assert!(scheduler.reserve(seq, 700));
+        let tokens: Vec<u32> = (0..700).map(|t| t % VOCAB as u32).collect();
+        let params = SamplingParams::greedy();
+        let row = |fed_start, num_valid, wants_drafts| ProposeRow {
+            seq,
+            tokens: &tokens,
+            fed_start,
+            num_valid,
+            flat_start: 0,
+            wants_drafts,
+            params: &params,
+            seed: 0,
+        };
+        let mut propose = |rows: &[ProposeRow<'_>], t: usize, step: usize| {
+            let hidden = step_hidden(t, step);
+            let taps = StepTaps { taps: &[], final_hidden: Some(&hidden) };
+            proposer.propose(rows, &taps, &scheduler).unwrap()
+        };
+        // A 400-position prefill chunk is kept; the next 200 would make 600 > 512, so all 600
+        // are fed now, with no drafts asked for.
+        assert!(propose(&[row(0, 400, false)], 400, 0).is_empty());
+        assert!(recorder.fed.lock().unwrap().is_empty());
+        assert!(propose(&[row(400, 200, false)], 200, 1).is_empty());
+        {
+            let fed = recorder.fed.lock().unwrap();
+            assert_eq!(fed.len(), 1);
+            assert_eq!(fed[0].positions, (0..600).collect::<Vec<u32>>());
+            assert_eq!(fed[0].hidden[399..401], [399.0, 1000.0]);
+        }
+        // Drafting next feeds only the new position: nothing was left behind.
+        let proposals = propose(&[row(600, 1, true)], 1, 2);
+        assert_eq!(proposals.len(), 1);
+        assert_eq!(recorder.fed.lock().unwrap()[1].positions, vec![600]);
     }
 }
