@@ -19,8 +19,7 @@
 //!   because a controller sitting at 0 would learn no acceptance, but the probe steps keep
 //!   measuring it here, so the controller can always widen again. Two more rules keep what
 //!   speculation costs on such batches small: a bucket seen for the first time starts from the
-//!   nearest bucket's choice instead of the widest width and makes that first choice after
-//!   `FIRST_CHOICE_AFTER` steps instead of `update_interval`, and probes are counted per bucket:
+//!   nearest bucket's choice instead of the widest width, and probes are counted per bucket:
 //!   every `probe_interval`-th step of a bucket probes it, and while the bucket sits at width 0
 //!   each probe that leaves the choice unchanged doubles its interval (up to
 //!   `MAX_PROBE_BACKOFF` times `probe_interval`) until the bucket switches. On a compute-bound
@@ -35,10 +34,6 @@ const FIELD: &str = "adaptive_speculative_widths";
 
 /// The longest probe interval, as a multiple of `probe_interval`, while plain steps win.
 pub const MAX_PROBE_BACKOFF: usize = 16;
-
-/// Steps a bucket runs before its first choice when plain steps are on (`update_interval`
-/// after that, and always without plain steps, as in MAX).
-pub const FIRST_CHOICE_AFTER: usize = 2;
 
 /// Parses `"1,3,5"` or `"all"` into sorted distinct widths.
 ///
@@ -320,11 +315,7 @@ impl AdaptiveWidthController {
             times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
         }
         let interval = self.params.update_interval;
-        // With plain steps a bucket's first choice comes after FIRST_CHOICE_AFTER steps: until
-        // then it runs its neighbour's (or the widest) width, which on a compute-bound batch
-        // costs several plain steps each; the regular interval then refines the choice.
-        let first = if self.plain_steps { FIRST_CHOICE_AFTER.min(interval) } else { interval };
-        let countdown = self.countdown.entry(bucket).or_insert(first);
+        let countdown = self.countdown.entry(bucket).or_insert(interval);
         *countdown = countdown.saturating_sub(1);
         if *countdown == 0 {
             *countdown = interval;
@@ -550,20 +541,6 @@ mod tests {
         // switch at batch 1 they would hold dozens.
         assert!(probes <= 4, "{probes} probes of batch 32 in 3000 of its steps");
         assert_eq!(c.chosen_width(32), 0);
-    }
-
-    #[test]
-    fn with_plain_steps_a_new_bucket_chooses_after_two_steps() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
-        let ran = simulate(&mut c, 32, 20, &ACCEPT, |w| (w + 1) as f64);
-        // Two steps at the widest width, then plain steps (refined, not reverted, at step 7).
-        assert_eq!(&ran[..2], &[3, 3]);
-        assert!(ran[2..].iter().all(|&w| w == 0), "{ran:?}");
-        // MAX waits update_interval (5) steps.
-        let mut m = AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap();
-        let ran = simulate(&mut m, 32, 6, &ACCEPT, |w| (w + 1) as f64);
-        assert_eq!(&ran[..5], &[3, 3, 3, 3, 3]);
     }
 
     #[test]
