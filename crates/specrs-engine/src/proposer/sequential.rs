@@ -371,45 +371,73 @@ mod tests {
         Tensor::from_vec(v, (t, HIDDEN), &Device::Cpu).unwrap()
     }
 
-    #[test]
-    fn rows_that_do_not_draft_are_caught_up_in_order_when_they_draft_again() {
-        let recorder = Arc::new(Recorder::default());
-        let mut proposer = SequentialProposer::new(recorder.clone(), 2, DraftProposal::Argmax, VOCAB, Device::Cpu);
-        proposer.allocate(16, 4).unwrap();
-        let mut scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(16, 4).unwrap());
-        let seq: SeqId = 1;
-        scheduler.add(seq, 5);
-        scheduler.schedule(&mut 0usize);
-        assert!(scheduler.reserve(seq, 12));
-        let tokens: Vec<u32> = (100..112).collect();
-        let params = SamplingParams::greedy();
-        let row = |fed_start, num_valid, flat_start, wants_drafts| ProposeRow {
-            seq,
-            tokens: &tokens,
-            fed_start,
-            num_valid,
-            flat_start,
-            wants_drafts,
-            params: &params,
-            seed: 0,
-        };
-        let mut propose = |rows: &[ProposeRow<'_>], t: usize, step: usize| {
+    /// A proposer over the recording drafter, one running sequence with `tokens` committed and
+    /// KV reserved for all of them.
+    struct Harness {
+        recorder: Arc<Recorder>,
+        proposer: SequentialProposer,
+        scheduler: Scheduler,
+        seq: SeqId,
+        tokens: Vec<u32>,
+        params: SamplingParams,
+    }
+
+    impl Harness {
+        fn new(num_blocks: usize, prompt_len: usize, tokens: Vec<u32>) -> Self {
+            let recorder = Arc::new(Recorder::default());
+            let mut proposer = SequentialProposer::new(recorder.clone(), 2, DraftProposal::Argmax, VOCAB, Device::Cpu);
+            proposer.allocate(num_blocks, 4).unwrap();
+            let mut scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(num_blocks, 4).unwrap());
+            let seq: SeqId = 1;
+            scheduler.add(seq, prompt_len);
+            scheduler.schedule(&mut 0usize);
+            assert!(scheduler.reserve(seq, tokens.len()));
+            Self { recorder, proposer, scheduler, seq, tokens, params: SamplingParams::greedy() }
+        }
+
+        /// One step of `t` flat tokens (see `step_hidden`) in which the sequence committed
+        /// `num_valid` positions from `fed_start`, its first at flat row `flat_start`.
+        fn propose(
+            &mut self,
+            (fed_start, num_valid, flat_start, wants_drafts): (usize, usize, usize, bool),
+            t: usize,
+            step: usize,
+        ) -> Vec<Proposal> {
+            let row = ProposeRow {
+                seq: self.seq,
+                tokens: &self.tokens,
+                fed_start,
+                num_valid,
+                flat_start,
+                wants_drafts,
+                params: &self.params,
+                seed: 0,
+            };
             let hidden = step_hidden(t, step);
             let taps = StepTaps { taps: &[], final_hidden: Some(&hidden) };
-            proposer.propose(rows, &taps, &scheduler).unwrap()
-        };
+            self.proposer.propose(&[row], &taps, &self.scheduler).unwrap()
+        }
+
+        fn fed(&self) -> Vec<Fed> {
+            self.recorder.fed.lock().unwrap().clone()
+        }
+    }
+
+    #[test]
+    fn rows_that_do_not_draft_are_caught_up_in_order_when_they_draft_again() {
+        let mut h = Harness::new(16, 5, (100..112).collect());
 
         // Step 0: the 5-token prompt (flat rows 1..6 of the step, behind another row's token),
         // step 1: one decode token; neither drafts, so the drafter runs nothing.
-        assert!(propose(&[row(0, 5, 1, false)], 6, 0).is_empty());
-        assert!(propose(&[row(5, 1, 0, false)], 1, 1).is_empty());
-        assert!(recorder.fed.lock().unwrap().is_empty(), "a row that does not draft is fed nothing");
+        assert!(h.propose((0, 5, 1, false), 6, 0).is_empty());
+        assert!(h.propose((5, 1, 0, false), 1, 1).is_empty());
+        assert!(h.fed().is_empty(), "a row that does not draft is fed nothing");
 
         // Step 2: two committed positions (a token and an accepted draft), and the row drafts:
         // one forward feeds all 8 positions in order, then one chained draft.
-        let proposals = propose(&[row(6, 2, 0, true)], 3, 2);
+        let proposals = h.propose((6, 2, 0, true), 3, 2);
         assert_eq!(proposals, vec![Proposal { drafts: vec![7, 7], probs: None }]);
-        let fed = recorder.fed.lock().unwrap().clone();
+        let fed = h.fed();
         assert_eq!(fed.len(), 2, "catch-up forward plus one chained draft");
         assert_eq!(fed[0].positions, (0..8).collect::<Vec<u32>>());
         assert_eq!(fed[0].input_ids, (101..109).collect::<Vec<u32>>(), "position p pairs with token p + 1");
@@ -417,66 +445,35 @@ mod tests {
         assert_eq!(fed[1].positions, vec![8]);
 
         // Step 3: only the new position is fed; nothing is fed twice.
-        propose(&[row(8, 1, 0, true)], 1, 3);
-        let fed = recorder.fed.lock().unwrap().clone();
+        h.propose((8, 1, 0, true), 1, 3);
+        let fed = h.fed();
         assert_eq!(fed[2].positions, vec![8]);
         assert_eq!(fed[2].hidden, vec![3000.0]);
 
         // A released row forgets what it kept: positions that do not continue it are fed alone.
-        propose(&[row(9, 1, 0, false)], 1, 4);
-        proposer.release(seq);
-        let mut propose_again = |rows: &[ProposeRow<'_>], t: usize, step: usize| {
-            let hidden = step_hidden(t, step);
-            let taps = StepTaps { taps: &[], final_hidden: Some(&hidden) };
-            proposer.propose(rows, &taps, &scheduler).unwrap()
-        };
-        propose_again(&[row(10, 1, 0, true)], 1, 5);
-        let fed = recorder.fed.lock().unwrap().clone();
+        h.propose((9, 1, 0, false), 1, 4);
+        h.proposer.release(h.seq);
+        h.propose((10, 1, 0, true), 1, 5);
+        let fed = h.fed();
         assert_eq!(fed[4].positions, vec![10]);
         assert_eq!(fed[4].hidden, vec![5000.0]);
     }
 
     #[test]
     fn a_row_that_does_not_draft_is_fed_once_it_would_keep_too_many_positions() {
-        let recorder = Arc::new(Recorder::default());
-        let mut proposer = SequentialProposer::new(recorder.clone(), 2, DraftProposal::Argmax, VOCAB, Device::Cpu);
-        proposer.allocate(256, 4).unwrap();
-        let mut scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(256, 4).unwrap());
-        let seq: SeqId = 1;
-        scheduler.add(seq, 600);
-        scheduler.schedule(&mut 0usize);
-        assert!(scheduler.reserve(seq, 700));
-        let tokens: Vec<u32> = (0..700).map(|t| t % VOCAB as u32).collect();
-        let params = SamplingParams::greedy();
-        let row = |fed_start, num_valid, wants_drafts| ProposeRow {
-            seq,
-            tokens: &tokens,
-            fed_start,
-            num_valid,
-            flat_start: 0,
-            wants_drafts,
-            params: &params,
-            seed: 0,
-        };
-        let mut propose = |rows: &[ProposeRow<'_>], t: usize, step: usize| {
-            let hidden = step_hidden(t, step);
-            let taps = StepTaps { taps: &[], final_hidden: Some(&hidden) };
-            proposer.propose(rows, &taps, &scheduler).unwrap()
-        };
+        let mut h = Harness::new(256, 600, (0..700).map(|t| t % VOCAB as u32).collect());
         // A 400-position prefill chunk is kept; the next 200 would make 600 > 512, so all 600
         // are fed now, with no drafts asked for.
-        assert!(propose(&[row(0, 400, false)], 400, 0).is_empty());
-        assert!(recorder.fed.lock().unwrap().is_empty());
-        assert!(propose(&[row(400, 200, false)], 200, 1).is_empty());
-        {
-            let fed = recorder.fed.lock().unwrap();
-            assert_eq!(fed.len(), 1);
-            assert_eq!(fed[0].positions, (0..600).collect::<Vec<u32>>());
-            assert_eq!(fed[0].hidden[399..401], [399.0, 1000.0]);
-        }
+        assert!(h.propose((0, 400, 0, false), 400, 0).is_empty());
+        assert!(h.fed().is_empty());
+        assert!(h.propose((400, 200, 0, false), 200, 1).is_empty());
+        let fed = h.fed();
+        assert_eq!(fed.len(), 1);
+        assert_eq!(fed[0].positions, (0..600).collect::<Vec<u32>>());
+        assert_eq!(fed[0].hidden[399..401], [399.0, 1000.0]);
         // Drafting next feeds only the new position: nothing was left behind.
-        let proposals = propose(&[row(600, 1, true)], 1, 2);
+        let proposals = h.propose((600, 1, 0, true), 1, 2);
         assert_eq!(proposals.len(), 1);
-        assert_eq!(recorder.fed.lock().unwrap()[1].positions, vec![600]);
+        assert_eq!(h.fed()[1].positions, vec![600]);
     }
 }
