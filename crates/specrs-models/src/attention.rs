@@ -119,6 +119,10 @@ const VALUE_TILE: usize = 64;
 impl CpuPagedAttention<'_> {
     /// Attention of query `j` of row `ri` (token `tok` of the batch) for the heads sharing kv
     /// head `g`: `out [group, d]`.
+    ///
+    /// Every query is computed alone, in an order fixed by its own visible keys, so its
+    /// output does not depend on which other queries share the step (verification stays
+    /// bit-identical to plain decoding).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn attend_kv_head(
@@ -145,26 +149,22 @@ impl CpuPagedAttention<'_> {
         let offsets: Vec<usize> =
             (first..=last).map(|x| (table[x / bs] as usize * bs + x % bs) * kv_width + g * d).collect();
         let n_keys = offsets.len();
-        let mut probs = vec![0f32; n_keys];
-        for (hi, out_h) in out.chunks_exact_mut(d).enumerate() {
-            let h = g * group + hi;
-            let qh = &q[(tok * num_heads + h) * d..][..d];
-            // 1. Scores, 2. softmax (normalised at the end).
-            let mut max = f32::NEG_INFINITY;
-            for (p, &o) in probs.iter_mut().zip(&offsets) {
-                *p = dot(qh, &k[o..o + d]) * scale;
-                max = max.max(*p);
-            }
-            let mut sum = 0f32;
-            for p in probs.iter_mut() {
-                *p = (*p - max).exp();
-                sum += *p;
-            }
+        // 1. Scores of every head of the group, `[group, n_keys]`: the heads share each key load.
+        let q_group = &q[(tok * num_heads + g * group) * d..][..group * d];
+        let mut probs = vec![0f32; group * n_keys];
+        group_scores(q_group, k, &offsets, d, scale, &mut probs);
+        for (out_h, probs) in out.chunks_exact_mut(d).zip(probs.chunks_exact_mut(n_keys)) {
+            // 2. Softmax numerators (normalised at the end).
+            let sum = exp_shifted_by_max(probs);
             // 3. Weighted sum of values, one register tile of head dims at a time.
             let mut start = 0;
             while d - start >= VALUE_TILE {
                 let mut acc = [0f32; VALUE_TILE];
-                for (&p, &o) in probs.iter().zip(&offsets) {
+                for (x, (&p, &o)) in probs.iter().zip(&offsets).enumerate() {
+                    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+                    if let Some(&ahead) = offsets.get(x + 8) {
+                        x86::prefetch(v[ahead + start..].as_ptr(), VALUE_TILE);
+                    }
                     let val: &[f32; VALUE_TILE] = v[o + start..][..VALUE_TILE].try_into().expect("tile");
                     for (a, &x) in acc.iter_mut().zip(val) {
                         *a = p.mul_add(x, *a);
@@ -181,6 +181,218 @@ impl CpuPagedAttention<'_> {
             }
             let inv = 1.0 / sum;
             out_h.iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+}
+
+/// `scores [group, n]` = `scale · q_h · k_x` for the heads `h` of `q_group [group, d]` and the
+/// keys at `offsets` (`n` of them) in `k`.
+fn group_scores(q_group: &[f32], k: &[f32], offsets: &[usize], d: usize, scale: f32, scores: &mut [f32]) {
+    let n = offsets.len();
+    assert!(q_group.len().is_multiple_of(d) && scores.len() == q_group.len() / d * n);
+    assert!(offsets.iter().all(|&o| o + d <= k.len()), "key offsets within the cache");
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    if d.is_multiple_of(8) {
+        // SAFETY: every offset leaves `d` readable floats in `k` (asserted above), `q_group`
+        // holds `group` rows of `d` and `scores` `group` rows of `n`; AVX2 and FMA are
+        // compiled in.
+        unsafe { x86::group_scores(q_group, k, offsets, d, scale, scores) };
+        return;
+    }
+    for (qh, scores) in q_group.chunks_exact(d).zip(scores.chunks_exact_mut(n)) {
+        for (s, &o) in scores.iter_mut().zip(offsets) {
+            *s = dot(qh, &k[o..o + d]) * scale;
+        }
+    }
+}
+
+/// `p = exp(p - max p)` in place; returns `Σ p`.
+fn exp_shifted_by_max(p: &mut [f32]) -> f32 {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    // SAFETY: AVX2 and FMA are compiled in.
+    return unsafe { x86::exp_shifted_by_max(p) };
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    {
+        let max = p.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let mut sum = 0f32;
+        for x in p.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        sum
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// See [`super::group_scores`]. Eight keys at a time per head: one accumulator per key,
+    /// the query held in registers, and the eight sums reduced together into one vector. Each
+    /// key's lanes are summed in the same pattern whatever its place among the eight, and a
+    /// short last group repeats its last key, so a score depends only on its query and key.
+    ///
+    /// # Safety
+    /// `d % 8 == 0`, every `offsets[x] + d <= k.len()`, `q_group.len() = group · d` and
+    /// `scores.len() = group · offsets.len()`; the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn group_scores(
+        q_group: &[f32],
+        k: &[f32],
+        offsets: &[usize],
+        d: usize,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let n = offsets.len();
+        // SAFETY: forwarded from the caller: every pointer read is a key at a checked offset or
+        // a query row, and every store is within `scores` (whole groups) or the local `tail`.
+        unsafe {
+            let scale = _mm256_set1_ps(scale);
+            for x0 in (0..n).step_by(8) {
+                let count = (n - x0).min(8);
+                let keys: [*const f32; 8] = std::array::from_fn(|i| k.as_ptr().add(offsets[x0 + i.min(count - 1)]));
+                // The keys sit in scattered blocks, 256-byte runs the hardware prefetchers do
+                // not follow: ask for the next eight while these are dotted.
+                for &o in offsets.iter().skip(x0 + 8).take(8) {
+                    prefetch(k.as_ptr().add(o), d);
+                }
+                for (h, qh) in q_group.chunks_exact(d).enumerate() {
+                    let s = _mm256_mul_ps(dot8(qh.as_ptr(), &keys, d), scale);
+                    let dst = scores.as_mut_ptr().add(h * n + x0);
+                    if count == 8 {
+                        _mm256_storeu_ps(dst, s);
+                    } else {
+                        let mut tail = [0f32; 8];
+                        _mm256_storeu_ps(tail.as_mut_ptr(), s);
+                        std::ptr::copy_nonoverlapping(tail.as_ptr(), dst, count);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks for the cache lines of `len` floats at `p` (a hint: never faults).
+    #[inline(always)]
+    pub(super) fn prefetch(p: *const f32, len: usize) {
+        for line in (0..len).step_by(16) {
+            // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is
+            // compiled in.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast()) };
+        }
+    }
+
+    /// `[q · keys[0], .., q · keys[7]]` over `d` values.
+    ///
+    /// # Safety
+    /// `q` and each key point to `d` readable floats, `d % 8 == 0`; AVX2 and FMA are available.
+    #[inline(always)]
+    unsafe fn dot8(q: *const f32, keys: &[*const f32; 8], d: usize) -> __m256 {
+        // SAFETY: loads at `c < d` of `q` and the keys, as the caller guarantees.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for c in (0..d).step_by(8) {
+                let qc = _mm256_loadu_ps(q.add(c));
+                for (a, &key) in acc.iter_mut().zip(keys) {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(key.add(c)), qc, *a);
+                }
+            }
+            // Lane sums ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of the eight
+            // accumulators, key i in lane i.
+            let t0 = _mm256_hadd_ps(acc[0], acc[1]);
+            let t1 = _mm256_hadd_ps(acc[2], acc[3]);
+            let t2 = _mm256_hadd_ps(acc[4], acc[5]);
+            let t3 = _mm256_hadd_ps(acc[6], acc[7]);
+            let u0 = _mm256_hadd_ps(t0, t1);
+            let u1 = _mm256_hadd_ps(t2, t3);
+            _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(u0, u1), _mm256_permute2f128_ps::<0x31>(u0, u1))
+        }
+    }
+
+    /// See [`super::exp_shifted_by_max`]: max and sum in 8 lanes, `exp` as a polynomial.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn exp_shifted_by_max(p: &mut [f32]) -> f32 {
+        let whole = p.len() / 8 * 8;
+        // SAFETY: vector loads and stores at `i + 8 <= whole <= len`.
+        unsafe {
+            let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+            for i in (0..whole).step_by(8) {
+                vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(p.as_ptr().add(i)));
+            }
+            let max = p[whole..].iter().fold(hmax(vmax), |m, &x| m.max(x));
+            let vmax = _mm256_set1_ps(max);
+            let mut vsum = _mm256_setzero_ps();
+            for i in (0..whole).step_by(8) {
+                let e = exp(_mm256_sub_ps(_mm256_loadu_ps(p.as_ptr().add(i)), vmax));
+                _mm256_storeu_ps(p.as_mut_ptr().add(i), e);
+                vsum = _mm256_add_ps(vsum, e);
+            }
+            if whole < p.len() {
+                let mut tail = [f32::NEG_INFINITY; 8];
+                tail[..p.len() - whole].copy_from_slice(&p[whole..]);
+                // Lanes past the end hold exp(-inf - max) = 0 and add nothing.
+                let e = exp(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), vmax));
+                _mm256_storeu_ps(tail.as_mut_ptr(), e);
+                let len = p.len() - whole;
+                p[whole..].copy_from_slice(&tail[..len]);
+                vsum = _mm256_add_ps(vsum, e);
+            }
+            hsum(vsum)
+        }
+    }
+
+    /// `e^x` for `x <= 0` to about 1 ulp (Cephes' `expf` polynomial on `x - n ln 2`), and 0
+    /// below -87.3 (where `e^x` leaves the normal floats) or for `-inf`.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2 and FMA.
+    #[inline(always)]
+    unsafe fn exp(x: __m256) -> __m256 {
+        // SAFETY: register-only arithmetic, AVX2 and FMA as the caller guarantees.
+        unsafe {
+            let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3));
+            let x = _mm256_max_ps(x, _mm256_set1_ps(-87.3));
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+                x,
+                _mm256_set1_ps(std::f32::consts::LOG2_E),
+            ));
+            // r = x - n ln 2, with ln 2 split in two so the product is exact.
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+            let mut poly = _mm256_set1_ps(1.987_569_1e-4);
+            for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+                poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(c));
+            }
+            let y = _mm256_fmadd_ps(_mm256_mul_ps(poly, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+            // y · 2^n through the exponent bits; n >= -126 here, so 2^n is a normal float.
+            let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            )));
+            _mm256_andnot_ps(underflow, _mm256_mul_ps(y, pow2n))
+        }
+    }
+
+    #[inline(always)]
+    fn hsum(v: __m256) -> f32 {
+        // SAFETY: AVX is compiled in.
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+    }
+
+    #[inline(always)]
+    fn hmax(v: __m256) -> f32 {
+        // SAFETY: AVX is compiled in.
+        unsafe {
+            let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
         }
     }
 }
@@ -434,6 +646,87 @@ mod tests {
             let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
             let diff = (fast - slow).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(diff < 1e-5, "head dim {d}: {diff}");
+        }
+    }
+
+    #[test]
+    fn a_querys_output_does_not_depend_on_the_other_queries_of_the_step() {
+        // Lossless verification: the last token of a 4-token verify row must get the same
+        // bits as when it is decoded alone (a 1-token row with the same context), at a head dim
+        // served by the vector kernel (64), one with a register-tile tail (80) and one the
+        // portable path serves (12); the key counts leave short groups of eight.
+        for d in [64, 80, 12] {
+            let shape = AttentionShape { num_heads: 9, num_kv_heads: 3, head_dim: d, scale: (d as f32).powf(-0.5) };
+            let (block_size, num_blocks) = (16, 24);
+            let cache = PagedKvCache::new(1, num_blocks, block_size, 3, d, DType::F32, &Device::Cpu).unwrap();
+            let (kc, vc) = cache.layer(0);
+            let slots = num_blocks * block_size;
+            kc.slice_set(&(rand(&[slots, 3 * d], 7) * 4.0).unwrap(), 0, 0).unwrap();
+            vc.slice_set(&rand(&[slots, 3 * d], 8), 0, 0).unwrap();
+            let row = |query_len: usize, context_len: usize| BatchRow {
+                query_start: 0,
+                query_len,
+                context_len,
+                block_table_start: 0,
+                block_table_len: 24,
+            };
+            let step = |rows: Vec<BatchRow>| {
+                let t: usize = rows.iter().map(|r| r.query_len).sum();
+                let mut start = 0;
+                let rows = rows
+                    .into_iter()
+                    .map(|r| {
+                        let r = BatchRow { query_start: start, ..r };
+                        start += r.query_len;
+                        r
+                    })
+                    .collect();
+                ForwardBatch {
+                    input_ids: vec![0; t],
+                    positions: vec![0; t],
+                    rows,
+                    slot_mapping: vec![0; t],
+                    block_tables: (0..num_blocks as u32).rev().collect(),
+                    block_size,
+                    ..Default::default()
+                }
+            };
+            let q = rand(&[5, 9, d], 9);
+            for context in [1, 7, 203] {
+                // A decode row and a verify row ending at the same position, together.
+                let together = step(vec![row(1, context + 3), row(4, context + 3)]);
+                let both = paged_attention(&q, kc, vc, &together, shape).unwrap();
+                let alone =
+                    paged_attention(&q.narrow(0, 4, 1).unwrap(), kc, vc, &step(vec![row(1, context + 3)]), shape)
+                        .unwrap();
+                let verify_last: Vec<f32> = both.get(4).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let decoded: Vec<f32> = alone.get(0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                assert!(
+                    verify_last.iter().zip(&decoded).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "head dim {d}, context {context}: the verify row's last query differs from decoding it alone"
+                );
+                let reference = reference_attention(&q, kc, vc, &together, shape).unwrap();
+                let diff = (both - reference).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                assert!(diff < 1e-5, "head dim {d}, context {context}: {diff} from the reference");
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_numerators_match_the_standard_exp() {
+        // Lengths with and without a short last group of eight, scores spread over the range
+        // where exp underflows.
+        for len in [1, 8, 13, 100] {
+            let scores: Vec<f32> = (0..len).map(|i| (i as f32 * 7.3) % 120.0 - 100.0).collect();
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let want: Vec<f64> = scores.iter().map(|&x| f64::from(x - max).exp()).collect();
+            let mut got = scores.clone();
+            let sum = exp_shifted_by_max(&mut got);
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!((f64::from(g) - w).abs() <= 2e-7 * w + 1e-37, "len {len}, [{i}]: {g} vs {w}");
+            }
+            let want_sum: f64 = want.iter().sum();
+            assert!((f64::from(sum) - want_sum).abs() <= 1e-6 * want_sum, "len {len}: sum {sum} vs {want_sum}");
         }
     }
 
