@@ -346,7 +346,12 @@ impl AdaptiveWidthController {
         }
         let (&max_w, &max_t) = times.iter().next_back().unwrap();
         if width > max_w {
-            return max_t;
+            // MAX: flat, the widest width is the first one a bucket measures. With plain steps
+            // a bucket can start from a neighbour's plain steps and know only t(0): a flat
+            // extrapolation would make every width look free and send it to the widest. Cost
+            // in proportion to the positions verified instead (compute-bound, the pessimistic
+            // side), so leaving plain steps waits for a probe's measurement.
+            return if self.plain_steps { max_t * (width + 1) as f64 / (max_w + 1) as f64 } else { max_t };
         }
         let (&min_w, &min_t) = times.iter().next().unwrap();
         if width < min_w {
@@ -447,6 +452,30 @@ mod tests {
         assert!((c.step_time(b, 1) - 2.0 * 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(c.step_time(b, 9), 4.0);
         assert_eq!(c.step_time(batch_bucket(64), 3), 1.0);
+    }
+
+    #[test]
+    fn with_plain_steps_widths_beyond_the_measured_ones_cost_in_proportion_to_positions() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        c.record_step(32, 0, &[], 0, Some(2.0));
+        let b = batch_bucket(32);
+        assert_eq!(c.step_time(b, 0), 2.0);
+        assert_eq!(c.step_time(b, 1), 4.0);
+        assert_eq!(c.step_time(b, 3), 8.0);
+    }
+
+    #[test]
+    fn a_bucket_inheriting_plain_steps_stays_plain_until_a_probe_measures_verification() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let compute_bound = |w: usize| (w + 1) as f64;
+        simulate(&mut c, 32, 100, &ACCEPT, compute_bound);
+        assert_eq!(c.chosen_width(32), 0);
+        // Batch 20 starts from bucket 5's plain steps and measures only t(0) before its first
+        // probe: that alone must not send it to verify widths it has never timed.
+        let ran = simulate(&mut c, 20, 49, &ACCEPT, compute_bound);
+        assert!(ran.iter().all(|&w| w == 0), "{ran:?}");
     }
 
     /// Runs `steps` decode steps of `batch` rows against a modelled target: each row accepts
