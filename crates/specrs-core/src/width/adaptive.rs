@@ -20,10 +20,9 @@
 //!   measuring it here, so the controller can always widen again. Two more rules keep what
 //!   speculation costs on such batches small: a bucket seen for the first time starts from the
 //!   nearest bucket's choice instead of the widest width, and probes are counted per bucket:
-//!   every `probe_interval`-th step of a bucket probes it (the narrowest width while the bucket
-//!   sits at width 0, the widest otherwise), and while the bucket sits at width 0 each probe
-//!   that leaves the choice unchanged doubles its interval (up to `MAX_PROBE_BACKOFF` times
-//!   `probe_interval`) until the bucket switches. On a compute-bound
+//!   every `probe_interval`-th step of a bucket probes it, and while the bucket sits at width 0
+//!   each probe that leaves the choice unchanged doubles its interval (up to
+//!   `MAX_PROBE_BACKOFF` times `probe_interval`) until the bucket switches. On a compute-bound
 //!   CPU a probe of the widest width costs several plain steps, so a batch size settled on
 //!   plain steps must not be probed again because some other batch size changed its mind.
 
@@ -146,8 +145,6 @@ pub struct AdaptiveWidthController {
     probe_backoff: HashMap<u32, usize>,
     /// A probe ran and its bucket's next choice has not been made yet.
     probed: Option<u32>,
-    /// The (bucket, width) of a probe step whose time has not been recorded yet.
-    probe_step: Option<(u32, usize)>,
 }
 
 impl AdaptiveWidthController {
@@ -178,7 +175,6 @@ impl AdaptiveWidthController {
             since_probe: HashMap::new(),
             probe_backoff: HashMap::new(),
             probed: None,
-            probe_step: None,
         })
     }
 
@@ -218,17 +214,11 @@ impl AdaptiveWidthController {
 
     /// The width the next decode step at this batch size verifies. Call once per decode step.
     pub fn next_step_width(&mut self, batch_size: usize) -> usize {
-        let bucket = batch_bucket(batch_size);
-        if self.probe_due(bucket) {
-            self.probed = Some(bucket);
-            // From plain steps the question is whether drafting pays at all: the narrowest
-            // width answers it (its first position carries most of the gain) at the least
-            // cost, where the widest would cost several plain steps on a compute-bound batch.
-            let width = if self.plain_steps && self.current(bucket) == 0 { self.widths[0] } else { self.widest() };
-            self.probe_step = Some((bucket, width));
-            return width;
+        if self.probe_due(batch_bucket(batch_size)) {
+            self.probed = Some(batch_bucket(batch_size));
+            return self.widest();
         }
-        let chosen = self.current(bucket);
+        let chosen = self.current(batch_bucket(batch_size));
         // A narrow choice for a batch below min_batch_size rounds up to a captured width.
         let captured = self.captured_widths(batch_size);
         captured.into_iter().find(|&w| w >= chosen).unwrap_or(self.widest())
@@ -321,14 +311,8 @@ impl AdaptiveWidthController {
         let alpha = self.params.ema_alpha;
         let bucket = batch_bucket(batch_size);
         if let Some(t) = step_time_s {
-            // A probe measures a width the bucket has not run for a while: its old average is
-            // stale, so the probe's time replaces it (with plain steps, where probes are rare).
-            let stale = self.plain_steps && self.probe_step.take_if(|p| *p == (bucket, width)).is_some();
             let times = self.step_times.entry(bucket).or_default();
-            times
-                .entry(width)
-                .and_modify(|ema| *ema = if stale { t } else { alpha * t + (1.0 - alpha) * *ema })
-                .or_insert(t);
+            times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
         }
         let interval = self.params.update_interval;
         let countdown = self.countdown.entry(bucket).or_insert(interval);
@@ -527,10 +511,8 @@ mod tests {
         let tail = &ran[100..];
         let plain = tail.iter().filter(|&&w| w == 0).count();
         assert!(plain as f64 >= 0.95 * tail.len() as f64, "{plain} of {} steps plain", tail.len());
-        // Probes keep measuring the narrowest width, so acceptance never goes stale for good,
-        // and never pay for the widest one while plain steps win.
-        assert!(tail.contains(&1));
-        assert!(!tail.contains(&3));
+        // Probes keep measuring the widest width, so acceptance never goes stale for good.
+        assert!(tail.contains(&3));
     }
 
     #[test]
@@ -549,7 +531,7 @@ mod tests {
             AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
         let compute_bound = |w: usize| (w + 1) as f64;
         let ran = simulate(&mut c, 32, 2000, &ACCEPT, compute_bound);
-        let probes_late = ran[1000..].iter().filter(|&&w| w == 1).count();
+        let probes_late = ran[1000..].iter().filter(|&&w| w == 3).count();
         // Without backoff, 1000 steps would hold 20 probes of the widest width.
         assert!(probes_late <= 2, "{probes_late} probes in the last 1000 steps");
         assert!(probes_late >= 1, "probes never stop altogether");
@@ -564,29 +546,6 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_from_plain_steps_times_the_narrowest_width_afresh() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
-        let costly = |w: usize| (2 * w + 1) as f64;
-        simulate(&mut c, 32, 300, &ACCEPT, costly);
-        let b = batch_bucket(32);
-        assert_eq!(c.chosen_width(32), 0);
-        assert!(c.step_time(b, 1) > 2.5, "width 1 was timed while costly");
-        // Verification turns cheap: the next probe verifies one draft, and its time stands
-        // alone instead of being averaged into the stale one, so the bucket leaves plain steps
-        // at that probe's choice.
-        let cheap = |w: usize| 1.0 + 0.05 * w as f64;
-        let mut steps = 0;
-        while simulate(&mut c, 32, 1, &ACCEPT, cheap) == [0] {
-            steps += 1;
-            assert!(steps <= MAX_PROBE_BACKOFF * 50, "no probe");
-        }
-        assert_eq!(c.step_time(b, 1), cheap(1));
-        simulate(&mut c, 32, 5, &ACCEPT, cheap);
-        assert_ne!(c.chosen_width(32), 0);
-    }
-
-    #[test]
     fn switches_in_another_bucket_do_not_bring_back_probes_of_a_plain_bucket() {
         let mut c =
             AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
@@ -595,21 +554,18 @@ mod tests {
         simulate(&mut c, 32, 2000, &ACCEPT, compute_bound);
         assert_eq!(c.chosen_width(32), 0);
         // Batch 1 keeps changing its mind (its step cost flips every 60 of its steps), while
-        // batch 32 stays compute-bound; the two alternate step by step. A simulated single row
-        // accepts its first draft every time (0.6 rounds to 1), so its costly phase prices
-        // each verified position at two plain steps for plain steps to win there.
-        let costly = |w: usize| (2 * w + 1) as f64;
+        // batch 32 stays compute-bound; the two alternate step by step.
         let mut at_32 = Vec::new();
         let mut switches_at_1 = 0;
         for i in 0..3000 {
             let before = c.chosen_width(1);
-            let cost_1 = if (i / 60) % 2 == 0 { cheap } else { costly };
+            let cost_1 = if (i / 60) % 2 == 0 { cheap } else { compute_bound };
             simulate(&mut c, 1, 1, &ACCEPT, cost_1);
             switches_at_1 += usize::from(c.chosen_width(1) != before);
             at_32.extend(simulate(&mut c, 32, 1, &ACCEPT, compute_bound));
         }
         assert!(switches_at_1 >= 3, "batch 1 switched {switches_at_1} times");
-        let probes = at_32.iter().filter(|&&w| w > 0).count();
+        let probes = at_32.iter().filter(|&&w| w == 3).count();
         // At the longest interval (16 × 50 steps) 3000 steps hold 3-4 probes; reset on every
         // switch at batch 1 they would hold dozens.
         assert!(probes <= 4, "{probes} probes of batch 32 in 3000 of its steps");
