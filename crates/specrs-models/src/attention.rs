@@ -227,8 +227,10 @@ fn exp_shifted_by_max(p: &mut [f32]) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::simd::{hmax, hsum};
+
     /// See [`super::group_scores`]. Eight keys at a time per head: one accumulator per key,
-    /// the query held in registers, and the eight sums reduced together into one vector. Each
+    /// each chunk of the query loaded once for the eight, and the eight sums reduced together into one vector. Each
     /// key's lanes are summed in the same pattern whatever its place among the eight, and a
     /// short last group repeats its last key, so a score depends only on its query and key.
     ///
@@ -375,26 +377,6 @@ mod x86 {
             _mm256_andnot_ps(underflow, _mm256_mul_ps(y, pow2n))
         }
     }
-
-    #[inline(always)]
-    fn hsum(v: __m256) -> f32 {
-        // SAFETY: AVX is compiled in.
-        unsafe {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-        }
-    }
-
-    #[inline(always)]
-    fn hmax(v: __m256) -> f32 {
-        // SAFETY: AVX is compiled in.
-        unsafe {
-            let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
-        }
-    }
 }
 
 /// Dot product. On x86-64-v3 two AVX2 accumulators over 16-value chunks keep consecutive FMAs
@@ -415,10 +397,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
                 lo = _mm256_fmadd_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb), lo);
                 hi = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(8)), _mm256_loadu_ps(pb.add(8)), hi);
             }
-            let v = _mm256_add_ps(lo, hi);
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+            crate::simd::hsum(_mm256_add_ps(lo, hi))
         };
         (whole, sum)
     };

@@ -20,6 +20,7 @@ pub mod norm;
 pub mod placement;
 pub mod reductions;
 pub mod rope;
+mod simd;
 pub mod skinny;
 pub mod skinny_quant;
 pub mod testing;

@@ -106,6 +106,8 @@ unsafe fn columns(xs: &[f32], m: usize, k: usize, w: &[f32], cols: std::ops::Ran
 #[inline(always)]
 unsafe fn tile<const R: usize>(xs: &[f32], k: usize, w: &[f32], i: usize, j: usize, out: Output) {
     use std::arch::x86_64::*;
+
+    use crate::simd::hsum;
     // SAFETY: every vector load reads 8 floats at offset `o + 8 <= k` of a row of length `k`
     // that the caller guarantees; AVX2 and FMA are compiled in.
     unsafe {
@@ -132,18 +134,6 @@ unsafe fn tile<const R: usize>(xs: &[f32], k: usize, w: &[f32], i: usize, j: usi
             let tail: f32 = (o..k).map(|t| *x.add(r * k + t) * *w.add(t)).sum();
             *out.ptr.add((i + r) * out.n + j) = hsum(_mm256_add_ps(a0, a1)) + tail;
         }
-    }
-}
-
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-#[inline(always)]
-fn hsum(v: std::arch::x86_64::__m256) -> f32 {
-    use std::arch::x86_64::*;
-    // SAFETY: AVX is compiled in.
-    unsafe {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 }
 

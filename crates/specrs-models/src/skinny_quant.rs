@@ -48,6 +48,8 @@ mod x86 {
     use half::f16;
     use rayon::prelude::*;
 
+    use crate::simd::hsum;
+
     /// Values per quantization block, in the weights and the activations alike.
     const QK: usize = 32;
 
@@ -452,16 +454,6 @@ mod x86 {
             for (r, &acc_r) in acc.iter().enumerate() {
                 *out.ptr.add((row + r) * out.n + col) = hsum(acc_r);
             }
-        }
-    }
-
-    #[inline(always)]
-    fn hsum(v: __m256) -> f32 {
-        // SAFETY: AVX is compiled in.
-        unsafe {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
         }
     }
 }
