@@ -568,6 +568,45 @@ mod tests {
         (rand(&[9, 4, 8], 3), cache, batch, shape)
     }
 
+    /// SmolLM2's attention shape (9 heads over 3 kv heads) at head dim `d`.
+    fn gqa_shape(d: usize) -> AttentionShape {
+        AttentionShape { num_heads: 9, num_kv_heads: 3, head_dim: d, scale: (d as f32).powf(-0.5) }
+    }
+
+    /// A one-layer cache of `num_blocks` blocks of 16 slots for `gqa_shape(d)`, every slot
+    /// filled: keys spread ×4 (sharper softmaxes), values in [-0.5, 0.5).
+    fn filled_cache(d: usize, num_blocks: usize, seed: u64) -> PagedKvCache {
+        let cache = PagedKvCache::new(1, num_blocks, 16, 3, d, DType::F32, &Device::Cpu).unwrap();
+        let (kc, vc) = cache.layer(0);
+        let slots = num_blocks * 16;
+        kc.slice_set(&(rand(&[slots, 3 * d], seed) * 4.0).unwrap(), 0, 0).unwrap();
+        vc.slice_set(&rand(&[slots, 3 * d], seed + 1), 0, 0).unwrap();
+        cache
+    }
+
+    /// A step of `rows` laid back to back (their `query_start`s are set here) over a block
+    /// table that holds the cache's blocks in reverse order.
+    fn step_over_blocks(rows: Vec<BatchRow>, num_blocks: usize) -> ForwardBatch {
+        let mut start = 0;
+        let rows: Vec<BatchRow> = rows
+            .into_iter()
+            .map(|r| {
+                let r = BatchRow { query_start: start, ..r };
+                start += r.query_len;
+                r
+            })
+            .collect();
+        ForwardBatch {
+            input_ids: vec![0; start],
+            positions: vec![0; start],
+            rows,
+            slot_mapping: vec![0; start],
+            block_tables: (0..num_blocks as u32).rev().collect(),
+            block_size: 16,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn cpu_kernel_matches_reference_for_every_mask() {
         for (mask, window) in
@@ -588,38 +627,17 @@ mod tests {
         // 9 heads over 3 kv heads as in SmolLM2, a decode row and a 4-token verify row over
         // contexts spanning many scattered blocks.
         for d in [64, 80, 128] {
-            let shape = AttentionShape { num_heads: 9, num_kv_heads: 3, head_dim: d, scale: (d as f32).powf(-0.5) };
-            let (block_size, num_blocks) = (16, 40);
-            let cache = PagedKvCache::new(1, num_blocks, block_size, 3, d, DType::F32, &Device::Cpu).unwrap();
+            let shape = gqa_shape(d);
+            let cache = filled_cache(d, 40, 4);
             let (kc, vc) = cache.layer(0);
-            let slots = num_blocks * block_size;
-            kc.slice_set(&(rand(&[slots, 3 * d], 4) * 4.0).unwrap(), 0, 0).unwrap();
-            vc.slice_set(&rand(&[slots, 3 * d], 5), 0, 0).unwrap();
-            let block_tables: Vec<u32> = (0..num_blocks as u32).rev().collect();
-            let batch = ForwardBatch {
-                input_ids: vec![0; 5],
-                positions: vec![0; 5],
-                rows: vec![
-                    BatchRow {
-                        query_start: 0,
-                        query_len: 1,
-                        context_len: 301,
-                        block_table_start: 0,
-                        block_table_len: 19,
-                    },
-                    BatchRow {
-                        query_start: 1,
-                        query_len: 4,
-                        context_len: 250,
-                        block_table_start: 20,
-                        block_table_len: 16,
-                    },
-                ],
-                slot_mapping: vec![0; 5],
-                block_tables,
-                block_size,
-                ..Default::default()
+            let row = |query_len, context_len, block_table_start, block_table_len| BatchRow {
+                query_start: 0,
+                query_len,
+                context_len,
+                block_table_start,
+                block_table_len,
             };
+            let batch = step_over_blocks(vec![row(1, 301, 0, 19), row(4, 250, 20, 16)], 40);
             let q = rand(&[5, 9, d], 6);
             let fast = paged_attention(&q, kc, vc, &batch, shape).unwrap();
             let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
@@ -635,13 +653,9 @@ mod tests {
         // served by the vector kernel (64), one with a register-tile tail (80) and one the
         // portable path serves (12); the key counts leave short groups of eight.
         for d in [64, 80, 12] {
-            let shape = AttentionShape { num_heads: 9, num_kv_heads: 3, head_dim: d, scale: (d as f32).powf(-0.5) };
-            let (block_size, num_blocks) = (16, 24);
-            let cache = PagedKvCache::new(1, num_blocks, block_size, 3, d, DType::F32, &Device::Cpu).unwrap();
+            let shape = gqa_shape(d);
+            let cache = filled_cache(d, 24, 7);
             let (kc, vc) = cache.layer(0);
-            let slots = num_blocks * block_size;
-            kc.slice_set(&(rand(&[slots, 3 * d], 7) * 4.0).unwrap(), 0, 0).unwrap();
-            vc.slice_set(&rand(&[slots, 3 * d], 8), 0, 0).unwrap();
             let row = |query_len: usize, context_len: usize| BatchRow {
                 query_start: 0,
                 query_len,
@@ -649,27 +663,7 @@ mod tests {
                 block_table_start: 0,
                 block_table_len: 24,
             };
-            let step = |rows: Vec<BatchRow>| {
-                let t: usize = rows.iter().map(|r| r.query_len).sum();
-                let mut start = 0;
-                let rows = rows
-                    .into_iter()
-                    .map(|r| {
-                        let r = BatchRow { query_start: start, ..r };
-                        start += r.query_len;
-                        r
-                    })
-                    .collect();
-                ForwardBatch {
-                    input_ids: vec![0; t],
-                    positions: vec![0; t],
-                    rows,
-                    slot_mapping: vec![0; t],
-                    block_tables: (0..num_blocks as u32).rev().collect(),
-                    block_size,
-                    ..Default::default()
-                }
-            };
+            let step = |rows: Vec<BatchRow>| step_over_blocks(rows, 24);
             let q = rand(&[5, 9, d], 9);
             for context in [1, 7, 203] {
                 // A decode row and a verify row ending at the same position, together.
