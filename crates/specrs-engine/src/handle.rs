@@ -26,6 +26,8 @@ enum Command {
         sink: crate::request::OutputSink,
         reply: oneshot::Sender<Result<()>>,
     },
+    /// Requests admitted together, between two steps, so they start in the same step.
+    AddMany(Vec<PendingAdd>, oneshot::Sender<Vec<Result<()>>>),
     Abort(RequestId),
     AbortAll,
     /// Stop accepting work; finish running requests for up to `grace`, then cancel the rest.
@@ -37,6 +39,12 @@ enum Command {
 }
 
 /// Static facts about the running pipeline.
+struct PendingAdd {
+    id: RequestId,
+    request: GenerationRequest,
+    sink: crate::request::OutputSink,
+}
+
 #[derive(Debug, Clone)]
 pub struct EngineInfo {
     pub pipeline: Option<PipelineInfo>,
@@ -173,8 +181,31 @@ impl EngineHandle {
     }
 
     /// Runs requests to completion and returns them in submission order.
+    /// Runs `requests` to completion. They are admitted in one command, so the engine
+    /// schedules them together from its next step on (one at a time, each would wait a step
+    /// for the one before it). When any is refused, the others are aborted and the first
+    /// refusal is returned.
     pub fn generate(&self, requests: Vec<GenerationRequest>) -> Result<Vec<FinalOutput>> {
-        let streams = requests.into_iter().map(|r| self.submit(r).map(|(_, s)| s)).collect::<Result<Vec<_>>>()?;
+        let mut adds = Vec::with_capacity(requests.len());
+        let mut streams = Vec::with_capacity(requests.len());
+        for request in requests {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
+            adds.push(PendingAdd { id, request, sink });
+            streams.push((id, stream));
+        }
+        let (reply, admitted) = oneshot::channel();
+        self.tx.send(Command::AddMany(adds, reply)).map_err(|_| EngineError::Shutdown)?;
+        let results = admitted.blocking_recv().map_err(|_| EngineError::Shutdown)?;
+        if let Some(refused) = results.iter().position(Result::is_err) {
+            for ((id, _), r) in streams.iter().zip(&results) {
+                if r.is_ok() {
+                    self.abort(*id);
+                }
+            }
+            return Err(results.into_iter().nth(refused).expect("a refusal at this index").unwrap_err());
+        }
+        let streams = streams.into_iter().map(|(_, s)| s);
         streams
             .into_iter()
             .map(|mut s| {
@@ -254,6 +285,19 @@ fn handle(engine: &mut Engine, cmd: Command, shutdown: &mut Option<Instant>) {
             let result =
                 if shutdown.is_some() { Err(EngineError::Shutdown) } else { engine.add_request(id, request, sink) };
             let _ = reply.send(result);
+        }
+        Command::AddMany(adds, reply) => {
+            let results = adds
+                .into_iter()
+                .map(|a| {
+                    if shutdown.is_some() {
+                        Err(EngineError::Shutdown)
+                    } else {
+                        engine.add_request(a.id, a.request, a.sink)
+                    }
+                })
+                .collect();
+            let _ = reply.send(results);
         }
         Command::Abort(id) => {
             engine.abort(id);

@@ -52,3 +52,36 @@ fn eos_stops_and_min_tokens_keeps_it_from_ending_early() {
     let (free, total) = h.kv_blocks().unwrap();
     assert_eq!(free, total);
 }
+
+#[test]
+fn one_generate_call_starts_all_its_requests_in_the_same_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let params =
+        SamplingParams { temperature: 0.0, max_tokens: Some(5), ignore_eos: true, ..SamplingParams::default() };
+    let requests: Vec<_> =
+        (0..4).map(|i| GenerationRequest::new(Prompt::Tokens(vec![1, 2 + i]), params.clone())).collect();
+    let outs = h.generate(requests).unwrap();
+    assert!(outs.iter().all(|o| o.token_ids.len() == 5), "{outs:?}");
+    // One step prefills all four prompts and samples their first tokens; four decode steps
+    // follow. Admitted one by one, each request would have waited a step for the previous.
+    assert_eq!(h.metrics().steps.load(std::sync::atomic::Ordering::Relaxed), 5);
+}
+
+#[test]
+fn a_refused_request_fails_its_generate_call_and_aborts_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let params =
+        SamplingParams { temperature: 0.0, max_tokens: Some(50), ignore_eos: true, ..SamplingParams::default() };
+    let requests = vec![
+        GenerationRequest::new(Prompt::Tokens(vec![1, 2]), params.clone()),
+        GenerationRequest::new(Prompt::Tokens(vec![1, SHAPE.vocab as u32]), params.clone()),
+    ];
+    let err = h.generate(requests).unwrap_err().to_string();
+    assert!(err.contains("outside the vocabulary"), "{err}");
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total, "the admitted request was aborted and its KV freed");
+    let out = h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), params)]).unwrap();
+    assert_eq!(out[0].token_ids.len(), 50, "the engine keeps serving");
+}
