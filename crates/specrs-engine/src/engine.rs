@@ -100,6 +100,8 @@ pub struct Engine {
     next_seed: u64,
     window: SpecDecodeStats,
     last_log: Instant,
+    /// Drafting done at the end of the last step for the next one (its catch-up left out).
+    next_step_draft_time: Duration,
 }
 
 /// Each row's verify output (rows without logits have none), with its logprobs and trace.
@@ -196,6 +198,7 @@ impl Engine {
             next_seed: 0x5EED_0000,
             window: SpecDecodeStats::new(),
             last_log: Instant::now(),
+            next_step_draft_time: Duration::ZERO,
         })
     }
 
@@ -427,8 +430,23 @@ impl Engine {
             }
         };
         let step_stats = self.accept_and_commit(&rows, &forward)?;
+        let proposing = Instant::now();
         self.propose(&rows, &forward)?;
-        self.record_step(&plan, &step_stats, started.elapsed());
+        // A step's cost is its own forward plus the drafting done for it at the end of the
+        // step before; the drafts made now belong to the next step.
+        let drafted_for_next = self.draft_time_since(proposing);
+        let draft_time = std::mem::replace(&mut self.next_step_draft_time, drafted_for_next);
+        tracing::debug!(
+            rows = rows.len(),
+            decode_rows = plan.decode.len(),
+            mixed = plan.mixed,
+            width = plan.verify_width,
+            forward_ms = (proposing - started).as_secs_f64() * 1e3,
+            drafting_ms = proposing.elapsed().as_secs_f64() * 1e3,
+            charged_ms = (proposing - started + draft_time).as_secs_f64() * 1e3,
+            "step"
+        );
+        self.record_step(&plan, &step_stats, proposing - started + draft_time);
         self.update_gauges();
         Ok(rows.len())
     }
@@ -746,6 +764,13 @@ impl Engine {
         Ok((outputs, extras))
     }
 
+    /// Time drafting took since `proposing`, less any catch-up of positions kept through plain
+    /// steps (a one-off cost of those steps, not of the next step's width).
+    fn draft_time_since(&mut self, proposing: Instant) -> Duration {
+        let catch_up = self.proposer.as_mut().map_or(Duration::ZERO, |p| p.take_catch_up_time());
+        proposing.elapsed().saturating_sub(catch_up)
+    }
+
     fn propose(&mut self, rows: &[FedRow], forward: &ForwardOutput) -> Result<()> {
         let Some(proposer) = self.proposer.as_mut() else {
             return Ok(());
@@ -755,24 +780,25 @@ impl Engine {
             scheduler.num_computed(id) + 1 == seq.tokens.len() && seq.output.remaining() > 1
         };
         let decode_rows = self.seqs.iter().filter(|&(&id, seq)| will_decode(&self.scheduler, seq, id)).count();
-        // A plain step next (the adaptive controller's width 0) needs no drafts.
-        let drafting = self.width.plan_next_pure_step(decode_rows) != Some(0);
+        // A width planned now (the adaptive controller with plain steps) is all the drafts the
+        // next step can verify: none for a plain step, fewer than K for a narrow one.
+        let num_drafts = self.width.plan_next_pure_step(decode_rows).unwrap_or(proposer.num_speculative_tokens());
         let mut wants = Vec::with_capacity(rows.len());
         for r in rows {
             let Some(seq) = self.seqs.get(&r.seq) else {
-                wants.push(false);
+                wants.push(0);
                 continue;
             };
             // Drafting writes past the committed tokens: reserve for it without preempting.
-            let want = drafting
+            let want = num_drafts > 0
                 && will_decode(&self.scheduler, seq, r.seq)
                 && self.scheduler.reserve(r.seq, seq.tokens.len() + lookahead);
-            wants.push(want);
+            wants.push(if want { num_drafts } else { 0 });
         }
         let propose_rows: Vec<ProposeRow<'_>> = rows
             .iter()
             .zip(&wants)
-            .filter_map(|(r, &want)| {
+            .filter_map(|(r, &num_drafts)| {
                 let seq = self.seqs.get(&r.seq)?;
                 let num_valid = self.scheduler.num_computed(r.seq).saturating_sub(r.start).min(match r.kind {
                     RowKind::Decode { width } => width + 1,
@@ -784,7 +810,7 @@ impl Engine {
                     fed_start: r.start,
                     num_valid,
                     flat_start: r.flat_start,
-                    wants_drafts: want,
+                    num_drafts,
                     params: &seq.params,
                     seed: seq.step_seed(),
                 })
@@ -792,7 +818,7 @@ impl Engine {
             .collect();
         let taps = StepTaps { taps: &forward.taps, final_hidden: forward.final_hidden.as_ref() };
         let proposals: Vec<Proposal> = proposer.propose(&propose_rows, &taps, &self.scheduler)?;
-        let wanting: Vec<SeqId> = propose_rows.iter().filter(|r| r.wants_drafts).map(|r| r.seq).collect();
+        let wanting: Vec<SeqId> = propose_rows.iter().filter(|r| r.wants_drafts()).map(|r| r.seq).collect();
         drop(propose_rows);
         for (id, p) in wanting.into_iter().zip(proposals) {
             if let Some(seq) = self.seqs.get_mut(&id) {

@@ -251,7 +251,7 @@ impl Proposer for BlockProposer {
         let kv = self.kv.as_ref().ok_or_else(|| EngineError::Internal("drafter KV not allocated".into()))?;
         // 1. Materialise every committed position, drafting or not.
         self.materialize(rows, taps, scheduler, kv)?;
-        let drafting: Vec<&ProposeRow<'_>> = rows.iter().filter(|r| r.wants_drafts).collect();
+        let drafting: Vec<&ProposeRow<'_>> = rows.iter().filter(|r| r.wants_drafts()).collect();
         let n = drafting.len();
         if n == 0 || self.skip.as_ref().is_some_and(|s| s.width_for(n) == 0) {
             return Ok(vec![Proposal::default(); n]);
@@ -293,7 +293,20 @@ impl Proposer for BlockProposer {
             probs: vec![None; n],
         };
         let drafts = self.model.head(&drafting_hidden, &anchors, &mut sampler)?;
-        Ok(drafts.into_iter().zip(sampler.probs).map(|(drafts, probs)| Proposal { drafts, probs }).collect())
+        // The block is drafted whole; a row that asked for fewer keeps the first of them.
+        let vocab = self.vocab_size;
+        Ok(drafts
+            .into_iter()
+            .zip(sampler.probs)
+            .zip(&drafting)
+            .map(|((mut drafts, mut probs), r)| {
+                drafts.truncate(r.num_drafts);
+                if let Some(p) = &mut probs {
+                    p.truncate(drafts.len() * vocab);
+                }
+                Proposal { drafts, probs }
+            })
+            .collect())
     }
 }
 

@@ -9,6 +9,8 @@ pub mod block;
 pub mod ngram;
 pub mod sequential;
 
+use std::time::Duration;
+
 use candle_core::Tensor;
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::sampling::SamplingParams;
@@ -30,11 +32,19 @@ pub struct ProposeRow<'a> {
     pub num_valid: usize,
     /// Index of the row's first processed token in the step's flat batch (rows of taps).
     pub flat_start: usize,
-    /// The row continues decoding and wants drafts for the next step.
-    pub wants_drafts: bool,
+    /// Drafts the row wants for the next step: 0 when it does not draft (it finishes, is
+    /// mid-prefill, or the next step is planned plain), at most `K`. The adaptive controller
+    /// asks for fewer than `K` when it has planned a narrower verify width.
+    pub num_drafts: usize,
     pub params: &'a SamplingParams,
     /// The row's step seed for drafters that sample.
     pub seed: u64,
+}
+
+impl ProposeRow<'_> {
+    pub fn wants_drafts(&self) -> bool {
+        self.num_drafts > 0
+    }
 }
 
 /// Drafts for one row. `probs`, when present, holds the distribution each draft was sampled
@@ -79,12 +89,20 @@ pub trait Proposer: Send {
         TapRequest::default()
     }
 
-    /// Proposes the next drafts for every row with `wants_drafts`, in row order, and updates
+    /// Proposes the next drafts (at most `num_drafts` each) for every row that wants drafts, in
+    /// row order, and updates
     /// any per-sequence state from the committed positions of every row. The scheduler
     /// (block tables) has already reserved KV for `tokens.len() + draft_lookahead()` tokens of
     /// rows that want drafts.
     fn propose(&mut self, rows: &[ProposeRow<'_>], taps: &StepTaps<'_>, scheduler: &Scheduler)
     -> Result<Vec<Proposal>>;
+
+    /// Time the last [`Self::propose`] spent feeding positions kept from earlier steps in which
+    /// the row did not draft: a one-off cost of those plain steps, not a cost of the width the
+    /// drafts are for, so the adaptive controller leaves it out of its step times.
+    fn take_catch_up_time(&mut self) -> Duration {
+        Duration::ZERO
+    }
 
     /// Bytes of drafter KV per token, for the memory planner.
     fn kv_bytes_per_token(&self) -> u64 {

@@ -35,8 +35,12 @@ impl Proposer for NgramProposer {
     ) -> Result<Vec<Proposal>> {
         Ok(rows
             .iter()
-            .filter(|r| r.wants_drafts)
-            .map(|r| Proposal { drafts: self.lookup.propose(r.tokens), probs: None })
+            .filter(|r| r.wants_drafts())
+            .map(|r| {
+                let mut drafts = self.lookup.propose(r.tokens);
+                drafts.truncate(r.num_drafts);
+                Proposal { drafts, probs: None }
+            })
             .collect())
     }
 

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use specrs_core::config::DraftProposal;
@@ -40,6 +41,8 @@ pub struct SequentialProposer {
     name: String,
     /// Committed positions of rows that have not drafted since, by sequence.
     deferred: HashMap<SeqId, Deferred>,
+    /// Time spent feeding deferred positions since the last [`Proposer::take_catch_up_time`].
+    catch_up_time: Duration,
 }
 
 /// Committed positions a row that does not draft may keep unfed.
@@ -67,7 +70,17 @@ impl SequentialProposer {
         device: Device,
     ) -> Self {
         let name = model.name().to_string();
-        Self { model, kv: None, num_speculative_tokens, proposal, vocab_size, device, name, deferred: HashMap::new() }
+        Self {
+            model,
+            kv: None,
+            num_speculative_tokens,
+            proposal,
+            vocab_size,
+            device,
+            name,
+            deferred: HashMap::new(),
+            catch_up_time: Duration::ZERO,
+        }
     }
 }
 
@@ -78,6 +91,8 @@ struct Drafting {
     /// Position the next chained draft is fed at.
     position: usize,
     hidden_row: usize,
+    /// Drafts the row asked for (the chain runs to the largest).
+    wanted: usize,
     drafts: Vec<u32>,
     probs: Option<Vec<f32>>,
 }
@@ -130,6 +145,31 @@ impl SequentialProposer {
     }
 }
 
+/// Appends a row's committed positions `start..end` to a drafter batch: position `p` pairs
+/// the target's hidden state at `p` with the committed token at `p + 1`.
+fn push_positions(
+    batch: &mut ForwardBatch,
+    r: &ProposeRow<'_>,
+    blocks: &specrs_core::kv_blocks::KvBlockManager,
+    start: usize,
+    end: usize,
+) -> Result<()> {
+    let query_start = batch.input_ids.len();
+    batch.input_ids.extend(r.tokens[start + 1..end + 1].iter().copied());
+    batch.positions.extend((start..end).map(|p| p as u32));
+    batch.slot_mapping.extend(blocks.slots(r.seq, start..end)?);
+    let table = blocks.block_table(r.seq);
+    batch.rows.push(BatchRow {
+        query_start,
+        query_len: end - start,
+        context_len: end,
+        block_table_start: batch.block_tables.len(),
+        block_table_len: table.len(),
+    });
+    batch.block_tables.extend_from_slice(table);
+    Ok(())
+}
+
 impl Proposer for SequentialProposer {
     fn name(&self) -> &str {
         &self.name
@@ -157,6 +197,10 @@ impl Proposer for SequentialProposer {
         self.deferred.remove(&seq);
     }
 
+    fn take_catch_up_time(&mut self) -> Duration {
+        std::mem::take(&mut self.catch_up_time)
+    }
+
     fn propose(
         &mut self,
         rows: &[ProposeRow<'_>],
@@ -170,13 +214,17 @@ impl Proposer for SequentialProposer {
             rows.iter().flat_map(|r| (r.flat_start..r.flat_start + r.num_valid).map(|i| i as u32)).collect();
         let flat_len = flat_index.len();
         if flat_len == 0 {
-            return Ok(rows.iter().filter(|r| r.wants_drafts).map(|_| Proposal::default()).collect());
+            return Ok(rows.iter().filter(|r| r.wants_drafts()).map(|_| Proposal::default()).collect());
         }
         let flat = Tensor::from_vec(flat_index, flat_len, &self.device)?;
         let step_hidden = self.model.first_hidden(taps.taps, taps.final_hidden, &flat)?;
-        // 2. Rows that do not draft keep theirs; drafting rows catch up on everything they
-        //    kept plus this step's positions, and their last pair gives draft 1.
-        let mut batch = ForwardBatch { block_size: blocks.block_size(), ..Default::default() };
+        // 2. Rows that do not draft keep theirs; drafting rows first catch up on what they
+        //    kept (one forward of its own, timed apart), then feed this step's positions,
+        //    whose last pair gives draft 1.
+        let block_size = blocks.block_size();
+        let mut catch_up = ForwardBatch { block_size, ..Default::default() };
+        let mut catch_up_inputs: Vec<Tensor> = Vec::new();
+        let mut batch = ForwardBatch { block_size, ..Default::default() };
         let mut inputs: Vec<Tensor> = Vec::new();
         let mut drafting: Vec<Drafting> = Vec::new();
         let mut params: Vec<&SamplingParams> = Vec::new();
@@ -198,7 +246,7 @@ impl Proposer for SequentialProposer {
                 Some(d) => d.hidden.dim(0)?,
                 None => 0,
             };
-            if !r.wants_drafts && kept_len + r.num_valid <= MAX_DEFERRED_POSITIONS {
+            if !r.wants_drafts() && kept_len + r.num_valid <= MAX_DEFERRED_POSITIONS {
                 let deferred = match kept {
                     Some(d) => Deferred { start: d.start, hidden: Tensor::cat(&[&d.hidden, &own], 0)? },
                     None => Deferred { start: r.fed_start, hidden: own.copy()? },
@@ -206,26 +254,14 @@ impl Proposer for SequentialProposer {
                 self.deferred.insert(r.seq, deferred);
                 continue;
             }
-            let start = kept.as_ref().map_or(r.fed_start, |d| d.start);
             if let Some(d) = kept {
-                inputs.push(d.hidden);
+                push_positions(&mut catch_up, r, blocks, d.start, r.fed_start)?;
+                catch_up_inputs.push(d.hidden);
             }
-            inputs.push(own);
             let end = r.fed_start + r.num_valid;
-            let query_start = batch.input_ids.len();
-            batch.input_ids.extend(r.tokens[start + 1..end + 1].iter().copied());
-            batch.positions.extend((start..end).map(|p| p as u32));
-            batch.slot_mapping.extend(blocks.slots(r.seq, start..end)?);
-            let table = blocks.block_table(r.seq);
-            batch.rows.push(BatchRow {
-                query_start,
-                query_len: end - start,
-                context_len: end,
-                block_table_start: batch.block_tables.len(),
-                block_table_len: table.len(),
-            });
-            batch.block_tables.extend_from_slice(table);
-            if !r.wants_drafts {
+            push_positions(&mut batch, r, blocks, r.fed_start, end)?;
+            inputs.push(own);
+            if !r.wants_drafts() {
                 continue;
             }
             let last = batch.input_ids.len() - 1;
@@ -235,14 +271,20 @@ impl Proposer for SequentialProposer {
                 seq: r.seq,
                 position: end,
                 hidden_row: last,
-                drafts: Vec::with_capacity(self.num_speculative_tokens),
+                wanted: r.num_drafts.min(self.num_speculative_tokens),
+                drafts: Vec::with_capacity(r.num_drafts),
                 probs: None,
             });
             params.push(r.params);
             seeds.push(r.seed);
         }
+        if !catch_up.input_ids.is_empty() {
+            let started = Instant::now();
+            self.model.forward(&Tensor::cat(&catch_up_inputs, 0)?, &catch_up, kv_cache)?;
+            self.catch_up_time += started.elapsed();
+        }
         if batch.input_ids.is_empty() {
-            return Ok(rows.iter().filter(|r| r.wants_drafts).map(|_| Proposal::default()).collect());
+            return Ok(rows.iter().filter(|r| r.wants_drafts()).map(|_| Proposal::default()).collect());
         }
         let hidden = Tensor::cat(&inputs, 0)?;
         let (out, logits) = self.model.forward(&hidden, &batch, kv_cache)?;
@@ -250,14 +292,16 @@ impl Proposer for SequentialProposer {
             return Ok(Vec::new());
         }
         self.choose(&logits, &mut drafting, &params, &seeds, 0)?;
-        // 3. Chain: each further draft from the drafter's own output, one position on.
+        // 3. Chain: each further draft from the drafter's own output, one position on, as far
+        //    as the row that wants the most drafts.
+        let chain_len = drafting.iter().map(|d| d.wanted).max().unwrap_or(0);
         let mut last_hidden = {
             let idx: Vec<u32> = drafting.iter().map(|d| d.hidden_row as u32).collect();
             Some(out.index_select(&Tensor::from_vec(idx, drafting.len(), &self.device)?, 0)?)
         };
-        for step in 1..self.num_speculative_tokens {
+        for step in 1..chain_len {
             let Some(hidden) = last_hidden.take() else { break };
-            let mut chain = ForwardBatch { block_size: blocks.block_size(), ..Default::default() };
+            let mut chain = ForwardBatch { block_size, ..Default::default() };
             for (i, d) in drafting.iter().enumerate() {
                 let table = blocks.block_table(d.seq);
                 chain.input_ids.push(*d.drafts.last().expect("one draft per row so far"));
@@ -280,11 +324,18 @@ impl Proposer for SequentialProposer {
             }
             last_hidden = Some(out);
         }
+        let vocab = self.vocab_size;
+        for d in &mut drafting {
+            d.drafts.truncate(d.wanted);
+            if let Some(p) = &mut d.probs {
+                p.truncate(d.wanted * vocab);
+            }
+        }
         let mut by_row: Vec<Option<Proposal>> = vec![None; rows.len()];
         for d in drafting {
             by_row[d.index] = Some(Proposal { drafts: d.drafts, probs: d.probs });
         }
-        Ok(rows.iter().zip(by_row).filter(|(r, _)| r.wants_drafts).map(|(_, p)| p.unwrap_or_default()).collect())
+        Ok(rows.iter().zip(by_row).filter(|(r, _)| r.wants_drafts()).map(|(_, p)| p.unwrap_or_default()).collect())
     }
 }
 
@@ -399,7 +450,7 @@ mod tests {
         /// `num_valid` positions from `fed_start`, its first at flat row `flat_start`.
         fn propose(
             &mut self,
-            (fed_start, num_valid, flat_start, wants_drafts): (usize, usize, usize, bool),
+            (fed_start, num_valid, flat_start, num_drafts): (usize, usize, usize, usize),
             t: usize,
             step: usize,
         ) -> Vec<Proposal> {
@@ -409,7 +460,7 @@ mod tests {
                 fed_start,
                 num_valid,
                 flat_start,
-                wants_drafts,
+                num_drafts,
                 params: &self.params,
                 seed: 0,
             };
@@ -429,34 +480,51 @@ mod tests {
 
         // Step 0: the 5-token prompt (flat rows 1..6 of the step, behind another row's token),
         // step 1: one decode token; neither drafts, so the drafter runs nothing.
-        assert!(h.propose((0, 5, 1, false), 6, 0).is_empty());
-        assert!(h.propose((5, 1, 0, false), 1, 1).is_empty());
+        assert!(h.propose((0, 5, 1, 0), 6, 0).is_empty());
+        assert!(h.propose((5, 1, 0, 0), 1, 1).is_empty());
         assert!(h.fed().is_empty(), "a row that does not draft is fed nothing");
+        assert_eq!(h.proposer.take_catch_up_time(), Duration::ZERO);
 
         // Step 2: two committed positions (a token and an accepted draft), and the row drafts:
-        // one forward feeds all 8 positions in order, then one chained draft.
-        let proposals = h.propose((6, 2, 0, true), 3, 2);
+        // a catch-up forward feeds the 6 kept positions in order, the step's forward its own 2,
+        // then one chained draft.
+        let proposals = h.propose((6, 2, 0, 2), 3, 2);
         assert_eq!(proposals, vec![Proposal { drafts: vec![7, 7], probs: None }]);
         let fed = h.fed();
-        assert_eq!(fed.len(), 2, "catch-up forward plus one chained draft");
-        assert_eq!(fed[0].positions, (0..8).collect::<Vec<u32>>());
-        assert_eq!(fed[0].input_ids, (101..109).collect::<Vec<u32>>(), "position p pairs with token p + 1");
-        assert_eq!(fed[0].hidden, vec![1.0, 2.0, 3.0, 4.0, 5.0, 1000.0, 2000.0, 2001.0]);
-        assert_eq!(fed[1].positions, vec![8]);
-
-        // Step 3: only the new position is fed; nothing is fed twice.
-        h.propose((8, 1, 0, true), 1, 3);
-        let fed = h.fed();
+        assert_eq!(fed.len(), 3, "catch-up forward, step forward, one chained draft");
+        assert_eq!(fed[0].positions, (0..6).collect::<Vec<u32>>());
+        assert_eq!(fed[0].input_ids, (101..107).collect::<Vec<u32>>(), "position p pairs with token p + 1");
+        assert_eq!(fed[0].hidden, vec![1.0, 2.0, 3.0, 4.0, 5.0, 1000.0]);
+        assert_eq!((fed[1].positions.clone(), fed[1].hidden.clone()), (vec![6, 7], vec![2000.0, 2001.0]));
         assert_eq!(fed[2].positions, vec![8]);
-        assert_eq!(fed[2].hidden, vec![3000.0]);
+        assert!(h.proposer.take_catch_up_time() > Duration::ZERO, "the catch-up forward is timed");
+        assert_eq!(h.proposer.take_catch_up_time(), Duration::ZERO, "and taken once");
+
+        // Step 3: only the new position is fed; nothing is fed twice, nothing is caught up.
+        h.propose((8, 1, 0, 2), 1, 3);
+        let fed = h.fed();
+        assert_eq!(fed[3].positions, vec![8]);
+        assert_eq!(fed[3].hidden, vec![3000.0]);
+        assert_eq!(h.proposer.take_catch_up_time(), Duration::ZERO);
 
         // A released row forgets what it kept: positions that do not continue it are fed alone.
-        h.propose((9, 1, 0, false), 1, 4);
+        h.propose((9, 1, 0, 0), 1, 4);
         h.proposer.release(h.seq);
-        h.propose((10, 1, 0, true), 1, 5);
+        h.propose((10, 1, 0, 2), 1, 5);
         let fed = h.fed();
-        assert_eq!(fed[4].positions, vec![10]);
-        assert_eq!(fed[4].hidden, vec![5000.0]);
+        assert_eq!(fed[5].positions, vec![10]);
+        assert_eq!(fed[5].hidden, vec![5000.0]);
+    }
+
+    #[test]
+    fn the_chain_stops_at_the_drafts_a_row_asked_for() {
+        let mut h = Harness::new(16, 5, (100..112).collect());
+        let proposals = h.propose((0, 5, 0, 1), 5, 0);
+        assert_eq!(proposals, vec![Proposal { drafts: vec![7], probs: None }]);
+        assert_eq!(h.fed().len(), 1, "one draft needs no chained forward");
+        let proposals = h.propose((5, 1, 0, 2), 1, 1);
+        assert_eq!(proposals[0].drafts, vec![7, 7]);
+        assert_eq!(h.fed().len(), 3);
     }
 
     #[test]
@@ -464,16 +532,17 @@ mod tests {
         let mut h = Harness::new(256, 600, (0..700).map(|t| t % VOCAB as u32).collect());
         // A 400-position prefill chunk is kept; the next 200 would make 600 > 512, so all 600
         // are fed now, with no drafts asked for.
-        assert!(h.propose((0, 400, 0, false), 400, 0).is_empty());
+        assert!(h.propose((0, 400, 0, 0), 400, 0).is_empty());
         assert!(h.fed().is_empty());
-        assert!(h.propose((400, 200, 0, false), 200, 1).is_empty());
+        assert!(h.propose((400, 200, 0, 0), 200, 1).is_empty());
         let fed = h.fed();
-        assert_eq!(fed.len(), 1);
-        assert_eq!(fed[0].positions, (0..600).collect::<Vec<u32>>());
-        assert_eq!(fed[0].hidden[399..401], [399.0, 1000.0]);
+        assert_eq!(fed.len(), 2, "the kept positions, then the step's");
+        assert_eq!(fed[0].positions, (0..400).collect::<Vec<u32>>());
+        assert_eq!(fed[1].positions, (400..600).collect::<Vec<u32>>());
+        assert_eq!((fed[0].hidden[399], fed[1].hidden[0]), (399.0, 1000.0));
         // Drafting next feeds only the new position: nothing was left behind.
-        let proposals = h.propose((600, 1, 0, true), 1, 2);
+        let proposals = h.propose((600, 1, 0, 2), 1, 2);
         assert_eq!(proposals.len(), 1);
-        assert_eq!(h.fed()[1].positions, vec![600]);
+        assert_eq!(h.fed()[2].positions, vec![600]);
     }
 }
