@@ -100,8 +100,9 @@ pub struct Engine {
     next_seed: u64,
     window: SpecDecodeStats,
     last_log: Instant,
-    /// Drafting done at the end of the last step for the next one (its catch-up left out).
-    next_step_draft_time: Duration,
+    /// Drafting done at the end of the last step for the next one (its catch-up left out);
+    /// `None` when that drafting fed prefill rows, so the next step goes untimed.
+    next_step_draft_time: Option<Duration>,
 }
 
 /// Each row's verify output (rows without logits have none), with its logprobs and trace.
@@ -198,7 +199,7 @@ impl Engine {
             next_seed: 0x5EED_0000,
             window: SpecDecodeStats::new(),
             last_log: Instant::now(),
-            next_step_draft_time: Duration::ZERO,
+            next_step_draft_time: Some(Duration::ZERO),
         })
     }
 
@@ -430,23 +431,27 @@ impl Engine {
             }
         };
         let step_stats = self.accept_and_commit(&rows, &forward)?;
-        let proposing = Instant::now();
-        self.propose(&rows, &forward)?;
         // A step's cost is its own forward plus the drafting done for it at the end of the
-        // step before; the drafts made now belong to the next step.
-        let drafted_for_next = self.draft_time_since(proposing);
-        let draft_time = std::mem::replace(&mut self.next_step_draft_time, drafted_for_next);
+        // step before. It is recorded before drafting for the next step, which plans that
+        // step's width from the choice this step may change.
+        let forward_time = started.elapsed();
+        let charged = self.next_step_draft_time.take().map(|d| forward_time + d);
         tracing::debug!(
             rows = rows.len(),
             decode_rows = plan.decode.len(),
             mixed = plan.mixed,
             width = plan.verify_width,
-            forward_ms = (proposing - started).as_secs_f64() * 1e3,
-            drafting_ms = proposing.elapsed().as_secs_f64() * 1e3,
-            charged_ms = (proposing - started + draft_time).as_secs_f64() * 1e3,
+            forward_ms = forward_time.as_secs_f64() * 1e3,
+            charged_ms = charged.map(|t| t.as_secs_f64() * 1e3),
             "step"
         );
-        self.record_step(&plan, &step_stats, proposing - started + draft_time);
+        self.record_step(&plan, &step_stats, charged);
+        let proposing = Instant::now();
+        self.propose(&rows, &forward)?;
+        // Drafting at the end of a step with prefill rows fed whole prompts to the drafter: the
+        // next step is left untimed rather than charged for it.
+        let drafted = self.draft_time_since(proposing);
+        self.next_step_draft_time = plan.prefill.is_empty().then_some(drafted);
         self.update_gauges();
         Ok(rows.len())
     }
@@ -783,6 +788,8 @@ impl Engine {
         // A width planned now (the adaptive controller with plain steps) is all the drafts the
         // next step can verify: none for a plain step, fewer than K for a narrow one.
         let num_drafts = self.width.plan_next_pure_step(decode_rows).unwrap_or(proposer.num_speculative_tokens());
+        // A partial probe drafts for its first few rows only; the others verify nothing.
+        let mut drafting_rows_left = self.width.planned_drafting_rows().unwrap_or(usize::MAX);
         let mut wants = Vec::with_capacity(rows.len());
         for r in rows {
             let Some(seq) = self.seqs.get(&r.seq) else {
@@ -791,8 +798,10 @@ impl Engine {
             };
             // Drafting writes past the committed tokens: reserve for it without preempting.
             let want = num_drafts > 0
+                && drafting_rows_left > 0
                 && will_decode(&self.scheduler, seq, r.seq)
                 && self.scheduler.reserve(r.seq, seq.tokens.len() + lookahead);
+            drafting_rows_left -= usize::from(want);
             wants.push(if want { num_drafts } else { 0 });
         }
         let propose_rows: Vec<ProposeRow<'_>> = rows
@@ -836,7 +845,9 @@ impl Engine {
         Ok(())
     }
 
-    fn record_step(&mut self, plan: &StepPlan, stats: &SpecDecodeStats, elapsed: Duration) {
+    /// Feeds the step to the metrics and the adaptive controller; `elapsed` is `None` for a
+    /// step whose cost is not its width's (see [`Self::step_here`]).
+    fn record_step(&mut self, plan: &StepPlan, stats: &SpecDecodeStats, elapsed: Option<Duration>) {
         self.metrics.record_step(stats);
         if let Some(c) = self.width.controller()
             && !plan.mixed
@@ -846,7 +857,7 @@ impl Engine {
                 plan.verify_width,
                 &stats.accepted_per_position,
                 stats.num_drafts,
-                Some(elapsed.as_secs_f64()),
+                elapsed.map(|e| e.as_secs_f64()),
             )
         {
             tracing::info!("{switch}");

@@ -53,6 +53,14 @@ impl EngineWidthPolicy {
         Some(width)
     }
 
+    /// How many rows draft for the planned step: all (`None`), or the few of a partial probe.
+    pub fn planned_drafting_rows(&self) -> Option<usize> {
+        match (&self.mode, self.planned) {
+            (WidthMode::Adaptive(c), Some(w)) if w > 0 => c.probe_rows(),
+            _ => None,
+        }
+    }
+
     pub fn controller(&mut self) -> Option<&mut AdaptiveWidthController> {
         match &mut self.mode {
             WidthMode::Adaptive(c) => Some(c),
@@ -113,6 +121,23 @@ mod tests {
         assert_eq!(planned, Some(0));
         assert_eq!(p.step_width(32, false), 0, "the step runs the planned width");
         assert_eq!(p.planned, None, "a plan serves one step");
+    }
+
+    #[test]
+    fn a_partial_probe_plans_drafts_for_a_quarter_of_the_rows() {
+        let mut p = adaptive_policy();
+        // Batch 32 with nothing to start from: plain steps first, drafting for nobody.
+        for _ in 0..4 {
+            assert_eq!(p.plan_next_pure_step(32), Some(0));
+            assert_eq!(p.planned_drafting_rows(), None);
+            let w = p.step_width(32, false);
+            p.controller().unwrap().record_step(32, w, &[], 0, Some(1.0));
+        }
+        // Then the probe: the widest width, drafted for 8 of the 32 rows.
+        assert_eq!(p.plan_next_pure_step(32), Some(2));
+        assert_eq!(p.planned_drafting_rows(), Some(8));
+        assert_eq!(p.step_width(32, false), 2);
+        assert_eq!(p.planned_drafting_rows(), None, "the plan is spent");
     }
 
     #[test]

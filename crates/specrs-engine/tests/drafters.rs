@@ -219,3 +219,50 @@ fn adaptive_plain_steps_stop_drafting_for_a_rejected_head_and_stay_lossless() {
         "{verify_steps} of the steps behind {tokens} tokens still verified drafts"
     );
 }
+
+#[test]
+fn large_batches_at_plain_steps_probe_with_a_quarter_of_their_rows_and_stay_lossless() {
+    let f = fixture();
+    let e3 = f.random.parent().unwrap().join("rand-eagle3-partial-probes");
+    let (c, mut t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.3, 400 + i as u64).unwrap();
+    }
+    write(&e3, &c, &t);
+    // Twelve rows of 120 tokens: a bucket (8-15) that starts at plain steps.
+    let requests =
+        || -> Vec<GenerationRequest> { prompts().into_iter().cycle().take(12).map(|p| greedy(p, 120)).collect() };
+    let spawn = |speculative: SpeculativeConfig, draft: Option<&Path>| {
+        let mut cfg = PipelineConfig::new(f.random.to_str().unwrap());
+        cfg.draft_model = draft.map(|d| d.to_str().unwrap().to_string());
+        cfg.dtype = ModelDType::F32;
+        cfg.speculative = speculative;
+        cfg.engine =
+            EngineConfig { max_num_seqs: 16, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
+        let (engine, info) = build_engine(&cfg).unwrap();
+        EngineHandle::spawn(engine, Some(info))
+    };
+    let plain = spawn(SpeculativeConfig::default(), None).generate(requests()).unwrap();
+    let adaptive = spawn(
+        SpeculativeConfig {
+            speculative_method: Some(SpeculativeMethod::Eagle),
+            num_speculative_tokens: Some(3),
+            adaptive_speculative_widths: Some("all".into()),
+            adaptive_speculative_min_batch_size: 1,
+            ..SpeculativeConfig::default()
+        },
+        Some(&e3),
+    );
+    let out = adaptive.generate(requests()).unwrap();
+    for (p, a) in plain.iter().zip(&out) {
+        assert_eq!(p.token_ids, a.token_ids, "rows verifying drafts beside rows verifying none change nothing");
+    }
+    // The bucket starts plain; its fifth decode step probes with 3 of the 12 rows (the first
+    // in batch order). Whatever the controller then chooses from the timings, all rows verify
+    // alike or a partial probe again favours the first three, so they stay ahead.
+    let drafted: Vec<u64> = out.iter().map(|o| o.metrics.num_drafts).collect();
+    let (probed, rest) = drafted.split_at(3);
+    assert!(probed.iter().min() > rest.iter().max(), "verify steps per row: {drafted:?}");
+    let (free, total) = adaptive.kv_blocks().unwrap();
+    assert_eq!(free, total);
+}

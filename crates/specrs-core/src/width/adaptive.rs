@@ -25,8 +25,15 @@
 //!   `MAX_PROBE_BACKOFF` times `probe_interval`) until the bucket switches. On a compute-bound
 //!   CPU a probe of the widest width costs several plain steps, so a batch size settled on
 //!   plain steps must not be probed again because some other batch size changed its mind.
+//! - Partial probes (plain steps only): a bucket of at least [`PARTIAL_PROBE_MIN_BATCH`] rows
+//!   that sits at width 0 probes with a quarter of its rows drafting, and scales what they
+//!   added to the step to the whole batch (`t(0) + B / r · (t_probe − t(0))`, exact where
+//!   verification is compute-bound, pessimistic where it is not). A full probe there pays the
+//!   widest verify and the drafter's catch-up of every row; a quarter of that is enough to learn
+//!   the cost. Such a bucket that has timed plain steps but never verification probes at once,
+//!   and a large bucket with nothing to start from starts at plain steps, not at the widest width.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::error::ConfigError;
 
@@ -34,6 +41,12 @@ const FIELD: &str = "adaptive_speculative_widths";
 
 /// The longest probe interval, as a multiple of `probe_interval`, while plain steps win.
 pub const MAX_PROBE_BACKOFF: usize = 16;
+
+/// The smallest decode batch that probes with part of its rows (plain steps only).
+pub const PARTIAL_PROBE_MIN_BATCH: usize = 8;
+
+/// A partial probe drafts for `1 / PARTIAL_PROBE_SHARE` of the rows (rounded up).
+const PARTIAL_PROBE_SHARE: usize = 4;
 
 /// Parses `"1,3,5"` or `"all"` into sorted distinct widths.
 ///
@@ -101,6 +114,8 @@ pub struct WidthSwitch {
     pub to: usize,
     pub tokens_per_second_before: f64,
     pub tokens_per_second_after: f64,
+    /// The acceptance estimate the choice used (share accepting at least `k + 1` drafts).
+    pub acceptance: Vec<f64>,
 }
 
 impl WidthSwitch {
@@ -113,11 +128,48 @@ impl WidthSwitch {
 impl std::fmt::Display for WidthSwitch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (lo, hi) = self.batch_range();
+        let acceptance: Vec<String> = self.acceptance.iter().map(|p| format!("{p:.2}")).collect();
         write!(
             f,
-            "Verify width {} -> {} for decode batch sizes {lo}-{hi}: {:.1} -> {:.1} tokens per sequence per second.",
-            self.from, self.to, self.tokens_per_second_before, self.tokens_per_second_after
+            "Verify width {} -> {} for decode batch sizes {lo}-{hi}: {:.1} -> {:.1} tokens per sequence per second \
+             (acceptance by position [{}]).",
+            self.from,
+            self.to,
+            self.tokens_per_second_before,
+            self.tokens_per_second_after,
+            acceptance.join(", ")
         )
+    }
+}
+
+/// Rows of verification that count as one observation of MAX's per-step average: the
+/// acceptance estimates fade by `1 - ema_alpha` per this many rows verified, so a step of one
+/// row moves them little and a step of 32 rows a lot (per step, a lone row's 0-or-1 outcome
+/// would swing them as much as a full batch's average).
+const ROWS_PER_OBSERVATION: f64 = 8.0;
+
+/// An exponentially weighted share `hits / trials`; no estimate before the first trial (MAX's
+/// per-step average started from the prior instead, so a first probe of a few rows left the
+/// optimistic start mostly in place).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct DecayedShare {
+    hits: f64,
+    trials: f64,
+}
+
+impl DecayedShare {
+    fn scale(&mut self, decay: f64) {
+        self.hits *= decay;
+        self.trials *= decay;
+    }
+
+    fn add(&mut self, hits: f64, trials: f64) {
+        self.hits += hits;
+        self.trials += trials;
+    }
+
+    fn mean(&self) -> Option<f64> {
+        (self.trials > 1e-9).then(|| self.hits / self.trials)
     }
 }
 
@@ -125,12 +177,12 @@ impl std::fmt::Display for WidthSwitch {
 pub struct AdaptiveWidthController {
     widths: Vec<usize>,
     params: AdaptiveWidthParams,
-    /// EMA of the share of verified sequences accepting at least `k + 1` drafts.
-    accepted: Vec<f64>,
+    /// Share of verified sequences accepting at least `k + 1` drafts, recent rows weighted most.
+    accepted: Vec<DecayedShare>,
     /// Observations left before position `k` is considered stale.
     fresh_for: Vec<usize>,
-    /// EMA of the conditional continuation ratio `P(accept k+1 | accept k)`.
-    ratio: f64,
+    /// The conditional continuation ratio `P(accept k+1 | accept k)`, recent rows weighted most.
+    ratio: DecayedShare,
     chosen: HashMap<u32, usize>,
     step_times: HashMap<u32, BTreeMap<usize, f64>>,
     countdown: HashMap<u32, usize>,
@@ -145,6 +197,10 @@ pub struct AdaptiveWidthController {
     probe_backoff: HashMap<u32, usize>,
     /// A probe ran and its bucket's next choice has not been made yet.
     probed: Option<u32>,
+    /// The probe just planned drafts for only this many rows of its bucket.
+    partial_probe: Option<(u32, usize)>,
+    /// Step times (bucket, width) last set from a partial probe, scaled to the whole batch.
+    scaled: HashSet<(u32, usize)>,
 }
 
 impl AdaptiveWidthController {
@@ -163,9 +219,9 @@ impl AdaptiveWidthController {
         let widest = *widths.last().unwrap();
         Ok(Self {
             params,
-            accepted: vec![0.0; widest],
+            accepted: vec![DecayedShare::default(); widest],
             fresh_for: vec![0; widest],
-            ratio: 1.0,
+            ratio: DecayedShare::default(),
             chosen: HashMap::new(),
             step_times: HashMap::new(),
             countdown: HashMap::new(),
@@ -175,6 +231,8 @@ impl AdaptiveWidthController {
             since_probe: HashMap::new(),
             probe_backoff: HashMap::new(),
             probed: None,
+            partial_probe: None,
+            scaled: HashSet::new(),
         })
     }
 
@@ -214,18 +272,38 @@ impl AdaptiveWidthController {
 
     /// The width the next decode step at this batch size verifies. Call once per decode step.
     pub fn next_step_width(&mut self, batch_size: usize) -> usize {
-        if self.probe_due(batch_bucket(batch_size)) {
-            self.probed = Some(batch_bucket(batch_size));
+        let bucket = batch_bucket(batch_size);
+        if self.probe_due(bucket) {
+            self.probed = Some(bucket);
+            self.partial_probe = self.partial_probe_rows(batch_size).map(|rows| (bucket, rows));
             return self.widest();
         }
+        self.partial_probe = None;
         let chosen = self.current(batch_bucket(batch_size));
         // A narrow choice for a batch below min_batch_size rounds up to a captured width.
         let captured = self.captured_widths(batch_size);
         captured.into_iter().find(|&w| w >= chosen).unwrap_or(self.widest())
     }
 
+    /// Rows that draft in the probe [`Self::next_step_width`] just returned, when it drafts for
+    /// only part of the batch; `None` for a full probe or no probe.
+    pub fn probe_rows(&self) -> Option<usize> {
+        self.partial_probe.map(|(_, rows)| rows)
+    }
+
+    /// Rows a probe of this batch drafts for when only part of them should: a batch of at
+    /// least `PARTIAL_PROBE_MIN_BATCH` rows sitting at plain steps, with a timed plain step to
+    /// scale the probe from.
+    fn partial_probe_rows(&self, batch_size: usize) -> Option<usize> {
+        let bucket = batch_bucket(batch_size);
+        let plain_timed = self.step_times.get(&bucket).is_some_and(|t| t.contains_key(&0));
+        (self.plain_steps && batch_size >= PARTIAL_PROBE_MIN_BATCH && self.current(bucket) == 0 && plain_timed)
+            .then(|| batch_size.div_ceil(PARTIAL_PROBE_SHARE))
+    }
+
     /// Whether this step of `bucket` probes the widest width: every `probe_interval`-th step
-    /// overall (MAX), or with plain steps every `probe_interval · backoff`-th step of the bucket.
+    /// overall (MAX), or with plain steps every `probe_interval · backoff`-th step of the bucket,
+    /// and at once when a bucket at plain steps has timed them but never timed verification.
     fn probe_due(&mut self, bucket: u32) -> bool {
         if !self.plain_steps {
             self.probe_countdown = self.probe_countdown.saturating_sub(1);
@@ -235,7 +313,14 @@ impl AdaptiveWidthController {
             }
             return false;
         }
-        let interval = self.params.probe_interval * self.probe_backoff.get(&bucket).copied().unwrap_or(1);
+        let times = self.step_times.get(&bucket);
+        let never_verified = times.is_some_and(|t| t.contains_key(&0) && t.len() == 1) && self.current(bucket) == 0;
+        let interval = if never_verified {
+            // Time plain steps for a few steps (the probe is scaled from them), then probe.
+            self.params.update_interval
+        } else {
+            self.params.probe_interval * self.probe_backoff.get(&bucket).copied().unwrap_or(1)
+        };
         let since = self.since_probe.entry(bucket).or_insert(0);
         *since += 1;
         if *since >= interval {
@@ -251,15 +336,20 @@ impl AdaptiveWidthController {
     }
 
     /// A bucket's width: its own choice; else, with plain steps on, the choice of the nearest
-    /// bucket that has one (step costs change smoothly with the batch size); else the widest.
+    /// bucket that has one (step costs change smoothly with the batch size), or plain steps for
+    /// a bucket of partial probes (it learns its verify cost from a quarter of its rows rather
+    /// than from full steps at the widest width); else the widest.
     fn current(&self, bucket: u32) -> usize {
         if let Some(&w) = self.chosen.get(&bucket) {
             return w;
         }
-        if self.plain_steps
-            && let Some((_, &w)) = self.chosen.iter().min_by_key(|&(&b, _)| (b.abs_diff(bucket), b))
-        {
-            return w;
+        if self.plain_steps {
+            if let Some((_, &w)) = self.chosen.iter().min_by_key(|&(&b, _)| (b.abs_diff(bucket), b)) {
+                return w;
+            }
+            if (1usize << bucket) >= PARTIAL_PROBE_MIN_BATCH {
+                return 0;
+            }
         }
         self.widest()
     }
@@ -281,29 +371,57 @@ impl AdaptiveWidthController {
             // A plain step teaches its cost only.
             return self.record_time(batch_size, 0, step_time_s);
         }
+        let bucket = batch_bucket(batch_size);
+        let partial = self.partial_probe.take().is_some_and(|(b, _)| b == bucket)
+            && num_verifications > 0
+            && (num_verifications as usize) < batch_size;
+        let step_time_s = match step_time_s {
+            Some(t) if partial => {
+                let scaled = self.scale_partial_probe(bucket, batch_size, num_verifications as usize, t);
+                if let Some(t) = scaled {
+                    let alpha = self.params.ema_alpha;
+                    let times = self.step_times.entry(bucket).or_default();
+                    times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
+                    self.scaled.insert((bucket, width));
+                }
+                None // folded in above
+            }
+            t => t,
+        };
         if num_verifications == 0 || width == 0 {
             return None;
         }
-        let alpha = self.params.ema_alpha;
         let width = width.min(self.accepted.len()).min(accepted_per_position.len());
         for f in &mut self.fresh_for {
             *f = f.saturating_sub(1);
         }
-        let prior = self.acceptance_estimate();
-        for k in 0..width {
-            let observed = accepted_per_position[k] as f64 / num_verifications as f64;
-            self.accepted[k] = alpha * observed + (1.0 - alpha) * prior[k];
-            self.fresh_for[k] = self.params.update_interval;
+        // Older rows fade by `1 - ema_alpha` per `ROWS_PER_OBSERVATION` rows verified since.
+        let n = num_verifications as f64;
+        let decay = (1.0 - self.params.ema_alpha).powf(n / ROWS_PER_OBSERVATION);
+        for a in &mut self.accepted {
+            a.scale(decay);
+        }
+        for ((share, fresh), &hits) in
+            self.accepted.iter_mut().zip(&mut self.fresh_for).zip(accepted_per_position).take(width)
+        {
+            share.add(hits as f64, n);
+            *fresh = self.params.update_interval;
         }
         if width >= 2 {
             let reached: u64 = accepted_per_position[..width - 1].iter().sum();
-            if reached > 0 {
-                let continued: u64 = accepted_per_position[1..width].iter().sum();
-                let observed = continued as f64 / reached as f64;
-                self.ratio = alpha * observed + (1.0 - alpha) * self.ratio;
-            }
+            let continued: u64 = accepted_per_position[1..width].iter().sum();
+            self.ratio.scale(decay);
+            self.ratio.add(continued as f64, reached as f64);
         }
         self.record_time(batch_size, width, step_time_s)
+    }
+
+    /// The time a step of `batch_size` rows would have taken with all of them verifying, from
+    /// a probe where `rows` of them did: the plain step time plus what those rows added, scaled
+    /// to the batch. `None` (untimed) without a plain step time to scale from.
+    fn scale_partial_probe(&self, bucket: u32, batch_size: usize, rows: usize, t: f64) -> Option<f64> {
+        let plain = *self.step_times.get(&bucket)?.get(&0)?;
+        Some(plain + (t - plain).max(0.0) * batch_size as f64 / rows as f64)
     }
 
     /// Folds a step time into its bucket and, every `update_interval` steps, re-chooses.
@@ -312,12 +430,20 @@ impl AdaptiveWidthController {
         let bucket = batch_bucket(batch_size);
         if let Some(t) = step_time_s {
             let times = self.step_times.entry(bucket).or_default();
-            times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
+            if self.scaled.remove(&(bucket, width)) {
+                // The first time measured with every row verifying replaces one scaled from a
+                // partial probe.
+                times.insert(width, t);
+            } else {
+                times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
+            }
         }
+        // With plain steps a probe's bucket re-chooses at once: it may leave plain steps.
+        let probed = self.plain_steps && width == self.widest() && self.probed == Some(bucket);
         let interval = self.params.update_interval;
         let countdown = self.countdown.entry(bucket).or_insert(interval);
         *countdown = countdown.saturating_sub(1);
-        if *countdown == 0 {
+        if *countdown == 0 || probed {
             *countdown = interval;
             return self.choose_width(bucket);
         }
@@ -328,8 +454,12 @@ impl AdaptiveWidthController {
     pub fn acceptance_estimate(&self) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.accepted.len());
         let mut previous = 1.0f64;
+        let ratio = self.ratio.mean().unwrap_or(1.0).min(1.0);
         for k in 0..self.accepted.len() {
-            let p = if self.fresh_for[k] > 0 { self.accepted[k] } else { previous * self.ratio.min(1.0) };
+            let p = match self.accepted[k].mean() {
+                Some(p) if self.fresh_for[k] > 0 => p,
+                _ => previous * ratio,
+            };
             out.push(p);
             previous = p;
         }
@@ -375,7 +505,10 @@ impl AdaptiveWidthController {
             return None;
         }
         let p = self.acceptance_estimate();
+        // A bucket's first decision pins its width: from here on it no longer follows the
+        // neighbour it started from.
         let current = self.current(bucket);
+        self.chosen.entry(bucket).or_insert(current);
         let probed = self.probed.take_if(|&mut b| b == bucket).is_some();
         let current_rate = self.rate(bucket, current, &p);
         let mut best = current;
@@ -390,12 +523,18 @@ impl AdaptiveWidthController {
         if best != current && best_rate > current_rate * (1.0 + self.params.margin) {
             self.chosen.insert(bucket, best);
             self.probe_backoff.remove(&bucket);
+            if self.plain_steps {
+                // Check a switch after one step at its new width: one built on a probe (or a
+                // partial one) that misjudged the cost is undone after a step, not five.
+                self.countdown.insert(bucket, 1);
+            }
             let switch = WidthSwitch {
                 bucket,
                 from: current,
                 to: best,
                 tokens_per_second_before: current_rate,
                 tokens_per_second_after: best_rate,
+                acceptance: p,
             };
             tracing::info!("{switch}");
             return Some(switch);
@@ -466,21 +605,77 @@ mod tests {
     }
 
     #[test]
-    fn a_bucket_inheriting_plain_steps_stays_plain_until_a_probe_measures_verification() {
+    fn a_bucket_inheriting_plain_steps_times_verification_at_once_with_a_quarter_of_its_rows() {
         let mut c =
             AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
         let compute_bound = |w: usize| (w + 1) as f64;
         simulate(&mut c, 32, 100, &ACCEPT, compute_bound);
         assert_eq!(c.chosen_width(32), 0);
-        // Batch 20 starts from bucket 5's plain steps and measures only t(0) before its first
-        // probe: that alone must not send it to verify widths it has never timed.
-        let ran = simulate(&mut c, 20, 49, &ACCEPT, compute_bound);
+        // Batch 20 starts from bucket 5's plain steps. Its first four plain steps time t(0); the
+        // fifth probes with 5 of its 20 rows drafting, and that probe, scaled to the batch,
+        // shows verification does not pay: plain steps from then on, with no full probe.
+        assert_eq!(simulate(&mut c, 20, 4, &ACCEPT, compute_bound), vec![0; 4]);
+        assert_eq!(c.next_step_width(20), 3);
+        assert_eq!(c.probe_rows(), Some(5));
+        let t = compute_bound(0) + (compute_bound(3) - compute_bound(0)) * 5.0 / 20.0;
+        c.record_step(20, 3, &[3, 2, 1], 5, Some(t));
+        assert_eq!(c.step_time(batch_bucket(20), 3), compute_bound(3), "the probe's extra cost, scaled to 20 rows");
+        let ran = simulate(&mut c, 20, 47, &ACCEPT, compute_bound);
         assert!(ran.iter().all(|&w| w == 0), "{ran:?}");
     }
 
+    #[test]
+    fn a_large_batch_with_nothing_to_start_from_starts_plain_and_probes_part_of_its_rows() {
+        let fresh =
+            || AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        // Compute-bound: four plain steps, one probe of 8 of the 32 rows, then plain steps;
+        // never a full step at the widest width.
+        let mut c = fresh();
+        let ran = simulate(&mut c, 32, 60, &ACCEPT, |w| (w + 1) as f64);
+        assert_eq!(&ran[..5], &[0, 0, 0, 0, 3]);
+        assert!(ran[5..].iter().all(|&w| w == 0), "{ran:?}");
+        // Memory-bound: the same probe, scaled pessimistically (1 + 0.15 · 32/8 = 1.6 against a
+        // true 1.15), still shows verification pays, and the bucket leaves plain steps at once.
+        let mut c = fresh();
+        let cheap = |w: usize| 1.0 + 0.05 * w as f64;
+        assert_eq!(simulate(&mut c, 32, 4, &ACCEPT, cheap), vec![0; 4]);
+        assert_eq!((c.next_step_width(32), c.probe_rows()), (3, Some(8)));
+        // Memory-bound, 8 rows verifying cost as much as 32 would.
+        c.record_step(32, 3, &[5, 3, 2], 8, Some(cheap(3)));
+        assert!((c.step_time(batch_bucket(32), 3) - 1.6).abs() < 1e-9);
+        // Against that pessimistic cost width 2 looks best; it is chosen right after the probe.
+        assert_eq!(c.chosen_width(32), 2);
+        // The next full probe times width 3 with every row verifying, which replaces the scaled
+        // time, and the bucket widens to 3 for good.
+        let ran = simulate(&mut c, 32, 120, &ACCEPT, cheap);
+        assert!(ran.iter().all(|&w| w >= 2), "{ran:?}");
+        assert_eq!(c.step_time(batch_bucket(32), 3), cheap(3));
+        assert!(ran[60..].iter().all(|&w| w == 3), "{ran:?}");
+        // Small batches probe whole and start at the widest width, as in MAX.
+        let mut c = fresh();
+        assert_eq!(c.next_step_width(4), 3);
+        assert_eq!(c.probe_rows(), None);
+    }
+
+    #[test]
+    fn a_switch_that_a_partial_probe_misjudged_is_undone_after_one_full_step() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let compute_bound = |w: usize| (w + 1) as f64;
+        simulate(&mut c, 32, 4, &ACCEPT, compute_bound);
+        assert_eq!(c.next_step_width(32), 3);
+        // Noise: the probe's 8 rows cost nothing extra, so verifying looks free.
+        c.record_step(32, 3, &[5, 3, 2], 8, Some(compute_bound(0)));
+        assert_eq!(c.chosen_width(32), 3);
+        // One full step at width 3 shows its real cost, and the bucket goes back to plain.
+        assert_eq!(simulate(&mut c, 32, 1, &ACCEPT, compute_bound), vec![3]);
+        assert_eq!(c.chosen_width(32), 0);
+    }
+
     /// Runs `steps` decode steps of `batch` rows against a modelled target: each row accepts
-    /// at least `k + 1` drafts with probability `accept[k]`, and a step verifying `w` costs
-    /// `cost(w)`. Returns the widths the steps ran.
+    /// at least `k + 1` drafts with probability `accept[k]`, and a step verifying `w` for every
+    /// row costs `cost(w)`; a partial probe costs the share of the extra that its rows verify.
+    /// Returns the widths the steps ran.
     fn simulate(
         c: &mut AdaptiveWidthController,
         batch: usize,
@@ -491,9 +686,10 @@ mod tests {
         let mut ran = Vec::new();
         for _ in 0..steps {
             let w = c.next_step_width(batch);
-            let apc: Vec<u64> = accept[..w].iter().map(|p| (p * batch as f64).round() as u64).collect();
-            let verifications = if w > 0 { batch as u64 } else { 0 };
-            c.record_step(batch, w, &apc, verifications, Some(cost(w)));
+            let rows = if w > 0 { c.probe_rows().unwrap_or(batch) } else { 0 };
+            let apc: Vec<u64> = accept[..w].iter().map(|p| (p * rows as f64).round() as u64).collect();
+            let t = cost(0) + (cost(w) - cost(0)) * rows as f64 / batch as f64;
+            c.record_step(batch, w, &apc, rows as u64, Some(t));
             ran.push(w);
         }
         ran
