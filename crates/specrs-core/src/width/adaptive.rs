@@ -4,11 +4,13 @@
 //! on the traffic (one global estimate); step cost depends on the batch size (one estimate per
 //! power-of-two bucket of decode batch sizes: 1, 2-3, 4-7, ...).
 //!
-//! - Acceptance: an EMA per position of the share of verified sequences that accepted at
-//!   least `k + 1` drafts. Positions not measured recently are extrapolated from the last
-//!   fresh one with an EMA of the conditional continuation ratio, so narrowing never freezes
-//!   the estimate of deeper positions; every `probe_interval`-th step verifies the widest
-//!   candidate to re-measure them.
+//! - Acceptance: per position, the share of verified sequences that accepted at least `k + 1`
+//!   drafts, over recent rows (MAX averages per step; here older rows fade by `1 − ema_alpha`
+//!   per 8 rows verified, so a one-row step weighs an eighth of an 8-row one and the first
+//!   observation replaces the optimistic start). Positions not measured recently are
+//!   extrapolated from the last fresh one with the conditional continuation ratio, so narrowing
+//!   never freezes the estimate of deeper positions; every `probe_interval`-th step verifies
+//!   the widest candidate to re-measure them.
 //! - Cost: per bucket and width, an EMA of the step time; unmeasured widths are interpolated.
 //! - Choice: every `update_interval` observations of a bucket, switch to the width with the
 //!   best `(1 + Σ p_k) / t(w)` when it beats the current one by more than `margin`.
@@ -30,8 +32,10 @@
 //!   added to the step to the whole batch (`t(0) + B / r · (t_probe − t(0))`, exact where
 //!   verification is compute-bound, pessimistic where it is not). A full probe there pays the
 //!   widest verify and the drafter's catch-up of every row; a quarter of that is enough to learn
-//!   the cost. Such a bucket that has timed plain steps but never verification probes at once,
-//!   and a large bucket with nothing to start from starts at plain steps, not at the widest width.
+//!   the cost. A bucket at plain steps that has never timed verification probes after
+//!   `update_interval` plain steps, and a large bucket with nothing to start from starts at
+//!   plain steps, not at the widest width. A switch is re-checked after one step at its new
+//!   width, and the first time measured with every row verifying replaces a scaled one.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
