@@ -21,7 +21,8 @@
 //!   because a controller sitting at 0 would learn no acceptance, but the probe steps keep
 //!   measuring it here, so the controller can always widen again. Two more rules keep what
 //!   speculation costs on such batches small: a bucket seen for the first time starts from the
-//!   nearest bucket's choice instead of the widest width, and probes are counted per bucket:
+//!   nearest bucket's choice (among buckets on the same side of `PARTIAL_PROBE_MIN_BATCH`
+//!   rows) instead of the widest width, and probes are counted per bucket:
 //!   every `probe_interval`-th step of a bucket probes it, and while the bucket sits at width 0
 //!   each probe that leaves the choice unchanged doubles its interval (up to
 //!   `MAX_PROBE_BACKOFF` times `probe_interval`) until the bucket switches. On a compute-bound
@@ -47,7 +48,7 @@ const FIELD: &str = "adaptive_speculative_widths";
 pub const MAX_PROBE_BACKOFF: usize = 16;
 
 /// The smallest decode batch that probes with part of its rows (plain steps only).
-pub const PARTIAL_PROBE_MIN_BATCH: usize = 8;
+pub const PARTIAL_PROBE_MIN_BATCH: usize = 4;
 
 /// A partial probe drafts for `1 / PARTIAL_PROBE_SHARE` of the rows (rounded up).
 const PARTIAL_PROBE_SHARE: usize = 4;
@@ -340,18 +341,26 @@ impl AdaptiveWidthController {
     }
 
     /// A bucket's width: its own choice; else, with plain steps on, the choice of the nearest
-    /// bucket that has one (step costs change smoothly with the batch size), or plain steps for
-    /// a bucket of partial probes (it learns its verify cost from a quarter of its rows rather
-    /// than from full steps at the widest width); else the widest.
+    /// bucket on the same side of `PARTIAL_PROBE_MIN_BATCH` that has one (step costs change
+    /// smoothly with the batch size, but what a single stream chose says little about a large
+    /// batch), or plain steps for a bucket of partial probes (it learns its verify cost from a
+    /// quarter of its rows rather than from full steps at a width it never timed); else the
+    /// widest.
     fn current(&self, bucket: u32) -> usize {
         if let Some(&w) = self.chosen.get(&bucket) {
             return w;
         }
         if self.plain_steps {
-            if let Some((_, &w)) = self.chosen.iter().min_by_key(|&(&b, _)| (b.abs_diff(bucket), b)) {
+            let large = |b: u32| (1usize << b) >= PARTIAL_PROBE_MIN_BATCH;
+            let nearest = self
+                .chosen
+                .iter()
+                .filter(|&(&b, _)| large(b) == large(bucket))
+                .min_by_key(|&(&b, _)| (b.abs_diff(bucket), b));
+            if let Some((_, &w)) = nearest {
                 return w;
             }
-            if (1usize << bucket) >= PARTIAL_PROBE_MIN_BATCH {
+            if large(bucket) {
                 return 0;
             }
         }
@@ -657,8 +666,24 @@ mod tests {
         assert!(ran[60..].iter().all(|&w| w == 3), "{ran:?}");
         // Small batches probe whole and start at the widest width, as in MAX.
         let mut c = fresh();
-        assert_eq!(c.next_step_width(4), 3);
+        assert_eq!(c.next_step_width(3), 3);
         assert_eq!(c.probe_rows(), None);
+    }
+
+    #[test]
+    fn large_batches_do_not_inherit_a_single_streams_width() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        // A single stream settles on width 1 (memory-bound: verifying is almost free).
+        simulate(&mut c, 1, 100, &ACCEPT, |w| 1.0 + 0.05 * w as f64);
+        assert_ne!(c.chosen_width(1), 0);
+        // Batch 8 has no large neighbour with a choice: it starts at plain steps. Batch 3 (a
+        // small bucket) still follows batch 1.
+        assert_eq!(c.chosen_width(8), 0);
+        assert_eq!(c.chosen_width(3), c.chosen_width(1));
+        // Once batch 32 has chosen, batch 16 follows it rather than batch 1.
+        simulate(&mut c, 32, 100, &ACCEPT, |w| 1.0 + 0.05 * w as f64);
+        assert_eq!(c.chosen_width(16), c.chosen_width(32));
     }
 
     #[test]
