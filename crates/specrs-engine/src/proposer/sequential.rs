@@ -48,16 +48,18 @@ pub struct SequentialProposer {
 /// Committed positions a row that does not draft may keep unfed.
 const MAX_DEFERRED_POSITIONS: usize = 512;
 
-/// Drafter inputs (`first_hidden` rows, `[n, hidden]`) of a row's committed positions
-/// `start..start + n`, not yet fed to the drafter.
+/// Drafter inputs (`first_hidden` rows) of a row's committed positions `start..start + len`,
+/// not yet fed to the drafter: one `[n, hidden]` piece per step, joined only when fed (joining
+/// every step would copy everything kept so far, every step).
 struct Deferred {
     start: usize,
-    hidden: Tensor,
+    len: usize,
+    pieces: Vec<Tensor>,
 }
 
 impl Deferred {
-    fn end(&self) -> Result<usize> {
-        Ok(self.start + self.hidden.dim(0)?)
+    fn end(&self) -> usize {
+        self.start + self.len
     }
 }
 
@@ -238,25 +240,18 @@ impl Proposer for SequentialProposer {
             offset += r.num_valid;
             // Kept positions join only if they end where this step's begin; anything else
             // (a preempted and recomputed row) starts afresh.
-            let kept = match self.deferred.remove(&r.seq) {
-                Some(d) if d.end()? == r.fed_start => Some(d),
-                _ => None,
-            };
-            let kept_len = match &kept {
-                Some(d) => d.hidden.dim(0)?,
-                None => 0,
-            };
+            let kept = self.deferred.remove(&r.seq).filter(|d| d.end() == r.fed_start);
+            let kept_len = kept.as_ref().map_or(0, |d| d.len);
             if !r.wants_drafts() && kept_len + r.num_valid <= MAX_DEFERRED_POSITIONS {
-                let deferred = match kept {
-                    Some(d) => Deferred { start: d.start, hidden: Tensor::cat(&[&d.hidden, &own], 0)? },
-                    None => Deferred { start: r.fed_start, hidden: own.copy()? },
-                };
+                let mut deferred = kept.unwrap_or(Deferred { start: r.fed_start, len: 0, pieces: Vec::new() });
+                deferred.len += r.num_valid;
+                deferred.pieces.push(own);
                 self.deferred.insert(r.seq, deferred);
                 continue;
             }
             if let Some(d) = kept {
                 push_positions(&mut catch_up, r, blocks, d.start, r.fed_start)?;
-                catch_up_inputs.push(d.hidden);
+                catch_up_inputs.extend(d.pieces);
             }
             let end = r.fed_start + r.num_valid;
             push_positions(&mut batch, r, blocks, r.fed_start, end)?;
