@@ -48,7 +48,7 @@ pub struct SequentialProposer {
 /// Committed positions a row that does not draft may keep unfed.
 const MAX_DEFERRED_POSITIONS: usize = 512;
 
-/// Drafter inputs (`first_hidden` rows) of a row's committed positions `start..start + len`,
+/// Drafter inputs (`first_inputs` rows) of a row's committed positions `start..start + len`,
 /// not yet fed to the drafter: one `[n, hidden]` piece per step, joined only when fed (joining
 /// every step would copy everything kept so far, every step).
 struct Deferred {
@@ -219,7 +219,7 @@ impl Proposer for SequentialProposer {
             return Ok(rows.iter().filter(|r| r.wants_drafts()).map(|_| Proposal::default()).collect());
         }
         let flat = Tensor::from_vec(flat_index, flat_len, &self.device)?;
-        let step_hidden = self.model.first_hidden(taps.taps, taps.final_hidden, &flat)?;
+        let step_inputs = self.model.first_inputs(taps.taps, taps.final_hidden, &flat)?;
         // 2. Rows that do not draft keep theirs; drafting rows first catch up on what they
         //    kept (one forward of its own, timed apart), then feed this step's positions,
         //    whose last pair gives draft 1.
@@ -236,7 +236,7 @@ impl Proposer for SequentialProposer {
             if r.num_valid == 0 {
                 continue;
             }
-            let own = step_hidden.narrow(0, offset, r.num_valid)?;
+            let own = step_inputs.narrow(0, offset, r.num_valid)?;
             offset += r.num_valid;
             // Kept positions join only if they end where this step's begin; anything else
             // (a preempted and recomputed row) starts afresh.
@@ -275,13 +275,14 @@ impl Proposer for SequentialProposer {
         }
         if !catch_up.input_ids.is_empty() {
             let started = Instant::now();
-            self.model.forward(&Tensor::cat(&catch_up_inputs, 0)?, &catch_up, kv_cache)?;
+            let hidden = self.model.first_hidden(&Tensor::cat(&catch_up_inputs, 0)?)?;
+            self.model.forward(&hidden, &catch_up, kv_cache)?;
             self.catch_up_time += started.elapsed();
         }
         if batch.input_ids.is_empty() {
             return Ok(rows.iter().filter(|r| r.wants_drafts()).map(|_| Proposal::default()).collect());
         }
-        let hidden = Tensor::cat(&inputs, 0)?;
+        let hidden = self.model.first_hidden(&Tensor::cat(&inputs, 0)?)?;
         let (out, logits) = self.model.forward(&hidden, &batch, kv_cache)?;
         if drafting.is_empty() {
             return Ok(Vec::new());
@@ -372,7 +373,7 @@ mod tests {
             DraftInputs { taps: Vec::new(), final_hidden: true }
         }
 
-        fn first_hidden(
+        fn first_inputs(
             &self,
             _: &[Tensor],
             final_hidden: Option<&Tensor>,

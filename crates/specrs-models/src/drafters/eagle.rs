@@ -356,26 +356,39 @@ impl SequentialDraftModel for EagleDraft {
         }
     }
 
-    fn first_hidden(&self, taps: &[Tensor], final_hidden: Option<&Tensor>, flat_index: &Tensor) -> Result<Tensor> {
+    fn first_inputs(&self, taps: &[Tensor], final_hidden: Option<&Tensor>, flat_index: &Tensor) -> Result<Tensor> {
         match self.cfg.format {
             // EAGLE-1 fuses inside `forward`: the final hidden state goes in as is.
             EagleFormat::Eagle1 => final_hidden
                 .ok_or_else(|| candle_core::Error::msg("EAGLE-1 needs the target's final hidden states"))?
                 .index_select(flat_index, 0),
+            // [n, Ht] × 3, low | mid | high -> [n, 3·Ht]; the norm and fc wait for feeding.
             _ => {
-                // [n, Ht] × 3, low | mid | high -> [n, 3·Ht] -> fc -> [n, H].
                 let picked = taps.iter().map(|t| t.index_select(flat_index, 0)).collect::<Result<Vec<_>>>()?;
-                let cat = match &self.pre_fc_norm {
-                    PreFcNorm::None => Tensor::cat(&picked, D::Minus1)?,
-                    PreFcNorm::Concat(n) => n.forward(&Tensor::cat(&picked, D::Minus1)?)?,
-                    PreFcNorm::PerTap(ns) => {
-                        let normed = picked.iter().zip(ns).map(|(t, n)| n.forward(t)).collect::<Result<Vec<_>>>()?;
-                        Tensor::cat(&normed, D::Minus1)?
-                    }
-                };
-                self.fc.forward(&cat.to_dtype(self.dtype)?)
+                Tensor::cat(&picked, D::Minus1)
             }
         }
+    }
+
+    fn first_hidden(&self, inputs: &Tensor) -> Result<Tensor> {
+        if self.cfg.format == EagleFormat::Eagle1 {
+            return Ok(inputs.clone());
+        }
+        // [n, 3·Ht] -> (pre-fc norm) -> fc -> [n, H].
+        let normed = match &self.pre_fc_norm {
+            PreFcNorm::None => inputs.clone(),
+            PreFcNorm::Concat(n) => n.forward(inputs)?,
+            PreFcNorm::PerTap(ns) => {
+                let ht = self.cfg.target_hidden_size;
+                let parts = ns
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| n.forward(&inputs.narrow(D::Minus1, i * ht, ht)?))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&parts, D::Minus1)?
+            }
+        };
+        self.fc.forward(&normed.to_dtype(self.dtype)?)
     }
 
     fn forward(&self, hidden: &Tensor, batch: &ForwardBatch, kv: &PagedKvCache) -> Result<(Tensor, DraftLogits)> {

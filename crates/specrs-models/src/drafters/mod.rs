@@ -50,9 +50,15 @@ pub trait SequentialDraftModel: Send + Sync {
 
     fn inputs(&self) -> DraftInputs;
 
-    /// Step-0 hidden inputs for the rows `flat_index [n]` (u32) of the target's outputs:
-    /// `[n, hidden]`.
-    fn first_hidden(&self, taps: &[Tensor], final_hidden: Option<&Tensor>, flat_index: &Tensor) -> Result<Tensor>;
+    /// What the drafter keeps of the target's outputs at the rows `flat_index [n]` (u32):
+    /// `[n, D]`, made into step-0 hidden inputs by [`Self::first_hidden`] when fed. A row
+    /// that does not draft for a while keeps these, so work only feeding needs belongs there.
+    fn first_inputs(&self, taps: &[Tensor], final_hidden: Option<&Tensor>, flat_index: &Tensor) -> Result<Tensor>;
+
+    /// Step-0 hidden inputs `[n, hidden]` from rows of [`Self::first_inputs`].
+    fn first_hidden(&self, inputs: &Tensor) -> Result<Tensor> {
+        Ok(inputs.clone())
+    }
 
     /// One drafter forward: `hidden [T, hidden]` paired with `batch.input_ids` (the token after
     /// each hidden state's position). Writes the drafter's keys and values, returns the output

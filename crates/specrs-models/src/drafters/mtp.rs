@@ -157,7 +157,7 @@ impl SequentialDraftModel for MtpDraft {
         DraftInputs { taps: Vec::new(), final_hidden: true }
     }
 
-    fn first_hidden(&self, _taps: &[Tensor], final_hidden: Option<&Tensor>, flat_index: &Tensor) -> Result<Tensor> {
+    fn first_inputs(&self, _taps: &[Tensor], final_hidden: Option<&Tensor>, flat_index: &Tensor) -> Result<Tensor> {
         final_hidden
             .ok_or_else(|| candle_core::Error::msg("MTP needs the target's final hidden states"))?
             .index_select(flat_index, 0)
