@@ -382,23 +382,14 @@ impl AdaptiveWidthController {
     ) -> Option<WidthSwitch> {
         if width == 0 && self.plain_steps {
             // A plain step teaches its cost only.
-            return self.record_time(batch_size, 0, step_time_s);
+            return self.record_time(batch_size, 0, step_time_s, false);
         }
         let bucket = batch_bucket(batch_size);
         let partial = self.partial_probe.take().is_some_and(|(b, _)| b == bucket)
             && num_verifications > 0
             && (num_verifications as usize) < batch_size;
         let step_time_s = match step_time_s {
-            Some(t) if partial => {
-                let scaled = self.scale_partial_probe(bucket, batch_size, num_verifications as usize, t);
-                if let Some(t) = scaled {
-                    let alpha = self.params.ema_alpha;
-                    let times = self.step_times.entry(bucket).or_default();
-                    times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
-                    self.scaled.insert((bucket, width));
-                }
-                None // folded in above
-            }
+            Some(t) if partial => self.scale_partial_probe(bucket, batch_size, num_verifications as usize, t),
             t => t,
         };
         if num_verifications == 0 || width == 0 {
@@ -426,7 +417,7 @@ impl AdaptiveWidthController {
             self.ratio.scale(decay);
             self.ratio.add(continued as f64, reached as f64);
         }
-        self.record_time(batch_size, width, step_time_s)
+        self.record_time(batch_size, width, step_time_s, partial)
     }
 
     /// The time a step of `batch_size` rows would have taken with all of them verifying, from
@@ -437,13 +428,23 @@ impl AdaptiveWidthController {
         Some(plain + (t - plain).max(0.0) * batch_size as f64 / rows as f64)
     }
 
-    /// Folds a step time into its bucket and, every `update_interval` steps, re-chooses.
-    fn record_time(&mut self, batch_size: usize, width: usize, step_time_s: Option<f64>) -> Option<WidthSwitch> {
+    /// Folds a step time into its bucket (`scaled`: from a partial probe) and, every
+    /// `update_interval` steps, re-chooses.
+    fn record_time(
+        &mut self,
+        batch_size: usize,
+        width: usize,
+        step_time_s: Option<f64>,
+        scaled: bool,
+    ) -> Option<WidthSwitch> {
         let alpha = self.params.ema_alpha;
         let bucket = batch_bucket(batch_size);
         if let Some(t) = step_time_s {
             let times = self.step_times.entry(bucket).or_default();
-            if self.scaled.remove(&(bucket, width)) {
+            if scaled {
+                self.scaled.insert((bucket, width));
+            }
+            if !scaled && self.scaled.remove(&(bucket, width)) {
                 // The first time measured with every row verifying replaces one scaled from a
                 // partial probe.
                 times.insert(width, t);
