@@ -1,6 +1,7 @@
 """The EAGLE-3 head shipped for the default model: it is what `LLM()` and `spec-rs generate` run
 when nothing speculative is asked for, it is lossless against plain decoding, it accepts most of
-its drafts on prompts it was never trained on, and every explicit choice turns it off."""
+its drafts on prompts it was never trained on, prompt lookup in front of it accepts more, and
+every explicit choice turns it off."""
 
 from __future__ import annotations
 
@@ -93,6 +94,36 @@ def test_shipped_head_is_lossless_and_accepted_on_held_out_prompts(
     # Acceptance falls with depth: each position accepts no more often than the one before.
     per_position = [sum(o.metrics.accepted_per_position[i] for o in speculative) for i in range(3)]
     assert per_position[0] >= per_position[1] >= per_position[2] > 0
+
+
+def test_prompt_lookup_in_front_of_the_shipped_head_is_lossless_and_accepts_more(
+    fixed_width_llm: LLM, plain_llm: LLM
+) -> None:
+    draft = _spec_rs.default_draft(DEFAULT_MODEL)
+    assert draft is not None
+    config = SpeculativeConfig(
+        speculative_method="eagle", num_speculative_tokens=3, enable_prompt_lookup=True
+    )
+    lookup_llm = LLM(
+        DEFAULT_MODEL,
+        draft_model=draft[0],
+        speculative_config=config,
+        kv_cache_memory=TEST_KV_MEMORY,
+        max_model_len=TEST_MAX_MODEL_LEN,
+    )
+    assert lookup_llm.speculative_config.enable_prompt_lookup
+    prompts = held_out_prompts()
+    plain = plain_llm.generate(prompts, GREEDY)
+    head_alone = fixed_width_llm.generate(prompts, GREEDY)
+    with_lookup = lookup_llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in with_lookup] == [o.token_ids for o in plain]
+
+    def acceptance_length(outputs: list) -> float:
+        drafts = sum(o.metrics.num_drafts for o in outputs)
+        return 1 + sum(o.metrics.num_accepted_tokens for o in outputs) / drafts
+
+    # The reference continuations repeat spans (code, lists) that copying predicts better.
+    assert acceptance_length(with_lookup) > acceptance_length(head_alone) + 0.05
 
 
 def test_an_explicit_empty_config_means_plain_decoding(plain_llm: LLM) -> None:

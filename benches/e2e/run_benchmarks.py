@@ -106,6 +106,8 @@ SPECRS_CONFIGS = (
     "plain-q4_0",
     "eagle",
     "eagle-batch",
+    "eagle-lookup",
+    "eagle-lookup-batch",
     "ngram",
     "ngram-batch",
     "synthetic",
@@ -390,6 +392,22 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
             f"EAGLE-3 (K={args.eagle_k}, adaptive widths)",
             args.spec_dtype,
             {**eagle, "adaptive_speculative_widths": "all"},
+            draft,
+            (1, *big),
+        ),
+        # Prompt lookup in front of the head (enable_prompt_lookup), fixed and adaptive widths.
+        "eagle-lookup": SpecJob(
+            "eagle-lookup",
+            f"prompt lookup + EAGLE-3 (K={args.eagle_k})",
+            args.spec_dtype,
+            {**eagle, "enable_prompt_lookup": True},
+            draft,
+        ),
+        "eagle-lookup-batch": SpecJob(
+            "eagle-lookup-batch",
+            f"prompt lookup + EAGLE-3 (K={args.eagle_k}, adaptive widths)",
+            args.spec_dtype,
+            {**eagle, "adaptive_speculative_widths": "all", "enable_prompt_lookup": True},
             draft,
             (1, *big),
         ),
@@ -816,6 +834,8 @@ def find_row(rows: list[Row], key: str, prompt_set: str = "chat", batch: int = 1
 OWN_PLAIN = {
     "eagle": "plain",
     "eagle-batch": "plain",
+    "eagle-lookup": "plain",
+    "eagle-lookup-batch": "plain",
     "ngram": "plain",
     "ngram-batch": "plain",
     "synthetic": "plain",
@@ -938,7 +958,11 @@ def goals(
         out.append(
             Goal("5", "synthetic 0.7 (K=3) speedup within 15% of the step-cost bound", "not measured", None)
         )
-    eagle_rows = (("eagle", "EAGLE-3 K=3"), ("eagle-batch", "EAGLE-3 adaptive widths (shipped default)"))
+    eagle_rows = (
+        ("eagle", "EAGLE-3 K=3"),
+        ("eagle-batch", "EAGLE-3 adaptive widths (shipped default)"),
+        ("eagle-lookup-batch", "prompt lookup + EAGLE-3 adaptive widths"),
+    )
     for key, label in eagle_rows:
         own = ratio(find_row(rows, key), find_row(rows, "plain"))
         out.append(
@@ -1068,7 +1092,7 @@ def batch_table(rows: list[Row]) -> list[str]:
         for r in rows:
             if r.system != "spec-rs" or r.batch != b or r.prompt_set != "chat":
                 continue
-            if b == 1 and r.key not in ("plain", "eagle", "eagle-batch", "ngram"):
+            if b == 1 and r.key not in ("plain", "eagle", "eagle-batch", "eagle-lookup-batch", "ngram"):
                 continue
             if not r.median:
                 lines.append(md_row(r.method, r.weights, b, "—", r.error or "no data", "", ""))
@@ -1296,7 +1320,11 @@ def make_plots(data: dict[str, Any], out_dir: Path, prefix: str) -> dict[str, st
 
     fig, ax = plt.subplots(figsize=(7, 4))
     plotted = False
-    for single_key, batch_key in (("eagle", "eagle-batch"), ("ngram", "ngram-batch")):
+    for single_key, batch_key in (
+        ("eagle", "eagle-batch"),
+        ("eagle-lookup", "eagle-lookup-batch"),
+        ("ngram", "ngram-batch"),
+    ):
         pts = []
         # The adaptive configuration at every batch it ran; the fixed-width single-stream row
         # stands in at batch 1 only where the adaptive one did not run there.

@@ -7,7 +7,8 @@ Python reject exactly the same configurations with the same messages.
 
 spec-rs adds one method, ``"ngram"`` (prompt lookup: drafts copied from earlier in the
 request's own text, no draft model), configured by ``prompt_lookup_min`` and
-``prompt_lookup_max``.
+``prompt_lookup_max``, and ``enable_prompt_lookup``, which puts that lookup in front of a
+draft model.
 """
 
 from __future__ import annotations
@@ -106,6 +107,10 @@ class SpeculativeConfig(BaseModel):
     """ngram (spec-rs extension): shortest suffix n-gram matched."""
     prompt_lookup_max: int = 4
     """ngram (spec-rs extension): longest suffix n-gram matched, tried first."""
+    enable_prompt_lookup: bool = False
+    """spec-rs extension, with a draft model: a row whose latest tokens repeat an earlier
+    n-gram of its text (``prompt_lookup_min`` to ``prompt_lookup_max`` tokens) drafts what
+    followed it, and the model drafts only the rows without such a match."""
 
     @model_validator(mode="before")
     @classmethod

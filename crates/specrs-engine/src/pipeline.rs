@@ -26,6 +26,7 @@ use crate::engine::{Engine, EngineConfig, EngineParts};
 use crate::error::{EngineError, Result};
 use crate::proposer::Proposer;
 use crate::proposer::block::{BlockProposer, draft_skip_schedule, resolve_block_width};
+use crate::proposer::lookup_first::LookupFirstProposer;
 use crate::proposer::ngram::NgramProposer;
 use crate::proposer::sequential::SequentialProposer;
 use crate::tokenizer::TextTokenizer;
@@ -246,32 +247,32 @@ fn build_proposer(
             ))
         })
     };
-    let sequential = |model: Arc<dyn SequentialDraftModel>| -> Result<Option<Box<dyn Proposer>>> {
+    let sequential = |model: Arc<dyn SequentialDraftModel>| -> Result<Box<dyn Proposer>> {
         let k = spec.draft_width()?;
-        Ok(Some(Box::new(SequentialProposer::new(
+        Ok(Box::new(SequentialProposer::new(
             model,
             k,
             spec.draft_proposal,
             target.config().vocab_size,
             target.device().clone(),
-        ))))
+        )))
     };
-    match kind {
-        PipelineKind::Plain => Ok(None),
+    let model: Box<dyn Proposer> = match kind {
+        PipelineKind::Plain => return Ok(None),
         PipelineKind::Ngram => {
             let lookup = Lookup::from_config(spec)?;
-            Ok(Some(Box::new(NgramProposer::new(lookup))))
+            return Ok(Some(Box::new(NgramProposer::new(lookup))));
         }
         PipelineKind::Eagle => {
             let dir = need_draft("eagle")?;
-            sequential(Arc::new(EagleDraft::load(dir, target, target.device(), dtype)?))
+            sequential(Arc::new(EagleDraft::load(dir, target, target.device(), dtype)?))?
         }
         PipelineKind::Mtp => {
             let model = match draft {
                 Some(dir) => MtpDraft::load_speculators(dir, target, target.device(), dtype)?,
                 None => MtpDraft::load_from_target(target_store, target)?,
             };
-            sequential(Arc::new(model))
+            sequential(Arc::new(model))?
         }
         PipelineKind::DFlash | PipelineKind::DFlash2 | PipelineKind::DSpark => {
             let method = kind.method().expect("block pipelines run a method");
@@ -288,9 +289,15 @@ fn build_proposer(
             if let Some(schedule) = draft_skip_schedule(spec, k, max_batch_size, mixed_steps_verify)? {
                 proposer = proposer.with_draft_skipping(schedule);
             }
-            Ok(Some(Box::new(proposer)))
+            Box::new(proposer)
         }
+    };
+    if !spec.enable_prompt_lookup {
+        return Ok(Some(model));
     }
+    // Validated: 1 <= prompt_lookup_min <= prompt_lookup_max.
+    let (min_n, max_n) = (spec.prompt_lookup_min as usize, spec.prompt_lookup_max as usize);
+    Ok(Some(Box::new(LookupFirstProposer::new(min_n, max_n, model)?)))
 }
 
 /// Loads everything and builds the engine for an explicitly chosen pipeline kind (the Python

@@ -174,6 +174,17 @@ fn device_reductions_verify_exactly_like_host_copies() {
             Some(&f.random_eagle1),
             spec(SpeculativeMethod::Eagle, 3, |c| c.draft_proposal = DraftProposal::Sampled),
         ),
+        (
+            // Copied drafts (no distribution) and sampled model drafts in the same steps.
+            "random eagle1 sampled drafts behind prompt lookup",
+            &f.random,
+            Some(&f.random_eagle1),
+            spec(SpeculativeMethod::Eagle, 3, |c| {
+                c.draft_proposal = DraftProposal::Sampled;
+                c.enable_prompt_lookup = true;
+                c.prompt_lookup_min = 1;
+            }),
+        ),
         ("ngram", &f.random, None, spec(SpeculativeMethod::Ngram, 3, |_| {})),
         (
             "ngram synthetic",
@@ -215,18 +226,21 @@ fn greedy_speculative_decoding_is_lossless_for_every_method() {
     let greedy =
         |len| SamplingParams { temperature: 0.0, max_tokens: Some(len), ignore_eos: true, ..Default::default() };
     let requests = |len| prompts().iter().map(|p| request(p, greedy(len), false)).collect::<Vec<_>>();
-    for (target, draft, method) in [
-        (&f.bigram, Some(f.eagle3.as_path()), SpeculativeMethod::Eagle),
-        (&f.bigram, Some(f.mtp.as_path()), SpeculativeMethod::Mtp),
-        (&f.random, Some(f.random_eagle1.as_path()), SpeculativeMethod::Eagle),
-        (&f.random, None, SpeculativeMethod::Ngram),
+    for (target, draft, method, prompt_lookup) in [
+        (&f.bigram, Some(f.eagle3.as_path()), SpeculativeMethod::Eagle, false),
+        (&f.bigram, Some(f.eagle3.as_path()), SpeculativeMethod::Eagle, true),
+        (&f.bigram, Some(f.mtp.as_path()), SpeculativeMethod::Mtp, false),
+        (&f.random, Some(f.random_eagle1.as_path()), SpeculativeMethod::Eagle, false),
+        (&f.random, Some(f.random_eagle1.as_path()), SpeculativeMethod::Eagle, true),
+        (&f.random, None, SpeculativeMethod::Ngram, false),
     ] {
         let plain = run(
             &engine(&Setup { target, draft: None, spec: SpeculativeConfig::default(), on_device: None }),
             requests(24),
         );
-        let spec = run(&engine(&Setup { target, draft, spec: spec(method, 3, |_| {}), on_device: None }), requests(24));
-        assert_eq!(tokens(&plain), tokens(&spec), "{method} {draft:?}");
+        let config = spec(method, 3, |c| c.enable_prompt_lookup = prompt_lookup);
+        let spec = run(&engine(&Setup { target, draft, spec: config, on_device: None }), requests(24));
+        assert_eq!(tokens(&plain), tokens(&spec), "{method} {draft:?} prompt lookup {prompt_lookup}");
     }
 }
 

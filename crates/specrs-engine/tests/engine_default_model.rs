@@ -1,7 +1,7 @@
 //! The engine on the default model: plain greedy decoding through the full loop reproduces
 //! transformers' reference continuations, batched or alone, and speculative decoding with the
-//! n-gram proposer and with the shipped EAGLE-3 head returns exactly the plain tokens while
-//! accepting drafts.
+//! n-gram proposer, with the shipped EAGLE-3 head and with prompt lookup in front of it returns
+//! exactly the plain tokens while accepting drafts.
 
 use std::path::PathBuf;
 
@@ -71,14 +71,16 @@ fn ngram_speculation_is_lossless_and_accepts_drafts() {
 /// measured when it was shipped (drafters/README.md).
 const SHIPPED_HEAD_REFERENCE_AL: f64 = 1.43;
 
-#[test]
-fn shipped_eagle3_head_is_lossless_and_accepted_on_held_out_prompts() {
+/// The shipped head at a fixed width of 3 (the width it was trained for), optionally behind
+/// prompt lookup, against plain decoding on the reference prompts: asserts every token equal
+/// and returns the mean acceptance length.
+fn shipped_head_acceptance_length(prompt_lookup: bool) -> f64 {
     let mut cfg = PipelineConfig::new("smollm2-135m-instruct");
     cfg.dtype = ModelDType::F32;
     assert!(apply_default_draft(&mut cfg).unwrap(), "the default model ships a draft");
     assert_eq!(cfg.speculative.adaptive_speculative_widths.as_deref(), Some("all"), "adaptive widths by default");
-    // The head's quality is measured at the width it was trained for, every step verifying 3.
     cfg.speculative.adaptive_speculative_widths = None;
+    cfg.speculative.enable_prompt_lookup = prompt_lookup;
     let (spec_engine, info) = build_engine(&cfg).unwrap();
     assert_eq!(info.num_speculative_tokens, Some(3));
     let spec = EngineHandle::spawn(spec_engine, Some(info));
@@ -93,14 +95,29 @@ fn shipped_eagle3_head_is_lossless_and_accepted_on_held_out_prompts() {
         drafts += y.metrics.num_drafts;
         accepted += y.metrics.num_accepted_tokens;
     }
+    let (free, total) = spec.kv_blocks().unwrap();
+    assert_eq!(free, total);
+    1.0 + accepted as f64 / drafts as f64
+}
+
+#[test]
+fn shipped_eagle3_head_is_lossless_and_accepted_on_held_out_prompts() {
     // The reference prompts are held out from training. The shipped head measured
     // SHIPPED_HEAD_REFERENCE_AL here (f32); a wiring fault (taps, d2t, chaining) drops it to ~1.0.
-    let acceptance_length = 1.0 + accepted as f64 / drafts as f64;
+    let acceptance_length = shipped_head_acceptance_length(false);
     eprintln!("shipped head: mean acceptance length {acceptance_length:.3} on the reference prompts");
     assert!(
         acceptance_length >= SHIPPED_HEAD_REFERENCE_AL - 0.1,
         "mean acceptance length {acceptance_length:.2} on held-out prompts, measured {SHIPPED_HEAD_REFERENCE_AL} when shipped"
     );
-    let (free, total) = spec.kv_blocks().unwrap();
-    assert_eq!(free, total);
+}
+
+#[test]
+fn prompt_lookup_in_front_of_the_shipped_head_is_lossless_and_accepts_more() {
+    // The reference continuations repeat themselves (code, lists): copying those spans beats
+    // the head's guesses there, and the head still drafts everywhere else.
+    let head_alone = shipped_head_acceptance_length(false);
+    let with_lookup = shipped_head_acceptance_length(true);
+    eprintln!("mean acceptance length: head {head_alone:.3}, prompt lookup + head {with_lookup:.3}");
+    assert!(with_lookup > head_alone + 0.05, "prompt lookup + head {with_lookup:.3} vs head alone {head_alone:.3}");
 }

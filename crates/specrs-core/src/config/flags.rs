@@ -128,6 +128,11 @@ pub const SPECULATIVE_FLAGS: &[FieldFlag] = &[
         kind: FlagKind::Int,
         help: "ngram: longest suffix n-gram matched in the context (tried first)",
     },
+    FieldFlag {
+        field: "enable_prompt_lookup",
+        kind: FlagKind::Bool,
+        help: "With a draft model: rows whose latest tokens repeat an earlier n-gram draft its continuation instead",
+    },
 ];
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
 
 /// Configures speculative decoding for a pipeline. Field names, defaults and rules follow
 /// Modular MAX's `SpeculativeConfig`; `prompt_lookup_min`/`prompt_lookup_max` configure the
-/// spec-rs `ngram` method.
+/// spec-rs `ngram` method, and `enable_prompt_lookup` puts that lookup in front of a model
+/// drafter (also spec-rs's own).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SpeculativeConfig {
@@ -37,6 +38,7 @@ pub struct SpeculativeConfig {
     pub logit_penalties: bool,
     pub prompt_lookup_min: i64,
     pub prompt_lookup_max: i64,
+    pub enable_prompt_lookup: bool,
 }
 
 impl Default for SpeculativeConfig {
@@ -59,6 +61,7 @@ impl Default for SpeculativeConfig {
             logit_penalties: false,
             prompt_lookup_min: DEFAULT_PROMPT_LOOKUP_MIN as i64,
             prompt_lookup_max: DEFAULT_PROMPT_LOOKUP_MAX as i64,
+            enable_prompt_lookup: false,
         }
     }
 }
@@ -218,6 +221,25 @@ impl SpeculativeConfig {
                 ),
             ));
         }
+        if self.enable_prompt_lookup {
+            match self.speculative_method {
+                None => {
+                    return Err(ConfigError::field(
+                        "enable_prompt_lookup",
+                        "enable_prompt_lookup puts prompt lookup in front of a draft model, but no \
+                         speculative_method is set; set one (eagle, mtp, dflash, dflash2, dspark)",
+                    ));
+                }
+                Some(SpeculativeMethod::Ngram) => {
+                    return Err(ConfigError::field(
+                        "enable_prompt_lookup",
+                        "speculative_method='ngram' already drafts by prompt lookup; enable_prompt_lookup \
+                         combines it with a draft model (eagle, mtp, dflash, dflash2, dspark)",
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
         Ok(self)
     }
 
@@ -356,5 +378,22 @@ mod tests {
         assert_eq!(c.acceptance_rule(), AcceptanceRule::Greedy);
         c.synthetic_acceptance_rate = Some(0.5);
         assert_eq!(c.acceptance_rule(), AcceptanceRule::Synthetic);
+    }
+
+    #[test]
+    fn prompt_lookup_goes_in_front_of_draft_models_only() {
+        let c = |m| SpeculativeConfig { speculative_method: m, enable_prompt_lookup: true, ..Default::default() };
+        for m in
+            [SpeculativeMethod::Eagle, SpeculativeMethod::Mtp, SpeculativeMethod::Dflash, SpeculativeMethod::Dspark]
+        {
+            assert!(c(Some(m)).validated().unwrap().enable_prompt_lookup);
+        }
+        for (method, says) in
+            [(None, "no speculative_method is set"), (Some(SpeculativeMethod::Ngram), "already drafts")]
+        {
+            let err = c(method).validated().unwrap_err();
+            assert_eq!(err.field.as_deref(), Some("enable_prompt_lookup"));
+            assert!(err.to_string().contains(says), "{err}");
+        }
     }
 }

@@ -1,0 +1,227 @@
+//! Prompt lookup in front of a model drafter (`enable_prompt_lookup`, a spec-rs extension).
+//!
+//! A row whose latest tokens repeat an earlier n-gram of its own text takes what followed that
+//! occurrence as its drafts; the model drafts only the rows without such a match. Quoting,
+//! editing and the loops small models fall into repeat long spans a learned head predicts
+//! poorly, and copying them costs no drafter forward. The model still sees every row: rows
+//! served by the lookup reach it as rows that do not draft this step, so its state keeps up
+//! (the sequential driver keeps their inputs and catches up when they draft again).
+
+use std::time::Duration;
+
+use specrs_core::kv_blocks::SeqId;
+use specrs_core::ngram::NgramProposer as Lookup;
+use specrs_core::scheduler::Scheduler;
+
+use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use crate::error::Result;
+
+pub struct LookupFirstProposer {
+    lookup: Lookup,
+    model: Box<dyn Proposer>,
+    name: String,
+}
+
+impl LookupFirstProposer {
+    /// Matches suffix n-grams of `min_n..=max_n` tokens and copies up to the model's `K`.
+    pub fn new(min_n: usize, max_n: usize, model: Box<dyn Proposer>) -> Result<Self> {
+        let lookup = Lookup::new(min_n, max_n, model.num_speculative_tokens())?;
+        let name = format!("ngram+{}", model.name());
+        Ok(Self { lookup, model, name })
+    }
+}
+
+impl Proposer for LookupFirstProposer {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn num_speculative_tokens(&self) -> usize {
+        self.model.num_speculative_tokens()
+    }
+
+    fn draft_lookahead(&self) -> usize {
+        self.model.draft_lookahead().max(self.num_speculative_tokens() + 1)
+    }
+
+    fn tap_request(&self) -> TapRequest {
+        self.model.tap_request()
+    }
+
+    fn propose(
+        &mut self,
+        rows: &[ProposeRow<'_>],
+        taps: &StepTaps<'_>,
+        scheduler: &Scheduler,
+    ) -> Result<Vec<Proposal>> {
+        // Lookup drafts of the rows that want drafts, in row order; `None` where nothing matched.
+        let looked_up: Vec<Option<Vec<u32>>> = rows
+            .iter()
+            .filter(|r| r.wants_drafts())
+            .map(|r| {
+                let mut drafts = self.lookup.propose(r.tokens);
+                drafts.truncate(r.num_drafts);
+                (!drafts.is_empty()).then_some(drafts)
+            })
+            .collect();
+        let mut served = looked_up.iter().map(Option::is_some);
+        let model_rows: Vec<ProposeRow<'_>> = rows
+            .iter()
+            .map(|r| {
+                let by_lookup = r.wants_drafts() && served.next().expect("one entry per drafting row");
+                ProposeRow { num_drafts: if by_lookup { 0 } else { r.num_drafts }, ..*r }
+            })
+            .collect();
+        let mut from_model = self.model.propose(&model_rows, taps, scheduler)?.into_iter();
+        looked_up
+            .into_iter()
+            .map(|found| match found {
+                Some(drafts) => Ok(Proposal { drafts, probs: None }),
+                None => from_model.next().ok_or_else(|| {
+                    crate::error::EngineError::Internal(format!(
+                        "{} returned fewer proposals than rows asked for drafts",
+                        self.model.name()
+                    ))
+                }),
+            })
+            .collect()
+    }
+
+    fn take_catch_up_time(&mut self) -> Duration {
+        self.model.take_catch_up_time()
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.model.kv_bytes_per_token()
+    }
+
+    fn allocate(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
+        self.model.allocate(num_blocks, block_size)
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.model.release(seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use specrs_core::kv_blocks::KvBlockManager;
+    use specrs_core::sampling::SamplingParams;
+    use specrs_core::scheduler::SchedulerConfig;
+
+    use super::*;
+
+    /// Per call, each row's `(seq, num_drafts)` as the model proposer was asked.
+    type Calls = Arc<Mutex<Vec<Vec<(SeqId, usize)>>>>;
+
+    /// A model proposer that drafts `[900, 901, ...]` and records what each call asked of it.
+    struct Recording {
+        asked: Calls,
+        released: Arc<Mutex<Vec<SeqId>>>,
+    }
+
+    impl Proposer for Recording {
+        fn name(&self) -> &str {
+            "model"
+        }
+
+        fn num_speculative_tokens(&self) -> usize {
+            3
+        }
+
+        fn draft_lookahead(&self) -> usize {
+            8
+        }
+
+        fn propose(&mut self, rows: &[ProposeRow<'_>], _: &StepTaps<'_>, _: &Scheduler) -> Result<Vec<Proposal>> {
+            self.asked.lock().unwrap().push(rows.iter().map(|r| (r.seq, r.num_drafts)).collect());
+            Ok(rows
+                .iter()
+                .filter(|r| r.wants_drafts())
+                .map(|r| Proposal { drafts: (900..900 + r.num_drafts as u32).collect(), probs: Some(vec![0.5]) })
+                .collect())
+        }
+
+        fn release(&mut self, seq: SeqId) {
+            self.released.lock().unwrap().push(seq);
+        }
+    }
+
+    struct Harness {
+        proposer: LookupFirstProposer,
+        asked: Calls,
+        released: Arc<Mutex<Vec<SeqId>>>,
+        scheduler: Scheduler,
+        params: SamplingParams,
+    }
+
+    fn harness() -> Harness {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let released = Arc::new(Mutex::new(Vec::new()));
+        let model = Recording { asked: asked.clone(), released: released.clone() };
+        // Matches of 2 to 4 tokens, copying up to the model's 3.
+        let proposer = LookupFirstProposer::new(2, 4, Box::new(model)).unwrap();
+        let scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(8, 4).unwrap());
+        Harness { proposer, asked, released, scheduler, params: SamplingParams::greedy() }
+    }
+
+    impl Harness {
+        fn propose(&mut self, rows: &[(SeqId, &[u32], usize)]) -> Vec<Proposal> {
+            let rows: Vec<ProposeRow<'_>> = rows
+                .iter()
+                .map(|&(seq, tokens, num_drafts)| ProposeRow {
+                    seq,
+                    tokens,
+                    fed_start: tokens.len() - 1,
+                    num_valid: 1,
+                    flat_start: 0,
+                    num_drafts,
+                    params: &self.params,
+                    seed: 0,
+                })
+                .collect();
+            let taps = StepTaps { taps: &[], final_hidden: None };
+            self.proposer.propose(&rows, &taps, &self.scheduler).unwrap()
+        }
+    }
+
+    /// `5 6 7 8 9 5 6`: the suffix `5 6` occurred before, followed by `7 8 9`.
+    const REPEATING: &[u32] = &[5, 6, 7, 8, 9, 5, 6];
+    /// No suffix of two or more tokens occurs earlier.
+    const FRESH: &[u32] = &[1, 2, 3, 4];
+
+    #[test]
+    fn matched_rows_copy_their_continuation_and_the_model_drafts_the_rest_in_row_order() {
+        let mut h = harness();
+        let proposals = h.propose(&[(1, FRESH, 3), (2, REPEATING, 3), (3, FRESH, 0), (4, FRESH, 2)]);
+        let drafts: Vec<&[u32]> = proposals.iter().map(|p| p.drafts.as_slice()).collect();
+        assert_eq!(drafts, [&[900, 901, 902][..], &[7, 8, 9], &[900, 901]]);
+        // Copied drafts carry no distribution (verified as one-hot); the model's keep theirs.
+        assert_eq!(proposals.iter().map(|p| p.probs.is_some()).collect::<Vec<_>>(), [true, false, true]);
+        // The model saw every row, the matched one as a row that does not draft.
+        assert_eq!(*h.asked.lock().unwrap(), [vec![(1, 3), (2, 0), (3, 0), (4, 2)]]);
+    }
+
+    #[test]
+    fn copied_drafts_respect_the_planned_width() {
+        let mut h = harness();
+        let proposals = h.propose(&[(2, REPEATING, 1)]);
+        assert_eq!(proposals, [Proposal { drafts: vec![7], probs: None }]);
+    }
+
+    #[test]
+    fn widths_and_lookahead_follow_the_model_and_release_reaches_it() {
+        let mut h = harness();
+        assert_eq!(h.proposer.num_speculative_tokens(), 3);
+        assert_eq!(h.proposer.draft_lookahead(), 8);
+        assert_eq!(h.proposer.name(), "ngram+model");
+        // A lookup wider than the model is cut to the model's width.
+        let long: Vec<u32> = [1, 2].iter().chain(&[3, 4, 5, 6, 7, 8]).chain(&[1, 2]).copied().collect();
+        assert_eq!(h.propose(&[(5, &long, 3)])[0].drafts, [3, 4, 5]);
+        h.proposer.release(5);
+        assert_eq!(*h.released.lock().unwrap(), [5]);
+    }
+}
