@@ -820,6 +820,7 @@ impl Engine {
                     num_valid,
                     flat_start: r.flat_start,
                     num_drafts,
+                    catch_up_now: false,
                     params: &seq.params,
                     seed: seq.step_seed(),
                 })

@@ -4,8 +4,9 @@
 //! occurrence as its drafts; the model drafts only the rows without such a match. Quoting,
 //! editing and the loops small models fall into repeat long spans a learned head predicts
 //! poorly, and copying them costs no drafter forward. The model still sees every row: rows
-//! served by the lookup reach it as rows that do not draft this step, so its state keeps up
-//! (the sequential driver keeps their inputs and catches up when they draft again).
+//! served by the lookup reach it as rows that do not draft this step, marked `catch_up_now`,
+//! so a sequential drafter feeds their positions in the forward it runs for the other rows
+//! rather than in a catch-up forward of their own when the model drafts for them again.
 
 use std::time::Duration;
 
@@ -69,7 +70,7 @@ impl Proposer for LookupFirstProposer {
             .iter()
             .map(|r| {
                 let by_lookup = r.wants_drafts() && served.next().expect("one entry per drafting row");
-                ProposeRow { num_drafts: if by_lookup { 0 } else { r.num_drafts }, ..*r }
+                if by_lookup { ProposeRow { num_drafts: 0, catch_up_now: true, ..*r } } else { *r }
             })
             .collect();
         let mut from_model = self.model.propose(&model_rows, taps, scheduler)?.into_iter();
@@ -114,8 +115,8 @@ mod tests {
 
     use super::*;
 
-    /// Per call, each row's `(seq, num_drafts)` as the model proposer was asked.
-    type Calls = Arc<Mutex<Vec<Vec<(SeqId, usize)>>>>;
+    /// Per call, each row's `(seq, num_drafts, catch_up_now)` as the model proposer was asked.
+    type Calls = Arc<Mutex<Vec<Vec<(SeqId, usize, bool)>>>>;
 
     /// A model proposer that drafts `[900, 901, ...]` and records what each call asked of it.
     struct Recording {
@@ -137,7 +138,7 @@ mod tests {
         }
 
         fn propose(&mut self, rows: &[ProposeRow<'_>], _: &StepTaps<'_>, _: &Scheduler) -> Result<Vec<Proposal>> {
-            self.asked.lock().unwrap().push(rows.iter().map(|r| (r.seq, r.num_drafts)).collect());
+            self.asked.lock().unwrap().push(rows.iter().map(|r| (r.seq, r.num_drafts, r.catch_up_now)).collect());
             Ok(rows
                 .iter()
                 .filter(|r| r.wants_drafts())
@@ -179,6 +180,7 @@ mod tests {
                     num_valid: 1,
                     flat_start: 0,
                     num_drafts,
+                    catch_up_now: false,
                     params: &self.params,
                     seed: 0,
                 })
@@ -201,8 +203,9 @@ mod tests {
         assert_eq!(drafts, [&[900, 901, 902][..], &[7, 8, 9], &[900, 901]]);
         // Copied drafts carry no distribution (verified as one-hot); the model's keep theirs.
         assert_eq!(proposals.iter().map(|p| p.probs.is_some()).collect::<Vec<_>>(), [true, false, true]);
-        // The model saw every row, the matched one as a row that does not draft.
-        assert_eq!(*h.asked.lock().unwrap(), [vec![(1, 3), (2, 0), (3, 0), (4, 2)]]);
+        // The model saw every row, the matched one as a row that does not draft but is fed now.
+        let asked = [(1, 3, false), (2, 0, true), (3, 0, false), (4, 2, false)];
+        assert_eq!(*h.asked.lock().unwrap(), [asked.to_vec()]);
     }
 
     #[test]

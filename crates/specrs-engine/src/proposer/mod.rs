@@ -37,6 +37,10 @@ pub struct ProposeRow<'a> {
     /// mid-prefill, or the next step is planned plain), at most `K`. The adaptive controller
     /// asks for fewer than `K` when it has planned a narrower verify width.
     pub num_drafts: usize,
+    /// A row that does not draft from the model but should feed a sequential drafter its
+    /// committed positions this step, when that drafter runs anyway: prompt lookup drafted
+    /// for it, and it is likely to need the model again soon.
+    pub catch_up_now: bool,
     pub params: &'a SamplingParams,
     /// The row's step seed for drafters that sample.
     pub seed: u64,

@@ -10,7 +10,10 @@
 //! A row that does not draft this step (the adaptive controller planned a plain step, or the
 //! row is mid-prefill) is not caught up: its drafter inputs are kept and fed, in one batch,
 //! the next time it drafts. Under load, where plain steps win, the drafter then costs almost
-//! nothing, and a row that finishes without drafting again is never caught up at all. A row
+//! nothing, and a row that finishes without drafting again is never caught up at all. Rows
+//! prompt lookup drafted for (`catch_up_now`) are the exception when other rows draft: they
+//! ride along in the step's forward, a few positions there costing less than a catch-up
+//! forward of their own next step. A row
 //! keeps at most `MAX_DEFERRED_POSITIONS`; past that it is fed at once, so no catch-up feeds
 //! the drafter a query longer than a prefill chunk (attention off the CPU holds its scores).
 
@@ -220,9 +223,11 @@ impl Proposer for SequentialProposer {
         }
         let flat = Tensor::from_vec(flat_index, flat_len, &self.device)?;
         let step_inputs = self.model.first_inputs(taps.taps, taps.final_hidden, &flat)?;
-        // 2. Rows that do not draft keep theirs; drafting rows first catch up on what they
-        //    kept (one forward of its own, timed apart), then feed this step's positions,
-        //    whose last pair gives draft 1.
+        // 2. Rows that do not draft keep theirs (unless they ride along, see the module doc);
+        //    the others first catch up on what they kept (one forward of its own, timed apart),
+        //    then feed this step's positions, where the last pair of a drafting row gives
+        //    draft 1.
+        let drafter_runs = rows.iter().any(|r| r.wants_drafts() && r.num_valid > 0);
         let block_size = blocks.block_size();
         let mut catch_up = ForwardBatch { block_size, ..Default::default() };
         let mut catch_up_inputs: Vec<Tensor> = Vec::new();
@@ -242,7 +247,8 @@ impl Proposer for SequentialProposer {
             // (a preempted and recomputed row) starts afresh.
             let kept = self.deferred.remove(&r.seq).filter(|d| d.end() == r.fed_start);
             let kept_len = kept.as_ref().map_or(0, |d| d.len);
-            if !r.wants_drafts() && kept_len + r.num_valid <= MAX_DEFERRED_POSITIONS {
+            let rides_along = r.catch_up_now && drafter_runs;
+            if !r.wants_drafts() && !rides_along && kept_len + r.num_valid <= MAX_DEFERRED_POSITIONS {
                 let mut deferred = kept.unwrap_or(Deferred { start: r.fed_start, len: 0, pieces: Vec::new() });
                 deferred.len += r.num_valid;
                 deferred.pieces.push(own);
@@ -457,6 +463,7 @@ mod tests {
                 num_valid,
                 flat_start,
                 num_drafts,
+                catch_up_now: false,
                 params: &self.params,
                 seed: 0,
             };
@@ -510,6 +517,65 @@ mod tests {
         let fed = h.fed();
         assert_eq!(fed[5].positions, vec![10]);
         assert_eq!(fed[5].hidden, vec![5000.0]);
+    }
+
+    #[test]
+    fn rows_prompt_lookup_served_ride_along_only_when_other_rows_draft() {
+        let recorder = Arc::new(Recorder::default());
+        let mut proposer = SequentialProposer::new(recorder.clone(), 2, DraftProposal::Argmax, VOCAB, Device::Cpu);
+        proposer.allocate(16, 4).unwrap();
+        let mut scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(16, 4).unwrap());
+        let tokens: Vec<u32> = (100..112).collect();
+        for seq in [1, 2] {
+            scheduler.add(seq, 5);
+        }
+        scheduler.schedule(&mut 0usize);
+        for seq in [1, 2] {
+            assert!(scheduler.reserve(seq, tokens.len()));
+        }
+        let params = SamplingParams::greedy();
+        // (seq, fed_start, num_valid, flat_start, num_drafts, catch_up_now)
+        let mut step = |step: usize, flat_len: usize, rows: &[(SeqId, usize, usize, usize, usize, bool)]| {
+            let rows: Vec<ProposeRow<'_>> = rows
+                .iter()
+                .map(|&(seq, fed_start, num_valid, flat_start, num_drafts, catch_up_now)| ProposeRow {
+                    seq,
+                    tokens: &tokens,
+                    fed_start,
+                    num_valid,
+                    flat_start,
+                    num_drafts,
+                    catch_up_now,
+                    params: &params,
+                    seed: 0,
+                })
+                .collect();
+            let hidden = step_hidden(flat_len, step);
+            let taps = StepTaps { taps: &[], final_hidden: Some(&hidden) };
+            proposer.propose(&rows, &taps, &scheduler).unwrap().len()
+        };
+        let fed = || recorder.fed.lock().unwrap().clone();
+
+        // Step 0: both prompts; row 1 drafts, prompt lookup served row 2: one forward feeds both.
+        assert_eq!(step(0, 10, &[(1, 0, 5, 0, 2, false), (2, 0, 5, 5, 0, true)]), 1);
+        assert_eq!(fed().len(), 2, "the step's forward and one chained draft, no catch-up");
+        assert_eq!(fed()[0].positions, [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]);
+        assert_eq!(fed()[0].hidden[5..], [5.0, 6.0, 7.0, 8.0, 9.0]);
+
+        // Step 1: row 2 served alone (nothing else drafts): nothing runs, its position is kept.
+        assert_eq!(step(1, 1, &[(2, 5, 1, 0, 0, true)]), 0);
+        assert_eq!(fed().len(), 2);
+
+        // Step 2: row 1 drafts and row 2 does not draft on its own account (catch_up_now unset):
+        // row 2 keeps both positions, row 1 feeds only its own.
+        assert_eq!(step(2, 2, &[(1, 5, 1, 0, 2, false), (2, 6, 1, 1, 0, false)]), 1);
+        assert_eq!(fed()[2].positions, [5]);
+
+        // Step 3: row 2 drafts: its two kept positions are caught up, then its new one is fed.
+        assert_eq!(step(3, 1, &[(2, 7, 1, 0, 1, false)]), 1);
+        assert_eq!(fed()[4].positions, [5, 6]);
+        assert_eq!(fed()[4].hidden, [1000.0, 2001.0]);
+        assert_eq!(fed()[5].positions, [7]);
     }
 
     #[test]
