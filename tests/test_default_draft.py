@@ -64,6 +64,8 @@ def test_default_model_without_a_config_runs_the_shipped_eagle3_head(shipped_llm
     # The adaptive controller picks widths 1..3 or plain steps per batch size by default.
     assert json.loads(spec_json)["adaptive_speculative_widths"] == "all"
     assert shipped_llm.speculative_config.adaptive_speculative_widths == "all"
+    # Prompt lookup drafts rows that repeat earlier text; the head drafts the rest.
+    assert json.loads(spec_json)["enable_prompt_lookup"] is True
 
 
 def test_other_models_have_no_shipped_draft() -> None:

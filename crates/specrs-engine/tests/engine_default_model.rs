@@ -79,6 +79,7 @@ fn shipped_head_acceptance_length(prompt_lookup: bool) -> f64 {
     cfg.dtype = ModelDType::F32;
     assert!(apply_default_draft(&mut cfg).unwrap(), "the default model ships a draft");
     assert_eq!(cfg.speculative.adaptive_speculative_widths.as_deref(), Some("all"), "adaptive widths by default");
+    assert!(cfg.speculative.enable_prompt_lookup, "prompt lookup in front of the head by default");
     cfg.speculative.adaptive_speculative_widths = None;
     cfg.speculative.enable_prompt_lookup = prompt_lookup;
     let (spec_engine, info) = build_engine(&cfg).unwrap();
