@@ -10,7 +10,7 @@ Python involved can run it:
 
   - ``tools``: numpy, gguf, safetensors, tokenizers, jinja2, matplotlib (GGUF conversion,
     plots);
-  - ``llama``: llama-cpp-python built from source for this CPU (``-DGGML_NATIVE=ON``), with
+  - ``llama``: llama-cpp-python built from source for this CPU (``-DGGML_NATIVE=ON``, AMX off), with
     the ``[server]`` extra for the server benchmark;
   - ``mistralrs``: the mistral.rs CPU wheel;
   - ``hf``: transformers + torch. torch from PyPI may pull several GB of CUDA wheels; an
@@ -104,6 +104,9 @@ def _versions_check(*imports: str) -> str:
     )
 
 
+NO_AMX = "'-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
+
+
 def env_specs(threads: int | None = None) -> dict[str, EnvSpec]:
     """The peer environments, pinned to the versions of the peer baseline."""
     jobs = str(threads or nproc())
@@ -119,9 +122,17 @@ def env_specs(threads: int | None = None) -> dict[str, EnvSpec]:
             "llama",
             ("llama-cpp-python[server]==0.3.36",),
             _versions_check("llama_cpp:llama-cpp-python"),
-            # PyPI has the sdist only; build it for this CPU's instruction set.
-            pip_args=("--no-binary", "llama-cpp-python"),
-            env={"CMAKE_ARGS": "-DGGML_NATIVE=ON", "FORCE_CMAKE": "1", "CMAKE_BUILD_PARALLEL_LEVEL": jobs},
+            # PyPI has the sdist only; build it for this CPU's instruction set, minus AMX: where
+            # the kernel does not grant a process the AMX tile state (sandboxes, some VMs) the
+            # first tile load dies with SIGILL, and AMX only helps prompt-sized matmuls anyway.
+            # GCC honours explicit -mno-* over -march=native whatever their order.
+            # pip's wheel cache keys on the sdist alone, not on CMAKE_ARGS: never reuse a build.
+            pip_args=("--no-binary", "llama-cpp-python", "--no-cache-dir"),
+            env={
+                "CMAKE_ARGS": f"-DGGML_NATIVE=ON -DCMAKE_C_FLAGS={NO_AMX} -DCMAKE_CXX_FLAGS={NO_AMX}",
+                "FORCE_CMAKE": "1",
+                "CMAKE_BUILD_PARALLEL_LEVEL": jobs,
+            },
             timeout_s=3600,
             note="source build, about 6 minutes on 2 cores",
         ),
@@ -196,7 +207,9 @@ def _read_marker(spec: EnvSpec) -> dict[str, Any] | None:
     if not marker.is_file():
         return None
     data: dict[str, Any] = json.loads(marker.read_text())
-    return data if data.get("packages") == list(spec.packages) else None
+    # Build flags count too: a source build with other flags is another install.
+    same = data.get("packages") == list(spec.packages) and data.get("env", {}) == spec.env
+    return data if same else None
 
 
 def check_env(spec: EnvSpec) -> dict[str, str]:
@@ -285,7 +298,7 @@ def ensure_env(spec: EnvSpec, *, dry_run: bool = False, log: Callable[[str], Non
         status.error = f"not installable here: {e}"
         return status
     (VENVS_DIR / spec.name / MARKER).write_text(
-        json.dumps({"packages": list(spec.packages), "versions": status.versions, "size_gb": size})
+        json.dumps({"packages": list(spec.packages), "env": spec.env, "versions": status.versions, "size_gb": size})
     )
     status.python = venv_python(spec.name)
     log(f"{spec.name}: installed in {status.install_seconds:.0f} s ({size:.1f} GB): {status.versions}")

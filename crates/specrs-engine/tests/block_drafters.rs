@@ -253,6 +253,14 @@ fn random_block_drafters_never_change_greedy_output_in_batches() {
                 assert!(s.metrics.num_draft_tokens > 0 || len < 3, "{method} {draft:?}: nothing drafted");
             }
         }
+        // Prompt lookup in front: copied drafts and block drafts in the same steps, rows the
+        // lookup served skipping the block forward.
+        let lookup = SpeculativeConfig { enable_prompt_lookup: true, prompt_lookup_min: 1, ..spec(Some(method), None) };
+        let out = run(&engine(&f.random, Some(&draft), lookup), &lengths);
+        for (p, s) in plain.iter().zip(&out) {
+            assert_eq!(p.token_ids, s.token_ids, "{method} {draft:?} behind prompt lookup");
+        }
+        assert!(out.iter().map(|o| o.metrics.num_draft_tokens).sum::<u64>() > 0, "{method}: nothing drafted");
         // Alone, a row decodes the same as in the batch.
         let h = engine(&f.random, Some(&draft), spec(Some(method), None));
         let alone = h.generate(vec![request(prompts()[2].clone(), lengths[2], 0.0)]).unwrap();

@@ -167,6 +167,12 @@ fn device_reductions_verify_exactly_like_host_copies() {
             Some(&f.mtp),
             spec(SpeculativeMethod::Mtp, 2, |c| c.use_greedy_acceptance = true),
         ),
+        (
+            "mtp behind prompt lookup",
+            &f.bigram,
+            Some(&f.mtp),
+            spec(SpeculativeMethod::Mtp, 2, |c| c.enable_prompt_lookup = true),
+        ),
         ("random eagle1", &f.random, Some(&f.random_eagle1), spec(SpeculativeMethod::Eagle, 3, |_| {})),
         (
             "random eagle1 one-hot rejection",
@@ -230,6 +236,7 @@ fn greedy_speculative_decoding_is_lossless_for_every_method() {
         (&f.bigram, Some(f.eagle3.as_path()), SpeculativeMethod::Eagle, false),
         (&f.bigram, Some(f.eagle3.as_path()), SpeculativeMethod::Eagle, true),
         (&f.bigram, Some(f.mtp.as_path()), SpeculativeMethod::Mtp, false),
+        (&f.bigram, Some(f.mtp.as_path()), SpeculativeMethod::Mtp, true),
         (&f.random, Some(f.random_eagle1.as_path()), SpeculativeMethod::Eagle, false),
         (&f.random, Some(f.random_eagle1.as_path()), SpeculativeMethod::Eagle, true),
         (&f.random, None, SpeculativeMethod::Ngram, false),
