@@ -1,7 +1,7 @@
 //! Skinny quantized matmuls `x [m, k] · wᵀ` at the default model's shapes (SmolLM2-135M:
 //! hidden 576, intermediate 1536, vocab 49152), for the row counts of decoding (m = 1) and of
 //! verifying drafts (m = K + 1): candle's `QMatMul::forward` against
-//! `specrs_models::skinny_quant::matmul_t`, with Q8_0 and Q4_0 weights.
+//! `specrs_models::skinny_quant::matmul_t`, with Q8_0, Q4_0 and Q4_1 weights.
 //!
 //! Decoding streams the whole model (about 145 MB in Q8_0) from memory every step, far more than
 //! the 32 MB L3, so each iteration uses the next of enough copies of the weight to stay out of
@@ -44,7 +44,7 @@ fn cold_copies(dtype: GgmlDType, n: usize, k: usize) -> Vec<Arc<QTensor>> {
 }
 
 fn skinny_matmul(c: &mut Criterion) {
-    for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
+    for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
         for (name, n, k) in SHAPES {
             let weights = cold_copies(dtype, n, k);
             let candle: Vec<QMatMul> = weights.iter().map(|w| QMatMul::from_arc(w.clone()).expect("qmatmul")).collect();

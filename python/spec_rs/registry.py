@@ -62,7 +62,7 @@ trained for."""
 TEXT_GENERATION = "text_generation"
 
 #: Weight dtypes the engine loads (``LLM(dtype=...)``); mirrors ``specrs_models::ModelDType``.
-ENGINE_ENCODINGS = frozenset({"auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4k", "q6k"})
+ENGINE_ENCODINGS = frozenset({"auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4k", "q6k"})
 
 
 @dataclass

@@ -1,5 +1,5 @@
 //! Quantized matmuls on CPU: `x [m, k] · wᵀ` for f32 activations and a GGUF weight `w [n, k]`
-//! in Q8_0 or Q4_0 blocks, built for the skinny products of decoding (a token, or a token plus
+//! in Q8_0, Q4_0 or Q4_1 blocks, built for the skinny products of decoding (a token, or a token plus
 //! the drafts it verifies) and serving every `m` so that results never depend on batch shape.
 //!
 //! Decoding on CPU is bound by memory bandwidth, so a step costs about one read of the weights,
@@ -12,7 +12,9 @@
 //!    computes, so results equal candle's up to the order of float additions);
 //! 2. each weight block is loaded once, decoded to 32 signed bytes, and dotted with that block of
 //!    every activation row while it sits in a register: int8 products summed into i32 lanes,
-//!    scaled by `d_w · d_x` and accumulated in f32;
+//!    scaled by `d_w · d_x` and accumulated in f32. Q4_1 blocks also carry an offset `m_w`
+//!    (value `d_w · q + m_w`), whose share of the dot product is `m_w · d_x · Σq_x`: the sum of
+//!    each activation block is taken once, when it is quantized;
 //! 3. the weight rows are split across rayon tasks, each writing its own columns of the output.
 //!
 //! Two instruction sets: AVX2 (`vpmaddubsw` + `vpmaddwd` with the sign trick, compiled in by the
@@ -23,7 +25,7 @@ use candle_core::quantized::QTensor;
 use candle_core::{Result, Tensor};
 
 /// `x [m, k] · w[n, k]ᵀ -> [m, n]`, or `None` when the operands are not served here: a device
-/// other than the CPU, `x` not f32 or not 2-D, `m = 0`, `w` neither Q8_0 nor Q4_0, or `k`
+/// other than the CPU, `x` not f32 or not 2-D, `m = 0`, `w` not Q8_0, Q4_0 or Q4_1, or `k`
 /// not a whole number of 32-value blocks.
 ///
 /// Every output element is computed the same way whatever `m` is (rows are quantized alone and
@@ -37,6 +39,13 @@ pub fn matmul_t(x: &Tensor, w: &QTensor) -> Result<Option<Tensor>> {
         let _ = (x, w);
         Ok(None)
     }
+}
+
+/// Whether [`matmul_t`] multiplies weights of `dtype` in this build.
+pub fn serves(dtype: candle_core::quantized::GgmlDType) -> bool {
+    use candle_core::quantized::GgmlDType;
+    cfg!(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))
+        && matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4_0 | GgmlDType::Q4_1)
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
@@ -97,6 +106,7 @@ mod x86 {
         let format = match w.dtype() {
             GgmlDType::Q8_0 => Format::Q8_0,
             GgmlDType::Q4_0 => Format::Q4_0,
+            GgmlDType::Q4_1 => Format::Q4_1,
             _ => return Ok(None),
         };
         if !x.device().is_cpu() || !w.device().is_cpu() || x.dtype() != DType::F32 || x.rank() != 2 {
@@ -143,6 +153,8 @@ mod x86 {
                     (Isa::Avx2, Format::Q4_0) => rows_avx2::<Q4_0>(&weights, &acts, cols, out_ptr),
                     (Isa::Avx512Vnni, Format::Q8_0) => rows_vnni::<Q8_0>(&weights, &acts, cols, out_ptr),
                     (Isa::Avx512Vnni, Format::Q4_0) => rows_vnni::<Q4_0>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx2, Format::Q4_1) => rows_avx2::<Q4_1>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx512Vnni, Format::Q4_1) => rows_vnni::<Q4_1>(&weights, &acts, cols, out_ptr),
                 }
             }
         };
@@ -154,6 +166,7 @@ mod x86 {
     enum Format {
         Q8_0,
         Q4_0,
+        Q4_1,
     }
 
     impl Format {
@@ -161,6 +174,7 @@ mod x86 {
             match self {
                 Self::Q8_0 => Q8_0::BYTES,
                 Self::Q4_0 => Q4_0::BYTES,
+                Self::Q4_1 => Q4_1::BYTES,
             }
         }
     }
@@ -178,13 +192,16 @@ mod x86 {
     unsafe impl Sync for Output {}
 
     /// Activation rows quantized to Q8_0: `qs [m, k]` bytes (offset by 128 when the kernels
-    /// want unsigned bytes) and `d [m, k / 32]` block scales, already rounded through f16 like
-    /// the scale candle stores.
+    /// want unsigned bytes), `d [k / 32, m]` block scales, already rounded through f16 like the
+    /// scale candle stores, and `s [k / 32, m]` the blocks' values summed, `d · Σq` (for the
+    /// offsets of Q4_1 weights). Both per-block arrays are padded by `ROWS` so a tile of rows
+    /// loads its 8 lanes at once.
     pub(super) struct Activations {
         m: usize,
         k: usize,
         qs: Vec<u8>,
         d: Vec<f32>,
+        s: Vec<f32>,
     }
 
     impl Activations {
@@ -193,12 +210,16 @@ mod x86 {
             let mut qs = vec![0u8; m * k];
             let blocks = k / QK;
             let mut d = vec![0f32; blocks * m + ROWS];
+            let mut s = vec![0f32; blocks * m + ROWS];
+            let unoffset = if offset { 0x80 } else { 0 };
             for (i, (src, dst)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
                 let (r, b) = (i / blocks, i % blocks);
-                d[b * m + r] =
-                    quantize_block(src.try_into().expect("32 values"), dst.try_into().expect("32 bytes"), offset);
+                let d_x = quantize_block(src.try_into().expect("32 values"), dst.try_into().expect("32 bytes"), offset);
+                let sum: i32 = dst.iter().map(|&q| i32::from((q ^ unoffset) as i8)).sum();
+                d[b * m + r] = d_x;
+                s[b * m + r] = d_x * sum as f32;
             }
-            Self { m, k, qs, d }
+            Self { m, k, qs, d, s }
         }
 
         /// Quantized row `r`, block `b`: its scale and its 32 bytes.
@@ -247,11 +268,24 @@ mod x86 {
     trait Block {
         const BYTES: usize;
 
+        /// Values are `d · q + m` rather than `d · q`.
+        const HAS_OFFSET: bool = false;
+
         /// The block at `p` as 32 signed values and its scale in every lane.
         ///
         /// # Safety
         /// `p` points to `BYTES` readable bytes.
         unsafe fn load(p: *const u8) -> (__m256i, __m256);
+
+        /// The block's offset `m` in every lane (only read when `HAS_OFFSET`).
+        ///
+        /// # Safety
+        /// `p` points to `BYTES` readable bytes.
+        #[inline(always)]
+        unsafe fn load_offset(_p: *const u8) -> __m256 {
+            // SAFETY: AVX is compiled in.
+            unsafe { _mm256_setzero_ps() }
+        }
     }
 
     /// `BlockQ8_0 { d: f16, qs: [i8; 32] }`.
@@ -260,6 +294,10 @@ mod x86 {
     /// `BlockQ4_0 { d: f16, qs: [u8; 16] }`: value `j` is `(qs[j] & 0xF) - 8` for `j < 16` and
     /// `(qs[j - 16] >> 4) - 8` after.
     struct Q4_0;
+
+    /// `BlockQ4_1 { d: f16, m: f16, qs: [u8; 16] }`: value `j` is `d · q_j + m` with `q_j` the
+    /// nibbles in `Q4_0`'s order, unsigned (`0..=15`).
+    struct Q4_1;
 
     /// The f16 scale at the start of a block, broadcast to every lane.
     ///
@@ -298,6 +336,29 @@ mod x86 {
                     _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), _mm256_set1_epi8(0x0F));
                 (_mm256_sub_epi8(nibbles, _mm256_set1_epi8(8)), load_scale(p))
             }
+        }
+    }
+
+    impl Block for Q4_1 {
+        const BYTES: usize = 4 + QK / 2;
+        const HAS_OFFSET: bool = true;
+
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> (__m256i, __m256) {
+            // SAFETY: the block is 2 scale bytes, 2 offset bytes, then 16 nibble bytes, all
+            // readable; AVX2 is compiled in.
+            unsafe {
+                let packed = _mm_loadu_si128(p.add(4).cast());
+                let nibbles =
+                    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed), _mm256_set1_epi8(0x0F));
+                (nibbles, load_scale(p))
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn load_offset(p: *const u8) -> __m256 {
+            // SAFETY: 16 bytes from `p + 2` end inside the 20-byte block.
+            unsafe { load_scale(p.add(2)) }
         }
     }
 
@@ -436,14 +497,21 @@ mod x86 {
         // `k` bytes and `blocks` scales; AVX2 and FMA are compiled in, `D`'s set is available.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); R];
+            // Lane r: the offsets' share `Σ_b m_w · s_x` of activation row `row + r`.
+            let mut offsets = _mm256_setzero_ps();
             let mut scales = [0f32; ROWS];
             for b in 0..blocks {
-                let (w_b, d_w) = B::load(w.add(b * B::BYTES));
+                let block = w.add(b * B::BYTES);
+                let (w_b, d_w) = B::load(block);
                 let prepared = D::prepare(w_b);
                 _mm256_storeu_ps(
                     scales.as_mut_ptr(),
                     _mm256_mul_ps(d_w, _mm256_loadu_ps(acts.d.as_ptr().add(b * acts.m + row))),
                 );
+                if B::HAS_OFFSET {
+                    let s_x = _mm256_loadu_ps(acts.s.as_ptr().add(b * acts.m + row));
+                    offsets = _mm256_fmadd_ps(B::load_offset(block), s_x, offsets);
+                }
                 for (r, acc_r) in acc.iter_mut().enumerate() {
                     let i = (row + r) * blocks + b;
                     let x = _mm256_loadu_si256(acts.qs.as_ptr().add(i * QK).cast());
@@ -451,8 +519,10 @@ mod x86 {
                     *acc_r = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&scales[r]), *acc_r);
                 }
             }
+            let mut offset = [0f32; ROWS];
+            _mm256_storeu_ps(offset.as_mut_ptr(), offsets);
             for (r, &acc_r) in acc.iter().enumerate() {
-                *out.ptr.add((row + r) * out.n + col) = hsum(acc_r);
+                *out.ptr.add((row + r) * out.n + col) = hsum(acc_r) + offset[r];
             }
         }
     }
@@ -574,13 +644,20 @@ mod tests {
                 }
             }
         }
+        // candle's Q4_1 product stores the activation sums as f16 (close, not exact) and wants
+        // an even number of blocks per row.
+        for (k, n) in [(64, 5), (128, 9), (576, 37), (1536, 19)] {
+            for m in (1..=17).chain([40]) {
+                check(GgmlDType::Q4_1, m, k, n, false);
+            }
+        }
     }
 
     #[test]
     fn a_rows_result_does_not_depend_on_the_other_rows() {
         // Batch invariance: row 3 of a 3-row, a 21-row and a 64-row product must be the same
         // bits, or speculative verification (more rows) could diverge from plain decoding.
-        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
             let w = QTensor::quantize(&tensor(37, 576, 11), dtype).unwrap();
             let tall = tensor(64, 576, 12);
             let full = to_rows(&super::matmul_t(&tall, &w).unwrap().expect("served"));
@@ -605,6 +682,7 @@ mod tests {
         for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
             check(dtype, 5, 576, 1001, true);
         }
+        check(GgmlDType::Q4_1, 5, 576, 1001, false);
     }
 
     #[test]

@@ -95,7 +95,7 @@ fn pipeline_args(cmd: Command) -> Command {
             Arg::new("dtype")
                 .long("dtype")
                 .default_value("auto")
-                .help("Weight dtype: auto, f32, f16, bf16 (CUDA), q8_0, q4_0, q4k, q6k"),
+                .help("Weight dtype: auto, f32, f16, bf16 (CUDA), q8_0, q4_0, q4_1, q4k, q6k"),
         )
         .arg(Arg::new("device").long("device").default_value("cpu").help("cpu, cuda or cuda:N"))
         .arg(

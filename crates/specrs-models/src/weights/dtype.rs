@@ -27,6 +27,8 @@ pub enum ModelDType {
     Q8_0,
     #[serde(rename = "q4_0")]
     Q4_0,
+    #[serde(rename = "q4_1")]
+    Q4_1,
     #[serde(rename = "q4k")]
     Q4K,
     #[serde(rename = "q6k")]
@@ -34,7 +36,7 @@ pub enum ModelDType {
 }
 
 impl ModelDType {
-    pub const NAMES: &'static [&'static str] = &["auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4k", "q6k"];
+    pub const NAMES: &'static [&'static str] = &["auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4k", "q6k"];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -44,6 +46,7 @@ impl ModelDType {
             Self::BF16 => "bf16",
             Self::Q8_0 => "q8_0",
             Self::Q4_0 => "q4_0",
+            Self::Q4_1 => "q4_1",
             Self::Q4K => "q4k",
             Self::Q6K => "q6k",
         }
@@ -54,6 +57,7 @@ impl ModelDType {
         match self {
             Self::Q8_0 => Some(GgmlDType::Q8_0),
             Self::Q4_0 => Some(GgmlDType::Q4_0),
+            Self::Q4_1 => Some(GgmlDType::Q4_1),
             Self::Q4K => Some(GgmlDType::Q4K),
             Self::Q6K => Some(GgmlDType::Q6K),
             _ => None,
@@ -74,7 +78,7 @@ impl ModelDType {
     pub fn check_device(self, device: &Device) -> Result<()> {
         if device.is_cpu() && matches!(self, Self::F16 | Self::BF16) {
             return Err(ModelError::Unsupported(format!(
-                "dtype '{}' runs on CUDA; on CPU use f32 or a quantized dtype (q8_0, q4_0, q4k)",
+                "dtype '{}' runs on CUDA; on CPU use f32 or a quantized dtype (q8_0, q4_0, q4_1, q4k)",
                 self.as_str()
             )));
         }
@@ -100,6 +104,7 @@ impl FromStr for ModelDType {
             "bf16" | "bfloat16" => Self::BF16,
             "q8_0" | "q8" => Self::Q8_0,
             "q4_0" => Self::Q4_0,
+            "q4_1" => Self::Q4_1,
             "q4k" | "q4_k" | "q4_k_m" => Self::Q4K,
             "q6k" | "q6_k" => Self::Q6K,
             _ => {
@@ -112,13 +117,14 @@ impl FromStr for ModelDType {
     }
 }
 
-/// Quantized formats candle's CPU backend has SIMD dot products for; anything else is
-/// requantized at load (Q4_1's `vec_dot` is scalar, for example).
+/// Quantized formats this build multiplies with SIMD on CPU: candle's SIMD dot products, and
+/// the formats of [`crate::skinny_quant`] (Q4_1 among them, whose `vec_dot` in candle is
+/// scalar). Anything else is requantized at load.
 pub fn has_fast_cpu_kernel(dtype: GgmlDType) -> bool {
     matches!(
         dtype,
         GgmlDType::Q4_0 | GgmlDType::Q8_0 | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K | GgmlDType::Q8K
-    )
+    ) || crate::skinny_quant::serves(dtype)
 }
 
 #[cfg(test)]
@@ -130,6 +136,7 @@ mod tests {
         assert_eq!("F32".parse::<ModelDType>().unwrap(), ModelDType::F32);
         assert_eq!("q4_k".parse::<ModelDType>().unwrap(), ModelDType::Q4K);
         assert_eq!("q8-0".parse::<ModelDType>().unwrap(), ModelDType::Q8_0);
+        assert_eq!("Q4_1".parse::<ModelDType>().unwrap(), ModelDType::Q4_1);
         let e = "int3".parse::<ModelDType>().unwrap_err().to_string();
         assert!(e.contains("int3") && e.contains("q8_0"), "{e}");
     }
@@ -138,5 +145,14 @@ mod tests {
     fn half_precision_is_cuda_only() {
         assert!(ModelDType::BF16.check_device(&Device::Cpu).is_err());
         assert!(ModelDType::F32.check_device(&Device::Cpu).is_ok());
+    }
+
+    #[test]
+    fn a_ggufs_q4_1_weights_stay_q4_1_where_this_build_multiplies_them() {
+        let x86_simd =
+            cfg!(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"));
+        assert_eq!(has_fast_cpu_kernel(GgmlDType::Q4_1), x86_simd);
+        assert!(has_fast_cpu_kernel(GgmlDType::Q8_0));
+        assert!(!has_fast_cpu_kernel(GgmlDType::Q5_1), "requantized: neither candle nor spec-rs has SIMD for it");
     }
 }
