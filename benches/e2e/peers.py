@@ -298,7 +298,9 @@ def ensure_env(spec: EnvSpec, *, dry_run: bool = False, log: Callable[[str], Non
         status.error = f"not installable here: {e}"
         return status
     (VENVS_DIR / spec.name / MARKER).write_text(
-        json.dumps({"packages": list(spec.packages), "env": spec.env, "versions": status.versions, "size_gb": size})
+        json.dumps(
+            {"packages": list(spec.packages), "env": spec.env, "versions": status.versions, "size_gb": size}
+        )
     )
     status.python = venv_python(spec.name)
     log(f"{spec.name}: installed in {status.install_seconds:.0f} s ({size:.1f} GB): {status.versions}")

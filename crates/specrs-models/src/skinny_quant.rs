@@ -19,7 +19,9 @@
 //!
 //! Two instruction sets: AVX2 (`vpmaddubsw` + `vpmaddwd` with the sign trick, compiled in by the
 //! x86-64-v3 target) and AVX-512 VNNI (`vpdpbusd`, 4 products into an i32 lane in one
-//! instruction, picked at runtime). Other targets get `None` and use candle.
+//! instruction, picked at runtime). Both take one unsigned byte operand: Q4_1's quants are
+//! unsigned already and fill it as they are; signed weights need the sign trick (AVX2) or
+//! activations offset by 128 (VNNI). Other targets get `None` and use candle.
 
 use candle_core::quantized::QTensor;
 use candle_core::{Result, Tensor};
@@ -134,7 +136,8 @@ mod x86 {
             let Storage::Cpu(CpuStorage::F32(xs)) = &*storage else {
                 return Ok(None);
             };
-            Activations::quantize(&xs[layout.start_offset()..][..m * k], m, k, isa.offset_activations())
+            let offset = isa.offset_activations() && !format.unsigned();
+            Activations::quantize(&xs[layout.start_offset()..][..m * k], m, k, offset)
         };
 
         let mut out = vec![0f32; m * n];
@@ -149,12 +152,12 @@ mod x86 {
             // on CPUs that run it.
             unsafe {
                 match (isa, format) {
-                    (Isa::Avx2, Format::Q8_0) => rows_avx2::<Q8_0>(&weights, &acts, cols, out_ptr),
-                    (Isa::Avx2, Format::Q4_0) => rows_avx2::<Q4_0>(&weights, &acts, cols, out_ptr),
-                    (Isa::Avx512Vnni, Format::Q8_0) => rows_vnni::<Q8_0>(&weights, &acts, cols, out_ptr),
-                    (Isa::Avx512Vnni, Format::Q4_0) => rows_vnni::<Q4_0>(&weights, &acts, cols, out_ptr),
-                    (Isa::Avx2, Format::Q4_1) => rows_avx2::<Q4_1>(&weights, &acts, cols, out_ptr),
-                    (Isa::Avx512Vnni, Format::Q4_1) => rows_vnni::<Q4_1>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx2, Format::Q8_0) => rows_avx2::<Q8_0, Avx2>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx2, Format::Q4_0) => rows_avx2::<Q4_0, Avx2>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx2, Format::Q4_1) => rows_avx2::<Q4_1, Avx2Unsigned>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx512Vnni, Format::Q8_0) => rows_vnni::<Q8_0, Vnni>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx512Vnni, Format::Q4_0) => rows_vnni::<Q4_0, Vnni>(&weights, &acts, cols, out_ptr),
+                    (Isa::Avx512Vnni, Format::Q4_1) => rows_vnni::<Q4_1, VnniUnsigned>(&weights, &acts, cols, out_ptr),
                 }
             }
         };
@@ -170,6 +173,12 @@ mod x86 {
     }
 
     impl Format {
+        /// The weights' quants are unsigned (`0..=15`): they can be the unsigned operand of the
+        /// byte products themselves, with plain signed activations.
+        fn unsigned(self) -> bool {
+            self == Self::Q4_1
+        }
+
         fn block_bytes(self) -> usize {
             match self {
                 Self::Q8_0 => Q8_0::BYTES,
@@ -422,24 +431,59 @@ mod x86 {
         }
     }
 
+    /// Unsigned weights (`0..=15`) on AVX2: `vpmaddubsw` takes them as its unsigned operand
+    /// as they are, no sign trick; pairs of products (at most 2 · 15 · 127) cannot saturate.
+    struct Avx2Unsigned;
+
+    impl Dot for Avx2Unsigned {
+        type Prepared = ();
+
+        #[inline(always)]
+        unsafe fn prepare(_w: __m256i) {}
+
+        #[inline(always)]
+        unsafe fn dot(w: __m256i, _: (), x: __m256i) -> __m256i {
+            // SAFETY: AVX2 is compiled in.
+            unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)) }
+        }
+    }
+
+    /// Unsigned weights on AVX-512 VNNI: `vpdpbusd` with the weights as its unsigned operand
+    /// and plain signed activations, so no `-128 · Σw` correction per block.
+    struct VnniUnsigned;
+
+    impl Dot for VnniUnsigned {
+        type Prepared = ();
+
+        #[inline(always)]
+        unsafe fn prepare(_w: __m256i) {}
+
+        #[inline(always)]
+        unsafe fn dot(w: __m256i, _: (), x: __m256i) -> __m256i {
+            // SAFETY: the caller guarantees VNNI.
+            unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x) }
+        }
+    }
+
     /// Output columns `cols` (weight rows) for every activation row, AVX2 kernels.
     ///
     /// # Safety
-    /// `w` holds the weight rows of `cols`, `out` is `[acts.m, n]` with `cols.end <= n`, and no
-    /// other thread touches those columns meanwhile.
-    unsafe fn rows_avx2<B: Block>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+    /// `w` holds the weight rows of `cols`, `out` is `[acts.m, n]` with `cols.end <= n`, no
+    /// other thread touches those columns meanwhile, and the activations are quantized the way
+    /// `D` reads them (offset or not).
+    unsafe fn rows_avx2<B: Block, D: Dot>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
         // SAFETY: forwarded from the caller; AVX2 is compiled in.
-        unsafe { rows::<B, Avx2>(w, acts, cols, out) }
+        unsafe { rows::<B, D>(w, acts, cols, out) }
     }
 
-    /// As [`rows_avx2`] with the VNNI kernels.
+    /// As [`rows_avx2`] with VNNI kernels, compiled with AVX-512 enabled.
     ///
     /// # Safety
     /// As [`rows_avx2`], and the CPU supports AVX-512 F/BW/VL and VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn rows_vnni<B: Block>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+    unsafe fn rows_vnni<B: Block, D: Dot>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
         // SAFETY: forwarded from the caller.
-        unsafe { rows::<B, Vnni>(w, acts, cols, out) }
+        unsafe { rows::<B, D>(w, acts, cols, out) }
     }
 
     /// Each weight row of `cols` against every activation row, `ROWS` activation rows at a time.
