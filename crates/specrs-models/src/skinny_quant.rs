@@ -67,6 +67,12 @@ mod x86 {
     /// Activation rows per register tile: each decoded weight block feeds `ROWS` dot products.
     const ROWS: usize = 8;
 
+    /// How far ahead of the block being multiplied the weight stream is prefetched. The
+    /// hardware prefetchers alone left the m = 1 kernels waiting on DRAM (Q8_0 at ~9 GB/s, Q4_1
+    /// at ~6 GB/s on a 2-core Xeon); 2 KiB ahead took a 3072x576 product from 204 to 106 µs
+    /// (Q8_0) and from 175 to 71 µs (Q4_1), where 1 KiB and 4 KiB each did worse.
+    const PREFETCH_BYTES: usize = 2048;
+
     /// Weight bytes per parallel task: enough work to amortise rayon's dispatch (a few µs per
     /// call), small enough that the 576-row matrices still split evenly across the cores.
     const TASK_BYTES: usize = 48 * 1024;
@@ -546,6 +552,8 @@ mod x86 {
             let mut scales = [0f32; ROWS];
             for b in 0..blocks {
                 let block = w.add(b * B::BYTES);
+                // The weights are one forward stream: ask for the lines a few blocks ahead.
+                _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_BYTES).cast());
                 let (w_b, d_w) = B::load(block);
                 let prepared = D::prepare(w_b);
                 _mm256_storeu_ps(
