@@ -210,13 +210,15 @@ mod x86 {
     /// want unsigned bytes), `d [k / 32, m]` block scales, already rounded through f16 like the
     /// scale candle stores, and `s [k / 32, m]` the blocks' values summed, `d · Σq` (for the
     /// offsets of Q4_1 weights). Both per-block arrays are padded by `ROWS` so a tile of rows
-    /// loads its 8 lanes at once.
+    /// loads its 8 lanes at once. `d_pairs [m, k / 64, 16]` repeats the scales of each pair of
+    /// blocks 8 times each, the lanes the 512-bit kernels multiply a pair's dot products by.
     pub(super) struct Activations {
         m: usize,
         k: usize,
         qs: Vec<u8>,
         d: Vec<f32>,
         s: Vec<f32>,
+        d_pairs: Vec<f32>,
     }
 
     impl Activations {
@@ -234,7 +236,14 @@ mod x86 {
                 d[b * m + r] = d_x;
                 s[b * m + r] = d_x * sum as f32;
             }
-            Self { m, k, qs, d, s }
+            let pairs = blocks / 2;
+            let mut d_pairs = vec![0f32; m * pairs * 2 * 8];
+            for (i, lanes) in d_pairs.chunks_exact_mut(8).enumerate() {
+                // Chunk i: row i / (2 · pairs), block i % (2 · pairs).
+                let (r, b) = (i / (2 * pairs), i % (2 * pairs));
+                lanes.fill(d[b * m + r]);
+            }
+            Self { m, k, qs, d, s, d_pairs }
         }
 
         /// Quantized row `r`, block `b`: its scale and its 32 bytes.
@@ -471,6 +480,54 @@ mod x86 {
         }
     }
 
+    /// [`Dot`] on two blocks at once, in 512-bit registers: blocks `b` and `b + 1` of a row are
+    /// adjacent in memory for the activations, so one load covers both.
+    trait Dot512 {
+        type Prepared: Copy;
+
+        /// # Safety
+        /// The CPU supports AVX-512 F/BW/VL and VNNI.
+        unsafe fn prepare(w: __m512i) -> Self::Prepared;
+
+        /// `x · w` as 16 i32 lanes of partial sums, 8 per block.
+        ///
+        /// # Safety
+        /// As [`Dot512::prepare`].
+        unsafe fn dot(w: __m512i, prepared: Self::Prepared, x: __m512i) -> __m512i;
+    }
+
+    impl Dot512 for Vnni {
+        type Prepared = __m512i;
+
+        #[inline(always)]
+        unsafe fn prepare(w: __m512i) -> __m512i {
+            // SAFETY: the caller guarantees VNNI.
+            unsafe {
+                let bias = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(i8::MIN), w);
+                _mm512_sub_epi32(_mm512_setzero_si512(), bias)
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn dot(w: __m512i, neg_bias: __m512i, x: __m512i) -> __m512i {
+            // SAFETY: the caller guarantees VNNI.
+            unsafe { _mm512_dpbusd_epi32(neg_bias, x, w) }
+        }
+    }
+
+    impl Dot512 for VnniUnsigned {
+        type Prepared = ();
+
+        #[inline(always)]
+        unsafe fn prepare(_w: __m512i) {}
+
+        #[inline(always)]
+        unsafe fn dot(w: __m512i, _: (), x: __m512i) -> __m512i {
+            // SAFETY: the caller guarantees VNNI.
+            unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x) }
+        }
+    }
+
     /// Output columns `cols` (weight rows) for every activation row, AVX2 kernels.
     ///
     /// # Safety
@@ -487,9 +544,52 @@ mod x86 {
     /// # Safety
     /// As [`rows_avx2`], and the CPU supports AVX-512 F/BW/VL and VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn rows_vnni<B: Block, D: Dot>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+    unsafe fn rows_vnni<B: Block, D: Dot + Dot512>(
+        w: &[u8],
+        acts: &Activations,
+        cols: std::ops::Range<usize>,
+        out: Output,
+    ) {
         // SAFETY: forwarded from the caller.
-        unsafe { rows::<B, D>(w, acts, cols, out) }
+        unsafe {
+            if (acts.k / QK).is_multiple_of(2) {
+                rows_pairs::<B, D>(w, acts, cols, out)
+            } else {
+                rows::<B, D>(w, acts, cols, out)
+            }
+        }
+    }
+
+    /// As [`rows`], two blocks per step in 512-bit registers ([`tile_pairs`]); `k / 32` even.
+    ///
+    /// # Safety
+    /// As [`rows_vnni`].
+    #[inline(always)]
+    unsafe fn rows_pairs<B: Block, D: Dot512>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+        let row_bytes = acts.k / QK * B::BYTES;
+        assert!(cols.end * row_bytes <= w.len() && acts.qs.len() == acts.m * acts.k);
+        assert!((acts.k / QK).is_multiple_of(2) && acts.d_pairs.len() == acts.m * (acts.k / QK) * 8);
+        for col in cols {
+            // SAFETY: as in `rows`.
+            unsafe {
+                let w = w.as_ptr().add(col * row_bytes);
+                let mut row = 0;
+                while acts.m - row >= ROWS {
+                    tile_pairs::<B, D, ROWS>(w, acts, row, col, out);
+                    row += ROWS;
+                }
+                match acts.m - row {
+                    1 => tile_pairs::<B, D, 1>(w, acts, row, col, out),
+                    2 => tile_pairs::<B, D, 2>(w, acts, row, col, out),
+                    3 => tile_pairs::<B, D, 3>(w, acts, row, col, out),
+                    4 => tile_pairs::<B, D, 4>(w, acts, row, col, out),
+                    5 => tile_pairs::<B, D, 5>(w, acts, row, col, out),
+                    6 => tile_pairs::<B, D, 6>(w, acts, row, col, out),
+                    7 => tile_pairs::<B, D, 7>(w, acts, row, col, out),
+                    _ => {}
+                }
+            }
+        }
     }
 
     /// Each weight row of `cols` against every activation row, `ROWS` activation rows at a time.
@@ -575,6 +675,67 @@ mod x86 {
             _mm256_storeu_ps(offset.as_mut_ptr(), offsets);
             for (r, &acc_r) in acc.iter().enumerate() {
                 *out.ptr.add((row + r) * out.n + col) = hsum(acc_r) + offset[r];
+            }
+        }
+    }
+
+    /// [`tile`] two blocks at a time: the pair's 64 weights in one 512-bit register, each
+    /// activation row's 64 quants in one load, and per row one multiply by the rows' scales
+    /// (`d_pairs`) and one multiply-add by the weights' scales, half the per-row instructions
+    /// of `tile`, which is what verifying several tokens per step spends its time on.
+    ///
+    /// # Safety
+    /// As [`tile`], `k / 32` is even, and the CPU supports AVX-512 F/BW/VL and VNNI.
+    #[inline(always)]
+    unsafe fn tile_pairs<B: Block, D: Dot512, const R: usize>(
+        w: *const u8,
+        acts: &Activations,
+        row: usize,
+        col: usize,
+        out: Output,
+    ) {
+        let blocks = acts.k / QK;
+        let pairs = blocks / 2;
+        // SAFETY: blocks `2p`, `2p + 1` lie within the weight row; activation row `row + r` has
+        // `k` bytes, `blocks` scales and `pairs` 16-lane scale pairs; the caller guarantees the
+        // instruction sets.
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); R];
+            let mut offsets = _mm256_setzero_ps();
+            for p in 0..pairs {
+                let b = 2 * p;
+                let (block0, block1) = (w.add(b * B::BYTES), w.add((b + 1) * B::BYTES));
+                _mm_prefetch::<_MM_HINT_T0>(block0.wrapping_add(PREFETCH_BYTES).cast());
+                _mm_prefetch::<_MM_HINT_T0>(block1.wrapping_add(PREFETCH_BYTES).cast());
+                let (w0, d0) = B::load(block0);
+                let (w1, d1) = B::load(block1);
+                let w_pair = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1);
+                let d_w = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(d0)),
+                    _mm256_castps_pd(d1),
+                ));
+                let prepared = D::prepare(w_pair);
+                if B::HAS_OFFSET {
+                    let s0 = _mm256_loadu_ps(acts.s.as_ptr().add(b * acts.m + row));
+                    let s1 = _mm256_loadu_ps(acts.s.as_ptr().add((b + 1) * acts.m + row));
+                    offsets = _mm256_fmadd_ps(B::load_offset(block0), s0, offsets);
+                    offsets = _mm256_fmadd_ps(B::load_offset(block1), s1, offsets);
+                }
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let x = _mm512_loadu_si512(acts.qs.as_ptr().add(((row + r) * blocks + b) * QK).cast());
+                    let dot = _mm512_cvtepi32_ps(D::dot(w_pair, prepared, x));
+                    let d_x = _mm512_loadu_ps(acts.d_pairs.as_ptr().add(((row + r) * pairs + p) * 16));
+                    *acc_r = _mm512_fmadd_ps(_mm512_mul_ps(dot, d_x), d_w, *acc_r);
+                }
+            }
+            let mut offset = [0f32; ROWS];
+            _mm256_storeu_ps(offset.as_mut_ptr(), offsets);
+            for (r, &acc_r) in acc.iter().enumerate() {
+                let halves = _mm256_add_ps(
+                    _mm512_castps512_ps256(acc_r),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc_r))),
+                );
+                *out.ptr.add((row + r) * out.n + col) = hsum(halves) + offset[r];
             }
         }
     }
