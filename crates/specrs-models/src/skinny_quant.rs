@@ -142,8 +142,12 @@ mod x86 {
             let Storage::Cpu(CpuStorage::F32(xs)) = &*storage else {
                 return Ok(None);
             };
-            let offset = isa.offset_activations() && !format.unsigned();
-            Activations::quantize(&xs[layout.start_offset()..][..m * k], m, k, offset)
+            let wanted = ActivationLayout {
+                offset: isa.offset_activations() && !format.unsigned(),
+                sums: format == Format::Q4_1,
+                pairs: isa == Isa::Avx512Vnni && (k / QK).is_multiple_of(2),
+            };
+            Activations::quantize(&xs[layout.start_offset()..][..m * k], m, k, wanted)
         };
 
         let mut out = vec![0f32; m * n];
@@ -221,22 +225,36 @@ mod x86 {
         d_pairs: Vec<f32>,
     }
 
+    /// What the kernels of one call read besides the quants and their scales.
+    #[derive(Clone, Copy, Debug)]
+    pub(super) struct ActivationLayout {
+        /// Quants stored as `q + 128` (VNNI with signed weights).
+        pub(super) offset: bool,
+        /// `s`, for weights with offsets.
+        pub(super) sums: bool,
+        /// `d_pairs`, for the two-block kernels.
+        pub(super) pairs: bool,
+    }
+
     impl Activations {
-        pub(super) fn quantize(x: &[f32], m: usize, k: usize, offset: bool) -> Self {
+        pub(super) fn quantize(x: &[f32], m: usize, k: usize, layout: ActivationLayout) -> Self {
             assert_eq!(x.len(), m * k);
             let mut qs = vec![0u8; m * k];
             let blocks = k / QK;
             let mut d = vec![0f32; blocks * m + ROWS];
-            let mut s = vec![0f32; blocks * m + ROWS];
-            let unoffset = if offset { 0x80 } else { 0 };
+            let mut s = if layout.sums { vec![0f32; blocks * m + ROWS] } else { Vec::new() };
+            let unoffset = if layout.offset { 0x80 } else { 0 };
             for (i, (src, dst)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
                 let (r, b) = (i / blocks, i % blocks);
-                let d_x = quantize_block(src.try_into().expect("32 values"), dst.try_into().expect("32 bytes"), offset);
-                let sum: i32 = dst.iter().map(|&q| i32::from((q ^ unoffset) as i8)).sum();
+                let dst: &mut [u8; QK] = dst.try_into().expect("32 bytes");
+                let d_x = quantize_block(src.try_into().expect("32 values"), dst, layout.offset);
                 d[b * m + r] = d_x;
-                s[b * m + r] = d_x * sum as f32;
+                if layout.sums {
+                    let sum: i32 = dst.iter().map(|&q| i32::from((q ^ unoffset) as i8)).sum();
+                    s[b * m + r] = d_x * sum as f32;
+                }
             }
-            let pairs = blocks / 2;
+            let pairs = if layout.pairs { blocks / 2 } else { 0 };
             let mut d_pairs = vec![0f32; m * pairs * 2 * 8];
             for (i, lanes) in d_pairs.chunks_exact_mut(8).enumerate() {
                 // Chunk i: row i / (2 · pairs), block i % (2 · pairs).
@@ -244,6 +262,11 @@ mod x86 {
                 lanes.fill(d[b * m + r]);
             }
             Self { m, k, qs, d, s, d_pairs }
+        }
+
+        /// Quantized for the two-block kernels.
+        fn has_pairs(&self) -> bool {
+            !self.d_pairs.is_empty()
         }
 
         /// Quantized row `r`, block `b`: its scale and its 32 bytes.
@@ -536,7 +559,7 @@ mod x86 {
     /// `D` reads them (offset or not).
     unsafe fn rows_avx2<B: Block, D: Dot>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
         // SAFETY: forwarded from the caller; AVX2 is compiled in.
-        unsafe { rows::<B, D>(w, acts, cols, out) }
+        unsafe { rows::<Single<B, D>>(w, acts, cols, out) }
     }
 
     /// As [`rows_avx2`] with VNNI kernels, compiled with AVX-512 enabled.
@@ -550,45 +573,49 @@ mod x86 {
         cols: std::ops::Range<usize>,
         out: Output,
     ) {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: forwarded from the caller; `has_pairs` means `k / 32` is even.
         unsafe {
-            if (acts.k / QK).is_multiple_of(2) {
-                rows_pairs::<B, D>(w, acts, cols, out)
+            if acts.has_pairs() {
+                rows::<Pairs<B, D>>(w, acts, cols, out)
             } else {
-                rows::<B, D>(w, acts, cols, out)
+                rows::<Single<B, D>>(w, acts, cols, out)
             }
         }
     }
 
-    /// As [`rows`], two blocks per step in 512-bit registers ([`tile_pairs`]); `k / 32` even.
-    ///
-    /// # Safety
-    /// As [`rows_vnni`].
-    #[inline(always)]
-    unsafe fn rows_pairs<B: Block, D: Dot512>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
-        let row_bytes = acts.k / QK * B::BYTES;
-        assert!(cols.end * row_bytes <= w.len() && acts.qs.len() == acts.m * acts.k);
-        assert!((acts.k / QK).is_multiple_of(2) && acts.d_pairs.len() == acts.m * (acts.k / QK) * 8);
-        for col in cols {
-            // SAFETY: as in `rows`.
-            unsafe {
-                let w = w.as_ptr().add(col * row_bytes);
-                let mut row = 0;
-                while acts.m - row >= ROWS {
-                    tile_pairs::<B, D, ROWS>(w, acts, row, col, out);
-                    row += ROWS;
-                }
-                match acts.m - row {
-                    1 => tile_pairs::<B, D, 1>(w, acts, row, col, out),
-                    2 => tile_pairs::<B, D, 2>(w, acts, row, col, out),
-                    3 => tile_pairs::<B, D, 3>(w, acts, row, col, out),
-                    4 => tile_pairs::<B, D, 4>(w, acts, row, col, out),
-                    5 => tile_pairs::<B, D, 5>(w, acts, row, col, out),
-                    6 => tile_pairs::<B, D, 6>(w, acts, row, col, out),
-                    7 => tile_pairs::<B, D, 7>(w, acts, row, col, out),
-                    _ => {}
-                }
-            }
+    /// How `R` activation rows meet one weight row: [`tile`] or [`tile_pairs`].
+    trait Tile {
+        /// Bytes per weight block.
+        const BYTES: usize;
+
+        /// # Safety
+        /// As the tile function it runs.
+        unsafe fn run<const R: usize>(w: *const u8, acts: &Activations, row: usize, col: usize, out: Output);
+    }
+
+    /// One block per step, 256-bit registers.
+    struct Single<B, D>(std::marker::PhantomData<(B, D)>);
+
+    impl<B: Block, D: Dot> Tile for Single<B, D> {
+        const BYTES: usize = B::BYTES;
+
+        #[inline(always)]
+        unsafe fn run<const R: usize>(w: *const u8, acts: &Activations, row: usize, col: usize, out: Output) {
+            // SAFETY: forwarded from the caller.
+            unsafe { tile::<B, D, R>(w, acts, row, col, out) }
+        }
+    }
+
+    /// Two blocks per step, 512-bit registers.
+    struct Pairs<B, D>(std::marker::PhantomData<(B, D)>);
+
+    impl<B: Block, D: Dot512> Tile for Pairs<B, D> {
+        const BYTES: usize = B::BYTES;
+
+        #[inline(always)]
+        unsafe fn run<const R: usize>(w: *const u8, acts: &Activations, row: usize, col: usize, out: Output) {
+            // SAFETY: forwarded from the caller.
+            unsafe { tile_pairs::<B, D, R>(w, acts, row, col, out) }
         }
     }
 
@@ -599,10 +626,10 @@ mod x86 {
     /// bytes apart within a page) halved the bandwidth from DRAM at m = 1 and saved no work.
     ///
     /// # Safety
-    /// As [`rows_avx2`], and `D`'s instruction set is available.
+    /// As [`rows_avx2`], and the instruction sets `T` uses are available.
     #[inline(always)]
-    unsafe fn rows<B: Block, D: Dot>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
-        let row_bytes = acts.k / QK * B::BYTES;
+    unsafe fn rows<T: Tile>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+        let row_bytes = acts.k / QK * T::BYTES;
         assert!(cols.end * row_bytes <= w.len() && acts.qs.len() == acts.m * acts.k);
         for col in cols {
             // SAFETY: weight row `col < cols.end` lies within `w` (asserted above); each call
@@ -611,17 +638,17 @@ mod x86 {
                 let w = w.as_ptr().add(col * row_bytes);
                 let mut row = 0;
                 while acts.m - row >= ROWS {
-                    tile::<B, D, ROWS>(w, acts, row, col, out);
+                    T::run::<ROWS>(w, acts, row, col, out);
                     row += ROWS;
                 }
                 match acts.m - row {
-                    1 => tile::<B, D, 1>(w, acts, row, col, out),
-                    2 => tile::<B, D, 2>(w, acts, row, col, out),
-                    3 => tile::<B, D, 3>(w, acts, row, col, out),
-                    4 => tile::<B, D, 4>(w, acts, row, col, out),
-                    5 => tile::<B, D, 5>(w, acts, row, col, out),
-                    6 => tile::<B, D, 6>(w, acts, row, col, out),
-                    7 => tile::<B, D, 7>(w, acts, row, col, out),
+                    1 => T::run::<1>(w, acts, row, col, out),
+                    2 => T::run::<2>(w, acts, row, col, out),
+                    3 => T::run::<3>(w, acts, row, col, out),
+                    4 => T::run::<4>(w, acts, row, col, out),
+                    5 => T::run::<5>(w, acts, row, col, out),
+                    6 => T::run::<6>(w, acts, row, col, out),
+                    7 => T::run::<7>(w, acts, row, col, out),
                     _ => {}
                 }
             }
@@ -643,6 +670,7 @@ mod x86 {
         out: Output,
     ) {
         let blocks = acts.k / QK;
+        debug_assert!(!B::HAS_OFFSET || !acts.s.is_empty(), "offset weights need the activation sums");
         // SAFETY: block `b < blocks` lies within the weight row; activation row `row + r` has
         // `k` bytes and `blocks` scales; AVX2 and FMA are compiled in, `D`'s set is available.
         unsafe {
@@ -696,6 +724,8 @@ mod x86 {
     ) {
         let blocks = acts.k / QK;
         let pairs = blocks / 2;
+        debug_assert!(blocks.is_multiple_of(2) && acts.d_pairs.len() == acts.m * blocks * 8);
+        debug_assert!(!B::HAS_OFFSET || !acts.s.is_empty(), "offset weights need the activation sums");
         // SAFETY: blocks `2p`, `2p + 1` lie within the weight row; activation row `row + r` has
         // `k` bytes, `blocks` scales and `pairs` 16-lane scale pairs; the caller guarantees the
         // instruction sets.
@@ -748,7 +778,7 @@ mod tests {
     use half::f16;
     use std::sync::Arc;
 
-    use super::x86::{Activations, Isa, matmul_t};
+    use super::x86::{ActivationLayout, Activations, Isa, matmul_t};
 
     /// Deterministic values spread like activations: mostly small, a few outliers per block.
     fn values(len: usize, seed: u64) -> Vec<f32> {
@@ -792,7 +822,7 @@ mod tests {
         }
         let blocks = candle_q8_0(&Tensor::from_slice(&x, (3, 96), &Device::Cpu).unwrap());
         for offset in [false, true] {
-            let acts = Activations::quantize(&x, 3, 96, offset);
+            let acts = Activations::quantize(&x, 3, 96, ActivationLayout { offset, sums: true, pairs: false });
             for (i, (want_d, want_q)) in blocks.iter().enumerate() {
                 let (d, qs) = acts.block(i / 3, i % 3);
                 assert_eq!(d.to_bits(), want_d.to_bits(), "block {i} scale");
