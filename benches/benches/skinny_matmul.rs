@@ -1,7 +1,8 @@
 //! Skinny quantized matmuls `x [m, k] · wᵀ` at the default model's shapes (SmolLM2-135M:
 //! hidden 576, intermediate 1536, vocab 49152), for the row counts of decoding (m = 1) and of
 //! verifying drafts (m = K + 1): candle's `QMatMul::forward` against
-//! `specrs_models::skinny_quant::matmul_t`, with Q8_0, Q4_0 and Q4_1 weights.
+//! `specrs_models::skinny_quant::matmul_t` (GGUF layout) and `specrs_models::packed_quant`
+//! (tiles of 16 rows, where the CPU has AVX-512 VNNI), with Q8_0, Q4_0 and Q4_1 weights.
 //!
 //! Decoding streams the whole model (about 145 MB in Q8_0) from memory every step, far more than
 //! the 32 MB L3, so each iteration uses the next of enough copies of the weight to stay out of
@@ -15,6 +16,7 @@ use std::time::Duration;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use specrs_models::packed_quant::PackedQ;
 use specrs_models::skinny_quant;
 
 /// `(name, n, k)` of `w [n, k]`.
@@ -47,6 +49,7 @@ fn skinny_matmul(c: &mut Criterion) {
     for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
         for (name, n, k) in SHAPES {
             let weights = cold_copies(dtype, n, k);
+            let packed: Vec<PackedQ> = weights.iter().filter_map(|w| PackedQ::pack(w).expect("pack")).collect();
             let candle: Vec<QMatMul> = weights.iter().map(|w| QMatMul::from_arc(w.clone()).expect("qmatmul")).collect();
             let mut group = c.benchmark_group(format!("{dtype:?}/{name} {n}x{k}"));
             group.throughput(Throughput::Bytes(weights[0].storage_size_in_bytes() as u64));
@@ -63,6 +66,15 @@ fn skinny_matmul(c: &mut Criterion) {
                         black_box(skinny_quant::matmul_t(x, w).expect("skinny matmul").expect("served"))
                     })
                 });
+                if !packed.is_empty() {
+                    group.bench_with_input(BenchmarkId::new("packed", m), &x, |b, x| {
+                        let mut next = (0..packed.len()).cycle();
+                        b.iter(|| {
+                            let w = &packed[next.next().unwrap_or(0)];
+                            black_box(w.matmul_t(x).expect("packed matmul").expect("served"))
+                        })
+                    });
+                }
             }
             group.finish();
         }

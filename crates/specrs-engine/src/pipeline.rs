@@ -18,7 +18,6 @@ use specrs_models::drafters::dspark::DSparkDraft;
 use specrs_models::drafters::eagle::EagleDraft;
 use specrs_models::drafters::mtp::MtpDraft;
 use specrs_models::drafters::{BlockDraftModel, SequentialDraftModel};
-use specrs_models::linear::LinearWeight;
 use specrs_models::weights::WeightSource;
 use specrs_models::{CausalLm, ModelDType, WeightStore};
 
@@ -378,7 +377,7 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
 /// head beside a q8_0 target would cost as much as the target it is meant to save.
 fn draft_dtype(requested: ModelDType, target: &CausalLm) -> ModelDType {
     match (requested, target.lm_head_weight()) {
-        (ModelDType::Auto, LinearWeight::Quantized(_)) if target.device().is_cpu() => ModelDType::Q8_0,
+        (ModelDType::Auto, head) if head.is_quantized() && target.device().is_cpu() => ModelDType::Q8_0,
         _ => requested,
     }
 }

@@ -17,6 +17,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod models;
 pub mod norm;
+pub mod packed_quant;
 pub mod placement;
 pub mod reductions;
 pub mod rope;

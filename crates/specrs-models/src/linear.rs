@@ -7,17 +7,42 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QStorage, QTensor};
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 
+use crate::packed_quant::PackedQ;
+
 /// A `[out, in]` weight.
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
     Quantized(QMatMul),
+    /// GGUF blocks repacked for this CPU's AVX-512 VNNI kernels ([`crate::packed_quant`]).
+    Packed(Arc<PackedQ>),
     Dense(Tensor),
 }
 
 impl LinearWeight {
+    /// The weight in the layout this CPU multiplies fastest: GGUF Q8_0 / Q4_0 / Q4_1 weights on
+    /// a CPU with AVX-512 VNNI become [`LinearWeight::Packed`]; anything else is returned as is.
+    pub fn packed_for_cpu(self) -> Result<Self> {
+        if let Self::Quantized(QMatMul::QTensor(q)) = &self
+            && let Some(p) = PackedQ::pack(q)?
+        {
+            return Ok(Self::Packed(Arc::new(p)));
+        }
+        Ok(self)
+    }
+
+    /// Quantized, in the GGUF layout or packed.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Self::Quantized(_) | Self::Packed(_))
+    }
+
     /// `x [T, in] -> [T, out]`.
     pub fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
         match self {
+            Self::Packed(p) => match p.matmul_t(x)? {
+                Some(y) => Ok(y),
+                // Not f32 on the CPU: through the dequantized weight (no engine path does this).
+                None => x.matmul(&p.dequantize()?.to_dtype(x.dtype())?.t()?),
+            },
             Self::Quantized(q) => {
                 if let QMatMul::QTensor(w) = q
                     && let Some(y) = crate::skinny_quant::matmul_t(x, w)?
@@ -37,6 +62,12 @@ impl LinearWeight {
     pub fn embed(&self, ids: &Tensor) -> Result<Tensor> {
         match self {
             Self::Quantized(q) => q.embedding(ids),
+            Self::Packed(p) => {
+                let flat = ids.flatten_all()?.to_vec1::<u32>()?;
+                let mut dims = ids.dims().to_vec();
+                dims.push(p.dims().1);
+                p.dequantize_rows(&flat)?.reshape(dims)?.to_device(ids.device())
+            }
             Self::Dense(w) => w.index_select(ids, 0),
         }
     }
@@ -45,6 +76,7 @@ impl LinearWeight {
     pub fn dense(&self, device: &Device) -> Result<Tensor> {
         match self {
             Self::Quantized(QMatMul::QTensor(q)) => q.dequantize(device),
+            Self::Packed(p) => p.dequantize()?.to_device(device),
             Self::Quantized(QMatMul::Tensor(t)) | Self::Quantized(QMatMul::TensorF16(t)) | Self::Dense(t) => {
                 t.to_dtype(DType::F32)?.to_device(device)
             }
@@ -55,6 +87,7 @@ impl LinearWeight {
     pub fn size_in_bytes(&self) -> usize {
         match self {
             Self::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Self::Packed(p) => p.size_in_bytes(),
             Self::Quantized(QMatMul::Tensor(t)) | Self::Quantized(QMatMul::TensorF16(t)) | Self::Dense(t) => {
                 t.elem_count() * t.dtype().size_in_bytes()
             }
@@ -62,7 +95,8 @@ impl LinearWeight {
     }
 
     /// Stacks weights along the output dim, so one matmul computes all of them. `None` when the
-    /// parts cannot share one buffer (different quantized formats).
+    /// parts cannot share one buffer (different quantized formats, or packed parts whose rows
+    /// do not fill whole tiles).
     pub fn concat_rows(parts: &[&LinearWeight]) -> Result<Option<LinearWeight>> {
         let qtensors: Option<Vec<&Arc<QTensor>>> = parts
             .iter()
@@ -71,6 +105,17 @@ impl LinearWeight {
                 _ => None,
             })
             .collect();
+        let packed: Option<Vec<&Arc<PackedQ>>> = parts
+            .iter()
+            .map(|p| match p {
+                Self::Packed(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        if let Some(ps) = packed {
+            return Ok(PackedQ::concat_rows(&ps.iter().map(|p| p.as_ref()).collect::<Vec<_>>())
+                .map(|p| Self::Packed(Arc::new(p))));
+        }
         if let Some(qs) = qtensors {
             let dtype = qs[0].dtype();
             let cols = qs[0].shape().dims()[1];
@@ -205,6 +250,7 @@ impl FusedLinear {
 fn stacked_device(w: &LinearWeight) -> Device {
     match w {
         LinearWeight::Quantized(QMatMul::QTensor(q)) => q.device(),
+        LinearWeight::Packed(_) => Device::Cpu,
         LinearWeight::Quantized(QMatMul::Tensor(t))
         | LinearWeight::Quantized(QMatMul::TensorF16(t))
         | LinearWeight::Dense(t) => t.device().clone(),

@@ -50,6 +50,13 @@ pub fn serves(dtype: candle_core::quantized::GgmlDType) -> bool {
         && matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4_0 | GgmlDType::Q4_1)
 }
 
+/// Quantizes 32 activations to signed Q8_0 bytes exactly as candle's `BlockQ8_0::from_float`
+/// does; returns the scale as f16 stores it. Shared with [`crate::packed_quant`].
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+pub(crate) fn quantize_block(x: &[f32; 32], q: &mut [u8; 32]) -> f32 {
+    x86::quantize_block(x, q, false)
+}
+
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
 mod x86 {
     use std::arch::x86_64::*;
@@ -279,7 +286,7 @@ mod x86 {
 
     /// candle's `BlockQ8_0::from_float` on one block: writes `q = round(x / d)` (half away from
     /// zero, plus 128 when `offset`) and returns the scale `d = max|x| / 127` as f16 stores it.
-    fn quantize_block(x: &[f32; QK], q: &mut [u8; QK], offset: bool) -> f32 {
+    pub(super) fn quantize_block(x: &[f32; QK], q: &mut [u8; QK], offset: bool) -> f32 {
         // SAFETY: four 8-float loads cover `x` and one 32-byte store covers `q`, both exactly; AVX2
         // is compiled in.
         unsafe {

@@ -128,7 +128,8 @@ impl WeightStore {
         Ok(t.to_dtype(DType::I64)?)
     }
 
-    /// The weight of a linear layer `[out, in]`, quantized or dense per the dtype policy.
+    /// The weight of a linear layer `[out, in]`, quantized or dense per the dtype policy;
+    /// quantized weights come packed for the CPU's kernels where it has them.
     pub fn linear_weight(&self, name: &str, out_dim: usize, in_dim: usize) -> Result<LinearWeight> {
         let expected = [out_dim, in_dim];
         match &self.source {
@@ -145,7 +146,8 @@ impl WeightStore {
                 match self.dtype.ggml() {
                     Some(target) => {
                         let q = quantize_or_fallback(&w.to_dtype(DType::F32)?, target)?;
-                        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(move_qtensor(q, &self.device)?))?))
+                        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(move_qtensor(q, &self.device)?))?)
+                            .packed_for_cpu()?)
                     }
                     None => Ok(LinearWeight::Dense(w.to_dtype(self.compute_dtype())?.to_device(&self.device)?)),
                 }
@@ -182,7 +184,9 @@ impl WeightStore {
             }
             None => q,
         };
-        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(move_qtensor(q, &self.device)?))?))
+        // On a CPU with AVX-512 VNNI the blocks are repacked for its kernels (same bytes, same
+        // values; see `packed_quant`).
+        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(move_qtensor(q, &self.device)?))?).packed_for_cpu()?)
     }
 
     /// A linear layer with an optional bias `[out]`.
