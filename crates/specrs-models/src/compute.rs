@@ -17,6 +17,19 @@ pub fn on_compute_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() { f() } else { rayon::scope(|_| f()) }
 }
 
+/// An `[m, n]` f32 output written by several parallel tasks of a CPU kernel, each to its own
+/// columns (`skinny`, `skinny_quant`, `packed_quant`).
+#[derive(Clone, Copy)]
+pub(crate) struct ColumnOutput {
+    pub(crate) ptr: *mut f32,
+    pub(crate) n: usize,
+}
+
+// SAFETY: the kernels' tasks write disjoint columns of the buffer, which outlives them.
+unsafe impl Send for ColumnOutput {}
+// SAFETY: as above; no task reads what another writes.
+unsafe impl Sync for ColumnOutput {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

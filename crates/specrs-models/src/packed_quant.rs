@@ -30,7 +30,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Result, Tensor};
 
-/// Output columns (weight rows) per tile: the 16 i32 lanes of a 512-bit register.
+/// ColumnOutput columns (weight rows) per tile: the 16 i32 lanes of a 512-bit register.
 pub const TILE: usize = 16;
 
 /// Values per quantization block.
@@ -293,6 +293,7 @@ mod x86 {
     use rayon::prelude::*;
 
     use super::{Format, PackedQ, QK, TILE};
+    use crate::compute::ColumnOutput;
 
     /// Activation rows per register tile: each unpacked weight block feeds this many rows.
     const ROWS: usize = 8;
@@ -338,18 +339,6 @@ mod x86 {
         }
     }
 
-    /// `[m, n]` f32 output written from several threads, each to its own columns.
-    #[derive(Clone, Copy)]
-    struct Output {
-        ptr: *mut f32,
-        n: usize,
-    }
-
-    // SAFETY: tasks write disjoint column ranges of the buffer, which outlives them.
-    unsafe impl Send for Output {}
-    // SAFETY: as above; no task reads what another writes.
-    unsafe impl Sync for Output {}
-
     pub(super) fn matmul_t(w: &PackedQ, x: &Tensor) -> Result<Option<Tensor>> {
         if !x.device().is_cpu() || x.dtype() != DType::F32 || x.rank() != 2 {
             return Ok(None);
@@ -375,7 +364,7 @@ mod x86 {
         let tiles = w.n.div_ceil(TILE);
         let tiles_per_task = (TASK_BYTES / tile_bytes).clamp(1, tiles);
         let mut out = vec![0f32; m * w.n];
-        let out_ptr = Output { ptr: out.as_mut_ptr(), n: w.n };
+        let out_ptr = ColumnOutput { ptr: out.as_mut_ptr(), n: w.n };
         let run = |task: usize| {
             let tiles = task * tiles_per_task..tiles.min((task + 1) * tiles_per_task);
             // SAFETY: `pack` only builds a `PackedQ` where `cpu_supported()`; the tiles lie in
@@ -470,7 +459,7 @@ mod x86 {
         acts: &Activations,
         m: usize,
         tiles: std::ops::Range<usize>,
-        out: Output,
+        out: ColumnOutput,
     ) {
         let blocks = w.k / QK;
         assert!(tiles.end * blocks * B::BYTES <= w.bytes.len() && acts.qs.len() == m * acts.k);
@@ -512,7 +501,7 @@ mod x86 {
         row: usize,
         col: usize,
         valid: usize,
-        out: Output,
+        out: ColumnOutput,
     ) {
         // SAFETY: block `b < blocks` lies within the tile; activation row `row + r` has `k`
         // quants and `blocks` scales; the caller guarantees the instruction sets.
@@ -562,20 +551,8 @@ mod tests {
 
     use super::*;
 
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-
     fn tensor(rows: usize, cols: usize, seed: u64) -> Tensor {
-        Tensor::from_vec(values(rows * cols, seed), (rows, cols), &Device::Cpu).expect("tensor")
+        crate::testing::random_tensor(&[rows, cols], 1.0, seed).expect("tensor")
     }
 
     const DTYPES: [GgmlDType; 3] = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1];

@@ -6,6 +6,7 @@
 //! once, dotted with every row of `x` (kept hot in L1) using FMA, and the rows of `w` are split
 //! across threads. Verifying `K` drafts therefore costs about the same as decoding one token.
 
+use crate::compute::ColumnOutput;
 use candle_core::{CpuStorage, DType, Result, Storage, Tensor};
 use rayon::prelude::*;
 
@@ -34,7 +35,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let xv = &xv[xl.start_offset()..xl.start_offset() + m * k];
     let wv = &wv[wl.start_offset()..wl.start_offset() + n * k];
     let mut out = vec![0f32; m * n];
-    let out_ptr = Output { ptr: out.as_mut_ptr(), n };
+    let out_ptr = ColumnOutput { ptr: out.as_mut_ptr(), n };
     (0..n.div_ceil(ROWS_PER_TASK)).into_par_iter().for_each(|task| {
         let cols = task * ROWS_PER_TASK..n.min((task + 1) * ROWS_PER_TASK);
         // SAFETY: `out` is `[m, n]` and outlives the loop; tasks write disjoint columns.
@@ -44,24 +45,12 @@ pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
 }
 
-/// `[m, n]` f32 output written from several threads, each to its own columns.
-#[derive(Clone, Copy)]
-struct Output {
-    ptr: *mut f32,
-    n: usize,
-}
-
-// SAFETY: tasks write disjoint columns of the buffer (see `matmul_t`), which outlives them.
-unsafe impl Send for Output {}
-// SAFETY: as above; no task reads what another writes.
-unsafe impl Sync for Output {}
-
 /// `out[i][j] = x_i · w_j` for every row `x_i` of `xs [m, k]` and `j` in `cols`.
 ///
 /// # Safety
 /// `out` is `[m, n]` with `cols.end <= n`, and no other thread touches those columns meanwhile.
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-unsafe fn columns(xs: &[f32], m: usize, k: usize, w: &[f32], cols: std::ops::Range<usize>, out: Output) {
+unsafe fn columns(xs: &[f32], m: usize, k: usize, w: &[f32], cols: std::ops::Range<usize>, out: ColumnOutput) {
     for j in cols {
         let w = &w[j * k..(j + 1) * k];
         for (i, x) in xs.chunks_exact(k).enumerate().take(m) {
@@ -76,7 +65,7 @@ unsafe fn columns(xs: &[f32], m: usize, k: usize, w: &[f32], cols: std::ops::Ran
 /// # Safety
 /// As the portable version.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-unsafe fn columns(xs: &[f32], m: usize, k: usize, w: &[f32], cols: std::ops::Range<usize>, out: Output) {
+unsafe fn columns(xs: &[f32], m: usize, k: usize, w: &[f32], cols: std::ops::Range<usize>, out: ColumnOutput) {
     assert!(xs.len() >= m * k && w.len() >= cols.end * k);
     for j in cols {
         let mut i = 0;
@@ -104,7 +93,7 @@ unsafe fn columns(xs: &[f32], m: usize, k: usize, w: &[f32], cols: std::ops::Ran
 /// Rows `i..i + R` of `x` and row `j` of `w` exist; `out` has those cells to this task.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 #[inline(always)]
-unsafe fn tile<const R: usize>(xs: &[f32], k: usize, w: &[f32], i: usize, j: usize, out: Output) {
+unsafe fn tile<const R: usize>(xs: &[f32], k: usize, w: &[f32], i: usize, j: usize, out: ColumnOutput) {
     use std::arch::x86_64::*;
 
     use crate::simd::hsum;

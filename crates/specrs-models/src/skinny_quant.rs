@@ -66,6 +66,7 @@ mod x86 {
     use half::f16;
     use rayon::prelude::*;
 
+    use crate::compute::ColumnOutput;
     use crate::simd::hsum;
 
     /// Values per quantization block, in the weights and the activations alike.
@@ -158,7 +159,7 @@ mod x86 {
         };
 
         let mut out = vec![0f32; m * n];
-        let out_ptr = Output { ptr: out.as_mut_ptr(), n };
+        let out_ptr = ColumnOutput { ptr: out.as_mut_ptr(), n };
         let cols_per_task = (TASK_BYTES / row_bytes).clamp(1, n);
         let tasks = n.div_ceil(cols_per_task);
         let run = |task: usize| {
@@ -204,18 +205,6 @@ mod x86 {
             }
         }
     }
-
-    /// `[m, n]` f32 output written from several threads, each to its own columns.
-    #[derive(Clone, Copy)]
-    struct Output {
-        ptr: *mut f32,
-        n: usize,
-    }
-
-    // SAFETY: tasks write disjoint columns of the buffer (see `matmul_t`), which outlives them.
-    unsafe impl Send for Output {}
-    // SAFETY: as above; no task reads what another writes.
-    unsafe impl Sync for Output {}
 
     /// Activation rows quantized to Q8_0: `qs [m, k]` bytes (offset by 128 when the kernels
     /// want unsigned bytes), `d [k / 32, m]` block scales, already rounded through f16 like the
@@ -558,13 +547,18 @@ mod x86 {
         }
     }
 
-    /// Output columns `cols` (weight rows) for every activation row, AVX2 kernels.
+    /// ColumnOutput columns `cols` (weight rows) for every activation row, AVX2 kernels.
     ///
     /// # Safety
     /// `w` holds the weight rows of `cols`, `out` is `[acts.m, n]` with `cols.end <= n`, no
     /// other thread touches those columns meanwhile, and the activations are quantized the way
     /// `D` reads them (offset or not).
-    unsafe fn rows_avx2<B: Block, D: Dot>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+    unsafe fn rows_avx2<B: Block, D: Dot>(
+        w: &[u8],
+        acts: &Activations,
+        cols: std::ops::Range<usize>,
+        out: ColumnOutput,
+    ) {
         // SAFETY: forwarded from the caller; AVX2 is compiled in.
         unsafe { rows::<Single<B, D>>(w, acts, cols, out) }
     }
@@ -578,7 +572,7 @@ mod x86 {
         w: &[u8],
         acts: &Activations,
         cols: std::ops::Range<usize>,
-        out: Output,
+        out: ColumnOutput,
     ) {
         // SAFETY: forwarded from the caller; `has_pairs` means `k / 32` is even.
         unsafe {
@@ -597,7 +591,7 @@ mod x86 {
 
         /// # Safety
         /// As the tile function it runs.
-        unsafe fn run<const R: usize>(w: *const u8, acts: &Activations, row: usize, col: usize, out: Output);
+        unsafe fn run<const R: usize>(w: *const u8, acts: &Activations, row: usize, col: usize, out: ColumnOutput);
     }
 
     /// One block per step, 256-bit registers.
@@ -607,7 +601,7 @@ mod x86 {
         const BYTES: usize = B::BYTES;
 
         #[inline(always)]
-        unsafe fn run<const R: usize>(w: *const u8, acts: &Activations, row: usize, col: usize, out: Output) {
+        unsafe fn run<const R: usize>(w: *const u8, acts: &Activations, row: usize, col: usize, out: ColumnOutput) {
             // SAFETY: forwarded from the caller.
             unsafe { tile::<B, D, R>(w, acts, row, col, out) }
         }
@@ -620,7 +614,7 @@ mod x86 {
         const BYTES: usize = B::BYTES;
 
         #[inline(always)]
-        unsafe fn run<const R: usize>(w: *const u8, acts: &Activations, row: usize, col: usize, out: Output) {
+        unsafe fn run<const R: usize>(w: *const u8, acts: &Activations, row: usize, col: usize, out: ColumnOutput) {
             // SAFETY: forwarded from the caller.
             unsafe { tile_pairs::<B, D, R>(w, acts, row, col, out) }
         }
@@ -635,7 +629,7 @@ mod x86 {
     /// # Safety
     /// As [`rows_avx2`], and the instruction sets `T` uses are available.
     #[inline(always)]
-    unsafe fn rows<T: Tile>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: Output) {
+    unsafe fn rows<T: Tile>(w: &[u8], acts: &Activations, cols: std::ops::Range<usize>, out: ColumnOutput) {
         let row_bytes = acts.k / QK * T::BYTES;
         assert!(cols.end * row_bytes <= w.len() && acts.qs.len() == acts.m * acts.k);
         for col in cols {
@@ -674,7 +668,7 @@ mod x86 {
         acts: &Activations,
         row: usize,
         col: usize,
-        out: Output,
+        out: ColumnOutput,
     ) {
         let blocks = acts.k / QK;
         debug_assert!(!B::HAS_OFFSET || !acts.s.is_empty(), "offset weights need the activation sums");
@@ -727,7 +721,7 @@ mod x86 {
         acts: &Activations,
         row: usize,
         col: usize,
-        out: Output,
+        out: ColumnOutput,
     ) {
         let blocks = acts.k / QK;
         let pairs = blocks / 2;
