@@ -304,4 +304,44 @@ mod tests {
             assert!(diff < 1e-5, "{diff}");
         }
     }
+
+    #[test]
+    fn packed_weights_stack_embed_and_multiply_like_their_gguf_blocks() {
+        let gguf = |rows: usize, seed: f32| {
+            LinearWeight::Quantized(
+                QMatMul::from_qtensor(QTensor::quantize(&dense(rows, 64, seed), GgmlDType::Q4_1).unwrap()).unwrap(),
+            )
+        };
+        let packed = gguf(48, 0.0).packed_for_cpu().unwrap();
+        if !crate::packed_quant::cpu_supported() {
+            assert!(matches!(packed, LinearWeight::Quantized(_)), "kept as stored where the kernels do not run");
+            return;
+        }
+        assert!(matches!(packed, LinearWeight::Packed(_)) && packed.is_quantized());
+        let stored = gguf(48, 0.0);
+        let max_diff = |a: &Tensor, b: &Tensor| -> f32 {
+            (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+        };
+        // Same values: dense copies and embedding rows are equal bit for bit.
+        assert_eq!(max_diff(&packed.dense(&Device::Cpu).unwrap(), &stored.dense(&Device::Cpu).unwrap()), 0.0);
+        let ids = Tensor::new(&[[47u32, 0], [16, 5]], &Device::Cpu).unwrap();
+        let (pe, se) = (packed.embed(&ids).unwrap(), stored.embed(&ids).unwrap());
+        assert_eq!(pe.dims(), &[2, 2, 64]);
+        assert_eq!(max_diff(&pe, &se), 0.0);
+        let x = dense(3, 64, 7.0);
+        assert!(max_diff(&packed.matmul_t(&x).unwrap(), &stored.matmul_t(&x).unwrap()) < 1e-4);
+        // Parts of whole tiles stack into one packed weight; a part that ends mid-tile does not.
+        let a = Linear::new(gguf(32, 1.0).packed_for_cpu().unwrap(), None, 32, 64);
+        let b = Linear::new(gguf(16, 2.0).packed_for_cpu().unwrap(), None, 16, 64);
+        let fused = FusedLinear::new(vec![a.clone(), b.clone()]).unwrap();
+        assert!(
+            matches!(&fused, FusedLinear::Stacked { linear, .. } if matches!(linear.weight(), LinearWeight::Packed(_)))
+        );
+        for (o, l) in fused.forward(&x).unwrap().iter().zip([a, b]) {
+            assert_eq!(max_diff(o, &l.forward(&x).unwrap()), 0.0, "stacking tiles changes no bit");
+        }
+        let ragged = Linear::new(gguf(20, 3.0).packed_for_cpu().unwrap(), None, 20, 64);
+        let whole = Linear::new(gguf(16, 4.0).packed_for_cpu().unwrap(), None, 16, 64);
+        assert!(matches!(FusedLinear::new(vec![ragged, whole]).unwrap(), FusedLinear::Separate(_)));
+    }
 }
