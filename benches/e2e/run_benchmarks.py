@@ -4,12 +4,13 @@
 What one run measures, and writes as a dated Markdown section (appended to
 docs/BENCHMARKS.md unless ``--output`` says otherwise) plus PNG plots:
 
-* **spec-rs** through its Python API, one subprocess per configuration so that memory and
-  threads of one engine never affect another: plain decoding with f32, default (``auto``:
-  the GGUF's quantization or q8_0) and q4_0 weights; EAGLE-3 with the shipped draft head;
-  n-gram (K=4); synthetic acceptance 0.7 with K=3. Single stream (one request at a time) on
-  every prompt, and batch 8 / 32 (requests submitted together, aggregate tokens/s) for plain,
-  EAGLE-3 and n-gram with adaptive verify widths.
+* **spec-rs** through its Python API, every configuration in one subprocess, interleaved:
+  each prompt and each batch is run by every configuration in turn (the order rotating), so
+  ratios between them are measured side by side on a shared, noisy machine: plain decoding
+  with f32, default (``auto``: the GGUF's quantization or q8_0) and q4_0 weights; EAGLE-3
+  with the shipped draft head; n-gram (K=4); synthetic acceptance 0.7 with K=3. Single
+  stream (one request at a time) on every prompt, and batch 8 / 32 (requests submitted
+  together, aggregate tokens/s) for plain, EAGLE-3 and n-gram with adaptive verify widths.
 * **Peers**, each installed on demand from PyPI into its own environment (see peers.py):
   llama.cpp through llama-cpp-python on the same GGUF (plain and prompt-lookup decoding),
   mistral.rs on the GGUF dequantized to f32 safetensors, HF transformers (plain,
@@ -352,13 +353,13 @@ def error_rows(
 
 
 # --------------------------------------------------------------------------------------------
-# spec-rs (in-process Python API, one subprocess per configuration)
+# spec-rs (in-process Python API, the configurations interleaved in one subprocess)
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class SpecJob:
-    """One spec-rs configuration, measured in its own subprocess."""
+    """One spec-rs configuration (its engine lives in the shared spec-rs subprocess)."""
 
     key: str
     method: str
@@ -431,46 +432,66 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
     return [jobs[k] for k in args.specrs_configs]
 
 
-def specrs_worker(job: SpecJob, items: list[dict[str, Any]], max_tokens: int, repeats: int) -> dict[str, Any]:
-    """Runs inside the subprocess: builds the engine, warms it up, times every workload.
+def specrs_worker(
+    jobs: list[SpecJob], items: list[dict[str, Any]], max_tokens: int, repeats: int
+) -> dict[str, Any]:
+    """Runs inside the subprocess: builds every configuration's engine, warms each up, then
+    times the workloads with the configurations interleaved.
 
-    Single stream: ``LLM.chat`` on one conversation at a time (wall time includes template,
-    tokenization and prefill). Batch B: B chat conversations (the chat prompts, cycled) in one
-    ``LLM.chat`` call; the aggregate tokens/s is their generated tokens over the call's wall time.
+    Workloads: every prompt single stream (``LLM.chat`` on one conversation: wall time
+    includes template, tokenization and prefill) and every batch size B (B chat conversations,
+    the chat prompts cycled, in one ``LLM.chat`` call; aggregate tokens/s = their generated
+    tokens over the call's wall time). Each workload is run by every configuration that
+    measures it, one after another, the order rotating from workload to workload, so a slow
+    stretch of a shared machine falls on all of them alike: ratios between configurations are
+    measured side by side, not minutes apart. A configuration whose engine cannot be built
+    records its error and the others go on.
     """
     from spec_rs import LLM, SamplingParams, SpeculativeConfig
 
-    t0 = time.perf_counter()
-    llm = LLM(
-        DEFAULT_MODEL,
-        job.draft,
-        # An explicit empty config: the default model would otherwise run its shipped draft.
-        speculative_config=SpeculativeConfig(**job.speculative) if job.speculative else SpeculativeConfig(),
-        dtype=job.dtype,
-        max_num_seqs=max(64, *job.batches),
-        max_model_len=2048,
-    )
-    load_seconds = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
-    llm.chat(peers.WARMUP_MESSAGES, params.model_copy(update={"max_tokens": min(8, max_tokens)}))
+    engines: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    for job in jobs:
+        t0 = time.perf_counter()
+        # An explicit empty config: the default model would otherwise run its shipped draft.
+        spec = SpeculativeConfig(**job.speculative) if job.speculative else SpeculativeConfig()
+        try:
+            llm = LLM(
+                DEFAULT_MODEL,
+                job.draft,
+                speculative_config=spec,
+                dtype=job.dtype,
+                max_num_seqs=max(64, *job.batches),
+                max_model_len=2048,
+            )
+            llm.chat(peers.WARMUP_MESSAGES, params.model_copy(update={"max_tokens": min(8, max_tokens)}))
+        except Exception as e:  # one configuration failing must not lose the others
+            results[job.key] = {"key": job.key, "error": f"{type(e).__name__}: {e}"}
+            continue
+        engines[job.key] = llm
+        results[job.key] = {"key": job.key, "load_seconds": time.perf_counter() - t0, "runs": []}
+    live = [job for job in jobs if job.key in engines]
     chat = [it for it in items if it["set"] == "chat"]
-    runs: list[dict[str, Any]] = []
+    workloads: list[tuple[int, list[dict[str, Any]]]] = [(1, [item]) for item in items]
+    batch_sizes = sorted({b for job in live for b in job.batches if b > 1})
+    workloads += [(b, [chat[i % len(chat)] for i in range(b)]) for b in batch_sizes]
+    turn = 0
     for rep in range(repeats):
-        for batch in job.batches:
-            if batch == 1:
-                for item in items:
-                    t = time.perf_counter()
-                    out = llm.chat(item["messages"], params)
-                    runs.append(_record(rep, item["set"], 1, out, time.perf_counter() - t))
-            else:
-                convs = [chat[i % len(chat)]["messages"] for i in range(batch)]
+        for batch, convs in workloads:
+            takers = [job for job in live if batch in job.batches]
+            if not takers:
+                continue
+            turn += 1
+            for job in takers[turn % len(takers) :] + takers[: turn % len(takers)]:
                 t = time.perf_counter()
-                outs = llm.chat(convs, params)
-                runs.append(_record(rep, "chat", batch, outs, time.perf_counter() - t))
-    info = {
-        k: v for k, v in llm.info.items() if isinstance(v, (str, int, float, bool, type(None), list, dict))
-    }
-    return {"key": job.key, "load_seconds": load_seconds, "info": info, "runs": runs}
+                outs = engines[job.key].chat([c["messages"] for c in convs], params)
+                runs = results[job.key]["runs"]
+                runs.append(_record(rep, convs[0]["set"], batch, outs, time.perf_counter() - t))
+    plain_types = (str, int, float, bool, type(None), list, dict)
+    for key, llm in engines.items():
+        results[key]["info"] = {k: v for k, v in llm.info.items() if isinstance(v, plain_types)}
+    return results
 
 
 def _record(rep: int, prompt_set: str, batch: int, outs: list[Any], seconds: float) -> dict[str, Any]:
@@ -500,11 +521,14 @@ def _record(rep: int, prompt_set: str, batch: int, outs: list[Any], seconds: flo
     }
 
 
-def specrs_worker_command(job: SpecJob, args: argparse.Namespace, prompts_file: Path, out: Path) -> list[str]:
-    """The subprocess that measures one spec-rs configuration."""
+def specrs_worker_command(
+    jobs: list[SpecJob], args: argparse.Namespace, prompts_file: Path, out: Path
+) -> list[str]:
+    """The subprocess that measures the spec-rs configurations, interleaved."""
     return [
         *(sys.executable, str(Path(__file__).resolve()), "_specrs-worker"),
-        *("--job", json.dumps(asdict(job)), "--prompts", str(prompts_file), "--out", str(out)),
+        *("--jobs", json.dumps([asdict(job) for job in jobs])),
+        *("--prompts", str(prompts_file), "--out", str(out)),
         *("--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats)),
     ]
 
@@ -512,28 +536,36 @@ def specrs_worker_command(job: SpecJob, args: argparse.Namespace, prompts_file: 
 def run_specrs(
     args: argparse.Namespace, items: list[dict[str, Any]], prompts_file: Path, work: Path
 ) -> tuple[list[Row], dict[str, Any]]:
-    """Runs every selected spec-rs configuration in its own subprocess."""
+    """Runs every selected spec-rs configuration in one subprocess, side by side."""
     rows: list[Row] = []
     raw: dict[str, Any] = {}
     sets = _sets(items)
-    for job in specrs_jobs(args):
+
+    def failed(job: SpecJob, reason: str) -> list[Row]:
         job_sets = sets if 1 in job.batches else ["chat"]
+        return error_rows(job.key, "spec-rs", job.method, job.dtype, job_sets, reason, job.batches)
 
-        def failed(reason: str, job: SpecJob = job, job_sets: list[str] = job_sets) -> list[Row]:
-            return error_rows(job.key, "spec-rs", job.method, job.dtype, job_sets, reason, job.batches)
-
+    jobs = []
+    for job in specrs_jobs(args):
         if job.draft is not None and not Path(job.draft).is_dir():
-            rows += failed(f"no draft: {job.draft} does not exist (--eagle-draft)")
+            rows += failed(job, f"no draft: {job.draft} does not exist (--eagle-draft)")
+        else:
+            jobs.append(job)
+            print(f"spec-rs {job.key}: {job.method}, dtype {job.dtype}, batches {job.batches}", flush=True)
+    if not jobs:
+        return rows, raw
+    out = work / "specrs.json"
+    # The configurations share one subprocess, so its limit is theirs together.
+    argv = specrs_worker_command(jobs, args, prompts_file, out)
+    error = _run(argv, args.job_timeout * len(jobs), work / "specrs.log")
+    if error:
+        return rows + [r for job in jobs for r in failed(job, error)], raw
+    results = json.loads(out.read_text())
+    for job in jobs:
+        result = results[job.key]
+        if "error" in result:
+            rows += failed(job, result["error"])
             continue
-        out = work / f"specrs-{job.key}.json"
-        print(f"spec-rs {job.key}: {job.method}, dtype {job.dtype}, batches {job.batches}", flush=True)
-        error = _run(
-            specrs_worker_command(job, args, prompts_file, out), args.job_timeout, work / f"{out.stem}.log"
-        )
-        if error:
-            rows += failed(error)
-            continue
-        result = json.loads(out.read_text())
         raw[job.key] = result
         rows += rows_from_runs(job.key, "spec-rs", job.method, job.dtype, result["runs"], sets)
     return rows, raw
@@ -1198,7 +1230,10 @@ def header_lines(ctx: dict[str, Any]) -> list[str]:
         f"wrapped in the model's chat template; greedy, at most {args.max_tokens} new tokens; single "
         "stream = one request at a time; tokens/s = generated tokens / wall time including prefill, "
         f"summed over the prompt set; median of {args.repeats} repetition(s), range = min-max; one "
-        f"untimed warm-up generation per system. Model: `{ctx['gguf']}`. spec-rs speculative rows use "
+        "untimed warm-up generation per system. The spec-rs configurations run interleaved in one "
+        "process (each prompt and batch by every configuration in turn), so their ratios to each "
+        "other are side by side; peers run before or after them. "
+        f"Model: `{ctx['gguf']}`. spec-rs speculative rows use "
         f"dtype `{args.spec_dtype}`; EAGLE-3 draft: `{args.eagle_draft}`."
     )
     title = f"## {ctx['stamp']} — end-to-end benchmark{' (quick smoke run)' if args.quick else ''}"
@@ -1605,10 +1640,11 @@ def dry_run_specrs(args: argparse.Namespace, prompts_file: Path, work: Path) -> 
     from spec_rs import SpeculativeConfig
 
     problems = []
-    for job in specrs_jobs(args):
-        argv = specrs_worker_command(job, args, prompts_file, work / f"specrs-{job.key}.json")
-        print(f"[dry-run] spec-rs {job.key}: {shlex.join(argv)}")
-        problems += _check_parses(_worker_parser(), argv[3:], f"spec-rs {job.key}")
+    jobs = specrs_jobs(args)
+    argv = specrs_worker_command(jobs, args, prompts_file, work / "specrs.json")
+    print(f"[dry-run] spec-rs {', '.join(job.key for job in jobs)}: {shlex.join(argv)}")
+    problems += _check_parses(_worker_parser(), argv[3:], "spec-rs")
+    for job in jobs:
         try:
             if job.speculative:
                 SpeculativeConfig(**job.speculative)
@@ -1623,7 +1659,7 @@ def dry_run_specrs(args: argparse.Namespace, prompts_file: Path, work: Path) -> 
 
 def _worker_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run_benchmarks.py _specrs-worker")
-    p.add_argument("--job", required=True, help="a SpecJob as JSON")
+    p.add_argument("--jobs", required=True, help="a JSON list of SpecJobs")
     p.add_argument("--prompts", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--max-tokens", type=int, required=True)
@@ -1633,9 +1669,8 @@ def _worker_parser() -> argparse.ArgumentParser:
 
 def _worker_main(argv: list[str]) -> int:
     a = _worker_parser().parse_args(argv)
-    job_fields = json.loads(a.job)
-    job = SpecJob(**{**job_fields, "batches": tuple(job_fields["batches"])})
-    result = specrs_worker(job, json.loads(Path(a.prompts).read_text()), a.max_tokens, a.repeats)
+    jobs = [SpecJob(**{**fields, "batches": tuple(fields["batches"])}) for fields in json.loads(a.jobs)]
+    result = specrs_worker(jobs, json.loads(Path(a.prompts).read_text()), a.max_tokens, a.repeats)
     Path(a.out).write_text(json.dumps(result, indent=1))
     return 0
 
