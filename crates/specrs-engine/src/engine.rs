@@ -418,6 +418,7 @@ impl Engine {
             return Ok(0);
         }
         let (batch, rows) = self.build_batch(&plan)?;
+        let target_started = Instant::now();
         let forward = match self.target.forward(&batch, &self.kv) {
             Ok(f) => f,
             Err(e) => {
@@ -430,6 +431,7 @@ impl Engine {
                 return Ok(0);
             }
         };
+        let target_time = target_started.elapsed();
         let step_stats = self.accept_and_commit(&rows, &forward)?;
         // A step's cost is its own forward plus the drafting done for it at the end of the
         // step before. It is recorded before drafting for the next step, which plans that
@@ -442,6 +444,7 @@ impl Engine {
             mixed = plan.mixed,
             width = plan.verify_width,
             forward_ms = forward_time.as_secs_f64() * 1e3,
+            target_ms = target_time.as_secs_f64() * 1e3,
             charged_ms = charged.map(|t| t.as_secs_f64() * 1e3),
             "step"
         );
