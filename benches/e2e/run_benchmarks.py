@@ -879,8 +879,13 @@ OWN_PLAIN = {
 
 
 def ratio(a: Row | None, b: Row | None) -> float | None:
+    """`a`'s speed over `b`'s. Two spec-rs rows ran interleaved, repetition by repetition (see
+    ``specrs_worker``): the median of their per-repetition ratios, so a slow stretch of the
+    machine that hit both cancels out. Otherwise the ratio of the medians."""
     if a is None or b is None or not a.median or not b.median:
         return None
+    if a.system == b.system == "spec-rs" and len(a.tps) == len(b.tps):
+        return statistics.median(x / y for x, y in zip(a.tps, b.tps, strict=True))
     return a.median / b.median
 
 
@@ -1232,7 +1237,8 @@ def header_lines(ctx: dict[str, Any]) -> list[str]:
         f"summed over the prompt set; median of {args.repeats} repetition(s), range = min-max; one "
         "untimed warm-up generation per system. The spec-rs configurations run interleaved in one "
         "process (each prompt and batch by every configuration in turn), so their ratios to each "
-        "other are side by side; peers run before or after them. "
+        "other (x own plain, x plain at this batch) are medians of per-repetition ratios measured "
+        "side by side; peers run before or after them (ratios of medians). "
         f"Model: `{ctx['gguf']}`. spec-rs speculative rows use "
         f"dtype `{args.spec_dtype}`; EAGLE-3 draft: `{args.eagle_draft}`."
     )
