@@ -791,26 +791,29 @@ impl Engine {
         // A width planned now (the adaptive controller with plain steps) is all the drafts the
         // next step can verify: none for a plain step, fewer than K for a narrow one.
         let num_drafts = self.width.plan_next_pure_step(decode_rows).unwrap_or(proposer.num_speculative_tokens());
+        // Copies (prompt lookup) are free to make: every decoding row may take some.
+        let copy_width = proposer.copy_width();
         // A partial probe drafts for its first few rows only; the others verify nothing.
         let mut drafting_rows_left = self.width.planned_drafting_rows().unwrap_or(usize::MAX);
         let mut wants = Vec::with_capacity(rows.len());
         for r in rows {
             let Some(seq) = self.seqs.get(&r.seq) else {
-                wants.push(0);
+                wants.push((0, 0));
                 continue;
             };
+            let decodes = will_decode(&self.scheduler, seq, r.seq);
+            let want = num_drafts > 0 && drafting_rows_left > 0 && decodes;
+            let copies = copy_width > 0 && decodes;
             // Drafting writes past the committed tokens: reserve for it without preempting.
-            let want = num_drafts > 0
-                && drafting_rows_left > 0
-                && will_decode(&self.scheduler, seq, r.seq)
-                && self.scheduler.reserve(r.seq, seq.tokens.len() + lookahead);
-            drafting_rows_left -= usize::from(want);
-            wants.push(if want { num_drafts } else { 0 });
+            let reserved = (want || copies) && self.scheduler.reserve(r.seq, seq.tokens.len() + lookahead);
+            drafting_rows_left -= usize::from(want && reserved);
+            wants
+                .push((if want && reserved { num_drafts } else { 0 }, if copies && reserved { copy_width } else { 0 }));
         }
         let propose_rows: Vec<ProposeRow<'_>> = rows
             .iter()
             .zip(&wants)
-            .filter_map(|(r, &num_drafts)| {
+            .filter_map(|(r, &(num_drafts, num_copies))| {
                 let seq = self.seqs.get(&r.seq)?;
                 let num_valid = self.scheduler.num_computed(r.seq).saturating_sub(r.start).min(match r.kind {
                     RowKind::Decode { width } => width + 1,
@@ -823,6 +826,7 @@ impl Engine {
                     num_valid,
                     flat_start: r.flat_start,
                     num_drafts,
+                    num_copies,
                     catch_up_now: false,
                     params: &seq.params,
                     seed: seq.step_seed(),
@@ -831,14 +835,22 @@ impl Engine {
             .collect();
         let taps = StepTaps { taps: &forward.taps, final_hidden: forward.final_hidden.as_ref() };
         let proposals: Vec<Proposal> = proposer.propose(&propose_rows, &taps, &self.scheduler)?;
-        let wanting: Vec<SeqId> = propose_rows.iter().filter(|r| r.wants_drafts()).map(|r| r.seq).collect();
+        let wanting: Vec<(SeqId, usize)> =
+            propose_rows.iter().filter(|r| r.may_draft()).map(|r| (r.seq, r.num_drafts)).collect();
         drop(propose_rows);
-        for (id, p) in wanting.into_iter().zip(proposals) {
+        let mut copied = 0;
+        for ((id, num_drafts), p) in wanting.into_iter().zip(proposals) {
             if let Some(seq) = self.seqs.get_mut(&id) {
+                // Only copies go past the drafts a row asked the model for.
+                if p.drafts.len() > num_drafts {
+                    copied = copied.max(p.drafts.len());
+                }
                 seq.drafts = p.drafts;
                 seq.draft_probs = p.probs;
             }
         }
+        // The next step verifies every row's copies, even past the width planned for it.
+        self.width.copied = copied;
         // Drafting reservations shrink back to the committed tokens.
         for r in rows {
             if let Some(seq) = self.seqs.get(&r.seq) {
@@ -853,12 +865,18 @@ impl Engine {
     /// step whose cost is not its width's (see [`Self::step_here`]).
     fn record_step(&mut self, plan: &StepPlan, stats: &SpecDecodeStats, elapsed: Option<Duration>) {
         self.metrics.record_step(stats);
+        // A step widened for copied drafts teaches the controller the acceptance of the width
+        // it chose, but its cost is not that width's: it is left untimed.
+        let (width, elapsed) = match self.width.widened_from.take() {
+            Some(chosen) => (chosen, None),
+            None => (plan.verify_width, elapsed),
+        };
         if let Some(c) = self.width.controller()
             && !plan.mixed
             && !plan.decode.is_empty()
             && let Some(switch) = c.record_step(
                 plan.decode.len(),
-                plan.verify_width,
+                width,
                 &stats.accepted_per_position,
                 stats.num_drafts,
                 elapsed.map(|e| e.as_secs_f64()),

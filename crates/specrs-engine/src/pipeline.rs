@@ -200,6 +200,8 @@ pub fn width_policy(
         mixed_enabled,
         mixed_width: spec.num_speculative_tokens_mixed_batch.map(|m| (m.max(0) as usize).min(k)),
         planned: None,
+        copied: 0,
+        widened_from: None,
     })
 }
 

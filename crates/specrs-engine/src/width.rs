@@ -25,6 +25,12 @@ pub struct EngineWidthPolicy {
     /// The next pure decode step's width, when it was decided before drafting for it
     /// ([`Self::plan_next_pure_step`]).
     pub planned: Option<usize>,
+    /// The most drafts a row copied for the next step (prompt lookup, `num_copies`): a pure
+    /// step verifies at least this many, whatever the chosen width.
+    pub copied: usize,
+    /// The width the policy chose for the last step when copied drafts widened it: what the
+    /// adaptive controller should learn from (its acceptance), not the step's cost.
+    pub widened_from: Option<usize>,
 }
 
 impl EngineWidthPolicy {
@@ -74,20 +80,27 @@ impl WidthPolicy for EngineWidthPolicy {
         if matches!(self.mode, WidthMode::Off) {
             return 0;
         }
-        // A plan made at drafting time holds for the step right after it only.
+        // A plan made at drafting time, and the copies made with it, hold for the step right
+        // after it only.
         let planned = self.planned.take();
-        let width = if mixed {
+        let copied = std::mem::take(&mut self.copied);
+        self.widened_from = None;
+        if mixed {
             if !self.mixed_enabled {
                 return 0;
             }
-            self.mixed_width.unwrap_or_else(|| self.schedule_width(decode_rows))
-        } else {
-            match &mut self.mode {
-                WidthMode::Adaptive(c) => planned.unwrap_or_else(|| c.next_step_width(decode_rows)),
-                _ => self.schedule_width(decode_rows),
-            }
-        };
-        width.min(self.max_width)
+            return self.mixed_width.unwrap_or_else(|| self.schedule_width(decode_rows)).min(self.max_width);
+        }
+        let chosen = match &mut self.mode {
+            WidthMode::Adaptive(c) => planned.unwrap_or_else(|| c.next_step_width(decode_rows)),
+            _ => self.schedule_width(decode_rows),
+        }
+        .min(self.max_width);
+        let width = chosen.max(copied.min(self.max_width));
+        if width > chosen {
+            self.widened_from = Some(chosen);
+        }
+        width
     }
 }
 
@@ -105,6 +118,8 @@ mod tests {
             mixed_enabled: false,
             mixed_width: None,
             planned: None,
+            copied: 0,
+            widened_from: None,
         }
     }
 
@@ -150,6 +165,29 @@ mod tests {
     }
 
     #[test]
+    fn copied_drafts_widen_the_next_pure_step_and_say_what_was_chosen() {
+        let mut p = adaptive_policy();
+        for _ in 0..10 {
+            let w = p.step_width(32, false);
+            p.controller().unwrap().record_step(32, w, &[0, 0][..w], 32 * u64::from(w > 0), Some(1.0 + w as f64));
+        }
+        assert_eq!(p.plan_next_pure_step(32), Some(0), "plain steps win");
+        p.copied = 5;
+        assert_eq!(p.step_width(32, false), 2, "widened to the copies, capped at K");
+        assert_eq!(p.widened_from, Some(0), "the controller chose a plain step");
+        // The copies served that step only.
+        assert_eq!(p.plan_next_pure_step(32), Some(0));
+        assert_eq!(p.step_width(32, false), 0);
+        assert_eq!(p.widened_from, None);
+        // A mixed step verifies its own width; copies do not widen it.
+        p.mixed_enabled = true;
+        p.mixed_width = Some(1);
+        p.copied = 2;
+        assert_eq!(p.step_width(32, true), 1);
+        assert_eq!((p.copied, p.widened_from), (0, None));
+    }
+
+    #[test]
     fn only_adaptive_plain_steps_plan_ahead() {
         let mut p = EngineWidthPolicy {
             mode: WidthMode::Fixed(3),
@@ -157,6 +195,8 @@ mod tests {
             mixed_enabled: false,
             mixed_width: None,
             planned: None,
+            copied: 0,
+            widened_from: None,
         };
         assert_eq!(p.plan_next_pure_step(8), None);
         assert_eq!(p.step_width(8, false), 3);

@@ -266,3 +266,47 @@ fn large_batches_at_plain_steps_probe_with_a_quarter_of_their_rows_and_stay_loss
     let (free, total) = adaptive.kv_blocks().unwrap();
     assert_eq!(free, total);
 }
+
+#[test]
+fn prompt_lookup_before_a_random_head_with_adaptive_widths_is_lossless_and_copies_deep() {
+    let f = fixture();
+    let root = f.random.parent().unwrap();
+    let head = root.join("rand-eagle3-lookup");
+    let (c, mut t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.3, 300 + i as u64).unwrap();
+    }
+    write(&head, &c, &t);
+    // A head that is never right drives the controller to narrow widths and plain steps; the
+    // copies of the bigram cycle go past them (up to K) and must still be exact.
+    let engine = |target: &Path| {
+        let mut cfg = PipelineConfig::new(target.to_str().unwrap());
+        cfg.draft_model = Some(head.to_str().unwrap().to_string());
+        cfg.dtype = ModelDType::F32;
+        cfg.speculative = SpeculativeConfig {
+            speculative_method: Some(SpeculativeMethod::Eagle),
+            num_speculative_tokens: Some(3),
+            adaptive_speculative_widths: Some("all".into()),
+            enable_prompt_lookup: true,
+            prompt_lookup_min: 1,
+            ..SpeculativeConfig::default()
+        };
+        cfg.engine =
+            EngineConfig { max_num_seqs: 8, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
+        let (engine, info) = build_engine(&cfg).unwrap();
+        EngineHandle::spawn(engine, Some(info))
+    };
+    for (target, lengths) in [(&f.random, [17, 5, 30, 9]), (&f.bigram, [150; 4])] {
+        let plain = run(&self::engine(target, None, None, 0), &lengths);
+        let spec = run(&engine(target), &lengths);
+        for (p, s) in plain.iter().zip(&spec) {
+            assert_eq!(p.token_ids, s.token_ids, "{target:?}: lookup + adaptive widths changed the output");
+        }
+        if target == &f.bigram {
+            // Once the 47-token cycle repeats, every step copies three drafts that are right.
+            let deep: u64 = spec.iter().map(|s| s.metrics.accepted_per_position.get(2).copied().unwrap_or(0)).sum();
+            let generated: usize = spec.iter().map(|s| s.token_ids.len()).sum();
+            assert!(deep * 4 * 2 >= generated as u64, "{deep} steps accepted three drafts of {generated} tokens");
+        }
+    }
+}

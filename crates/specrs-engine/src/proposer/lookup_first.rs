@@ -7,6 +7,11 @@
 //! served by the lookup reach it as rows that do not draft this step, marked `catch_up_now`,
 //! so a sequential drafter feeds their positions in the forward it runs for the other rows
 //! rather than in a catch-up forward of their own when the model drafts for them again.
+//!
+//! Copies cost nothing to make, so a row copies up to `K` whatever width the adaptive
+//! controller planned for the model's drafts (`num_copies`), plain steps included: the step
+//! widens for the rows that copied (see `EngineWidthPolicy`), and the others verify what the
+//! controller chose.
 
 use std::time::Duration;
 
@@ -45,6 +50,10 @@ impl Proposer for LookupFirstProposer {
         self.model.draft_lookahead().max(self.num_speculative_tokens() + 1)
     }
 
+    fn copy_width(&self) -> usize {
+        self.num_speculative_tokens()
+    }
+
     fn tap_request(&self) -> TapRequest {
         self.model.tap_request()
     }
@@ -55,13 +64,14 @@ impl Proposer for LookupFirstProposer {
         taps: &StepTaps<'_>,
         scheduler: &Scheduler,
     ) -> Result<Vec<Proposal>> {
-        // Lookup drafts of the rows that want drafts, in row order; `None` where nothing matched.
+        // Lookup drafts of the rows that may draft, in row order; `None` where nothing matched.
+        // A row copies up to `num_copies` even where the model would draft fewer (or none).
         let looked_up: Vec<Option<Vec<u32>>> = rows
             .iter()
-            .filter(|r| r.wants_drafts())
+            .filter(|r| r.may_draft())
             .map(|r| {
                 let mut drafts = self.lookup.propose(r.tokens);
-                drafts.truncate(r.num_drafts);
+                drafts.truncate(r.num_drafts.max(r.num_copies));
                 (!drafts.is_empty()).then_some(drafts)
             })
             .collect();
@@ -69,15 +79,19 @@ impl Proposer for LookupFirstProposer {
         let model_rows: Vec<ProposeRow<'_>> = rows
             .iter()
             .map(|r| {
-                let by_lookup = r.wants_drafts() && served.next().expect("one entry per drafting row");
-                if by_lookup { ProposeRow { num_drafts: 0, catch_up_now: true, ..*r } } else { *r }
+                let by_lookup = r.may_draft() && served.next().expect("one entry per row that may draft");
+                let r = ProposeRow { num_copies: 0, ..*r };
+                if by_lookup { ProposeRow { num_drafts: 0, catch_up_now: true, ..r } } else { r }
             })
             .collect();
         let mut from_model = self.model.propose(&model_rows, taps, scheduler)?.into_iter();
-        looked_up
-            .into_iter()
-            .map(|found| match found {
+        rows.iter()
+            .filter(|r| r.may_draft())
+            .zip(looked_up)
+            .map(|(r, found)| match found {
                 Some(drafts) => Ok(Proposal { drafts, probs: None }),
+                // Nothing to copy and no model drafts wanted: the row verifies nothing.
+                None if !r.wants_drafts() => Ok(Proposal::default()),
                 None => from_model.next().ok_or_else(|| {
                     crate::error::EngineError::Internal(format!(
                         "{} returned fewer proposals than rows asked for drafts",
@@ -171,15 +185,22 @@ mod tests {
 
     impl Harness {
         fn propose(&mut self, rows: &[(SeqId, &[u32], usize)]) -> Vec<Proposal> {
+            let rows: Vec<_> = rows.iter().map(|&(seq, tokens, num_drafts)| (seq, tokens, num_drafts, 0)).collect();
+            self.propose_copying(&rows)
+        }
+
+        /// Rows as `(seq, tokens, num_drafts, num_copies)`.
+        fn propose_copying(&mut self, rows: &[(SeqId, &[u32], usize, usize)]) -> Vec<Proposal> {
             let rows: Vec<ProposeRow<'_>> = rows
                 .iter()
-                .map(|&(seq, tokens, num_drafts)| ProposeRow {
+                .map(|&(seq, tokens, num_drafts, num_copies)| ProposeRow {
                     seq,
                     tokens,
                     fed_start: tokens.len() - 1,
                     num_valid: 1,
                     flat_start: 0,
                     num_drafts,
+                    num_copies,
                     catch_up_now: false,
                     params: &self.params,
                     seed: 0,
@@ -213,6 +234,22 @@ mod tests {
         let mut h = harness();
         let proposals = h.propose(&[(2, REPEATING, 1)]);
         assert_eq!(proposals, [Proposal { drafts: vec![7], probs: None }]);
+    }
+
+    #[test]
+    fn rows_copy_up_to_num_copies_whatever_the_planned_width() {
+        let mut h = harness();
+        // A plain step planned (no model drafts): the matched row still copies all of `7 8 9`,
+        // the unmatched one gets an empty proposal, and the model drafts for nobody.
+        let proposals = h.propose_copying(&[(1, REPEATING, 0, 3), (2, FRESH, 0, 3), (3, FRESH, 0, 0)]);
+        let drafts: Vec<&[u32]> = proposals.iter().map(|p| p.drafts.as_slice()).collect();
+        assert_eq!(drafts, [&[7, 8, 9][..], &[]]);
+        assert_eq!(*h.asked.lock().unwrap(), [vec![(1, 0, true), (2, 0, false), (3, 0, false)]]);
+        // A narrow width planned: copies go past it, the model's drafts keep to it.
+        let proposals = h.propose_copying(&[(1, REPEATING, 1, 3), (2, FRESH, 1, 3)]);
+        let drafts: Vec<&[u32]> = proposals.iter().map(|p| p.drafts.as_slice()).collect();
+        assert_eq!(drafts, [&[7, 8, 9][..], &[900]]);
+        assert_eq!(h.proposer.copy_width(), 3);
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub struct ProposeRow<'a> {
     /// mid-prefill, or the next step is planned plain), at most `K`. The adaptive controller
     /// asks for fewer than `K` when it has planned a narrower verify width.
     pub num_drafts: usize,
+    /// Drafts the row may take by copying (prompt lookup, [`Proposer::copy_width`]) whatever
+    /// `num_drafts` says: copies cost no drafter forward, so the next step verifies them even
+    /// where the width planned for model drafts is narrower, or a plain step. 0 otherwise.
+    pub num_copies: usize,
     /// A row that does not draft from the model but should feed a sequential drafter its
     /// committed positions this step, when that drafter runs anyway: prompt lookup drafted
     /// for it, and it is likely to need the model again soon.
@@ -47,8 +51,14 @@ pub struct ProposeRow<'a> {
 }
 
 impl ProposeRow<'_> {
+    /// The row wants drafts from the model.
     pub fn wants_drafts(&self) -> bool {
         self.num_drafts > 0
+    }
+
+    /// The row gets a proposal back: it wants model drafts or may copy some.
+    pub fn may_draft(&self) -> bool {
+        self.num_drafts > 0 || self.num_copies > 0
     }
 }
 
@@ -89,16 +99,22 @@ pub trait Proposer: Send {
         self.num_speculative_tokens() + 1
     }
 
+    /// Drafts a row may copy (prompt lookup) whatever width the next step was planned at: rows
+    /// get `num_copies` up to this. 0 for proposers that do not copy.
+    fn copy_width(&self) -> usize {
+        0
+    }
+
     /// Hidden states the proposer reads from every target forward.
     fn tap_request(&self) -> TapRequest {
         TapRequest::default()
     }
 
-    /// Proposes the next drafts (at most `num_drafts` each) for every row that wants drafts, in
-    /// row order, and updates
-    /// any per-sequence state from the committed positions of every row. The scheduler
-    /// (block tables) has already reserved KV for `tokens.len() + draft_lookahead()` tokens of
-    /// rows that want drafts.
+    /// Proposes the next drafts for every row that may draft ([`ProposeRow::may_draft`]), in row
+    /// order: at most `num_drafts` from the model, or at most `max(num_drafts, num_copies)`
+    /// copied. Updates any per-sequence state from the committed positions of every row. The
+    /// scheduler (block tables) has already reserved KV for `tokens.len() + draft_lookahead()`
+    /// tokens of rows that may draft.
     fn propose(&mut self, rows: &[ProposeRow<'_>], taps: &StepTaps<'_>, scheduler: &Scheduler)
     -> Result<Vec<Proposal>>;
 
