@@ -791,8 +791,9 @@ impl Engine {
         // A width planned now (the adaptive controller with plain steps) is all the drafts the
         // next step can verify: none for a plain step, fewer than K for a narrow one.
         let num_drafts = self.width.plan_next_pure_step(decode_rows).unwrap_or(proposer.num_speculative_tokens());
-        // Copies (prompt lookup) are free to make: every decoding row may take some.
-        let copy_width = proposer.copy_width();
+        // Copies (prompt lookup) are free to make: in a small batch every decoding row may
+        // take some past the planned width.
+        let copy_width = self.width.copy_width(decode_rows, proposer.copy_width());
         // A partial probe drafts for its first few rows only; the others verify nothing.
         let mut drafting_rows_left = self.width.planned_drafting_rows().unwrap_or(usize::MAX);
         let mut wants = Vec::with_capacity(rows.len());

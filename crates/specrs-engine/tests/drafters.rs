@@ -277,8 +277,9 @@ fn prompt_lookup_before_a_random_head_with_adaptive_widths_is_lossless_and_copie
         *v = testing::random_tensor(v.dims(), 0.3, 300 + i as u64).unwrap();
     }
     write(&head, &c, &t);
-    // A head that is never right drives the controller to narrow widths and plain steps; the
-    // copies of the bigram cycle go past them (up to K) and must still be exact.
+    // A head that is never right drives the controller to narrow widths and plain steps; in a
+    // batch of three the copies of the bigram cycle go past them (up to K) and must still be
+    // exact.
     let engine = |target: &Path| {
         let mut cfg = PipelineConfig::new(target.to_str().unwrap());
         cfg.draft_model = Some(head.to_str().unwrap().to_string());
@@ -296,9 +297,9 @@ fn prompt_lookup_before_a_random_head_with_adaptive_widths_is_lossless_and_copie
         let (engine, info) = build_engine(&cfg).unwrap();
         EngineHandle::spawn(engine, Some(info))
     };
-    for (target, lengths) in [(&f.random, [17, 5, 30, 9]), (&f.bigram, [150; 4])] {
-        let plain = run(&self::engine(target, None, None, 0), &lengths);
-        let spec = run(&engine(target), &lengths);
+    for (target, lengths) in [(&f.random, &[17, 5, 30, 9][..]), (&f.bigram, &[150; 3][..])] {
+        let plain = run(&self::engine(target, None, None, 0), lengths);
+        let spec = run(&engine(target), lengths);
         for (p, s) in plain.iter().zip(&spec) {
             assert_eq!(p.token_ids, s.token_ids, "{target:?}: lookup + adaptive widths changed the output");
         }
@@ -307,6 +308,14 @@ fn prompt_lookup_before_a_random_head_with_adaptive_widths_is_lossless_and_copie
             let deep: u64 = spec.iter().map(|s| s.metrics.accepted_per_position.get(2).copied().unwrap_or(0)).sum();
             let generated: usize = spec.iter().map(|s| s.token_ids.len()).sum();
             assert!(deep * 4 * 2 >= generated as u64, "{deep} steps accepted three drafts of {generated} tokens");
+        }
+    }
+    // From PARTIAL_PROBE_MIN_BATCH rows up the copies keep to the planned width: still exact.
+    for target in [&f.random, &f.bigram] {
+        let lengths = [40, 33, 60, 51];
+        let plain = run(&self::engine(target, None, None, 0), &lengths);
+        for (p, s) in plain.iter().zip(&run(&engine(target), &lengths)) {
+            assert_eq!(p.token_ids, s.token_ids, "{target:?}: a batch of four changed the output");
         }
     }
 }

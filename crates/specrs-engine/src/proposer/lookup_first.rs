@@ -8,10 +8,10 @@
 //! so a sequential drafter feeds their positions in the forward it runs for the other rows
 //! rather than in a catch-up forward of their own when the model drafts for them again.
 //!
-//! Copies cost nothing to make, so a row copies up to `K` whatever width the adaptive
-//! controller planned for the model's drafts (`num_copies`), plain steps included: the step
-//! widens for the rows that copied (see `EngineWidthPolicy`), and the others verify what the
-//! controller chose.
+//! Copies cost nothing to make, so in a small batch a row copies up to `K` whatever width the
+//! adaptive controller planned for the model's drafts (`num_copies`, see
+//! `EngineWidthPolicy::copy_width`), plain steps included: the step widens for the rows that
+//! copied, and the others verify what the controller chose.
 
 use std::time::Duration;
 
