@@ -134,14 +134,20 @@ mod tests {
         }
     }
 
+    /// Runs ten pure steps of `batch` rows in which nothing is accepted and verifying is
+    /// expensive, so the controller settles on plain steps.
+    fn teach_plain_steps(p: &mut EngineWidthPolicy, batch: usize) {
+        for _ in 0..10 {
+            let w = p.step_width(batch, false);
+            let rows = batch as u64 * u64::from(w > 0);
+            p.controller().unwrap().record_step(batch, w, &[0, 0][..w], rows, Some(1.0 + w as f64));
+        }
+    }
+
     #[test]
     fn a_width_planned_at_drafting_time_is_the_next_pure_steps_width() {
         let mut p = adaptive_policy();
-        // Teach the controller that nothing is accepted and verifying is expensive.
-        for _ in 0..10 {
-            let w = p.step_width(32, false);
-            p.controller().unwrap().record_step(32, w, &[0, 0][..w], 32 * u64::from(w > 0), Some(1.0 + w as f64));
-        }
+        teach_plain_steps(&mut p, 32);
         assert_eq!(p.controller().unwrap().chosen_width(32), 0);
         let planned = p.plan_next_pure_step(32);
         assert_eq!(planned, Some(0));
@@ -178,10 +184,7 @@ mod tests {
     #[test]
     fn copied_drafts_widen_the_next_pure_step_and_say_what_was_chosen() {
         let mut p = adaptive_policy();
-        for _ in 0..10 {
-            let w = p.step_width(2, false);
-            p.controller().unwrap().record_step(2, w, &[0, 0][..w], 2 * u64::from(w > 0), Some(1.0 + w as f64));
-        }
+        teach_plain_steps(&mut p, 2);
         assert_eq!(p.plan_next_pure_step(2), Some(0), "plain steps win");
         p.copied = 5;
         assert_eq!(p.step_width(2, false), 2, "widened to the copies, capped at K");
