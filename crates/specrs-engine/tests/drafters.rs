@@ -6,7 +6,7 @@
 //! - every KV block returns to the pool.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 use serde_json::json;
@@ -25,19 +25,43 @@ fn write(dir: &Path, cfg: &serde_json::Value, tensors: &HashMap<String, Tensor>)
     testing::write_checkpoint(dir, cfg, tensors).unwrap();
 }
 
-fn engine(target: &Path, draft: Option<&Path>, method: Option<SpeculativeMethod>, k: i64) -> EngineHandle {
+/// An engine over `target` (f32, 4-token KV blocks) with `draft` and exactly `speculative`.
+fn engine_with(
+    target: &Path,
+    draft: Option<&Path>,
+    speculative: SpeculativeConfig,
+    max_num_seqs: usize,
+) -> EngineHandle {
     let mut cfg = PipelineConfig::new(target.to_str().unwrap());
     cfg.draft_model = draft.map(|d| d.to_str().unwrap().to_string());
     cfg.dtype = ModelDType::F32;
-    cfg.speculative = SpeculativeConfig {
+    cfg.speculative = speculative;
+    cfg.engine = EngineConfig { max_num_seqs, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
+    let (engine, info) = build_engine(&cfg).unwrap();
+    EngineHandle::spawn(engine, Some(info))
+}
+
+/// `method` at a fixed width `k` (plain decoding for `None`), in batches of up to 8.
+fn engine(target: &Path, draft: Option<&Path>, method: Option<SpeculativeMethod>, k: i64) -> EngineHandle {
+    let speculative = SpeculativeConfig {
         speculative_method: method,
         num_speculative_tokens: method.map(|_| k),
         prompt_lookup_min: 1,
         ..SpeculativeConfig::default()
     };
-    cfg.engine = EngineConfig { max_num_seqs: 8, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
-    let (engine, info) = build_engine(&cfg).unwrap();
-    EngineHandle::spawn(engine, Some(info))
+    engine_with(target, draft, speculative, 8)
+}
+
+/// Writes an EAGLE-3 (taps 1, 2, 3) or EAGLE-1 head in its real format with seeded random
+/// weights into `dir`: a drafter that is almost never right.
+fn random_head(dir: &Path, eagle3: bool, seed: u64) -> PathBuf {
+    let (c, mut t) =
+        if eagle3 { testing::eagle3_oracle(&SHAPE, [1, 2, 3]) } else { testing::eagle1_oracle(&SHAPE) }.unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.3, seed + i as u64).unwrap();
+    }
+    write(dir, &c, &t);
+    dir.to_path_buf()
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
@@ -65,9 +89,9 @@ fn run(h: &EngineHandle, max_tokens: &[usize]) -> Vec<FinalOutput> {
 
 struct Fixture {
     _dir: tempfile::TempDir,
-    bigram: std::path::PathBuf,
-    mimo: std::path::PathBuf,
-    random: std::path::PathBuf,
+    bigram: PathBuf,
+    mimo: PathBuf,
+    random: PathBuf,
 }
 
 fn fixture() -> Fixture {
@@ -94,7 +118,7 @@ fn fixture() -> Fixture {
     Fixture { _dir: dir, bigram, mimo, random }
 }
 
-fn oracle_drafts(f: &Fixture) -> Vec<(SpeculativeMethod, Option<std::path::PathBuf>, std::path::PathBuf)> {
+fn oracle_drafts(f: &Fixture) -> Vec<(SpeculativeMethod, Option<PathBuf>, PathBuf)> {
     let root = f.bigram.parent().unwrap();
     let e1 = root.join("eagle1");
     let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
@@ -150,18 +174,8 @@ fn random_drafters_never_change_greedy_output_in_batches() {
     let root = f.random.parent().unwrap();
     // Random heads of every format against a random target: few drafts are accepted, and
     // the output must still be exactly the plain greedy output.
-    let e1 = root.join("rand-eagle1");
-    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.3, 100 + i as u64).unwrap();
-    }
-    write(&e1, &c, &t);
-    let e3 = root.join("rand-eagle3");
-    let (c, mut t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.3, 200 + i as u64).unwrap();
-    }
-    write(&e3, &c, &t);
+    let e1 = random_head(&root.join("rand-eagle1"), false, 100);
+    let e3 = random_head(&root.join("rand-eagle3"), true, 200);
     let lengths = [17, 5, 30, 9];
     let plain = run(&engine(&f.random, None, None, 0), &lengths);
     for (method, draft) in
@@ -183,28 +197,17 @@ fn random_drafters_never_change_greedy_output_in_batches() {
 #[test]
 fn adaptive_plain_steps_stop_drafting_for_a_rejected_head_and_stay_lossless() {
     let f = fixture();
-    let e1 = f.random.parent().unwrap().join("rand-eagle1-adaptive");
-    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.3, 300 + i as u64).unwrap();
-    }
-    write(&e1, &c, &t);
+    let e1 = random_head(&f.random.parent().unwrap().join("rand-eagle1-adaptive"), false, 300);
     let lengths = [60, 60, 60, 60];
     let plain = run(&engine(&f.random, None, None, 0), &lengths);
-
-    let mut cfg = PipelineConfig::new(f.random.to_str().unwrap());
-    cfg.draft_model = Some(e1.to_str().unwrap().to_string());
-    cfg.dtype = ModelDType::F32;
-    cfg.speculative = SpeculativeConfig {
+    let adaptive_widths = SpeculativeConfig {
         speculative_method: Some(SpeculativeMethod::Eagle),
         num_speculative_tokens: Some(4),
         adaptive_speculative_widths: Some("all".into()),
         adaptive_speculative_min_batch_size: 1,
         ..SpeculativeConfig::default()
     };
-    cfg.engine = EngineConfig { max_num_seqs: 8, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
-    let (engine, info) = build_engine(&cfg).unwrap();
-    let adaptive = run(&EngineHandle::spawn(engine, Some(info)), &lengths);
+    let adaptive = run(&engine_with(&f.random, Some(&e1), adaptive_widths, 8), &lengths);
 
     for (p, a) in plain.iter().zip(&adaptive) {
         assert_eq!(p.token_ids, a.token_ids, "plain steps interleaved with verify steps change nothing");
@@ -223,36 +226,19 @@ fn adaptive_plain_steps_stop_drafting_for_a_rejected_head_and_stay_lossless() {
 #[test]
 fn large_batches_at_plain_steps_probe_with_a_quarter_of_their_rows_and_stay_lossless() {
     let f = fixture();
-    let e3 = f.random.parent().unwrap().join("rand-eagle3-partial-probes");
-    let (c, mut t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.3, 400 + i as u64).unwrap();
-    }
-    write(&e3, &c, &t);
+    let e3 = random_head(&f.random.parent().unwrap().join("rand-eagle3-partial-probes"), true, 400);
     // Twelve rows of 120 tokens: a bucket (8-15) that starts at plain steps.
     let requests =
         || -> Vec<GenerationRequest> { prompts().into_iter().cycle().take(12).map(|p| greedy(p, 120)).collect() };
-    let spawn = |speculative: SpeculativeConfig, draft: Option<&Path>| {
-        let mut cfg = PipelineConfig::new(f.random.to_str().unwrap());
-        cfg.draft_model = draft.map(|d| d.to_str().unwrap().to_string());
-        cfg.dtype = ModelDType::F32;
-        cfg.speculative = speculative;
-        cfg.engine =
-            EngineConfig { max_num_seqs: 16, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
-        let (engine, info) = build_engine(&cfg).unwrap();
-        EngineHandle::spawn(engine, Some(info))
+    let plain = engine_with(&f.random, None, SpeculativeConfig::default(), 16).generate(requests()).unwrap();
+    let adaptive_widths = SpeculativeConfig {
+        speculative_method: Some(SpeculativeMethod::Eagle),
+        num_speculative_tokens: Some(3),
+        adaptive_speculative_widths: Some("all".into()),
+        adaptive_speculative_min_batch_size: 1,
+        ..SpeculativeConfig::default()
     };
-    let plain = spawn(SpeculativeConfig::default(), None).generate(requests()).unwrap();
-    let adaptive = spawn(
-        SpeculativeConfig {
-            speculative_method: Some(SpeculativeMethod::Eagle),
-            num_speculative_tokens: Some(3),
-            adaptive_speculative_widths: Some("all".into()),
-            adaptive_speculative_min_batch_size: 1,
-            ..SpeculativeConfig::default()
-        },
-        Some(&e3),
-    );
+    let adaptive = engine_with(&f.random, Some(&e3), adaptive_widths, 16);
     let out = adaptive.generate(requests()).unwrap();
     for (p, a) in plain.iter().zip(&out) {
         assert_eq!(p.token_ids, a.token_ids, "rows verifying drafts beside rows verifying none change nothing");
@@ -271,35 +257,22 @@ fn large_batches_at_plain_steps_probe_with_a_quarter_of_their_rows_and_stay_loss
 fn prompt_lookup_before_a_random_head_with_adaptive_widths_is_lossless_and_copies_deep() {
     let f = fixture();
     let root = f.random.parent().unwrap();
-    let head = root.join("rand-eagle3-lookup");
-    let (c, mut t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.3, 300 + i as u64).unwrap();
-    }
-    write(&head, &c, &t);
+    let head = random_head(&root.join("rand-eagle3-lookup"), true, 300);
     // A head that is never right drives the controller to narrow widths and plain steps; in a
     // batch of three the copies of the bigram cycle go past them (up to K) and must still be
     // exact.
-    let engine = |target: &Path| {
-        let mut cfg = PipelineConfig::new(target.to_str().unwrap());
-        cfg.draft_model = Some(head.to_str().unwrap().to_string());
-        cfg.dtype = ModelDType::F32;
-        cfg.speculative = SpeculativeConfig {
-            speculative_method: Some(SpeculativeMethod::Eagle),
-            num_speculative_tokens: Some(3),
-            adaptive_speculative_widths: Some("all".into()),
-            enable_prompt_lookup: true,
-            prompt_lookup_min: 1,
-            ..SpeculativeConfig::default()
-        };
-        cfg.engine =
-            EngineConfig { max_num_seqs: 8, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
-        let (engine, info) = build_engine(&cfg).unwrap();
-        EngineHandle::spawn(engine, Some(info))
+    let lookup_and_head = SpeculativeConfig {
+        speculative_method: Some(SpeculativeMethod::Eagle),
+        num_speculative_tokens: Some(3),
+        adaptive_speculative_widths: Some("all".into()),
+        enable_prompt_lookup: true,
+        prompt_lookup_min: 1,
+        ..SpeculativeConfig::default()
     };
+    let spec_engine = |target: &Path| engine_with(target, Some(&head), lookup_and_head.clone(), 8);
     for (target, lengths) in [(&f.random, &[17, 5, 30, 9][..]), (&f.bigram, &[150; 3][..])] {
-        let plain = run(&self::engine(target, None, None, 0), lengths);
-        let spec = run(&engine(target), lengths);
+        let plain = run(&engine(target, None, None, 0), lengths);
+        let spec = run(&spec_engine(target), lengths);
         for (p, s) in plain.iter().zip(&spec) {
             assert_eq!(p.token_ids, s.token_ids, "{target:?}: lookup + adaptive widths changed the output");
         }
@@ -313,8 +286,8 @@ fn prompt_lookup_before_a_random_head_with_adaptive_widths_is_lossless_and_copie
     // From PARTIAL_PROBE_MIN_BATCH rows up the copies keep to the planned width: still exact.
     for target in [&f.random, &f.bigram] {
         let lengths = [40, 33, 60, 51];
-        let plain = run(&self::engine(target, None, None, 0), &lengths);
-        for (p, s) in plain.iter().zip(&run(&engine(target), &lengths)) {
+        let plain = run(&engine(target, None, None, 0), &lengths);
+        for (p, s) in plain.iter().zip(&run(&spec_engine(target), &lengths)) {
             assert_eq!(p.token_ids, s.token_ids, "{target:?}: a batch of four changed the output");
         }
     }
