@@ -113,6 +113,32 @@ def test_bad_flags_exit_2_with_a_message_on_stderr(command: str, args: list[str]
     assert proc.stdout == ""
 
 
+TRAIN_DRAFT_BAD_FLAGS = [
+    (
+        "init-from-missing",
+        ["--init-from", "/nonexistent/draft"],
+        "--init-from /nonexistent/draft: no config.json",
+    ),
+    ("zero-ttt-steps", ["--ttt-steps", "0"], "--ttt-steps must be at least 1"),
+    ("bad-taps", ["--taps", "2,x"], "--taps: 'x' is not a layer index"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), [c[1:] for c in TRAIN_DRAFT_BAD_FLAGS], ids=[c[0] for c in TRAIN_DRAFT_BAD_FLAGS]
+)
+def test_train_draft_bad_flags_exit_2_before_generating_anything(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    proc = run(
+        [*console_script(), "train-draft", "--output", str(tmp_path / "out"), "--work-dir", str(work), *args]
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert message in proc.stderr
+    assert not work.exists(), "nothing is generated for a bad command line"
+
+
 def test_generate_without_a_prompt_is_a_usage_error() -> None:
     proc = run([*console_script(), "generate"])
     assert proc.returncode == 2

@@ -91,4 +91,51 @@ fn trains_exports_a_lossless_draft_and_resumes_from_its_work_dir() {
     assert_eq!(resumed.samples, 4);
     assert_eq!(resumed.response_tokens, report.response_tokens, "cached samples, not regenerated");
     assert_eq!(resumed.steps, 4);
+
+    // Warm start: a new run continues the exported draft, keeping its taps and vocabulary
+    // even when asked for another vocabulary size. With a vanishing learning rate the weights
+    // it writes back are the ones it started from.
+    let warm = TrainDraftConfig {
+        output: dir.path().join("warm"),
+        work_dir: dir.path().join("warm-work"),
+        init_from: Some(cfg.output.clone()),
+        draft_vocab_size: 64,
+        intermediate_size: None,
+        learning_rate: 1e-12,
+        epochs: 1.0,
+        ..cfg.clone()
+    };
+    std::fs::create_dir_all(&warm.work_dir).unwrap();
+    std::fs::copy(cfg.work_dir.join("samples.jsonl"), warm.work_dir.join("samples.jsonl")).unwrap();
+    train_draft(&warm, &progress).unwrap();
+    let read = |dir: &std::path::Path| {
+        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap()
+    };
+    let (before, after) = (read(&cfg.output), read(&warm.output));
+    assert_eq!(before.len(), after.len());
+    for (name, b) in &before {
+        let a = &after[name];
+        assert_eq!(a.dims(), b.dims(), "{name}");
+        let diff = (a.to_dtype(candle_core::DType::F32).unwrap() - b.to_dtype(candle_core::DType::F32).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(diff, 0.0, "{name} changed by {diff} with a vanishing learning rate");
+    }
+    let warm_config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(warm.output.join("config.json")).unwrap()).unwrap();
+    assert_eq!(warm_config["draft_vocab_size"], config["draft_vocab_size"]);
+    assert_eq!(warm_config["eagle_aux_hidden_state_layer_ids"], config["eagle_aux_hidden_state_layer_ids"]);
+
+    // Taps other than the draft's are refused with a message naming both.
+    let clash = TrainDraftConfig { taps: Some(vec![1, 2, 3]), output: dir.path().join("clash"), ..warm.clone() };
+    let err = train_draft(&clash, &progress).unwrap_err().to_string();
+    assert!(err.contains("--taps [1, 2, 3]") && err.contains("--init-from"), "{err}");
+    let missing = TrainDraftConfig { init_from: Some(dir.path().join("nowhere")), ..warm };
+    let err = train_draft(&missing, &progress).unwrap_err().to_string();
+    assert!(err.contains("nowhere") && err.contains("config.json"), "{err}");
 }

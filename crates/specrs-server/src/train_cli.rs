@@ -17,6 +17,9 @@ pub fn command() -> Command {
         .arg(Arg::new("work-dir").long("work-dir").value_parser(value_parser!(PathBuf)).default_value(".spec-rs-train").help(
             "Cache of generated samples, features and checkpoints; rerunning resumes from it",
         ))
+        .arg(Arg::new("init-from").long("init-from").value_parser(value_parser!(PathBuf)).help(
+            "A speculators eagle3 draft (e.g. one train-draft wrote) to continue training: its taps, draft vocabulary and weights",
+        ))
         .arg(Arg::new("dtype").long("dtype").default_value("auto").help("Target weights used to generate data (serve with the same)"))
         .arg(Arg::new("num-prompts").long("num-prompts").value_parser(value_parser!(usize)).default_value(d.num_prompts.to_string()))
         .arg(Arg::new("max-new-tokens").long("max-new-tokens").value_parser(value_parser!(usize)).default_value(d.max_new_tokens.to_string()))
@@ -60,6 +63,7 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
         model: m.get_one::<String>("model").expect("default").clone(),
         output: m.get_one::<PathBuf>("output").expect("required").clone(),
         work_dir: m.get_one::<PathBuf>("work-dir").expect("default").clone(),
+        init_from: m.get_one::<PathBuf>("init-from").cloned(),
         dtype: m
             .get_one::<String>("dtype")
             .expect("default")
@@ -89,6 +93,14 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
         if v == 0 {
             return Err(CliError::Invalid(format!("{name} must be at least 1")));
         }
+    }
+    if let Some(dir) = &config.init_from
+        && !dir.join("config.json").is_file()
+    {
+        return Err(CliError::Invalid(format!(
+            "--init-from {}: no config.json there; pass a draft directory train-draft wrote",
+            dir.display()
+        )));
     }
     if config.epochs.is_nan() || config.epochs <= 0.0 || config.learning_rate.is_nan() || config.learning_rate <= 0.0 {
         return Err(CliError::Invalid("--epochs and --learning-rate must be positive".into()));

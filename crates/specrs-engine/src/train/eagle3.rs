@@ -130,55 +130,75 @@ impl TrainableEagle3 {
     }
 
     /// Unrolls the head over one sequence: `taps [n, num_taps*H]`, `tokens [n]`, `embed` the
-    /// frozen target embedding. Returns per step `s` the draft logits `[n - 1 - s, Vd]` of the
-    /// chains anchored at `t = 0..n-1-s` (predicting `x_{t+s+2}`).
-    pub fn forward_ttt(&self, taps: &Tensor, tokens: &[u32], embed: &Tensor, steps: usize) -> Result<Vec<Tensor>> {
+    /// frozen target embedding. Returns per step `s` the draft logits `[n - 1 - s - first_anchor,
+    /// Vd]` of the chains anchored at `t = first_anchor..n-1-s` (predicting `x_{t+s+2}`).
+    /// Positions before `first_anchor` only serve as step-0 keys: training skips the chains whose
+    /// every prediction lies in the prompt, which would be masked out of the loss anyway.
+    pub fn forward_ttt(
+        &self,
+        taps: &Tensor,
+        tokens: &[u32],
+        embed: &Tensor,
+        steps: usize,
+        first_anchor: usize,
+    ) -> Result<Vec<Tensor>> {
         let n = tokens.len();
+        let a = first_anchor;
         let Eagle3Shape { hidden: _, heads, kv_heads, head_dim: d, rms_norm_eps: eps, .. } = self.shape;
         let scale = (d as f64).powf(-0.5);
         let dev = taps.device().clone();
         let ids = Tensor::from_slice(tokens, n, &dev)?;
         let emb_all = embed.index_select(&ids, 0)?; // [n, H], frozen
-        let mut hidden = self.fc.forward(taps)?.narrow(0, 0, n - 1)?; // step 0 anchors t = 0..n-2
+        // Step 0 runs over every anchor t = 0..n-2 for its keys; later rows start at `a`.
+        let mut hidden = self.fc.forward(taps)?.narrow(0, 0, n - 1)?;
         let mut k0: Option<(Tensor, Tensor)> = None;
         let mut chain_kv: Vec<(Tensor, Tensor)> = Vec::new();
         let mut outputs = Vec::with_capacity(steps);
         for s in 0..steps.min(n - 1) {
             let m = n - 1 - s;
-            // 1. Inputs: hidden of the chain's previous step, true token x_{t+s+1}.
-            let h_in = hidden.narrow(0, 0, m)?;
-            let emb = emb_all.narrow(0, s + 1, m)?;
+            if a >= m {
+                break;
+            }
+            let rows = m - a; // chains anchored at t = a..m-1
+            // 1. Inputs: hidden of the chain's previous step, true token x_{t+s+1}. Step 0
+            //    embeds every anchor (all are keys); later steps only the kept chains.
+            let (first, count) = if s == 0 { (0, m) } else { (a, rows) };
+            let h_in = if s == 0 { hidden.clone() } else { hidden.narrow(0, 0, rows)? };
+            let emb = emb_all.narrow(0, s + 1 + first, count)?;
             let attn_in = Tensor::cat(
                 &[rms_norm(&emb, &self.input_layernorm, eps)?, rms_norm(&h_in, &self.hidden_norm, eps)?],
                 D::Minus1,
             )?;
-            // 2. Queries at t + s; this step's keys at t + s as well.
-            let (cos, sin) = self.tables(s, m)?;
-            let q = rope(&Self::split_heads(&self.q_proj.forward(&attn_in)?, heads, d)?, &cos, &sin)?;
+            // 2. Keys at t + s for the embedded anchors; queries only for the kept chains.
+            let (cos, sin) = self.tables(s + first, count)?;
             let k = rope(&Self::split_heads(&self.k_proj.forward(&attn_in)?, kv_heads, d)?, &cos, &sin)?;
             let v = Self::split_heads(&self.v_proj.forward(&attn_in)?, kv_heads, d)?;
             let (k, v) = (self.repeat_kv(&k)?, self.repeat_kv(&v)?);
+            let (q_in, h_in) =
+                if s == 0 { (attn_in.narrow(0, a, rows)?, h_in.narrow(0, a, rows)?) } else { (attn_in, h_in) };
+            let (cos, sin) = self.tables(s + a, rows)?;
+            let q = rope(&Self::split_heads(&self.q_proj.forward(&q_in)?, heads, d)?, &cos, &sin)?;
             if s == 0 {
-                k0 = Some((k.clone(), v.clone()));
+                k0 = Some((k, v));
             } else {
-                chain_kv.push((k.clone(), v.clone()));
+                chain_kv.push((k, v));
             }
             let (k0t, v0t) = k0.as_ref().expect("set at step 0");
             // 3. Scores: causal over step-0 keys (anchor t sees t' <= t), plus the diagonal of
             //    every chain step so far (this chain's own keys).
-            let s0 = (q.matmul(&k0t.t()?)? * scale)?; // [heads, m, n-1]
-            let s0 = s0.broadcast_add(&causal_mask(m, n - 1, &dev)?)?;
+            let s0 = (q.matmul(&k0t.t()?)? * scale)?; // [heads, rows, n-1]
+            let s0 = s0.broadcast_add(&causal_mask(rows, n - 1, a, &dev)?)?;
             let mut parts = vec![s0];
             for (kj, _) in &chain_kv {
-                parts.push(((&q * kj.narrow(1, 0, m)?)?.sum_keepdim(D::Minus1)? * scale)?);
+                parts.push(((&q * kj.narrow(1, 0, rows)?)?.sum_keepdim(D::Minus1)? * scale)?);
             }
             let probs = candle_nn::ops::softmax(&Tensor::cat(&parts, D::Minus1)?, D::Minus1)?;
             let mut attn = probs.narrow(D::Minus1, 0, n - 1)?.matmul(v0t)?;
             for (j, (_, vj)) in chain_kv.iter().enumerate() {
                 let pj = probs.narrow(D::Minus1, n - 1 + j, 1)?;
-                attn = (attn + pj.broadcast_mul(&vj.narrow(1, 0, m)?)?)?;
+                attn = (attn + pj.broadcast_mul(&vj.narrow(1, 0, rows)?)?)?;
             }
-            let attn = attn.transpose(0, 1)?.reshape((m, heads * d))?;
+            let attn = attn.transpose(0, 1)?.reshape((rows, heads * d))?;
             // 4. Residual (the un-normed hidden), MLP.
             let x = (h_in + self.o_proj.forward(&attn)?)?;
             let hmlp = rms_norm(&x, &self.post_attention_layernorm, eps)?;
@@ -193,11 +213,11 @@ impl TrainableEagle3 {
     }
 }
 
-/// `[rows, cols]`: 0 where key `j <= i`, -inf elsewhere.
-fn causal_mask(rows: usize, cols: usize, dev: &Device) -> Result<Tensor> {
+/// `[rows, cols]`: 0 where key `j <= first_row + i`, -inf elsewhere.
+fn causal_mask(rows: usize, cols: usize, first_row: usize, dev: &Device) -> Result<Tensor> {
     let mut v = vec![0f32; rows * cols];
     for i in 0..rows {
-        for j in i + 1..cols {
+        for j in first_row + i + 1..cols {
             v[i * cols + j] = f32::NEG_INFINITY;
         }
     }
@@ -219,4 +239,56 @@ pub fn soft_cross_entropy(logits: &Tensor, target_probs: &Tensor, mask: &Tensor)
         .sum_all()?
         .to_scalar::<f32>()? as f64;
     Ok((loss, agree, rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_nn::VarMap;
+
+    use super::*;
+
+    fn tiny_head() -> (VarMap, TrainableEagle3) {
+        let shape = Eagle3Shape {
+            hidden: 16,
+            num_taps: 3,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 4,
+            intermediate: 24,
+            draft_vocab: 32,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10_000.0,
+            max_positions: 64,
+        };
+        let varmap = VarMap::new();
+        let head = TrainableEagle3::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), shape).unwrap();
+        (varmap, head)
+    }
+
+    #[test]
+    fn skipping_prompt_anchors_leaves_the_kept_chains_logits_unchanged() {
+        let (_vars, head) = tiny_head();
+        let n = 12;
+        let taps = Tensor::randn(0f32, 1.0, (n, 48), &Device::Cpu).unwrap();
+        let embed = Tensor::randn(0f32, 1.0, (40, 16), &Device::Cpu).unwrap();
+        let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % 40).collect();
+        let all = head.forward_ttt(&taps, &tokens, &embed, 3, 0).unwrap();
+        let kept = head.forward_ttt(&taps, &tokens, &embed, 3, 4).unwrap();
+        assert_eq!(kept.len(), 3);
+        for (s, (full, part)) in all.iter().zip(&kept).enumerate() {
+            assert_eq!(full.dims(), [n - 1 - s, 32]);
+            assert_eq!(part.dims(), [n - 1 - s - 4, 32]);
+            let diff = (full.narrow(0, 4, n - 5 - s).unwrap() - part)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(diff < 1e-5, "step {s}: kept chains differ by {diff}");
+        }
+        // Anchors past the last chain of a step end the unrolling there.
+        assert_eq!(head.forward_ttt(&taps, &tokens, &embed, 3, 10).unwrap().len(), 1);
+    }
 }

@@ -72,3 +72,53 @@ pub fn write_speculators_eagle3(
         .map_err(|e| EngineError::Internal(format!("{}: {e}", dir.display())))?;
     Ok(())
 }
+
+/// A draft written by [`write_speculators_eagle3`] (or any speculators `eagle3` checkpoint of
+/// the same shape), read back to warm-start training.
+pub struct InitialDraft {
+    /// Every weight by its checkpoint name, f32.
+    pub tensors: HashMap<String, Tensor>,
+    pub taps: Vec<usize>,
+    /// Target ids of the draft vocabulary, ascending (from `d2t`).
+    pub vocab: Vec<u32>,
+    pub hidden: usize,
+    pub intermediate: usize,
+}
+
+/// Reads the speculators `eagle3` draft in `dir` to continue training it.
+pub fn read_speculators_eagle3(dir: &Path) -> Result<InitialDraft> {
+    let invalid = |what: String| EngineError::Request(format!("--init-from {}: {what}", dir.display()));
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| invalid(format!("cannot read config.json ({e}); pass a directory written by train-draft")))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| invalid(format!("config.json is not JSON ({e})")))?;
+    if config["speculators_model_type"] != "eagle3" {
+        return Err(invalid("config.json is not a speculators eagle3 draft".into()));
+    }
+    let usize_at = |v: &serde_json::Value, name: &str| {
+        v.as_u64().map(|x| x as usize).ok_or_else(|| invalid(format!("config.json has no integer {name}")))
+    };
+    let taps = config["eagle_aux_hidden_state_layer_ids"]
+        .as_array()
+        .ok_or_else(|| invalid("config.json has no eagle_aux_hidden_state_layer_ids".into()))?
+        .iter()
+        .map(|t| usize_at(t, "tap layer"))
+        .collect::<Result<Vec<_>>>()?;
+    let layer = &config["transformer_layer_config"];
+    let hidden = usize_at(&layer["hidden_size"], "transformer_layer_config.hidden_size")?;
+    let intermediate = usize_at(&layer["intermediate_size"], "transformer_layer_config.intermediate_size")?;
+    let mut tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)?;
+    let d2t = tensors.remove("d2t").ok_or_else(|| invalid("model.safetensors has no d2t".into()))?;
+    tensors.remove("t2d");
+    let vocab: Vec<u32> = d2t
+        .to_dtype(DType::I64)?
+        .to_vec1::<i64>()?
+        .iter()
+        .enumerate()
+        .map(|(i, offset)| (i as i64 + offset) as u32)
+        .collect();
+    let tensors =
+        tensors.into_iter().map(|(name, t)| Ok((name, t.to_dtype(DType::F32)?))).collect::<Result<HashMap<_, _>>>()?;
+    Ok(InitialDraft { tensors, taps, vocab, hidden, intermediate })
+}

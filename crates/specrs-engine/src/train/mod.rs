@@ -42,6 +42,10 @@ pub struct TrainDraftConfig {
     pub output: PathBuf,
     /// Cache of samples, features and checkpoints (resumable).
     pub work_dir: PathBuf,
+    /// A speculators `eagle3` draft to continue training (its taps, vocabulary and weights);
+    /// `None` starts from random weights and the target's head.
+    #[serde(default)]
+    pub init_from: Option<PathBuf>,
     pub num_prompts: usize,
     pub max_new_tokens: usize,
     /// HF hidden_states indices to tap; default `[2, L/2, L-3]`.
@@ -69,6 +73,7 @@ impl Default for TrainDraftConfig {
             dtype: ModelDType::Auto,
             output: PathBuf::from("draft-eagle3"),
             work_dir: PathBuf::from(".spec-rs-train"),
+            init_from: None,
             num_prompts: 2000,
             max_new_tokens: 128,
             taps: None,
@@ -204,8 +209,29 @@ fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progre
     let (target, store) = specrs_models::load_causal_lm(&path, &Device::Cpu, cfg.dtype)?;
     let tokenizer = crate::pipeline::load_tokenizer(&store, &path)?;
     let tc = target.config().clone();
-    let taps = cfg.taps.clone().unwrap_or_else(|| tc.default_eagle3_taps().to_vec());
-    let vocab = data::draft_vocabulary(samples, cfg.draft_vocab_size.min(tc.vocab_size), tokenizer.eos_token_ids());
+    let init = cfg.init_from.as_deref().map(export::read_speculators_eagle3).transpose()?;
+    let taps = match (&init, &cfg.taps) {
+        (Some(init), Some(taps)) if &init.taps != taps => {
+            return Err(EngineError::Request(format!(
+                "--taps {taps:?} differ from the --init-from draft's {:?}; drop --taps to keep the draft's",
+                init.taps
+            )));
+        }
+        (Some(init), _) => init.taps.clone(),
+        (None, taps) => taps.clone().unwrap_or_else(|| tc.default_eagle3_taps().to_vec()),
+    };
+    let vocab = match &init {
+        Some(init) => {
+            if init.hidden != tc.hidden_size || init.vocab.iter().any(|&t| t as usize >= tc.vocab_size) {
+                return Err(EngineError::Request(format!(
+                    "--init-from draft (hidden size {}) was not trained for this target (hidden size {}, {} tokens)",
+                    init.hidden, tc.hidden_size, tc.vocab_size
+                )));
+            }
+            init.vocab.clone()
+        }
+        None => data::draft_vocabulary(samples, cfg.draft_vocab_size.min(tc.vocab_size), tokenizer.eos_token_ids()),
+    };
     let mut in_vocab = vec![false; tc.vocab_size];
     for &t in &vocab {
         in_vocab[t as usize] = true;
@@ -225,7 +251,11 @@ fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progre
         heads: tc.num_attention_heads,
         kv_heads: tc.num_key_value_heads,
         head_dim: tc.head_dim,
-        intermediate: cfg.intermediate_size.unwrap_or(tc.intermediate_size),
+        intermediate: init
+            .as_ref()
+            .map(|init| init.intermediate)
+            .or(cfg.intermediate_size)
+            .unwrap_or(tc.intermediate_size),
         draft_vocab: vocab.len(),
         rms_norm_eps: tc.rms_norm_eps,
         rope_theta: tc.rope_theta,
@@ -241,6 +271,23 @@ fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progre
             .map_err(|e| EngineError::Internal(format!("{}: {e}", state_path.display())))?;
         varmap.load(&ckpt)?;
         start_step = state.step;
+    } else if let Some(init) = &init {
+        let data = varmap.data().lock().expect("varmap lock");
+        for (name, var) in data.iter() {
+            let weight = init.tensors.get(name).ok_or_else(|| {
+                EngineError::Request(format!(
+                    "--init-from draft has no {name}; it is not an EAGLE-3 head of this shape"
+                ))
+            })?;
+            if weight.dims() != var.dims() {
+                return Err(EngineError::Request(format!(
+                    "--init-from draft's {name} is {:?}, this head's is {:?}",
+                    weight.dims(),
+                    var.dims()
+                )));
+            }
+            var.set(weight)?;
+        }
     } else {
         // The draft head starts as the target's head over the draft vocabulary.
         let data = varmap.data().lock().expect("varmap lock");
@@ -284,13 +331,14 @@ fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progre
         let mut total: Option<Tensor> = None;
         for &i in batch {
             let ex = example(&samples[i], &features[i], &parts, &in_vocab)?;
-            let n = ex.tokens.len();
-            let outs = model.forward_ttt(&ex.taps, &ex.tokens, &parts.embed, cfg.ttt_steps)?;
+            // Chains anchored before this predict only prompt tokens at every step.
+            let first_anchor = samples[i].prompt_ids.len().saturating_sub(cfg.ttt_steps + 1);
+            let outs = model.forward_ttt(&ex.taps, &ex.tokens, &parts.embed, cfg.ttt_steps, first_anchor)?;
             for (s, logits) in outs.iter().enumerate() {
-                let m = n - 1 - s;
+                let rows = logits.dim(0)?;
                 // Chain at anchor t, step s: the target's distribution at position t + s + 1.
-                let probs = ex.target_probs.narrow(0, s + 1, m)?;
-                let mask = ex.mask.narrow(0, s + 1, m)?;
+                let probs = ex.target_probs.narrow(0, first_anchor + s + 1, rows)?;
+                let mask = ex.mask.narrow(0, first_anchor + s + 1, rows)?;
                 let (loss, a, c) = soft_cross_entropy(logits, &probs, &mask)?;
                 agree[s] += a;
                 counted[s] += c;
