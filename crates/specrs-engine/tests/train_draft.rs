@@ -116,14 +116,7 @@ fn trains_exports_a_lossless_draft_and_resumes_from_its_work_dir() {
     for (name, b) in &before {
         let a = &after[name];
         assert_eq!(a.dims(), b.dims(), "{name}");
-        let diff = (a.to_dtype(candle_core::DType::F32).unwrap() - b.to_dtype(candle_core::DType::F32).unwrap())
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = specrs_models::testing::max_abs_diff(a, b).unwrap();
         assert_eq!(diff, 0.0, "{name} changed by {diff} with a vanishing learning rate");
     }
     let warm_config: serde_json::Value =

@@ -11,6 +11,11 @@ use serde_json::{Value, json};
 
 use crate::config::Architecture;
 
+/// Largest absolute elementwise difference between two tensors of one shape, in f32.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>()
+}
+
 /// Deterministic pseudo-random values in [-scale, scale).
 pub fn random_tensor(shape: &[usize], scale: f32, seed: u64) -> Result<Tensor> {
     let n: usize = shape.iter().product();

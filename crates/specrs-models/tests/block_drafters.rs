@@ -332,7 +332,7 @@ fn reference_block(
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    specrs_models::testing::max_abs_diff(a, b).unwrap()
 }
 
 fn assert_blocks_match(

@@ -278,14 +278,7 @@ mod tests {
         for (s, (full, part)) in all.iter().zip(&kept).enumerate() {
             assert_eq!(full.dims(), [n - 1 - s, 32]);
             assert_eq!(part.dims(), [n - 1 - s - 4, 32]);
-            let diff = (full.narrow(0, 4, n - 5 - s).unwrap() - part)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = specrs_models::testing::max_abs_diff(&full.narrow(0, 4, n - 5 - s).unwrap(), part).unwrap();
             assert!(diff < 1e-5, "step {s}: kept chains differ by {diff}");
         }
         // Anchors past the last chain of a step end the unrolling there.

@@ -110,7 +110,7 @@ fn prefill(model: &CausalLm, kv: &PagedKvCache) {
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    crate::testing::max_abs_diff(a, b).unwrap()
 }
 
 #[test]
