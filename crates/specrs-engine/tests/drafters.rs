@@ -52,6 +52,17 @@ fn engine(target: &Path, draft: Option<&Path>, method: Option<SpeculativeMethod>
     engine_with(target, draft, speculative, 8)
 }
 
+/// EAGLE up to `k` drafts, the controller choosing widths (plain steps included) from a batch of 1.
+fn eagle_adaptive_at_every_batch_size(k: i64) -> SpeculativeConfig {
+    SpeculativeConfig {
+        speculative_method: Some(SpeculativeMethod::Eagle),
+        num_speculative_tokens: Some(k),
+        adaptive_speculative_widths: Some("all".into()),
+        adaptive_speculative_min_batch_size: 1,
+        ..SpeculativeConfig::default()
+    }
+}
+
 /// Writes an EAGLE-3 (taps 1, 2, 3) or EAGLE-1 head in its real format with seeded random
 /// weights into `dir`: a drafter that is almost never right.
 fn random_head(dir: &Path, eagle3: bool, seed: u64) -> PathBuf {
@@ -200,13 +211,7 @@ fn adaptive_plain_steps_stop_drafting_for_a_rejected_head_and_stay_lossless() {
     let e1 = random_head(&f.random.parent().unwrap().join("rand-eagle1-adaptive"), false, 300);
     let lengths = [60, 60, 60, 60];
     let plain = run(&engine(&f.random, None, None, 0), &lengths);
-    let adaptive_widths = SpeculativeConfig {
-        speculative_method: Some(SpeculativeMethod::Eagle),
-        num_speculative_tokens: Some(4),
-        adaptive_speculative_widths: Some("all".into()),
-        adaptive_speculative_min_batch_size: 1,
-        ..SpeculativeConfig::default()
-    };
+    let adaptive_widths = eagle_adaptive_at_every_batch_size(4);
     let adaptive = run(&engine_with(&f.random, Some(&e1), adaptive_widths, 8), &lengths);
 
     for (p, a) in plain.iter().zip(&adaptive) {
@@ -231,13 +236,7 @@ fn large_batches_at_plain_steps_probe_with_a_quarter_of_their_rows_and_stay_loss
     let requests =
         || -> Vec<GenerationRequest> { prompts().into_iter().cycle().take(12).map(|p| greedy(p, 120)).collect() };
     let plain = engine_with(&f.random, None, SpeculativeConfig::default(), 16).generate(requests()).unwrap();
-    let adaptive_widths = SpeculativeConfig {
-        speculative_method: Some(SpeculativeMethod::Eagle),
-        num_speculative_tokens: Some(3),
-        adaptive_speculative_widths: Some("all".into()),
-        adaptive_speculative_min_batch_size: 1,
-        ..SpeculativeConfig::default()
-    };
+    let adaptive_widths = eagle_adaptive_at_every_batch_size(3);
     let adaptive = engine_with(&f.random, Some(&e3), adaptive_widths, 16);
     let out = adaptive.generate(requests()).unwrap();
     for (p, a) in plain.iter().zip(&out) {
