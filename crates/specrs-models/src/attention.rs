@@ -686,6 +686,40 @@ mod tests {
     }
 
     #[test]
+    fn every_query_of_a_long_row_matches_decoding_it_alone_with_and_without_windows() {
+        // A long row (a block drafter's verify, a prefill chunk): each of its queries gets the
+        // bits of a 1-token row ending at its position, with and without a sliding window.
+        let d = 64;
+        let shape = gqa_shape(d);
+        let cache = filled_cache(d, 24, 11);
+        let (kc, vc) = cache.layer(0);
+        let len = 19;
+        let q = rand(&[len, 9, d], 12);
+        for window in [None, Some(5), Some(40)] {
+            let step = |query_len: usize, context_len: usize| {
+                let row =
+                    BatchRow { query_start: 0, query_len, context_len, block_table_start: 0, block_table_len: 24 };
+                ForwardBatch { sliding_window: window, ..step_over_blocks(vec![row], 24) }
+            };
+            let cached = 150;
+            let whole = paged_attention(&q, kc, vc, &step(len, cached + len), shape).unwrap();
+            for j in 0..len {
+                let alone =
+                    paged_attention(&q.narrow(0, j, 1).unwrap(), kc, vc, &step(1, cached + j + 1), shape).unwrap();
+                let a: Vec<f32> = whole.get(j).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let b: Vec<f32> = alone.get(0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "window {window:?}, query {j} of {len}: differs from decoding it alone"
+                );
+            }
+            let reference = reference_attention(&q, kc, vc, &step(len, cached + len), shape).unwrap();
+            let diff = crate::testing::max_abs_diff(&whole, &reference).unwrap();
+            assert!(diff < 1e-5, "window {window:?}: {diff} from the reference");
+        }
+    }
+
+    #[test]
     fn softmax_numerators_match_the_standard_exp() {
         // Lengths with and without a short last group of eight, scores spread over the range
         // where exp underflows.
