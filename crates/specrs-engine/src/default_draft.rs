@@ -78,15 +78,31 @@ fn cache_root() -> PathBuf {
     base.join("spec-rs").join("drafters")
 }
 
+/// The cache directory's name: the head's name and a hash of the embedded files, so releases
+/// shipping different heads (even of the same size) never share or overwrite a directory.
+fn cache_dir_name() -> &'static str {
+    static NAME_WITH_HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME_WITH_HASH.get_or_init(|| format!("{NAME}-{:016x}", fnv1a64(&[CONFIG, WEIGHTS])))
+}
+
+/// 64-bit FNV-1a over the parts in order: a stable content key (not a security boundary).
+fn fnv1a64(parts: &[&[u8]]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in parts.iter().flat_map(|p| p.iter()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
 /// Writes the embedded files under the cache root once; later calls find them in place.
 fn materialize() -> Result<PathBuf> {
-    let dir = cache_root().join(format!("{NAME}-{}", WEIGHTS.len()));
+    let dir = cache_root().join(cache_dir_name());
     match write_once(&dir) {
         Ok(()) => Ok(dir),
         Err(first) => {
             // A read-only home: the temp dir is the last resort.
-            let fallback =
-                std::env::temp_dir().join("spec-rs").join("drafters").join(format!("{NAME}-{}", WEIGHTS.len()));
+            let fallback = std::env::temp_dir().join("spec-rs").join("drafters").join(cache_dir_name());
             write_once(&fallback).map_err(|second| {
                 EngineError::Internal(format!(
                     "writing the default draft failed at {} ({first}) and at {} ({second}); \
@@ -152,5 +168,18 @@ mod tests {
         assert_eq!(config["speculators_model_type"], "eagle3");
         let again = default_draft("smollm2-135m-instruct").unwrap().unwrap();
         assert_eq!(again.path, dir);
+    }
+
+    #[test]
+    fn the_cache_directory_is_keyed_by_the_embedded_content() {
+        // FNV-1a's published test vectors, and the parts hashed as one stream.
+        assert_eq!(fnv1a64(&[]), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(&[b"a"]), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(&[b"foo", b"bar"]), fnv1a64(&[b"foobar"]));
+        // A head of the same size but other bytes gets another directory.
+        let mut other = WEIGHTS.to_vec();
+        other[WEIGHTS.len() / 2] ^= 1;
+        assert_ne!(fnv1a64(&[CONFIG, &other]), fnv1a64(&[CONFIG, WEIGHTS]));
+        assert_eq!(cache_dir_name(), format!("{NAME}-{:016x}", fnv1a64(&[CONFIG, WEIGHTS])));
     }
 }
