@@ -227,7 +227,7 @@ fn exp_shifted_by_max(p: &mut [f32]) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use crate::simd::{hmax, hsum};
+    use crate::simd::{exp_nonpositive as exp, hmax, hsum};
 
     /// See [`super::group_scores`]. Eight keys at a time per head: one accumulator per key,
     /// each chunk of the query loaded once for the eight, and the eight sums reduced together into one vector. Each
@@ -343,38 +343,6 @@ mod x86 {
                 vsum = _mm256_add_ps(vsum, e);
             }
             hsum(vsum)
-        }
-    }
-
-    /// `e^x` for `x <= 0` to about 1 ulp (Cephes' `expf` polynomial on `x - n ln 2`), and 0
-    /// below -87.3 (where `e^x` leaves the normal floats) or for `-inf`.
-    ///
-    /// # Safety
-    /// The CPU runs AVX2 and FMA.
-    #[inline(always)]
-    unsafe fn exp(x: __m256) -> __m256 {
-        // SAFETY: register-only arithmetic, AVX2 and FMA as the caller guarantees.
-        unsafe {
-            let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3));
-            let x = _mm256_max_ps(x, _mm256_set1_ps(-87.3));
-            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-                x,
-                _mm256_set1_ps(std::f32::consts::LOG2_E),
-            ));
-            // r = x - n ln 2, with ln 2 split in two so the product is exact.
-            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-            let mut poly = _mm256_set1_ps(1.987_569_1e-4);
-            for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-                poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(c));
-            }
-            let y = _mm256_fmadd_ps(_mm256_mul_ps(poly, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-            // y · 2^n through the exponent bits; n >= -126 here, so 2^n is a normal float.
-            let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-                _mm256_cvtps_epi32(n),
-                _mm256_set1_epi32(127),
-            )));
-            _mm256_andnot_ps(underflow, _mm256_mul_ps(y, pow2n))
         }
     }
 }

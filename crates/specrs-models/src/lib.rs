@@ -5,6 +5,7 @@
 //! weight names and comment shapes per step. The same code runs on `Device::Cpu` and
 //! `Device::Cuda`; CPU-only fast paths fall back to device-generic tensor ops elsewhere.
 
+pub mod activation;
 pub mod attention;
 pub mod batch;
 pub mod compute;

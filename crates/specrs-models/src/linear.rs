@@ -229,6 +229,15 @@ impl FusedLinear {
         }
     }
 
+    /// `x [T, in] -> [T, out_0 + out_1 + ...]` when the parts share one stacked weight; `None`
+    /// when they are separate.
+    pub fn forward_stacked(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        match self {
+            Self::Stacked { linear, .. } => linear.forward(x).map(Some),
+            Self::Separate(_) => Ok(None),
+        }
+    }
+
     /// `x [T, in] -> [[T, out_0], [T, out_1], ...]`.
     pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         match self {

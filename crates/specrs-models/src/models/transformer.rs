@@ -146,9 +146,16 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut parts = self.gate_up.forward(x)?.into_iter();
-        let (gate, up) = (parts.next().unwrap(), parts.next().unwrap());
-        self.down_proj.forward(&(candle_nn::ops::silu(&gate)? * up)?)
+        // [T, H] -> [T, 2·I] -> silu(gate) · up [T, I] -> [T, H].
+        let hidden = match self.gate_up.forward_stacked(x)? {
+            Some(gate_up) => crate::activation::silu_mul(&gate_up, self.down_proj.in_dim())?,
+            None => {
+                let mut parts = self.gate_up.forward(x)?.into_iter();
+                let (gate, up) = (parts.next().unwrap(), parts.next().unwrap());
+                (candle_nn::ops::silu(&gate)? * up)?
+            }
+        };
+        self.down_proj.forward(&hidden)
     }
 }
 
