@@ -10,8 +10,8 @@ Python involved can run it:
 
   - ``tools``: numpy, gguf, safetensors, tokenizers, jinja2, matplotlib (GGUF conversion,
     plots);
-  - ``llama``: llama-cpp-python built from source for this CPU (``-DGGML_NATIVE=ON``; AMX
-    where the kernel grants it), with the ``[server]`` extra for the server benchmark;
+  - ``llama``: llama-cpp-python built from source for this CPU (``-DGGML_NATIVE=ON``, AMX off), with
+    the ``[server]`` extra for the server benchmark;
   - ``mistralrs``: the mistral.rs CPU wheel;
   - ``hf``: transformers + torch. torch from PyPI may pull several GB of CUDA wheels; an
     install that fails or exceeds its time or size budget is reported as "not installable
@@ -32,10 +32,8 @@ Python involved can run it:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -109,39 +107,6 @@ def _versions_check(*imports: str) -> str:
 NO_AMX = "'-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
 
 
-def amx_usable() -> bool:
-    """Whether this process may run AMX tile instructions: the CPU lists them and the Linux
-    kernel grants the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``,
-    the request llama.cpp itself makes). Some sandboxes and VMs list the flags but refuse it."""
-    if sys.platform != "linux" or platform.machine() != "x86_64":
-        return False
-    try:
-        flags = next(
-            (
-                line.split(":", 1)[1].split()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("flags")
-            ),
-            [],
-        )
-    except OSError:
-        return False
-    if not {"amx_tile", "amx_int8"} <= set(flags):
-        return False
-    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
-
-
-def llama_cmake_args(amx: bool) -> str:
-    """CMake flags of the llama.cpp build: this CPU's instruction set, minus AMX where the
-    kernel would refuse the first tile load (SIGILL). GCC honours explicit -mno-* over
-    -march=native whatever their order."""
-    if amx:
-        return "-DGGML_NATIVE=ON"
-    return f"-DGGML_NATIVE=ON -DCMAKE_C_FLAGS={NO_AMX} -DCMAKE_CXX_FLAGS={NO_AMX}"
-
-
 def env_specs(threads: int | None = None) -> dict[str, EnvSpec]:
     """The peer environments, pinned to the versions of the peer baseline."""
     jobs = str(threads or nproc())
@@ -157,12 +122,14 @@ def env_specs(threads: int | None = None) -> dict[str, EnvSpec]:
             "llama",
             ("llama-cpp-python[server]==0.3.36",),
             _versions_check("llama_cpp:llama-cpp-python"),
-            # PyPI has the sdist only; build it for this CPU's instruction set, with AMX where
-            # this machine grants it (see llama_cmake_args).
+            # PyPI has the sdist only; build it for this CPU's instruction set, minus AMX: where
+            # the kernel does not grant a process the AMX tile state (sandboxes, some VMs) the
+            # first tile load dies with SIGILL, and AMX only helps prompt-sized matmuls anyway.
+            # GCC honours explicit -mno-* over -march=native whatever their order.
             # pip's wheel cache keys on the sdist alone, not on CMAKE_ARGS: never reuse a build.
             pip_args=("--no-binary", "llama-cpp-python", "--no-cache-dir"),
             env={
-                "CMAKE_ARGS": llama_cmake_args(amx_usable()),
+                "CMAKE_ARGS": f"-DGGML_NATIVE=ON -DCMAKE_C_FLAGS={NO_AMX} -DCMAKE_CXX_FLAGS={NO_AMX}",
                 "FORCE_CMAKE": "1",
                 "CMAKE_BUILD_PARALLEL_LEVEL": jobs,
             },

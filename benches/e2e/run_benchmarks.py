@@ -243,7 +243,6 @@ def machine_facts() -> dict[str, Any]:
         "nproc": peers.nproc(),
         "cpu": _cpu_model(),
         "cpu_flags": _cpu_flags(),
-        "amx": peers.amx_usable(),
         "mem_gib": _mem_total_gib(),
         "bandwidth_gbs": memory_bandwidth_gbs(),
         "gemm_gflops": gemm_gflops(),
@@ -1223,13 +1222,8 @@ def header_lines(ctx: dict[str, Any]) -> list[str]:
     """Title, command line, machine facts and how the work was defined."""
     args, facts = ctx["args"], ctx["facts"]
     load_end = os.getloadavg()[0]
-    amx = (
-        "granted: llama.cpp built with it"
-        if facts.get("amx")
-        else "absent or refused: llama.cpp built without it"
-    )
     machine = (
-        f"Machine: {facts['nproc']} cores ({facts['cpu']}; {facts['cpu_flags']}; AMX {amx}), "
+        f"Machine: {facts['nproc']} cores ({facts['cpu']}; {facts['cpu_flags']}), "
         f"{facts['mem_gib']:.0f} GiB; memory read {facts['bandwidth_gbs']:.1f} GB/s (numpy sum over "
         f"256 MB, best of 5); f32 SGEMM {facts['gemm_gflops']:.0f} GFLOP/s (numpy 2048³, best of 3); "
         f"load average {facts['loadavg_start'][0]:.1f} at start, {load_end:.1f} at end; "
