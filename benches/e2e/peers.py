@@ -124,7 +124,9 @@ def env_specs(threads: int | None = None) -> dict[str, EnvSpec]:
             _versions_check("llama_cpp:llama-cpp-python"),
             # PyPI has the sdist only; build it for this CPU's instruction set, minus AMX: where
             # the kernel does not grant a process the AMX tile state (sandboxes, some VMs) the
-            # first tile load dies with SIGILL, and AMX only helps prompt-sized matmuls anyway.
+            # first tile load dies with SIGILL, and where it does (checked 2026-12-02) 0.3.36's
+            # AMX repack of this GGUF's q8_0 token_embd segfaults at load. AMX would only help
+            # prompt-sized matmuls anyway.
             # GCC honours explicit -mno-* over -march=native whatever their order.
             # pip's wheel cache keys on the sdist alone, not on CMAKE_ARGS: never reuse a build.
             pip_args=("--no-binary", "llama-cpp-python", "--no-cache-dir"),
