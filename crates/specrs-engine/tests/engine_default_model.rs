@@ -69,7 +69,7 @@ fn ngram_speculation_is_lossless_and_accepts_drafts() {
 
 /// Mean acceptance length (K = 3, greedy, f32) of the shipped head on the reference prompts,
 /// measured when it was shipped (drafters/README.md).
-const SHIPPED_HEAD_REFERENCE_AL: f64 = 1.46;
+const SHIPPED_HEAD_REFERENCE_AL: f64 = 1.53;
 
 /// The shipped head at a fixed width of 3 (the width it was trained for), optionally behind
 /// prompt lookup, against plain decoding on the reference prompts: asserts every token equal
