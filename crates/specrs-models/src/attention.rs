@@ -584,7 +584,7 @@ mod tests {
             let (kc, vc) = cache.layer(0);
             let fast = paged_attention(&q, kc, vc, &batch, shape).unwrap();
             let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
-            let diff = (fast - slow).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let diff = crate::testing::max_abs_diff(&fast, &slow).unwrap();
             assert!(diff < 1e-5, "{mask:?} {window:?}: {diff}");
         }
     }
@@ -609,7 +609,7 @@ mod tests {
             let q = rand(&[5, 9, d], 6);
             let fast = paged_attention(&q, kc, vc, &batch, shape).unwrap();
             let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
-            let diff = (fast - slow).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let diff = crate::testing::max_abs_diff(&fast, &slow).unwrap();
             assert!(diff < 1e-5, "head dim {d}: {diff}");
         }
     }
@@ -647,7 +647,7 @@ mod tests {
                     "head dim {d}, context {context}: the verify row's last query differs from decoding it alone"
                 );
                 let reference = reference_attention(&q, kc, vc, &together, shape).unwrap();
-                let diff = (both - reference).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                let diff = crate::testing::max_abs_diff(&both, &reference).unwrap();
                 assert!(diff < 1e-5, "head dim {d}, context {context}: {diff} from the reference");
             }
         }
