@@ -66,6 +66,9 @@ def test_default_model_without_a_config_runs_the_shipped_eagle3_head(shipped_llm
     assert shipped_llm.speculative_config.adaptive_speculative_widths == "all"
     # Prompt lookup drafts rows that repeat earlier text; the head drafts the rest.
     assert json.loads(spec_json)["enable_prompt_lookup"] is True
+    # Each row's drafts stop where their running probability under the head drops below 20%.
+    assert json.loads(spec_json)["draft_confidence_threshold"] == 0.2
+    assert shipped_llm.speculative_config.draft_confidence_threshold == 0.2
 
 
 def test_other_models_have_no_shipped_draft() -> None:

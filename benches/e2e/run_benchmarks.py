@@ -55,6 +55,8 @@ import peers
 
 REPO_ROOT = peers.REPO_ROOT
 DEFAULT_MODEL = "smollm2-135m-instruct"
+#: ``draft_confidence_threshold`` of the shipped default (``default_draft.rs``).
+SHIPPED_CONFIDENCE_THRESHOLD = 0.2
 #: Where the shipped EAGLE-3 head for the default model is expected (override with
 #: --eagle-draft or SPEC_RS_EAGLE_DRAFT).
 SHIPPED_EAGLE_DRAFT = REPO_ROOT / "crates" / "specrs-engine" / "drafters" / "smollm2-135m-instruct-eagle3"
@@ -397,7 +399,8 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
             (1, *big),
         ),
         # Prompt lookup in front of the head (enable_prompt_lookup), fixed and adaptive widths;
-        # the adaptive one is the shipped default of the default model.
+        # the adaptive one, with drafts cut at the shipped confidence threshold, is the shipped
+        # default of the default model.
         "eagle-lookup": SpecJob(
             "eagle-lookup",
             f"prompt lookup + EAGLE-3 (K={args.eagle_k})",
@@ -407,9 +410,14 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
         ),
         "eagle-lookup-batch": SpecJob(
             "eagle-lookup-batch",
-            f"prompt lookup + EAGLE-3 (K={args.eagle_k}, adaptive widths)",
+            f"prompt lookup + EAGLE-3 (K={args.eagle_k}, adaptive widths, confidence cut)",
             args.spec_dtype,
-            {**eagle, "adaptive_speculative_widths": "all", "enable_prompt_lookup": True},
+            {
+                **eagle,
+                "adaptive_speculative_widths": "all",
+                "enable_prompt_lookup": True,
+                "draft_confidence_threshold": SHIPPED_CONFIDENCE_THRESHOLD,
+            },
             draft,
             (1, *big),
         ),

@@ -7,8 +7,9 @@ Python reject exactly the same configurations with the same messages.
 
 spec-rs adds one method, ``"ngram"`` (prompt lookup: drafts copied from earlier in the
 request's own text, no draft model), configured by ``prompt_lookup_min`` and
-``prompt_lookup_max``, and ``enable_prompt_lookup``, which puts that lookup in front of a
-draft model.
+``prompt_lookup_max``, and two fields: ``enable_prompt_lookup``, which puts that lookup in
+front of a draft model, and ``draft_confidence_threshold``, which cuts a draft model's chain
+where its drafts become unlikely to be accepted.
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ class SpeculativeConfig(BaseModel):
     """spec-rs extension, with a draft model: a row whose latest tokens repeat an earlier
     n-gram of its text (``prompt_lookup_min`` to ``prompt_lookup_max`` tokens) drafts what
     followed it, and the model drafts only the rows without such a match."""
+    draft_confidence_threshold: float = 0.0
+    """spec-rs extension, with a draft model: a greedy row stops drafting at the first draft
+    where the product of the drafter's top-1 probabilities so far falls below this (that
+    draft excluded), so the target verifies only drafts likely to be accepted. 0.0 drafts
+    every position; must be below 1.0."""
 
     @model_validator(mode="before")
     @classmethod

@@ -18,6 +18,12 @@ const WEIGHTS: &[u8] = include_bytes!("../drafters/smollm2-135m-instruct-eagle3/
 /// Drafts per step the shipped head runs at (the width it was trained and measured for).
 pub const DEFAULT_NUM_SPECULATIVE_TOKENS: i64 = 3;
 
+/// Where the shipped head's drafts are cut short (`draft_confidence_threshold`): drafts whose
+/// running top-1 probability is below 20% are mostly rejected, and on CPUs without wide int8
+/// products a verified position costs a third of a plain step (docs/BENCHMARKS.md,
+/// 2026-12-03).
+pub const DEFAULT_DRAFT_CONFIDENCE_THRESHOLD: f64 = 0.2;
+
 /// The shipped draft of a model.
 #[derive(Debug, Clone)]
 pub struct DefaultDraft {
@@ -43,13 +49,15 @@ pub fn default_draft(model: &str) -> Result<Option<DefaultDraft>> {
 /// controller choosing among widths 1..=3 and plain steps per batch size, so that a loaded
 /// server (large, compute-bound batches, where verifying drafts costs more than they return)
 /// is not slower than plain decoding; prompt lookup in front of the head, which copies
-/// repeated spans (quoting, editing, lists) far better than the head predicts them.
+/// repeated spans (quoting, editing, lists) far better than the head predicts them; and each
+/// row's drafts cut where they become unlikely to be accepted.
 pub fn default_config() -> SpeculativeConfig {
     SpeculativeConfig {
         speculative_method: Some(SpeculativeMethod::Eagle),
         num_speculative_tokens: Some(DEFAULT_NUM_SPECULATIVE_TOKENS),
         adaptive_speculative_widths: Some("all".into()),
         enable_prompt_lookup: true,
+        draft_confidence_threshold: DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
         ..SpeculativeConfig::default()
     }
 }

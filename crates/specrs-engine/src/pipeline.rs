@@ -25,6 +25,7 @@ use crate::engine::{Engine, EngineConfig, EngineParts};
 use crate::error::{EngineError, Result};
 use crate::proposer::Proposer;
 use crate::proposer::block::{BlockProposer, draft_skip_schedule, resolve_block_width};
+use crate::proposer::confidence::DraftConfidence;
 use crate::proposer::lookup_first::LookupFirstProposer;
 use crate::proposer::ngram::NgramProposer;
 use crate::proposer::sequential::SequentialProposer;
@@ -250,13 +251,10 @@ fn build_proposer(
     };
     let sequential = |model: Arc<dyn SequentialDraftModel>| -> Result<Box<dyn Proposer>> {
         let k = spec.draft_width()?;
-        Ok(Box::new(SequentialProposer::new(
-            model,
-            k,
-            spec.draft_proposal,
-            target.config().vocab_size,
-            target.device().clone(),
-        )))
+        Ok(Box::new(
+            SequentialProposer::new(model, k, spec.draft_proposal, target.config().vocab_size, target.device().clone())
+                .with_confidence(DraftConfidence::new(spec.draft_confidence_threshold)),
+        ))
     };
     let model: Box<dyn Proposer> = match kind {
         PipelineKind::Plain => return Ok(None),
@@ -286,7 +284,8 @@ fn build_proposer(
             };
             let k = resolve_block_width(spec.num_speculative_tokens, model.trained_width(), model.name())?;
             let mut proposer =
-                BlockProposer::new(model, k, spec.draft_proposal, target.config().vocab_size, device.clone());
+                BlockProposer::new(model, k, spec.draft_proposal, target.config().vocab_size, device.clone())
+                    .with_confidence(DraftConfidence::new(spec.draft_confidence_threshold));
             if let Some(schedule) = draft_skip_schedule(spec, k, max_batch_size, mixed_steps_verify)? {
                 proposer = proposer.with_draft_skipping(schedule);
             }

@@ -239,6 +239,34 @@ fn random_drafts(f: &Fixture) -> Vec<(SpeculativeMethod, PathBuf)> {
 }
 
 #[test]
+fn a_confidence_threshold_keeps_sure_blocks_whole_and_never_changes_output() {
+    let f = fixture();
+    let lengths = [17, 5, 30, 9];
+    let with_threshold =
+        |method, threshold| SpeculativeConfig { draft_confidence_threshold: threshold, ..spec(Some(method), None) };
+    // The oracles draft the target's own choice with near certainty: nothing is cut.
+    for (method, draft, k) in oracles(&f).into_iter().filter(|(m, ..)| *m != SpeculativeMethod::Dflash2) {
+        let len = 1 + 6 * (k + 1);
+        let out = run(&engine(&f.llama, Some(&draft), with_threshold(method, 0.9)), &[len; 4]);
+        for s in &out {
+            assert_perfect_trace(s, k, &format!("{method} at threshold 0.9"));
+        }
+    }
+    // Random drafts: cutting never changes the output, and never verifies more.
+    let plain = run(&engine(&f.random, None, spec(None, None)), &lengths);
+    for (method, draft) in random_drafts(&f).into_iter().filter(|(m, _)| *m != SpeculativeMethod::Dflash2) {
+        let cut = run(&engine(&f.random, Some(&draft), with_threshold(method, 0.9)), &lengths);
+        let uncut = run(&engine(&f.random, Some(&draft), with_threshold(method, 0.0)), &lengths);
+        for ((p, c), u) in plain.iter().zip(&cut).zip(&uncut) {
+            assert_eq!(p.token_ids, c.token_ids, "{method} {draft:?} cut");
+            assert_eq!(p.token_ids, u.token_ids, "{method} {draft:?} uncut");
+        }
+        let drafted = |o: &[FinalOutput]| o.iter().map(|o| o.metrics.num_draft_tokens).sum::<u64>();
+        assert!(drafted(&cut) <= drafted(&uncut), "{method}: cutting verified more");
+    }
+}
+
+#[test]
 fn random_block_drafters_never_change_greedy_output_in_batches() {
     let f = fixture();
     // Rows of different lengths finish mid-block at different steps.

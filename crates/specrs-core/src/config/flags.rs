@@ -133,6 +133,11 @@ pub const SPECULATIVE_FLAGS: &[FieldFlag] = &[
         kind: FlagKind::Bool,
         help: "With a draft model: rows whose latest tokens repeat an earlier n-gram draft its continuation instead",
     },
+    FieldFlag {
+        field: "draft_confidence_threshold",
+        kind: FlagKind::Float,
+        help: "Greedy rows stop drafting where the running product of the drafter's top-1 probabilities falls below this (0 = off, < 1)",
+    },
 ];
 
 #[cfg(test)]

@@ -16,8 +16,9 @@ pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
 
 /// Configures speculative decoding for a pipeline. Field names, defaults and rules follow
 /// Modular MAX's `SpeculativeConfig`; `prompt_lookup_min`/`prompt_lookup_max` configure the
-/// spec-rs `ngram` method, and `enable_prompt_lookup` puts that lookup in front of a model
-/// drafter (also spec-rs's own).
+/// spec-rs `ngram` method, `enable_prompt_lookup` puts that lookup in front of a model
+/// drafter, and `draft_confidence_threshold` cuts a model's drafts short where they become
+/// unlikely (both spec-rs's own).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SpeculativeConfig {
@@ -39,6 +40,7 @@ pub struct SpeculativeConfig {
     pub prompt_lookup_min: i64,
     pub prompt_lookup_max: i64,
     pub enable_prompt_lookup: bool,
+    pub draft_confidence_threshold: f64,
 }
 
 impl Default for SpeculativeConfig {
@@ -62,6 +64,7 @@ impl Default for SpeculativeConfig {
             prompt_lookup_min: DEFAULT_PROMPT_LOOKUP_MIN as i64,
             prompt_lookup_max: DEFAULT_PROMPT_LOOKUP_MAX as i64,
             enable_prompt_lookup: false,
+            draft_confidence_threshold: 0.0,
         }
     }
 }
@@ -238,6 +241,35 @@ impl SpeculativeConfig {
                     ));
                 }
                 Some(_) => {}
+            }
+        }
+        let threshold = self.draft_confidence_threshold;
+        if !(0.0..1.0).contains(&threshold) {
+            return Err(ConfigError::field(
+                "draft_confidence_threshold",
+                format!(
+                    "draft_confidence_threshold must be >= 0.0 and < 1.0 (0.0 drafts every position; 1.0 would \
+                     draft nothing), got {threshold}"
+                ),
+            ));
+        }
+        if threshold > 0.0 {
+            let why = match self.speculative_method {
+                None | Some(SpeculativeMethod::Ngram) => Some("n-gram copies carry no probabilities"),
+                Some(SpeculativeMethod::Dflash2) => {
+                    Some("dflash2's selector walk scores a few candidates, not the vocabulary")
+                }
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                return Err(ConfigError::field(
+                    "draft_confidence_threshold",
+                    format!(
+                        "draft_confidence_threshold cuts a draft model's chain where its probability falls below \
+                         the threshold, and needs a drafter with token probabilities: set speculative_method to \
+                         eagle, mtp, dflash or dspark ({why})"
+                    ),
+                ));
             }
         }
         Ok(self)

@@ -44,6 +44,7 @@ use specrs_models::drafters::dspark::dspark_config;
 use specrs_models::drafters::{BlockDraftModel, SlotSampler};
 use specrs_models::{BatchRow, DecoderConfig, ForwardBatch, PagedKvCache};
 
+use super::confidence::DraftConfidence;
 use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::error::{EngineError, Result};
 
@@ -125,6 +126,12 @@ struct DraftSampler<'a> {
     seeds: &'a [u64],
     /// Per drafting row, the distributions its drafts were sampled from (`[K · V]`).
     probs: Vec<Option<Vec<f32>>>,
+    confidence: DraftConfidence,
+    /// Per drafting row: the running top-1 probability of its kept drafts, and the slot its
+    /// drafts are cut at. The head drafts the whole block, slots in order, but the row verifies
+    /// only up to its cut (a head that chooses without the sampler is never cut).
+    chains: Vec<f32>,
+    cut_at: Vec<Option<usize>>,
 }
 
 impl SlotSampler for DraftSampler<'_> {
@@ -132,7 +139,13 @@ impl SlotSampler for DraftSampler<'_> {
         let to_target = |i: u32| draft_to_target.map_or(i, |m| m[i as usize]);
         let params = self.params[row];
         if self.proposal != DraftProposal::Sampled || params.is_greedy() {
-            return to_target(argmax(logits));
+            let best = argmax(logits);
+            // Later slots may depend on this token (DSpark's Markov bias): it is drafted either
+            // way, and only the verified prefix is cut.
+            if self.cut_at[row].is_none() && !self.confidence.keeps(&mut self.chains[row], logits, best) {
+                self.cut_at[row] = Some(slot);
+            }
+            return to_target(best);
         }
         // The distribution lives in target-id space, where rejection sampling compares it.
         let mut full = vec![f32::NEG_INFINITY; self.vocab_size];
@@ -154,6 +167,7 @@ pub struct BlockProposer {
     block_slots: usize,
     proposal: DraftProposal,
     skip: Option<VerifyWidthSchedule>,
+    confidence: DraftConfidence,
     vocab_size: usize,
     device: Device,
     name: String,
@@ -172,7 +186,25 @@ impl BlockProposer {
         let anchor_slot = usize::from(!model.samples_from_anchor());
         let block_slots = model.block_size().max(num_speculative_tokens + anchor_slot);
         let name = model.name().to_string();
-        Self { model, kv: None, num_speculative_tokens, block_slots, proposal, skip: None, vocab_size, device, name }
+        Self {
+            model,
+            kv: None,
+            num_speculative_tokens,
+            block_slots,
+            proposal,
+            skip: None,
+            confidence: DraftConfidence::default(),
+            vocab_size,
+            device,
+            name,
+        }
+    }
+
+    /// Verifies each greedy row's block only up to its first draft whose running top-1
+    /// probability falls below the rule's threshold ([`DraftConfidence`]).
+    pub fn with_confidence(mut self, confidence: DraftConfidence) -> Self {
+        self.confidence = confidence;
+        self
     }
 
     /// Skips the block forward on steps whose drafting batch `schedule` verifies nothing at,
@@ -291,16 +323,20 @@ impl Proposer for BlockProposer {
             params: &params,
             seeds: &seeds,
             probs: vec![None; n],
+            confidence: self.confidence,
+            chains: vec![1.0; n],
+            cut_at: vec![None; n],
         };
         let drafts = self.model.head(&drafting_hidden, &anchors, &mut sampler)?;
-        // The block is drafted whole; a row that asked for fewer keeps the first of them.
+        // The block is drafted whole; a row that asked for fewer, or whose drafts became
+        // unlikely, keeps the first of them.
         let vocab = self.vocab_size;
         Ok(drafts
             .into_iter()
             .zip(sampler.probs)
-            .zip(&drafting)
-            .map(|((mut drafts, mut probs), r)| {
-                drafts.truncate(r.num_drafts);
+            .zip(drafting.iter().zip(sampler.cut_at))
+            .map(|((mut drafts, mut probs), (r, cut_at))| {
+                drafts.truncate(r.num_drafts.min(cut_at.unwrap_or(usize::MAX)));
                 if let Some(p) = &mut probs {
                     p.truncate(drafts.len() * vocab);
                 }
@@ -337,5 +373,40 @@ mod tests {
         assert!(draft_skip_schedule(&zero_at_4, 4, 8, true).unwrap().is_none());
         assert!(draft_skip_schedule(&spec(vec![VerifyWidthRange::new(1, 8, 2)]), 4, 8, false).unwrap().is_none());
         assert!(draft_skip_schedule(&SpeculativeConfig::default(), 4, 8, false).unwrap().is_none());
+    }
+
+    /// Logits over 16 tokens putting probability ~`p` on token 3.
+    fn logits_with_top(p: f32) -> Vec<f32> {
+        let mut row = vec![0f32; 16];
+        row[3] = (p * 15.0 / (1.0 - p)).ln();
+        row
+    }
+
+    #[test]
+    fn greedy_rows_are_cut_at_the_first_slot_below_the_threshold_and_sampled_rows_never() {
+        let greedy = SamplingParams::greedy();
+        let sampled = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
+        let params = [&greedy, &greedy, &sampled];
+        let mut sampler = DraftSampler {
+            proposal: DraftProposal::Sampled,
+            vocab_size: 16,
+            params: &params,
+            seeds: &[1, 2, 3],
+            probs: vec![None; 3],
+            confidence: DraftConfidence::new(0.5),
+            chains: vec![1.0; 3],
+            cut_at: vec![None; 3],
+        };
+        // Row 0: 0.9, 0.9, 0.9 -> products 0.9, 0.81, 0.73: never cut. Row 1: 0.9, 0.5 ->
+        // 0.45 < 0.5: cut at slot 1, though slot 2 (0.99) is sure again. Row 2 samples.
+        for (slot, tops) in [[0.9, 0.9, 0.3], [0.9, 0.5, 0.3], [0.9, 0.99, 0.3]].into_iter().enumerate() {
+            for (row, top) in tops.into_iter().enumerate() {
+                let token = sampler.choose(row, slot, &logits_with_top(top), None);
+                if row < 2 {
+                    assert_eq!(token, 3, "greedy rows still draft every slot: later slots may depend on it");
+                }
+            }
+        }
+        assert_eq!(sampler.cut_at, vec![None, Some(1), None]);
     }
 }

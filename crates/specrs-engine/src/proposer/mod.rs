@@ -6,6 +6,7 @@
 //! It never sees acceptance; acceptance never sees how drafts were made (vLLM's split).
 
 pub mod block;
+pub mod confidence;
 pub mod lookup_first;
 pub mod ngram;
 pub mod sequential;

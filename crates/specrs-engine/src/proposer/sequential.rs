@@ -31,6 +31,7 @@ use specrs_models::host::with_f32_slice;
 use specrs_models::reductions;
 use specrs_models::{BatchRow, ForwardBatch, PagedKvCache};
 
+use super::confidence::DraftConfidence;
 use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::error::{EngineError, Result};
 
@@ -46,6 +47,8 @@ pub struct SequentialProposer {
     deferred: HashMap<SeqId, Deferred>,
     /// Time spent feeding deferred positions since the last [`Proposer::take_catch_up_time`].
     catch_up_time: Duration,
+    /// Where a greedy row's chain stops short (`draft_confidence_threshold`).
+    confidence: DraftConfidence,
 }
 
 /// Committed positions a row that does not draft may keep unfed.
@@ -85,12 +88,20 @@ impl SequentialProposer {
             name,
             deferred: HashMap::new(),
             catch_up_time: Duration::ZERO,
+            confidence: DraftConfidence::default(),
         }
+    }
+
+    /// Stops each greedy row's chain at its first draft whose running top-1 probability falls
+    /// below the rule's threshold ([`DraftConfidence`]).
+    pub fn with_confidence(mut self, confidence: DraftConfidence) -> Self {
+        self.confidence = confidence;
+        self
     }
 }
 
 /// A row that drafts this step, and where its last hidden state sits.
-struct Drafting {
+struct Drafting<'a> {
     index: usize,
     seq: SeqId,
     /// Position the next chained draft is fed at.
@@ -100,23 +111,30 @@ struct Drafting {
     wanted: usize,
     drafts: Vec<u32>,
     probs: Option<Vec<f32>>,
+    params: &'a SamplingParams,
+    seed: u64,
+    /// Product of the drafter's top-1 probabilities of the drafts so far (greedy rows).
+    confidence: f32,
+    /// The chain stopped early for this row: its next draft was too unlikely to be accepted.
+    stopped: bool,
+}
+
+impl Drafting<'_> {
+    fn needs_more(&self) -> bool {
+        !self.stopped && self.drafts.len() < self.wanted
+    }
 }
 
 impl SequentialProposer {
-    /// Turns draft logits (rows `[n, Vd]`) into one token per row, sampling when asked.
-    fn choose(
-        &self,
-        logits: &DraftLogits,
-        rows: &mut [Drafting],
-        params: &[&SamplingParams],
-        seeds: &[u64],
-        step: usize,
-    ) -> Result<()> {
+    /// Turns draft logits (rows `[n, Vd]`, one per entry of `rows`) into one token per row,
+    /// sampling when asked. A greedy row whose chain has become too unlikely stops instead.
+    fn choose(&self, logits: &DraftLogits, rows: &mut [&mut Drafting<'_>], step: usize) -> Result<()> {
         let vd = logits.logits.dim(1)?;
         let v = self.vocab_size;
         let to_target = |idx: u32| logits.draft_to_target.as_ref().map_or(idx, |m| m[idx as usize]);
-        let any_sampled = self.proposal == DraftProposal::Sampled && params.iter().any(|p| !p.is_greedy());
-        if !any_sampled && !logits.logits.device().is_cpu() {
+        let sampled = |d: &Drafting<'_>| self.proposal == DraftProposal::Sampled && !d.params.is_greedy();
+        let any_sampled = rows.iter().any(|d| sampled(d));
+        if !any_sampled && !logits.logits.device().is_cpu() && self.confidence.is_off() {
             // Argmax drafts off the host: reduce where the logits live, copy back only the ids.
             let ids = reductions::argmax_rows(&logits.logits)?.to_vec1::<u32>()?;
             for (d, idx) in rows.iter_mut().zip(ids) {
@@ -129,9 +147,13 @@ impl SequentialProposer {
         with_f32_slice(&logits.logits, |all| {
             for (i, d) in rows.iter_mut().enumerate() {
                 let row = &all[i * vd..(i + 1) * vd];
-                let sample = self.proposal == DraftProposal::Sampled && !params[i].is_greedy();
-                if !sample {
-                    d.drafts.push(to_target(argmax(row)));
+                if !sampled(d) {
+                    let best = argmax(row);
+                    if self.confidence.keeps(&mut d.confidence, row, best) {
+                        d.drafts.push(to_target(best));
+                    } else {
+                        d.stopped = true;
+                    }
                     continue;
                 }
                 // The draft distribution lives in target-id space so rejection sampling can
@@ -140,8 +162,8 @@ impl SequentialProposer {
                 for (j, &x) in row.iter().enumerate() {
                     full[to_target(j as u32) as usize] = x;
                 }
-                let q = processed_probs(&full, params[i], None);
-                let u = uniform(seeds[i], RngStream::Draft, step as u64);
+                let q = processed_probs(&full, d.params, None);
+                let u = uniform(d.seed, RngStream::Draft, step as u64);
                 d.drafts.push(sample_inverse_cdf(&q, u));
                 d.probs.get_or_insert_with(Vec::new).extend_from_slice(&q);
             }
@@ -233,9 +255,7 @@ impl Proposer for SequentialProposer {
         let mut catch_up_inputs: Vec<Tensor> = Vec::new();
         let mut batch = ForwardBatch { block_size, ..Default::default() };
         let mut inputs: Vec<Tensor> = Vec::new();
-        let mut drafting: Vec<Drafting> = Vec::new();
-        let mut params: Vec<&SamplingParams> = Vec::new();
-        let mut seeds: Vec<u64> = Vec::new();
+        let mut drafting: Vec<Drafting<'_>> = Vec::new();
         let mut offset = 0;
         for (index, r) in rows.iter().enumerate() {
             if r.num_valid == 0 {
@@ -275,9 +295,11 @@ impl Proposer for SequentialProposer {
                 wanted: r.num_drafts.min(self.num_speculative_tokens),
                 drafts: Vec::with_capacity(r.num_drafts),
                 probs: None,
+                params: r.params,
+                seed: r.seed,
+                confidence: 1.0,
+                stopped: false,
             });
-            params.push(r.params);
-            seeds.push(r.seed);
         }
         if !catch_up.input_ids.is_empty() {
             let started = Instant::now();
@@ -293,18 +315,29 @@ impl Proposer for SequentialProposer {
         if drafting.is_empty() {
             return Ok(Vec::new());
         }
-        self.choose(&logits, &mut drafting, &params, &seeds, 0)?;
-        // 3. Chain: each further draft from the drafter's own output, one position on, as far
-        //    as the row that wants the most drafts.
-        let chain_len = drafting.iter().map(|d| d.wanted).max().unwrap_or(0);
+        self.choose(&logits, &mut drafting.iter_mut().collect::<Vec<_>>(), 0)?;
+        // 3. Chain: each further draft from the drafter's own output, one position on, for the
+        //    rows that still want one. `chained[i]` is the drafting row behind hidden row `i`.
+        let mut chained: Vec<usize> = (0..drafting.len()).collect();
         let mut last_hidden = {
             let idx: Vec<u32> = drafting.iter().map(|d| d.hidden_row as u32).collect();
-            Some(out.index_select(&Tensor::from_vec(idx, drafting.len(), &self.device)?, 0)?)
+            out.index_select(&Tensor::from_vec(idx, drafting.len(), &self.device)?, 0)?
         };
-        for step in 1..chain_len {
-            let Some(hidden) = last_hidden.take() else { break };
+        for step in 1.. {
+            let next: Vec<usize> = (0..chained.len()).filter(|&i| drafting[chained[i]].needs_more()).collect();
+            if next.is_empty() {
+                break;
+            }
+            let hidden = if next.len() == chained.len() {
+                last_hidden
+            } else {
+                let idx: Vec<u32> = next.iter().map(|&i| i as u32).collect();
+                last_hidden.index_select(&Tensor::from_vec(idx, next.len(), &self.device)?, 0)?
+            };
+            chained = next.into_iter().map(|i| chained[i]).collect();
             let mut chain = ForwardBatch { block_size, ..Default::default() };
-            for (i, d) in drafting.iter().enumerate() {
+            for (i, &j) in chained.iter().enumerate() {
+                let d = &drafting[j];
                 let table = blocks.block_table(d.seq);
                 chain.input_ids.push(*d.drafts.last().expect("one draft per row so far"));
                 chain.positions.push(d.position as u32);
@@ -320,11 +353,18 @@ impl Proposer for SequentialProposer {
                 chain.logits_indices.push(i as u32);
             }
             let (out, logits) = self.model.forward(&hidden, &chain, kv_cache)?;
-            self.choose(&logits, &mut drafting, &params, &seeds, step)?;
-            for d in &mut drafting {
-                d.position += 1;
+            let mut rows: Vec<&mut Drafting<'_>> = Vec::with_capacity(chained.len());
+            let mut wanted = chained.iter().peekable();
+            for (j, d) in drafting.iter_mut().enumerate() {
+                if wanted.next_if(|&&k| k == j).is_some() {
+                    rows.push(d);
+                }
             }
-            last_hidden = Some(out);
+            self.choose(&logits, &mut rows, step)?;
+            for &j in &chained {
+                drafting[j].position += 1;
+            }
+            last_hidden = out;
         }
         let vocab = self.vocab_size;
         for d in &mut drafting {
@@ -364,10 +404,12 @@ mod tests {
         hidden: Vec<f32>,
     }
 
-    /// A drafter that records its inputs and always drafts token 7.
+    /// A drafter that records its inputs and always drafts token 7: with probability ~1 after
+    /// an input token below `sure_below`, and 0.15 (logit 1 against 15 zeros) otherwise.
     #[derive(Default)]
     struct Recorder {
         fed: Mutex<Vec<Fed>>,
+        sure_below: u32,
     }
 
     impl SequentialDraftModel for Recorder {
@@ -401,8 +443,8 @@ mod tests {
                 hidden: column,
             });
             let mut logits = vec![0f32; batch.logits_indices.len() * VOCAB];
-            for row in logits.chunks_mut(VOCAB) {
-                row[7] = 1.0;
+            for (row, &i) in logits.chunks_mut(VOCAB).zip(&batch.logits_indices) {
+                row[7] = if batch.input_ids[i as usize] < self.sure_below { 30.0 } else { 1.0 };
             }
             let logits = Tensor::from_vec(logits, (batch.logits_indices.len(), VOCAB), &Device::Cpu)?;
             Ok((hidden.clone(), DraftLogits { logits, draft_to_target: None }))
@@ -608,5 +650,72 @@ mod tests {
         let proposals = h.propose((600, 1, 0, 2), 1, 2);
         assert_eq!(proposals.len(), 1);
         assert_eq!(h.fed()[2].positions, vec![600]);
+    }
+
+    /// One step of two 5-token rows ending in tokens 105 (row 1) and 50 (row 2), wanting
+    /// `num_drafts` each from a K = 3 proposer cutting at `threshold`, over a drafter sure
+    /// after tokens below 100 (its own drafts, 7, included) and 15% sure otherwise. Returns
+    /// the proposals and what each drafter forward was fed.
+    fn two_row_step(threshold: f64, num_drafts: [usize; 2]) -> (Vec<Proposal>, Vec<Fed>) {
+        let recorder = Arc::new(Recorder { sure_below: 100, ..Default::default() });
+        let mut proposer = SequentialProposer::new(recorder.clone(), 3, DraftProposal::Argmax, VOCAB, Device::Cpu)
+            .with_confidence(DraftConfidence::new(threshold));
+        proposer.allocate(16, 4).unwrap();
+        let mut scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(16, 4).unwrap());
+        for seq in [1, 2] {
+            scheduler.add(seq, 4);
+        }
+        scheduler.schedule(&mut 0usize);
+        for seq in [1, 2] {
+            assert!(scheduler.reserve(seq, 5 + 4));
+        }
+        let params = SamplingParams::greedy();
+        let tokens: [&[u32]; 2] = [&[1, 2, 3, 4, 105], &[1, 2, 3, 4, 50]];
+        let rows: Vec<ProposeRow<'_>> = (0..2)
+            .map(|i| ProposeRow {
+                seq: i as SeqId + 1,
+                tokens: tokens[i],
+                fed_start: 0,
+                num_valid: 4,
+                flat_start: 4 * i,
+                num_drafts: num_drafts[i],
+                num_copies: 0,
+                catch_up_now: false,
+                params: &params,
+                seed: 0,
+            })
+            .collect();
+        let hidden = step_hidden(8, 0);
+        let taps = StepTaps { taps: &[], final_hidden: Some(&hidden) };
+        let proposals = proposer.propose(&rows, &taps, &scheduler).unwrap();
+        let fed = recorder.fed.lock().unwrap().clone();
+        (proposals, fed)
+    }
+
+    #[test]
+    fn a_greedy_chain_stops_where_its_running_draft_probability_falls_below_the_threshold() {
+        let (proposals, fed) = two_row_step(0.2, [3, 3]);
+        assert_eq!(proposals[0].drafts, Vec::<u32>::new(), "a first draft at 15% < 20% is cut: a plain row");
+        assert_eq!(proposals[1].drafts, vec![7, 7, 7], "a sure chain drafts all K");
+        assert_eq!(fed.len(), 3, "the step's forward and two chained drafts");
+        assert_eq!((fed[1].positions.clone(), fed[2].positions.clone()), (vec![4], vec![5]), "row 1 is not chained");
+
+        // Without a threshold the unsure row drafts all three, chained beside row 2.
+        let (proposals, fed) = two_row_step(0.0, [3, 3]);
+        assert_eq!(proposals[0].drafts, vec![7, 7, 7]);
+        assert_eq!(fed[1].positions, vec![4, 4]);
+
+        // At 10% the unsure row keeps its first draft (15%), and its later drafts, made after
+        // token 7 with probability ~1, keep the product at 15%: both rows draft all three.
+        let (proposals, _) = two_row_step(0.1, [3, 3]);
+        assert_eq!((proposals[0].drafts.len(), proposals[1].drafts.len()), (3, 3));
+    }
+
+    #[test]
+    fn rows_that_asked_for_fewer_drafts_leave_the_chain_early() {
+        let (proposals, fed) = two_row_step(0.0, [1, 3]);
+        assert_eq!((proposals[0].drafts.len(), proposals[1].drafts.len()), (1, 3));
+        assert_eq!(fed.len(), 3);
+        assert_eq!(fed[1].positions, vec![4], "only the row wanting more is chained");
     }
 }
