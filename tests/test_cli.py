@@ -98,6 +98,11 @@ BAD_FLAGS = [
         ["--section-name", "speculative"],
         "--section-name needs --config-file",
     ),
+    (
+        "confidence-threshold-1",
+        ["--speculative-method", "eagle", "--draft-confidence-threshold", "1"],
+        "draft_confidence_threshold must be >= 0.0 and < 1.0",
+    ),
     ("missing-config-file", ["--config-file", "/nonexistent/spec.yaml"], "not found"),
     ("unknown-flag", ["--bogus"], "unexpected argument '--bogus'"),
 ]

@@ -113,10 +113,11 @@ class SpeculativeConfig(BaseModel):
     n-gram of its text (``prompt_lookup_min`` to ``prompt_lookup_max`` tokens) drafts what
     followed it, and the model drafts only the rows without such a match."""
     draft_confidence_threshold: float = 0.0
-    """spec-rs extension, with a draft model: a greedy row stops drafting at the first draft
-    where the product of the drafter's top-1 probabilities so far falls below this (that
-    draft excluded), so the target verifies only drafts likely to be accepted. 0.0 drafts
-    every position; must be below 1.0."""
+    """spec-rs extension, with a draft model: a row drafting the drafter's argmax
+    (``draft_proposal="argmax"``, or a greedy request) stops at the first draft where the
+    product of the drafter's top-1 probabilities so far falls below this (that draft
+    excluded), so the target verifies only drafts likely to be accepted. 0.0 drafts every
+    position; must be below 1.0. Not for ``ngram`` or ``dflash2`` (no token probabilities)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -136,7 +136,7 @@ pub const SPECULATIVE_FLAGS: &[FieldFlag] = &[
     FieldFlag {
         field: "draft_confidence_threshold",
         kind: FlagKind::Float,
-        help: "Greedy rows stop drafting where the running product of the drafter's top-1 probabilities falls below this (0 = off, < 1)",
+        help: "Rows drafting the argmax stop where the running product of the drafter's top-1 probabilities falls below this (0 = off, < 1)",
     },
 ];
 

@@ -200,7 +200,7 @@ impl BlockProposer {
         }
     }
 
-    /// Verifies each greedy row's block only up to its first draft whose running top-1
+    /// Verifies each argmax-drafting row's block only up to its first draft whose running top-1
     /// probability falls below the rule's threshold ([`DraftConfidence`]).
     pub fn with_confidence(mut self, confidence: DraftConfidence) -> Self {
         self.confidence = confidence;
@@ -403,7 +403,7 @@ mod tests {
             for (row, top) in tops.into_iter().enumerate() {
                 let token = sampler.choose(row, slot, &logits_with_top(top), None);
                 if row < 2 {
-                    assert_eq!(token, 3, "greedy rows still draft every slot: later slots may depend on it");
+                    assert_eq!(token, 3, "argmax rows still draft every slot: later slots may depend on it");
                 }
             }
         }

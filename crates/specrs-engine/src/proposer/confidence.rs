@@ -1,9 +1,9 @@
-//! Cutting a greedy row's drafts short where they stop being worth verifying
+//! Cutting a row's argmax drafts short where they stop being worth verifying
 //! (`draft_confidence_threshold`, a spec-rs extension).
 //!
-//! A draft is accepted only if every draft before it was, so the chance that draft `i` is
-//! accepted is at most the product of the drafter's top-1 probabilities up to it (for a
-//! calibrated drafter, about that product: EAGLE-2's observation). Each verified draft costs
+//! A draft is accepted only if every draft before it was, so for a calibrated drafter the
+//! chance that draft `i` is accepted is about the product of the drafter's top-1
+//! probabilities up to it (EAGLE-2's observation, which its dynamic trees rank by). Each verified draft costs
 //! the target a row of its forward, and on CPUs without wide int8 products that row costs a
 //! sizeable share of a plain step; a chain continued past the point where it is likely to be
 //! rejected spends that on nothing. The row's chain stops at the first draft whose running

@@ -47,7 +47,7 @@ pub struct SequentialProposer {
     deferred: HashMap<SeqId, Deferred>,
     /// Time spent feeding deferred positions since the last [`Proposer::take_catch_up_time`].
     catch_up_time: Duration,
-    /// Where a greedy row's chain stops short (`draft_confidence_threshold`).
+    /// Where an argmax-drafting row's chain stops short (`draft_confidence_threshold`).
     confidence: DraftConfidence,
 }
 
@@ -92,7 +92,7 @@ impl SequentialProposer {
         }
     }
 
-    /// Stops each greedy row's chain at its first draft whose running top-1 probability falls
+    /// Stops each argmax-drafting row's chain at its first draft whose running top-1 probability falls
     /// below the rule's threshold ([`DraftConfidence`]).
     pub fn with_confidence(mut self, confidence: DraftConfidence) -> Self {
         self.confidence = confidence;
@@ -113,7 +113,7 @@ struct Drafting<'a> {
     probs: Option<Vec<f32>>,
     params: &'a SamplingParams,
     seed: u64,
-    /// Product of the drafter's top-1 probabilities of the drafts so far (greedy rows).
+    /// Product of the drafter's top-1 probabilities of the drafts so far (argmax-drafting rows).
     confidence: f32,
     /// The chain stopped early for this row: its next draft was too unlikely to be accepted.
     stopped: bool,
@@ -127,7 +127,7 @@ impl Drafting<'_> {
 
 impl SequentialProposer {
     /// Turns draft logits (rows `[n, Vd]`, one per entry of `rows`) into one token per row,
-    /// sampling when asked. A greedy row whose chain has become too unlikely stops instead.
+    /// sampling when asked. An argmax-drafting row whose chain has become too unlikely stops instead.
     fn choose(&self, logits: &DraftLogits, rows: &mut [&mut Drafting<'_>], step: usize) -> Result<()> {
         let vd = logits.logits.dim(1)?;
         let v = self.vocab_size;
