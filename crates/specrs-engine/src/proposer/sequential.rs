@@ -354,9 +354,9 @@ impl Proposer for SequentialProposer {
             }
             let (out, logits) = self.model.forward(&hidden, &chain, kv_cache)?;
             let mut rows: Vec<&mut Drafting<'_>> = Vec::with_capacity(chained.len());
-            let mut wanted = chained.iter().peekable();
+            let mut in_chain = chained.iter().peekable();
             for (j, d) in drafting.iter_mut().enumerate() {
-                if wanted.next_if(|&&k| k == j).is_some() {
+                if in_chain.next_if(|&&k| k == j).is_some() {
                     rows.push(d);
                 }
             }
@@ -366,13 +366,7 @@ impl Proposer for SequentialProposer {
             }
             last_hidden = out;
         }
-        let vocab = self.vocab_size;
-        for d in &mut drafting {
-            d.drafts.truncate(d.wanted);
-            if let Some(p) = &mut d.probs {
-                p.truncate(d.wanted * vocab);
-            }
-        }
+        // The chain fed each row only while it wanted more: no row holds more than it asked for.
         let mut by_row: Vec<Option<Proposal>> = vec![None; rows.len()];
         for d in drafting {
             by_row[d.index] = Some(Proposal { drafts: d.drafts, probs: d.probs });
