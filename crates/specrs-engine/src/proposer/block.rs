@@ -383,7 +383,7 @@ mod tests {
     }
 
     #[test]
-    fn greedy_rows_are_cut_at_the_first_slot_below_the_threshold_and_sampled_rows_never() {
+    fn argmax_rows_are_cut_at_the_first_slot_below_the_threshold_and_sampled_rows_never() {
         let greedy = SamplingParams::greedy();
         let sampled = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
         let params = [&greedy, &greedy, &sampled];
