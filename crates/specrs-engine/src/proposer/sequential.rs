@@ -142,8 +142,8 @@ impl SequentialProposer {
             }
             return Ok(());
         }
-        // Sampled drafts keep their distribution on the host (`Proposal::probs`), so their
-        // logits come over whole.
+        // Sampled drafts keep their distribution on the host (`Proposal::probs`), and the
+        // confidence cut reads the whole row, so their logits come over whole.
         with_f32_slice(&logits.logits, |all| {
             for (i, d) in rows.iter_mut().enumerate() {
                 let row = &all[i * vd..(i + 1) * vd];
