@@ -16,6 +16,11 @@
 //! forward of their own next step. A row
 //! keeps at most `MAX_DEFERRED_POSITIONS`; past that it is fed at once, so no catch-up feeds
 //! the drafter a query longer than a prefill chunk (attention off the CPU holds its scores).
+//!
+//! With `draft_confidence_threshold`, a row drafting the argmax leaves the chain at its first
+//! draft whose running top-1 probability falls below the threshold ([`DraftConfidence`]), and
+//! a row leaves it once it has the drafts it asked for: later chain forwards carry only the
+//! rows still drafting.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -114,7 +119,7 @@ struct Drafting<'a> {
     params: &'a SamplingParams,
     seed: u64,
     /// Product of the drafter's top-1 probabilities of the drafts so far (argmax-drafting rows).
-    confidence: f32,
+    chain_probability: f32,
     /// The chain stopped early for this row: its next draft was too unlikely to be accepted.
     stopped: bool,
 }
@@ -149,7 +154,7 @@ impl SequentialProposer {
                 let row = &all[i * vd..(i + 1) * vd];
                 if !sampled(d) {
                     let best = argmax(row);
-                    if self.confidence.keeps(&mut d.confidence, row, best) {
+                    if self.confidence.keeps(&mut d.chain_probability, row, best) {
                         d.drafts.push(to_target(best));
                     } else {
                         d.stopped = true;
@@ -297,7 +302,7 @@ impl Proposer for SequentialProposer {
                 probs: None,
                 params: r.params,
                 seed: r.seed,
-                confidence: 1.0,
+                chain_probability: 1.0,
                 stopped: false,
             });
         }
