@@ -840,18 +840,21 @@ impl Engine {
             propose_rows.iter().filter(|r| r.may_draft()).map(|r| (r.seq, r.num_drafts)).collect();
         drop(propose_rows);
         let mut copied = 0;
+        let mut drafted_nothing = 0;
         for ((id, num_drafts), p) in wanting.into_iter().zip(proposals) {
             if let Some(seq) = self.seqs.get_mut(&id) {
                 // Only copies go past the drafts a row asked the model for.
                 if p.drafts.len() > num_drafts {
                     copied = copied.max(p.drafts.len());
                 }
+                drafted_nothing += usize::from(num_drafts > 0 && p.drafts.is_empty());
                 seq.drafts = p.drafts;
                 seq.draft_probs = p.probs;
             }
         }
         // The next step verifies every row's copies, even past the width planned for it.
         self.width.copied = copied;
+        self.width.drafted_nothing = drafted_nothing;
         // Drafting reservations shrink back to the committed tokens.
         for r in rows {
             if let Some(seq) = self.seqs.get(&r.seq) {
@@ -872,14 +875,15 @@ impl Engine {
             Some(chosen) => (chosen, None),
             None => (plan.verify_width, elapsed),
         };
+        let (accepted_per_position, rows_drafted) = self.width.controller_observation(stats, width);
         if let Some(c) = self.width.controller()
             && !plan.mixed
             && !plan.decode.is_empty()
             && let Some(switch) = c.record_step(
                 plan.decode.len(),
                 width,
-                &stats.accepted_per_position,
-                stats.num_drafts,
+                &accepted_per_position,
+                rows_drafted,
                 elapsed.map(|e| e.as_secs_f64()),
             )
         {

@@ -203,6 +203,7 @@ pub fn width_policy(
         planned: None,
         copied: 0,
         widened_from: None,
+        drafted_nothing: 0,
     })
 }
 

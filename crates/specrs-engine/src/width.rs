@@ -2,6 +2,7 @@
 //! the adaptive controller for pure decode steps, and the mixed-batch width for steps that
 //! share the target forward with prefill rows.
 
+use specrs_core::metrics::SpecDecodeStats;
 use specrs_core::scheduler::WidthPolicy;
 use specrs_core::width::adaptive::PARTIAL_PROBE_MIN_BATCH;
 use specrs_core::width::{AdaptiveWidthController, VerifyWidthSchedule};
@@ -32,6 +33,11 @@ pub struct EngineWidthPolicy {
     /// The width the policy chose for the last step when copied drafts widened it: what the
     /// adaptive controller should learn from (its acceptance), not the step's cost.
     pub widened_from: Option<usize>,
+    /// Rows the last drafting asked for model drafts that came back with none (the confidence
+    /// cut stopped them at their first draft). The next pure step verifies nothing for them,
+    /// yet they paid for drafting and return one token: the adaptive controller counts them
+    /// as verified rows that accepted nothing ([`Self::controller_observation`]).
+    pub drafted_nothing: usize,
 }
 
 impl EngineWidthPolicy {
@@ -76,6 +82,24 @@ impl EngineWidthPolicy {
     /// it took batch 32 from 0.93x to 0.86x of plain decoding on chat prompts).
     pub fn copy_width(&self, decode_rows: usize, copyable: usize) -> usize {
         if matches!(self.mode, WidthMode::Off) || decode_rows >= PARTIAL_PROBE_MIN_BATCH { 0 } else { copyable }
+    }
+
+    /// What the adaptive controller learns from a pure step that verified `width` drafts per
+    /// row: acceptance by position over every row that asked for drafts, and that row count.
+    ///
+    /// The controller's rate model gives each row `1 + Σ p_k` tokens per step at a width, so
+    /// `p_k` must be a share of the rows that drafted for it, not of the rows that still had
+    /// drafts after the confidence cut: counted over the survivors alone, the acceptance of the
+    /// confident rows was credited to every row, a probe of a large batch looked worth leaving
+    /// plain steps for, and batch 32 fell to 0.86x of plain decoding.
+    pub fn controller_observation(&mut self, stats: &SpecDecodeStats, width: usize) -> (Vec<u64>, u64) {
+        let cut = std::mem::take(&mut self.drafted_nothing) as u64;
+        let mut accepted = stats.accepted_per_position.clone();
+        if accepted.len() < width {
+            // A step whose rows were all cut recorded no positions: they accepted nothing.
+            accepted.resize(width, 0);
+        }
+        (accepted, stats.num_drafts + cut)
     }
 
     pub fn controller(&mut self) -> Option<&mut AdaptiveWidthController> {
@@ -131,6 +155,7 @@ mod tests {
             planned: None,
             copied: 0,
             widened_from: None,
+            drafted_nothing: 0,
         }
     }
 
@@ -211,6 +236,33 @@ mod tests {
     }
 
     #[test]
+    fn rows_cut_to_nothing_count_as_verified_rows_that_accepted_nothing() {
+        let mut p = adaptive_policy();
+        p.drafted_nothing = 6;
+        // Two rows kept drafts: both accepted the first, one the second.
+        let mut stats = SpecDecodeStats::new();
+        stats.record_row(2, 2);
+        stats.record_row(2, 1);
+        assert_eq!(p.controller_observation(&stats, 2), (vec![2, 1], 8));
+        assert_eq!(p.drafted_nothing, 0, "the count serves one step");
+        assert_eq!(p.controller_observation(&stats, 2), (vec![2, 1], 2));
+    }
+
+    #[test]
+    fn a_step_whose_rows_were_all_cut_is_timed_at_its_width() {
+        let mut p = adaptive_policy();
+        p.drafted_nothing = 1;
+        let (accepted, rows) = p.controller_observation(&SpecDecodeStats::new(), 2);
+        assert_eq!((accepted.as_slice(), rows), (&[0, 0][..], 1));
+        let c = p.controller().unwrap();
+        c.record_step(1, 2, &accepted, rows, Some(0.013));
+        // Timed as what it was, a width-2 step that drafted and verified nothing, and its
+        // acceptance is a row that accepted nothing.
+        assert_eq!(c.step_time(0, 2), 0.013);
+        assert_eq!(c.acceptance_estimate(), vec![0.0, 0.0]);
+    }
+
+    #[test]
     fn only_adaptive_plain_steps_plan_ahead() {
         let mut p = EngineWidthPolicy {
             mode: WidthMode::Fixed(3),
@@ -220,6 +272,7 @@ mod tests {
             planned: None,
             copied: 0,
             widened_from: None,
+            drafted_nothing: 0,
         };
         assert_eq!(p.plan_next_pure_step(8), None);
         assert_eq!(p.step_width(8, false), 3);
