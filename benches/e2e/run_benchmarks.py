@@ -232,6 +232,29 @@ def _mem_total_gib() -> float:
     return float("nan")
 
 
+def cpu_times() -> list[int] | None:
+    """The aggregate ``cpu`` line of ``/proc/stat`` (user, nice, system, idle, iowait, irq,
+    softirq, steal, ...), in clock ticks; ``None`` where there is none."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("cpu "):
+                return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def steal_share(start: list[int] | None, end: list[int] | None) -> float | None:
+    """Share of the CPU time between two :func:`cpu_times` readings that the hypervisor gave
+    to other guests (the ``steal`` field). On a shared VM this is what makes one repetition
+    slower than the next; a run with a large share has wide ranges even where its
+    side-by-side ratios hold."""
+    if start is None or end is None or len(start) < 8 or len(end) < 8:
+        return None
+    total = sum(end[:8]) - sum(start[:8])
+    return (end[7] - start[7]) / total if total > 0 else None
+
+
 def _git(*args: str) -> str:
     out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
     return out.stdout.strip()
@@ -249,6 +272,7 @@ def machine_facts() -> dict[str, Any]:
         "bandwidth_gbs": memory_bandwidth_gbs(),
         "gemm_gflops": gemm_gflops(),
         "loadavg_start": os.getloadavg(),
+        "cpu_times_start": cpu_times(),
         "python": platform.python_version(),
         "kernel": platform.release(),
         "commit": commit + (" (with uncommitted changes)" if dirty else ""),
@@ -1230,11 +1254,14 @@ def header_lines(ctx: dict[str, Any]) -> list[str]:
     """Title, command line, machine facts and how the work was defined."""
     args, facts = ctx["args"], ctx["facts"]
     load_end = os.getloadavg()[0]
+    steal = steal_share(facts["cpu_times_start"], cpu_times())
+    stolen = "steal time unknown" if steal is None else f"{steal:.0%} of CPU time stolen by the hypervisor"
     machine = (
         f"Machine: {facts['nproc']} cores ({facts['cpu']}; {facts['cpu_flags']}), "
         f"{facts['mem_gib']:.0f} GiB; memory read {facts['bandwidth_gbs']:.1f} GB/s (numpy sum over "
         f"256 MB, best of 5); f32 SGEMM {facts['gemm_gflops']:.0f} GFLOP/s (numpy 2048³, best of 3); "
         f"load average {facts['loadavg_start'][0]:.1f} at start, {load_end:.1f} at end; "
+        f"{stolen} over the run (/proc/stat); "
         f"Linux {facts['kernel']}, Python {facts['python']}; spec-rs {facts['commit']}."
     )
     work = (
