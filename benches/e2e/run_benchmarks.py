@@ -14,7 +14,9 @@ docs/BENCHMARKS.md unless ``--output`` says otherwise) plus PNG plots:
 * **Peers**, each installed on demand from PyPI into its own environment (see peers.py):
   llama.cpp through llama-cpp-python on the same GGUF (plain and prompt-lookup decoding),
   mistral.rs on the GGUF dequantized to f32 safetensors, HF transformers (plain,
-  ``prompt_lookup_num_tokens`` and assisted generation when an assistant is given).
+  ``prompt_lookup_num_tokens`` and assisted generation when an assistant is given). With
+  several repetitions the systems take turns: each repetition runs spec-rs, then every peer
+  (``--no-interleave`` runs all of spec-rs's repetitions first).
 * **Step costs** from the ``decode_speed`` example: forward steps/s at 1 and K+1 tokens per
   step, prefill tokens/s and batch 8 / 32 decode throughput, the f32 memory-bandwidth roofline
   and the speedup synthetic acceptance can reach given those step costs.
@@ -306,6 +308,9 @@ class Row:
     drafts: int = 0
     accepted: int = 0
     error: str | None = None
+    #: Its repetitions ran in turn with every other system's (``run_interleaved``): the i-th
+    #: repetitions of two such rows were measured minutes apart, not a whole run apart.
+    interleaved: bool = False
 
     @property
     def median(self) -> float | None:
@@ -911,12 +916,15 @@ OWN_PLAIN = {
 
 
 def ratio(a: Row | None, b: Row | None) -> float | None:
-    """`a`'s speed over `b`'s. Two spec-rs rows ran interleaved, repetition by repetition (see
-    ``specrs_worker``): the median of their per-repetition ratios, so a slow stretch of the
-    machine that hit both cancels out. Otherwise the ratio of the medians."""
+    """`a`'s speed over `b`'s. Two rows whose repetitions ran side by side (two spec-rs
+    configurations, interleaved prompt by prompt in one process, see ``specrs_worker``; or any
+    two systems of a run that took turns repetition by repetition, see ``run_interleaved``):
+    the median of their per-repetition ratios, so a slow stretch of the machine that hit both
+    cancels out. Otherwise the ratio of the medians."""
     if a is None or b is None or not a.median or not b.median:
         return None
-    if a.system == b.system == "spec-rs" and len(a.tps) == len(b.tps):
+    side_by_side = a.system == b.system == "spec-rs" or (a.interleaved and b.interleaved)
+    if side_by_side and len(a.tps) == len(b.tps):
         return statistics.median(x / y for x, y in zip(a.tps, b.tps, strict=True))
     return a.median / b.median
 
@@ -1273,8 +1281,14 @@ def header_lines(ctx: dict[str, Any]) -> list[str]:
         "untimed warm-up generation per system. The spec-rs configurations run interleaved in one "
         "process (each prompt and batch by every configuration in turn), so their ratios to each "
         "other (x own plain, x plain at this batch) are medians of per-repetition ratios measured "
-        "side by side; peers run before or after them (ratios of medians). "
-        f"Model: `{ctx['gguf']}`. spec-rs speculative rows use "
+        "side by side; "
+        + (
+            "the peers take turns with them, repetition by repetition (each repetition runs spec-rs, "
+            "then every peer), so ratios to a peer are medians of per-repetition ratios too. "
+            if args.interleave and args.repeats > 1 and {"llama", "mistralrs", "hf"} & set(args.systems)
+            else "peers run before or after them (ratios of medians). "
+        )
+        + f"Model: `{ctx['gguf']}`. spec-rs speculative rows use "
         f"dtype `{args.spec_dtype}`; EAGLE-3 draft: `{args.eagle_draft}`."
     )
     title = f"## {ctx['stamp']} — end-to-end benchmark{' (quick smoke run)' if args.quick else ''}"
@@ -1525,6 +1539,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--step-tokens", type=int, default=64, help="decode_speed steps per measurement")
     p.add_argument("--no-build", action="store_true", help="use the existing decode_speed binary")
+    p.add_argument(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with peers and several repetitions, run every system once per repetition in turn, so "
+        "ratios to a peer are medians of per-repetition ratios (default: on)",
+    )
     p.add_argument("--job-timeout", type=float, default=3600, help="seconds per measurement subprocess")
     p.add_argument(
         "--output",
@@ -1570,6 +1591,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_all(args, argv, gguf_path, items)
 
 
+def run_interleaved(
+    args: argparse.Namespace,
+    gguf_path: str,
+    items: list[dict[str, Any]],
+    prompts_file: Path,
+    work: Path,
+    notes: list[str],
+) -> tuple[list[Row], dict[str, Any]]:
+    """Every selected system once per repetition, in turn: spec-rs (its configurations
+    interleaved as ever), then each peer, then the next repetition.
+
+    On a shared machine a peer measured a whole run after spec-rs can meet a different
+    neighbour: the ratio of medians then carries that difference (on one 2-core VM the
+    hypervisor took 30% of the CPU time during a measurement and under 1% minutes before,
+    see the steal share in the machine line). Taking turns keeps a
+    repetition's measurements minutes apart, and the ratios to a peer become medians of
+    per-repetition ratios. Each repetition loads every system again, which costs seconds.
+    """
+    once = argparse.Namespace(**{**vars(args), "repeats": 1})
+    merged: dict[str, dict[str, Any]] = {}
+    first_rows: dict[str, Row] = {}
+    failures: dict[str, list[Row]] = {}
+    for rep in range(args.repeats):
+        rep_dir = work / f"repeat-{rep}"
+        rep_dir.mkdir(parents=True, exist_ok=True)
+        print(f"repetition {rep + 1} of {args.repeats}", flush=True)
+        rows: list[Row] = []
+        raw: dict[str, Any] = {}
+        if "specrs" in args.systems:
+            r, w = run_specrs(once, items, prompts_file, rep_dir)
+            rows, raw = rows + r, {**raw, **w}
+        if {"llama", "mistralrs", "hf"} & set(args.systems):
+            r, w = run_peers(once, gguf_path, items, prompts_file, rep_dir, notes if rep == 0 else [])
+            rows, raw = rows + r, {**raw, **w}
+        for row in rows:
+            first_rows.setdefault(row.key, row)
+            if row.error:
+                failures.setdefault(row.key, []).append(row)
+        for key, result in raw.items():
+            runs = [{**run, "repeat": rep} for run in result["runs"]]
+            if key in merged:
+                merged[key]["runs"] += runs
+            else:
+                merged[key] = {**result, "runs": runs}
+    sets = _sets(items)
+    out: list[Row] = []
+    for key, first in first_rows.items():
+        if key in failures or key not in merged:
+            # A system that failed in any repetition reports that failure, not a partial median.
+            out += failures.get(key, [first])
+            continue
+        system = first.system
+        for row in rows_from_runs(key, system, first.method, first.weights, merged[key]["runs"], sets):
+            row.interleaved = True
+            out.append(row)
+    return out, merged
+
+
 def run_all(args: argparse.Namespace, argv: list[str], gguf_path: str, items: list[dict[str, Any]]) -> int:
     """The measured run: every selected system, then the Markdown section and the plots."""
     now = dt.datetime.now(dt.UTC)
@@ -1583,12 +1662,16 @@ def run_all(args: argparse.Namespace, argv: list[str], gguf_path: str, items: li
     facts = machine_facts()
     rows: list[Row] = []
     raw: dict[str, Any] = {}
-    if "specrs" in args.systems:
-        r, w = run_specrs(args, items, prompts_file, work)
-        rows, raw = rows + r, {**raw, **w}
-    if {"llama", "mistralrs", "hf"} & set(args.systems):
-        r, w = run_peers(args, gguf_path, items, prompts_file, work, notes)
-        rows, raw = rows + r, {**raw, **w}
+    with_peers = bool({"llama", "mistralrs", "hf"} & set(args.systems))
+    if args.interleave and with_peers and args.repeats > 1:
+        rows, raw = run_interleaved(args, gguf_path, items, prompts_file, work, notes)
+    else:
+        if "specrs" in args.systems:
+            r, w = run_specrs(args, items, prompts_file, work)
+            rows, raw = rows + r, {**raw, **w}
+        if with_peers:
+            r, w = run_peers(args, gguf_path, items, prompts_file, work, notes)
+            rows, raw = rows + r, {**raw, **w}
     costs: list[StepCost] = []
     step_errors: list[str] = []
     if "steps" in args.systems:
