@@ -33,10 +33,12 @@ pub struct EngineWidthPolicy {
     /// The width the policy chose for the last step when copied drafts widened it: what the
     /// adaptive controller should learn from (its acceptance), not the step's cost.
     pub widened_from: Option<usize>,
-    /// Rows the last drafting asked for model drafts that came back with none (the confidence
-    /// cut stopped them at their first draft). The next pure step verifies nothing for them,
-    /// yet they paid for drafting and return one token: the adaptive controller counts them
-    /// as verified rows that accepted nothing ([`Self::controller_observation`]).
+    /// Rows the last drafting asked for drafts that came back with none: the confidence cut
+    /// stopped them before their first draft, or an n-gram lookup found no match. The next
+    /// pure step verifies nothing for them and they return one token each, whatever their
+    /// drafting cost: the adaptive controller counts them as verified rows that accepted
+    /// nothing ([`Self::controller_observation`]), so its acceptance is a share of the rows
+    /// that drafted, as its rate model assumes, and its step times include theirs.
     pub drafted_nothing: usize,
 }
 
