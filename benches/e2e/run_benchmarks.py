@@ -1591,6 +1591,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_all(args, argv, gguf_path, items)
 
 
+def run_systems(
+    args: argparse.Namespace,
+    gguf_path: str,
+    items: list[dict[str, Any]],
+    prompts_file: Path,
+    work: Path,
+    notes: list[str],
+) -> tuple[list[Row], dict[str, Any]]:
+    """Every selected system, ``args.repeats`` repetitions each: spec-rs, then the peers."""
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    if "specrs" in args.systems:
+        r, w = run_specrs(args, items, prompts_file, work)
+        rows, raw = rows + r, {**raw, **w}
+    if {"llama", "mistralrs", "hf"} & set(args.systems):
+        r, w = run_peers(args, gguf_path, items, prompts_file, work, notes)
+        rows, raw = rows + r, {**raw, **w}
+    return rows, raw
+
+
 def run_interleaved(
     args: argparse.Namespace,
     gguf_path: str,
@@ -1617,14 +1637,7 @@ def run_interleaved(
         rep_dir = work / f"repeat-{rep}"
         rep_dir.mkdir(parents=True, exist_ok=True)
         print(f"repetition {rep + 1} of {args.repeats}", flush=True)
-        rows: list[Row] = []
-        raw: dict[str, Any] = {}
-        if "specrs" in args.systems:
-            r, w = run_specrs(once, items, prompts_file, rep_dir)
-            rows, raw = rows + r, {**raw, **w}
-        if {"llama", "mistralrs", "hf"} & set(args.systems):
-            r, w = run_peers(once, gguf_path, items, prompts_file, rep_dir, notes if rep == 0 else [])
-            rows, raw = rows + r, {**raw, **w}
+        rows, raw = run_systems(once, gguf_path, items, prompts_file, rep_dir, notes if rep == 0 else [])
         for row in rows:
             first_rows.setdefault(row.key, row)
             if row.error:
@@ -1660,18 +1673,9 @@ def run_all(args: argparse.Namespace, argv: list[str], gguf_path: str, items: li
     notes: list[str] = []
     print(f"measuring machine facts; raw results go to {work}", flush=True)
     facts = machine_facts()
-    rows: list[Row] = []
-    raw: dict[str, Any] = {}
     with_peers = bool({"llama", "mistralrs", "hf"} & set(args.systems))
-    if args.interleave and with_peers and args.repeats > 1:
-        rows, raw = run_interleaved(args, gguf_path, items, prompts_file, work, notes)
-    else:
-        if "specrs" in args.systems:
-            r, w = run_specrs(args, items, prompts_file, work)
-            rows, raw = rows + r, {**raw, **w}
-        if with_peers:
-            r, w = run_peers(args, gguf_path, items, prompts_file, work, notes)
-            rows, raw = rows + r, {**raw, **w}
+    run = run_interleaved if args.interleave and with_peers and args.repeats > 1 else run_systems
+    rows, raw = run(args, gguf_path, items, prompts_file, work, notes)
     costs: list[StepCost] = []
     step_errors: list[str] = []
     if "steps" in args.systems:
