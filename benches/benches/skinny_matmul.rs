@@ -2,7 +2,8 @@
 //! hidden 576, intermediate 1536, vocab 49152), for the row counts of decoding (m = 1) and of
 //! verifying drafts (m = K + 1): candle's `QMatMul::forward` against
 //! `specrs_models::skinny_quant::matmul_t` (GGUF layout) and `specrs_models::packed_quant`
-//! (tiles of 16 rows, where the CPU has AVX-512 VNNI), with Q8_0, Q4_0 and Q4_1 weights.
+//! (tiles of 16 rows: AVX-512 VNNI where the CPU has it, AVX2 otherwise), with Q8_0, Q4_0 and
+//! Q4_1 weights.
 //!
 //! Decoding streams the whole model (about 145 MB in Q8_0) from memory every step, far more than
 //! the 32 MB L3, so each iteration uses the next of enough copies of the weight to stay out of

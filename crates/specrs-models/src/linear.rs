@@ -13,14 +13,14 @@ use crate::packed_quant::PackedQ;
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
     Quantized(QMatMul),
-    /// GGUF blocks repacked for this CPU's AVX-512 VNNI kernels ([`crate::packed_quant`]).
+    /// GGUF blocks repacked for the tiled AVX2 / AVX-512 VNNI kernels ([`crate::packed_quant`]).
     Packed(Arc<PackedQ>),
     Dense(Tensor),
 }
 
 impl LinearWeight {
     /// The weight in the layout this CPU multiplies fastest: GGUF Q8_0 / Q4_0 / Q4_1 weights on
-    /// a CPU with AVX-512 VNNI become [`LinearWeight::Packed`]; anything else is returned as is.
+    /// an x86-64-v3 build become [`LinearWeight::Packed`]; anything else is returned as is.
     pub fn packed_for_cpu(self) -> Result<Self> {
         if let Self::Quantized(QMatMul::QTensor(q)) = &self
             && let Some(p) = PackedQ::pack(q)?

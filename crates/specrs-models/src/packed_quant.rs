@@ -1,5 +1,5 @@
-//! GGUF weights repacked at load time for AVX-512 VNNI: `x [m, k] · wᵀ` with 16 output columns
-//! per instruction instead of one.
+//! GGUF weights repacked at load time into tiles of 16 rows: `x [m, k] · wᵀ` with 16 output
+//! columns per instruction on AVX-512 VNNI, 8 on AVX2, instead of one.
 //!
 //! [`crate::skinny_quant`] reads the GGUF blocks as stored (one weight row after another), so
 //! each `vpdpbusd` yields partial sums of a single output, which must be converted, scaled and
@@ -26,6 +26,14 @@
 //! i32 accumulator instead of costing an instruction; Q4_1's offsets add `m_w · d_x · Σq_x`.
 //! Each output is summed over its blocks in order, the same whatever `m` is and whichever other
 //! rows share the call, so verification stays bit-identical to plain decoding.
+//!
+//! CPUs without VNNI (AVX2 only, e.g. AMD Zen 3) take each tile as two halves of 8 columns, one
+//! 256-bit register each: `vpmaddubsw` multiplies a group of 4 quants of 8 columns by the
+//! broadcast activation bytes into i16 pair sums, which a block's 8 groups add up in i16 (Q4
+//! nibbles keep that exact) before one `vpmaddwd` widens them to i32. The block is then scaled
+//! with the very operations of the VNNI kernel, so both give the same bits. Against the
+//! row-major AVX2 kernel this shares each block's unpacking and scale conversion among 8
+//! columns: the SmolLM2 Q4_1 forward went from ~12 to ~7 ms at m = 1 on a 2-core Zen 3.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Result, Tensor};
@@ -150,7 +158,7 @@ impl PackedQ {
     /// `x [m, k] · wᵀ -> [m, n]` for f32 `x` on the CPU; `None` for other operands.
     pub fn matmul_t(&self, x: &Tensor) -> Result<Option<Tensor>> {
         #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
-        return x86::matmul_t(self, x);
+        return x86::matmul_t(self, x, x86::Isa::detect());
         #[cfg(not(all(
             target_arch = "x86_64",
             target_feature = "avx2",
@@ -164,14 +172,10 @@ impl PackedQ {
     }
 }
 
-/// Whether this CPU runs the packed kernels (and this build has them: x86-64-v3 or later).
+/// Whether this build runs the packed kernels: x86-64-v3 or later, whose AVX2 kernels every such
+/// CPU runs (and AVX-512 VNNI ones, picked at run time, where the CPU has them).
 pub fn cpu_supported() -> bool {
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
-    return is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vnni");
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
-    false
+    cfg!(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -339,7 +343,39 @@ mod x86 {
         }
     }
 
-    pub(super) fn matmul_t(w: &PackedQ, x: &Tensor) -> Result<Option<Tensor>> {
+    /// The kernels a call runs.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Isa {
+        /// `vpmaddubsw` on 8 columns per 256-bit register: every x86-64-v3 CPU.
+        Avx2,
+        /// `vpdpbusd` on 16 columns per 512-bit register.
+        Avx512Vnni,
+    }
+
+    impl Isa {
+        /// The fastest this CPU runs (the answer is cached by `std`).
+        pub(super) fn detect() -> Self {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                Self::Avx512Vnni
+            } else {
+                Self::Avx2
+            }
+        }
+
+        /// Every kernel set this CPU runs, for tests that compare them.
+        #[cfg(test)]
+        pub(super) fn supported() -> Vec<Self> {
+            match Self::detect() {
+                Self::Avx512Vnni => vec![Self::Avx2, Self::Avx512Vnni],
+                Self::Avx2 => vec![Self::Avx2],
+            }
+        }
+    }
+
+    pub(super) fn matmul_t(w: &PackedQ, x: &Tensor, isa: Isa) -> Result<Option<Tensor>> {
         if !x.device().is_cpu() || x.dtype() != DType::F32 || x.rank() != 2 {
             return Ok(None);
         }
@@ -367,14 +403,17 @@ mod x86 {
         let out_ptr = ColumnOutput { ptr: out.as_mut_ptr(), n: w.n };
         let run = |task: usize| {
             let tiles = task * tiles_per_task..tiles.min((task + 1) * tiles_per_task);
-            // SAFETY: `pack` only builds a `PackedQ` where `cpu_supported()`; the tiles lie in
-            // `w.bytes`, `acts` holds m rows of `k` values, and this task alone writes the
-            // columns of its tiles.
+            // SAFETY: this module is compiled for x86-64-v3 (AVX2) and `Isa::Avx512Vnni` exists
+            // only on CPUs that run it; the tiles lie in `w.bytes`, `acts` holds m rows of `k`
+            // values, and this task alone writes the columns of its tiles.
             unsafe {
-                match format {
-                    Format::Q8_0 => tiles_vnni::<Q8_0>(w, &acts, m, tiles, out_ptr),
-                    Format::Q4_0 => tiles_vnni::<Q4_0>(w, &acts, m, tiles, out_ptr),
-                    Format::Q4_1 => tiles_vnni::<Q4_1>(w, &acts, m, tiles, out_ptr),
+                match (isa, format) {
+                    (Isa::Avx2, Format::Q8_0) => tiles_avx2::<Q8_0>(w, &acts, m, tiles, out_ptr),
+                    (Isa::Avx2, Format::Q4_0) => tiles_avx2::<Q4_0>(w, &acts, m, tiles, out_ptr),
+                    (Isa::Avx2, Format::Q4_1) => tiles_avx2::<Q4_1>(w, &acts, m, tiles, out_ptr),
+                    (Isa::Avx512Vnni, Format::Q8_0) => tiles_vnni::<Q8_0>(w, &acts, m, tiles, out_ptr),
+                    (Isa::Avx512Vnni, Format::Q4_0) => tiles_vnni::<Q4_0>(w, &acts, m, tiles, out_ptr),
+                    (Isa::Avx512Vnni, Format::Q4_1) => tiles_vnni::<Q4_1>(w, &acts, m, tiles, out_ptr),
                 }
             }
         };
@@ -445,6 +484,235 @@ mod x86 {
         unsafe fn unpack(p: *const u8) -> [__m512i; 8] {
             // SAFETY: forwarded.
             unsafe { unpack_nibbles(p) }
+        }
+    }
+
+    /// Columns per 256-bit register: half a tile.
+    const HALF: usize = TILE / 2;
+
+    /// Activation rows per AVX2 register tile: their accumulators and the 8 registers of an
+    /// unpacked half tile block fill the 16 ymm registers.
+    const AVX2_ROWS: usize = 4;
+
+    /// How the AVX2 kernels multiply half a tile block (8 columns, 8 groups of 4 quants each) by
+    /// one activation block. `vpmaddubsw` sums pairs of byte products into saturating i16
+    /// lanes, so the unsigned operand must keep those pairs in range: nibbles (`0..=15`) do, and
+    /// 8 groups of them still fit one i16 lane before a `vpmaddwd` widens them; Q8_0's stored
+    /// `q + 128` does not, so its quants are signed again and multiplied with the sign trick.
+    trait Avx2Block: TileBlock {
+        /// The half's quants as the dot products want them, shared by every activation row.
+        type Half: Copy;
+
+        /// The dot product is `Σ q · x` of the signed values, so the activation's start term
+        /// (which undoes the unsigned storage) is not added.
+        const SIGNED: bool = false;
+
+        /// # Safety
+        /// `p` points to the quants of a tile block; AVX2 is available.
+        unsafe fn load_half(p: *const u8, half: usize) -> Self::Half;
+
+        /// Per column (lane), the exact i32 dot product of its 32 quants with the activation
+        /// block at `x` (32 signed bytes), as stored (before the start term).
+        ///
+        /// # Safety
+        /// `x` points to 32 readable bytes; AVX2 is available.
+        unsafe fn dot(w: &Self::Half, x: *const u8) -> __m256i;
+    }
+
+    /// Group `g` (4 bytes) of an activation block in every lane.
+    #[inline(always)]
+    unsafe fn broadcast_group(x: *const u8, g: usize) -> __m256i {
+        // SAFETY: the caller guarantees the block's 32 bytes.
+        unsafe { _mm256_set1_epi32(x.add(4 * g).cast::<i32>().read_unaligned()) }
+    }
+
+    /// The 8 nibble groups of half a Q4 tile block: low nibbles of register `i` are group `i`,
+    /// high nibbles group `i + 4`.
+    #[inline(always)]
+    unsafe fn nibble_half(p: *const u8, half: usize) -> [__m256i; 8] {
+        // SAFETY: 4 registers of 64 bytes follow `p`; AVX2 is available.
+        unsafe {
+            let low = _mm256_set1_epi8(0x0F);
+            let v: [__m256i; 4] = std::array::from_fn(|i| _mm256_loadu_si256(p.add(i * 64 + half * 32).cast()));
+            std::array::from_fn(|g| {
+                if g < 4 {
+                    _mm256_and_si256(v[g], low)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), low)
+                }
+            })
+        }
+    }
+
+    /// `Σ_g maddubs(w_g, x_g)` in i16 lanes (each pair at most 2 · 15 · 127, 8 groups at most
+    /// 30480), widened to one i32 per column.
+    #[inline(always)]
+    unsafe fn nibble_dot(w: &[__m256i; 8], x: *const u8) -> __m256i {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let mut pairs = _mm256_setzero_si256();
+            for (g, &w_g) in w.iter().enumerate() {
+                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w_g, broadcast_group(x, g)));
+            }
+            _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+        }
+    }
+
+    impl Avx2Block for Q8_0 {
+        /// Per group, the signed quants and their absolute values.
+        type Half = ([__m256i; 8], [__m256i; 8]);
+        const SIGNED: bool = true;
+
+        #[inline(always)]
+        unsafe fn load_half(p: *const u8, half: usize) -> Self::Half {
+            // SAFETY: 8 registers of 64 bytes follow `p`; AVX2 is available.
+            unsafe {
+                let signed: [__m256i; 8] = std::array::from_fn(|g| {
+                    _mm256_xor_si256(_mm256_loadu_si256(p.add(g * 64 + half * 32).cast()), _mm256_set1_epi8(i8::MIN))
+                });
+                (signed, signed.map(|w| _mm256_abs_epi8(w)))
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn dot((signed, abs): &Self::Half, x: *const u8) -> __m256i {
+            // SAFETY: forwarded from the caller. `|w| · sign(x, w)` pairs stay within
+            // 2 · 128 · 127, so each group widens to i32 before the next is added.
+            unsafe {
+                let ones = _mm256_set1_epi16(1);
+                let mut sum = _mm256_setzero_si256();
+                for g in 0..8 {
+                    let products = _mm256_maddubs_epi16(abs[g], _mm256_sign_epi8(broadcast_group(x, g), signed[g]));
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(products, ones));
+                }
+                sum
+            }
+        }
+    }
+
+    impl Avx2Block for Q4_0 {
+        type Half = [__m256i; 8];
+
+        #[inline(always)]
+        unsafe fn load_half(p: *const u8, half: usize) -> Self::Half {
+            // SAFETY: forwarded.
+            unsafe { nibble_half(p, half) }
+        }
+
+        #[inline(always)]
+        unsafe fn dot(w: &Self::Half, x: *const u8) -> __m256i {
+            // SAFETY: forwarded.
+            unsafe { nibble_dot(w, x) }
+        }
+    }
+
+    impl Avx2Block for Q4_1 {
+        type Half = [__m256i; 8];
+
+        #[inline(always)]
+        unsafe fn load_half(p: *const u8, half: usize) -> Self::Half {
+            // SAFETY: forwarded.
+            unsafe { nibble_half(p, half) }
+        }
+
+        #[inline(always)]
+        unsafe fn dot(w: &Self::Half, x: *const u8) -> __m256i {
+            // SAFETY: forwarded.
+            unsafe { nibble_dot(w, x) }
+        }
+    }
+
+    /// Every activation row against the tiles `tiles`, `AVX2_ROWS` rows at a time.
+    ///
+    /// # Safety
+    /// `tiles` lie within `w`, `acts` holds `m` rows of `w.k` values, and no other thread
+    /// writes the columns of `tiles`.
+    unsafe fn tiles_avx2<B: Avx2Block>(
+        w: &PackedQ,
+        acts: &Activations,
+        m: usize,
+        tiles: std::ops::Range<usize>,
+        out: ColumnOutput,
+    ) {
+        let blocks = w.k / QK;
+        assert!(tiles.end * blocks * B::BYTES <= w.bytes.len() && acts.qs.len() == m * acts.k);
+        for t in tiles {
+            let valid = (w.n - t * TILE).min(TILE);
+            // SAFETY: tile `t` lies within `w.bytes` (asserted above); each call covers rows
+            // `row..row + R` with `row + R <= m`.
+            unsafe {
+                let tile = w.bytes.as_ptr().add(t * blocks * B::BYTES);
+                let mut row = 0;
+                while m - row >= AVX2_ROWS {
+                    tile_rows_avx2::<B, AVX2_ROWS>(tile, blocks, acts, row, t * TILE, valid, out);
+                    row += AVX2_ROWS;
+                }
+                match m - row {
+                    1 => tile_rows_avx2::<B, 1>(tile, blocks, acts, row, t * TILE, valid, out),
+                    2 => tile_rows_avx2::<B, 2>(tile, blocks, acts, row, t * TILE, valid, out),
+                    3 => tile_rows_avx2::<B, 3>(tile, blocks, acts, row, t * TILE, valid, out),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// `out[row + r][col..col + valid]` for `R` activation rows against one tile, its two halves
+    /// in turn within each block (so the tile is read once, as one forward stream), with the
+    /// same operations in the same order as [`tile_rows`]: the two instruction sets give the
+    /// same bits.
+    ///
+    /// # Safety
+    /// As [`tiles_avx2`]; `tile` points to a whole tile and rows `row..row + R` exist.
+    #[inline(always)]
+    unsafe fn tile_rows_avx2<B: Avx2Block, const R: usize>(
+        tile: *const u8,
+        blocks: usize,
+        acts: &Activations,
+        row: usize,
+        col: usize,
+        valid: usize,
+        out: ColumnOutput,
+    ) {
+        // SAFETY: block `b < blocks` lies within the tile; activation row `row + r` has `k`
+        // quants and `blocks` scales; AVX2, FMA and F16C are compiled in.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); R]; 2];
+            for b in 0..blocks {
+                let block = tile.add(b * B::BYTES);
+                let mut line = 0;
+                while line < B::BYTES {
+                    _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_BYTES + line).cast());
+                    line += 64;
+                }
+                for (half, acc) in acc.iter_mut().enumerate() {
+                    let d_w = _mm256_cvtph_ps(_mm_loadu_si128(block.add(2 * HALF * half).cast()));
+                    let m_w = if B::HAS_OFFSET {
+                        _mm256_cvtph_ps(_mm_loadu_si128(block.add(2 * TILE + 2 * HALF * half).cast()))
+                    } else {
+                        _mm256_setzero_ps()
+                    };
+                    let w = B::load_half(block.add(B::QUANTS_AT), half);
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let i = (row + r) * blocks + b;
+                        let mut dot = B::dot(&w, acts.qs.as_ptr().add(i * QK));
+                        if !B::SIGNED {
+                            dot = _mm256_add_epi32(_mm256_set1_epi32(*acts.start.get_unchecked(i)), dot);
+                        }
+                        let scale = _mm256_mul_ps(d_w, _mm256_set1_ps(*acts.d.get_unchecked(i)));
+                        *acc_r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc_r);
+                        if B::HAS_OFFSET {
+                            *acc_r = _mm256_fmadd_ps(m_w, _mm256_set1_ps(*acts.ds.get_unchecked(i)), *acc_r);
+                        }
+                    }
+                }
+            }
+            let mut lanes = [0f32; TILE];
+            for (r, (&low, &high)) in acc[0].iter().zip(&acc[1]).enumerate() {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), low);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(HALF), high);
+                std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.ptr.add((row + r) * out.n + col), valid);
+            }
         }
     }
 
@@ -592,6 +860,32 @@ mod tests {
             .collect()
     }
 
+    /// `x · wᵀ` by each kernel set this CPU runs (AVX2, and AVX-512 VNNI where present).
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    fn products_by_isa(p: &PackedQ, x: &Tensor) -> Vec<(x86::Isa, Vec<Vec<f32>>)> {
+        x86::Isa::supported()
+            .into_iter()
+            .map(|isa| (isa, x86::matmul_t(p, x, isa).unwrap().expect("served").to_vec2::<f32>().unwrap()))
+            .collect()
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    #[test]
+    fn every_instruction_set_gives_the_same_bits_for_every_row_count() {
+        assert!(x86::Isa::supported().contains(&x86::Isa::Avx2), "every x86-64-v3 CPU runs the AVX2 kernels");
+        for dtype in DTYPES {
+            // 45 columns: two whole tiles and a tile of one whole half and a partial one.
+            let (_, p) = packed(dtype, 45, 160, 13).expect("served");
+            for m in [1, 3, 4, 5, 9] {
+                let x = tensor(m, 160, 200 + m as u64);
+                let by_isa = products_by_isa(&p, &x);
+                for (isa, got) in &by_isa[1..] {
+                    assert_eq!(got, &by_isa[0].1, "{dtype:?} m={m}: {isa:?} differs from {:?}", by_isa[0].0);
+                }
+            }
+        }
+    }
+
     #[test]
     fn matches_the_exact_quantized_product_candle_and_the_row_major_kernel_for_every_row_count() {
         if !cpu_supported() {
@@ -625,6 +919,58 @@ mod tests {
                             (g - s).abs() <= 1e-4 * (1.0 + s.abs()),
                             "{dtype:?} m={m} [{r},{c}]: {g} vs skinny {s}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX2 kernels sum byte products in saturating i16 lanes: the largest quants there are
+    /// (nibbles of 15, and Q8_0's -128, which candle never writes but GGUF files may hold)
+    /// against activations at ±127 must still give the exact product.
+    #[test]
+    fn extreme_quants_do_not_saturate() {
+        if !cpu_supported() {
+            return;
+        }
+        let (n, k) = (16, 64);
+        // Rows of one 0 then 1s: Q4 quants of 15 (Q4_1) or 0 / 15 (Q4_0, value -8 / 7).
+        let ramp: Vec<f32> = (0..n * k).map(|i| if i % k == 0 { 0.0 } else { 1.0 }).collect();
+        let ramp = Tensor::from_vec(ramp, (n, k), &Device::Cpu).unwrap();
+        // Q8_0 blocks written by hand: scale 1, quants alternating -128 and 127.
+        let q8_bytes: Vec<u8> = (0..n * k / QK)
+            .flat_map(|_| {
+                let scale = half::f16::ONE.to_le_bytes();
+                scale.into_iter().chain((0..QK).map(|j| if j % 2 == 0 { 0x80 } else { 0x7F }))
+            })
+            .collect();
+        let q8 = QTensor::new(
+            candle_core::quantized::QStorage::from_data(
+                std::borrow::Cow::Owned(q8_bytes),
+                &Device::Cpu,
+                GgmlDType::Q8_0,
+            )
+            .unwrap(),
+            (n, k),
+        )
+        .unwrap();
+        let weights = [
+            QTensor::quantize(&ramp, GgmlDType::Q4_1).unwrap(),
+            QTensor::quantize(&ramp, GgmlDType::Q4_0).unwrap(),
+            q8,
+        ];
+        for q in &weights {
+            let p = PackedQ::pack(q).unwrap().expect("served");
+            for sign in [1.0f32, -1.0] {
+                // Activations at ±127 after quantization, alternating like the Q8_0 weights or not.
+                let alternating: Vec<f32> = (0..k).map(|j| if j % 2 == 0 { -sign } else { sign }).collect();
+                let x = Tensor::from_vec([vec![sign; k], alternating].concat(), (2, k), &Device::Cpu).unwrap();
+                let want = exact(q, &x);
+                let got = p.matmul_t(&x).unwrap().expect("served").to_vec2::<f32>().unwrap();
+                for r in 0..2 {
+                    for c in 0..n {
+                        let (g, e) = (got[r][c] as f64, want[r][c]);
+                        assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "{:?} [{r},{c}]: {g} vs exact {e}", q.dtype());
                     }
                 }
             }

@@ -184,7 +184,7 @@ impl WeightStore {
             }
             None => q,
         };
-        // On a CPU with AVX-512 VNNI the blocks are repacked for its kernels (same bytes, same
+        // On x86-64-v3 CPUs the blocks are repacked for the tiled kernels (same bytes, same
         // values; see `packed_quant`).
         Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(move_qtensor(q, &self.device)?))?).packed_for_cpu()?)
     }
