@@ -503,9 +503,10 @@ mod x86 {
         /// The half's quants as the dot products want them, shared by every activation row.
         type Half: Copy;
 
-        /// The dot product is `Σ q · x` of the signed values, so the activation's start term
-        /// (which undoes the unsigned storage) is not added.
-        const SIGNED: bool = false;
+        /// Whether [`Self::dot`] still needs the activation's start term `-c · Σq_x`, which
+        /// undoes the unsigned storage: Q4_0's nibbles sit 8 above their values, while Q8_0's
+        /// quants are made signed again here and Q4_1's nibbles are their values (start 0).
+        const NEEDS_START: bool;
 
         /// # Safety
         /// `p` points to the quants of a tile block; AVX2 is available.
@@ -561,7 +562,7 @@ mod x86 {
     impl Avx2Block for Q8_0 {
         /// Per group, the signed quants and their absolute values.
         type Half = ([__m256i; 8], [__m256i; 8]);
-        const SIGNED: bool = true;
+        const NEEDS_START: bool = false;
 
         #[inline(always)]
         unsafe fn load_half(p: *const u8, half: usize) -> Self::Half {
@@ -592,6 +593,7 @@ mod x86 {
 
     impl Avx2Block for Q4_0 {
         type Half = [__m256i; 8];
+        const NEEDS_START: bool = true;
 
         #[inline(always)]
         unsafe fn load_half(p: *const u8, half: usize) -> Self::Half {
@@ -608,6 +610,7 @@ mod x86 {
 
     impl Avx2Block for Q4_1 {
         type Half = [__m256i; 8];
+        const NEEDS_START: bool = false;
 
         #[inline(always)]
         unsafe fn load_half(p: *const u8, half: usize) -> Self::Half {
@@ -696,7 +699,7 @@ mod x86 {
                     for (r, acc_r) in acc.iter_mut().enumerate() {
                         let i = (row + r) * blocks + b;
                         let mut dot = B::dot(&w, acts.qs.as_ptr().add(i * QK));
-                        if !B::SIGNED {
+                        if B::NEEDS_START {
                             dot = _mm256_add_epi32(_mm256_set1_epi32(*acts.start.get_unchecked(i)), dot);
                         }
                         let scale = _mm256_mul_ps(d_w, _mm256_set1_ps(*acts.d.get_unchecked(i)));
