@@ -343,37 +343,9 @@ mod x86 {
         }
     }
 
-    /// The kernels a call runs.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub(super) enum Isa {
-        /// `vpmaddubsw` on 8 columns per 256-bit register: every x86-64-v3 CPU.
-        Avx2,
-        /// `vpdpbusd` on 16 columns per 512-bit register.
-        Avx512Vnni,
-    }
-
-    impl Isa {
-        /// The fastest this CPU runs (the answer is cached by `std`).
-        pub(super) fn detect() -> Self {
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vnni")
-            {
-                Self::Avx512Vnni
-            } else {
-                Self::Avx2
-            }
-        }
-
-        /// Every kernel set this CPU runs, for tests that compare them.
-        #[cfg(test)]
-        pub(super) fn supported() -> Vec<Self> {
-            match Self::detect() {
-                Self::Avx512Vnni => vec![Self::Avx2, Self::Avx512Vnni],
-                Self::Avx2 => vec![Self::Avx2],
-            }
-        }
-    }
+    /// The kernels a call runs: `vpmaddubsw` on 8 columns per 256-bit register (every
+    /// x86-64-v3 CPU) or `vpdpbusd` on 16 columns per 512-bit register.
+    pub(super) use crate::simd::Isa;
 
     pub(super) fn matmul_t(w: &PackedQ, x: &Tensor, isa: Isa) -> Result<Option<Tensor>> {
         if !x.device().is_cpu() || x.dtype() != DType::F32 || x.rank() != 2 {

@@ -1,6 +1,7 @@
 //! Horizontal reductions of AVX registers and a vector `exp`, shared by the CPU kernels
 //! (`attention`, `activation`, `skinny`, `skinny_quant`). One definition keeps the summation
-//! order and the rounding, and so the kernels' bits, the same.
+//! order and the rounding, and so the kernels' bits, the same. Also the instruction sets the
+//! int8 kernels (`skinny_quant`, `packed_quant`) pick between at run time.
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx"))]
 use std::arch::x86_64::*;
@@ -73,5 +74,38 @@ mod tests {
         let v = unsafe { _mm256_loadu_ps(xs.as_ptr()) };
         assert_eq!(hsum(v), xs.iter().sum::<f32>());
         assert_eq!(hmax(v), 8.25);
+    }
+}
+
+/// The int8 dot-product instructions of the quantized CPU kernels.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// `vpmaddubsw`/`vpmaddwd`: always present, the crate is compiled for x86-64-v3.
+    Avx2,
+    /// `vpdpbusd`. Only [`Isa::detect`] constructs it, after checking the CPU, so holding one
+    /// proves the CPU has AVX-512 F/BW/VL and VNNI.
+    Avx512Vnni,
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+impl Isa {
+    /// The fastest set this CPU runs; called per matmul, so it allocates nothing (`std`
+    /// caches the feature detection).
+    pub(crate) fn detect() -> Self {
+        let vnni = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni");
+        if vnni { Self::Avx512Vnni } else { Self::Avx2 }
+    }
+
+    /// Every set this CPU runs, slowest first: for tests that compare the kernels.
+    #[cfg(test)]
+    pub(crate) fn supported() -> Vec<Self> {
+        match Self::detect() {
+            Self::Avx512Vnni => vec![Self::Avx2, Self::Avx512Vnni],
+            Self::Avx2 => vec![Self::Avx2],
+        }
     }
 }

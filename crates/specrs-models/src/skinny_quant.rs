@@ -85,31 +85,10 @@ mod x86 {
     /// call), small enough that the 576-row matrices still split evenly across the cores.
     const TASK_BYTES: usize = 48 * 1024;
 
-    /// The SIMD flavour of the dot products.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub(super) enum Isa {
-        /// `vpmaddubsw`/`vpmaddwd`: always present, the crate is compiled for x86-64-v3.
-        Avx2,
-        /// `vpdpbusd` on 256-bit registers. Only constructed by [`Isa::supported`], so holding
-        /// one proves the CPU has AVX-512 F/BW/VL and VNNI.
-        Avx512Vnni,
-    }
+    /// The SIMD flavour of the dot products (`vpdpbusd` here on 256-bit registers).
+    pub(super) use crate::simd::Isa;
 
     impl Isa {
-        /// The fastest flavour this CPU runs.
-        pub(super) fn detect() -> Self {
-            *Self::supported().last().expect("AVX2 is always supported")
-        }
-
-        /// Every flavour this CPU runs, slowest first.
-        pub(super) fn supported() -> Vec<Self> {
-            let vnni = is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512vnni");
-            if vnni { vec![Self::Avx2, Self::Avx512Vnni] } else { vec![Self::Avx2] }
-        }
-
         /// `vpdpbusd` multiplies unsigned by signed bytes: the activations are stored as
         /// `q + 128` for it and as plain `q` for the AVX2 sign trick.
         fn offset_activations(self) -> bool {
