@@ -440,6 +440,7 @@ impl Engine {
         let charged = self.next_step_draft_time.take().map(|d| forward_time + d);
         tracing::debug!(
             rows = rows.len(),
+            tokens = batch.num_tokens(),
             decode_rows = plan.decode.len(),
             mixed = plan.mixed,
             width = plan.verify_width,
