@@ -1,8 +1,9 @@
 //! The throughput-driven adaptive verify-width controller (`adaptive_speculative_widths`).
 //!
 //! Goal: pick the verify width that maximises accepted tokens per second. Acceptance depends
-//! on the traffic (one global estimate); step cost depends on the batch size (one estimate per
-//! power-of-two bucket of decode batch sizes: 1, 2-3, 4-7, ...).
+//! on the traffic (one global estimate; with plain steps, also one per bucket, see below); step
+//! cost depends on the batch size (one estimate per power-of-two bucket of decode batch sizes:
+//! 1, 2-3, 4-7, ...).
 //!
 //! - Acceptance: per position, the share of verified sequences that accepted at least `k + 1`
 //!   drafts, over recent rows (MAX averages per step; here older rows fade by `1 − ema_alpha`
@@ -37,6 +38,13 @@
 //!   `update_interval` plain steps, and a large bucket with nothing to start from starts at
 //!   plain steps, not at the widest width. A switch is re-checked after one step at its new
 //!   width, and the first time measured with every row verifying replaces a scaled one.
+//! - Acceptance per bucket (plain steps only): a bucket chooses by the acceptance of its own
+//!   verified rows once it has some, the global estimate until then. Traffic differs between
+//!   batch sizes: a single stream quoting its prompt accepts far more than a batch of 32 fresh
+//!   answers, and small batches copy lookup drafts past the width. With one estimate, a large
+//!   bucket at plain steps left them on a single stream's acceptance, and on a CPU, where a
+//!   verified position there costs about a row, paid for full verify steps until its own
+//!   rows had pulled the shared estimate down.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -178,16 +186,80 @@ impl DecayedShare {
     }
 }
 
+/// Per position, the share of verified sequences accepting at least `k + 1` drafts, recent
+/// rows weighted most, with the continuation ratio that extrapolates stale positions.
 #[derive(Debug, Clone)]
-pub struct AdaptiveWidthController {
-    widths: Vec<usize>,
-    params: AdaptiveWidthParams,
-    /// Share of verified sequences accepting at least `k + 1` drafts, recent rows weighted most.
+struct AcceptanceEstimate {
     accepted: Vec<DecayedShare>,
     /// Observations left before position `k` is considered stale.
     fresh_for: Vec<usize>,
     /// The conditional continuation ratio `P(accept k+1 | accept k)`, recent rows weighted most.
     ratio: DecayedShare,
+}
+
+impl AcceptanceEstimate {
+    fn new(widest: usize) -> Self {
+        Self {
+            accepted: vec![DecayedShare::default(); widest],
+            fresh_for: vec![0; widest],
+            ratio: DecayedShare::default(),
+        }
+    }
+
+    fn is_measured(&self) -> bool {
+        self.accepted.first().is_some_and(|a| a.mean().is_some())
+    }
+
+    /// Folds in one step's `rows` verified sequences at `width` (`width <= widest`).
+    fn observe(&mut self, accepted_per_position: &[u64], rows: u64, width: usize, params: &AdaptiveWidthParams) {
+        for f in &mut self.fresh_for {
+            *f = f.saturating_sub(1);
+        }
+        // Older rows fade by `1 - ema_alpha` per `ROWS_PER_OBSERVATION` rows verified since.
+        let n = rows as f64;
+        let decay = (1.0 - params.ema_alpha).powf(n / ROWS_PER_OBSERVATION);
+        for a in &mut self.accepted {
+            a.scale(decay);
+        }
+        for ((share, fresh), &hits) in
+            self.accepted.iter_mut().zip(&mut self.fresh_for).zip(accepted_per_position).take(width)
+        {
+            share.add(hits as f64, n);
+            *fresh = params.update_interval;
+        }
+        if width >= 2 {
+            let reached: u64 = accepted_per_position[..width - 1].iter().sum();
+            let continued: u64 = accepted_per_position[1..width].iter().sum();
+            self.ratio.scale(decay);
+            self.ratio.add(continued as f64, reached as f64);
+        }
+    }
+
+    fn estimate(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.accepted.len());
+        let mut previous = 1.0f64;
+        let ratio = self.ratio.mean().unwrap_or(1.0).min(1.0);
+        for k in 0..self.accepted.len() {
+            let p = match self.accepted[k].mean() {
+                Some(p) if self.fresh_for[k] > 0 => p,
+                _ => previous * ratio,
+            };
+            out.push(p);
+            previous = p;
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AdaptiveWidthController {
+    widths: Vec<usize>,
+    params: AdaptiveWidthParams,
+    /// Acceptance over every verified row (MAX's one estimate).
+    acceptance: AcceptanceEstimate,
+    /// Acceptance over each bucket's own verified rows (plain steps only): what a bucket
+    /// chooses by once it has verified rows itself.
+    bucket_acceptance: HashMap<u32, AcceptanceEstimate>,
     chosen: HashMap<u32, usize>,
     step_times: HashMap<u32, BTreeMap<usize, f64>>,
     countdown: HashMap<u32, usize>,
@@ -224,9 +296,8 @@ impl AdaptiveWidthController {
         let widest = *widths.last().unwrap();
         Ok(Self {
             params,
-            accepted: vec![DecayedShare::default(); widest],
-            fresh_for: vec![0; widest],
-            ratio: DecayedShare::default(),
+            acceptance: AcceptanceEstimate::new(widest),
+            bucket_acceptance: HashMap::new(),
             chosen: HashMap::new(),
             step_times: HashMap::new(),
             countdown: HashMap::new(),
@@ -395,27 +466,16 @@ impl AdaptiveWidthController {
         if num_verifications == 0 || width == 0 {
             return None;
         }
-        let width = width.min(self.accepted.len()).min(accepted_per_position.len());
-        for f in &mut self.fresh_for {
-            *f = f.saturating_sub(1);
-        }
-        // Older rows fade by `1 - ema_alpha` per `ROWS_PER_OBSERVATION` rows verified since.
-        let n = num_verifications as f64;
-        let decay = (1.0 - self.params.ema_alpha).powf(n / ROWS_PER_OBSERVATION);
-        for a in &mut self.accepted {
-            a.scale(decay);
-        }
-        for ((share, fresh), &hits) in
-            self.accepted.iter_mut().zip(&mut self.fresh_for).zip(accepted_per_position).take(width)
-        {
-            share.add(hits as f64, n);
-            *fresh = self.params.update_interval;
-        }
-        if width >= 2 {
-            let reached: u64 = accepted_per_position[..width - 1].iter().sum();
-            let continued: u64 = accepted_per_position[1..width].iter().sum();
-            self.ratio.scale(decay);
-            self.ratio.add(continued as f64, reached as f64);
+        let width = width.min(self.widest()).min(accepted_per_position.len());
+        self.acceptance.observe(accepted_per_position, num_verifications, width, &self.params);
+        if self.plain_steps {
+            let widest = self.widest();
+            self.bucket_acceptance.entry(bucket).or_insert_with(|| AcceptanceEstimate::new(widest)).observe(
+                accepted_per_position,
+                num_verifications,
+                width,
+                &self.params,
+            );
         }
         self.record_time(batch_size, width, step_time_s, partial)
     }
@@ -464,20 +524,21 @@ impl AdaptiveWidthController {
         None
     }
 
-    /// Estimated share of sequences accepting at least `k + 1` drafts, for `k < widest`.
+    /// Estimated share of sequences accepting at least `k + 1` drafts, for `k < widest`, over
+    /// every verified row.
     pub fn acceptance_estimate(&self) -> Vec<f64> {
-        let mut out = Vec::with_capacity(self.accepted.len());
-        let mut previous = 1.0f64;
-        let ratio = self.ratio.mean().unwrap_or(1.0).min(1.0);
-        for k in 0..self.accepted.len() {
-            let p = match self.accepted[k].mean() {
-                Some(p) if self.fresh_for[k] > 0 => p,
-                _ => previous * ratio,
-            };
-            out.push(p);
-            previous = p;
+        self.acceptance.estimate()
+    }
+
+    /// The acceptance a bucket chooses by: with plain steps its own once it has verified rows
+    /// (traffic differs between batch sizes: a single stream quoting its prompt accepts far
+    /// more than a large batch of fresh answers, and small batches copy lookup drafts past the
+    /// width), else the estimate over every row.
+    fn acceptance_for(&self, bucket: u32) -> Vec<f64> {
+        match self.bucket_acceptance.get(&bucket) {
+            Some(own) if own.is_measured() => own.estimate(),
+            _ => self.acceptance.estimate(),
         }
-        out
     }
 
     /// Modelled step time of `width` in a bucket (relative units when untimed).
@@ -518,7 +579,7 @@ impl AdaptiveWidthController {
         if bucket_max < self.params.min_batch_size {
             return None;
         }
-        let p = self.acceptance_estimate();
+        let p = self.acceptance_for(bucket);
         // A bucket's first decision pins its width: from here on it no longer follows the
         // neighbour it started from.
         let current = self.current(bucket);
@@ -685,6 +746,29 @@ mod tests {
         // Once batch 32 has chosen, batch 16 follows it rather than batch 1.
         simulate(&mut c, 32, 100, &ACCEPT, |w| 1.0 + 0.05 * w as f64);
         assert_eq!(c.chosen_width(16), c.chosen_width(32));
+    }
+
+    #[test]
+    fn a_large_batch_leaves_plain_steps_on_its_own_acceptance_not_on_other_traffics() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        // A single stream on text its drafts predict well (quoting, say) speculates at width 3.
+        simulate(&mut c, 1, 100, &[0.9, 0.8, 0.7], |w| 1.0 + 0.05 * w as f64);
+        assert_eq!(c.chosen_width(1), 3);
+        // Then a batch of 32 whose rows accept little, where a verified position costs half a
+        // row: at the single stream's acceptance width 3 would pay (3.4 / 2.5 > 1), at its own
+        // (1.2 / 1.5 < 1 at width 1) plain steps do. Only its probes may verify, never a step
+        // the bucket chose.
+        let low = [0.2, 0.02, 0.0];
+        let half_a_row = |w: usize| 1.0 + 0.5 * w as f64;
+        let mut ran = Vec::new();
+        for _ in 0..200 {
+            ran.extend(simulate(&mut c, 32, 1, &low, half_a_row));
+            assert_eq!(c.chosen_width(32), 0, "batch 32 left plain steps: {ran:?}");
+        }
+        assert!(ran.contains(&3), "batch 32 never probed: {ran:?}");
+        // The global estimate, what callers see, still moves with every verified row.
+        assert!(c.acceptance_estimate()[0] < 0.9);
     }
 
     #[test]
