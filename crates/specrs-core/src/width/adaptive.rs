@@ -39,7 +39,9 @@
 //!   plain steps, not at the widest width. A switch is re-checked after one step at its new
 //!   width, and the first time measured with every row verifying replaces a scaled one.
 //! - Acceptance per bucket (plain steps only): a bucket chooses by the acceptance of its own
-//!   verified rows once it has some, the global estimate until then. Traffic differs between
+//!   verified rows once it has some, drawn toward the global estimate by one observation's
+//!   worth of rows (a partial probe of 2 rows is a small sample), and by the global estimate
+//!   until then. Traffic differs between
 //!   batch sizes: a single stream quoting its prompt accepts far more than a batch of 32 fresh
 //!   answers, and small batches copy lookup drafts past the width. With one estimate, a large
 //!   bucket at plain steps left them on a single stream's acceptance, and on a CPU, where a
@@ -184,6 +186,11 @@ impl DecayedShare {
     fn mean(&self) -> Option<f64> {
         (self.trials > 1e-9).then(|| self.hits / self.trials)
     }
+
+    /// The share with `prior` counted as `weight` more trials.
+    fn mean_toward(&self, prior: f64, weight: f64) -> f64 {
+        (self.hits + weight * prior) / (self.trials + weight)
+    }
 }
 
 /// Per position, the share of verified sequences accepting at least `k + 1` drafts, recent
@@ -236,12 +243,34 @@ impl AcceptanceEstimate {
     }
 
     fn estimate(&self) -> Vec<f64> {
+        self.estimate_with(|share| share.mean(), self.ratio.mean().unwrap_or(1.0))
+    }
+
+    /// The estimate with `prior`'s shares and continuation ratio counted as `weight` more rows
+    /// at every position (a few rows of its own then move it only part of the way).
+    fn estimate_toward(&self, prior: &AcceptanceEstimate, weight: f64) -> Vec<f64> {
+        let prior_shares = prior.estimate();
+        let mut k = 0;
+        let ratio = self.ratio.mean_toward(prior.ratio.mean().unwrap_or(1.0), weight);
+        self.estimate_with(
+            |share| {
+                let p = share.mean_toward(prior_shares[k], weight);
+                k += 1;
+                Some(p)
+            },
+            ratio,
+        )
+    }
+
+    /// Per position, `share_of` where the position is fresh, else the previous position's
+    /// estimate times `ratio`.
+    fn estimate_with(&self, mut share_of: impl FnMut(&DecayedShare) -> Option<f64>, ratio: f64) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.accepted.len());
         let mut previous = 1.0f64;
-        let ratio = self.ratio.mean().unwrap_or(1.0).min(1.0);
-        for k in 0..self.accepted.len() {
-            let p = match self.accepted[k].mean() {
-                Some(p) if self.fresh_for[k] > 0 => p,
+        let ratio = ratio.min(1.0);
+        for (share, &fresh) in self.accepted.iter().zip(&self.fresh_for) {
+            let p = match share_of(share) {
+                Some(p) if fresh > 0 => p,
                 _ => previous * ratio,
             };
             out.push(p);
@@ -278,6 +307,10 @@ pub struct AdaptiveWidthController {
     partial_probe: Option<(u32, usize)>,
     /// Step times (bucket, width) last set from a partial probe, scaled to the whole batch.
     scaled: HashSet<(u32, usize)>,
+    /// Steps recorded per bucket, and the bucket's step count when each of its widths was last
+    /// timed (plain steps only).
+    bucket_steps: HashMap<u32, usize>,
+    timed_at: HashMap<(u32, usize), usize>,
 }
 
 impl AdaptiveWidthController {
@@ -309,6 +342,8 @@ impl AdaptiveWidthController {
             probed: None,
             partial_probe: None,
             scaled: HashSet::new(),
+            bucket_steps: HashMap::new(),
+            timed_at: HashMap::new(),
         })
     }
 
@@ -490,6 +525,13 @@ impl AdaptiveWidthController {
 
     /// Folds a step time into its bucket (`scaled`: from a partial probe) and, every
     /// `update_interval` steps, re-chooses.
+    ///
+    /// With plain steps, a width last timed more than `update_interval` of its bucket's steps
+    /// ago takes the new time as it is: the average is for smoothing consecutive steps, and a
+    /// time from hundreds of steps back (a probe's, or one a bucket is switching back to) may
+    /// come from other rows, other traffic or a quieter machine. Averaged in, a cheap old time
+    /// makes verification look cheap for several full steps after a switch. The bucket's other
+    /// verify times that old are dropped with it.
     fn record_time(
         &mut self,
         batch_size: usize,
@@ -499,14 +541,31 @@ impl AdaptiveWidthController {
     ) -> Option<WidthSwitch> {
         let alpha = self.params.ema_alpha;
         let bucket = batch_bucket(batch_size);
+        let step = self.bucket_steps.entry(bucket).or_insert(0);
+        *step += 1;
+        let step = *step;
         if let Some(t) = step_time_s {
             let times = self.step_times.entry(bucket).or_default();
             if scaled {
                 self.scaled.insert((bucket, width));
             }
-            if !scaled && self.scaled.remove(&(bucket, width)) {
-                // The first time measured with every row verifying replaces one scaled from a
-                // partial probe.
+            let stale = self.plain_steps
+                && self
+                    .timed_at
+                    .insert((bucket, width), step)
+                    .is_some_and(|at| step - at > self.params.update_interval);
+            // The first time measured with every row verifying replaces one scaled from a
+            // partial probe.
+            let replaces_scaled = !scaled && self.scaled.remove(&(bucket, width));
+            if stale {
+                // The bucket's other old verify times come from the same past: interpolating
+                // between fresh ones is closer to today. The plain step time stays, however
+                // old: without it plain steps would be extrapolated as nearly free.
+                let interval = self.params.update_interval;
+                let timed_at = &self.timed_at;
+                times.retain(|&w, _| w == 0 || timed_at.get(&(bucket, w)).is_some_and(|&at| step - at <= interval));
+            }
+            if stale || replaces_scaled {
                 times.insert(width, t);
             } else {
                 times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
@@ -530,13 +589,15 @@ impl AdaptiveWidthController {
         self.acceptance.estimate()
     }
 
-    /// The acceptance a bucket chooses by: with plain steps its own once it has verified rows
-    /// (traffic differs between batch sizes: a single stream quoting its prompt accepts far
-    /// more than a large batch of fresh answers, and small batches copy lookup drafts past the
-    /// width), else the estimate over every row.
+    /// The acceptance a bucket chooses by: with plain steps its own once it has verified rows,
+    /// drawn toward the estimate over every row by one observation's worth of rows (a probe of
+    /// 2 rows of a batch of 8 moves it a fifth of the way, a full step of 32 rows most of it);
+    /// else the estimate over every row. Traffic differs between batch sizes: a single stream
+    /// quoting its prompt accepts far more than a large batch of fresh answers, and small
+    /// batches copy lookup drafts past the width.
     fn acceptance_for(&self, bucket: u32) -> Vec<f64> {
         match self.bucket_acceptance.get(&bucket) {
-            Some(own) if own.is_measured() => own.estimate(),
+            Some(own) if own.is_measured() => own.estimate_toward(&self.acceptance, ROWS_PER_OBSERVATION),
             _ => self.acceptance.estimate(),
         }
     }
@@ -586,6 +647,16 @@ impl AdaptiveWidthController {
         self.chosen.entry(bucket).or_insert(current);
         let probed = self.probed.take_if(|&mut b| b == bucket).is_some();
         let current_rate = self.rate(bucket, current, &p);
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let (lo, hi) = (1usize << bucket, bucket_max);
+            let times: Vec<String> =
+                self.candidates().map(|w| format!("{w}: {:.2} ms", self.step_time(bucket, w) * 1e3)).collect();
+            tracing::debug!(
+                "batch {lo}-{hi} at width {current}: acceptance {p:.2?}, step times {{{}}}, measured {:?}",
+                times.join(", "),
+                self.step_times.get(&bucket).map(|t| t.keys().copied().collect::<Vec<_>>()).unwrap_or_default()
+            );
+        }
         let mut best = current;
         let mut best_rate = current_rate;
         for w in self.candidates() {
@@ -761,14 +832,55 @@ mod tests {
         // the bucket chose.
         let low = [0.2, 0.02, 0.0];
         let half_a_row = |w: usize| 1.0 + 0.5 * w as f64;
-        let mut ran = Vec::new();
-        for _ in 0..200 {
-            ran.extend(simulate(&mut c, 32, 1, &low, half_a_row));
-            assert_eq!(c.chosen_width(32), 0, "batch 32 left plain steps: {ran:?}");
-        }
-        assert!(ran.contains(&3), "batch 32 never probed: {ran:?}");
+        let ran = simulate_rows(&mut c, 32, 200, &low, half_a_row);
+        let probes = ran.iter().filter(|&&(w, rows)| w > 0 && rows < 32).count();
+        let full = ran.iter().filter(|&&(_, rows)| rows == 32).count();
+        assert!(probes >= 2, "batch 32 probed {probes} times: {ran:?}");
+        // The single stream's acceptance is the prior of the first probe's 8 rows: one full
+        // step may follow, which shows what the bucket's own rows accept.
+        assert!(full <= 1, "{full} full verify steps at batch 32: {ran:?}");
+        assert_eq!(c.chosen_width(32), 0);
         // The global estimate, what callers see, still moves with every verified row.
         assert!(c.acceptance_estimate()[0] < 0.9);
+    }
+
+    #[test]
+    fn a_step_time_measured_long_ago_is_replaced_not_averaged() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let cheap = |w: usize| 1.0 + 0.05 * w as f64;
+        let compute_bound = |w: usize| (w + 1) as f64;
+        // Batch 8 speculates while verifying is cheap, then its drafts stop being accepted and
+        // it settles on plain steps, its width-3 time still the cheap one.
+        simulate(&mut c, 8, 200, &ACCEPT, cheap);
+        assert_eq!(c.chosen_width(8), 3);
+        simulate(&mut c, 8, 300, &[0.0; 3], cheap);
+        assert_eq!(c.chosen_width(8), 0);
+        // Now verifying costs a row per position (other work took the cores, say) and drafts
+        // are accepted again. Its next probe measures width 3 at 4x a plain step: averaged
+        // into the old time (0.2 · 4 + 0.8 · 1.15) it would look worth a switch and a full
+        // step; as the newest time of a width not timed for hundreds of steps it is not.
+        let ran = simulate_rows(&mut c, 8, 2000, &ACCEPT, compute_bound);
+        let full = ran.iter().filter(|&&(_, rows)| rows == 8).count();
+        assert_eq!(full, 0, "{full} full verify steps: {ran:?}");
+        assert!(ran.iter().any(|&(w, rows)| w == 3 && rows == 2), "batch 8 never probed");
+        assert_eq!(c.step_time(batch_bucket(8), 3), compute_bound(3));
+    }
+
+    #[test]
+    fn a_probe_of_a_few_rows_moves_a_buckets_acceptance_only_part_of_the_way() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        // Batch 2 speculates (memory-bound) with acceptance [0.5, 0.5, 0].
+        simulate(&mut c, 2, 100, &[0.5, 0.5, 0.0], |w| 1.0 + 0.05 * w as f64);
+        // Batch 8 (a verified position costs 0.8 of a row) times 4 plain steps, then probes 2
+        // of its rows, which both accept their first draft and no second. Taken alone, that
+        // acceptance [1, 0, 0] would send it to width 1 (2 / 1.8 > 1); drawn toward what the
+        // other rows accepted by one observation's worth of rows, [0.6, 0.4, 0], it does not
+        // (1.6 / 1.8).
+        let costly = |w: usize| 1.0 + 0.8 * w as f64;
+        assert_eq!(simulate_rows(&mut c, 8, 5, &[1.0, 0.0, 0.0], costly).last(), Some(&(3, 2)));
+        assert_eq!(c.chosen_width(8), 0);
     }
 
     #[test]
@@ -797,6 +909,18 @@ mod tests {
         accept: &[f64],
         cost: impl Fn(usize) -> f64,
     ) -> Vec<usize> {
+        simulate_rows(c, batch, steps, accept, cost).into_iter().map(|(w, _)| w).collect()
+    }
+
+    /// [`simulate`], returning each step's width and the rows that verified (0 for plain steps,
+    /// fewer than `batch` for partial probes).
+    fn simulate_rows(
+        c: &mut AdaptiveWidthController,
+        batch: usize,
+        steps: usize,
+        accept: &[f64],
+        cost: impl Fn(usize) -> f64,
+    ) -> Vec<(usize, usize)> {
         let mut ran = Vec::new();
         for _ in 0..steps {
             let w = c.next_step_width(batch);
@@ -804,7 +928,7 @@ mod tests {
             let apc: Vec<u64> = accept[..w].iter().map(|p| (p * rows as f64).round() as u64).collect();
             let t = cost(0) + (cost(w) - cost(0)) * rows as f64 / batch as f64;
             c.record_step(batch, w, &apc, rows as u64, Some(t));
-            ran.push(w);
+            ran.push((w, rows));
         }
         ran
     }
