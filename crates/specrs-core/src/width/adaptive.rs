@@ -37,7 +37,9 @@
 //!   the cost. A bucket at plain steps that has never timed verification probes after
 //!   `update_interval` plain steps, and a large bucket with nothing to start from starts at
 //!   plain steps, not at the widest width. A switch is re-checked after one step at its new
-//!   width, and the first time measured with every row verifying replaces a scaled one.
+//!   width, and the first time measured with every row verifying replaces a scaled one. A
+//!   bucket at plain steps leaves them only for a width it has timed: with the confidence cut a
+//!   narrower width's cost is not in proportion to the width, so an interpolated one misleads.
 //! - Acceptance per bucket (plain steps only): a bucket chooses by the acceptance of its own
 //!   verified rows once it has some, drawn toward the global estimate by one observation's
 //!   worth of rows (a partial probe of 2 rows is a small sample), and by the global estimate
@@ -263,14 +265,15 @@ impl AcceptanceEstimate {
     }
 
     /// Per position, `share_of` where the position is fresh, else the previous position's
-    /// estimate times `ratio`.
+    /// estimate times `ratio`; never above the previous position's (a row that accepted `k + 1`
+    /// drafts accepted `k`), which separately drawn positions could otherwise be.
     fn estimate_with(&self, mut share_of: impl FnMut(&DecayedShare) -> Option<f64>, ratio: f64) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.accepted.len());
         let mut previous = 1.0f64;
         let ratio = ratio.min(1.0);
         for (share, &fresh) in self.accepted.iter().zip(&self.fresh_for) {
             let p = match share_of(share) {
-                Some(p) if fresh > 0 => p,
+                Some(p) if fresh > 0 => p.min(previous),
                 _ => previous * ratio,
             };
             out.push(p);
@@ -657,9 +660,16 @@ impl AdaptiveWidthController {
                 self.step_times.get(&bucket).map(|t| t.keys().copied().collect::<Vec<_>>()).unwrap_or_default()
             );
         }
+        // A bucket at plain steps leaves them only for a width it has timed. Between a plain
+        // step and the probed width a narrower width's cost is a guess, and with the
+        // confidence cut not one in proportion to the width (a row cut at its first draft
+        // verifies one token at any width), so the guess made leaving look cheaper than any
+        // measurement did.
+        let timed = |w: usize| self.step_times.get(&bucket).is_some_and(|t| t.contains_key(&w));
+        let leaving_plain = self.plain_steps && current == 0;
         let mut best = current;
         let mut best_rate = current_rate;
-        for w in self.candidates() {
+        for w in self.candidates().filter(|&w| !leaving_plain || timed(w)) {
             let r = self.rate(bucket, w, &p);
             if r > best_rate {
                 best = w;
@@ -789,12 +799,13 @@ mod tests {
         // Memory-bound, 8 rows verifying cost as much as 32 would.
         c.record_step(32, 3, &[5, 3, 2], 8, Some(cheap(3)));
         assert!((c.step_time(batch_bucket(32), 3) - 1.6).abs() < 1e-9);
-        // Against that pessimistic cost width 2 looks best; it is chosen right after the probe.
-        assert_eq!(c.chosen_width(32), 2);
-        // The next full probe times width 3 with every row verifying, which replaces the scaled
-        // time, and the bucket widens to 3 for good.
+        // Width 3, the one timed, is chosen right after the probe (interpolated between 1.0 and
+        // that pessimistic 1.6, width 2 would look better, but plain steps are left only for a
+        // timed width).
+        assert_eq!(c.chosen_width(32), 3);
+        // The next step times width 3 with every row verifying, which replaces the scaled
+        // time, and the bucket stays at 3 for good.
         let ran = simulate(&mut c, 32, 120, &ACCEPT, cheap);
-        assert!(ran.iter().all(|&w| w >= 2), "{ran:?}");
         assert_eq!(c.step_time(batch_bucket(32), 3), cheap(3));
         assert!(ran[60..].iter().all(|&w| w == 3), "{ran:?}");
         // Small batches probe whole and start at the widest width, as in MAX.
@@ -842,6 +853,22 @@ mod tests {
         assert_eq!(c.chosen_width(32), 0);
         // The global estimate, what callers see, still moves with every verified row.
         assert!(c.acceptance_estimate()[0] < 0.9);
+    }
+
+    #[test]
+    fn a_bucket_at_plain_steps_leaves_them_only_for_a_width_it_has_timed() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        // The confidence cut stops every row after its first draft, so any width verifies one
+        // token per row, at half a row's cost, and a row accepts it 40% of the time: verifying
+        // loses (1.4 / 1.5). Interpolated between a plain step and the probed width 3, width 1
+        // would look a third as dear (1.4 / 1.17) and worth a switch.
+        let cut_after_one = |w: usize| if w == 0 { 1.0 } else { 1.5 };
+        let ran = simulate_rows(&mut c, 32, 200, &[0.4, 0.0, 0.0], cut_after_one);
+        let full = ran.iter().filter(|&&(_, rows)| rows == 32).count();
+        assert_eq!(full, 0, "{full} full verify steps: {ran:?}");
+        assert!(ran.iter().any(|&(w, rows)| w == 3 && rows == 8), "batch 32 never probed");
+        assert_eq!(c.chosen_width(32), 0);
     }
 
     #[test]
