@@ -38,8 +38,10 @@
 //!   `update_interval` plain steps, and a large bucket with nothing to start from starts at
 //!   plain steps, not at the widest width. A switch is re-checked after one step at its new
 //!   width, and the first time measured with every row verifying replaces a scaled one. A
-//!   bucket at plain steps leaves them only for a width it has timed: with the confidence cut a
-//!   narrower width's cost is not in proportion to the width, so an interpolated one misleads.
+//!   bucket at plain steps leaves them only for a width timed within the last `probe_interval`
+//!   steps: with the confidence cut a narrower width's cost is not in proportion to the width,
+//!   so an interpolated one misleads, and an old one may be another batch size's. A verify time
+//!   older than that is replaced by the next measurement, not averaged with it.
 //! - Acceptance per bucket (plain steps only): a bucket chooses by the acceptance of its own
 //!   verified rows once it has some, drawn toward the global estimate by one observation's
 //!   worth of rows (a partial probe of 2 rows is a small sample), and by the global estimate
@@ -310,9 +312,9 @@ pub struct AdaptiveWidthController {
     partial_probe: Option<(u32, usize)>,
     /// Step times (bucket, width) last set from a partial probe, scaled to the whole batch.
     scaled: HashSet<(u32, usize)>,
-    /// Steps recorded per bucket, and the bucket's step count when each of its widths was last
+    /// Steps recorded (every batch size), and that count when each bucket's width was last
     /// timed (plain steps only).
-    bucket_steps: HashMap<u32, usize>,
+    steps: usize,
     timed_at: HashMap<(u32, usize), usize>,
 }
 
@@ -345,7 +347,7 @@ impl AdaptiveWidthController {
             probed: None,
             partial_probe: None,
             scaled: HashSet::new(),
-            bucket_steps: HashMap::new(),
+            steps: 0,
             timed_at: HashMap::new(),
         })
     }
@@ -529,10 +531,10 @@ impl AdaptiveWidthController {
     /// Folds a step time into its bucket (`scaled`: from a partial probe) and, every
     /// `update_interval` steps, re-chooses.
     ///
-    /// With plain steps, a width last timed more than `update_interval` of its bucket's steps
-    /// ago takes the new time as it is: the average is for smoothing consecutive steps, and a
-    /// time from hundreds of steps back (a probe's, or one a bucket is switching back to) may
-    /// come from other rows, other traffic or a quieter machine. Averaged in, a cheap old time
+    /// With plain steps, a width last timed more than `probe_interval` steps ago (steps of any
+    /// batch size) takes the new time as it is: the average is for smoothing consecutive
+    /// steps, and a time from hundreds of steps back (a probe's, or one a bucket is switching
+    /// back to) may come from other rows, other traffic or a quieter machine. Averaged in, a cheap old time
     /// makes verification look cheap for several full steps after a switch. The bucket's other
     /// verify times that old are dropped with it.
     fn record_time(
@@ -544,19 +546,15 @@ impl AdaptiveWidthController {
     ) -> Option<WidthSwitch> {
         let alpha = self.params.ema_alpha;
         let bucket = batch_bucket(batch_size);
-        let step = self.bucket_steps.entry(bucket).or_insert(0);
-        *step += 1;
-        let step = *step;
+        self.steps += 1;
+        let step = self.steps;
         if let Some(t) = step_time_s {
             let times = self.step_times.entry(bucket).or_default();
             if scaled {
                 self.scaled.insert((bucket, width));
             }
             let stale = self.plain_steps
-                && self
-                    .timed_at
-                    .insert((bucket, width), step)
-                    .is_some_and(|at| step - at > self.params.update_interval);
+                && self.timed_at.insert((bucket, width), step).is_some_and(|at| step - at > self.params.probe_interval);
             // The first time measured with every row verifying replaces one scaled from a
             // partial probe.
             let replaces_scaled = !scaled && self.scaled.remove(&(bucket, width));
@@ -564,9 +562,9 @@ impl AdaptiveWidthController {
                 // The bucket's other old verify times come from the same past: interpolating
                 // between fresh ones is closer to today. The plain step time stays, however
                 // old: without it plain steps would be extrapolated as nearly free.
-                let interval = self.params.update_interval;
-                let timed_at = &self.timed_at;
-                times.retain(|&w, _| w == 0 || timed_at.get(&(bucket, w)).is_some_and(|&at| step - at <= interval));
+                times.retain(|&w, _| {
+                    w == 0 || self.timed_at.get(&(bucket, w)).is_some_and(|&at| step - at <= self.params.probe_interval)
+                });
             }
             if stale || replaces_scaled {
                 times.insert(width, t);
@@ -660,12 +658,16 @@ impl AdaptiveWidthController {
                 self.step_times.get(&bucket).map(|t| t.keys().copied().collect::<Vec<_>>()).unwrap_or_default()
             );
         }
-        // A bucket at plain steps leaves them only for a width it has timed. Between a plain
-        // step and the probed width a narrower width's cost is a guess, and with the
-        // confidence cut not one in proportion to the width (a row cut at its first draft
-        // verifies one token at any width), so the guess made leaving look cheaper than any
-        // measurement did.
-        let timed = |w: usize| self.step_times.get(&bucket).is_some_and(|t| t.contains_key(&w));
+        // A bucket at plain steps leaves them only for a width it has timed within the last
+        // `probe_interval` steps (in practice: the probe just run). Between a plain step and
+        // the probed width a narrower width's cost is a guess, and with the confidence cut not
+        // one in proportion to the width (a row cut at its first draft verifies one token at any
+        // width), so the guess made leaving look cheaper than any measurement did; and a time
+        // from long ago may be another batch size's within the bucket (4 rows against 7).
+        let timed = |w: usize| {
+            self.step_times.get(&bucket).is_some_and(|t| t.contains_key(&w))
+                && self.timed_at.get(&(bucket, w)).is_some_and(|&at| self.steps - at <= self.params.probe_interval)
+        };
         let leaving_plain = self.plain_steps && current == 0;
         let mut best = current;
         let mut best_rate = current_rate;
