@@ -45,12 +45,11 @@
 //! - Acceptance per bucket (plain steps only): a bucket chooses by the acceptance of its own
 //!   verified rows once it has some, drawn toward the global estimate by one observation's
 //!   worth of rows (a partial probe of 2 rows is a small sample), and by the global estimate
-//!   until then. Traffic differs between
-//!   batch sizes: a single stream quoting its prompt accepts far more than a batch of 32 fresh
-//!   answers, and small batches copy lookup drafts past the width. With one estimate, a large
-//!   bucket at plain steps left them on a single stream's acceptance, and on a CPU, where a
-//!   verified position there costs about a row, paid for full verify steps until its own
-//!   rows had pulled the shared estimate down.
+//!   until then. Traffic differs between batch sizes: a single stream quoting its prompt
+//!   accepts far more than a batch of 32 fresh answers, and small batches copy lookup drafts
+//!   past the width. With one estimate, a large bucket at plain steps left them on a single
+//!   stream's acceptance, and on a CPU, where a verified position there costs about a row,
+//!   paid for full verify steps until its own rows had pulled the shared estimate down.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -534,9 +533,9 @@ impl AdaptiveWidthController {
     /// With plain steps, a width last timed more than `probe_interval` steps ago (steps of any
     /// batch size) takes the new time as it is: the average is for smoothing consecutive
     /// steps, and a time from hundreds of steps back (a probe's, or one a bucket is switching
-    /// back to) may come from other rows, other traffic or a quieter machine. Averaged in, a cheap old time
-    /// makes verification look cheap for several full steps after a switch. The bucket's other
-    /// verify times that old are dropped with it.
+    /// back to) may come from other rows, other traffic or a quieter machine. Averaged in, a
+    /// cheap old time makes verification look cheap for several full steps after a switch. The
+    /// bucket's other verify times that old are dropped with it.
     fn record_time(
         &mut self,
         batch_size: usize,
