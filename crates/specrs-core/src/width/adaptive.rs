@@ -857,6 +857,21 @@ mod tests {
     }
 
     #[test]
+    fn acceptance_never_rises_with_depth() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        // A width-3 step where both rows accepted every draft, then two width-1 steps where
+        // neither accepted its first: position 2 was last seen at 100%, position 1 at ~30%.
+        c.record_step(2, 3, &[2, 2, 2], 2, Some(1.0));
+        c.record_step(2, 1, &[0], 2, Some(1.0));
+        c.record_step(2, 1, &[0], 2, Some(1.0));
+        for p in [c.acceptance_estimate(), c.acceptance_for(batch_bucket(2))] {
+            assert!(p[0] < 0.5, "{p:?}");
+            assert!(p.windows(2).all(|w| w[1] <= w[0]), "a deeper position above a shallower one: {p:?}");
+        }
+    }
+
+    #[test]
     fn a_bucket_at_plain_steps_leaves_them_only_for_a_width_it_has_timed() {
         let mut c =
             AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
