@@ -246,34 +246,26 @@ impl AcceptanceEstimate {
     }
 
     fn estimate(&self) -> Vec<f64> {
-        self.estimate_with(|share| share.mean(), self.ratio.mean().unwrap_or(1.0))
+        self.estimate_with(|_, share| share.mean(), self.ratio.mean().unwrap_or(1.0))
     }
 
     /// The estimate with `prior`'s shares and continuation ratio counted as `weight` more rows
     /// at every position (a few rows of its own then move it only part of the way).
     fn estimate_toward(&self, prior: &AcceptanceEstimate, weight: f64) -> Vec<f64> {
         let prior_shares = prior.estimate();
-        let mut k = 0;
         let ratio = self.ratio.mean_toward(prior.ratio.mean().unwrap_or(1.0), weight);
-        self.estimate_with(
-            |share| {
-                let p = share.mean_toward(prior_shares[k], weight);
-                k += 1;
-                Some(p)
-            },
-            ratio,
-        )
+        self.estimate_with(|k, share| Some(share.mean_toward(prior_shares[k], weight)), ratio)
     }
 
     /// Per position, `share_of` where the position is fresh, else the previous position's
     /// estimate times `ratio`; never above the previous position's (a row that accepted `k + 1`
     /// drafts accepted `k`), which separately drawn positions could otherwise be.
-    fn estimate_with(&self, mut share_of: impl FnMut(&DecayedShare) -> Option<f64>, ratio: f64) -> Vec<f64> {
+    fn estimate_with(&self, share_of: impl Fn(usize, &DecayedShare) -> Option<f64>, ratio: f64) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.accepted.len());
         let mut previous = 1.0f64;
         let ratio = ratio.min(1.0);
-        for (share, &fresh) in self.accepted.iter().zip(&self.fresh_for) {
-            let p = match share_of(share) {
+        for (k, (share, &fresh)) in self.accepted.iter().zip(&self.fresh_for).enumerate() {
+            let p = match share_of(k, share) {
                 Some(p) if fresh > 0 => p.min(previous),
                 _ => previous * ratio,
             };
