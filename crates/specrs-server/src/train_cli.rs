@@ -21,6 +21,9 @@ pub fn command() -> Command {
             "A speculators eagle3 draft (e.g. one train-draft wrote) to continue training: its taps, draft vocabulary and weights",
         ))
         .arg(Arg::new("dtype").long("dtype").default_value("auto").help("Target weights used to generate data (serve with the same)"))
+        .arg(Arg::new("skip-prompts").long("skip-prompts").value_parser(value_parser!(usize)).default_value("0").help(
+            "Prompts at the head of the seeded list to pass over (earlier rounds' --num-prompts), so --init-from trains on new ones",
+        ))
         .arg(Arg::new("num-prompts").long("num-prompts").value_parser(value_parser!(usize)).default_value(d.num_prompts.to_string()))
         .arg(Arg::new("max-new-tokens").long("max-new-tokens").value_parser(value_parser!(usize)).default_value(d.max_new_tokens.to_string()))
         .arg(Arg::new("taps").long("taps").help("Comma-separated HF hidden_states indices to tap (default: 2, L/2, L-3)"))
@@ -69,6 +72,7 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
             .expect("default")
             .parse()
             .map_err(|e: specrs_models::ModelError| CliError::Invalid(format!("--dtype: {e}")))?,
+        skip_prompts: *m.get_one::<usize>("skip-prompts").expect("default"),
         num_prompts: *m.get_one::<usize>("num-prompts").expect("default"),
         max_new_tokens: *m.get_one::<usize>("max-new-tokens").expect("default"),
         taps,

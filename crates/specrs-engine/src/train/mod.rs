@@ -46,6 +46,10 @@ pub struct TrainDraftConfig {
     /// `None` starts from random weights and the target's head.
     #[serde(default)]
     pub init_from: Option<PathBuf>,
+    /// Prompts at the head of the seeded shuffle to pass over, so a round continuing a draft
+    /// (`init_from`) can train on prompts the earlier rounds never answered.
+    #[serde(default)]
+    pub skip_prompts: usize,
     pub num_prompts: usize,
     pub max_new_tokens: usize,
     /// HF hidden_states indices to tap; default `[2, L/2, L-3]`.
@@ -74,6 +78,7 @@ impl Default for TrainDraftConfig {
             output: PathBuf::from("draft-eagle3"),
             work_dir: PathBuf::from(".spec-rs-train"),
             init_from: None,
+            skip_prompts: 0,
             num_prompts: 2000,
             max_new_tokens: 128,
             taps: None,
@@ -175,7 +180,7 @@ pub fn train_draft(cfg: &TrainDraftConfig, progress: Progress<'_>) -> Result<Tra
     std::fs::create_dir_all(&cfg.work_dir)
         .map_err(|e| EngineError::Internal(format!("{}: {e}", cfg.work_dir.display())))?;
     // 1. Self-distilled answers.
-    let prompts = prompts::training_prompts(cfg.num_prompts, cfg.seed);
+    let prompts = prompts::training_prompts_from(cfg.skip_prompts, cfg.num_prompts, cfg.seed);
     let samples_path = cfg.work_dir.join("samples.jsonl");
     let mut pipeline = PipelineConfig::new(cfg.model.clone());
     pipeline.dtype = cfg.dtype;

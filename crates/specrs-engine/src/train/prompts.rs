@@ -658,6 +658,12 @@ pub fn training_prompts(count: usize, seed: u64) -> Vec<String> {
     out
 }
 
+/// Prompts `skip..skip + count` of the list [`training_prompts`] shuffles with `seed`: a round
+/// that continues a draft passes over the prompts earlier rounds answered.
+pub fn training_prompts_from(skip: usize, count: usize, seed: u64) -> Vec<String> {
+    training_prompts(skip + count, seed).split_off(skip)
+}
+
 /// Prompts about topics no training prompt uses, plus the reference prompts of the default
 /// model's fidelity table (also absent from training).
 pub fn held_out_prompts() -> Vec<String> {
@@ -678,6 +684,14 @@ pub fn held_out_prompts() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_later_round_takes_the_prompts_after_the_ones_skipped() {
+        let first_rounds = training_prompts(500, 7);
+        let next = training_prompts_from(300, 200, 7);
+        assert_eq!(next, first_rounds[300..]);
+        assert_eq!(training_prompts_from(0, 300, 7), first_rounds[..300]);
+    }
 
     #[test]
     fn prompts_are_deterministic_and_distinct() {
