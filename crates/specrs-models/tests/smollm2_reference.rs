@@ -133,3 +133,12 @@ fn f32_teacher_forced_top5_logits_match_within_1e_3() {
     eprintln!("worst top-5 logit difference {worst}");
     assert!(worst < 1e-3, "worst top-5 logit difference {worst}");
 }
+
+#[test]
+fn layer_bits_per_weight_reads_the_gguf_quantization_not_the_q8_0_embedding() {
+    // The GGUF keeps its tied embedding at Q8_0 and its 30 layers at Q4_1 (20 bytes a block
+    // of 32); f32 is what `dtype = "f32"` dequantizes them to.
+    assert_eq!(model(ModelDType::Auto).layer_bits_per_weight(), 5.0);
+    assert_eq!(model(ModelDType::F32).layer_bits_per_weight(), 32.0);
+    assert_eq!(model(ModelDType::Q8_0).layer_bits_per_weight(), 8.5);
+}

@@ -303,6 +303,17 @@ impl CausalLm {
         &self.lm_head
     }
 
+    /// Bits per weight of the decoder layers' projections (32 for f32, 5 for GGUF Q4_1): the
+    /// precision the checkpoint was quantized to, which a tied or kept-precise head would hide.
+    pub fn layer_bits_per_weight(&self) -> f64 {
+        let c = &self.config;
+        let attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads);
+        let mlp = 3 * c.hidden_size * c.intermediate_size;
+        let params = (attention + mlp) * self.layers.len();
+        let bytes: usize = self.layers.iter().map(DecoderLayer::size_in_bytes).sum();
+        bytes as f64 * 8.0 / params.max(1) as f64
+    }
+
     /// Bytes of weights on the device (the memory planner subtracts them from its budget).
     pub fn weight_bytes(&self) -> usize {
         let layers: usize = self.layers.iter().map(DecoderLayer::size_in_bytes).sum();
