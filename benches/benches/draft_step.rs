@@ -1,7 +1,7 @@
 //! One forward of the shipped EAGLE-3 head for the embedded default model, the way the
 //! sequential proposer runs it after a plain step: q4_0 weights (what `dtype="auto"` picks beside
-//! the Q4_1 target) and q8_0 (beside 8-bit targets), a 256-token drafter context, and one query token per row: the first
-//! draft (the `fc` over the target's three taps, then the decoder layer and the 8,192-token
+//! the Q4_1 target) and q8_0 (beside 8-bit targets), a 256-token drafter context, and one query
+//! token per row: the first draft (the `fc` over the target's three taps, then the decoder layer and the 8,192-token
 //! head) and a chained draft (the drafter's own output fed back).
 //!
 //! K drafts cost one first forward and `K - 1` chained ones per step; set against the
