@@ -91,3 +91,59 @@ def test_steal_share_is_the_stolen_part_of_all_cpu_time_between_two_readings() -
     assert rb.steal_share(start, start) is None
     assert rb.steal_share(None, end) is None
     assert rb.steal_share(start[:4], end[:4]) is None
+
+
+def test_each_round_of_a_batch_workload_is_a_sample_paired_with_plains_same_round() -> None:
+    # Two repetitions of three rounds each; the machine's speed swings from round to round,
+    # and speculation stays 1.1x plain in every round.
+    swings = [1.0, 0.6, 1.3, 0.8, 1.0, 0.7]
+
+    def runs(speedup: float) -> list[dict[str, Any]]:
+        return [
+            {
+                "repeat": i // 3,
+                "round": i % 3,
+                "set": "chat",
+                "batch": 32,
+                "tokens": 3072,
+                "seconds": 8.0 / (s * speedup),
+            }
+            for i, s in enumerate(swings)
+        ]
+
+    (plain,) = rb.rows_from_runs("plain", "spec-rs", "plain", "auto", runs(1.0), ["chat"])
+    (spec,) = rb.rows_from_runs("eagle", "spec-rs", "EAGLE-3", "auto", runs(1.1), ["chat"])
+    assert len(plain.tps) == len(swings), "one sample per round, not one per repetition"
+    assert rb.ratio(spec, plain) == pytest.approx(1.1)
+
+
+def test_the_worker_runs_batch_workloads_in_rounds_taking_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    import spec_rs
+
+    calls: list[tuple[str, int]] = []
+
+    class FakeLLM:
+        def __init__(self, model: str, draft: Any, speculative_config: Any, **kwargs: Any) -> None:
+            self.name = "spec" if speculative_config.speculative_method else "plain"
+            self.info: dict[str, Any] = {}
+
+        def chat(self, conversations: list[Any], params: Any) -> list[Any]:
+            calls.append((self.name, len(conversations)))
+            return [argparse.Namespace(token_ids=[1, 2], metrics=None, error=None) for _ in conversations]
+
+    monkeypatch.setattr(spec_rs, "LLM", FakeLLM)
+    jobs = [
+        rb.SpecJob("plain", "plain", "auto", {}, None, (1, 4)),
+        rb.SpecJob("spec", "spec", "auto", {"speculative_method": "ngram"}, None, (1, 4)),
+    ]
+    items = [{"id": "chat-0", "set": "chat", "messages": [{"role": "user", "content": "hi"}]}]
+    result = rb.specrs_worker(jobs, items, max_tokens=2, repeats=2, batch_rounds=3)
+    batch_calls = [name for name, n in calls if n == 4]
+    assert len(batch_calls) == 2 * 3 * 2, "2 repetitions x 3 rounds x 2 configurations"
+    assert all(set(batch_calls[i : i + 2]) == {"plain", "spec"} for i in range(0, len(batch_calls), 2)), (
+        "every round runs each configuration once, in turn"
+    )
+    rounds = [(r["repeat"], r["round"]) for r in result["plain"]["runs"] if r["batch"] == 4]
+    assert rounds == [(rep, rnd) for rep in range(2) for rnd in range(3)]
+    single = [r for r in result["plain"]["runs"] if r["batch"] == 1]
+    assert [r["round"] for r in single] == [0, 0], "a single-stream prompt runs once per repetition"

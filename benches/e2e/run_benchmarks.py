@@ -333,9 +333,10 @@ def rows_from_runs(
             if not mine:
                 continue
             row = Row(key, system, method, weights, s, batch)
-            by_rep: dict[int, list[dict[str, Any]]] = {}
+            # One sample per repetition, or per round of a repetition's batch workload.
+            by_rep: dict[tuple[int, int], list[dict[str, Any]]] = {}
             for r in mine:
-                by_rep.setdefault(int(r["repeat"]), []).append(r)
+                by_rep.setdefault((int(r["repeat"]), int(r.get("round", 0))), []).append(r)
             row.tps = [
                 sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs)
                 for _, rs in sorted(by_rep.items())
@@ -470,7 +471,7 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
 
 
 def specrs_worker(
-    jobs: list[SpecJob], items: list[dict[str, Any]], max_tokens: int, repeats: int
+    jobs: list[SpecJob], items: list[dict[str, Any]], max_tokens: int, repeats: int, batch_rounds: int = 1
 ) -> dict[str, Any]:
     """Runs inside the subprocess: builds every configuration's engine, warms each up, then
     times the workloads with the configurations interleaved.
@@ -483,6 +484,10 @@ def specrs_worker(
     stretch of a shared machine falls on all of them alike: ratios between configurations are
     measured side by side, not minutes apart. A configuration whose engine cannot be built
     records its error and the others go on.
+
+    A batch workload is one call of several seconds, so a repetition has one sample of it
+    where the prompt sets have dozens of calls; each repetition runs it ``batch_rounds`` times
+    (in turns again), each round its own sample (``round`` in the record).
     """
     from spec_rs import LLM, SamplingParams, SpeculativeConfig
 
@@ -517,14 +522,15 @@ def specrs_worker(
     for rep in range(repeats):
         for batch, convs in workloads:
             takers = [job for job in live if batch in job.batches]
-            if not takers:
-                continue
-            turn += 1
-            for job in takers[turn % len(takers) :] + takers[: turn % len(takers)]:
-                t = time.perf_counter()
-                outs = engines[job.key].chat([c["messages"] for c in convs], params)
-                runs = results[job.key]["runs"]
-                runs.append(_record(rep, convs[0]["set"], batch, outs, time.perf_counter() - t))
+            for round_ in range(batch_rounds if batch > 1 else 1):
+                if not takers:
+                    break
+                turn += 1
+                for job in takers[turn % len(takers) :] + takers[: turn % len(takers)]:
+                    t = time.perf_counter()
+                    outs = engines[job.key].chat([c["messages"] for c in convs], params)
+                    record = _record(rep, convs[0]["set"], batch, outs, time.perf_counter() - t)
+                    results[job.key]["runs"].append({**record, "round": round_})
     plain_types = (str, int, float, bool, type(None), list, dict)
     for key, llm in engines.items():
         results[key]["info"] = {k: v for k, v in llm.info.items() if isinstance(v, plain_types)}
@@ -567,6 +573,7 @@ def specrs_worker_command(
         *("--jobs", json.dumps([asdict(job) for job in jobs])),
         *("--prompts", str(prompts_file), "--out", str(out)),
         *("--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats)),
+        *("--batch-rounds", str(args.batch_rounds)),
     ]
 
 
@@ -1277,7 +1284,8 @@ def header_lines(ctx: dict[str, Any]) -> list[str]:
         f"{ctx['counts']['quote']} quote-back prompts (repeat / edit text given in the prompt), each "
         f"wrapped in the model's chat template; greedy, at most {args.max_tokens} new tokens; single "
         "stream = one request at a time; tokens/s = generated tokens / wall time including prefill, "
-        f"summed over the prompt set; median of {args.repeats} repetition(s), range = min-max; one "
+        f"summed over the prompt set; median of {args.repeats} repetition(s) (spec-rs batch rows: "
+        f"{args.batch_rounds} timed calls per repetition, each a sample), range = min-max; one "
         "untimed warm-up generation per system. The spec-rs configurations run interleaved in one "
         "process (each prompt and batch by every configuration in turn), so their ratios to each "
         "other (x own plain, x plain at this batch) are medians of per-repetition ratios measured "
@@ -1525,6 +1533,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[8, 32])
     p.add_argument(
+        "--batch-rounds",
+        type=int,
+        default=3,
+        help="timed calls of each spec-rs batch workload per repetition, each a sample (default 3)",
+    )
+    p.add_argument(
         "--model", default=DEFAULT_MODEL, help="GGUF (alias or path) shared by spec-rs and the peers"
     )
     p.add_argument(
@@ -1570,6 +1584,7 @@ def build_parser() -> argparse.ArgumentParser:
 def apply_quick(args: argparse.Namespace) -> None:
     if args.quick:
         args.prompts, args.quote_prompts, args.max_tokens, args.repeats, args.step_tokens = 2, 1, 16, 1, 16
+        args.batch_rounds = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1792,13 +1807,15 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--max-tokens", type=int, required=True)
     p.add_argument("--repeats", type=int, required=True)
+    p.add_argument("--batch-rounds", type=int, default=1)
     return p
 
 
 def _worker_main(argv: list[str]) -> int:
     a = _worker_parser().parse_args(argv)
     jobs = [SpecJob(**{**fields, "batches": tuple(fields["batches"])}) for fields in json.loads(a.jobs)]
-    result = specrs_worker(jobs, json.loads(Path(a.prompts).read_text()), a.max_tokens, a.repeats)
+    items = json.loads(Path(a.prompts).read_text())
+    result = specrs_worker(jobs, items, a.max_tokens, a.repeats, a.batch_rounds)
     Path(a.out).write_text(json.dumps(result, indent=1))
     return 0
 
