@@ -8,8 +8,9 @@
 #
 # CUDA comes from PyPI wheels (scripts/cuda-env.sh: CUDA 13.0, sm_90 for H100/H200). Code is
 # built for the portable x86-64-v3 CPU target (.cargo/config.toml) and stripped. The device
-# machine takes at most 64 MiB per call (scripts/gpu-check.sh carries gpu-check.tar.xz, not
-# the loose binaries); sizes are printed at the end.
+# machine takes at most 64 MiB per call, the working tree included: carry
+# dist/cuda/gpu-check.tar.xz alone, not dist/cuda (the CLI binary alone is over 100 MiB);
+# sizes are printed at the end.
 #
 # Knobs: CARGO_TARGET_DIR (default /tmp/target-cuda, kept apart from CPU builds because
 # candle's kernels are rebuilt whenever the feature set changes), SPECRS_BUILD_WHEEL=0 to skip
@@ -34,10 +35,13 @@ echo "== spec-rs binary and the benchmark"
 install -m 755 "$CARGO_TARGET_DIR/release/spec-rs" "$out/spec-rs"
 
 echo "== GPU check bundle"
+# What scripts/gpu-check.sh runs: the specrs-models unit tests, the engine's device_paths tests
+# and the benchmark. (The specrs-engine unit tests are built by the same cargo invocation, so
+# that its feature resolution matches the binaries', but are CPU tests and stay behind.)
 bundle="$CARGO_TARGET_DIR/gpu-check"
 rm -rf "$bundle" && mkdir -p "$bundle"
 tests=$("${cargo_cuda[@]}" test "${common[@]}" --no-run --message-format=json \
-    -p specrs-models -p specrs-engine --lib --test device_paths --test engine_default_model |
+    -p specrs-models -p specrs-engine --lib --test device_paths |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -49,12 +53,16 @@ for line in sys.stdin:
         print(m["executable"])')
 for exe in $tests; do
     name=$(basename "$exe")
-    # specrs_models-<hash> and specrs_engine-<hash> are the unit tests; keep the crate name.
-    install -m 755 "$exe" "$bundle/${name%-*}"
+    name=${name%-*} # specrs_models-<hash>: keep the crate or test name
+    case "$name" in
+        specrs_models | device_paths) install -m 755 "$exe" "$bundle/$name" ;;
+    esac
 done
 install -m 755 "$CARGO_TARGET_DIR/release/examples/gpu_bench" "$bundle/gpu_bench"
 strip "$bundle"/*
-tar -C "$bundle" -cf - . | xz -T "$jobs" -9 >"$out/gpu-check.tar.xz"
+# The binaries share candle's PTX and the shipped draft head: a dictionary larger than one
+# binary lets xz store the shared bytes once (29 MB at -9, 23 MB with this dictionary).
+tar -C "$bundle" -cf - . | xz -T 1 --lzma2=preset=9e,dict=192MiB >"$out/gpu-check.tar.xz"
 
 if [[ "${SPECRS_BUILD_WHEEL:-1}" != 0 ]]; then
     echo "== wheel"
