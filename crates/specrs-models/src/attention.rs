@@ -2,14 +2,15 @@
 //!
 //! On CPU a fused kernel reads keys and values straight from the cache blocks through each
 //! row's block table, one query at a time with a softmax over only the keys it sees: no
-//! gathered copies of the context and no `[q, k]` score matrix. Elsewhere (CUDA) the
-//! device-generic path gathers each row's context and runs batched matmuls; it is also the
+//! gathered copies of the context and no `[q, k]` score matrix. Elsewhere (CUDA) decode and
+//! verify rows attend together in padded batched matmuls (`crate::padded_attention`) and
+//! prefill chunks one row at a time through the device-generic path, which is also the
 //! reference the CPU kernel is tested against.
 
 use candle_core::{CpuStorage, CustomOp3, D, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::batch::{AttentionMask, ForwardBatch};
+use crate::batch::{AttentionMask, BatchRow, ForwardBatch};
 
 /// Static shape of one attention layer.
 #[derive(Debug, Clone, Copy)]
@@ -33,12 +34,12 @@ pub fn paged_attention(
         let op = CpuPagedAttention { batch, shape };
         q.contiguous()?.apply_op3_no_bwd(k_cache, v_cache, &op)
     } else {
-        reference_attention(q, k_cache, v_cache, batch, shape)
+        crate::padded_attention::ragged_attention(q, k_cache, v_cache, batch, shape)
     }
 }
 
 /// Keys visible to query `j` of a row: `[first, last]` in the row's KV index space.
-fn visible_keys(
+pub(crate) fn visible_keys(
     mask: AttentionMask,
     window: Option<usize>,
     cached: usize,
@@ -386,42 +387,52 @@ pub fn reference_attention(
     batch: &ForwardBatch,
     shape: AttentionShape,
 ) -> Result<Tensor> {
+    let outs =
+        batch.rows.iter().map(|row| attend_row(q, k_cache, v_cache, batch, row, shape)).collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&outs, 0)?.contiguous()
+}
+
+/// [`reference_attention`] of one row: its queries `[query_len, heads, d]`.
+pub(crate) fn attend_row(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &ForwardBatch,
+    row: &BatchRow,
+    shape: AttentionShape,
+) -> Result<Tensor> {
     let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale } = shape;
     let group = num_heads / num_kv_heads;
     let device = q.device();
     let bs = batch.block_size;
-    let mut outs = Vec::with_capacity(batch.rows.len());
-    for row in &batch.rows {
-        let table = batch.row_block_table(row);
-        let ctx = row.context_len;
-        let slots: Vec<u32> = (0..ctx).map(|x| table[x / bs] * bs as u32 + (x % bs) as u32).collect();
-        let slots = Tensor::from_vec(slots, ctx, device)?;
-        // 1. Gather: [ctx, kv_heads * d] -> [kv_heads, ctx, d], repeated to every head.
-        let gather = |cache: &Tensor| -> Result<Tensor> {
-            let x = cache.index_select(&slots, 0)?.reshape((ctx, num_kv_heads, 1, d))?;
-            let x = x.broadcast_as((ctx, num_kv_heads, group, d))?.reshape((ctx, num_heads, d))?;
-            x.transpose(0, 1)?.contiguous()?.to_dtype(q.dtype())
-        };
-        let k = gather(k_cache)?;
-        let v = gather(v_cache)?;
-        // 2. Scores [heads, q_len, ctx] with the mask as -inf.
-        let qr = q.narrow(0, row.query_start, row.query_len)?.transpose(0, 1)?.contiguous()?;
-        let scores = (qr.matmul(&k.t()?)? * scale as f64)?.to_dtype(DType::F32)?;
-        let mut mask = vec![0f32; row.query_len * ctx];
-        for j in 0..row.query_len {
-            let (first, last) = visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
-            for x in 0..ctx {
-                if x < first || x > last {
-                    mask[j * ctx + x] = f32::NEG_INFINITY;
-                }
+    let table = batch.row_block_table(row);
+    let ctx = row.context_len;
+    let slots: Vec<u32> = (0..ctx).map(|x| table[x / bs] * bs as u32 + (x % bs) as u32).collect();
+    let slots = Tensor::from_vec(slots, ctx, device)?;
+    // 1. Gather: [ctx, kv_heads * d] -> [kv_heads, ctx, d], repeated to every head.
+    let gather = |cache: &Tensor| -> Result<Tensor> {
+        let x = cache.index_select(&slots, 0)?.reshape((ctx, num_kv_heads, 1, d))?;
+        let x = x.broadcast_as((ctx, num_kv_heads, group, d))?.reshape((ctx, num_heads, d))?;
+        x.transpose(0, 1)?.contiguous()?.to_dtype(q.dtype())
+    };
+    let k = gather(k_cache)?;
+    let v = gather(v_cache)?;
+    // 2. Scores [heads, q_len, ctx] with the mask as -inf.
+    let qr = q.narrow(0, row.query_start, row.query_len)?.transpose(0, 1)?.contiguous()?;
+    let scores = (qr.matmul(&k.t()?)? * scale as f64)?.to_dtype(DType::F32)?;
+    let mut mask = vec![0f32; row.query_len * ctx];
+    for j in 0..row.query_len {
+        let (first, last) = visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
+        for x in 0..ctx {
+            if x < first || x > last {
+                mask[j * ctx + x] = f32::NEG_INFINITY;
             }
         }
-        let mask = Tensor::from_vec(mask, (1, row.query_len, ctx), device)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?.to_dtype(q.dtype())?;
-        // 3. [heads, q_len, d] -> [q_len, heads, d].
-        outs.push(probs.matmul(&v)?.transpose(0, 1)?);
     }
-    Tensor::cat(&outs, 0)?.contiguous()
+    let mask = Tensor::from_vec(mask, (1, row.query_len, ctx), device)?;
+    let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?.to_dtype(q.dtype())?;
+    // 3. [heads, q_len, d] -> [q_len, heads, d].
+    probs.matmul(&v)?.transpose(0, 1)
 }
 
 /// Attention metadata of a fixed-shape batch: `rows` rows of exactly `queries` query tokens,
@@ -495,7 +506,6 @@ pub fn all_finite(t: &Tensor) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::BatchRow;
     use crate::kv_cache::PagedKvCache;
     use candle_core::Device;
 

@@ -19,6 +19,7 @@ pub mod linear;
 pub mod models;
 pub mod norm;
 pub mod packed_quant;
+pub mod padded_attention;
 pub mod placement;
 pub mod reductions;
 pub mod rope;
