@@ -339,6 +339,15 @@ impl Engine {
         }
     }
 
+    /// Ends every request with `FinishReason::Error` and `message`: a step failed in a way
+    /// the engine cannot attribute to single rows, and the clients must learn why.
+    pub fn fail_all(&mut self, message: &str) {
+        let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
+        for id in ids {
+            self.finish(id, FinishReason::Error, Some(message.to_string()));
+        }
+    }
+
     fn forget(&mut self, id: SeqId, reason: FinishReason, seq: &Sequence) {
         self.scheduler.remove(id);
         if let Some(p) = self.proposer.as_mut() {

@@ -273,8 +273,8 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Command>) {
         if engine.has_work()
             && let Err(e) = engine.step()
         {
-            tracing::error!("engine step failed: {e}; cancelling running requests");
-            engine.abort_all();
+            tracing::error!("engine step failed: {e}; failing running requests");
+            engine.fail_all(&format!("engine step failed: {e}"));
         }
     }
 }

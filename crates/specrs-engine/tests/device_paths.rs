@@ -151,6 +151,9 @@ fn tokens(outs: &[FinalOutput]) -> Vec<Vec<u32>> {
 
 fn run(h: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<FinalOutput> {
     let out = h.generate(requests).unwrap();
+    for (i, o) in out.iter().enumerate() {
+        assert!(o.error.is_none(), "request {i} failed ({:?}): {}", o.finish_reason, o.error.as_deref().unwrap_or(""));
+    }
     let (free, total) = h.kv_blocks().unwrap();
     assert_eq!(free, total, "every KV block returns to the pool");
     out
@@ -247,7 +250,14 @@ fn greedy_speculative_decoding_is_lossless_for_every_method() {
         );
         let config = spec(method, 3, |c| c.enable_prompt_lookup = prompt_lookup);
         let spec = run(&engine(&Setup { target, draft, spec: config, on_device: None }), requests(24));
-        assert_eq!(tokens(&plain), tokens(&spec), "{method} {draft:?} prompt lookup {prompt_lookup}");
+        let finish = |outs: &[FinalOutput]| outs.iter().map(|o| o.finish_reason).collect::<Vec<_>>();
+        assert_eq!(
+            tokens(&plain),
+            tokens(&spec),
+            "{method} {draft:?} prompt lookup {prompt_lookup}; finish reasons plain {:?}, speculative {:?}",
+            finish(&plain),
+            finish(&spec)
+        );
     }
 }
 

@@ -414,13 +414,10 @@ impl SequentialDraftModel for EagleDraft {
             }
         };
         // 3. Logits where asked.
-        let idx = Tensor::from_slice(&batch.logits_indices, batch.logits_indices.len(), &self.device)?;
-        let at = out.index_select(&idx, 0)?;
-        let logits = match &self.norm {
-            Some(n) => self.lm_head.matmul_t(&n.forward(&at)?)?,
-            None => self.lm_head.matmul_t(&at)?,
-        }
-        .to_dtype(DType::F32)?;
+        let logits = super::logits_at(&out, &batch.logits_indices, self.cfg.draft_vocab_size, |at| match &self.norm {
+            Some(n) => self.lm_head.matmul_t(&n.forward(at)?),
+            None => self.lm_head.matmul_t(at),
+        })?;
         let next = match (&self.norm, self.cfg.norm_output) {
             (Some(n), true) => n.forward(&out)?,
             _ => out,

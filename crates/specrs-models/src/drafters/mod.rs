@@ -20,7 +20,7 @@ pub mod mtp;
 
 use std::sync::Arc;
 
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
 use crate::batch::ForwardBatch;
 use crate::kv_cache::PagedKvCache;
@@ -163,4 +163,21 @@ pub trait BlockDraftModel: Send + Sync {
     fn kv_bytes_per_token(&self) -> u64 {
         self.backbone().kv_bytes_per_token()
     }
+}
+
+/// Logits `[n, vocab]` (f32) of the rows `indices` of a drafter's output `out [T, H]`, through
+/// `head`. A forward that only feeds positions (a catch-up, or rows riding along while no row
+/// drafts) asks for none: its empty result is made on the host, because CUDA cannot allocate
+/// a zero-sized buffer (`index_select` with an empty index fails there).
+pub(crate) fn logits_at(
+    out: &Tensor,
+    indices: &[u32],
+    vocab: usize,
+    head: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    if indices.is_empty() {
+        return Tensor::zeros((0, vocab), DType::F32, &candle_core::Device::Cpu);
+    }
+    let idx = Tensor::from_slice(indices, indices.len(), out.device())?;
+    head(&out.index_select(&idx, 0)?)?.to_dtype(DType::F32)
 }

@@ -181,8 +181,8 @@ impl SequentialDraftModel for MtpDraft {
         };
         let y = self.final_layernorm.forward(&self.layer.forward(&attn_in, &u, &self.rope, kv, batch)?)?;
         // 3. Logits with the target's head.
-        let idx = Tensor::from_slice(&batch.logits_indices, batch.logits_indices.len(), &self.device)?;
-        let logits = self.lm_head.matmul_t(&y.index_select(&idx, 0)?)?.to_dtype(DType::F32)?;
+        let logits =
+            super::logits_at(&y, &batch.logits_indices, self.layer_cfg.vocab_size, |at| self.lm_head.matmul_t(at))?;
         Ok((y, DraftLogits { logits, draft_to_target: None }))
     }
 
