@@ -21,9 +21,9 @@
 #                definitions, fixed-shape attention and graph capture/replay, the engine's
 #                device paths (lossless greedy for every sequential method, reductions equal
 #                to host copies, sampled distribution)
-#   2. default-model : the default model (bf16) with its shipped EAGLE-3 head on the held-out
-#                chat prompts, real acceptance: tokens/s at batch 1/32/128, plain and
-#                speculative, and whether each speculative row equals the plain row
+#   2. default-model : the default model (bf16, then f32) with its shipped EAGLE-3 head on the
+#                held-out chat prompts, real acceptance: tokens/s at batch 1/32/128, plain
+#                and speculative, and whether each speculative row equals the plain row
 #   3. bench   : a Llama-3-8B-shaped random bf16 model generated here, decode tokens/s at
 #                batch 1/32/128, plain and speculative (EAGLE-1 head, synthetic acceptance),
 #                against the H200's 4.8 TB/s roofline
@@ -121,6 +121,11 @@ if [[ " $phases " == *" default-model "* ]]; then
         phase default-model 240 env HOME="$work" "$work/bin/gpu_bench" --model smollm2-135m-instruct \
             --shipped-draft --dtype bf16 --device cuda --batches 1,32,128 --gen 128 --prompt-len 96 \
             --bandwidth 4.8e12 --out "$results/default-model.jsonl"
+        # The same in f32: greedy speculative rows must equal plain rows where no bf16 near-tie
+        # between GEMM shapes can flip an argmax.
+        phase default-model-f32 150 env HOME="$work" "$work/bin/gpu_bench" --model smollm2-135m-instruct \
+            --shipped-draft --dtype f32 --device cuda --batches 1,32 --gen 128 --prompt-len 96 \
+            --bandwidth 4.8e12 --out "$results/default-model-f32.jsonl"
     else
         note "SKIP: default-model (no GGUF: stage it with scripts/stage-default-model.sh, or set SPEC_RS_MODEL_DIR)"
     fi

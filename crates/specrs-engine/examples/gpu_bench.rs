@@ -196,10 +196,17 @@ fn engine(args: &Args, mode: &Mode, kv_bytes: u64) -> Result<EngineHandle, Strin
         max_num_batched_tokens: (max_batch * args.prompt_len).max(2048),
         max_prefill_chunk: args.prompt_len,
         kv_cache_bytes: kv_bytes,
+        max_model_len: Some(max_model_len(args)),
         ..EngineConfig::default()
     };
     let (engine, info) = build_engine(&cfg).map_err(|e| e.to_string())?;
     Ok(EngineHandle::spawn(engine, Some(info)))
+}
+
+/// The context length the engines run with: the longest prompt this benchmark sends (chat
+/// prompts are templated, so at least 512 tokens are allowed) plus what it generates.
+fn max_model_len(args: &Args) -> usize {
+    args.prompt_len.max(512) + args.new_tokens + 4 * args.k + 16
 }
 
 fn requests(args: &Args, batch: usize, max_tokens: usize, vocab: u32) -> Vec<GenerationRequest> {
@@ -251,10 +258,14 @@ fn run(args: &Args) -> Result<(), String> {
         _ => None,
     };
     let weights = weight_bytes(&args.model, dense_bytes)?;
-    let kv_per_token = kv_bytes_per_token(&args.model, 2)?;
+    // The KV cache holds activations' dtype: f32 for an f32 model, half precision otherwise.
+    let kv_per_token = kv_bytes_per_token(&args.model, if args.dtype == ModelDType::F32 { 4 } else { 2 })?;
     let max_batch = *args.batches.iter().max().unwrap_or(&1) as u64;
-    let kv_bytes =
-        (max_batch * (args.prompt_len + args.new_tokens + 2 * args.k + 8) as u64 * kv_per_token * 5 / 4).max(64 << 20);
+    // Every sequence must fit the pool alone, so the context is capped near what runs here.
+    let max_model_len = max_model_len(args);
+    let kv_bytes = (max_batch * (args.prompt_len + args.new_tokens + 2 * args.k + 8) as u64 * kv_per_token * 5 / 4)
+        .max(max_model_len as u64 * kv_per_token * 5 / 4)
+        .max(64 << 20);
     let synthetic = SpeculativeConfig {
         speculative_method: Some(if args.draft.is_some() {
             SpeculativeMethod::Eagle
