@@ -5,7 +5,8 @@
 //! verify rows, at most [`PADDED_MAX_QUERY`] queries) are sorted by context length and
 //! padded into groups of a common shape, each group one [`fixed_attention`] call; the long
 //! rows (prefill chunks), whose padding would cost more than their launches, attend alone
-//! through [`attend_row`]. One gather puts every token's output back in batch order.
+//! through [`attend_row`], as does a short row with no other to share a group. One gather
+//! puts every token's output back in batch order.
 //!
 //! The layout (key slots, visibility bounds, gather indices) depends only on the batch, so it
 //! is built and uploaded once per step and reused by every layer: the last layout is kept per
@@ -45,10 +46,8 @@ pub fn ragged_attention(
     for &r in &layout.long_rows {
         outs.push(attend_row(q, k_cache, v_cache, batch, &batch.rows[r], shape)?);
     }
-    if outs.len() == 1 && layout.is_identity {
-        return outs.pop().expect("one output").contiguous();
-    }
-    Tensor::cat(&outs, 0)?.index_select(&layout.order, 0)
+    let all = if outs.len() == 1 { outs.pop().expect("one output") } else { Tensor::cat(&outs, 0)? };
+    if layout.is_identity { all.contiguous() } else { all.index_select(&layout.order, 0) }
 }
 
 /// One padded group: `rows` short rows of up to `queries` queries over up to `keys` keys.
@@ -111,8 +110,13 @@ impl PaddedLayout {
 
     fn build(batch: &ForwardBatch, num_heads: usize, device: &candle_core::Device) -> Result<Self> {
         let num_tokens: usize = batch.rows.iter().map(|r| r.query_len).sum();
-        let (mut short, long_rows): (Vec<usize>, Vec<usize>) =
+        let (mut short, mut long_rows): (Vec<usize>, Vec<usize>) =
             (0..batch.rows.len()).partition(|&r| batch.rows[r].query_len <= PADDED_MAX_QUERY);
+        if short.len() == 1 {
+            // One short row gains nothing from padding, and alone it takes fewer kernels.
+            long_rows.append(&mut short);
+            long_rows.sort_unstable();
+        }
         // Longest contexts first, so each group pads its keys to rows of similar length.
         short.sort_by_key(|&r| std::cmp::Reverse(batch.rows[r].context_len));
         let mut order = vec![0u32; num_tokens];
@@ -300,6 +304,22 @@ mod tests {
         assert!(split.groups.len() > 1, "{} groups", split.groups.len());
         assert_eq!(split.groups.len(), 8);
         assert!(split.groups.iter().all(|g| g.fixed.rows == 1));
+    }
+
+    #[test]
+    fn a_lone_decode_row_attends_without_padding() {
+        let (cache, batch, q) = step(&[(1, 9), (20, 22)]);
+        let layout = PaddedLayout::build(&batch, SHAPE.num_heads, &Device::Cpu).unwrap();
+        assert!(layout.groups.is_empty());
+        assert_eq!(layout.long_rows, [0, 1]);
+        assert!(layout.is_identity);
+        let (kc, vc) = cache.layer(0);
+        let diff = crate::testing::max_abs_diff(
+            &ragged_attention(&q, kc, vc, &batch, SHAPE).unwrap(),
+            &reference_attention(&q, kc, vc, &batch, SHAPE).unwrap(),
+        )
+        .unwrap();
+        assert!(diff < 1e-6, "{diff}");
     }
 
     #[test]
