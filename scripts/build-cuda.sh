@@ -35,13 +35,13 @@ echo "== spec-rs binary and the benchmark"
 install -m 755 "$CARGO_TARGET_DIR/release/spec-rs" "$out/spec-rs"
 
 echo "== GPU check bundle"
-# What scripts/gpu-check.sh runs: the specrs-models unit tests, the engine's device_paths tests
-# and the benchmark. (The specrs-engine unit tests are built by the same cargo invocation, so
+# What scripts/gpu-check.sh runs: the specrs-models unit tests, the engine's device_paths and
+# block_drafters tests and the benchmark. (The specrs-engine unit tests are built by the same cargo invocation, so
 # that its feature resolution matches the binaries', but are CPU tests and stay behind.)
 bundle="$CARGO_TARGET_DIR/gpu-check"
 rm -rf "$bundle" && mkdir -p "$bundle"
 tests=$("${cargo_cuda[@]}" test "${common[@]}" --no-run --message-format=json \
-    -p specrs-models -p specrs-engine --lib --test device_paths |
+    -p specrs-models -p specrs-engine --lib --test device_paths --test block_drafters |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -55,7 +55,7 @@ for exe in $tests; do
     name=$(basename "$exe")
     name=${name%-*} # specrs_models-<hash>: keep the crate or test name
     case "$name" in
-        specrs_models | device_paths) install -m 755 "$exe" "$bundle/$name" ;;
+        specrs_models | device_paths | block_drafters) install -m 755 "$exe" "$bundle/$name" ;;
     esac
 done
 install -m 755 "$CARGO_TARGET_DIR/release/examples/gpu_bench" "$bundle/gpu_bench"

@@ -20,7 +20,8 @@
 #   1. tests   : the CUDA test subset on device "cuda": device reductions against the host
 #                definitions, fixed-shape attention and graph capture/replay, the engine's
 #                device paths (lossless greedy for every sequential method, reductions equal
-#                to host copies, sampled distribution)
+#                to host copies, sampled distribution), the block drafters (DFlash, DFlash2,
+#                DSpark: oracle acceptance, losslessness in batches, sampled proposals)
 #   2. default-model : the default model (bf16, then f32) with its shipped EAGLE-3 head on the
 #                held-out chat prompts, real acceptance: tokens/s at batch 1/32/128, plain
 #                and speculative, and whether each speculative row equals the plain row
@@ -113,6 +114,10 @@ phases="${SPECRS_GPU_PHASES:-tests default-model bench}"
 if [[ " $phases " == *" tests "* ]]; then
     phase models-tests 180 "$work/bin/specrs_models" --test-threads 1 reductions graph placement attention kv_cache
     phase engine-device-paths 240 "$work/bin/device_paths" --test-threads 1
+    # The block drafters' engine-level tests (the others compare with drafts computed on the
+    # host, which are CPU tests).
+    phase engine-block-drafters 240 "$work/bin/block_drafters" --test-threads 1 \
+        oracle_block_drafters explicit_widths a_confidence_threshold random_block_drafters sampled_block_proposals
 fi
 
 if [[ " $phases " == *" default-model "* ]]; then

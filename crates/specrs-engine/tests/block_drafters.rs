@@ -24,8 +24,8 @@ use specrs_core::sampling::SamplingParams;
 use specrs_core::width::VerifyWidthRange;
 use specrs_engine::proposer::block::{BlockProposer, checkpoint_draft_width, draft_skip_schedule};
 use specrs_engine::{
-    Engine, EngineConfig, EngineError, EngineHandle, EngineParts, FinalOutput, GenerationRequest, PipelineConfig,
-    Prompt, build_engine,
+    DeviceSpec, Engine, EngineConfig, EngineError, EngineHandle, EngineParts, FinalOutput, GenerationRequest,
+    PipelineConfig, Prompt, build_engine,
 };
 use specrs_models::drafters::block::BlockBackbone;
 use specrs_models::drafters::dflash::DFlashDraft;
@@ -43,8 +43,15 @@ fn write(dir: &Path, cfg: &Value, tensors: &HashMap<String, Tensor>) {
     testing::write_checkpoint(dir, cfg, tensors).unwrap();
 }
 
+/// The device engines run on: `SPECRS_TEST_DEVICE` (`cpu` by default; `cuda` in a CUDA build
+/// on a GPU machine, where scripts/gpu-check.sh runs the engine-level tests of this file).
+fn device() -> DeviceSpec {
+    std::env::var("SPECRS_TEST_DEVICE").map_or(DeviceSpec::Cpu, |d| d.parse().expect("SPECRS_TEST_DEVICE"))
+}
+
 fn pipeline(target: &Path, draft: Option<&Path>, spec: SpeculativeConfig) -> PipelineConfig {
     let mut cfg = PipelineConfig::new(target.to_str().unwrap());
+    cfg.device = device();
     cfg.draft_model = draft.map(|d| d.to_str().unwrap().to_string());
     cfg.dtype = ModelDType::F32;
     cfg.speculative = spec;
