@@ -76,8 +76,15 @@ def write_tokenizer(out, vocab):
     tok = {
         "version": "1.0",
         "added_tokens": [
-            {"id": vocab - 1, "content": "</s>", "single_word": False, "lstrip": False,
-             "rstrip": False, "normalized": False, "special": True}
+            {
+                "id": vocab - 1,
+                "content": "</s>",
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
         ],
         "normalizer": None,
         "pre_tokenizer": {"type": "Whitespace"},
@@ -148,7 +155,8 @@ class Random:
 
     def normal(self, *shape):
         if torch is not None:
-            t = torch.empty(*shape, dtype=torch.bfloat16, device=self.device).normal_(0.0, 0.02, generator=self.gen)
+            t = torch.empty(*shape, dtype=torch.bfloat16, device=self.device)
+            t = t.normal_(0.0, 0.02, generator=self.gen)
             return t.view(torch.int16).cpu().numpy().view(np.uint16), shape
         x = self.rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
         return (x.view(np.uint32) >> 16).astype(np.uint16), shape

@@ -39,7 +39,7 @@ def main():
                 continue
             data = src.read(name)
             if name.startswith(old_info):
-                name = new_info + name[len(old_info):]
+                name = new_info + name[len(old_info) :]
                 if name.endswith("METADATA"):
                     data = re.sub(rb"(?m)^Name: .*$", f"Name: {new_name}".encode(), data, count=1)
             info = zipfile.ZipInfo(name, item.date_time)

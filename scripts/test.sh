@@ -32,8 +32,8 @@ step "Python package (dev profile: reuses the Rust build above)"
 MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 
 step "ruff"
-python3 -m ruff check python tests benches
-python3 -m ruff format --check python tests benches
+python3 -m ruff check python tests benches scripts
+python3 -m ruff format --check python tests benches scripts
 
 step "stub check"
 python3 -m mypy.stubtest spec_rs._spec_rs
