@@ -213,16 +213,9 @@ mod tests {
     use crate::kv_cache::PagedKvCache;
     use candle_core::{DType, Device};
 
+    /// Uniform values in [-0.5, 0.5).
     fn rand(shape: &[usize], seed: u64) -> Tensor {
-        let n: usize = shape.iter().product();
-        let mut s = seed;
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 33) as f32 / (1u64 << 31) as f32) - 0.5
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        crate::testing::random_tensor(shape, 0.5, seed).unwrap()
     }
 
     const SHAPE: AttentionShape = AttentionShape { num_heads: 6, num_kv_heads: 2, head_dim: 8, scale: 0.35 };
