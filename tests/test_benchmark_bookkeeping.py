@@ -147,3 +147,61 @@ def test_the_worker_runs_batch_workloads_in_rounds_taking_turns(monkeypatch: pyt
     assert rounds == [(rep, rnd) for rep in range(2) for rnd in range(3)]
     single = [r for r in result["plain"]["runs"] if r["batch"] == 1]
     assert [r["round"] for r in single] == [0, 0], "a single-stream prompt runs once per repetition"
+
+
+def test_extra_configurations_run_beside_the_built_in_ones_and_compare_with_plain() -> None:
+    args = rb.build_parser().parse_args(
+        [
+            "--specrs-configs",
+            "plain",
+            "--specrs-extra",
+            'cut0.1={"speculative_method": "eagle", "num_speculative_tokens": 3, '
+            '"draft_confidence_threshold": 0.1}',
+            "--specrs-extra",
+            'ngram2={"speculative_method": "ngram", "num_speculative_tokens": 2}',
+        ]
+    )
+    jobs = {job.key: job for job in rb.specrs_jobs(args)}
+    assert list(jobs) == ["plain", "cut0.1", "ngram2"]
+    # A model drafter drafts with the shipped head; n-gram needs no draft model.
+    assert jobs["cut0.1"].draft == str(args.eagle_draft)
+    assert jobs["cut0.1"].speculative == {
+        "speculative_method": "eagle",
+        "num_speculative_tokens": 3,
+        "draft_confidence_threshold": 0.1,
+    }
+    assert jobs["ngram2"].draft is None and jobs["ngram2"].batches == (1,)
+    # Their speedup is measured against spec-rs plain, paired repetition by repetition.
+    plain = rb.Row("plain", "spec-rs", "plain", "auto", "chat", tps=[100.0, 50.0])
+    extra = rb.Row("cut0.1", "spec-rs", jobs["cut0.1"].method, "auto", "chat", tps=[130.0, 65.0])
+    assert rb.own_plain_of(extra) == "plain"
+    assert rb.ratio(extra, plain) == pytest.approx(1.3)
+    assert rb.own_plain_of(rb.Row("llama", "llama.cpp", "plain", "GGUF", "chat")) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ('{"speculative_method": "eagle"}', "NAME=JSON"),
+        ('Cut={"speculative_method": "eagle"}', "lower-case NAME"),
+        ('plain={"speculative_method": "eagle"}', "built-in configuration"),
+        ("cut={speculative_method: eagle}", "not JSON"),
+        ("cut=[3]", "JSON object of SpeculativeConfig fields"),
+    ],
+)
+def test_a_malformed_extra_configuration_is_refused_with_what_to_write(value: str, complaint: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=complaint):
+        rb.parse_extra_config(value)
+
+
+def test_an_extra_configuration_spec_rs_refuses_stops_the_run_before_it_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bad = '--specrs-extra=cut={"speculative_method": "eagle", "draft_confidence_threshold": 1.5}'
+    with pytest.raises(SystemExit) as exit_info:
+        rb.main(["--systems", "specrs", "--specrs-configs", "plain", bad, "--dry-run"])
+    assert exit_info.value.code == 2
+    assert "draft_confidence_threshold must be >= 0.0 and < 1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rb.main(["--specrs-configs", "eagle", '--specrs-extra=c={"speculative_method": "eagle"}'])
+    assert "add plain to --specrs-configs" in capsys.readouterr().err

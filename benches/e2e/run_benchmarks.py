@@ -31,6 +31,10 @@ run records why in its row.
     python benches/e2e/run_benchmarks.py                    # everything, 3 repetitions
     python benches/e2e/run_benchmarks.py --quick --systems specrs --output /tmp/b.md
     python benches/e2e/run_benchmarks.py --dry-run          # print the commands, run nothing
+    # a setting side by side with the shipped default and plain decoding, single stream:
+    python benches/e2e/run_benchmarks.py --systems specrs --specrs-configs plain,eagle-lookup-batch \
+        --specrs-extra 'cut0.1={"speculative_method": "eagle", "num_speculative_tokens": 3,
+                                "draft_confidence_threshold": 0.1}' --output /tmp/b.md
 """
 
 from __future__ import annotations
@@ -467,7 +471,51 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
             draft if args.synthetic_drafter == "eagle" else None,
         ),
     }
-    return [jobs[k] for k in args.specrs_configs]
+    extra = [
+        SpecJob(name, _extra_label(name, spec), args.spec_dtype, spec, _draft_for(spec, draft))
+        for name, spec in args.specrs_extra or []
+    ]
+    return [jobs[k] for k in args.specrs_configs] + extra
+
+
+#: Speculative methods that run a draft model: an extra configuration with one of them drafts
+#: with ``--eagle-draft`` (the shipped head).
+DRAFT_MODEL_METHODS = ("eagle", "mtp", "dflash", "dflash2", "dspark")
+
+
+def _extra_label(name: str, spec: dict[str, Any]) -> str:
+    return f"{name}: {json.dumps(spec, sort_keys=True)}"
+
+
+def _draft_for(spec: dict[str, Any], draft: str) -> str | None:
+    return draft if spec.get("speculative_method") in DRAFT_MODEL_METHODS else None
+
+
+def parse_extra_config(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME=JSON`` of ``--specrs-extra``: a new configuration's key and its
+    ``SpeculativeConfig`` fields."""
+    name, sep, body = text.partition("=")
+    name = name.strip()
+    if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", name):
+        raise argparse.ArgumentTypeError(
+            f"--specrs-extra takes NAME=JSON with a lower-case NAME (letters, digits, - _ .), got {text!r}"
+        )
+    if name in SPECRS_CONFIGS:
+        raise argparse.ArgumentTypeError(
+            f"--specrs-extra name {name!r} is a built-in configuration; "
+            "pick another name or use --specrs-configs"
+        )
+    try:
+        spec = json.loads(body)
+    except json.JSONDecodeError as e:
+        message = f"--specrs-extra {name}: the configuration is not JSON ({e})"
+        raise argparse.ArgumentTypeError(message) from None
+    if not isinstance(spec, dict) or not spec:
+        raise argparse.ArgumentTypeError(
+            f"--specrs-extra {name}: give a JSON object of SpeculativeConfig fields, e.g. "
+            '\'{"speculative_method": "eagle", "num_speculative_tokens": 3}\''
+        )
+    return name, spec
 
 
 def specrs_worker(
@@ -922,6 +970,16 @@ OWN_PLAIN = {
 }
 
 
+def own_plain_of(row: Row) -> str | None:
+    """The key of the row ``row`` is measured against: spec-rs's plain decoding for every
+    spec-rs speculative configuration, ``--specrs-extra`` ones included."""
+    if row.key in OWN_PLAIN:
+        return OWN_PLAIN[row.key]
+    if row.system == "spec-rs" and row.key not in SPECRS_CONFIGS:
+        return "plain"
+    return None
+
+
 def ratio(a: Row | None, b: Row | None) -> float | None:
     """`a`'s speed over `b`'s. Two rows whose repetitions ran side by side (two spec-rs
     configurations, interleaved prompt by prompt in one process, see ``specrs_worker``; or any
@@ -1140,7 +1198,8 @@ def single_stream_table(rows: list[Row], prompt_set: str) -> list[str]:
         if not r.median:
             lines.append(md_row(r.system, r.method, r.weights, "—", r.error or "no data", "", "", "", "", ""))
             continue
-        own = ratio(r, find_row(rows, OWN_PLAIN[r.key], prompt_set)) if r.key in OWN_PLAIN else None
+        own_key = own_plain_of(r)
+        own = ratio(r, find_row(rows, own_key, prompt_set)) if own_key else None
         lines.append(
             md_row(
                 r.system,
@@ -1523,6 +1582,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(SPECRS_CONFIGS),
         help=f"spec-rs configurations (default: all of {','.join(SPECRS_CONFIGS)})",
     )
+    p.add_argument(
+        "--specrs-extra",
+        type=parse_extra_config,
+        action="append",
+        metavar="NAME=JSON",
+        help="one more spec-rs configuration, single stream, side by side with the others: a name and a "
+        "JSON object of SpeculativeConfig fields (the shipped head drafts for model methods); repeatable, "
+        'e.g. \'cut0.1={"speculative_method":"eagle","num_speculative_tokens":3,'
+        '"draft_confidence_threshold":0.1}\'',
+    )
     p.add_argument("--repeats", type=int, default=3, help="repetitions; tables show medians (default 3)")
     p.add_argument("--max-tokens", type=int, default=96, help="new tokens per request (default 96)")
     p.add_argument(
@@ -1581,6 +1650,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_extra_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Rejects, before anything runs, a ``--specrs-extra`` that spec-rs's own rules refuse, a name
+    given twice, or extras whose ratio would have no plain row to be measured against."""
+    extras = args.specrs_extra or []
+    if not extras:
+        return
+    from spec_rs import SpeculativeConfig
+
+    names = [name for name, _ in extras]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        parser.error(f"--specrs-extra names must differ: {', '.join(twice)} given more than once")
+    if "specrs" not in args.systems:
+        parser.error("--specrs-extra adds spec-rs configurations; keep specrs in --systems")
+    if "plain" not in args.specrs_configs:
+        parser.error("--specrs-extra rows are measured against spec-rs plain: add plain to --specrs-configs")
+    for name, spec in extras:
+        try:
+            SpeculativeConfig(**spec)
+        except (ValueError, TypeError) as e:
+            parser.error(f"--specrs-extra {name}: spec-rs refuses this configuration: {e}")
+
+
 def apply_quick(args: argparse.Namespace) -> None:
     if args.quick:
         args.prompts, args.quote_prompts, args.max_tokens, args.repeats, args.step_tokens = 2, 1, 16, 1, 16
@@ -1593,9 +1685,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _worker_main(argv[1:])
     if argv[:1] == ["_plot"]:
         return _plot_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     apply_quick(args)
     args.systems = [s for s in args.systems if s not in args.skip]
+    check_extra_configs(parser, args)
     from spec_rs.models import resolve_model
 
     gguf_path = resolve_model(args.model)
