@@ -163,7 +163,7 @@ def test_extra_configurations_run_beside_the_built_in_ones_and_compare_with_plai
     )
     jobs = {job.key: job for job in rb.specrs_jobs(args)}
     assert list(jobs) == ["plain", "cut0.1", "ngram2"]
-    # A model drafter drafts with the shipped head; n-gram needs no draft model.
+    # EAGLE drafts with the shipped head; n-gram needs no draft model.
     assert jobs["cut0.1"].draft == str(args.eagle_draft)
     assert jobs["cut0.1"].speculative == {
         "speculative_method": "eagle",
@@ -205,3 +205,6 @@ def test_an_extra_configuration_spec_rs_refuses_stops_the_run_before_it_starts(
     with pytest.raises(SystemExit):
         rb.main(["--specrs-configs", "eagle", '--specrs-extra=c={"speculative_method": "eagle"}'])
     assert "add plain to --specrs-configs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rb.main(["--specrs-configs", "plain", '--specrs-extra=d={"speculative_method": "dflash"}'])
+    assert "dflash needs its own" in capsys.readouterr().err

@@ -478,9 +478,8 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
     return [jobs[k] for k in args.specrs_configs] + extra
 
 
-#: Speculative methods that run a draft model: an extra configuration with one of them drafts
-#: with ``--eagle-draft`` (the shipped head).
-DRAFT_MODEL_METHODS = ("eagle", "mtp", "dflash", "dflash2", "dspark")
+#: Methods whose draft model the benchmark has no checkpoint for (it has ``--eagle-draft``).
+DRAFTS_NOT_AT_HAND = ("mtp", "dflash", "dflash2", "dspark")
 
 
 def _extra_label(name: str, spec: dict[str, Any]) -> str:
@@ -488,7 +487,7 @@ def _extra_label(name: str, spec: dict[str, Any]) -> str:
 
 
 def _draft_for(spec: dict[str, Any], draft: str) -> str | None:
-    return draft if spec.get("speculative_method") in DRAFT_MODEL_METHODS else None
+    return draft if spec.get("speculative_method") == "eagle" else None
 
 
 def parse_extra_config(text: str) -> tuple[str, dict[str, Any]]:
@@ -1588,7 +1587,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=JSON",
         help="one more spec-rs configuration, single stream, side by side with the others: a name and a "
-        "JSON object of SpeculativeConfig fields (the shipped head drafts for model methods); repeatable, "
+        "JSON object of SpeculativeConfig fields (eagle drafts with --eagle-draft); repeatable, "
         'e.g. \'cut0.1={"speculative_method":"eagle","num_speculative_tokens":3,'
         '"draft_confidence_threshold":0.1}\'',
     )
@@ -1667,6 +1666,12 @@ def check_extra_configs(parser: argparse.ArgumentParser, args: argparse.Namespac
     if "plain" not in args.specrs_configs:
         parser.error("--specrs-extra rows are measured against spec-rs plain: add plain to --specrs-configs")
     for name, spec in extras:
+        if spec.get("speculative_method") in DRAFTS_NOT_AT_HAND:
+            parser.error(
+                f"--specrs-extra {name}: the benchmark drafts with one checkpoint, the EAGLE-3 head of "
+                f"--eagle-draft; {spec['speculative_method']} needs its own (use eagle, ngram or "
+                "synthetic_acceptance_rate)"
+            )
         try:
             SpeculativeConfig(**spec)
         except (ValueError, TypeError) as e:
