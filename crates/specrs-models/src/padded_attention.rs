@@ -249,6 +249,15 @@ mod tests {
         (cache, batch, q)
     }
 
+    /// Largest difference between the padded attention of a step and the reference's.
+    fn gap_to_reference(cache: &PagedKvCache, batch: &ForwardBatch, q: &Tensor) -> f32 {
+        let (kc, vc) = cache.layer(0);
+        let padded = ragged_attention(q, kc, vc, batch, SHAPE).unwrap();
+        let reference = reference_attention(q, kc, vc, batch, SHAPE).unwrap();
+        assert_eq!(padded.dims(), reference.dims());
+        crate::testing::max_abs_diff(&padded, &reference).unwrap()
+    }
+
     #[test]
     fn padded_groups_and_long_rows_give_the_reference_outputs_in_batch_order() {
         // Decode rows, verify rows and a prefill chunk longer than PADDED_MAX_QUERY, with
@@ -259,11 +268,7 @@ mod tests {
         {
             let (cache, batch, q) = step(&rows);
             let batch = ForwardBatch { mask, sliding_window: window, ..batch };
-            let (kc, vc) = cache.layer(0);
-            let padded = ragged_attention(&q, kc, vc, &batch, SHAPE).unwrap();
-            let reference = reference_attention(&q, kc, vc, &batch, SHAPE).unwrap();
-            assert_eq!(padded.dims(), reference.dims());
-            let diff = crate::testing::max_abs_diff(&padded, &reference).unwrap();
+            let diff = gap_to_reference(&cache, &batch, &q);
             assert!(diff < 1e-5, "{mask:?} {window:?}: {diff}");
         }
     }
@@ -284,12 +289,7 @@ mod tests {
             (8, 3, 41),
             "padded to the widest row and the longest context"
         );
-        let (kc, vc) = cache.layer(0);
-        let diff = crate::testing::max_abs_diff(
-            &ragged_attention(&q, kc, vc, &batch, SHAPE).unwrap(),
-            &reference_attention(&q, kc, vc, &batch, SHAPE).unwrap(),
-        )
-        .unwrap();
+        let diff = gap_to_reference(&cache, &batch, &q);
         assert!(diff < 1e-5, "{diff}");
         // Rows whose padded scores exceed the cap go to separate groups.
         let heads = PADDED_MAX_SCORES / (2 * 41) + 1;
@@ -306,12 +306,7 @@ mod tests {
         assert!(layout.groups.is_empty());
         assert_eq!(layout.long_rows, [0, 1]);
         assert!(layout.is_identity);
-        let (kc, vc) = cache.layer(0);
-        let diff = crate::testing::max_abs_diff(
-            &ragged_attention(&q, kc, vc, &batch, SHAPE).unwrap(),
-            &reference_attention(&q, kc, vc, &batch, SHAPE).unwrap(),
-        )
-        .unwrap();
+        let diff = gap_to_reference(&cache, &batch, &q);
         assert!(diff < 1e-6, "{diff}");
     }
 
