@@ -1,11 +1,14 @@
 //! Attention over the paged KV cache for a ragged batch.
 //!
 //! On CPU a fused kernel reads keys and values straight from the cache blocks through each
-//! row's block table, one query at a time with a softmax over only the keys it sees: no
-//! gathered copies of the context and no `[q, k]` score matrix. Elsewhere (CUDA) decode and
+//! row's block table, no gathered copies of the context. The queries of a row that share a kv
+//! head (its heads, and a verify row's or prefill chunk's tokens) share every key and value
+//! load, while each query keeps its own softmax over only the keys it sees. Elsewhere (CUDA) decode and
 //! verify rows attend together in padded batched matmuls (`crate::padded_attention`) and
 //! prefill chunks one row at a time through the device-generic path, which is also the
 //! reference the CPU kernel is tested against.
+
+use std::ops::Range;
 
 use candle_core::{CpuStorage, CustomOp3, D, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -63,6 +66,18 @@ struct CpuPagedAttention<'a> {
     shape: AttentionShape,
 }
 
+/// Query tokens of one row attended together by one work item: each key and value they see is
+/// read from the cache once for all of them (a verify row's K + 1 queries, a prefill chunk).
+const QUERIES_PER_ITEM: usize = 8;
+
+/// One task of the CPU kernel: the queries `queries` (token indices within row `row`) of the
+/// heads sharing kv head `kv_head`.
+struct WorkItem {
+    row: usize,
+    kv_head: usize,
+    queries: Range<usize>,
+}
+
 impl CustomOp3 for CpuPagedAttention<'_> {
     fn name(&self) -> &'static str {
         "paged-attention"
@@ -85,122 +100,187 @@ impl CustomOp3 for CpuPagedAttention<'_> {
         let v = &v[v_l.start_offset()..];
         let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
         let t = q_l.dims()[0];
-        let mut out = vec![0f32; t * num_heads * head_dim];
         let batch = self.batch;
-        let token_rows: Vec<(usize, usize)> =
-            batch.rows.iter().enumerate().flat_map(|(ri, r)| (0..r.query_len).map(move |j| (ri, j))).collect();
-        // Work items are (token, kv head): the heads sharing a kv head are contiguous in the
-        // output, so each item owns one chunk of it. Small steps run inline: a thread-pool
-        // dispatch costs more than their whole attention.
-        let group_width = num_heads / num_kv_heads * head_dim;
-        let run = |(item, out_group): (usize, &mut [f32])| {
-            let (tok, g) = (item / num_kv_heads, item % num_kv_heads);
-            let (ri, j) = token_rows[tok];
+        let items = self.work_items();
+        let attend = |item: &WorkItem| -> Vec<f32> {
             // Constant head dims let the inlined loops unroll into registers.
             match head_dim {
-                64 => self.attend_kv_head(q, k, v, ri, j, tok, g, 64, out_group),
-                128 => self.attend_kv_head(q, k, v, ri, j, tok, g, 128, out_group),
-                d => self.attend_kv_head(q, k, v, ri, j, tok, g, d, out_group),
+                64 => self.attend_item(q, k, v, item, 64),
+                128 => self.attend_item(q, k, v, item, 128),
+                d => self.attend_item(q, k, v, item, d),
             }
         };
+        // Small steps run inline: a thread-pool dispatch costs more than their whole attention.
         let work: usize = batch.rows.iter().map(|r| r.query_len * r.context_len).sum::<usize>() * num_heads * head_dim;
-        if work > 1 << 17 {
-            out.par_chunks_mut(group_width).enumerate().for_each(run);
-        } else {
-            out.chunks_mut(group_width).enumerate().for_each(run);
+        let outs: Vec<Vec<f32>> =
+            if work > 1 << 17 { items.par_iter().map(attend).collect() } else { items.iter().map(attend).collect() };
+        // Each item's output is `[queries, group, d]`: the heads of its kv head, contiguous in
+        // every token's `[heads, d]`.
+        let group_width = num_heads / num_kv_heads * head_dim;
+        let mut out = vec![0f32; t * num_heads * head_dim];
+        for (item, item_out) in items.iter().zip(&outs) {
+            let first_token = batch.rows[item.row].query_start + item.queries.start;
+            for (i, token_out) in item_out.chunks_exact(group_width).enumerate() {
+                let start = (first_token + i) * num_heads * head_dim + item.kv_head * group_width;
+                out[start..start + group_width].copy_from_slice(token_out);
+            }
         }
         Ok((CpuStorage::F32(out), Shape::from_dims(&[t, num_heads, head_dim])))
     }
 }
+
+/// Keys per block of the value pass: 16 KiB of values at head dim 64, read from the cache into
+/// L1 by the block's first query and from L1 by the others.
+const VALUE_BLOCK_FLOATS: usize = 4096;
 
 /// Head dims accumulated per register tile when weighting values: 8 AVX2 registers, so each
 /// key's FMAs are independent of each other and cover their own latency.
 const VALUE_TILE: usize = 64;
 
 impl CpuPagedAttention<'_> {
-    /// Attention of query `j` of row `ri` (token `tok` of the batch) for the heads sharing kv
-    /// head `g`: `out [group, d]`.
+    /// The step's tasks: each row's queries in chunks of at most [`QUERIES_PER_ITEM`], for
+    /// every kv head. A step of fewer (row, kv head) pairs than twice the compute threads (a
+    /// single stream verifying drafts) halves its rows' queries, so no thread sits idle.
+    fn work_items(&self) -> Vec<WorkItem> {
+        let kv_heads = self.shape.num_kv_heads;
+        let split = self.batch.rows.len() * kv_heads < 2 * rayon::current_num_threads();
+        let mut items = Vec::new();
+        for (row, r) in self.batch.rows.iter().enumerate().filter(|(_, r)| r.query_len > 0) {
+            let mut chunks = r.query_len.div_ceil(QUERIES_PER_ITEM);
+            if split {
+                chunks = chunks.max(r.query_len.min(2));
+            }
+            let per_item = r.query_len.div_ceil(chunks);
+            for kv_head in 0..kv_heads {
+                for start in (0..r.query_len).step_by(per_item) {
+                    items.push(WorkItem { row, kv_head, queries: start..(start + per_item).min(r.query_len) });
+                }
+            }
+        }
+        items
+    }
+
+    /// Attention of one work item: `[queries, group, d]`, query token-major.
     ///
-    /// Every query is computed alone, in an order fixed by its own visible keys, so its
-    /// output does not depend on which other queries share the step (verification stays
-    /// bit-identical to plain decoding).
-    #[allow(clippy::too_many_arguments)]
+    /// Every query is computed alone, in an order fixed by its own visible keys (its scores,
+    /// its softmax over exactly them, its values accumulated key by key in order), so its
+    /// output does not depend on which other queries share the item or the step
+    /// (verification stays bit-identical to plain decoding). What the queries share are the
+    /// loads: keys and values come from the cache once per item.
     #[inline(always)]
-    fn attend_kv_head(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        ri: usize,
-        j: usize,
-        tok: usize,
-        g: usize,
-        d: usize,
-        out: &mut [f32],
-    ) {
+    fn attend_item(&self, q: &[f32], k: &[f32], v: &[f32], item: &WorkItem, d: usize) -> Vec<f32> {
         let AttentionShape { num_heads, num_kv_heads, scale, .. } = self.shape;
         let group = num_heads / num_kv_heads;
         let batch = self.batch;
-        let row = &batch.rows[ri];
+        let row = &batch.rows[item.row];
         let table = batch.row_block_table(row);
         let bs = batch.block_size;
-        let (first, last) = visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
+        let visible = |j| visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
+        // Both ends of the visible range grow with the query, so the item's keys are the
+        // first query's first through the last query's last.
+        let (first, _) = visible(item.queries.start);
+        let (_, last) = visible(item.queries.end - 1);
         let kv_width = num_kv_heads * d;
-        // Offsets of this kv head's key/value vectors in the caches, one per visible key.
+        // Offsets of this kv head's key/value vectors in the caches, one per key of the item.
         let offsets: Vec<usize> =
-            (first..=last).map(|x| (table[x / bs] as usize * bs + x % bs) * kv_width + g * d).collect();
+            (first..=last).map(|x| (table[x / bs] as usize * bs + x % bs) * kv_width + item.kv_head * d).collect();
         let n_keys = offsets.len();
-        // 1. Scores of every head of the group, `[group, n_keys]`: the heads share each key load.
-        let q_group = &q[(tok * num_heads + g * group) * d..][..group * d];
-        let mut probs = vec![0f32; group * n_keys];
-        group_scores(q_group, k, &offsets, d, scale, &mut probs);
-        for (out_h, probs) in out.chunks_exact_mut(d).zip(probs.chunks_exact_mut(n_keys)) {
-            // 2. Softmax numerators (normalised at the end).
-            let sum = exp_shifted_by_max(probs);
-            // 3. Weighted sum of values, one register tile of head dims at a time.
-            let mut start = 0;
-            while d - start >= VALUE_TILE {
-                let mut acc = [0f32; VALUE_TILE];
-                for (x, (&p, &o)) in probs.iter().zip(&offsets).enumerate() {
-                    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-                    if let Some(&ahead) = offsets.get(x + 8) {
-                        x86::prefetch(v[ahead + start..].as_ptr(), VALUE_TILE);
-                    }
-                    let val: &[f32; VALUE_TILE] = v[o + start..][..VALUE_TILE].try_into().expect("tile");
-                    for (a, &x) in acc.iter_mut().zip(val) {
-                        *a = p.mul_add(x, *a);
-                    }
+        // Query `i` is head `i % group` of the kv head at token `start + i / group`; each
+        // sees the item's keys `spans[i]` (relative to `first`).
+        let queries: Vec<&[f32]> = item
+            .queries
+            .clone()
+            .flat_map(|j| {
+                let token = row.query_start + j;
+                (0..group).map(move |h| &q[(token * num_heads + item.kv_head * group + h) * d..][..d])
+            })
+            .collect();
+        let spans: Vec<Range<usize>> = item
+            .queries
+            .clone()
+            .flat_map(|j| {
+                let (lo, hi) = visible(j);
+                std::iter::repeat_n(lo - first..hi - first + 1, group)
+            })
+            .collect();
+        // 1. Scores of every query against every key of the item, `[queries, n_keys]` (a
+        //    query's invisible keys are scored and never read).
+        let mut probs = vec![0f32; queries.len() * n_keys];
+        scores(&queries, k, &offsets, d, scale, &mut probs);
+        // 2. Softmax numerators over each query's own keys (normalised at the end).
+        let sums: Vec<f32> = probs
+            .chunks_exact_mut(n_keys)
+            .zip(&spans)
+            .map(|(p, span)| exp_shifted_by_max(&mut p[span.clone()]))
+            .collect();
+        // 3. Weighted sums of values, a block of keys at a time for every query.
+        let mut out = vec![0f32; queries.len() * d];
+        let block = (VALUE_BLOCK_FLOATS / d).max(8);
+        for block_start in (0..n_keys).step_by(block) {
+            let block_keys = block_start..(block_start + block).min(n_keys);
+            let mut prefetch = true;
+            for ((out_q, probs), span) in out.chunks_exact_mut(d).zip(probs.chunks_exact(n_keys)).zip(&spans) {
+                let keys = block_keys.start.max(span.start)..block_keys.end.min(span.end);
+                if keys.is_empty() {
+                    continue;
                 }
-                out_h[start..start + VALUE_TILE].copy_from_slice(&acc);
-                start += VALUE_TILE;
+                accumulate_values(out_q, &probs[keys.clone()], &offsets[keys.start..], v, prefetch);
+                prefetch = false;
             }
-            let tail = &mut out_h[start..];
-            for (&p, &o) in probs.iter().zip(&offsets) {
-                for (a, &x) in tail.iter_mut().zip(&v[o + start..o + d]) {
-                    *a = p.mul_add(x, *a);
-                }
-            }
+        }
+        for (out_q, sum) in out.chunks_exact_mut(d).zip(sums) {
             let inv = 1.0 / sum;
-            out_h.iter_mut().for_each(|x| *x *= inv);
+            out_q.iter_mut().for_each(|x| *x *= inv);
+        }
+        out
+    }
+}
+
+/// `out += Σ_x probs[x] · v[offsets[x]..][..d]`, key by key in order, one register tile of
+/// head dims at a time; with `prefetch`, asks for the values eight keys ahead.
+#[inline(always)]
+fn accumulate_values(out: &mut [f32], probs: &[f32], offsets: &[usize], v: &[f32], prefetch: bool) {
+    let d = out.len();
+    let mut start = 0;
+    while d - start >= VALUE_TILE {
+        let mut acc: [f32; VALUE_TILE] = out[start..start + VALUE_TILE].try_into().expect("tile");
+        for (x, (&p, &o)) in probs.iter().zip(offsets).enumerate() {
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+            if prefetch && let Some(&ahead) = offsets.get(x + 8) {
+                x86::prefetch(v[ahead + start..].as_ptr(), VALUE_TILE);
+            }
+            #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+            let _ = (x, prefetch);
+            let val: &[f32; VALUE_TILE] = v[o + start..][..VALUE_TILE].try_into().expect("tile");
+            for (a, &x) in acc.iter_mut().zip(val) {
+                *a = p.mul_add(x, *a);
+            }
+        }
+        out[start..start + VALUE_TILE].copy_from_slice(&acc);
+        start += VALUE_TILE;
+    }
+    let tail = &mut out[start..];
+    for (&p, &o) in probs.iter().zip(offsets) {
+        for (a, &x) in tail.iter_mut().zip(&v[o + start..o + d]) {
+            *a = p.mul_add(x, *a);
         }
     }
 }
 
-/// `scores [group, n]` = `scale · q_h · k_x` for the heads `h` of `q_group [group, d]` and the
-/// keys at `offsets` (`n` of them) in `k`.
-fn group_scores(q_group: &[f32], k: &[f32], offsets: &[usize], d: usize, scale: f32, scores: &mut [f32]) {
+/// `scores [queries, n]` = `scale · q · k_x` for each query row (`d` values) and the keys at
+/// `offsets` (`n` of them) in `k`.
+fn scores(queries: &[&[f32]], k: &[f32], offsets: &[usize], d: usize, scale: f32, scores: &mut [f32]) {
     let n = offsets.len();
-    assert!(q_group.len().is_multiple_of(d) && scores.len() == q_group.len() / d * n);
+    assert!(queries.iter().all(|q| q.len() == d) && scores.len() == queries.len() * n);
     assert!(offsets.iter().all(|&o| o + d <= k.len()), "key offsets within the cache");
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
     if d.is_multiple_of(8) {
-        // SAFETY: every offset leaves `d` readable floats in `k` (asserted above), `q_group`
-        // holds `group` rows of `d` and `scores` `group` rows of `n`; AVX2 and FMA are
-        // compiled in.
-        unsafe { x86::group_scores(q_group, k, offsets, d, scale, scores) };
+        // SAFETY: every offset leaves `d` readable floats in `k` (asserted above), every query
+        // holds `d` and `scores` one row of `n` per query; AVX2 and FMA are compiled in.
+        unsafe { x86::scores(queries, k, offsets, d, scale, scores) };
         return;
     }
-    for (qh, scores) in q_group.chunks_exact(d).zip(scores.chunks_exact_mut(n)) {
+    for (qh, scores) in queries.iter().zip(scores.chunks_exact_mut(n)) {
         for (s, &o) in scores.iter_mut().zip(offsets) {
             *s = dot(qh, &k[o..o + d]) * scale;
         }
@@ -230,17 +310,18 @@ mod x86 {
 
     use crate::simd::{exp_nonpositive as exp, hmax, hsum};
 
-    /// See [`super::group_scores`]. Eight keys at a time per head: one accumulator per key,
-    /// each chunk of the query loaded once for the eight, and the eight sums reduced together into one vector. Each
-    /// key's lanes are summed in the same pattern whatever its place among the eight, and a
-    /// short last group repeats its last key, so a score depends only on its query and key.
+    /// See [`super::scores`]. Eight keys at a time per query: one accumulator per key, each
+    /// chunk of the query loaded once for the eight, and the eight sums reduced together into
+    /// one vector. Each key's lanes are summed in the same pattern whatever its place among
+    /// the eight, and a short last group repeats its last key, so a score depends only on its
+    /// query and key.
     ///
     /// # Safety
-    /// `d % 8 == 0`, every `offsets[x] + d <= k.len()`, `q_group.len() = group · d` and
-    /// `scores.len() = group · offsets.len()`; the CPU runs AVX2 and FMA.
+    /// `d % 8 == 0`, every `offsets[x] + d <= k.len()`, every query holds `d` floats and
+    /// `scores.len() = queries.len() · offsets.len()`; the CPU runs AVX2 and FMA.
     #[inline(always)]
-    pub(super) unsafe fn group_scores(
-        q_group: &[f32],
+    pub(super) unsafe fn scores(
+        queries: &[&[f32]],
         k: &[f32],
         offsets: &[usize],
         d: usize,
@@ -260,9 +341,9 @@ mod x86 {
                 for &o in offsets.iter().skip(x0 + 8).take(8) {
                     prefetch(k.as_ptr().add(o), d);
                 }
-                for (h, qh) in q_group.chunks_exact(d).enumerate() {
-                    let s = _mm256_mul_ps(dot8(qh.as_ptr(), &keys, d), scale);
-                    let dst = scores.as_mut_ptr().add(h * n + x0);
+                for (i, qi) in queries.iter().enumerate() {
+                    let s = _mm256_mul_ps(dot8(qi.as_ptr(), &keys, d), scale);
+                    let dst = scores.as_mut_ptr().add(i * n + x0);
                     if count == 8 {
                         _mm256_storeu_ps(dst, s);
                     } else {
