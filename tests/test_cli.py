@@ -126,6 +126,7 @@ TRAIN_DRAFT_BAD_FLAGS = [
     ),
     ("zero-ttt-steps", ["--ttt-steps", "0"], "--ttt-steps must be at least 1"),
     ("bad-taps", ["--taps", "2,x"], "--taps: 'x' is not a layer index"),
+    ("prompts-missing", ["--prompts", "/nonexistent/prompts.json"], "--prompts /nonexistent/prompts.json: "),
 ]
 
 

@@ -24,6 +24,9 @@ pub fn command() -> Command {
         .arg(Arg::new("skip-prompts").long("skip-prompts").value_parser(value_parser!(usize)).default_value("0").help(
             "Prompts at the head of the seeded list to pass over (earlier rounds' --num-prompts), so --init-from trains on new ones",
         ))
+        .arg(Arg::new("prompts").long("prompts").value_parser(value_parser!(PathBuf)).help(
+            "Your own prompts instead of the built-in lists: a JSON array of strings, or JSON Lines of strings or {\"prompt\": ...} objects",
+        ))
         .arg(Arg::new("num-prompts").long("num-prompts").value_parser(value_parser!(usize)).default_value(d.num_prompts.to_string()))
         .arg(Arg::new("max-new-tokens").long("max-new-tokens").value_parser(value_parser!(usize)).default_value(d.max_new_tokens.to_string()))
         .arg(Arg::new("taps").long("taps").help("Comma-separated HF hidden_states indices to tap (default: 2, L/2, L-3)"))
@@ -73,6 +76,7 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
             .parse()
             .map_err(|e: specrs_models::ModelError| CliError::Invalid(format!("--dtype: {e}")))?,
         skip_prompts: *m.get_one::<usize>("skip-prompts").expect("default"),
+        prompts_file: m.get_one::<PathBuf>("prompts").cloned(),
         num_prompts: *m.get_one::<usize>("num-prompts").expect("default"),
         max_new_tokens: *m.get_one::<usize>("max-new-tokens").expect("default"),
         taps,
@@ -105,6 +109,9 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
             "--init-from {}: no config.json there; pass a draft directory train-draft wrote",
             dir.display()
         )));
+    }
+    if let Some(file) = &config.prompts_file {
+        prompts::prompts_from_file(file).map_err(CliError::Invalid)?;
     }
     if config.epochs.is_nan() || config.epochs <= 0.0 || config.learning_rate.is_nan() || config.learning_rate <= 0.0 {
         return Err(CliError::Invalid("--epochs and --learning-rate must be positive".into()));

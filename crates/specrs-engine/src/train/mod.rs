@@ -50,6 +50,10 @@ pub struct TrainDraftConfig {
     /// (`init_from`) can train on prompts the earlier rounds never answered.
     #[serde(default)]
     pub skip_prompts: usize,
+    /// A file of the user's own prompts ([`prompts::prompts_from_file`]) in place of the
+    /// project's lists; `skip_prompts` and `num_prompts` select from it the same way.
+    #[serde(default)]
+    pub prompts_file: Option<PathBuf>,
     pub num_prompts: usize,
     pub max_new_tokens: usize,
     /// HF hidden_states indices to tap; default `[2, L/2, L-3]`.
@@ -79,6 +83,7 @@ impl Default for TrainDraftConfig {
             work_dir: PathBuf::from(".spec-rs-train"),
             init_from: None,
             skip_prompts: 0,
+            prompts_file: None,
             num_prompts: 2000,
             max_new_tokens: 128,
             taps: None,
@@ -180,7 +185,7 @@ pub fn train_draft(cfg: &TrainDraftConfig, progress: Progress<'_>) -> Result<Tra
     std::fs::create_dir_all(&cfg.work_dir)
         .map_err(|e| EngineError::Internal(format!("{}: {e}", cfg.work_dir.display())))?;
     // 1. Self-distilled answers.
-    let prompts = prompts::training_prompts_from(cfg.skip_prompts, cfg.num_prompts, cfg.seed);
+    let prompts = training_prompts(cfg)?;
     let samples_path = cfg.work_dir.join("samples.jsonl");
     let mut pipeline = PipelineConfig::new(cfg.model.clone());
     pipeline.dtype = cfg.dtype;
@@ -204,6 +209,33 @@ pub fn train_draft(cfg: &TrainDraftConfig, progress: Progress<'_>) -> Result<Tra
     // Features and training run on a compute-pool worker (see `specrs_models::compute`);
     // generation above runs on the engine's own thread, which hands its steps to the pool.
     specrs_models::on_compute_pool(|| train_on_samples(cfg, &samples, progress))
+}
+
+/// The prompts of this round: the project's seeded lists, or the user's file with the
+/// held-out prompts taken out (acceptance measured on them stays acceptance on unseen
+/// requests).
+fn training_prompts(cfg: &TrainDraftConfig) -> Result<Vec<String>> {
+    let Some(path) = &cfg.prompts_file else {
+        return Ok(prompts::training_prompts_from(cfg.skip_prompts, cfg.num_prompts, cfg.seed));
+    };
+    let all = prompts::prompts_from_file(path).map_err(EngineError::Request)?;
+    let held_out: std::collections::HashSet<String> = prompts::held_out_prompts().into_iter().collect();
+    let chosen: Vec<String> = all
+        .iter()
+        .skip(cfg.skip_prompts)
+        .take(cfg.num_prompts)
+        .filter(|p| !held_out.contains(p.as_str()))
+        .cloned()
+        .collect();
+    if chosen.is_empty() {
+        return Err(EngineError::Request(format!(
+            "--prompts {}: no training prompts left ({} in the file, --skip-prompts {}, held-out prompts removed)",
+            path.display(),
+            all.len(),
+            cfg.skip_prompts
+        )));
+    }
+    Ok(chosen)
 }
 
 /// Features, training and export on self-distilled `samples`.
@@ -475,4 +507,42 @@ pub fn evaluate_draft(
         out.push((k, stats.mean_acceptance_length().unwrap_or(1.0), stats.acceptance_rate_per_position()));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_with_prompt_file(prompts: &[String], skip: usize, count: usize) -> (TrainDraftConfig, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("specrs-train-prompts-{}-{skip}-{count}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("prompts.json");
+        std::fs::write(&path, serde_json::to_string(prompts).unwrap()).unwrap();
+        let cfg = TrainDraftConfig {
+            prompts_file: Some(path.clone()),
+            skip_prompts: skip,
+            num_prompts: count,
+            ..TrainDraftConfig::default()
+        };
+        (cfg, path)
+    }
+
+    #[test]
+    fn a_prompt_file_is_selected_like_the_lists_and_loses_its_held_out_prompts() {
+        let held_out = prompts::held_out_prompts();
+        let mine: Vec<String> = (0..6).map(|i| format!("My request number {i}.")).collect();
+        let file = vec![mine[0].clone(), mine[1].clone(), held_out[0].clone(), mine[2].clone(), mine[3].clone()];
+        let (cfg, _) = config_with_prompt_file(&file, 1, 3);
+        // Skip one, take three (one of them held out, so dropped).
+        assert_eq!(training_prompts(&cfg).unwrap(), [mine[1].clone(), mine[2].clone()]);
+        let (cfg, path) = config_with_prompt_file(&file, 5, 3);
+        let err = training_prompts(&cfg).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()) && err.contains("no training prompts left"), "{err}");
+    }
+
+    #[test]
+    fn without_a_prompt_file_the_seeded_lists_are_used() {
+        let cfg = TrainDraftConfig { skip_prompts: 10, num_prompts: 5, ..TrainDraftConfig::default() };
+        assert_eq!(training_prompts(&cfg).unwrap(), prompts::training_prompts_from(10, 5, cfg.seed));
+    }
 }

@@ -2,8 +2,12 @@
 //! and task lists (explanations, lists, comparisons, how-tos, stories, poems, emails, code,
 //! SQL, shell, translation, arithmetic word problems), deterministic for a seed.
 //!
+//! A user's own prompts can replace the lists (`prompts_from_file`).
+//!
 //! Held-out prompts draw from topics the training prompts never use, so acceptance measured
 //! on them is acceptance on requests the drafter has not seen.
+
+use std::path::Path;
 
 /// Topics training prompts are written about.
 const TOPICS: &[&str] = &[
@@ -664,6 +668,37 @@ pub fn training_prompts_from(skip: usize, count: usize, seed: u64) -> Vec<String
     training_prompts(skip + count, seed).split_off(skip)
 }
 
+/// User requests read from a file of the user's own prompts (`train-draft --prompts`): a JSON
+/// array of strings, or JSON Lines of strings or of objects with a `"prompt"` string. Blank
+/// lines are skipped; the error names the line and what it should hold.
+pub fn prompts_from_file(path: &Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--prompts {}: {e}", path.display()))?;
+    let bad = |what: String| format!("--prompts {}: {what}", path.display());
+    let prompts: Vec<String> = if text.trim_start().starts_with('[') {
+        serde_json::from_str(&text).map_err(|e| bad(format!("expected a JSON array of strings: {e}")))?
+    } else {
+        text.lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(i, line)| match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(serde_json::Value::String(p)) => Ok(p),
+                Ok(serde_json::Value::Object(o)) if o.get("prompt").is_some_and(|p| p.is_string()) => {
+                    Ok(o["prompt"].as_str().expect("checked").to_string())
+                }
+                _ => Err(bad(format!(
+                    "line {}: expected a JSON string or an object with a \"prompt\" string (JSON Lines), \
+                     or make the whole file one JSON array of strings",
+                    i + 1
+                ))),
+            })
+            .collect::<Result<_, _>>()?
+    };
+    if let Some(i) = prompts.iter().position(|p| p.trim().is_empty()) {
+        return Err(bad(format!("prompt {} is empty", i + 1)));
+    }
+    Ok(prompts)
+}
+
 /// Prompts about topics no training prompt uses, plus the reference prompts of the default
 /// model's fidelity table (also absent from training).
 pub fn held_out_prompts() -> Vec<String> {
@@ -727,5 +762,33 @@ mod tests {
                 assert!(!TOPICS.contains(topic));
             }
         }
+    }
+
+    fn written(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("specrs-prompts-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn prompt_files_read_as_a_json_array_or_json_lines() {
+        let array = written("a.json", r#"["Plan a picnic.", "Why is the sky blue?"]"#);
+        assert_eq!(prompts_from_file(&array).unwrap(), ["Plan a picnic.", "Why is the sky blue?"]);
+        let lines = written("b.jsonl", "\"Plan a picnic.\"\n\n{\"prompt\": \"Why is the sky blue?\", \"id\": 3}\n");
+        assert_eq!(prompts_from_file(&lines).unwrap(), ["Plan a picnic.", "Why is the sky blue?"]);
+    }
+
+    #[test]
+    fn bad_prompt_files_name_the_file_and_line() {
+        let missing = std::env::temp_dir().join("specrs-no-such-prompts.json");
+        assert!(prompts_from_file(&missing).unwrap_err().contains("specrs-no-such-prompts.json"));
+        let err = prompts_from_file(&written("c.jsonl", "\"fine\"\n{\"text\": \"no prompt key\"}\n")).unwrap_err();
+        assert!(err.contains("line 2") && err.contains("\"prompt\""), "{err}");
+        let err = prompts_from_file(&written("d.json", "[1, 2]")).unwrap_err();
+        assert!(err.contains("JSON array of strings"), "{err}");
+        let err = prompts_from_file(&written("e.json", r#"["ok", "  "]"#)).unwrap_err();
+        assert!(err.contains("prompt 2 is empty"), "{err}");
     }
 }
