@@ -187,22 +187,17 @@ impl CpuPagedAttention<'_> {
         let n_keys = offsets.len();
         // Query `i` is head `i % group` of the kv head at token `start + i / group`; each
         // sees the item's keys `spans[i]` (relative to `first`).
-        let queries: Vec<&[f32]> = item
+        let (queries, spans): (Vec<&[f32]>, Vec<Range<usize>>) = item
             .queries
             .clone()
             .flat_map(|j| {
                 let token = row.query_start + j;
-                (0..group).map(move |h| &q[(token * num_heads + item.kv_head * group + h) * d..][..d])
-            })
-            .collect();
-        let spans: Vec<Range<usize>> = item
-            .queries
-            .clone()
-            .flat_map(|j| {
                 let (lo, hi) = visible(j);
-                std::iter::repeat_n(lo - first..hi - first + 1, group)
+                (0..group).map(move |h| {
+                    (&q[(token * num_heads + item.kv_head * group + h) * d..][..d], lo - first..hi - first + 1)
+                })
             })
-            .collect();
+            .unzip();
         // 1. Scores of every query against every key of the item, `[queries, n_keys]` (a
         //    query's invisible keys are scored and never read).
         let mut probs = vec![0f32; queries.len() * n_keys];
@@ -245,12 +240,9 @@ fn accumulate_values(out: &mut [f32], probs: &[f32], offsets: &[usize], v: &[f32
     while d - start >= VALUE_TILE {
         let mut acc: [f32; VALUE_TILE] = out[start..start + VALUE_TILE].try_into().expect("tile");
         for (x, (&p, &o)) in probs.iter().zip(offsets).enumerate() {
-            #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
             if prefetch && let Some(&ahead) = offsets.get(x + 8) {
-                x86::prefetch(v[ahead + start..].as_ptr(), VALUE_TILE);
+                prefetch_floats(v[ahead + start..].as_ptr(), VALUE_TILE);
             }
-            #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-            let _ = (x, prefetch);
             let val: &[f32; VALUE_TILE] = v[o + start..][..VALUE_TILE].try_into().expect("tile");
             for (a, &x) in acc.iter_mut().zip(val) {
                 *a = p.mul_add(x, *a);
@@ -265,6 +257,15 @@ fn accumulate_values(out: &mut [f32], probs: &[f32], offsets: &[usize], v: &[f32
             *a = p.mul_add(x, *a);
         }
     }
+}
+
+/// Asks for the cache lines of `len` floats at `p` where the CPU takes prefetch hints.
+#[inline(always)]
+fn prefetch_floats(p: *const f32, len: usize) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    x86::prefetch(p, len);
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    let _ = (p, len);
 }
 
 /// `scores [queries, n]` = `scale · q · k_x` for each query row (`d` values) and the keys at
