@@ -132,3 +132,37 @@ fn trains_exports_a_lossless_draft_and_resumes_from_its_work_dir() {
     let err = train_draft(&missing, &progress).unwrap_err().to_string();
     assert!(err.contains("nowhere") && err.contains("config.json"), "{err}");
 }
+
+#[test]
+fn trains_on_the_prompts_of_a_users_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = ["Name three colours of the rainbow.", "What is two plus two?"];
+    let held_out = specrs_engine::train::prompts::held_out_prompts()[0].clone();
+    let file = dir.path().join("prompts.jsonl");
+    let lines: Vec<String> =
+        [mine[0], held_out.as_str(), mine[1]].iter().map(|p| serde_json::json!({ "prompt": p }).to_string()).collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let cfg = TrainDraftConfig {
+        dtype: ModelDType::F32,
+        output: dir.path().join("draft"),
+        work_dir: dir.path().join("work"),
+        prompts_file: Some(file),
+        max_new_tokens: 8,
+        draft_vocab_size: 128,
+        intermediate_size: Some(64),
+        ttt_steps: 1,
+        epochs: 1.0,
+        batch_size: 2,
+        generation_batch: 4,
+        ..TrainDraftConfig::default()
+    };
+    let report = train_draft(&cfg, &|_, _, _, _| {}).unwrap();
+    assert_eq!(report.samples, 2, "the file's two prompts, its held-out one left out");
+    let answered: Vec<String> = std::fs::read_to_string(cfg.work_dir.join("samples.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["prompt"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(answered, mine, "the target answered exactly the file's prompts");
+    assert!(cfg.output.join("model.safetensors").exists());
+}
