@@ -3,10 +3,10 @@
 //! On CPU a fused kernel reads keys and values straight from the cache blocks through each
 //! row's block table, no gathered copies of the context. The queries of a row that share a kv
 //! head (its heads, and a verify row's or prefill chunk's tokens) share every key and value
-//! load, while each query keeps its own softmax over only the keys it sees. Elsewhere (CUDA) decode and
-//! verify rows attend together in padded batched matmuls (`crate::padded_attention`) and
-//! prefill chunks one row at a time through the device-generic path, which is also the
-//! reference the CPU kernel is tested against.
+//! load, while each query keeps its own softmax over only the keys it sees. Elsewhere (CUDA)
+//! decode and verify rows attend together in padded batched matmuls
+//! (`crate::padded_attention`) and prefill chunks one row at a time through the
+//! device-generic path, which is also the reference the CPU kernel is tested against.
 
 use std::ops::Range;
 

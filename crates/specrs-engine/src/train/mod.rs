@@ -513,10 +513,13 @@ pub fn evaluate_draft(
 mod tests {
     use super::*;
 
-    fn config_with_prompt_file(prompts: &[String], skip: usize, count: usize) -> (TrainDraftConfig, PathBuf) {
-        let dir = std::env::temp_dir().join(format!("specrs-train-prompts-{}-{skip}-{count}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("prompts.json");
+    fn config_with_prompt_file(
+        dir: &tempfile::TempDir,
+        prompts: &[String],
+        skip: usize,
+        count: usize,
+    ) -> (TrainDraftConfig, PathBuf) {
+        let path = dir.path().join(format!("prompts-{skip}-{count}.json"));
         std::fs::write(&path, serde_json::to_string(prompts).unwrap()).unwrap();
         let cfg = TrainDraftConfig {
             prompts_file: Some(path.clone()),
@@ -529,13 +532,14 @@ mod tests {
 
     #[test]
     fn a_prompt_file_is_selected_like_the_lists_and_loses_its_held_out_prompts() {
+        let dir = tempfile::tempdir().unwrap();
         let held_out = prompts::held_out_prompts();
         let mine: Vec<String> = (0..6).map(|i| format!("My request number {i}.")).collect();
         let file = vec![mine[0].clone(), mine[1].clone(), held_out[0].clone(), mine[2].clone(), mine[3].clone()];
-        let (cfg, _) = config_with_prompt_file(&file, 1, 3);
+        let (cfg, _) = config_with_prompt_file(&dir, &file, 1, 3);
         // Skip one, take three (one of them held out, so dropped).
         assert_eq!(training_prompts(&cfg).unwrap(), [mine[1].clone(), mine[2].clone()]);
-        let (cfg, path) = config_with_prompt_file(&file, 5, 3);
+        let (cfg, path) = config_with_prompt_file(&dir, &file, 5, 3);
         let err = training_prompts(&cfg).unwrap_err().to_string();
         assert!(err.contains(&path.display().to_string()) && err.contains("no training prompts left"), "{err}");
     }

@@ -764,31 +764,33 @@ mod tests {
         }
     }
 
-    fn written(name: &str, text: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("specrs-prompts-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
+    fn written(dir: &tempfile::TempDir, name: &str, text: &str) -> std::path::PathBuf {
+        let path = dir.path().join(name);
         std::fs::write(&path, text).unwrap();
         path
     }
 
     #[test]
     fn prompt_files_read_as_a_json_array_or_json_lines() {
-        let array = written("a.json", r#"["Plan a picnic.", "Why is the sky blue?"]"#);
+        let dir = tempfile::tempdir().unwrap();
+        let array = written(&dir, "a.json", r#"["Plan a picnic.", "Why is the sky blue?"]"#);
         assert_eq!(prompts_from_file(&array).unwrap(), ["Plan a picnic.", "Why is the sky blue?"]);
-        let lines = written("b.jsonl", "\"Plan a picnic.\"\n\n{\"prompt\": \"Why is the sky blue?\", \"id\": 3}\n");
+        let lines =
+            written(&dir, "b.jsonl", "\"Plan a picnic.\"\n\n{\"prompt\": \"Why is the sky blue?\", \"id\": 3}\n");
         assert_eq!(prompts_from_file(&lines).unwrap(), ["Plan a picnic.", "Why is the sky blue?"]);
     }
 
     #[test]
     fn bad_prompt_files_name_the_file_and_line() {
-        let missing = std::env::temp_dir().join("specrs-no-such-prompts.json");
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("specrs-no-such-prompts.json");
         assert!(prompts_from_file(&missing).unwrap_err().contains("specrs-no-such-prompts.json"));
-        let err = prompts_from_file(&written("c.jsonl", "\"fine\"\n{\"text\": \"no prompt key\"}\n")).unwrap_err();
+        let err =
+            prompts_from_file(&written(&dir, "c.jsonl", "\"fine\"\n{\"text\": \"no prompt key\"}\n")).unwrap_err();
         assert!(err.contains("line 2") && err.contains("\"prompt\""), "{err}");
-        let err = prompts_from_file(&written("d.json", "[1, 2]")).unwrap_err();
+        let err = prompts_from_file(&written(&dir, "d.json", "[1, 2]")).unwrap_err();
         assert!(err.contains("JSON array of strings"), "{err}");
-        let err = prompts_from_file(&written("e.json", r#"["ok", "  "]"#)).unwrap_err();
+        let err = prompts_from_file(&written(&dir, "e.json", r#"["ok", "  "]"#)).unwrap_err();
         assert!(err.contains("prompt 2 is empty"), "{err}");
     }
 }
