@@ -41,7 +41,8 @@
 //!   bucket at plain steps leaves them only for a width timed within the last `probe_interval`
 //!   steps: with the confidence cut a narrower width's cost is not in proportion to the width,
 //!   so an interpolated one misleads, and an old one may be another batch size's. A verify time
-//!   older than that is replaced by the next measurement, not averaged with it.
+//!   older than that is replaced by the next measurement, not averaged with it; a bucket whose
+//!   verify time aged out keeps its probe backoff rather than probing as if never timed.
 //! - Acceptance per bucket (plain steps only): a bucket chooses by the acceptance of its own
 //!   verified rows once it has some, drawn toward the global estimate by one observation's
 //!   worth of rows (a partial probe of 2 rows is a small sample), and by the global estimate
@@ -307,6 +308,10 @@ pub struct AdaptiveWidthController {
     /// timed (plain steps only).
     steps: usize,
     timed_at: HashMap<(u32, usize), usize>,
+    /// Buckets that have timed a verify step (plain steps only). Kept apart from `step_times`,
+    /// whose verify times age out: a bucket whose time aged out has verified before and
+    /// probes on its backed-off schedule, not at once like a bucket that never did.
+    verified: HashSet<u32>,
 }
 
 impl AdaptiveWidthController {
@@ -340,6 +345,7 @@ impl AdaptiveWidthController {
             scaled: HashSet::new(),
             steps: 0,
             timed_at: HashMap::new(),
+            verified: HashSet::new(),
         })
     }
 
@@ -420,8 +426,8 @@ impl AdaptiveWidthController {
             }
             return false;
         }
-        let times = self.step_times.get(&bucket);
-        let never_verified = times.is_some_and(|t| t.contains_key(&0) && t.len() == 1) && self.current(bucket) == 0;
+        let plain_timed = self.step_times.get(&bucket).is_some_and(|t| t.contains_key(&0));
+        let never_verified = plain_timed && !self.verified.contains(&bucket) && self.current(bucket) == 0;
         let interval = if never_verified {
             // Time plain steps for a few steps (the probe is scaled from them), then probe.
             self.params.update_interval
@@ -540,6 +546,9 @@ impl AdaptiveWidthController {
         self.steps += 1;
         let step = self.steps;
         if let Some(t) = step_time_s {
+            if width > 0 {
+                self.verified.insert(bucket);
+            }
             let times = self.step_times.entry(bucket).or_default();
             if scaled {
                 self.scaled.insert((bucket, width));
@@ -1039,6 +1048,28 @@ mod tests {
         // switch at batch 1 they would hold dozens.
         assert!(probes <= 4, "{probes} probes of batch 32 in 3000 of its steps");
         assert_eq!(c.chosen_width(32), 0);
+    }
+
+    #[test]
+    fn a_plain_bucket_whose_verify_time_aged_out_keeps_its_probe_backoff() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let compute_bound = |w: usize| (w + 1) as f64;
+        // The benchmark's batch workload, again and again: 32 rows for 16 steps, then, as
+        // answers finish, 20 rows for 80 steps. Each return to batch 32 finds its verify time
+        // older than `probe_interval` steps, which drops it; that must not make the bucket
+        // look never verified and probe again within `update_interval` steps.
+        let mut probes_at_32 = Vec::new();
+        for _ in 0..12 {
+            let ran = simulate(&mut c, 32, 16, &ACCEPT, compute_bound);
+            probes_at_32.push(ran.iter().filter(|&&w| w > 0).count());
+            simulate(&mut c, 20, 80, &ACCEPT, compute_bound);
+        }
+        assert_eq!(c.chosen_width(32), 0);
+        // Batch 32 runs 16 steps a cycle, so with the interval doubling from 50 of its steps the
+        // last 8 cycles (128 of its steps) hold at most 2 probes, not one each.
+        let late: usize = probes_at_32[4..].iter().sum();
+        assert!(late <= 2, "probes of batch 32 per cycle: {probes_at_32:?}");
     }
 
     #[test]
