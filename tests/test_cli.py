@@ -190,6 +190,20 @@ def test_generate_trace_prints_one_line_per_verify_step() -> None:
         assert n <= len(drafted) and drafted[:n] == target[:n]
 
 
+def test_generate_with_device_graph_capture_prints_the_same_text() -> None:
+    # On CPU the flag runs decode steps on the captured (padded) shapes eagerly.
+    args = [*GENERATE, "--dtype", "f32", "--max-model-len", "512", "--max-num-seqs", "4"]
+    ragged = run([*console_script(), *args])
+    captured = run([*console_script(), *args, "--device-graph-capture"])
+    assert ragged.returncode == 0, ragged.stderr
+    assert captured.returncode == 0, captured.stderr
+    assert captured.stdout == ragged.stdout
+    stats = [STATS.search(proc.stderr) for proc in (ragged, captured)]
+    assert stats[0] and stats[1], (ragged.stderr, captured.stderr)
+    # Tokens, finish reason, accepted and drafted tokens, acceptance per position.
+    assert [stats[0][i] for i in (1, 2, 3, 4, 6)] == [stats[1][i] for i in (1, 2, 3, 4, 6)]
+
+
 def test_cargo_binary_generates_the_same_greedy_text_as_the_console_script(cargo_binary: Path) -> None:
     python = run([*console_script(), *GENERATE])
     rust = run([str(cargo_binary), *GENERATE], timeout=110)

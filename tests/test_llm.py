@@ -213,6 +213,18 @@ def test_ngram_speculation_in_a_batch_equals_plain_greedy_in_f32(f32_llm: LLM, f
     assert sum(o.metrics.num_accepted_tokens for o in outs if o.metrics) > 0
 
 
+def test_captured_decode_steps_generate_what_the_ragged_engine_does(f32_llm: LLM) -> None:
+    # On CPU, device_graph_capture runs decode steps on the captured (padded) shapes eagerly;
+    # on CUDA the same shapes are replayed graphs. Either way the text must not change.
+    prompts = [user(p) for p in SPEC_PROMPTS]
+    captured = make_llm(dtype="f32", device_graph_capture=True, max_num_seqs=8, max_model_len=512)
+    outs = captured.chat(prompts, GREEDY)
+    for prompt, out, ref in zip(SPEC_PROMPTS, outs, f32_llm.chat(prompts, GREEDY), strict=True):
+        assert out.token_ids == ref.token_ids, (prompt, first_divergence(out.token_ids, ref.token_ids))
+    m = re.search(r"^specrs_engine_captured_steps_total (\S+)$", captured.metrics_text(), re.M)
+    assert m and float(m.group(1)) >= GREEDY.max_tokens - 1, "decode steps did not run on captured shapes"
+
+
 def test_synthetic_acceptance_hits_the_configured_rate_and_emits_target_argmax(
     synthetic_llm: LLM, plain_alone: list[RequestOutput]
 ) -> None:

@@ -188,6 +188,7 @@ class _PipelineClass(Pipeline):
         kv_cache_bytes: int = 1073741824,
         block_size: int = 16,
         enable_spec_decode_mixed_batches: bool = False,
+        device_graph_capture: bool = False,
     ) -> Self: ...
 
 @final

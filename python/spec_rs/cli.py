@@ -36,6 +36,7 @@ def _build_pipeline(args_json: str) -> Any:
         kv_cache_memory=args["kv_cache_bytes"],
         block_size=args["block_size"],
         enable_spec_decode_mixed_batches=args["enable_spec_decode_mixed_batches"],
+        device_graph_capture=args.get("device_graph_capture", False),
     ).pipeline
 
 

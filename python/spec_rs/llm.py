@@ -187,6 +187,7 @@ def build_pipeline(
     kv_cache_memory: int = 1 << 30,
     block_size: int = 16,
     enable_spec_decode_mixed_batches: bool = False,
+    device_graph_capture: bool = False,
     arch_lookup: ArchLookup | None = None,
 ) -> ResolvedPipeline:
     """Selects the architecture (and speculator), resolves the draft width, builds the pipeline."""
@@ -243,6 +244,7 @@ def build_pipeline(
         kv_cache_bytes=kv_cache_memory,
         block_size=block_size,
         enable_spec_decode_mixed_batches=enable_spec_decode_mixed_batches,
+        device_graph_capture=device_graph_capture,
     )
     return ResolvedPipeline(target_arch, arch, spec, pipeline)
 
@@ -275,6 +277,7 @@ class LLM:
         kv_cache_memory: int = 1 << 30,
         block_size: int = 16,
         enable_spec_decode_mixed_batches: bool = False,
+        device_graph_capture: bool = False,
         custom_architectures: str | None = None,
         arch_lookup: ArchLookup | None = None,
     ) -> None:
@@ -293,6 +296,7 @@ class LLM:
             kv_cache_memory=kv_cache_memory,
             block_size=block_size,
             enable_spec_decode_mixed_batches=enable_spec_decode_mixed_batches,
+            device_graph_capture=device_graph_capture,
             arch_lookup=lookup,
         )
         self.model = model

@@ -17,6 +17,7 @@ use specrs_core::kv_blocks::{KvBlockManager, SeqId};
 use specrs_core::metrics::{SpecDecodeStats, format_log_line};
 use specrs_core::sampling::{argmax, logprobs_of};
 use specrs_core::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use specrs_models::graph::{CapturePlan, FixedSteps, StepOutputs, WidthSource};
 use specrs_models::host::with_f32_slice;
 use specrs_models::reductions::{self, PositionQuery};
 use specrs_models::{BatchRow, CausalLm, ForwardBatch, ForwardOutput, PagedKvCache};
@@ -28,7 +29,12 @@ use crate::proposer::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::request::{GenerationRequest, OutputSink, Prompt, TokenLogprob, TraceStep};
 use crate::sequence::Sequence;
 use crate::tokenizer::TextTokenizer;
-use crate::width::EngineWidthPolicy;
+use crate::width::{EngineWidthPolicy, WidthMode};
+
+/// The longest context a captured step attends over. Every captured row gathers this many
+/// key slots, so the cap bounds the graphs' memory; longer rows run eagerly (vLLM caps
+/// capture the same way, at `max_seq_len_to_capture`).
+pub const MAX_CAPTURED_CONTEXT: usize = 4096;
 
 /// Runtime limits of an engine.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +57,13 @@ pub struct EngineConfig {
     /// default) does so when the logits live off the host (CUDA); `Some(true)` forces it
     /// (exercises the device path on CPU), `Some(false)` always copies the logits.
     pub acceptance_on_device: Option<bool>,
+    /// Runs pure decode/verify steps on fixed shapes, each batch padded up to a captured batch
+    /// size and verify width (`specrs_models::graph`), where the architecture supports it
+    /// (`supports_device_graph_capture`). On CUDA each shape is captured once as a device
+    /// graph and replayed (MAX's `--device-graph-capture`); on the CPU the same fixed-shape
+    /// steps run eagerly, which is slower and serves to test the path. Off by default: the
+    /// engine's captured steps have not been run on a GPU yet (docs/CUDA.md).
+    pub device_graph_capture: bool,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +78,7 @@ impl Default for EngineConfig {
             enable_spec_decode_mixed_batches: false,
             log_interval: Duration::from_secs(10),
             acceptance_on_device: None,
+            device_graph_capture: false,
         }
     }
 }
@@ -78,6 +92,8 @@ pub struct EngineParts {
     pub spec: SpeculativeConfig,
     /// The architecture is per-row correct on mixed prefill+decode verify steps.
     pub supports_mixed_batches: bool,
+    /// The architecture's steps may be captured as device graphs.
+    pub supports_device_graph_capture: bool,
     /// Drafter weights already on the device, subtracted from nothing (reported only).
     pub drafter_weight_bytes: usize,
 }
@@ -103,6 +119,8 @@ pub struct Engine {
     /// Drafting done at the end of the last step for the next one (its catch-up left out);
     /// `None` when that drafting fed prefill rows, so the next step goes untimed.
     next_step_draft_time: Option<Duration>,
+    /// Fixed-shape (captured) decode steps, with `device_graph_capture`.
+    fixed_steps: Option<FixedSteps>,
 }
 
 /// Each row's verify output (rows without logits have none), with its logprobs and trace.
@@ -134,7 +152,15 @@ struct FedRow {
 
 impl Engine {
     pub fn new(parts: EngineParts, cfg: EngineConfig) -> Result<Self> {
-        let EngineParts { target, tokenizer, mut proposer, spec, supports_mixed_batches, .. } = parts;
+        let EngineParts {
+            target,
+            tokenizer,
+            mut proposer,
+            spec,
+            supports_mixed_batches,
+            supports_device_graph_capture,
+            ..
+        } = parts;
         let drafter_kv_bytes_per_token = proposer.as_ref().map_or(0, |p| p.kv_bytes_per_token());
         let model_cfg = target.config().clone();
         let vocab_size = model_cfg.vocab_size;
@@ -157,7 +183,23 @@ impl Engine {
         if let Some(p) = proposer.as_mut() {
             p.allocate(plan.num_blocks, cfg.block_size)?;
         }
-        let manager = KvBlockManager::new(plan.num_blocks, cfg.block_size)?;
+        let capture = cfg.device_graph_capture && supports_device_graph_capture;
+        if cfg.device_graph_capture && !supports_device_graph_capture {
+            tracing::warn!(
+                "device_graph_capture has no effect: the architecture does not support device-graph capture"
+            );
+        }
+        // Captured steps write their padding rows' keys and values to the last block, which
+        // the block manager then never hands out.
+        let usable_blocks = plan.num_blocks - usize::from(capture);
+        if usable_blocks == 0 {
+            return Err(EngineError::Request(
+                "the KV cache holds one block, and device_graph_capture needs a second one for padding; \
+                 raise kv_cache_bytes"
+                    .into(),
+            ));
+        }
+        let manager = KvBlockManager::new(usable_blocks, cfg.block_size)?;
         let scheduler = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: cfg.max_num_seqs,
@@ -178,9 +220,27 @@ impl Engine {
             tracing::info!("{}", acceptance.describe());
         }
         let taps = proposer.as_ref().map(|p| p.tap_request()).unwrap_or_default();
+        let fixed_steps = if capture {
+            let plan_keys = CapturePlan::new(true, cfg.max_num_seqs, width_source(&width));
+            let max_keys = (max_model_len + k + lookahead).min(MAX_CAPTURED_CONTEXT);
+            let scratch_slot = (usable_blocks * cfg.block_size) as u32;
+            let outputs = StepOutputs { taps: taps.taps.clone(), want_final_hidden: taps.final_hidden };
+            let started = Instant::now();
+            let steps = FixedSteps::new(&target, &kv, plan_keys, max_keys, scratch_slot, outputs, true)?;
+            tracing::info!(
+                "{} {} decode step shapes (batch, width) up to {} keys per row in {:.1} s",
+                if steps.is_captured() { "Captured" } else { "Built (eager, no device graphs on this device)" },
+                steps.plan().keys().count(),
+                max_keys,
+                started.elapsed().as_secs_f64()
+            );
+            Some(steps)
+        } else {
+            None
+        };
         let metrics = Arc::new(EngineMetrics::default());
-        metrics.kv_total_blocks.store(plan.num_blocks, std::sync::atomic::Ordering::Relaxed);
-        metrics.kv_free_blocks.store(plan.num_blocks, std::sync::atomic::Ordering::Relaxed);
+        metrics.kv_total_blocks.store(usable_blocks, std::sync::atomic::Ordering::Relaxed);
+        metrics.kv_free_blocks.store(usable_blocks, std::sync::atomic::Ordering::Relaxed);
         Ok(Self {
             target,
             kv,
@@ -200,6 +260,7 @@ impl Engine {
             window: SpecDecodeStats::new(),
             last_log: Instant::now(),
             next_step_draft_time: Some(Duration::ZERO),
+            fixed_steps,
         })
     }
 
@@ -428,7 +489,7 @@ impl Engine {
         }
         let (batch, rows) = self.build_batch(&plan)?;
         let target_started = Instant::now();
-        let forward = match self.target.forward(&batch, &self.kv) {
+        let forward = match self.run_target(&plan, &batch) {
             Ok(f) => f,
             Err(e) => {
                 // A failed forward fails the rows it ran; the engine keeps serving others.
@@ -467,6 +528,25 @@ impl Engine {
         self.next_step_draft_time = plan.prefill.is_empty().then_some(drafted);
         self.update_gauges();
         Ok(rows.len())
+    }
+
+    /// The step's target forward: on a captured shape when `device_graph_capture` holds one
+    /// for this pure decode step, else the ragged forward.
+    fn run_target(&self, plan: &StepPlan, batch: &ForwardBatch) -> candle_core::Result<ForwardOutput> {
+        if let Some(steps) = &self.fixed_steps
+            && plan.prefill.is_empty()
+        {
+            // Rows that copied lookup drafts past the planned width need a wider shape.
+            let width = batch.rows.iter().map(|r| r.query_len).max().unwrap_or(1).saturating_sub(1);
+            match steps.run(&self.target, &self.kv, batch, width)? {
+                Ok((_, out)) => {
+                    self.metrics.captured_steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(out);
+                }
+                Err(why) => tracing::debug!(rows = batch.rows.len(), width, ?why, "step runs eagerly"),
+            }
+        }
+        self.target.forward(batch, &self.kv)
     }
 
     fn build_batch(&self, plan: &StepPlan) -> Result<(ForwardBatch, Vec<FedRow>)> {
@@ -906,5 +986,15 @@ impl Engine {
             self.window = SpecDecodeStats::new();
             self.last_log = Instant::now();
         }
+    }
+}
+
+/// The verify widths a captured plan must cover, from the engine's width policy.
+fn width_source(policy: &EngineWidthPolicy) -> WidthSource<'_> {
+    match &policy.mode {
+        WidthMode::Off => WidthSource::Fixed(0),
+        WidthMode::Fixed(k) => WidthSource::Fixed(*k),
+        WidthMode::Schedule(s) => WidthSource::Schedule(s),
+        WidthMode::Adaptive(c) => WidthSource::Adaptive(c),
     }
 }

@@ -30,6 +30,8 @@ pub struct EngineMetrics {
     pub kv_total_blocks: AtomicUsize,
     pub num_preemptions: AtomicU64,
     pub steps: AtomicU64,
+    /// Steps whose target forward ran on a captured shape (`device_graph_capture`).
+    pub captured_steps: AtomicU64,
     finished: Mutex<Finished>,
     spec: Mutex<(SpecDecodeCounters, AcceptanceHistograms)>,
     latency: Mutex<(Histogram, Histogram)>,
@@ -46,6 +48,7 @@ impl Default for EngineMetrics {
             kv_total_blocks: AtomicUsize::new(0),
             num_preemptions: AtomicU64::new(0),
             steps: AtomicU64::new(0),
+            captured_steps: AtomicU64::new(0),
             finished: Mutex::new(Finished::default()),
             spec: Mutex::new((SpecDecodeCounters::new(), AcceptanceHistograms::new())),
             latency: Mutex::new((Histogram::new(LATENCY_BUCKETS), Histogram::new(LATENCY_BUCKETS))),
@@ -132,6 +135,12 @@ impl EngineMetrics {
             self.num_preemptions.load(Ordering::Relaxed),
         );
         counter(&mut out, "engine_steps_total", "Engine steps run.", self.steps.load(Ordering::Relaxed));
+        counter(
+            &mut out,
+            "engine_captured_steps_total",
+            "Engine steps whose target forward ran on a captured (device-graph) shape.",
+            self.captured_steps.load(Ordering::Relaxed),
+        );
         gauge(&mut out, "num_requests_running", "Requests running.", self.num_running.load(Ordering::Relaxed));
         gauge(&mut out, "num_requests_waiting", "Requests waiting.", self.num_waiting.load(Ordering::Relaxed));
         gauge(&mut out, "kv_cache_free_blocks", "Free KV-cache blocks.", self.kv_free_blocks.load(Ordering::Relaxed));

@@ -60,8 +60,20 @@ impl std::str::FromStr for DeviceSpec {
 
 impl DeviceSpec {
     pub fn device(self) -> Result<Device> {
+        self.device_for(false)
+    }
+
+    /// The device, ready for device-graph capture when `graph_capture` (CUDA builds: its
+    /// tensors do not track uses with events, which capture needs; see
+    /// `specrs_models::graph::cuda::graph_ready_device`).
+    pub fn device_for(self, graph_capture: bool) -> Result<Device> {
+        #[cfg(not(feature = "cuda"))]
+        let _ = graph_capture;
         match self {
             Self::Cpu => Ok(Device::Cpu),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(i) if graph_capture => specrs_models::graph::cuda::graph_ready_device(i)
+                .map_err(|e| EngineError::Request(format!("cannot open CUDA device {i} for graph capture: {e}"))),
             Self::Cuda(i) => Device::new_cuda(i).map_err(|e| {
                 EngineError::Request(format!(
                     "cannot open CUDA device {i}: {e}. spec-rs CPU builds run on device='cpu'; the CUDA build is a separate artifact (see README)"
@@ -305,7 +317,7 @@ fn build_proposer(
 /// registry chooses it; [`build_engine`] chooses it from the built-in registry).
 pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(Engine, PipelineInfo)> {
     let path = resolve_model_path(&cfg.model)?;
-    let device = cfg.device.device()?;
+    let device = cfg.device.device_for(cfg.engine.device_graph_capture)?;
     let store = WeightStore::open(&path, device, cfg.dtype)?;
     let model_config = specrs_models::models::read_config(&store, &path)?;
     let architecture = target_architecture(&store, &model_config, &path);
@@ -324,10 +336,9 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
         Some(d) => Some(resolve_model_path(d)?),
         None => None,
     };
-    let supports_mixed = BUILTIN_ARCHITECTURES
-        .iter()
-        .find(|a| a.name == architecture)
-        .is_some_and(|a| a.supports_spec_decode_mixed_batches);
+    let builtin = BUILTIN_ARCHITECTURES.iter().find(|a| a.name == architecture);
+    let supports_mixed = builtin.is_some_and(|a| a.supports_spec_decode_mixed_batches);
+    let supports_device_graph_capture = builtin.is_some_and(|a| a.supports_device_graph_capture);
     let mixed_steps_verify = cfg.engine.enable_spec_decode_mixed_batches
         && supports_mixed
         && spec.num_speculative_tokens_mixed_batch != Some(0);
@@ -367,6 +378,7 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
             proposer,
             spec,
             supports_mixed_batches: supports_mixed,
+            supports_device_graph_capture,
             drafter_weight_bytes: 0,
         },
         cfg.engine.clone(),

@@ -458,6 +458,7 @@ fn counting_engine(f: &Fixture, draft: &Path, skip: bool) -> (EngineHandle, Arc<
         proposer: Some(Box::new(proposer)),
         spec: s,
         supports_mixed_batches: true,
+        supports_device_graph_capture: true,
         drafter_weight_bytes: 0,
     };
     let cfg = EngineConfig { max_num_seqs: 8, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };

@@ -7,7 +7,9 @@
 //! - reductions vs host copies: identical outputs (tokens, logprobs, traces) for greedy and
 //!   seeded sampled requests, every acceptance rule, rows mixing both paths;
 //! - lossless greedy: speculative output equals plain output for every sequential method;
-//! - sampled speculative decoding follows the plain distribution.
+//! - sampled speculative decoding follows the plain distribution;
+//! - captured steps (`device_graph_capture`: device graphs on CUDA, the same fixed-shape steps
+//!   run eagerly on CPU) give the ragged engine's outputs.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -80,7 +82,17 @@ struct Setup<'a> {
     on_device: Option<bool>,
 }
 
+impl Setup<'_> {
+    fn engine(&self) -> EngineHandle {
+        engine_with(self, false)
+    }
+}
+
 fn engine(s: &Setup) -> EngineHandle {
+    engine_with(s, false)
+}
+
+fn engine_with(s: &Setup, device_graph_capture: bool) -> EngineHandle {
     let mut cfg = PipelineConfig::new(s.target.to_str().unwrap());
     cfg.draft_model = s.draft.map(|d| d.to_str().unwrap().to_string());
     // f32 everywhere: lossless comparisons must not hinge on bf16 near-ties between GEMM shapes.
@@ -95,6 +107,7 @@ fn engine(s: &Setup) -> EngineHandle {
         // Steps that mix prefill and decode rows verify too, so a row's steps (and with them
         // its random streams) do not depend on when other requests arrive.
         enable_spec_decode_mixed_batches: true,
+        device_graph_capture,
         ..EngineConfig::default()
     };
     let (engine, info) = build_engine(&cfg).unwrap();
@@ -309,4 +322,68 @@ fn sampled_speculative_decoding_follows_the_plain_distribution() {
     // between tokens far beyond that.
     assert!(tv < 0.12, "total variation {tv} between plain and speculative second tokens");
     assert!(spec_out.iter().map(|o| o.metrics.num_draft_tokens).sum::<u64>() > 0);
+}
+
+#[test]
+fn captured_steps_give_the_ragged_engines_outputs() {
+    let f = fixture();
+    let cases: Vec<(&str, &Path, Option<&Path>, SpeculativeConfig)> = vec![
+        ("plain", &f.random, None, SpeculativeConfig::default()),
+        // Taps [1, 2, 3] feed the head from every captured step.
+        ("eagle3", &f.bigram, Some(&f.eagle3), spec(SpeculativeMethod::Eagle, 3, |_| {})),
+        // Rows copying lookup drafts past the head's take a wider captured shape.
+        (
+            "random eagle1 behind prompt lookup",
+            &f.random,
+            Some(&f.random_eagle1),
+            spec(SpeculativeMethod::Eagle, 3, |c| c.enable_prompt_lookup = true),
+        ),
+        ("mtp", &f.bigram, Some(&f.mtp), spec(SpeculativeMethod::Mtp, 2, |_| {})),
+        ("ngram", &f.random, None, spec(SpeculativeMethod::Ngram, 3, |_| {})),
+    ];
+    for (name, target, draft, config) in cases {
+        let setup = Setup { target, draft, spec: config, on_device: None };
+        let eager = run(&setup.engine(), mixed_requests(12));
+        let captured_engine = engine_with(&setup, true);
+        let captured = run(&captured_engine, mixed_requests(12));
+        // Every step but the one prefilling the requests together ran on a captured shape.
+        let all = captured_engine.metrics().steps.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(captured_steps(&captured_engine), all - 1, "{name}: captured steps of {all}");
+        for (e, c) in eager.iter().zip(&captured) {
+            assert_eq!(e.token_ids, c.token_ids, "{name}: tokens");
+            assert_eq!(e.trace, c.trace, "{name}: traces");
+            assert_eq!(e.metrics.num_accepted_tokens, c.metrics.num_accepted_tokens, "{name}: acceptance");
+            // Padding changes the GEMM shapes, so logits move in the last float bits.
+            for (a, b) in e.logprobs.iter().zip(&c.logprobs) {
+                assert_eq!(a.token, b.token, "{name}: logprob token");
+                assert!((a.logprob - b.logprob).abs() < 1e-4, "{name}: logprob {a:?} vs {b:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn captured_steps_follow_the_adaptive_controllers_widths_losslessly() {
+    // The controller's widths follow measured step times, so its traces differ from run to
+    // run; greedy tokens do not. Every width it may pick, plain steps included, is captured.
+    let f = fixture();
+    let greedy = SamplingParams { temperature: 0.0, max_tokens: Some(24), ignore_eos: true, ..Default::default() };
+    let requests = || prompts().iter().map(|p| request(p, greedy.clone(), false)).collect::<Vec<_>>();
+    let plain = run(
+        &engine(&Setup { target: &f.random, draft: None, spec: SpeculativeConfig::default(), on_device: None }),
+        requests(),
+    );
+    let config = spec(SpeculativeMethod::Eagle, 3, |c| {
+        c.enable_prompt_lookup = true;
+        c.adaptive_speculative_widths = Some("all".into());
+    });
+    let setup = Setup { target: &f.random, draft: Some(&f.random_eagle1), spec: config, on_device: None };
+    let captured_engine = engine_with(&setup, true);
+    let captured = run(&captured_engine, requests());
+    assert_eq!(tokens(&plain), tokens(&captured));
+    assert!(captured_steps(&captured_engine) > 0, "no step ran on a captured shape");
+}
+
+fn captured_steps(h: &EngineHandle) -> u64 {
+    h.metrics().captured_steps.load(std::sync::atomic::Ordering::Relaxed)
 }

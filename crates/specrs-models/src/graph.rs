@@ -16,19 +16,26 @@
 //!   width), and which captured key serves a step;
 //! - [`StepInputs`]: the persistent buffers of one key and how a ragged [`ForwardBatch`] is
 //!   laid into them; the step itself is `CausalLm::forward_fixed`, built from device ops on
-//!   fixed shapes (`attention::fixed_attention`).
+//!   fixed shapes (`attention::fixed_attention`);
+//! - [`FixedSteps`]: what the engine calls. It holds one [`StepInputs`] per captured key and
+//!   runs a decode step on the smallest key that fits, then hands back the step's outputs in
+//!   the ragged batch's order, so nothing after the forward knows the step was padded. On
+//!   CUDA each key is a captured graph that it replays; elsewhere it runs the same
+//!   fixed-shape step eagerly, which is how CPU tests check the padding and the reordering.
 //!
 //! The capture and replay themselves ([`cuda::StepGraph`], behind the `cuda` feature) use
-//! cudarc's stream capture with candle's capture-safety caches. Without a GPU in this
-//! project's build machines they compile but have not been run; see docs/CUDA.md.
+//! cudarc's stream capture with candle's capture-safety caches; docs/CUDA.md says what has
+//! run on a GPU.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use candle_core::{DType, Device, Result, Tensor};
 use specrs_core::width::{AdaptiveWidthController, VerifyWidthSchedule};
 
 use crate::attention::FixedAttention;
 use crate::batch::{AttentionMask, ForwardBatch};
+use crate::kv_cache::PagedKvCache;
+use crate::models::{CausalLm, ForwardOutput};
 
 /// One captured step shape: `batch` rows verifying `width` drafts each (`width + 1` tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -217,6 +224,187 @@ impl StepInputs {
         write(&self.attention.first_key, first)?;
         write(&self.attention.last_key, last)
     }
+}
+
+/// What a step outside the captured shapes falls back to, and why (for logs and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Uncaptured {
+    /// No captured batch size holds this many rows at this width.
+    NoKey,
+    /// A row feeds more tokens than the key's width, or has more keys than its capacity, or
+    /// the batch is not causal.
+    DoesNotFit,
+    /// The step asks for other hidden states than the steps were built for.
+    OtherOutputs,
+}
+
+/// One key's step: replayed from a device graph, or run eagerly on the same fixed shapes.
+enum FixedStep {
+    Eager(StepInputs),
+    #[cfg(feature = "cuda")]
+    Captured(cuda::StepGraph),
+}
+
+impl FixedStep {
+    fn inputs(&self) -> &StepInputs {
+        match self {
+            Self::Eager(inputs) => inputs,
+            #[cfg(feature = "cuda")]
+            Self::Captured(graph) => graph.inputs(),
+        }
+    }
+}
+
+/// The hidden states every fixed step returns beside its logits (what the drafter reads).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepOutputs {
+    /// Hugging Face `hidden_states` indices, as in [`ForwardBatch::taps`].
+    pub taps: Vec<usize>,
+    pub want_final_hidden: bool,
+}
+
+/// Decode and verify steps on the captured shapes of a [`CapturePlan`].
+pub struct FixedSteps {
+    plan: CapturePlan,
+    steps: HashMap<GraphKey, FixedStep>,
+    outputs: StepOutputs,
+}
+
+impl std::fmt::Debug for FixedSteps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FixedSteps").field("plan", &self.plan).field("captured", &self.is_captured()).finish()
+    }
+}
+
+impl FixedSteps {
+    /// Builds every key of `plan` for `model` over `kv`, each with room for `max_keys` keys per
+    /// row; padding writes to `scratch_slot`, which no sequence may own. Every step returns
+    /// the hidden states of `outputs` beside its logits. With `capture` on a CUDA device (created by
+    /// `cuda::graph_ready_device`) each key is warmed up and captured as a device graph, on a
+    /// batch of padding rows only; otherwise the keys run eagerly.
+    pub fn new(
+        model: &CausalLm,
+        kv: &PagedKvCache,
+        plan: CapturePlan,
+        max_keys: usize,
+        scratch_slot: u32,
+        outputs: StepOutputs,
+        capture: bool,
+    ) -> Result<Self> {
+        let padding_only = ForwardBatch { block_size: kv.block_size(), ..Default::default() };
+        let mut steps = HashMap::new();
+        for key in plan.keys() {
+            let inputs = StepInputs::new(key, max_keys, scratch_slot, model.device())?;
+            let step = if capture && model.device().is_cuda() {
+                Self::capture(model, kv, inputs, &padding_only, &outputs)?
+            } else {
+                FixedStep::Eager(inputs)
+            };
+            steps.insert(key, step);
+        }
+        Ok(Self { plan, steps, outputs })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn capture(
+        model: &CausalLm,
+        kv: &PagedKvCache,
+        inputs: StepInputs,
+        padding_only: &ForwardBatch,
+        outputs: &StepOutputs,
+    ) -> Result<FixedStep> {
+        inputs.fill(padding_only)?;
+        let step = |i: &StepInputs| {
+            let out = model.forward_fixed(i, kv, &outputs.taps, outputs.want_final_hidden)?;
+            Ok(out.logits.into_iter().chain(out.taps).chain(out.final_hidden).collect())
+        };
+        Ok(FixedStep::Captured(cuda::StepGraph::capture(model.device(), inputs, step)?))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn capture(
+        _model: &CausalLm,
+        _kv: &PagedKvCache,
+        _inputs: StepInputs,
+        _padding_only: &ForwardBatch,
+        _outputs: &StepOutputs,
+    ) -> Result<FixedStep> {
+        candle_core::bail!("device-graph capture needs a CUDA build (the `cuda` feature)")
+    }
+
+    pub fn plan(&self) -> &CapturePlan {
+        &self.plan
+    }
+
+    /// Whether the steps replay captured device graphs (else they run eagerly).
+    pub fn is_captured(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.steps.values().any(|s| matches!(s, FixedStep::Captured(_)));
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
+    /// Runs a decode step whose rows verify at most `width` drafts on the smallest captured
+    /// key that holds it. The outputs are in `batch`'s own order, as `CausalLm::forward` would
+    /// return them: logits at `batch.logits_indices`, taps and final hidden states per fed
+    /// token. `Err(Uncaptured)` leaves the step to the ragged forward.
+    pub fn run(
+        &self,
+        model: &CausalLm,
+        kv: &PagedKvCache,
+        batch: &ForwardBatch,
+        width: usize,
+    ) -> Result<std::result::Result<(GraphKey, ForwardOutput), Uncaptured>> {
+        if batch.taps != self.outputs.taps || batch.want_final_hidden != self.outputs.want_final_hidden {
+            return Ok(Err(Uncaptured::OtherOutputs));
+        }
+        let Some(key) = self.plan.key_for(batch.rows.len(), width) else { return Ok(Err(Uncaptured::NoKey)) };
+        let step = &self.steps[&key];
+        // Positions past RoPE's table are the ragged forward's error to report.
+        if !step.inputs().fits(batch) || batch.positions.iter().any(|&p| p as usize >= model.max_positions()) {
+            return Ok(Err(Uncaptured::DoesNotFit));
+        }
+        batch.validate()?;
+        let fixed = match step {
+            FixedStep::Eager(inputs) => {
+                inputs.fill(batch)?;
+                model.forward_fixed(inputs, kv, &self.outputs.taps, self.outputs.want_final_hidden)?
+            }
+            #[cfg(feature = "cuda")]
+            FixedStep::Captured(graph) => {
+                let mut outputs = graph.replay(batch)?.iter().cloned();
+                let logits = outputs.next();
+                let taps = outputs.by_ref().take(self.outputs.taps.len()).collect();
+                ForwardOutput { logits, taps, final_hidden: outputs.next() }
+            }
+        };
+        Ok(Ok((key, ragged_outputs(key, batch, fixed)?)))
+    }
+}
+
+/// Picks a fixed step's outputs at `batch`'s tokens, in its order.
+fn ragged_outputs(key: GraphKey, batch: &ForwardBatch, fixed: ForwardOutput) -> Result<ForwardOutput> {
+    // Fixed row of each fed token, indexed by its flat position in the ragged batch.
+    let mut fixed_row = vec![0u32; batch.num_tokens()];
+    for (r, row) in batch.rows.iter().enumerate() {
+        for j in 0..row.query_len {
+            fixed_row[row.query_start + j] = fixed_output_row(key, r, j) as u32;
+        }
+    }
+    let device = fixed.logits.as_ref().map_or(&Device::Cpu, |l| l.device()).clone();
+    let tokens = Tensor::from_slice(&fixed_row, fixed_row.len(), &device)?;
+    let logits = match (&fixed.logits, batch.logits_indices.is_empty()) {
+        (Some(all), false) => {
+            let rows: Vec<u32> = batch.logits_indices.iter().map(|&i| fixed_row[i as usize]).collect();
+            Some(all.index_select(&Tensor::from_slice(&rows, rows.len(), &device)?, 0)?)
+        }
+        _ => None,
+    };
+    Ok(ForwardOutput {
+        logits,
+        taps: fixed.taps.iter().map(|t| t.index_select(&tokens, 0)).collect::<Result<_>>()?,
+        final_hidden: fixed.final_hidden.map(|h| h.index_select(&tokens, 0)).transpose()?,
+    })
 }
 
 #[cfg(feature = "cuda")]

@@ -78,6 +78,7 @@ fn build(
     kv_cache_bytes: u64,
     block_size: usize,
     enable_spec_decode_mixed_batches: bool,
+    device_graph_capture: bool,
 ) -> PyResult<PyPipeline> {
     let speculative = match speculative_config {
         Some(json) => {
@@ -102,6 +103,7 @@ fn build(
             kv_cache_bytes,
             block_size,
             enable_spec_decode_mixed_batches,
+            device_graph_capture,
             ..EngineConfig::default()
         },
     };
@@ -264,7 +266,8 @@ macro_rules! pipeline_class {
             #[new]
             #[pyo3(signature = (model, draft_model=None, speculative_config=None, *, dtype="auto", device="cpu",
                         max_num_seqs=64, max_model_len=None, max_num_batched_tokens=2048, kv_cache_bytes=1073741824,
-                        block_size=16, enable_spec_decode_mixed_batches=false))]
+                        block_size=16, enable_spec_decode_mixed_batches=false,
+                        device_graph_capture=false))]
             #[allow(clippy::too_many_arguments)]
             fn new(
                 py: Python<'_>,
@@ -279,6 +282,7 @@ macro_rules! pipeline_class {
                 kv_cache_bytes: u64,
                 block_size: usize,
                 enable_spec_decode_mixed_batches: bool,
+                device_graph_capture: bool,
             ) -> PyResult<PyClassInitializer<Self>> {
                 let base = build(
                     py,
@@ -294,6 +298,7 @@ macro_rules! pipeline_class {
                     kv_cache_bytes,
                     block_size,
                     enable_spec_decode_mixed_batches,
+                    device_graph_capture,
                 )?;
                 Ok(PyClassInitializer::from(base).add_subclass($rust))
             }

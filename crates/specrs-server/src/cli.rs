@@ -131,6 +131,9 @@ fn pipeline_args(cmd: Command) -> Command {
                 .action(ArgAction::SetTrue)
                 .help("Verify drafts on steps that also prefill (architectures that support it)"),
         )
+        .arg(Arg::new("device-graph-capture").long("device-graph-capture").action(ArgAction::SetTrue).help(
+            "Run decode steps on captured shapes: CUDA graphs replayed on a GPU, the same padded steps eagerly on CPU",
+        ))
         .arg(
             Arg::new("custom-architectures")
                 .long("custom-architectures")
@@ -254,6 +257,7 @@ fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
         block_size: *m.get_one::<usize>("block-size").expect("default"),
         max_model_len: m.get_one::<usize>("max-model-len").copied(),
         enable_spec_decode_mixed_batches: m.get_flag("enable-spec-decode-mixed-batches"),
+        device_graph_capture: m.get_flag("device-graph-capture"),
         ..EngineConfig::default()
     };
     if engine.max_num_seqs == 0 || engine.block_size == 0 {
@@ -377,6 +381,7 @@ impl PipelineArgs {
             "kv_cache_bytes": self.engine.kv_cache_bytes,
             "block_size": self.engine.block_size,
             "enable_spec_decode_mixed_batches": self.engine.enable_spec_decode_mixed_batches,
+            "device_graph_capture": self.engine.device_graph_capture,
             "custom_architectures": self.custom_architectures,
         }))
     }

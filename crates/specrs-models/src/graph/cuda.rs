@@ -6,13 +6,14 @@
 //! host/device copies while a capture is active. The capture here follows the pattern
 //! candle-vllm and mistral.rs use on their forks:
 //!
-//! 1. warm up: run the step once eagerly under the cache guard; its output becomes the
-//!    persistent output buffer (allocated outside the graph);
+//! 1. warm up: run the step once eagerly under the cache guard; its outputs become the
+//!    persistent output buffers (allocated outside the graph);
 //! 2. capture: run the step again between `begin_capture` and `end_capture` and copy its
-//!    result into the output buffer; every tensor allocated inside is also freed inside
+//!    results into the output buffers; every tensor allocated inside is also freed inside
 //!    (stream-ordered allocation nodes), so the graph owns no memory between replays;
 //! 3. replay: [`StepInputs::fill`](super::StepInputs::fill) rewrites the persistent inputs,
-//!    one `cuGraphLaunch` re-runs every kernel, the output buffer holds the new logits.
+//!    one `cuGraphLaunch` re-runs every kernel, the output buffers hold the new logits and
+//!    hidden states.
 //!
 //! Requirements, checked where possible: event tracking must be off for every tensor the
 //! step touches (cudarc otherwise makes each op wait on events recorded before the capture,
@@ -20,18 +21,15 @@
 //! [`graph_ready_device`] before loading weights. The device must support stream-ordered
 //! allocation (every GPU since Pascal with a recent driver does).
 //!
-//! Status: compiled in CUDA builds; not yet run on a GPU (no GPU on the build machines).
-//! `scripts/gpu-check.sh` runs the capture test that compares replayed logits with eager ones.
-
-use std::collections::HashMap;
+//! Status: the capture test (replayed logits equal eager ones) passed on an H200 on
+//! 2026-12-04; the engine's use through [`super::FixedSteps`] has not run on a GPU yet.
+//! `scripts/gpu-check.sh` runs both.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
 use candle_core::{Device, Result, Tensor};
 
-use super::{CapturePlan, GraphKey, StepInputs};
+use super::{GraphKey, StepInputs};
 use crate::batch::ForwardBatch;
-use crate::kv_cache::PagedKvCache;
-use crate::models::CausalLm;
 
 fn driver_error(what: &str, e: impl std::fmt::Debug) -> candle_core::Error {
     candle_core::Error::Msg(format!("CUDA graph {what}: {e:?}"))
@@ -48,17 +46,29 @@ pub fn graph_ready_device(ordinal: usize) -> Result<Device> {
     Ok(device)
 }
 
-/// One captured step: its persistent inputs, its graph and its persistent output.
+/// One captured step: its persistent inputs, its graph and its persistent outputs.
 pub struct StepGraph {
     inputs: StepInputs,
     graph: CudaGraph,
-    output: Tensor,
+    outputs: Vec<Tensor>,
 }
+
+// SAFETY: CUDA graph objects may be used from any thread but not from two at once (the
+// driver does not synchronise them). A `StepGraph` is owned by one engine, which moves
+// between its own thread and its compute pool but runs one step at a time, so every use is
+// serialised; it is deliberately not `Sync`. `CudaGraph::launch` binds the device's context
+// to the calling thread before launching.
+unsafe impl Send for StepGraph {}
 
 impl StepGraph {
     /// Captures `step` over `inputs` (already filled with a representative batch: the warm-up
-    /// runs it for real). `step` must read step-varying data only from `inputs`.
-    pub fn capture(device: &Device, inputs: StepInputs, step: impl Fn(&StepInputs) -> Result<Tensor>) -> Result<Self> {
+    /// runs it for real). `step` must read step-varying data only from `inputs`, and return
+    /// the same number of tensors of the same shapes every time.
+    pub fn capture(
+        device: &Device,
+        inputs: StepInputs,
+        step: impl Fn(&StepInputs) -> Result<Vec<Tensor>>,
+    ) -> Result<Self> {
         let cuda = device.as_cuda_device()?;
         if cuda.is_event_tracking() {
             candle_core::bail!(
@@ -66,21 +76,26 @@ impl StepGraph {
             );
         }
         let _cache = cuda.enable_cuda_graph_htod_cache();
-        // 1. Warm-up: fills candle's launch-parameter and upload caches; its result is the
-        //    persistent output buffer.
-        let output = step(&inputs)?.contiguous()?;
+        // 1. Warm-up: fills candle's launch-parameter and upload caches; its results are the
+        //    persistent output buffers.
+        let outputs = step(&inputs)?.into_iter().map(|t| t.contiguous()).collect::<Result<Vec<_>>>()?;
         device.synchronize()?;
         // 2. Capture. The stream must leave capture mode whatever the step did.
         let stream = cuda.cuda_stream();
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| driver_error("begin capture", e))?;
-        let recorded = step(&inputs).and_then(|y| output.slice_set(&y, 0, 0));
+        let recorded = step(&inputs).and_then(|ys| {
+            if ys.len() != outputs.len() {
+                candle_core::bail!("the captured step returned {} tensors, its warm-up {}", ys.len(), outputs.len());
+            }
+            ys.iter().zip(&outputs).try_for_each(|(y, out)| out.slice_set(y, 0, 0))
+        });
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(|e| driver_error("end capture", e));
         recorded?;
         let graph = graph?.ok_or_else(|| driver_error("capture", "no work was recorded"))?;
         graph.upload().map_err(|e| driver_error("upload", e))?;
-        Ok(Self { inputs, graph, output })
+        Ok(Self { inputs, graph, outputs })
     }
 
     pub fn key(&self) -> GraphKey {
@@ -91,54 +106,12 @@ impl StepGraph {
         &self.inputs
     }
 
-    /// Writes `batch` into the persistent inputs and replays the step. The returned logits
-    /// (`[B · (W + 1), V]`, see `graph::fixed_output_row`) are overwritten by the next replay.
-    pub fn replay(&self, batch: &ForwardBatch) -> Result<&Tensor> {
+    /// Writes `batch` into the persistent inputs and replays the step. The returned outputs
+    /// (rows in the fixed layout, see `graph::fixed_output_row`) are overwritten by the next
+    /// replay.
+    pub fn replay(&self, batch: &ForwardBatch) -> Result<&[Tensor]> {
         self.inputs.fill(batch)?;
         self.graph.launch().map_err(|e| driver_error("launch", e))?;
-        Ok(&self.output)
-    }
-}
-
-/// The captured decode/verify graphs of one model and KV cache.
-pub struct GraphRunner {
-    plan: CapturePlan,
-    graphs: HashMap<GraphKey, StepGraph>,
-}
-
-impl GraphRunner {
-    /// Captures every key of `plan` for `model` over `kv`, with a context capacity of
-    /// `max_keys` per row; padding writes to `scratch_slot` (which no sequence may own).
-    /// Each key is warmed up and captured on a dummy batch of padding rows only.
-    pub fn capture(
-        model: &CausalLm,
-        kv: &PagedKvCache,
-        plan: CapturePlan,
-        max_keys: usize,
-        scratch_slot: u32,
-    ) -> Result<Self> {
-        let mut graphs = HashMap::new();
-        for key in plan.keys() {
-            let inputs = StepInputs::new(key, max_keys, scratch_slot, model.device())?;
-            inputs.fill(&ForwardBatch { block_size: kv.block_size(), ..Default::default() })?;
-            let graph = StepGraph::capture(model.device(), inputs, |i| model.forward_fixed(i, kv))?;
-            graphs.insert(key, graph);
-        }
-        Ok(Self { plan, graphs })
-    }
-
-    pub fn plan(&self) -> &CapturePlan {
-        &self.plan
-    }
-
-    /// Replays the graph serving a decode step of `batch` (rows verifying `width` drafts at
-    /// most), or `None` when no captured graph fits it (run it eagerly then).
-    pub fn run(&self, batch: &ForwardBatch, width: usize) -> Result<Option<(GraphKey, &Tensor)>> {
-        let Some(key) = self.plan.key_for(batch.rows.len(), width) else { return Ok(None) };
-        let graph = &self.graphs[&key];
-        if !graph.inputs().fits(batch) {
-            return Ok(None);
-        }
-        Ok(Some((key, graph.replay(batch)?)))
+        Ok(&self.outputs)
     }
 }

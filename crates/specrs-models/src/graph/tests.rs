@@ -163,7 +163,7 @@ fn the_fixed_step_gives_the_ragged_steps_logits_and_keys() {
     let key = GraphKey { batch: 4, width: 2 };
     let inputs = StepInputs::new(key, 16, 63, &Device::Cpu).unwrap();
     inputs.fill(&batch).unwrap();
-    let got = model.forward_fixed(&inputs, &kv).unwrap();
+    let got = model.forward_fixed(&inputs, &kv, &[], false).unwrap().logits.unwrap();
     assert_eq!(got.dims(), &[12, SHAPE.vocab]);
     let layout = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)];
     for (flat, &(r, j)) in layout.iter().enumerate() {
@@ -180,6 +180,66 @@ fn the_fixed_step_gives_the_ragged_steps_logits_and_keys() {
     let fixed_rows: Vec<u32> = layout.iter().map(|&(r, j)| fixed_output_row(key, r, j) as u32).collect();
     let picked = got.index_select(&Tensor::new(fixed_rows.as_slice(), &Device::Cpu).unwrap(), 0).unwrap();
     assert_eq!(argmax(&picked), argmax(&want));
+}
+
+#[test]
+fn fixed_steps_return_the_ragged_forwards_outputs_in_its_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let outputs = StepOutputs { taps: vec![1, 0, SHAPE.layers], want_final_hidden: true };
+    // Logits for the rows' last two tokens only, in an order other than the tokens'.
+    let batch = ForwardBatch {
+        logits_indices: vec![4, 1, 2],
+        taps: outputs.taps.clone(),
+        want_final_hidden: true,
+        ..verify_batch()
+    };
+    let ragged_kv = model.new_kv_cache(16, 4).unwrap();
+    prefill(&model, &ragged_kv);
+    let want = model.forward(&batch, &ragged_kv).unwrap();
+
+    let kv = model.new_kv_cache(16, 4).unwrap();
+    prefill(&model, &kv);
+    let plan = CapturePlan::new(true, 3, WidthSource::Fixed(2));
+    let steps = FixedSteps::new(&model, &kv, plan, 16, 63, outputs, true).unwrap();
+    assert!(!steps.is_captured(), "a CPU model runs its fixed steps eagerly");
+    let (key, got) = steps.run(&model, &kv, &batch, 2).unwrap().unwrap();
+    assert_eq!(key, GraphKey { batch: 2, width: 2 });
+    assert!(max_diff(got.logits.as_ref().unwrap(), want.logits.as_ref().unwrap()) < 1e-4);
+    assert_eq!(got.taps.len(), 3);
+    for (i, (g, w)) in got.taps.iter().zip(&want.taps).enumerate() {
+        assert_eq!(g.dims(), w.dims(), "tap {i}");
+        assert!(max_diff(g, w) < 1e-4, "tap {i}");
+    }
+    assert!(max_diff(got.final_hidden.as_ref().unwrap(), want.final_hidden.as_ref().unwrap()) < 1e-4);
+    // Its keys and values landed where the ragged step put them.
+    for layer in 0..SHAPE.layers {
+        let real_rows = Tensor::arange(0u32, 63, &Device::Cpu).unwrap();
+        let (k, v) = kv.layer(layer);
+        let (k_want, v_want) = ragged_kv.layer(layer);
+        for (got, want) in [(k, k_want), (v, v_want)] {
+            let diff = max_diff(&got.index_select(&real_rows, 0).unwrap(), &want.index_select(&real_rows, 0).unwrap());
+            assert!(diff < 1e-5, "layer {layer}: {diff}");
+        }
+    }
+}
+
+#[test]
+fn fixed_steps_leave_what_they_cannot_hold_to_the_ragged_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let kv = model.new_kv_cache(16, 4).unwrap();
+    let steps = |max_batch: usize, max_keys: usize| {
+        let plan = CapturePlan::new(true, max_batch, WidthSource::Fixed(2));
+        FixedSteps::new(&model, &kv, plan, max_keys, 63, StepOutputs::default(), false).unwrap()
+    };
+    let run = |s: &FixedSteps, b: &ForwardBatch| s.run(&model, &kv, b, 2).unwrap().err();
+    assert_eq!(run(&steps(1, 16), &verify_batch()), Some(Uncaptured::NoKey), "two rows, one-row graphs");
+    assert_eq!(run(&steps(2, 4), &verify_batch()), Some(Uncaptured::DoesNotFit), "eight keys, room for four");
+    let tapped = ForwardBatch { taps: vec![1], ..verify_batch() };
+    assert_eq!(run(&steps(2, 16), &tapped), Some(Uncaptured::OtherOutputs));
+    let past_rope = ForwardBatch { positions: vec![5, 6, 7, 2, u32::MAX], ..verify_batch() };
+    assert_eq!(run(&steps(2, 16), &past_rope), Some(Uncaptured::DoesNotFit));
 }
 
 #[test]
@@ -214,13 +274,16 @@ fn captured_steps_replay_the_eager_logits() {
     let key = GraphKey { batch: 4, width: 2 };
     let inputs = StepInputs::new(key, 16, 63, &device).unwrap();
     inputs.fill(&verify_batch()).unwrap();
-    let graph = super::cuda::StepGraph::capture(&device, inputs, |i| model.forward_fixed(i, &kv)).unwrap();
+    let graph = super::cuda::StepGraph::capture(&device, inputs, |i| {
+        Ok(vec![model.forward_fixed(i, &kv, &[], false)?.logits.unwrap()])
+    })
+    .unwrap();
     let layout = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)];
     for drafts in [[11u32, 13], [30, 2]] {
         let mut batch = verify_batch();
         batch.input_ids[1..3].copy_from_slice(&drafts);
         let want = model.forward(&batch, &kv).unwrap().logits.unwrap();
-        let got = graph.replay(&batch).unwrap();
+        let got = &graph.replay(&batch).unwrap()[0];
         for (flat, &(r, j)) in layout.iter().enumerate() {
             let diff = max_diff(&got.get(fixed_output_row(key, r, j)).unwrap(), &want.get(flat).unwrap());
             assert!(diff < 1e-3, "drafts {drafts:?} row {r} query {j}: {diff}");
@@ -252,7 +315,7 @@ fn half_precision_steps_track_f32_on_the_device() {
         let key = GraphKey { batch: 2, width: 2 };
         let inputs = StepInputs::new(key, 16, 63, &device).unwrap();
         inputs.fill(&verify_batch()).unwrap();
-        let fixed = model.forward_fixed(&inputs, &kv).unwrap();
+        let fixed = model.forward_fixed(&inputs, &kv, &[], false).unwrap().logits.unwrap();
         let rows: Vec<u32> =
             [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)].iter().map(|&(r, j)| fixed_output_row(key, r, j) as u32).collect();
         let fixed = fixed.index_select(&Tensor::new(rows.as_slice(), &device).unwrap(), 0).unwrap();

@@ -350,16 +350,49 @@ impl CausalLm {
     }
 
     /// A decode/verify step on fixed shapes: every token of `inputs` (padding included) runs
-    /// through the model and `[B · (W + 1), vocab]` f32 logits come back, row `r`'s query `j`
-    /// at `graph::fixed_output_row`. Built from device ops that read only `inputs`' tensors,
+    /// through the model. Returns `[B · (W + 1), vocab]` f32 logits (row `r`'s query `j` at
+    /// `graph::fixed_output_row`) and, in the same row order, the hidden-state `taps` (Hugging
+    /// Face `hidden_states` indices, as in [`ForwardBatch::taps`]) and the final normed hidden
+    /// state when `want_final_hidden`. Built from device ops that read only `inputs`' tensors,
     /// so it can be captured in a device graph and replayed after `StepInputs::fill`.
-    pub fn forward_fixed(&self, inputs: &StepInputs, kv: &PagedKvCache) -> Result<Tensor> {
+    pub fn forward_fixed(
+        &self,
+        inputs: &StepInputs,
+        kv: &PagedKvCache,
+        taps: &[usize],
+        want_final_hidden: bool,
+    ) -> Result<ForwardOutput> {
+        let num_layers = self.layers.len();
+        if let Some(&bad) = taps.iter().find(|&&i| i > num_layers) {
+            candle_core::bail!("hidden-state tap {bad} out of range 0..={num_layers}");
+        }
         let (cos, sin) = self.rope.tables(&inputs.positions)?;
+        // [B · (W + 1)] -> [B · (W + 1), H].
         let mut x = self.embed(&inputs.input_ids)?;
+        let mut tapped: Vec<Option<Tensor>> = vec![None; taps.len()];
+        let mut record = |index: usize, x: &Tensor| {
+            for (slot, &want) in tapped.iter_mut().zip(taps) {
+                if want == index {
+                    *slot = Some(x.clone());
+                }
+            }
+        };
         for (i, layer) in self.layers.iter().enumerate() {
+            record(i, &x);
             x = layer.forward_fixed(&x, &cos, &sin, kv, i, inputs)?;
         }
-        self.lm_head(&self.norm.forward(&x)?)
+        let normed = self.norm.forward(&x)?;
+        record(num_layers, &normed);
+        Ok(ForwardOutput {
+            logits: Some(self.lm_head(&normed)?),
+            taps: tapped.into_iter().map(|t| t.expect("every tap index was visited")).collect(),
+            final_hidden: want_final_hidden.then_some(normed),
+        })
+    }
+
+    /// Positions RoPE covers; a step may not feed a token at or past it.
+    pub fn max_positions(&self) -> usize {
+        self.rope.max_positions()
     }
 
     /// Runs the batch: writes its keys and values, returns what it asks for.
