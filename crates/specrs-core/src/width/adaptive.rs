@@ -312,6 +312,8 @@ pub struct AdaptiveWidthController {
     /// whose verify times age out: a bucket whose time aged out has verified before and
     /// probes on its backed-off schedule, not at once like a bucket that never did.
     verified: HashSet<u32>,
+    /// When each bucket last left plain steps (step count) and its probe backoff then.
+    left_plain: HashMap<u32, (usize, usize)>,
 }
 
 impl AdaptiveWidthController {
@@ -346,6 +348,7 @@ impl AdaptiveWidthController {
             steps: 0,
             timed_at: HashMap::new(),
             verified: HashSet::new(),
+            left_plain: HashMap::new(),
         })
     }
 
@@ -572,6 +575,11 @@ impl AdaptiveWidthController {
                 times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
             }
         }
+        if let (Some(t), false) = (step_time_s, scaled)
+            && let Some(switch) = self.judge_full_step(bucket, width, t)
+        {
+            return Some(switch);
+        }
         // With plain steps a probe's bucket re-chooses at once: it may leave plain steps.
         let probed = self.plain_steps && width == self.widest() && self.probed == Some(bucket);
         let interval = self.params.update_interval;
@@ -582,6 +590,60 @@ impl AdaptiveWidthController {
             return self.choose_width(bucket);
         }
         None
+    }
+
+    /// With plain steps, a bucket of partial probes (a large batch) that verifies at its chosen
+    /// width is judged on every full step by that step's own time: one slower than a plain
+    /// step (by the margin) sends it back to plain steps at once. Averaged, one cheap time
+    /// from a quiet moment of the machine, the one that let the bucket leave plain steps,
+    /// kept it verifying for several steps that each cost more than they returned; where
+    /// the target is compute-bound those are the steps that make speculation slower than
+    /// plain decoding.
+    fn judge_full_step(&mut self, bucket: u32, width: usize, t: f64) -> Option<WidthSwitch> {
+        let large = (1usize << bucket) >= PARTIAL_PROBE_MIN_BATCH;
+        if !self.plain_steps || !large || width == 0 || self.chosen.get(&bucket) != Some(&width) {
+            return None;
+        }
+        let plain = *self.step_times.get(&bucket)?.get(&0)?;
+        let p = self.acceptance_for(bucket);
+        let tokens = 1.0 + p[..width.min(p.len())].iter().sum::<f64>();
+        let (this_step, plain_rate) = (tokens / t, 1.0 / plain);
+        if this_step * (1.0 + self.params.margin) >= plain_rate {
+            return None;
+        }
+        // This step's time is the width's time from now on: the average it was folded into
+        // is what misjudged it.
+        self.step_times.entry(bucket).or_default().insert(width, t);
+        self.countdown.insert(bucket, self.params.update_interval);
+        Some(self.switch(bucket, width, 0, this_step, plain_rate, p))
+    }
+
+    /// Makes a switch: records the choice and what the bucket's probes do next.
+    fn switch(&mut self, bucket: u32, from: usize, to: usize, before: f64, after: f64, p: Vec<f64>) -> WidthSwitch {
+        self.chosen.insert(bucket, to);
+        if from == 0 {
+            let backoff = self.probe_backoff.remove(&bucket).unwrap_or(1);
+            self.left_plain.insert(bucket, (self.steps, backoff));
+        } else if to == 0
+            && let Some((at, backoff)) = self.left_plain.remove(&bucket)
+            && self.steps - at <= self.params.probe_interval
+        {
+            // Back within one probe interval: the probe that left plain steps misjudged, so
+            // it counts as one that confirmed them.
+            self.probe_backoff.insert(bucket, (backoff * 2).min(MAX_PROBE_BACKOFF));
+        } else {
+            self.probe_backoff.remove(&bucket);
+        }
+        let switch = WidthSwitch {
+            bucket,
+            from,
+            to,
+            tokens_per_second_before: before,
+            tokens_per_second_after: after,
+            acceptance: p,
+        };
+        tracing::info!("{switch}");
+        switch
     }
 
     /// Estimated share of sequences accepting at least `k + 1` drafts, for `k < widest`, over
@@ -679,23 +741,12 @@ impl AdaptiveWidthController {
             }
         }
         if best != current && best_rate > current_rate * (1.0 + self.params.margin) {
-            self.chosen.insert(bucket, best);
-            self.probe_backoff.remove(&bucket);
             if self.plain_steps {
                 // Check a switch after one step at its new width: one built on a probe (or a
                 // partial one) that misjudged the cost is undone after a step, not five.
                 self.countdown.insert(bucket, 1);
             }
-            let switch = WidthSwitch {
-                bucket,
-                from: current,
-                to: best,
-                tokens_per_second_before: current_rate,
-                tokens_per_second_after: best_rate,
-                acceptance: p,
-            };
-            tracing::info!("{switch}");
-            return Some(switch);
+            return Some(self.switch(bucket, current, best, current_rate, best_rate, p));
         }
         if probed && current == 0 && self.plain_steps {
             // The probe confirmed plain steps: look at this bucket again less often.
@@ -1070,6 +1121,31 @@ mod tests {
         // last 8 cycles (128 of its steps) hold at most 2 probes, not one each.
         let late: usize = probes_at_32[4..].iter().sum();
         assert!(late <= 2, "probes of batch 32 per cycle: {probes_at_32:?}");
+    }
+
+    #[test]
+    fn a_large_bucket_returns_to_plain_steps_at_its_first_full_step_slower_than_them() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let compute_bound = |w: usize| (w + 1) as f64;
+        simulate(&mut c, 32, 60, &ACCEPT, compute_bound);
+        assert_eq!(c.chosen_width(32), 0);
+        // A quiet moment of the machine: the next probe and the first full verify steps after
+        // it come out cheap, so the bucket leaves plain steps; from then on verification costs
+        // what it does. Averaged into the cheap times, the true cost took many steps to bring
+        // the bucket back; judged step by step, the first slow full step does.
+        let verify_steps = std::cell::Cell::new(0);
+        let noisy = |w: usize| {
+            if w == 0 {
+                return 1.0;
+            }
+            verify_steps.set(verify_steps.get() + 1);
+            if verify_steps.get() <= 3 { 1.0 + 0.05 * w as f64 } else { compute_bound(w) }
+        };
+        let ran = simulate(&mut c, 32, 200, &ACCEPT, noisy);
+        let full_verify_steps = ran.iter().filter(|&&w| w > 0).count();
+        assert!(full_verify_steps <= 5, "{full_verify_steps} verify steps: {ran:?}");
+        assert_eq!(c.chosen_width(32), 0);
     }
 
     #[test]
