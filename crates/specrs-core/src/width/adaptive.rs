@@ -52,7 +52,7 @@
 //!   stream's acceptance, and on a CPU, where a verified position there costs about a row,
 //!   paid for full verify steps until its own rows had pulled the shared estimate down.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use crate::error::ConfigError;
 
@@ -66,6 +66,9 @@ pub const PARTIAL_PROBE_MIN_BATCH: usize = 4;
 
 /// A partial probe drafts for `1 / PARTIAL_PROBE_SHARE` of the rows (rounded up).
 const PARTIAL_PROBE_SHARE: usize = 4;
+
+/// With plain steps, a bucket's plain step time is the median of its last this many.
+const RECENT_PLAIN_STEPS: usize = 5;
 
 /// Parses `"1,3,5"` or `"all"` into sorted distinct widths.
 ///
@@ -314,6 +317,8 @@ pub struct AdaptiveWidthController {
     verified: HashSet<u32>,
     /// When each bucket last left plain steps (step count) and its probe backoff then.
     left_plain: HashMap<u32, (usize, usize)>,
+    /// Each bucket's latest plain step times (plain steps only).
+    recent_plain: HashMap<u32, VecDeque<f64>>,
 }
 
 impl AdaptiveWidthController {
@@ -349,6 +354,7 @@ impl AdaptiveWidthController {
             timed_at: HashMap::new(),
             verified: HashSet::new(),
             left_plain: HashMap::new(),
+            recent_plain: HashMap::new(),
         })
     }
 
@@ -573,6 +579,23 @@ impl AdaptiveWidthController {
                 times.insert(width, t);
             } else {
                 times.entry(width).and_modify(|ema| *ema = alpha * t + (1.0 - alpha) * *ema).or_insert(t);
+            }
+            if self.plain_steps && width == 0 {
+                // Plain steps are the baseline every width is judged against, and an average
+                // is the wrong summary of them: the step after rows finish can take half as
+                // long again, and a bucket spans batch sizes up to twice apart, so a mean that
+                // still holds either made plain steps look 25% dearer than they were and sent
+                // batch 29 to verify at a loss. The median of the latest few tracks the rows
+                // running now and ignores a lone slow step.
+                let recent = self.recent_plain.entry(bucket).or_default();
+                recent.push_back(t);
+                if recent.len() > RECENT_PLAIN_STEPS {
+                    recent.pop_front();
+                }
+                let mut sorted: Vec<f64> = recent.iter().copied().collect();
+                sorted.sort_by(f64::total_cmp);
+                // The lower median: between two, the cheaper plain step (the safe side).
+                times.insert(0, sorted[(sorted.len() - 1) / 2]);
             }
         }
         if let (Some(t), false) = (step_time_s, scaled)
@@ -1146,6 +1169,24 @@ mod tests {
         let full_verify_steps = ran.iter().filter(|&&w| w > 0).count();
         assert!(full_verify_steps <= 5, "{full_verify_steps} verify steps: {ran:?}");
         assert_eq!(c.chosen_width(32), 0);
+    }
+
+    #[test]
+    fn plain_step_times_follow_the_latest_steps_and_ignore_a_lone_slow_one() {
+        let mut c =
+            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let b = batch_bucket(29);
+        for _ in 0..5 {
+            c.record_step(29, 0, &[], 0, Some(1.0));
+        }
+        // The step after rows finish takes half as long again: plain steps do not get dearer.
+        c.record_step(29, 0, &[], 0, Some(1.5));
+        assert_eq!(c.step_time(b, 0), 1.0);
+        // Rows finished, the batch is smaller: three steps in, plain steps cost what they do now.
+        for _ in 0..3 {
+            c.record_step(20, 0, &[], 0, Some(0.7));
+        }
+        assert_eq!(c.step_time(b, 0), 0.7);
     }
 
     #[test]
