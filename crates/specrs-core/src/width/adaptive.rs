@@ -43,6 +43,12 @@
 //!   so an interpolated one misleads, and an old one may be another batch size's. A verify time
 //!   older than that is replaced by the next measurement, not averaged with it; a bucket whose
 //!   verify time aged out keeps its probe backoff rather than probing as if never timed.
+//!   A large bucket verifying at its chosen width is judged on every full step by that step's
+//!   own time, and returns to plain steps at the first one slower than a plain step; a return
+//!   within `probe_interval` steps of leaving keeps (doubles) the probe backoff. The plain step
+//!   time of a bucket is the lower median of its last five plain steps, not an average: the
+//!   baseline must follow the batch size running now and ignore the slow step after rows
+//!   finish.
 //! - Acceptance per bucket (plain steps only): a bucket chooses by the acceptance of its own
 //!   verified rows once it has some, drawn toward the global estimate by one observation's
 //!   worth of rows (a partial probe of 2 rows is a small sample), and by the global estimate
