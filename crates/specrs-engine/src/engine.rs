@@ -966,18 +966,18 @@ impl Engine {
             None => (plan.verify_width, elapsed),
         };
         let (accepted_per_position, rows_drafted) = self.width.controller_observation(stats, width);
+        // The controller logs each switch it makes.
         if let Some(c) = self.width.controller()
             && !plan.mixed
             && !plan.decode.is_empty()
-            && let Some(switch) = c.record_step(
+        {
+            c.record_step(
                 plan.decode.len(),
                 width,
                 &accepted_per_position,
                 rows_drafted,
                 elapsed.map(|e| e.as_secs_f64()),
-            )
-        {
-            tracing::info!("{switch}");
+            );
         }
         self.window.merge(stats);
         if self.last_log.elapsed() >= self.cfg.log_interval && !self.window.is_empty() {
