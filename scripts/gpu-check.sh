@@ -24,7 +24,8 @@
 #                DSpark: oracle acceptance, losslessness in batches, sampled proposals)
 #   2. default-model : the default model (bf16, then f32) with its shipped EAGLE-3 head on the
 #                held-out chat prompts, real acceptance: tokens/s at batch 1/32/128, plain
-#                and speculative, and whether each speculative row equals the plain row
+#                and speculative, and whether each speculative row equals the plain row; then
+#                bf16 at batch 1/32 again with --device-graph-capture (captured CUDA graphs)
 #   3. bench   : a Llama-3-8B-shaped random bf16 model generated here, decode tokens/s at
 #                batch 1/32/128, plain and speculative (EAGLE-1 head, synthetic acceptance),
 #                against the H200's 4.8 TB/s roofline
@@ -131,6 +132,11 @@ if [[ " $phases " == *" default-model "* ]]; then
         phase default-model-f32 150 env HOME="$work" "$work/bin/gpu_bench" --model smollm2-135m-instruct \
             --shipped-draft --dtype f32 --device cuda --batches 1,32 --gen 128 --prompt-len 96 \
             --bandwidth 4.8e12 --out "$results/default-model-f32.jsonl"
+        # The bf16 run again with decode steps replayed from captured CUDA graphs: tokens/s
+        # against the run above, and speculative rows against plain rows.
+        phase default-model-graphs 150 env HOME="$work" "$work/bin/gpu_bench" --model smollm2-135m-instruct \
+            --shipped-draft --dtype bf16 --device cuda --batches 1,32 --gen 128 --prompt-len 96 \
+            --bandwidth 4.8e12 --device-graph-capture --out "$results/default-model-graphs.jsonl"
     else
         note "SKIP: default-model (no GGUF: stage it with scripts/stage-default-model.sh, or set SPEC_RS_MODEL_DIR)"
     fi

@@ -5,6 +5,7 @@
 //! gpu_bench --model DIR [--draft DIR] [--device cuda] [--batches 1,32,128] [--k 4]
 //!           [--acceptance 0.7] [--prompt-len 128] [--gen 128] [--bandwidth 4.8e12] [--out FILE]
 //! gpu_bench --model smollm2-135m-instruct --shipped-draft [--dtype bf16] [--batches ...] [--gen N]
+//! either form: [--device-graph-capture]
 //! ```
 //!
 //! Speculative runs use synthetic acceptance (`--acceptance`, the mean joint acceptance rate
@@ -27,6 +28,9 @@
 //! row's tokens are compared with the plain row's: greedy speculative decoding must return
 //! the plain tokens (rows that differ are counted; half-precision batched matmuls can round
 //! differently at different verify widths, so a difference is reported, not hidden).
+//!
+//! `--device-graph-capture` runs both modes' decode steps on captured shapes (CUDA graphs on a
+//! GPU; the same padded steps eagerly on CPU), to compare with a run without it.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -57,6 +61,8 @@ struct Args {
     out: Option<PathBuf>,
     /// Speculate with the model's shipped drafter on real prompts (real acceptance).
     shipped_draft: bool,
+    /// `EngineConfig::device_graph_capture`.
+    device_graph_capture: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -73,6 +79,7 @@ fn parse_args() -> Result<Args, String> {
         bandwidth: 4.8e12,
         out: None,
         shipped_draft: false,
+        device_graph_capture: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -94,6 +101,7 @@ fn parse_args() -> Result<Args, String> {
             "--bandwidth" => a.bandwidth = value()?.parse().map_err(|e| bad(&e))?,
             "--out" => a.out = Some(PathBuf::from(value()?)),
             "--shipped-draft" => a.shipped_draft = true,
+            "--device-graph-capture" => a.device_graph_capture = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -197,6 +205,7 @@ fn engine(args: &Args, mode: &Mode, kv_bytes: u64) -> Result<EngineHandle, Strin
         max_prefill_chunk: args.prompt_len,
         kv_cache_bytes: kv_bytes,
         max_model_len: Some(max_model_len(args)),
+        device_graph_capture: args.device_graph_capture,
         ..EngineConfig::default()
     };
     let (engine, info) = build_engine(&cfg).map_err(|e| e.to_string())?;
@@ -309,6 +318,9 @@ fn run(args: &Args) -> Result<(), String> {
             expected_tokens_per_step
         );
     }
+    if args.device_graph_capture {
+        println!("decode steps on captured shapes (--device-graph-capture)");
+    }
     println!(
         "| mode | batch | decode tok/s | roofline tok/s | of roofline | accepted/drafted | tokens/step | same as plain | prefill s |"
     );
@@ -374,6 +386,7 @@ fn run(args: &Args) -> Result<(), String> {
                     "acceptance": if args.shipped_draft { serde_json::Value::Null } else { args.acceptance.into() },
                     "prompt_len": args.prompt_len, "gen": args.new_tokens,
                     "weight_bytes": weights, "kv_bytes_per_token": kv_per_token, "bandwidth": args.bandwidth,
+                    "device_graph_capture": args.device_graph_capture,
                 });
                 writeln!(f, "{line}").map_err(|e| e.to_string())?;
             }
