@@ -82,12 +82,6 @@ struct Setup<'a> {
     on_device: Option<bool>,
 }
 
-impl Setup<'_> {
-    fn engine(&self) -> EngineHandle {
-        engine_with(self, false)
-    }
-}
-
 fn engine(s: &Setup) -> EngineHandle {
     engine_with(s, false)
 }
@@ -343,7 +337,7 @@ fn captured_steps_give_the_ragged_engines_outputs() {
     ];
     for (name, target, draft, config) in cases {
         let setup = Setup { target, draft, spec: config, on_device: None };
-        let eager = run(&setup.engine(), mixed_requests(12));
+        let eager = run(&engine(&setup), mixed_requests(12));
         let captured_engine = engine_with(&setup, true);
         let captured = run(&captured_engine, mixed_requests(12));
         // Every step but the one prefilling the requests together ran on a captured shape.

@@ -833,8 +833,7 @@ mod tests {
 
     #[test]
     fn with_plain_steps_widths_beyond_the_measured_ones_cost_in_proportion_to_positions() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         c.record_step(32, 0, &[], 0, Some(2.0));
         let b = batch_bucket(32);
         assert_eq!(c.step_time(b, 0), 2.0);
@@ -844,8 +843,7 @@ mod tests {
 
     #[test]
     fn a_bucket_inheriting_plain_steps_times_verification_at_once_with_a_quarter_of_its_rows() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         let compute_bound = |w: usize| (w + 1) as f64;
         simulate(&mut c, 32, 100, &ACCEPT, compute_bound);
         assert_eq!(c.chosen_width(32), 0);
@@ -864,8 +862,7 @@ mod tests {
 
     #[test]
     fn a_large_batch_with_nothing_to_start_from_starts_plain_and_probes_part_of_its_rows() {
-        let fresh =
-            || AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let fresh = plain_controller;
         // Compute-bound: four plain steps, one probe of 8 of the 32 rows, then plain steps;
         // never a full step at the widest width.
         let mut c = fresh();
@@ -898,8 +895,7 @@ mod tests {
 
     #[test]
     fn large_batches_do_not_inherit_a_single_streams_width() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         // A single stream settles on width 1 (memory-bound: verifying is almost free).
         simulate(&mut c, 1, 100, &ACCEPT, |w| 1.0 + 0.05 * w as f64);
         assert_ne!(c.chosen_width(1), 0);
@@ -914,8 +910,7 @@ mod tests {
 
     #[test]
     fn a_large_batch_leaves_plain_steps_on_its_own_acceptance_not_on_other_traffics() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         // A single stream on text its drafts predict well (quoting, say) speculates at width 3.
         simulate(&mut c, 1, 100, &[0.9, 0.8, 0.7], |w| 1.0 + 0.05 * w as f64);
         assert_eq!(c.chosen_width(1), 3);
@@ -939,8 +934,7 @@ mod tests {
 
     #[test]
     fn acceptance_never_rises_with_depth() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         // A width-3 step where both rows accepted every draft, then two width-1 steps where
         // neither accepted its first: position 2 was last seen at 100%, position 1 at ~30%.
         c.record_step(2, 3, &[2, 2, 2], 2, Some(1.0));
@@ -954,8 +948,7 @@ mod tests {
 
     #[test]
     fn a_bucket_at_plain_steps_leaves_them_only_for_a_width_it_has_timed() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         // The confidence cut stops every row after its first draft, so any width verifies one
         // token per row, at half a row's cost, and a row accepts it 40% of the time: verifying
         // loses (1.4 / 1.5). Interpolated between a plain step and the probed width 3, width 1
@@ -970,8 +963,7 @@ mod tests {
 
     #[test]
     fn a_step_time_measured_long_ago_is_replaced_not_averaged() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         let cheap = |w: usize| 1.0 + 0.05 * w as f64;
         let compute_bound = |w: usize| (w + 1) as f64;
         // Batch 8 speculates while verifying is cheap, then its drafts stop being accepted and
@@ -993,8 +985,7 @@ mod tests {
 
     #[test]
     fn a_probe_of_a_few_rows_moves_a_buckets_acceptance_only_part_of_the_way() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         // Batch 2 speculates (memory-bound) with acceptance [0.5, 0.5, 0].
         simulate(&mut c, 2, 100, &[0.5, 0.5, 0.0], |w| 1.0 + 0.05 * w as f64);
         // Batch 8 (a verified position costs 0.8 of a row) times 4 plain steps, then probes 2
@@ -1009,8 +1000,7 @@ mod tests {
 
     #[test]
     fn a_switch_that_a_partial_probe_misjudged_is_undone_after_one_full_step() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         let compute_bound = |w: usize| (w + 1) as f64;
         simulate(&mut c, 32, 4, &ACCEPT, compute_bound);
         assert_eq!(c.next_step_width(32), 3);
@@ -1059,10 +1049,14 @@ mod tests {
 
     const ACCEPT: [f64; 3] = [0.6, 0.4, 0.25];
 
+    /// Widths 1-3 with plain steps, default tuning.
+    fn plain_controller() -> AdaptiveWidthController {
+        AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps()
+    }
+
     #[test]
     fn plain_steps_win_where_verification_is_compute_bound() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         // Compute-bound: every verified position costs as much as the committed one.
         let ran = simulate(&mut c, 32, 300, &ACCEPT, |w| (w + 1) as f64);
         assert_eq!(c.chosen_width(32), 0);
@@ -1075,8 +1069,7 @@ mod tests {
 
     #[test]
     fn memory_bound_batches_keep_speculating_after_trying_plain_steps() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         // Memory-bound: verifying more positions costs little.
         let ran = simulate(&mut c, 20, 300, &ACCEPT, |w| 1.0 + 0.05 * w as f64);
         assert_eq!(c.chosen_width(20), 3);
@@ -1085,8 +1078,7 @@ mod tests {
 
     #[test]
     fn probes_back_off_while_plain_steps_keep_winning_and_reset_on_a_switch() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         let compute_bound = |w: usize| (w + 1) as f64;
         let ran = simulate(&mut c, 32, 2000, &ACCEPT, compute_bound);
         let probes_late = ran[1000..].iter().filter(|&&w| w == 3).count();
@@ -1105,8 +1097,7 @@ mod tests {
 
     #[test]
     fn switches_in_another_bucket_do_not_bring_back_probes_of_a_plain_bucket() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         let compute_bound = |w: usize| (w + 1) as f64;
         let cheap = |w: usize| 1.0 + 0.05 * w as f64;
         simulate(&mut c, 32, 2000, &ACCEPT, compute_bound);
@@ -1132,8 +1123,7 @@ mod tests {
 
     #[test]
     fn a_plain_bucket_whose_verify_time_aged_out_keeps_its_probe_backoff() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         let compute_bound = |w: usize| (w + 1) as f64;
         // The benchmark's batch workload, again and again: 32 rows for 16 steps, then, as
         // answers finish, 20 rows for 80 steps. Each return to batch 32 finds its verify time
@@ -1154,8 +1144,7 @@ mod tests {
 
     #[test]
     fn a_large_bucket_returns_to_plain_steps_at_its_first_full_step_slower_than_them() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         let compute_bound = |w: usize| (w + 1) as f64;
         simulate(&mut c, 32, 60, &ACCEPT, compute_bound);
         assert_eq!(c.chosen_width(32), 0);
@@ -1179,8 +1168,7 @@ mod tests {
 
     #[test]
     fn plain_step_times_follow_the_latest_steps_and_ignore_a_lone_slow_one() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         let b = batch_bucket(29);
         for _ in 0..5 {
             c.record_step(29, 0, &[], 0, Some(1.0));
@@ -1197,8 +1185,7 @@ mod tests {
 
     #[test]
     fn a_new_bucket_starts_from_its_nearest_neighbours_choice_with_plain_steps() {
-        let mut c =
-            AdaptiveWidthController::new(vec![1, 2, 3], AdaptiveWidthParams::default()).unwrap().with_plain_steps();
+        let mut c = plain_controller();
         simulate(&mut c, 32, 100, &ACCEPT, |w| (w + 1) as f64);
         assert_eq!(c.chosen_width(32), 0);
         // Batch 20 (bucket 4) was never seen: it starts at bucket 5's plain steps, not at 3.
