@@ -5,8 +5,9 @@
 //! head (its heads, and a verify row's or prefill chunk's tokens) share every key and value
 //! load, while each query keeps its own softmax over only the keys it sees. Elsewhere (CUDA)
 //! decode and verify rows attend together in padded batched matmuls
-//! (`crate::padded_attention`) and prefill chunks one row at a time through the
-//! device-generic path, which is also the reference the CPU kernel is tested against.
+//! (`crate::padded_attention`) and prefill chunks one row at a time in bounded tiles with an
+//! online softmax (`crate::tiled_attention`). [`reference_attention`], the device-generic
+//! per-row path with whole score matrices, is what both are tested against.
 
 use std::ops::Range;
 
@@ -475,7 +476,7 @@ pub fn reference_attention(
 }
 
 /// [`reference_attention`] of one row: its queries `[query_len, heads, d]`.
-pub(crate) fn attend_row(
+fn attend_row(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,

@@ -27,6 +27,7 @@ mod simd;
 pub mod skinny;
 pub mod skinny_quant;
 pub mod testing;
+pub mod tiled_attention;
 pub mod weights;
 
 pub use batch::{AttentionMask, BatchRow, ForwardBatch};

@@ -5,8 +5,9 @@
 //! verify rows, at most [`PADDED_MAX_QUERY`] queries) are sorted by context length and
 //! padded into groups of a common shape, each group one [`fixed_attention`] call; the long
 //! rows (prefill chunks), whose padding would cost more than their launches, attend alone
-//! through [`attend_row`], as does a short row with no other to share a group. One gather
-//! puts every token's output back in batch order.
+//! in bounded tiles ([`attend_row_tiled`]), as does a short row with no other to share a
+//! group or whose scores alone exceed [`PADDED_MAX_SCORES`]. One gather puts every token's
+//! output back in batch order.
 //!
 //! The layout (key slots, visibility bounds, gather indices) depends only on the batch, so it
 //! is built and uploaded once per step and reused by every layer: the last layout is kept per
@@ -17,8 +18,9 @@ use std::rc::Rc;
 
 use candle_core::{DeviceLocation, Result, Tensor};
 
-use crate::attention::{AttentionShape, FixedAttention, attend_row, fixed_attention, visible_keys};
+use crate::attention::{AttentionShape, FixedAttention, fixed_attention, visible_keys};
 use crate::batch::{AttentionMask, BatchRow, ForwardBatch};
+use crate::tiled_attention::attend_row_tiled;
 
 /// Rows with at most this many queries attend in padded groups; longer rows attend alone.
 pub const PADDED_MAX_QUERY: usize = 16;
@@ -44,7 +46,7 @@ pub fn ragged_attention(
         outs.push(fixed_attention(&q_padded, k_cache, v_cache, &group.fixed, shape)?);
     }
     for &r in &layout.long_rows {
-        outs.push(attend_row(q, k_cache, v_cache, batch, &batch.rows[r], shape)?);
+        outs.push(attend_row_tiled(q, k_cache, v_cache, batch, &batch.rows[r], shape)?);
     }
     let all = if outs.len() == 1 { outs.pop().expect("one output") } else { Tensor::cat(&outs, 0)? };
     if layout.is_identity { all.contiguous() } else { all.index_select(&layout.order, 0) }
@@ -110,8 +112,13 @@ impl PaddedLayout {
 
     fn build(batch: &ForwardBatch, num_heads: usize, device: &candle_core::Device) -> Result<Self> {
         let num_tokens: usize = batch.rows.iter().map(|r| r.query_len).sum();
+        // A short row over a context so long that its scores alone pass the cap attends in
+        // tiles too: a group always takes its first row, whatever that row's size.
+        let paddable = |row: &BatchRow| {
+            row.query_len <= PADDED_MAX_QUERY && num_heads * row.query_len * row.context_len <= PADDED_MAX_SCORES
+        };
         let (mut short, mut long_rows): (Vec<usize>, Vec<usize>) =
-            (0..batch.rows.len()).partition(|&r| batch.rows[r].query_len <= PADDED_MAX_QUERY);
+            (0..batch.rows.len()).partition(|&r| paddable(&batch.rows[r]));
         if short.len() == 1 {
             // One short row gains nothing from padding, and alone it takes fewer kernels.
             long_rows.append(&mut short);
@@ -291,12 +298,14 @@ mod tests {
         );
         let diff = gap_to_reference(&cache, &batch, &q);
         assert!(diff < 1e-5, "{diff}");
-        // Rows whose padded scores exceed the cap go to separate groups.
+        // Rows whose padded scores exceed the cap go to separate groups, and a row whose own
+        // scores exceed it (queries · context > 82 here: rows 5 and 7) attends in tiles.
         let heads = PADDED_MAX_SCORES / (2 * 41) + 1;
         let split = PaddedLayout::build(&batch, heads, &Device::Cpu).unwrap();
-        assert!(split.groups.len() > 1, "{} groups", split.groups.len());
-        assert_eq!(split.groups.len(), 8);
+        assert_eq!(split.groups.len(), 6);
         assert!(split.groups.iter().all(|g| g.fixed.rows == 1));
+        assert!(split.groups.iter().all(|g| heads * g.fixed.queries * g.fixed.keys <= PADDED_MAX_SCORES));
+        assert_eq!(split.long_rows, [5, 7]);
     }
 
     #[test]
