@@ -104,6 +104,11 @@ BAD_FLAGS = [
         "draft_confidence_threshold must be >= 0.0 and < 1.0",
     ),
     ("missing-config-file", ["--config-file", "/nonexistent/spec.yaml"], "not found"),
+    (
+        "max-seq-len-to-capture-0",
+        ["--device-graph-capture", "--max-seq-len-to-capture", "0"],
+        "--max-seq-len-to-capture must be at least 1",
+    ),
     ("unknown-flag", ["--bogus"], "unexpected argument '--bogus'"),
 ]
 
@@ -194,7 +199,8 @@ def test_generate_with_device_graph_capture_prints_the_same_text() -> None:
     # On CPU the flag runs decode steps on the captured (padded) shapes eagerly.
     args = [*GENERATE, "--dtype", "f32", "--max-model-len", "512", "--max-num-seqs", "4"]
     ragged = run([*console_script(), *args])
-    captured = run([*console_script(), *args, "--device-graph-capture"])
+    # Under a 48-key cap, steps whose rows hold more keys run the ragged forward instead.
+    captured = run([*console_script(), *args, "--device-graph-capture", "--max-seq-len-to-capture", "48"])
     assert ragged.returncode == 0, ragged.stderr
     assert captured.returncode == 0, captured.stderr
     assert captured.stdout == ragged.stdout

@@ -225,6 +225,19 @@ def test_captured_decode_steps_generate_what_the_ragged_engine_does(f32_llm: LLM
     assert m and float(m.group(1)) >= GREEDY.max_tokens - 1, "decode steps did not run on captured shapes"
 
 
+def test_contexts_past_max_seq_len_to_capture_run_uncaptured_with_the_same_text(f32_llm: LLM) -> None:
+    # The chat template alone is longer than 16 tokens, so under a 16-key cap every decode
+    # step runs the ragged forward: nothing is captured, and the text stays the same.
+    prompts = [user(p) for p in SPEC_PROMPTS[:2]]
+    capped = make_llm(
+        dtype="f32", device_graph_capture=True, max_seq_len_to_capture=16, max_num_seqs=4, max_model_len=512
+    )
+    for out, ref in zip(capped.chat(prompts, GREEDY), f32_llm.chat(prompts, GREEDY), strict=True):
+        assert out.token_ids == ref.token_ids
+    m = re.search(r"^specrs_engine_captured_steps_total (\S+)$", capped.metrics_text(), re.M)
+    assert m and float(m.group(1)) == 0.0, m
+
+
 def test_synthetic_acceptance_hits_the_configured_rate_and_emits_target_argmax(
     synthetic_llm: LLM, plain_alone: list[RequestOutput]
 ) -> None:

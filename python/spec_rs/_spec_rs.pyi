@@ -189,6 +189,7 @@ class _PipelineClass(Pipeline):
         block_size: int = 16,
         enable_spec_decode_mixed_batches: bool = False,
         device_graph_capture: bool = False,
+        max_seq_len_to_capture: int = 4096,
     ) -> Self: ...
 
 @final

@@ -188,6 +188,7 @@ def build_pipeline(
     block_size: int = 16,
     enable_spec_decode_mixed_batches: bool = False,
     device_graph_capture: bool = False,
+    max_seq_len_to_capture: int = 4096,
     arch_lookup: ArchLookup | None = None,
 ) -> ResolvedPipeline:
     """Selects the architecture (and speculator), resolves the draft width, builds the pipeline."""
@@ -245,6 +246,7 @@ def build_pipeline(
         block_size=block_size,
         enable_spec_decode_mixed_batches=enable_spec_decode_mixed_batches,
         device_graph_capture=device_graph_capture,
+        max_seq_len_to_capture=max_seq_len_to_capture,
     )
     return ResolvedPipeline(target_arch, arch, spec, pipeline)
 
@@ -278,6 +280,7 @@ class LLM:
         block_size: int = 16,
         enable_spec_decode_mixed_batches: bool = False,
         device_graph_capture: bool = False,
+        max_seq_len_to_capture: int = 4096,
         custom_architectures: str | None = None,
         arch_lookup: ArchLookup | None = None,
     ) -> None:
@@ -297,6 +300,7 @@ class LLM:
             block_size=block_size,
             enable_spec_decode_mixed_batches=enable_spec_decode_mixed_batches,
             device_graph_capture=device_graph_capture,
+            max_seq_len_to_capture=max_seq_len_to_capture,
             arch_lookup=lookup,
         )
         self.model = model

@@ -31,9 +31,7 @@ use crate::sequence::Sequence;
 use crate::tokenizer::TextTokenizer;
 use crate::width::{EngineWidthPolicy, WidthMode};
 
-/// The longest context a captured step attends over. Every captured row gathers this many
-/// key slots, so the cap bounds the graphs' memory; longer rows run eagerly (vLLM caps
-/// capture the same way, at `max_seq_len_to_capture`).
+/// The default of [`EngineConfig::max_seq_len_to_capture`].
 pub const MAX_CAPTURED_CONTEXT: usize = 4096;
 
 /// Runtime limits of an engine.
@@ -64,6 +62,10 @@ pub struct EngineConfig {
     /// steps run eagerly, which is slower and serves to test the path. Off by default: the
     /// engine's captured steps have not been run on a GPU yet (docs/CUDA.md).
     pub device_graph_capture: bool,
+    /// The longest context a captured step attends over (vLLM's `max_seq_len_to_capture`).
+    /// Every captured row gathers this many key slots, so the cap bounds the graphs' memory
+    /// and the padded attention's work; rows with longer contexts run the ragged forward.
+    pub max_seq_len_to_capture: usize,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +81,7 @@ impl Default for EngineConfig {
             log_interval: Duration::from_secs(10),
             acceptance_on_device: None,
             device_graph_capture: false,
+            max_seq_len_to_capture: MAX_CAPTURED_CONTEXT,
         }
     }
 }
@@ -170,34 +173,39 @@ impl Engine {
         let lookahead = proposer.as_ref().map_or(0, |p| p.draft_lookahead());
         let dtype_bytes = target.dtype().size_in_bytes();
         let bytes_per_token = model_cfg.kv_bytes_per_token(dtype_bytes) + drafter_kv_bytes_per_token;
-        // Room for a full-length sequence plus what a step verifies and drafts past it.
-        let plan = specrs_core::kv_blocks::plan_kv_blocks(
-            cfg.kv_cache_bytes,
-            bytes_per_token,
-            cfg.block_size,
-            max_model_len + k + lookahead,
-            cfg.max_num_seqs,
-        )
-        .map_err(|e| EngineError::Request(e.to_string()))?;
-        let kv = target.new_kv_cache(plan.num_blocks, cfg.block_size)?;
-        if let Some(p) = proposer.as_mut() {
-            p.allocate(plan.num_blocks, cfg.block_size)?;
-        }
         let capture = cfg.device_graph_capture && supports_device_graph_capture;
         if cfg.device_graph_capture && !supports_device_graph_capture {
             tracing::warn!(
                 "device_graph_capture has no effect: the architecture does not support device-graph capture"
             );
         }
-        // Captured steps write their padding rows' keys and values to the last block, which
-        // the block manager then never hands out.
-        let usable_blocks = plan.num_blocks - usize::from(capture);
-        if usable_blocks == 0 {
+        if capture && cfg.max_seq_len_to_capture == 0 {
             return Err(EngineError::Request(
-                "the KV cache holds one block, and device_graph_capture needs a second one for padding; \
-                 raise kv_cache_bytes"
-                    .into(),
+                "max_seq_len_to_capture must be at least 1 with device_graph_capture (e.g. 4096)".into(),
             ));
+        }
+        // Captured steps write their padding rows' keys and values to one scratch block past
+        // the planned ones, paid from the same budget, which the block manager never hands out.
+        let scratch_blocks = usize::from(capture);
+        let scratch_bytes = scratch_blocks as u64 * bytes_per_token * cfg.block_size as u64;
+        // Room for a full-length sequence plus what a step verifies and drafts past it.
+        let plan = specrs_core::kv_blocks::plan_kv_blocks(
+            cfg.kv_cache_bytes.saturating_sub(scratch_bytes),
+            bytes_per_token,
+            cfg.block_size,
+            max_model_len + k + lookahead,
+            cfg.max_num_seqs,
+        )
+        .map_err(|e| match scratch_blocks {
+            0 => EngineError::Request(e.to_string()),
+            _ => EngineError::Request(format!(
+                "{e} (the budget shown is after one block kept for device_graph_capture's padding)"
+            )),
+        })?;
+        let usable_blocks = plan.num_blocks;
+        let kv = target.new_kv_cache(usable_blocks + scratch_blocks, cfg.block_size)?;
+        if let Some(p) = proposer.as_mut() {
+            p.allocate(usable_blocks + scratch_blocks, cfg.block_size)?;
         }
         let manager = KvBlockManager::new(usable_blocks, cfg.block_size)?;
         let scheduler = Scheduler::new(
@@ -222,7 +230,7 @@ impl Engine {
         let taps = proposer.as_ref().map(|p| p.tap_request()).unwrap_or_default();
         let fixed_steps = if capture {
             let plan_keys = CapturePlan::new(true, cfg.max_num_seqs, width_source(&width));
-            let max_keys = (max_model_len + k + lookahead).min(MAX_CAPTURED_CONTEXT);
+            let max_keys = (max_model_len + k + lookahead).min(cfg.max_seq_len_to_capture);
             let scratch_slot = (usable_blocks * cfg.block_size) as u32;
             let outputs = StepOutputs { taps: taps.taps.clone(), want_final_hidden: taps.final_hidden };
             let started = Instant::now();

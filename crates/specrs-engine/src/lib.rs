@@ -19,7 +19,7 @@ pub mod width;
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use default_draft::{DefaultDraft, apply_default_draft, default_draft};
 pub use detokenizer::{FinishReason, IncrementalDetokenizer, OutputState};
-pub use engine::{Engine, EngineConfig, EngineParts};
+pub use engine::{Engine, EngineConfig, EngineParts, MAX_CAPTURED_CONTEXT};
 pub use error::{EngineError, Result};
 pub use handle::{EngineHandle, FinalOutput};
 pub use pipeline::{DeviceSpec, PipelineConfig, PipelineInfo, build_engine, build_engine_with};

@@ -87,6 +87,11 @@ fn engine(s: &Setup) -> EngineHandle {
 }
 
 fn engine_with(s: &Setup, device_graph_capture: bool) -> EngineHandle {
+    engine_capturing(s, device_graph_capture.then_some(specrs_engine::MAX_CAPTURED_CONTEXT))
+}
+
+/// With `Some(n)`, device-graph capture of contexts up to `n` keys.
+fn engine_capturing(s: &Setup, max_seq_len_to_capture: Option<usize>) -> EngineHandle {
     let mut cfg = PipelineConfig::new(s.target.to_str().unwrap());
     cfg.draft_model = s.draft.map(|d| d.to_str().unwrap().to_string());
     // f32 everywhere: lossless comparisons must not hinge on bf16 near-ties between GEMM shapes.
@@ -101,7 +106,8 @@ fn engine_with(s: &Setup, device_graph_capture: bool) -> EngineHandle {
         // Steps that mix prefill and decode rows verify too, so a row's steps (and with them
         // its random streams) do not depend on when other requests arrive.
         enable_spec_decode_mixed_batches: true,
-        device_graph_capture,
+        device_graph_capture: max_seq_len_to_capture.is_some(),
+        max_seq_len_to_capture: max_seq_len_to_capture.unwrap_or(specrs_engine::MAX_CAPTURED_CONTEXT),
         ..EngineConfig::default()
     };
     let (engine, info) = build_engine(&cfg).unwrap();
@@ -376,6 +382,32 @@ fn captured_steps_follow_the_adaptive_controllers_widths_losslessly() {
     let captured = run(&captured_engine, requests());
     assert_eq!(tokens(&plain), tokens(&captured));
     assert!(captured_steps(&captured_engine) > 0, "no step ran on a captured shape");
+}
+
+#[test]
+fn rows_past_max_seq_len_to_capture_run_the_ragged_forward_with_the_same_outputs() {
+    // Contexts grow from 1-11 prompt tokens to 23 + the drafts: under a 16-key cap the early
+    // decode steps run captured and the later ones, once a row holds more keys, ragged.
+    let f = fixture();
+    let setup = Setup {
+        target: &f.bigram,
+        draft: Some(&f.eagle3),
+        spec: spec(SpeculativeMethod::Eagle, 3, |_| {}),
+        on_device: None,
+    };
+    let eager_engine = engine(&setup);
+    let eager = run(&eager_engine, mixed_requests(12));
+    let capped_engine = engine_capturing(&setup, Some(16));
+    let capped = run(&capped_engine, mixed_requests(12));
+    // The padding rows' scratch block comes on top of the planned pool, not out of it.
+    assert_eq!(capped_engine.kv_blocks().unwrap().1, eager_engine.kv_blocks().unwrap().1);
+    let all = capped_engine.metrics().steps.load(std::sync::atomic::Ordering::Relaxed);
+    let captured = captured_steps(&capped_engine);
+    assert!(captured > 0 && captured < all - 1, "{captured} of {all} steps captured under a 16-key cap");
+    for (e, c) in eager.iter().zip(&capped) {
+        assert_eq!(e.token_ids, c.token_ids);
+        assert_eq!(e.trace, c.trace);
+    }
 }
 
 fn captured_steps(h: &EngineHandle) -> u64 {

@@ -234,7 +234,13 @@ mod tests {
             input_ids: vec![0; query_len],
             positions: vec![0; query_len],
             slot_mapping: vec![0; query_len],
-            rows: vec![BatchRow { query_start: 0, query_len, context_len, block_table_start: 0, block_table_len: blocks }],
+            rows: vec![BatchRow {
+                query_start: 0,
+                query_len,
+                context_len,
+                block_table_start: 0,
+                block_table_len: blocks,
+            }],
             block_tables: (0..blocks as u32).map(|b| (b * 23) % 64).collect(),
             block_size: 4,
             ..Default::default()
@@ -252,7 +258,8 @@ mod tests {
         let (kc, vc) = cache.layer(0);
         let row = batch.rows[0].clone();
         let dev = device();
-        let (kc_dev, vc_dev, q_dev) = (kc.to_device(&dev).unwrap(), vc.to_device(&dev).unwrap(), q.to_device(&dev).unwrap());
+        let (kc_dev, vc_dev, q_dev) =
+            (kc.to_device(&dev).unwrap(), vc.to_device(&dev).unwrap(), q.to_device(&dev).unwrap());
         for (mask, window) in [
             (AttentionMask::Causal, None),
             (AttentionMask::Causal, Some(5)),
@@ -282,8 +289,8 @@ mod tests {
         for &dtype in dtypes {
             let on_dev = |t: &Tensor| t.to_device(&dev).unwrap().to_dtype(dtype).unwrap();
             let plan = TilePlan { query_tile: 5, key_tile: 16 };
-            let tiled =
-                attend_row_in_tiles(&on_dev(&q), &on_dev(kc), &on_dev(vc), &batch, &batch.rows[0], SHAPE, plan).unwrap();
+            let tiled = attend_row_in_tiles(&on_dev(&q), &on_dev(kc), &on_dev(vc), &batch, &batch.rows[0], SHAPE, plan)
+                .unwrap();
             let tiled = tiled.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
             let diff = crate::testing::max_abs_diff(&tiled, &reference).unwrap();
             assert!(diff < 5e-3, "{dtype:?}: {diff}");

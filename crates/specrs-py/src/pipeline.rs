@@ -79,6 +79,7 @@ fn build(
     block_size: usize,
     enable_spec_decode_mixed_batches: bool,
     device_graph_capture: bool,
+    max_seq_len_to_capture: usize,
 ) -> PyResult<PyPipeline> {
     let speculative = match speculative_config {
         Some(json) => {
@@ -104,6 +105,7 @@ fn build(
             block_size,
             enable_spec_decode_mixed_batches,
             device_graph_capture,
+            max_seq_len_to_capture,
             ..EngineConfig::default()
         },
     };
@@ -267,7 +269,7 @@ macro_rules! pipeline_class {
             #[pyo3(signature = (model, draft_model=None, speculative_config=None, *, dtype="auto", device="cpu",
                         max_num_seqs=64, max_model_len=None, max_num_batched_tokens=2048, kv_cache_bytes=1073741824,
                         block_size=16, enable_spec_decode_mixed_batches=false,
-                        device_graph_capture=false))]
+                        device_graph_capture=false, max_seq_len_to_capture=4096))]
             #[allow(clippy::too_many_arguments)]
             fn new(
                 py: Python<'_>,
@@ -283,6 +285,7 @@ macro_rules! pipeline_class {
                 block_size: usize,
                 enable_spec_decode_mixed_batches: bool,
                 device_graph_capture: bool,
+                max_seq_len_to_capture: usize,
             ) -> PyResult<PyClassInitializer<Self>> {
                 let base = build(
                     py,
@@ -299,6 +302,7 @@ macro_rules! pipeline_class {
                     block_size,
                     enable_spec_decode_mixed_batches,
                     device_graph_capture,
+                    max_seq_len_to_capture,
                 )?;
                 Ok(PyClassInitializer::from(base).add_subclass($rust))
             }

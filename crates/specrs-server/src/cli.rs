@@ -135,6 +135,13 @@ fn pipeline_args(cmd: Command) -> Command {
             "Run decode steps on captured shapes: CUDA graphs replayed on a GPU, the same padded steps eagerly on CPU",
         ))
         .arg(
+            Arg::new("max-seq-len-to-capture")
+                .long("max-seq-len-to-capture")
+                .value_parser(value_parser!(usize))
+                .default_value("4096")
+                .help("Longest context a captured step attends over; rows past it run uncaptured"),
+        )
+        .arg(
             Arg::new("custom-architectures")
                 .long("custom-architectures")
                 .help("Python module (path.py or dir:module) exposing ARCHITECTURES; needs the Python console script"),
@@ -258,10 +265,13 @@ fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
         max_model_len: m.get_one::<usize>("max-model-len").copied(),
         enable_spec_decode_mixed_batches: m.get_flag("enable-spec-decode-mixed-batches"),
         device_graph_capture: m.get_flag("device-graph-capture"),
+        max_seq_len_to_capture: *m.get_one::<usize>("max-seq-len-to-capture").expect("default"),
         ..EngineConfig::default()
     };
-    if engine.max_num_seqs == 0 || engine.block_size == 0 {
-        return Err(CliError::Invalid("--max-num-seqs and --block-size must be at least 1".into()));
+    if engine.max_num_seqs == 0 || engine.block_size == 0 || engine.max_seq_len_to_capture == 0 {
+        return Err(CliError::Invalid(
+            "--max-num-seqs, --block-size and --max-seq-len-to-capture must be at least 1".into(),
+        ));
     }
     Ok(PipelineArgs {
         model: m.get_one::<String>("model").expect("default").clone(),
@@ -382,6 +392,7 @@ impl PipelineArgs {
             "block_size": self.engine.block_size,
             "enable_spec_decode_mixed_batches": self.engine.enable_spec_decode_mixed_batches,
             "device_graph_capture": self.engine.device_graph_capture,
+            "max_seq_len_to_capture": self.engine.max_seq_len_to_capture,
             "custom_architectures": self.custom_architectures,
         }))
     }
