@@ -35,8 +35,10 @@
 //!   verification is compute-bound, pessimistic where it is not). A full probe there pays the
 //!   widest verify and the drafter's catch-up of every row; a quarter of that is enough to learn
 //!   the cost. A bucket at plain steps that has never timed verification probes after
-//!   `update_interval` plain steps, and a large bucket with nothing to start from starts at
-//!   plain steps, not at the widest width. A switch is re-checked after one step at its new
+//!   `update_interval` plain steps (after a whole backed-off probe interval where a smaller
+//!   bucket of partial probes timed verification and chose plain steps: speculation pays less
+//!   the larger the batch), and a large bucket with nothing to start from starts at plain
+//!   steps, not at the widest width. A switch is re-checked after one step at its new
 //!   width, and the first time measured with every row verifying replaces a scaled one. A
 //!   bucket at plain steps leaves them only for a width timed within the last `probe_interval`
 //!   steps: with the confidence cut a narrower width's cost is not in proportion to the width,
@@ -444,8 +446,12 @@ impl AdaptiveWidthController {
         let plain_timed = self.step_times.get(&bucket).is_some_and(|t| t.contains_key(&0));
         let never_verified = plain_timed && !self.verified.contains(&bucket) && self.current(bucket) == 0;
         let interval = if never_verified {
-            // Time plain steps for a few steps (the probe is scaled from them), then probe.
-            self.params.update_interval
+            match self.smaller_buckets_plain_verdict(bucket) {
+                // A smaller batch already found verification not worth it.
+                Some(backoff) => self.params.probe_interval * backoff,
+                // Time plain steps for a few steps (the probe is scaled from them), then probe.
+                None => self.params.update_interval,
+            }
         } else {
             self.params.probe_interval * self.probe_backoff.get(&bucket).copied().unwrap_or(1)
         };
@@ -456,6 +462,19 @@ impl AdaptiveWidthController {
             return true;
         }
         false
+    }
+
+    /// The probe backoff of the nearest smaller bucket of partial probes, when that bucket
+    /// has timed verification and chose plain steps over it. Speculation pays less the larger
+    /// the batch (each verified position costs more of a step as the target turns
+    /// compute-bound), so a larger bucket that has never verified waits as long as that one
+    /// before its first probe instead of probing within `update_interval` steps: on a CPU the
+    /// first call at a new large batch size otherwise paid a probe (and the drafter's catch-up
+    /// of its rows) for every bucket its shrinking batch passed through.
+    fn smaller_buckets_plain_verdict(&self, bucket: u32) -> Option<usize> {
+        let large = |b: u32| (1usize << b) >= PARTIAL_PROBE_MIN_BATCH;
+        let nearest = self.verified.iter().copied().filter(|&b| b < bucket && large(b)).max()?;
+        (self.chosen.get(&nearest) == Some(&0)).then(|| self.probe_backoff.get(&nearest).copied().unwrap_or(1))
     }
 
     /// The width currently chosen for a bucket (widest until a switch).
@@ -1119,6 +1138,30 @@ mod tests {
         // switch at batch 1 they would hold dozens.
         assert!(probes <= 4, "{probes} probes of batch 32 in 3000 of its steps");
         assert_eq!(c.chosen_width(32), 0);
+    }
+
+    #[test]
+    fn a_larger_batch_waits_for_its_first_probe_where_a_smaller_one_chose_plain_steps() {
+        let compute_bound = |w: usize| (w + 1) as f64;
+        let mut c = plain_controller();
+        // Batch 8 times verification and settles on plain steps.
+        simulate(&mut c, 8, 120, &ACCEPT, compute_bound);
+        assert_eq!(c.chosen_width(8), 0);
+        let backoff = c.probe_backoff.get(&batch_bucket(8)).copied().unwrap_or(1);
+        // Batch 32, then 20 as its rows finish: plain steps for a whole backed-off probe
+        // interval, not a probe after `update_interval` steps in each bucket.
+        let wait = AdaptiveWidthParams::default().probe_interval * backoff;
+        for batch in [32, 20] {
+            let ran = simulate(&mut c, batch, wait - 1, &ACCEPT, compute_bound);
+            assert!(ran.iter().all(|&w| w == 0), "batch {batch}: {ran:?}");
+            assert_eq!((c.next_step_width(batch), c.probe_rows()), (3, Some(batch.div_ceil(4))), "then it probes");
+        }
+        // A smaller batch of whole probes (below PARTIAL_PROBE_MIN_BATCH) gives no verdict:
+        // batch 32 times four plain steps and probes, as with nothing to start from.
+        let mut c = plain_controller();
+        simulate(&mut c, 2, 200, &ACCEPT, compute_bound);
+        assert_eq!(c.chosen_width(2), 0);
+        assert_eq!(simulate(&mut c, 32, 5, &ACCEPT, compute_bound), vec![0, 0, 0, 0, 3]);
     }
 
     #[test]
