@@ -149,10 +149,7 @@ fn attend_query_tile(
     let device = context.device;
     // [n, heads, d] -> [kv, group · n, d]: the queries of a kv head's group side by side.
     let qg = tile_q.reshape((n, kv, group, d))?.permute((1, 2, 0, 3))?.contiguous()?.reshape((kv, group * n, d))?;
-    let firsts: Vec<u32> = bounds.iter().map(|b| b.0 as u32).collect();
-    let lasts: Vec<u32> = bounds.iter().map(|b| b.1 as u32).collect();
-    let first = Tensor::from_vec(firsts, (1, 1, n, 1), device)?;
-    let last = Tensor::from_vec(lasts, (1, 1, n, 1), device)?;
+    let mut device_bounds: Option<(Tensor, Tensor)> = None;
     let tiles = key_tiles(bounds, key_tile);
     let single = tiles.len() == 1;
     // The online softmax state, per (kv, group, query): running max, sum and weighted values.
@@ -162,9 +159,7 @@ fn attend_query_tile(
         // 1. Scores [kv, group, n, keys] with the tile's visibility mask.
         let scores = (qg.matmul(&k.t()?.contiguous()?)? * f64::from(scale))?.to_dtype(DType::F32)?;
         let scores = scores.reshape((kv, group, n, x1 - x0))?;
-        let index = Tensor::arange(x0 as u32, x1 as u32, device)?.reshape((1, 1, 1, x1 - x0))?;
-        let visible = index.broadcast_ge(&first)?.mul(&index.broadcast_le(&last)?)?.to_dtype(DType::F32)?;
-        let scores = scores.broadcast_add(&((visible - 1.0)? * MASKED)?)?;
+        let scores = scores.broadcast_add(&tile_mask(bounds, (x0, x1), device, &mut device_bounds)?)?;
         let weighted = |p: &Tensor| -> Result<Tensor> {
             // [kv, group, n, keys] · [kv, keys, d] -> [kv, group, n, d], accumulated in f32.
             p.to_dtype(tile_q.dtype())?
@@ -196,6 +191,42 @@ fn attend_query_tile(
     }
     let (_, sum, acc) = state.expect("every query sees at least its own key");
     finish(&acc.broadcast_div(&sum)?, tile_q.dtype(), n, num_heads, d)
+}
+
+/// Mask elements of a tile built on the host and uploaded whole (one copy instead of a chain
+/// of small kernels, which at batch 1 cost more than the copy); larger tiles build theirs on
+/// the device.
+const HOST_MASK_MAX: usize = 1 << 16;
+
+/// The additive mask `[1, 1, n, keys]` of key tile `[x0, x1)` for queries seeing `bounds`:
+/// 0 where visible, `-MASKED` elsewhere. `device_bounds` caches the bounds uploaded for the
+/// device-built masks of a query tile.
+fn tile_mask(
+    bounds: &[(usize, usize)],
+    (x0, x1): (usize, usize),
+    device: &Device,
+    device_bounds: &mut Option<(Tensor, Tensor)>,
+) -> Result<Tensor> {
+    let (n, keys) = (bounds.len(), x1 - x0);
+    if n * keys <= HOST_MASK_MAX {
+        let mask: Vec<f32> = bounds
+            .iter()
+            .flat_map(|&(first, last)| {
+                (x0..x1).map(move |x| if (first..=last).contains(&x) { 0.0 } else { -MASKED as f32 })
+            })
+            .collect();
+        return Tensor::from_vec(mask, (1, 1, n, keys), device);
+    }
+    if device_bounds.is_none() {
+        let firsts: Vec<u32> = bounds.iter().map(|b| b.0 as u32).collect();
+        let lasts: Vec<u32> = bounds.iter().map(|b| b.1 as u32).collect();
+        *device_bounds =
+            Some((Tensor::from_vec(firsts, (1, 1, n, 1), device)?, Tensor::from_vec(lasts, (1, 1, n, 1), device)?));
+    }
+    let (first, last) = device_bounds.as_ref().expect("just set");
+    let index = Tensor::arange(x0 as u32, x1 as u32, device)?.reshape((1, 1, 1, keys))?;
+    let visible = index.broadcast_ge(first)?.mul(&index.broadcast_le(last)?)?.to_dtype(DType::F32)?;
+    (visible - 1.0)? * MASKED
 }
 
 /// `[kv, group, n, d]` f32 -> `[n, heads, d]` in `dtype`.
@@ -294,6 +325,24 @@ mod tests {
             let tiled = tiled.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
             let diff = crate::testing::max_abs_diff(&tiled, &reference).unwrap();
             assert!(diff < 5e-3, "{dtype:?}: {diff}");
+        }
+    }
+
+    #[test]
+    fn masks_built_on_the_host_and_on_the_device_agree() {
+        // Causal queries under a window, tiles small enough for the host and too large for it.
+        let bounds: Vec<(usize, usize)> =
+            (0..300).map(|j| visible_keys(AttentionMask::Causal, Some(150), 200, 300, j)).collect();
+        let dev = device();
+        for tile in [(0, 250), (180, 420), (0, 500)] {
+            let host = tile_mask(&bounds[..8], tile, &Device::Cpu, &mut None).unwrap();
+            assert!(8 * (tile.1 - tile.0) <= HOST_MASK_MAX);
+            let mut cached = None;
+            let on_device = tile_mask(&bounds, tile, &dev, &mut cached).unwrap();
+            assert!(300 * (tile.1 - tile.0) > HOST_MASK_MAX, "{tile:?} must take the device path");
+            assert!(cached.is_some());
+            let narrowed = on_device.narrow(2, 0, 8).unwrap().to_device(&Device::Cpu).unwrap();
+            assert_eq!(crate::testing::max_abs_diff(&host, &narrowed).unwrap(), 0.0, "{tile:?}");
         }
     }
 
