@@ -157,21 +157,19 @@ fn attend_query_tile(
     for &(x0, x1) in &tiles {
         let (k, v) = context.gather((x0, x1), kv, tile_q.dtype())?;
         // 1. Scores [kv, group, n, keys] with the tile's visibility mask.
-        let scores = (qg.matmul(&k.t()?.contiguous()?)? * f64::from(scale))?.to_dtype(DType::F32)?;
+        let scores = (qg.matmul(&k.t()?)? * f64::from(scale))?.to_dtype(DType::F32)?;
         let scores = scores.reshape((kv, group, n, x1 - x0))?;
         let scores = scores.broadcast_add(&tile_mask(bounds, (x0, x1), device, &mut device_bounds)?)?;
+        // [kv, group, n, keys] · [kv, keys, d] -> [kv, group, n, d], in the queries' dtype.
         let weighted = |p: &Tensor| -> Result<Tensor> {
-            // [kv, group, n, keys] · [kv, keys, d] -> [kv, group, n, d], accumulated in f32.
-            p.to_dtype(tile_q.dtype())?
-                .reshape((kv, group * n, x1 - x0))?
-                .matmul(&v)?
-                .reshape((kv, group, n, d))?
-                .to_dtype(DType::F32)
+            p.to_dtype(tile_q.dtype())?.reshape((kv, group * n, x1 - x0))?.matmul(&v)?.reshape((kv, group, n, d))
         };
         if single {
             let probs = candle_nn::ops::softmax_last_dim(&scores)?;
             return finish(&weighted(&probs)?, tile_q.dtype(), n, num_heads, d);
         }
+        // Across tiles the weighted values accumulate in f32.
+        let weighted = |p: &Tensor| weighted(p)?.to_dtype(DType::F32);
         // 2. Online softmax: rescale what the earlier tiles summed to this tile's maximum.
         let tile_max = scores.max_keepdim(D::Minus1)?;
         state = Some(match state.take() {
@@ -229,7 +227,7 @@ fn tile_mask(
     (visible - 1.0)? * MASKED
 }
 
-/// `[kv, group, n, d]` f32 -> `[n, heads, d]` in `dtype`.
+/// `[kv, group, n, d]` -> `[n, heads, d]` in `dtype`.
 fn finish(out: &Tensor, dtype: DType, n: usize, heads: usize, d: usize) -> Result<Tensor> {
     out.permute((2, 0, 1, 3))?.contiguous()?.reshape((n, heads, d))?.to_dtype(dtype)
 }
