@@ -122,6 +122,9 @@ pub struct Engine {
     /// Drafting done at the end of the last step for the next one (its catch-up left out);
     /// `None` when that drafting fed prefill rows, so the next step goes untimed.
     next_step_draft_time: Option<Duration>,
+    /// The drafter's catch-up of positions kept through plain steps, done while drafting for
+    /// the next step (reported to the adaptive controller with that step).
+    next_step_catch_up: Duration,
     /// Fixed-shape (captured) decode steps, with `device_graph_capture`.
     fixed_steps: Option<FixedSteps>,
 }
@@ -268,6 +271,7 @@ impl Engine {
             window: SpecDecodeStats::new(),
             last_log: Instant::now(),
             next_step_draft_time: Some(Duration::ZERO),
+            next_step_catch_up: Duration::ZERO,
             fixed_steps,
         })
     }
@@ -874,6 +878,7 @@ impl Engine {
     /// steps (a one-off cost of those steps, not of the next step's width).
     fn draft_time_since(&mut self, proposing: Instant) -> Duration {
         let catch_up = self.proposer.as_mut().map_or(Duration::ZERO, |p| p.take_catch_up_time());
+        self.next_step_catch_up = catch_up;
         proposing.elapsed().saturating_sub(catch_up)
     }
 
@@ -974,11 +979,15 @@ impl Engine {
             None => (plan.verify_width, elapsed),
         };
         let (accepted_per_position, rows_drafted) = self.width.controller_observation(stats, width);
+        let catch_up = std::mem::take(&mut self.next_step_catch_up);
         // The controller logs each switch it makes.
         if let Some(c) = self.width.controller()
             && !plan.mixed
             && !plan.decode.is_empty()
         {
+            if !catch_up.is_zero() {
+                c.record_catch_up(plan.decode.len(), catch_up.as_secs_f64());
+            }
             c.record_step(
                 plan.decode.len(),
                 width,

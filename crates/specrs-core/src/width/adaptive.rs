@@ -50,7 +50,11 @@
 //!   within `probe_interval` steps of leaving keeps (doubles) the probe backoff. The plain step
 //!   time of a bucket is the lower median of its last five plain steps, not an average: the
 //!   baseline must follow the batch size running now and ignore the slow step after rows
-//!   finish.
+//!   finish. Leaving plain steps first feeds the drafter every position its rows kept
+//!   through them (the catch-up, timed apart from step times); the latest probe's catch-up,
+//!   scaled to the batch, is charged against the switch over the `probe_interval` steps it
+//!   has to prove itself in, so a width only a few percent faster does not pay a catch-up it
+//!   cannot earn back.
 //! - Acceptance per bucket (plain steps only): a bucket chooses by the acceptance of its own
 //!   verified rows once it has some, drawn toward the global estimate by one observation's
 //!   worth of rows (a partial probe of 2 rows is a small sample), and by the global estimate
@@ -327,6 +331,9 @@ pub struct AdaptiveWidthController {
     left_plain: HashMap<u32, (usize, usize)>,
     /// Each bucket's latest plain step times (plain steps only).
     recent_plain: HashMap<u32, VecDeque<f64>>,
+    /// What leaving plain steps would cost each bucket up front (seconds): the drafter's
+    /// catch-up of its latest probe, scaled to the whole batch (plain steps only).
+    switch_cost: HashMap<u32, f64>,
 }
 
 impl AdaptiveWidthController {
@@ -363,6 +370,7 @@ impl AdaptiveWidthController {
             verified: HashSet::new(),
             left_plain: HashMap::new(),
             recent_plain: HashMap::new(),
+            switch_cost: HashMap::new(),
         })
     }
 
@@ -507,6 +515,22 @@ impl AdaptiveWidthController {
             }
         }
         self.widest()
+    }
+
+    /// Records the drafter's catch-up before a decode step of `batch_size` rows: the
+    /// positions its rows kept through plain steps, fed before it drafted for this step. Call
+    /// before [`Self::record_step`] of the same step. A probe's catch-up, scaled to the batch
+    /// like its verify time, is what leaving plain steps would cost the bucket up front.
+    pub fn record_catch_up(&mut self, batch_size: usize, seconds: f64) {
+        let bucket = batch_bucket(batch_size);
+        if !self.plain_steps || self.probed != Some(bucket) || seconds.is_nan() || seconds <= 0.0 {
+            return;
+        }
+        let scale = match self.partial_probe {
+            Some((b, rows)) if b == bucket && rows > 0 => batch_size as f64 / rows as f64,
+            _ => 1.0,
+        };
+        self.switch_cost.insert(bucket, seconds * scale);
     }
 
     /// Records a decode step that verified `width` drafts per row.
@@ -788,7 +812,17 @@ impl AdaptiveWidthController {
                 best_rate = r;
             }
         }
-        if best != current && best_rate > current_rate * (1.0 + self.params.margin) {
+        // Leaving plain steps first feeds the drafter every position its rows kept through
+        // them, time that commits no token: over the `probe_interval` steps in which a switch
+        // has to prove itself, the faster width must also earn that back.
+        let payback = match self.switch_cost.get(&bucket) {
+            Some(&cost) if leaving_plain && best != current => {
+                let horizon = self.params.probe_interval as f64 * self.step_time(bucket, best);
+                (1.0 - cost / horizon).max(0.0)
+            }
+            _ => 1.0,
+        };
+        if best != current && best_rate * payback > current_rate * (1.0 + self.params.margin) {
             if self.plain_steps {
                 // Check a switch after one step at its new width: one built on a probe (or a
                 // partial one) that misjudged the cost is undone after a step, not five.
@@ -1162,6 +1196,36 @@ mod tests {
         simulate(&mut c, 2, 200, &ACCEPT, compute_bound);
         assert_eq!(c.chosen_width(2), 0);
         assert_eq!(simulate(&mut c, 32, 5, &ACCEPT, compute_bound), vec![0, 0, 0, 0, 3]);
+    }
+
+    #[test]
+    fn leaving_plain_steps_must_also_pay_back_the_drafters_catch_up() {
+        // Plain steps of batch 32 take 1.0; the partial probe (8 rows) scales to 2.14 at width
+        // 3, which commits 2.25 tokens a row: 5% more than plain steps, past the 2% margin.
+        let probe = |catch_up: Option<f64>| {
+            let mut c = plain_controller();
+            assert_eq!(simulate(&mut c, 32, 4, &ACCEPT, |_| 1.0), vec![0; 4]);
+            assert_eq!((c.next_step_width(32), c.probe_rows()), (3, Some(8)));
+            if let Some(seconds) = catch_up {
+                c.record_catch_up(32, seconds);
+            }
+            c.record_step(32, 3, &[5, 3, 2], 8, Some(1.0 + 1.14 / 4.0));
+            assert!((c.step_time(batch_bucket(32), 3) - 2.14).abs() < 1e-9);
+            c
+        };
+        assert_eq!(probe(None).chosen_width(32), 3, "without a catch-up cost the probe's 5% wins");
+        // A catch-up of 0.2 for the 8 rows is 0.8 for the batch: under 1% of the 50 steps a
+        // switch has to prove itself in (50 · 2.14), so the switch still pays.
+        assert_eq!(probe(Some(0.2)).chosen_width(32), 3);
+        // A catch-up of 1.0 (4.0 for the batch, 3.7% of them) eats most of the 5%: plain steps.
+        let c = probe(Some(1.0));
+        assert_eq!(c.chosen_width(32), 0);
+        assert_eq!(c.switch_cost.get(&batch_bucket(32)), Some(&4.0));
+        // Catch-up outside a probe (a row that drafts again) says nothing about a switch.
+        let mut c = plain_controller();
+        simulate(&mut c, 32, 3, &ACCEPT, |_| 1.0);
+        c.record_catch_up(32, 5.0);
+        assert!(c.switch_cost.is_empty());
     }
 
     #[test]
