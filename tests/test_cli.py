@@ -109,6 +109,8 @@ BAD_FLAGS = [
         ["--device-graph-capture", "--max-seq-len-to-capture", "0"],
         "--max-seq-len-to-capture must be at least 1",
     ),
+    ("device-listed-twice", ["--device", "cuda:0,cuda:0"], "cuda:0 is listed twice"),
+    ("devices-mixed", ["--device", "cpu,cuda:1"], "all run on CUDA or all on the CPU"),
     ("unknown-flag", ["--bogus"], "unexpected argument '--bogus'"),
 ]
 
@@ -220,3 +222,14 @@ def test_cargo_binary_generates_the_same_greedy_text_as_the_console_script(cargo
     assert py_stats and rs_stats
     # Same tokens, finish reason and draft counts: the two front ends run the same engine.
     assert py_stats.group(1, 2, 3, 4, 6) == rs_stats.group(1, 2, 3, 4, 6)
+
+
+def test_generate_on_two_data_parallel_replicas_prints_the_same_text(cargo_binary: Path) -> None:
+    # `--device cpu,cpu` runs one replica per listed device, through both front ends.
+    args = [*GENERATE, "--dtype", "f32", "--max-model-len", "512", "--max-num-seqs", "4"]
+    one = run([*console_script(), *args])
+    assert one.returncode == 0, one.stderr
+    for front_end in (console_script(), [str(cargo_binary)]):
+        two = run([*front_end, *args, "--device", "cpu,cpu"], timeout=110)
+        assert two.returncode == 0, two.stderr
+        assert two.stdout == one.stdout, front_end

@@ -238,6 +238,25 @@ def test_contexts_past_max_seq_len_to_capture_run_uncaptured_with_the_same_text(
     assert m and float(m.group(1)) == 0.0, m
 
 
+def test_two_data_parallel_replicas_give_each_request_the_text_one_engine_gives(f32_llm: LLM) -> None:
+    # One replica per listed device (two logical CPUs here): the batch is split between them,
+    # and each request's text must be what one engine writes for it, plainly and with the
+    # shipped draft head (on device 0, drafting for both replicas).
+    prompts = [user(p) for p in SPEC_PROMPTS]
+    reference = f32_llm.chat(prompts, GREEDY)
+    plain = make_llm(dtype="f32", device=["cpu", "cpu"], max_num_seqs=4, max_model_len=512)
+    drafted = LLM(dtype="f32", device="cpu,cpu", max_num_seqs=4, max_model_len=512, kv_cache_memory=64 << 20)
+    assert plain.info["num_replicas"] == drafted.info["num_replicas"] == 2
+    assert drafted.info["method"] == "eagle"
+    for llm in (plain, drafted):
+        for prompt, out, ref in zip(SPEC_PROMPTS, llm.chat(prompts, GREEDY), reference, strict=True):
+            assert out.token_ids == ref.token_ids, (prompt, first_divergence(out.token_ids, ref.token_ids))
+        free, total = wait_for_free_kv(llm)
+        assert free == total, "every replica's KV blocks return to its pool"
+    with pytest.raises(RequestError, match="cuda:0 is listed twice"):
+        make_llm(device="cuda:0,cuda:0")
+
+
 def test_synthetic_acceptance_hits_the_configured_rate_and_emits_target_argmax(
     synthetic_llm: LLM, plain_alone: list[RequestOutput]
 ) -> None:

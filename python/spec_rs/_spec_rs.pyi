@@ -143,6 +143,7 @@ class _PipelineInfo(TypedDict):
     acceptance_rule: Literal["synthetic", "stochastic", "greedy"]
     max_model_len: int
     vocab_size: int
+    num_replicas: int
 
 @disjoint_base
 class Pipeline:

@@ -180,7 +180,7 @@ def build_pipeline(
     speculative_config: SpeculativeConfig | None = None,
     *,
     dtype: str | None = None,
-    device: str = "cpu",
+    device: str | Sequence[str] = "cpu",
     max_num_seqs: int = 64,
     max_model_len: int | None = None,
     max_num_batched_tokens: int = 2048,
@@ -238,7 +238,7 @@ def build_pipeline(
         draft_path,
         json.dumps(spec.model_dump(mode="json")),
         dtype=dtype or "auto",
-        device=device,
+        device=device if isinstance(device, str) else ",".join(device),
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -263,6 +263,11 @@ class LLM:
     >>> llm = LLM("smollm2-135m-instruct", speculative_config=SpeculativeConfig(speculative_method="ngram"))
     >>> out = llm.generate(["def fibonacci(n):"], SamplingParams(max_tokens=64, temperature=0.0))
     >>> out[0].text, out[0].metrics.acceptance_length  # doctest: +SKIP
+
+    ``device`` names one device or several (``["cuda:0", "cuda:1"]`` or ``"cuda:0,cuda:1"``):
+    one data-parallel replica per device, each with its own copy of the target and KV cache
+    (``max_num_seqs`` and ``kv_cache_memory`` each), new requests going to the least-loaded
+    one. ``speculative_config.draft_head_parallelism`` places the draft head.
     """
 
     def __init__(
@@ -272,7 +277,7 @@ class LLM:
         *,
         speculative_config: SpeculativeConfig | None = None,
         dtype: str | None = None,
-        device: str = "cpu",
+        device: str | Sequence[str] = "cpu",
         max_num_seqs: int = 64,
         max_model_len: int | None = None,
         max_num_batched_tokens: int = 2048,

@@ -192,7 +192,7 @@ struct Mode {
 fn engine(args: &Args, mode: &Mode, kv_bytes: u64) -> Result<EngineHandle, String> {
     let mut cfg = PipelineConfig::new(args.model.to_string_lossy());
     cfg.draft_model = mode.draft.as_ref().map(|d| d.to_string_lossy().into_owned());
-    cfg.device = args.device;
+    cfg.devices = vec![args.device];
     cfg.dtype = args.dtype;
     cfg.speculative = mode.spec.clone();
     if mode.shipped && !apply_default_draft(&mut cfg).map_err(|e| e.to_string())? {

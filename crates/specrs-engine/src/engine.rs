@@ -6,6 +6,7 @@
 //! tokens it commits; stop conditions are checked token by token; KV reservations shrink back
 //! to what was committed; then the proposer drafts for the next step.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,6 +113,10 @@ pub struct Engine {
     scheduler: Scheduler,
     seqs: HashMap<SeqId, Sequence>,
     metrics: Arc<EngineMetrics>,
+    /// This engine's share of the gauges last published to `metrics` (running, waiting, free
+    /// KV blocks): data-parallel replicas publish into one `EngineMetrics`, each adding the
+    /// change in its own share.
+    published_gauges: Cell<[usize; 3]>,
     spec: SpeculativeConfig,
     cfg: EngineConfig,
     max_model_len: usize,
@@ -263,6 +268,7 @@ impl Engine {
             scheduler,
             seqs: HashMap::new(),
             metrics,
+            published_gauges: Cell::new([0, 0, usable_blocks]),
             spec,
             cfg,
             max_model_len,
@@ -278,6 +284,20 @@ impl Engine {
 
     pub fn metrics(&self) -> Arc<EngineMetrics> {
         self.metrics.clone()
+    }
+
+    /// Publishes into `metrics` from now on, shared with other engines (data-parallel
+    /// replicas): its gauges become the sum over the engines. Call it before the engine
+    /// serves anything; counters recorded until then stay behind.
+    pub fn with_shared_metrics(mut self, metrics: Arc<EngineMetrics>) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        metrics.kv_total_blocks.fetch_add(self.metrics.kv_total_blocks.load(Relaxed), Relaxed);
+        let [running, waiting, free] = self.published_gauges.get();
+        metrics.num_running.fetch_add(running, Relaxed);
+        metrics.num_waiting.fetch_add(waiting, Relaxed);
+        metrics.kv_free_blocks.fetch_add(free, Relaxed);
+        self.metrics = metrics;
+        self
     }
 
     pub fn tokenizer(&self) -> &Arc<TextTokenizer> {
@@ -443,9 +463,16 @@ impl Engine {
 
     fn update_gauges(&self) {
         use std::sync::atomic::Ordering::Relaxed;
-        self.metrics.num_running.store(self.scheduler.num_running(), Relaxed);
-        self.metrics.num_waiting.store(self.scheduler.num_waiting(), Relaxed);
-        self.metrics.kv_free_blocks.store(self.scheduler.kv().num_free_blocks(), Relaxed);
+        let now = [self.scheduler.num_running(), self.scheduler.num_waiting(), self.scheduler.kv().num_free_blocks()];
+        let gauges = [&self.metrics.num_running, &self.metrics.num_waiting, &self.metrics.kv_free_blocks];
+        for ((gauge, was), is) in gauges.into_iter().zip(self.published_gauges.get()).zip(now) {
+            if is >= was {
+                gauge.fetch_add(is - was, Relaxed);
+            } else {
+                gauge.fetch_sub(was - is, Relaxed);
+            }
+        }
+        self.published_gauges.set(now);
     }
 
     /// Token ids that end a request: EOS (unless ignored) and its stop ids.
@@ -937,7 +964,20 @@ impl Engine {
                 })
             })
             .collect();
-        let taps = StepTaps { taps: &forward.taps, final_hidden: forward.final_hidden.as_ref() };
+        // A drafter on another device (the first one, under data parallelism with
+        // `draft_head_parallelism="device0"`) reads the hidden states there; on the same
+        // device the moves are clones of the handles.
+        let (moved_taps, moved_final) = match proposer.input_device() {
+            Some(device) => (
+                Some(forward.taps.iter().map(|t| t.to_device(device)).collect::<candle_core::Result<Vec<_>>>()?),
+                forward.final_hidden.as_ref().map(|h| h.to_device(device)).transpose()?,
+            ),
+            None => (None, None),
+        };
+        let taps = StepTaps {
+            taps: moved_taps.as_deref().unwrap_or(&forward.taps),
+            final_hidden: moved_final.as_ref().or(forward.final_hidden.as_ref()),
+        };
         let proposals: Vec<Proposal> = proposer.propose(&propose_rows, &taps, &self.scheduler)?;
         let wanting: Vec<(SeqId, usize)> =
             propose_rows.iter().filter(|r| r.may_draft()).map(|r| (r.seq, r.num_drafts)).collect();

@@ -1,8 +1,12 @@
 //! `EngineHandle`: the engine on its own thread, fed over a channel. Submitting returns a
 //! stream of outputs; dropping the stream cancels the request. Used by the server (async) and
 //! the Python API (blocking, with the GIL released).
+//!
+//! With data parallelism the handle runs one engine thread per replica and sends each new
+//! request to the replica with the fewest requests (vLLM's data-parallel load balancing);
+//! the replicas share one `EngineMetrics`, so `/metrics` reads the sum.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -50,12 +54,22 @@ pub struct EngineInfo {
     pub pipeline: Option<PipelineInfo>,
     pub max_model_len: usize,
     pub vocab_size: usize,
+    /// Over all replicas.
     pub max_num_seqs: usize,
+    pub num_replicas: usize,
+}
+
+/// One engine thread and what routing needs to know of it.
+struct Replica {
+    tx: mpsc::Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+    /// Requests the replica holds: counted up when one is routed here, set to the engine's
+    /// own count after every step.
+    load: Arc<AtomicUsize>,
 }
 
 pub struct EngineHandle {
-    tx: mpsc::Sender<Command>,
-    thread: Option<JoinHandle<()>>,
+    replicas: Vec<Replica>,
     metrics: Arc<EngineMetrics>,
     tokenizer: Arc<TextTokenizer>,
     info: EngineInfo,
@@ -109,20 +123,50 @@ impl FinalOutput {
 impl EngineHandle {
     /// Moves the engine onto its own thread.
     pub fn spawn(engine: Engine, pipeline: Option<PipelineInfo>) -> Self {
-        let (tx, rx) = mpsc::channel();
-        let metrics = engine.metrics();
-        let tokenizer = engine.tokenizer().clone();
+        Self::spawn_replicas(vec![engine], pipeline).expect("one engine is a valid replica set")
+    }
+
+    /// Moves each data-parallel replica (`crate::build_replicas`) onto a thread of its own.
+    /// The replicas must serve the same model: same vocabulary and context length.
+    pub fn spawn_replicas(engines: Vec<Engine>, pipeline: Option<PipelineInfo>) -> Result<Self> {
+        let Some(first) = engines.first() else {
+            return Err(EngineError::Request("no engine to spawn: a replica set needs at least one".into()));
+        };
+        let vocab_size = first.target().config().vocab_size;
+        let max_model_len = first.max_model_len();
+        if let Some(i) = engines
+            .iter()
+            .position(|e| e.target().config().vocab_size != vocab_size || e.max_model_len() != max_model_len)
+        {
+            return Err(EngineError::Request(format!(
+                "replica {i} serves a different model than replica 0 (vocabulary or context length differ)"
+            )));
+        }
         let info = EngineInfo {
             pipeline,
-            max_model_len: engine.max_model_len(),
-            vocab_size: engine.target().config().vocab_size,
-            max_num_seqs: engine.max_num_seqs(),
+            max_model_len,
+            vocab_size,
+            max_num_seqs: engines.iter().map(Engine::max_num_seqs).sum(),
+            num_replicas: engines.len(),
         };
-        let thread = std::thread::Builder::new()
-            .name("specrs-engine".into())
-            .spawn(move || run(engine, rx))
-            .expect("spawning the engine thread");
-        Self { tx, thread: Some(thread), metrics, tokenizer, info, next_id: AtomicU64::new(1) }
+        let tokenizer = first.tokenizer().clone();
+        let metrics = if engines.len() == 1 { first.metrics() } else { Arc::new(EngineMetrics::default()) };
+        let replicas = engines
+            .into_iter()
+            .enumerate()
+            .map(|(i, engine)| {
+                let engine = if info.num_replicas == 1 { engine } else { engine.with_shared_metrics(metrics.clone()) };
+                let (tx, rx) = mpsc::channel();
+                let load = Arc::new(AtomicUsize::new(0));
+                let thread_load = load.clone();
+                let thread = std::thread::Builder::new()
+                    .name(if info.num_replicas == 1 { "specrs-engine".into() } else { format!("specrs-engine-{i}") })
+                    .spawn(move || run(engine, rx, &thread_load))
+                    .expect("spawning an engine thread");
+                Replica { tx, thread: Some(thread), load }
+            })
+            .collect();
+        Ok(Self { replicas, metrics, tokenizer, info, next_id: AtomicU64::new(1) })
     }
 
     pub fn metrics(&self) -> &Arc<EngineMetrics> {
@@ -137,11 +181,27 @@ impl EngineHandle {
         &self.info
     }
 
+    /// The replica a new request goes to: the one holding the fewest (the first on ties),
+    /// counted up at once so requests routed together spread out.
+    fn route(&self) -> usize {
+        let (index, replica) = self
+            .replicas
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, r)| r.load.load(Ordering::Relaxed))
+            .expect("a handle has at least one replica");
+        replica.load.fetch_add(1, Ordering::Relaxed);
+        index
+    }
+
     fn send_add(&self, request: GenerationRequest) -> Result<(RequestId, OutputStream, oneshot::Receiver<Result<()>>)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
         let (reply, admitted) = oneshot::channel();
-        self.tx.send(Command::Add { id, request, sink, reply }).map_err(|_| EngineError::Shutdown)?;
+        self.replicas[self.route()]
+            .tx
+            .send(Command::Add { id, request, sink, reply })
+            .map_err(|_| EngineError::Shutdown)?;
         Ok((id, stream, admitted))
     }
 
@@ -159,44 +219,84 @@ impl EngineHandle {
         Ok((id, stream))
     }
 
+    /// Cancels a request. Every replica is told: the one holding it drops it, the others
+    /// find nothing to do.
     pub fn abort(&self, id: RequestId) {
-        let _ = self.tx.send(Command::Abort(id));
+        for r in &self.replicas {
+            let _ = r.tx.send(Command::Abort(id));
+        }
     }
 
     /// Cancels every request (shutdown after the grace period).
     pub fn abort_all(&self) {
-        let _ = self.tx.send(Command::AbortAll);
+        for r in &self.replicas {
+            let _ = r.tx.send(Command::AbortAll);
+        }
     }
 
-    /// The engine thread is running.
+    /// Every engine thread is running.
     pub fn is_alive(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        self.replicas.iter().all(|r| r.thread.as_ref().is_some_and(|t| !t.is_finished()))
     }
 
-    /// `(free, total)` KV blocks.
+    /// `(free, total)` KV blocks over all replicas.
     pub fn kv_blocks(&self) -> Result<(usize, usize)> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::KvStats(reply)).map_err(|_| EngineError::Shutdown)?;
-        rx.blocking_recv().map_err(|_| EngineError::Shutdown)
+        Ok(self.replica_kv_blocks()?.into_iter().fold((0, 0), |(f, t), (rf, rt)| (f + rf, t + rt)))
     }
 
-    /// Runs requests to completion and returns them in submission order.
-    /// Runs `requests` to completion. They are admitted in one command, so the engine
-    /// schedules them together from its next step on (one at a time, each would wait a step
-    /// for the one before it). When any is refused, the others are aborted and the first
-    /// refusal is returned.
+    /// `(free, total)` KV blocks of each replica, in device order.
+    pub fn replica_kv_blocks(&self) -> Result<Vec<(usize, usize)>> {
+        let pending = self
+            .replicas
+            .iter()
+            .map(|r| {
+                let (reply, rx) = oneshot::channel();
+                r.tx.send(Command::KvStats(reply)).map_err(|_| EngineError::Shutdown)?;
+                Ok(rx)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        pending.into_iter().map(|rx| rx.blocking_recv().map_err(|_| EngineError::Shutdown)).collect()
+    }
+
+    /// Runs `requests` to completion and returns them in submission order. They are admitted
+    /// in one command per replica, so each replica schedules its share together from its next
+    /// step on (one at a time, each would wait a step for the one before it). When any is
+    /// refused, the others are aborted and the first refusal is returned.
     pub fn generate(&self, requests: Vec<GenerationRequest>) -> Result<Vec<FinalOutput>> {
-        let mut adds = Vec::with_capacity(requests.len());
+        let mut adds: Vec<Vec<PendingAdd>> = self.replicas.iter().map(|_| Vec::new()).collect();
+        let mut placed = Vec::with_capacity(requests.len());
         let mut streams = Vec::with_capacity(requests.len());
         for request in requests {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
-            adds.push(PendingAdd { id, request, sink });
+            let replica = self.route();
+            placed.push(replica);
+            adds[replica].push(PendingAdd { id, request, sink });
             streams.push((id, stream));
         }
-        let (reply, admitted) = oneshot::channel();
-        self.tx.send(Command::AddMany(adds, reply)).map_err(|_| EngineError::Shutdown)?;
-        let results = admitted.blocking_recv().map_err(|_| EngineError::Shutdown)?;
+        let mut replies = Vec::with_capacity(self.replicas.len());
+        for (replica, batch) in self.replicas.iter().zip(adds) {
+            if batch.is_empty() {
+                replies.push(None);
+                continue;
+            }
+            let (reply, admitted) = oneshot::channel();
+            replica.tx.send(Command::AddMany(batch, reply)).map_err(|_| EngineError::Shutdown)?;
+            replies.push(Some(admitted));
+        }
+        let per_replica: Vec<Vec<Result<()>>> = replies
+            .into_iter()
+            .map(|r| match r {
+                Some(admitted) => admitted.blocking_recv().map_err(|_| EngineError::Shutdown),
+                None => Ok(Vec::new()),
+            })
+            .collect::<Result<_>>()?;
+        let mut per_replica: Vec<std::vec::IntoIter<Result<()>>> =
+            per_replica.into_iter().map(Vec::into_iter).collect();
+        let results: Vec<Result<()>> = placed
+            .iter()
+            .map(|&replica| per_replica[replica].next().expect("one admission result per request"))
+            .collect();
         if let Some(refused) = results.iter().position(Result::is_err) {
             for ((id, _), r) in streams.iter().zip(&results) {
                 if r.is_ok() {
@@ -223,25 +323,30 @@ impl EngineHandle {
     }
 
     /// Stops accepting requests, lets running ones finish for up to `grace`, cancels the rest
-    /// and joins the engine thread.
+    /// and joins the engine threads.
     pub fn shutdown(mut self, grace: Duration) {
-        let _ = self.tx.send(Command::Shutdown { grace });
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        self.stop(grace);
+    }
+
+    fn stop(&mut self, grace: Duration) {
+        for r in &self.replicas {
+            let _ = r.tx.send(Command::Shutdown { grace });
+        }
+        for r in &mut self.replicas {
+            if let Some(t) = r.thread.take() {
+                let _ = t.join();
+            }
         }
     }
 }
 
 impl Drop for EngineHandle {
     fn drop(&mut self) {
-        if let Some(t) = self.thread.take() {
-            let _ = self.tx.send(Command::Shutdown { grace: Duration::ZERO });
-            let _ = t.join();
-        }
+        self.stop(Duration::ZERO);
     }
 }
 
-fn run(mut engine: Engine, rx: mpsc::Receiver<Command>) {
+fn run(mut engine: Engine, rx: mpsc::Receiver<Command>, load: &AtomicUsize) {
     let mut shutdown_deadline: Option<Instant> = None;
     loop {
         // Block while idle; otherwise take whatever arrived and keep stepping.
@@ -261,6 +366,7 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Command>) {
                 }
             }
         }
+        load.store(engine.num_requests(), Ordering::Relaxed);
         if let Some(deadline) = shutdown_deadline {
             if !engine.has_work() {
                 break;
@@ -276,6 +382,7 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Command>) {
             tracing::error!("engine step failed: {e}; failing running requests");
             engine.fail_all(&format!("engine step failed: {e}"));
         }
+        load.store(engine.num_requests(), Ordering::Relaxed);
     }
 }
 

@@ -22,6 +22,9 @@ pub use detokenizer::{FinishReason, IncrementalDetokenizer, OutputState};
 pub use engine::{Engine, EngineConfig, EngineParts, MAX_CAPTURED_CONTEXT};
 pub use error::{EngineError, Result};
 pub use handle::{EngineHandle, FinalOutput};
-pub use pipeline::{DeviceSpec, PipelineConfig, PipelineInfo, build_engine, build_engine_with};
+pub use pipeline::{
+    DeviceSpec, PipelineConfig, PipelineInfo, build_engine, build_engine_with, build_replicas, build_replicas_with,
+    check_replica_devices,
+};
 pub use request::{GenerationRequest, Prompt, RequestMetrics, RequestOutput, TokenLogprob, TraceStep};
 pub use tokenizer::TextTokenizer;

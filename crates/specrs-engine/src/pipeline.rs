@@ -11,7 +11,7 @@ use specrs_core::registry::{
     BUILTIN_ARCHITECTURES, PipelineKind, builtin_speculators, canonical_draft_arch, select_speculator,
 };
 use specrs_core::width::{AdaptiveWidthController, AdaptiveWidthParams, VerifyWidthSchedule};
-use specrs_core::{ConfigError, SpeculativeConfig};
+use specrs_core::{ConfigError, DraftPlacement, SpeculativeConfig};
 use specrs_models::drafters::dflash::DFlashDraft;
 use specrs_models::drafters::dflash2::DFlash2Draft;
 use specrs_models::drafters::dspark::DSparkDraft;
@@ -58,7 +58,24 @@ impl std::str::FromStr for DeviceSpec {
     }
 }
 
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
 impl DeviceSpec {
+    /// Parses one device or a comma-separated list (`cuda:0,cuda:1`): one data-parallel
+    /// replica per entry, checked with [`check_replica_devices`].
+    pub fn parse_list(s: &str) -> Result<Vec<Self>> {
+        let devices = s.split(',').map(str::parse).collect::<Result<Vec<Self>>>()?;
+        check_replica_devices(&devices)?;
+        Ok(devices)
+    }
+
     pub fn device(self) -> Result<Device> {
         self.device_for(false)
     }
@@ -83,6 +100,31 @@ impl DeviceSpec {
     }
 }
 
+/// The devices of data-parallel replicas are valid: at least one, all CPU or all CUDA, and no
+/// GPU twice. Several `cpu` entries are allowed: replicas sharing the host's cores gain no
+/// speed, but run the data-parallel paths where no GPU pair exists (tests).
+pub fn check_replica_devices(devices: &[DeviceSpec]) -> Result<()> {
+    if devices.is_empty() {
+        return Err(EngineError::Request(
+            "no device given; pass 'cpu', 'cuda:N' or a list like 'cuda:0,cuda:1'".into(),
+        ));
+    }
+    let cuda: Vec<usize> =
+        devices.iter().filter_map(|d| if let DeviceSpec::Cuda(i) = d { Some(*i) } else { None }).collect();
+    if !cuda.is_empty() && cuda.len() != devices.len() {
+        return Err(EngineError::Request(format!(
+            "data-parallel replicas must all run on CUDA or all on the CPU, got {}",
+            devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+        )));
+    }
+    if let Some((_, i)) = cuda.iter().enumerate().find(|&(k, i)| cuda[..k].contains(i)) {
+        return Err(EngineError::Request(format!(
+            "cuda:{i} is listed twice; each data-parallel replica needs a device of its own"
+        )));
+    }
+    Ok(())
+}
+
 /// Everything needed to build a pipeline.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
@@ -92,7 +134,10 @@ pub struct PipelineConfig {
     pub draft_model: Option<String>,
     pub speculative: SpeculativeConfig,
     pub dtype: ModelDType,
-    pub device: DeviceSpec,
+    /// One device per data-parallel replica (usually one). Each replica holds the target and
+    /// its KV cache (`engine.kv_cache_bytes` and `engine.max_num_seqs` each) and serves its own
+    /// requests; where the draft head runs follows `speculative.draft_head_parallelism`.
+    pub devices: Vec<DeviceSpec>,
     pub engine: EngineConfig,
 }
 
@@ -103,7 +148,7 @@ impl PipelineConfig {
             draft_model: None,
             speculative: SpeculativeConfig::default(),
             dtype: ModelDType::Auto,
-            device: DeviceSpec::Cpu,
+            devices: vec![DeviceSpec::Cpu],
             engine: EngineConfig::default(),
         }
     }
@@ -242,8 +287,21 @@ pub fn resolve_model_path(model: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Builds the proposer of a pipeline kind. `max_batch_size` and `mixed_steps_verify` decide
-/// whether a block drafter may skip its forward on steps that verify nothing.
+/// A loaded draft model and the device it runs on: what replicas share when the head runs on
+/// the first device (`draft_head_parallelism="device0"`).
+#[derive(Clone)]
+enum LoadedDraft {
+    Sequential(Arc<dyn SequentialDraftModel>, Device),
+    Block(Arc<dyn BlockDraftModel>, Device),
+}
+
+/// A pipeline's proposer (none for plain decoding) and the draft model it loaded or shared.
+type BuiltProposer = (Option<Box<dyn Proposer>>, Option<LoadedDraft>);
+
+/// Builds the proposer of a pipeline kind, loading its draft model beside `target` or taking
+/// `shared` (replica 0's, on the first device). Returns the loaded draft too, for sharing.
+/// `max_batch_size` and `mixed_steps_verify` decide whether a block drafter may skip its
+/// forward on steps that verify nothing.
 #[allow(clippy::too_many_arguments)]
 fn build_proposer(
     kind: PipelineKind,
@@ -254,7 +312,8 @@ fn build_proposer(
     dtype: ModelDType,
     max_batch_size: usize,
     mixed_steps_verify: bool,
-) -> Result<Option<Box<dyn Proposer>>> {
+    shared: Option<&LoadedDraft>,
+) -> Result<BuiltProposer> {
     let need_draft = |what: &str| -> Result<&Path> {
         draft.ok_or_else(|| {
             EngineError::Request(format!(
@@ -262,43 +321,58 @@ fn build_proposer(
             ))
         })
     };
-    let sequential = |model: Arc<dyn SequentialDraftModel>| -> Result<Box<dyn Proposer>> {
-        let k = spec.draft_width()?;
-        Ok(Box::new(
-            SequentialProposer::new(model, k, spec.draft_proposal, target.config().vocab_size, target.device().clone())
-                .with_confidence(DraftConfidence::new(spec.draft_confidence_threshold)),
-        ))
+    let device = target.device();
+    let sequential = |load: &dyn Fn() -> Result<Arc<dyn SequentialDraftModel>>| -> Result<LoadedDraft> {
+        Ok(match shared {
+            Some(LoadedDraft::Sequential(model, on)) => LoadedDraft::Sequential(model.clone(), on.clone()),
+            _ => LoadedDraft::Sequential(load()?, device.clone()),
+        })
     };
-    let model: Box<dyn Proposer> = match kind {
-        PipelineKind::Plain => return Ok(None),
+    let block = |load: &dyn Fn() -> Result<Arc<dyn BlockDraftModel>>| -> Result<LoadedDraft> {
+        Ok(match shared {
+            Some(LoadedDraft::Block(model, on)) => LoadedDraft::Block(model.clone(), on.clone()),
+            _ => LoadedDraft::Block(load()?, device.clone()),
+        })
+    };
+    let loaded = match kind {
+        PipelineKind::Plain => return Ok((None, None)),
         PipelineKind::Ngram => {
             let lookup = Lookup::from_config(spec)?;
-            return Ok(Some(Box::new(NgramProposer::new(lookup))));
+            return Ok((Some(Box::new(NgramProposer::new(lookup))), None));
         }
         PipelineKind::Eagle => {
             let dir = need_draft("eagle")?;
-            sequential(Arc::new(EagleDraft::load(dir, target, target.device(), dtype)?))?
+            sequential(&|| Ok(Arc::new(EagleDraft::load(dir, target, device, dtype)?)))?
         }
-        PipelineKind::Mtp => {
-            let model = match draft {
-                Some(dir) => MtpDraft::load_speculators(dir, target, target.device(), dtype)?,
+        PipelineKind::Mtp => sequential(&|| {
+            Ok(Arc::new(match draft {
+                Some(dir) => MtpDraft::load_speculators(dir, target, device, dtype)?,
                 None => MtpDraft::load_from_target(target_store, target)?,
-            };
-            sequential(Arc::new(model))?
-        }
+            }))
+        })?,
         PipelineKind::DFlash | PipelineKind::DFlash2 | PipelineKind::DSpark => {
             let method = kind.method().expect("block pipelines run a method");
             let dir = need_draft(method.as_str())?;
-            let device = target.device();
-            let model: Arc<dyn BlockDraftModel> = match kind {
-                PipelineKind::DFlash => Arc::new(DFlashDraft::load(dir, target, device, dtype)?),
-                PipelineKind::DFlash2 => Arc::new(DFlash2Draft::load(dir, target, device, dtype)?),
-                _ => Arc::new(DSparkDraft::load(dir, target, device, dtype)?),
-            };
+            block(&|| {
+                Ok(match kind {
+                    PipelineKind::DFlash => Arc::new(DFlashDraft::load(dir, target, device, dtype)?),
+                    PipelineKind::DFlash2 => Arc::new(DFlash2Draft::load(dir, target, device, dtype)?),
+                    _ => Arc::new(DSparkDraft::load(dir, target, device, dtype)?),
+                })
+            })?
+        }
+    };
+    let vocab = target.config().vocab_size;
+    let confidence = DraftConfidence::new(spec.draft_confidence_threshold);
+    let model: Box<dyn Proposer> = match &loaded {
+        LoadedDraft::Sequential(model, on) => Box::new(
+            SequentialProposer::new(model.clone(), spec.draft_width()?, spec.draft_proposal, vocab, on.clone())
+                .with_confidence(confidence),
+        ),
+        LoadedDraft::Block(model, on) => {
             let k = resolve_block_width(spec.num_speculative_tokens, model.trained_width(), model.name())?;
-            let mut proposer =
-                BlockProposer::new(model, k, spec.draft_proposal, target.config().vocab_size, device.clone())
-                    .with_confidence(DraftConfidence::new(spec.draft_confidence_threshold));
+            let mut proposer = BlockProposer::new(model.clone(), k, spec.draft_proposal, vocab, on.clone())
+                .with_confidence(confidence);
             if let Some(schedule) = draft_skip_schedule(spec, k, max_batch_size, mixed_steps_verify)? {
                 proposer = proposer.with_draft_skipping(schedule);
             }
@@ -306,18 +380,72 @@ fn build_proposer(
         }
     };
     if !spec.enable_prompt_lookup {
-        return Ok(Some(model));
+        return Ok((Some(model), Some(loaded)));
     }
     // Validated: 1 <= prompt_lookup_min <= prompt_lookup_max.
     let (min_n, max_n) = (spec.prompt_lookup_min as usize, spec.prompt_lookup_max as usize);
-    Ok(Some(Box::new(LookupFirstProposer::new(min_n, max_n, model)?)))
+    Ok((Some(Box::new(LookupFirstProposer::new(min_n, max_n, model)?)), Some(loaded)))
 }
 
 /// Loads everything and builds the engine for an explicitly chosen pipeline kind (the Python
-/// registry chooses it; [`build_engine`] chooses it from the built-in registry).
+/// registry chooses it; [`build_engine`] chooses it from the built-in registry). One device
+/// only: several are data-parallel replicas, built by [`build_replicas_with`].
 pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(Engine, PipelineInfo)> {
+    check_replica_devices(&cfg.devices)?;
+    if cfg.devices.len() > 1 {
+        return Err(EngineError::Request(format!(
+            "{} devices make {} data-parallel replicas: build them with build_replicas and run them with \
+             EngineHandle::spawn_replicas",
+            cfg.devices.len(),
+            cfg.devices.len()
+        )));
+    }
+    let (engine, info, _) = build_replica(cfg, kind, cfg.devices[0], None)?;
+    Ok((engine, info))
+}
+
+/// Builds one engine per device of `cfg.devices`: data-parallel replicas of the pipeline, for
+/// [`crate::EngineHandle::spawn_replicas`]. Under `draft_head_parallelism="device0"` the draft
+/// model is loaded once, on the first device, and every replica drafts with it (moving its
+/// hidden states there); under `"replica"` each replica loads its own beside its target.
+pub fn build_replicas_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(Vec<Engine>, PipelineInfo)> {
+    check_replica_devices(&cfg.devices)?;
+    if cfg.devices.len() > 1 && cfg.speculative.draft_probs_layout != DraftPlacement::Device0 {
+        tracing::warn!(
+            "draft_probs_layout={} has no effect: the engine verifies sampled drafts from host copies \
+             of their logits, so their distributions live on the host",
+            cfg.speculative.draft_probs_layout.as_str()
+        );
+    }
+    let mut engines = Vec::with_capacity(cfg.devices.len());
+    let mut first: Option<(PipelineInfo, Option<LoadedDraft>)> = None;
+    for &device in &cfg.devices {
+        let shared = match (&first, cfg.speculative.draft_head_parallelism) {
+            (Some((_, draft)), DraftPlacement::Device0) => draft.as_ref(),
+            _ => None,
+        };
+        let (engine, info, draft) = build_replica(cfg, kind, device, shared)?;
+        engines.push(engine);
+        first.get_or_insert((info, draft));
+    }
+    let (info, _) = first.expect("check_replica_devices: at least one device");
+    Ok((engines, info))
+}
+
+/// [`build_replicas_with`], choosing the pipeline from the built-in registry.
+pub fn build_replicas(cfg: &PipelineConfig) -> Result<(Vec<Engine>, PipelineInfo)> {
+    build_replicas_with(cfg, builtin_kind(cfg)?)
+}
+
+/// One replica on `device_spec`, drafting with `shared` where given.
+fn build_replica(
+    cfg: &PipelineConfig,
+    kind: PipelineKind,
+    device_spec: DeviceSpec,
+    shared: Option<&LoadedDraft>,
+) -> Result<(Engine, PipelineInfo, Option<LoadedDraft>)> {
     let path = resolve_model_path(&cfg.model)?;
-    let device = cfg.device.device_for(cfg.engine.device_graph_capture)?;
+    let device = device_spec.device_for(cfg.engine.device_graph_capture)?;
     let store = WeightStore::open(&path, device, cfg.dtype)?;
     let model_config = specrs_models::models::read_config(&store, &path)?;
     let architecture = target_architecture(&store, &model_config, &path);
@@ -342,7 +470,7 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
     let mixed_steps_verify = cfg.engine.enable_spec_decode_mixed_batches
         && supports_mixed
         && spec.num_speculative_tokens_mixed_batch != Some(0);
-    let proposer = build_proposer(
+    let (proposer, draft) = build_proposer(
         kind,
         &spec,
         &target,
@@ -351,6 +479,7 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
         draft_dtype(cfg.dtype, &target),
         cfg.engine.max_num_seqs,
         mixed_steps_verify,
+        shared,
     )?;
     let k = proposer.as_ref().map(|p| p.num_speculative_tokens());
     if let Some(k) = k {
@@ -383,7 +512,7 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
         },
         cfg.engine.clone(),
     )?;
-    Ok((engine, info))
+    Ok((engine, info, draft))
 }
 
 /// The weight format of a draft checkpoint: what the user asked for, except that `auto` beside
@@ -414,7 +543,12 @@ fn auto_draft_dtype(bits_per_weight: f64) -> ModelDType {
 
 /// Builds the engine choosing the pipeline from the built-in registry.
 pub fn build_engine(cfg: &PipelineConfig) -> Result<(Engine, PipelineInfo)> {
-    let kind = match cfg.speculative.speculative_method {
+    build_engine_with(cfg, builtin_kind(cfg)?)
+}
+
+/// The built-in registry's pipeline for the target, method and draft of `cfg`.
+fn builtin_kind(cfg: &PipelineConfig) -> Result<PipelineKind> {
+    Ok(match cfg.speculative.speculative_method {
         None => PipelineKind::Plain,
         Some(method) => {
             let path = resolve_model_path(&cfg.model)?;
@@ -425,8 +559,7 @@ pub fn build_engine(cfg: &PipelineConfig) -> Result<(Engine, PipelineInfo)> {
             };
             select_builtin(&target_arch, method, draft_arch.as_deref())?
         }
-    };
-    build_engine_with(cfg, kind)
+    })
 }
 
 /// The target architecture name without loading weights.

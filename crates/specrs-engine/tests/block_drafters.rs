@@ -51,7 +51,7 @@ fn device() -> DeviceSpec {
 
 fn pipeline(target: &Path, draft: Option<&Path>, spec: SpeculativeConfig) -> PipelineConfig {
     let mut cfg = PipelineConfig::new(target.to_str().unwrap());
-    cfg.device = device();
+    cfg.devices = vec![device()];
     cfg.draft_model = draft.map(|d| d.to_str().unwrap().to_string());
     cfg.dtype = ModelDType::F32;
     cfg.speculative = spec;

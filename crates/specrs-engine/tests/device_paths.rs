@@ -96,7 +96,7 @@ fn engine_capturing(s: &Setup, max_seq_len_to_capture: Option<usize>) -> EngineH
     cfg.draft_model = s.draft.map(|d| d.to_str().unwrap().to_string());
     // f32 everywhere: lossless comparisons must not hinge on bf16 near-ties between GEMM shapes.
     cfg.dtype = ModelDType::F32;
-    cfg.device = device();
+    cfg.devices = vec![device()];
     cfg.speculative = s.spec.clone();
     cfg.engine = EngineConfig {
         max_num_seqs: 16,

@@ -12,7 +12,8 @@ use specrs_core::registry::PipelineKind;
 use specrs_core::sampling::SamplingParams;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
-    ChatMessage, EngineConfig, EngineError, EngineHandle, GenerationRequest, PipelineConfig, PipelineInfo, Prompt,
+    ChatMessage, DeviceSpec, EngineConfig, EngineError, EngineHandle, GenerationRequest, PipelineConfig, PipelineInfo,
+    Prompt,
 };
 use specrs_models::ModelDType;
 
@@ -90,13 +91,13 @@ fn build(
     let dtype: ModelDType = dtype.parse().map_err(|e: specrs_models::ModelError| {
         raise("ConfigError", e.to_string(), &[("field", Some("dtype".into()))])
     })?;
-    let device = device.parse().map_err(engine_error)?;
+    let devices = DeviceSpec::parse_list(device).map_err(engine_error)?;
     let cfg = PipelineConfig {
         model,
         draft_model,
         speculative,
         dtype,
-        device,
+        devices,
         engine: EngineConfig {
             max_num_seqs,
             max_model_len,
@@ -109,8 +110,8 @@ fn build(
             ..EngineConfig::default()
         },
     };
-    let (engine, info) = py.detach(|| specrs_engine::build_engine_with(&cfg, kind)).map_err(engine_error)?;
-    let handle = Arc::new(EngineHandle::spawn(engine, Some(info.clone())));
+    let (engines, info) = py.detach(|| specrs_engine::build_replicas_with(&cfg, kind)).map_err(engine_error)?;
+    let handle = Arc::new(EngineHandle::spawn_replicas(engines, Some(info.clone())).map_err(engine_error)?);
     Ok(PyPipeline { handle, info })
 }
 
@@ -129,6 +130,7 @@ impl PyPipeline {
         d.set_item("acceptance_rule", &self.info.acceptance_rule)?;
         d.set_item("max_model_len", self.handle.info().max_model_len)?;
         d.set_item("vocab_size", self.handle.info().vocab_size)?;
+        d.set_item("num_replicas", self.handle.info().num_replicas)?;
         Ok(d)
     }
 

@@ -33,7 +33,8 @@ pub struct PipelineArgs {
     pub config_file: Option<PathBuf>,
     pub section_name: Option<String>,
     pub dtype: ModelDType,
-    pub device: DeviceSpec,
+    /// One per data-parallel replica.
+    pub devices: Vec<DeviceSpec>,
     pub engine: EngineConfig,
     pub custom_architectures: Option<String>,
     /// Whether the default model gets its shipped draft when nothing speculative is asked for.
@@ -97,7 +98,9 @@ fn pipeline_args(cmd: Command) -> Command {
                 .default_value("auto")
                 .help("Weight dtype: auto, f32, f16, bf16 (CUDA), q8_0, q4_0, q4_1, q4k, q6k"),
         )
-        .arg(Arg::new("device").long("device").default_value("cpu").help("cpu, cuda or cuda:N"))
+        .arg(Arg::new("device").long("device").default_value("cpu").help(
+            "cpu, cuda or cuda:N; a comma-separated list (cuda:0,cuda:1) runs one data-parallel replica per device",
+        ))
         .arg(
             Arg::new("max-num-seqs")
                 .long("max-num-seqs")
@@ -284,7 +287,7 @@ fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
             .expect("default")
             .parse()
             .map_err(|e: specrs_models::ModelError| CliError::Invalid(format!("--dtype: {e}")))?,
-        device: m.get_one::<String>("device").expect("default").parse().map_err(invalid)?,
+        devices: DeviceSpec::parse_list(m.get_one::<String>("device").expect("default")).map_err(invalid)?,
         engine,
         custom_architectures: m.get_one::<String>("custom-architectures").cloned(),
         default_draft: !m.get_flag("no-default-draft"),
@@ -375,10 +378,7 @@ impl PipelineArgs {
     /// already merged from the file and validated.
     pub fn to_json(&self) -> Result<Value, CliError> {
         let (draft_model, speculative) = self.speculation()?;
-        let device = match self.device {
-            DeviceSpec::Cpu => "cpu".to_string(),
-            DeviceSpec::Cuda(i) => format!("cuda:{i}"),
-        };
+        let device = self.devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
         Ok(serde_json::json!({
             "model": self.model,
             "draft_model": draft_model,
@@ -410,7 +410,7 @@ impl PipelineArgs {
             draft_model,
             speculative,
             dtype: self.dtype,
-            device: self.device,
+            devices: self.devices.clone(),
             engine: self.engine.clone(),
         })
     }

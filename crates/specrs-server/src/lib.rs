@@ -33,10 +33,10 @@ pub fn start_engine(cfg: &PipelineConfig) -> Result<EngineHandle, String> {
     );
     spinner.set_message(format!("loading {}", cfg.model));
     spinner.enable_steady_tick(Duration::from_millis(120));
-    let built = specrs_engine::build_engine(cfg);
+    let built = specrs_engine::build_replicas(cfg);
     spinner.finish_and_clear();
-    let (engine, info) = built.map_err(|e| e.to_string())?;
-    Ok(EngineHandle::spawn(engine, Some(info)))
+    let (engines, info) = built.map_err(|e| e.to_string())?;
+    EngineHandle::spawn_replicas(engines, Some(info)).map_err(|e| e.to_string())
 }
 
 fn log_pipeline(info: &PipelineInfo, dtype: &str) {

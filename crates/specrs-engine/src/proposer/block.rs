@@ -260,6 +260,10 @@ impl Proposer for BlockProposer {
         self.block_slots - 1
     }
 
+    fn input_device(&self) -> Option<&Device> {
+        Some(&self.device)
+    }
+
     fn tap_request(&self) -> TapRequest {
         let inputs = self.model.inputs();
         TapRequest { taps: inputs.taps, final_hidden: inputs.final_hidden }

@@ -58,6 +58,10 @@ impl Proposer for LookupFirstProposer {
         self.model.tap_request()
     }
 
+    fn input_device(&self) -> Option<&candle_core::Device> {
+        self.model.input_device()
+    }
+
     fn propose(
         &mut self,
         rows: &[ProposeRow<'_>],

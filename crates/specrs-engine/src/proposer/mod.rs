@@ -13,7 +13,7 @@ pub mod sequential;
 
 use std::time::Duration;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::sampling::SamplingParams;
 use specrs_core::scheduler::Scheduler;
@@ -109,6 +109,14 @@ pub trait Proposer: Send {
     /// Hidden states the proposer reads from every target forward.
     fn tap_request(&self) -> TapRequest {
         TapRequest::default()
+    }
+
+    /// The device the drafter runs on, when it reads the target's hidden states: the engine
+    /// moves them there first. It differs from the target's under data parallelism with
+    /// `draft_head_parallelism="device0"` (every replica drafts with the head on the first
+    /// device). `None` for proposers that read no hidden states.
+    fn input_device(&self) -> Option<&Device> {
+        None
     }
 
     /// Proposes the next drafts for every row that may draft ([`ProposeRow::may_draft`]), in row

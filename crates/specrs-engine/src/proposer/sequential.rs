@@ -211,6 +211,10 @@ impl Proposer for SequentialProposer {
         self.num_speculative_tokens
     }
 
+    fn input_device(&self) -> Option<&Device> {
+        Some(&self.device)
+    }
+
     fn tap_request(&self) -> TapRequest {
         let inputs = self.model.inputs();
         TapRequest { taps: inputs.taps, final_hidden: inputs.final_hidden }

@@ -1,0 +1,301 @@
+//! Data-parallel replicas: one engine per device behind one `EngineHandle`, requests routed
+//! to the least-loaded replica, and the draft head placed by `draft_head_parallelism`.
+//!
+//! The replicas here are two logical CPU devices (no GPU pair on the test machines), so
+//! "device 0" and "replica i" are the same memory; what these tests prove is the wiring: every
+//! request gets the outputs one engine would give it, under both head placements and every
+//! drafter family, requests spread over the replicas, each replica keeps its own KV pool, and
+//! aborts, refusals and metrics work across them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use specrs_core::config::SpeculativeMethod;
+use specrs_core::sampling::SamplingParams;
+use specrs_core::{DraftPlacement, SpeculativeConfig};
+use specrs_engine::{
+    DeviceSpec, EngineConfig, EngineHandle, FinalOutput, FinishReason, GenerationRequest, PipelineConfig, Prompt,
+    build_engine, build_replicas,
+};
+use specrs_models::ModelDType;
+use specrs_models::config::Architecture;
+use specrs_models::testing::{self, TinyShape};
+
+const SHAPE: TinyShape =
+    TinyShape { vocab: 48, hidden: 64, layers: 3, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 64 };
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    bigram: PathBuf,
+    random: PathBuf,
+    eagle3: PathBuf,
+    mtp: PathBuf,
+    dflash: PathBuf,
+    random_eagle1: PathBuf,
+}
+
+fn write(dir: &Path, cfg: &serde_json::Value, tensors: &HashMap<String, Tensor>) {
+    testing::write_checkpoint(dir, cfg, tensors).unwrap();
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let bigram = root.join("bigram");
+    write(
+        &bigram,
+        &testing::target_config(Architecture::Llama, &SHAPE, false),
+        &testing::bigram_target(Architecture::Llama, &SHAPE).unwrap(),
+    );
+    let random = root.join("random");
+    write(
+        &random,
+        &testing::target_config(Architecture::Llama, &SHAPE, true),
+        &testing::random_target(Architecture::Llama, &SHAPE, true, 3).unwrap(),
+    );
+    let eagle3 = root.join("eagle3");
+    let (c, t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
+    write(&eagle3, &c, &t);
+    let mtp = root.join("mtp");
+    let (c, t) = testing::mtp_oracle(&SHAPE).unwrap();
+    write(&mtp, &c, &t);
+    let dflash = root.join("dflash");
+    let (c, t) = testing::dflash_oracle(&SHAPE, 4).unwrap();
+    write(&dflash, &c, &t);
+    let random_eagle1 = root.join("random-eagle1");
+    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.3, 100 + i as u64).unwrap();
+    }
+    write(&random_eagle1, &c, &t);
+    Fixture { _dir: dir, bigram, random, eagle3, mtp, dflash, random_eagle1 }
+}
+
+fn pipeline(target: &Path, draft: Option<&Path>, spec: SpeculativeConfig, devices: usize) -> PipelineConfig {
+    let mut cfg = PipelineConfig::new(target.to_str().unwrap());
+    cfg.draft_model = draft.map(|d| d.to_str().unwrap().to_string());
+    cfg.dtype = ModelDType::F32;
+    cfg.devices = vec![DeviceSpec::Cpu; devices];
+    cfg.speculative = spec;
+    cfg.engine = EngineConfig {
+        max_num_seqs: 8,
+        kv_cache_bytes: 16 << 20,
+        block_size: 4,
+        // A row's steps (and its random streams) must not depend on which requests share its
+        // batch, which differs between one engine and two.
+        enable_spec_decode_mixed_batches: true,
+        ..EngineConfig::default()
+    };
+    cfg
+}
+
+fn replicas(cfg: &PipelineConfig) -> EngineHandle {
+    let (engines, info) = build_replicas(cfg).unwrap();
+    EngineHandle::spawn_replicas(engines, Some(info)).unwrap()
+}
+
+fn spec(method: SpeculativeMethod, k: i64, head: DraftPlacement) -> SpeculativeConfig {
+    SpeculativeConfig {
+        speculative_method: Some(method),
+        num_speculative_tokens: Some(k),
+        draft_head_parallelism: head,
+        ..SpeculativeConfig::default()
+    }
+}
+
+/// Greedy and seeded sampled requests over several prompts.
+fn requests(n: usize, max_tokens: usize) -> Vec<GenerationRequest> {
+    let prompts: [&[u32]; 5] =
+        [&[3, 9, 27], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], &[40], &[5, 5, 5, 5, 6, 7], &[12, 30]];
+    (0..n)
+        .map(|i| {
+            let params = SamplingParams {
+                temperature: if i % 2 == 0 { 0.0 } else { 0.9 },
+                top_k: if i % 3 == 1 { 8 } else { 0 },
+                seed: Some(i as u64 + 1),
+                max_tokens: Some(max_tokens),
+                ignore_eos: true,
+                ..SamplingParams::default()
+            };
+            GenerationRequest::new(Prompt::Tokens(prompts[i % prompts.len()].to_vec()), params)
+        })
+        .collect()
+}
+
+fn run(h: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<FinalOutput> {
+    let outs = h.generate(requests).unwrap();
+    for (i, o) in outs.iter().enumerate() {
+        assert!(o.error.is_none(), "request {i} failed: {:?}", o.error);
+    }
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total, "every replica's KV blocks return to its pool");
+    outs
+}
+
+fn tokens(outs: &[FinalOutput]) -> Vec<Vec<u32>> {
+    outs.iter().map(|o| o.token_ids.clone()).collect()
+}
+
+#[test]
+fn two_replicas_give_every_request_what_one_engine_gives_it() {
+    let f = fixture();
+    let cases: Vec<(&str, &Path, Option<&Path>, Option<SpeculativeConfig>)> = vec![
+        ("plain", &f.random, None, None),
+        (
+            "eagle3, head on device 0",
+            &f.bigram,
+            Some(&f.eagle3),
+            Some(spec(SpeculativeMethod::Eagle, 3, DraftPlacement::Device0)),
+        ),
+        (
+            "eagle3, head per replica",
+            &f.bigram,
+            Some(&f.eagle3),
+            Some(spec(SpeculativeMethod::Eagle, 3, DraftPlacement::Replica)),
+        ),
+        (
+            "random eagle1 (rejections), head on device 0",
+            &f.random,
+            Some(&f.random_eagle1),
+            Some(spec(SpeculativeMethod::Eagle, 3, DraftPlacement::Device0)),
+        ),
+        (
+            "mtp, head on device 0",
+            &f.bigram,
+            Some(&f.mtp),
+            Some(spec(SpeculativeMethod::Mtp, 2, DraftPlacement::Device0)),
+        ),
+        (
+            "dflash, head on device 0",
+            &f.bigram,
+            Some(&f.dflash),
+            Some(spec(SpeculativeMethod::Dflash, 3, DraftPlacement::Device0)),
+        ),
+        (
+            "dflash, head per replica",
+            &f.bigram,
+            Some(&f.dflash),
+            Some(spec(SpeculativeMethod::Dflash, 3, DraftPlacement::Replica)),
+        ),
+    ];
+    for (name, target, draft, spec) in cases {
+        let spec = spec.unwrap_or_default();
+        let one = {
+            let (engine, info) = build_engine(&pipeline(target, draft, spec.clone(), 1)).unwrap();
+            run(&EngineHandle::spawn(engine, Some(info)), requests(9, 12))
+        };
+        let two = replicas(&pipeline(target, draft, spec, 2));
+        assert_eq!(two.info().num_replicas, 2);
+        let outs = run(&two, requests(9, 12));
+        assert_eq!(tokens(&outs), tokens(&one), "{name}: outputs differ between one engine and two replicas");
+        if draft.is_some() {
+            let accepted: u64 = outs.iter().map(|o| o.metrics.num_accepted_tokens).sum();
+            assert!(accepted > 0, "{name}: the replicas' drafts were accepted ({accepted})");
+        }
+    }
+}
+
+#[test]
+fn requests_spread_over_the_replicas_each_with_its_own_kv_pool() {
+    let f = fixture();
+    let single = {
+        let (engine, info) = build_engine(&pipeline(&f.random, None, SpeculativeConfig::default(), 1)).unwrap();
+        EngineHandle::spawn(engine, Some(info))
+    };
+    let (_, single_total) = single.kv_blocks().unwrap();
+    let h = replicas(&pipeline(&f.random, None, SpeculativeConfig::default(), 2));
+    assert_eq!(h.info().max_num_seqs, 16, "each replica serves max_num_seqs of its own");
+    let per_replica = h.replica_kv_blocks().unwrap();
+    assert_eq!(per_replica, vec![(single_total, single_total); 2]);
+    assert_eq!(h.kv_blocks().unwrap(), (2 * single_total, 2 * single_total));
+
+    // Two long requests submitted one after the other land on different replicas.
+    let long = |prompt: u32| {
+        let params = SamplingParams { max_tokens: Some(400), ignore_eos: true, ..SamplingParams::default() };
+        GenerationRequest::new(Prompt::Tokens(vec![prompt, 7, 9]), params)
+    };
+    let (id_a, mut a) = h.submit(long(1)).unwrap();
+    let (_, mut b) = h.submit(long(2)).unwrap();
+    a.blocking_recv().expect("first output of request a");
+    b.blocking_recv().expect("first output of request b");
+    let busy = h.replica_kv_blocks().unwrap();
+    assert!(busy.iter().all(|&(free, total)| free < total), "both replicas hold a request: {busy:?}");
+    assert_eq!(h.metrics().num_running.load(Relaxed), 2, "the running gauge sums the replicas");
+
+    // Aborting one reaches the replica holding it; the other request runs on.
+    h.abort(id_a);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    while let Some(o) = a.blocking_recv() {
+        assert!(Instant::now() < deadline, "the abort took effect within a minute");
+        if o.is_finished() {
+            last = o.finish_reason;
+            break;
+        }
+    }
+    assert_eq!(last, Some(FinishReason::Abort));
+    let mut generated_b = 1;
+    let mut reason_b = None;
+    while let Some(o) = b.blocking_recv() {
+        generated_b += o.token_ids.len();
+        if o.is_finished() {
+            reason_b = o.finish_reason;
+            break;
+        }
+    }
+    assert_eq!(reason_b, Some(FinishReason::Length));
+    assert!(generated_b >= 400, "request b ran to its length ({generated_b} tokens)");
+    assert_eq!(h.kv_blocks().unwrap(), (2 * single_total, 2 * single_total));
+    assert_eq!(h.metrics().num_running.load(Relaxed), 0);
+    assert_eq!(h.metrics().kv_free_blocks.load(Relaxed), 2 * single_total, "the free-block gauge sums the replicas");
+    assert_eq!(h.metrics().kv_total_blocks.load(Relaxed), 2 * single_total);
+}
+
+#[test]
+fn a_generate_call_spreads_its_requests_and_counts_tokens_once() {
+    let f = fixture();
+    let cfg = pipeline(&f.bigram, Some(&f.eagle3), spec(SpeculativeMethod::Eagle, 3, DraftPlacement::Device0), 2);
+    let h = replicas(&cfg);
+    let outs = run(&h, requests(6, 10));
+    assert_eq!(outs.len(), 6);
+    let generated: usize = outs.iter().map(|o| o.token_ids.len()).sum();
+    assert_eq!(h.metrics().generation_tokens.load(Relaxed), generated as u64);
+    let prompt: usize = outs.iter().map(|o| o.num_prompt_tokens).sum();
+    assert_eq!(h.metrics().prompt_tokens.load(Relaxed), prompt as u64);
+
+    // A refused request fails the call and aborts the others, on whichever replica they went to.
+    let mut bad = requests(4, 50);
+    bad[3] = GenerationRequest::new(Prompt::Tokens(vec![1, SHAPE.vocab as u32]), SamplingParams::default());
+    let err = h.generate(bad).unwrap_err().to_string();
+    assert!(err.contains("outside the vocabulary"), "{err}");
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total, "the admitted requests were aborted and their KV freed");
+}
+
+#[test]
+fn replica_devices_are_checked_with_errors_that_say_what_to_pass() {
+    let err = |s: &str| DeviceSpec::parse_list(s).unwrap_err().to_string();
+    assert_eq!(DeviceSpec::parse_list("cuda:0,cuda:1").unwrap(), vec![DeviceSpec::Cuda(0), DeviceSpec::Cuda(1)]);
+    assert_eq!(DeviceSpec::parse_list("cpu,cpu").unwrap(), vec![DeviceSpec::Cpu; 2]);
+    assert!(err("cuda:0,cuda:0").contains("cuda:0 is listed twice"), "{}", err("cuda:0,cuda:0"));
+    assert!(err("cpu,cuda:1").contains("all run on CUDA or all on the CPU"), "{}", err("cpu,cuda:1"));
+    assert!(err("cuda:0,tpu").contains("unknown device 'tpu'"), "{}", err("cuda:0,tpu"));
+    let no_devices = specrs_engine::check_replica_devices(&[]).unwrap_err().to_string();
+    assert!(no_devices.contains("no device given"), "{no_devices}");
+
+    let f = fixture();
+    let two = pipeline(&f.random, None, SpeculativeConfig::default(), 2);
+    let msg = match build_engine(&two) {
+        Ok(_) => panic!("build_engine builds one engine"),
+        Err(e) => e.to_string(),
+    };
+    assert!(msg.contains("build_replicas"), "{msg}");
+    let msg = match EngineHandle::spawn_replicas(Vec::new(), None) {
+        Ok(_) => panic!("no engines, no handle"),
+        Err(e) => e.to_string(),
+    };
+    assert!(msg.contains("at least one"), "{msg}");
+}
