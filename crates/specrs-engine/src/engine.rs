@@ -724,12 +724,12 @@ impl Engine {
     }
 
     /// Whether a row reads its logit rows themselves rather than device reductions: penalties,
-    /// `min_tokens` masking, logprobs and host-side draft distributions all need the values.
+    /// `min_tokens` masking and logprobs need the values. (Sampled drafts do not: their
+    /// distributions go to the device instead, for the reductions' rejection numbers.)
     fn needs_host_logits(&self, seq: &Sequence) -> bool {
         self.acceptance.reductions_for(&seq.params).is_none()
             || seq.num_generated() < seq.params.min_tokens
             || seq.params.logprobs.is_some()
-            || seq.draft_probs.is_some()
     }
 
     /// Verification where the logits live off the host: rows that need their logits get a
@@ -741,6 +741,8 @@ impl Engine {
         let mut starts: Vec<Option<usize>> = vec![None; rows.len()];
         let mut queries: Vec<PositionQuery<'_>> = Vec::new();
         let mut query_rows: Vec<(usize, usize)> = Vec::new();
+        // Distributions of sampled drafts (`[positions, V]`, host), for the rejection numbers.
+        let mut draft_probs: Vec<f32> = Vec::new();
         for (i, r) in rows.iter().enumerate() {
             let Some(n) = Self::verified_drafts(r) else { continue };
             let seq = &self.seqs[&r.seq];
@@ -750,6 +752,14 @@ impl Engine {
                 continue;
             }
             let wants = self.acceptance.reductions_for(&seq.params).expect("checked by needs_host_logits");
+            let q_first = draft_probs.len() / v;
+            let has_q = match seq.draft_probs.as_deref() {
+                Some(q) if n > 0 => {
+                    draft_probs.extend_from_slice(&q[..n * v]);
+                    true
+                }
+                _ => false,
+            };
             query_rows.push((i, queries.len()));
             queries.extend((0..=n).map(|pos| PositionQuery {
                 row: r.logits_start + pos,
@@ -757,7 +767,7 @@ impl Engine {
                 seed: seq.step_seed(),
                 index: pos,
                 draft: seq.drafts.get(pos).copied().filter(|_| pos < n),
-                q_row: None,
+                q_row: (has_q && pos < n).then_some(q_first + pos),
                 wants,
             }));
         }
@@ -768,7 +778,13 @@ impl Engine {
             logits.index_select(&idx, 0)?.flatten_all()?.to_vec1::<f32>()?
         };
         debug_assert_eq!(host.len(), host_rows.len() * v);
-        let reduced_all = reductions::reduce(logits, &queries, None)?;
+        // One upload of every sampled draft's distribution to where the logits are: the
+        // `V`-wide rows cross to the device once, the target's logits never cross to the host.
+        let draft_probs = match draft_probs.len() {
+            0 => None,
+            len => Some(Tensor::from_vec(draft_probs, (len / v, v), logits.device())?),
+        };
+        let reduced_all = reductions::reduce(logits, &queries, draft_probs.as_ref())?;
         let mut reduced: Vec<Option<Vec<ReducedPosition>>> = vec![None; rows.len()];
         for (k, &(i, first)) in query_rows.iter().enumerate() {
             let end = query_rows.get(k + 1).map_or(reduced_all.len(), |&(_, next)| next);

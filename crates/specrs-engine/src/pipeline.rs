@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::Device;
-use specrs_core::config::SpeculativeMethod;
+use specrs_core::config::{DraftProposal, SpeculativeMethod};
 use specrs_core::ngram::NgramProposer as Lookup;
 use specrs_core::registry::{
     BUILTIN_ARCHITECTURES, PipelineKind, builtin_speculators, canonical_draft_arch, select_speculator,
@@ -410,11 +410,13 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
 /// hidden states there); under `"replica"` each replica loads its own beside its target.
 pub fn build_replicas_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(Vec<Engine>, PipelineInfo)> {
     check_replica_devices(&cfg.devices)?;
-    if cfg.devices.len() > 1 && cfg.speculative.draft_probs_layout != DraftPlacement::Device0 {
+    if cfg.devices.len() > 1
+        && cfg.speculative.draft_proposal == DraftProposal::Sampled
+        && cfg.speculative.draft_probs_layout == DraftPlacement::Device0
+    {
         tracing::warn!(
-            "draft_probs_layout={} has no effect: the engine verifies sampled drafts from host copies \
-             of their logits, so their distributions live on the host",
-            cfg.speculative.draft_probs_layout.as_str()
+            "draft_probs_layout=device0 is not honoured by the engine: each replica verifies its own rows, \
+             with its sampled drafts' distributions on its own device next to its logits (the 'replica' layout)"
         );
     }
     let mut engines = Vec::with_capacity(cfg.devices.len());

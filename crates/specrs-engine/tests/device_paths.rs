@@ -5,7 +5,8 @@
 //! reduction path that CUDA takes by default, so it is checked here against the host path.
 //!
 //! - reductions vs host copies: identical outputs (tokens, logprobs, traces) for greedy and
-//!   seeded sampled requests, every acceptance rule, rows mixing both paths;
+//!   seeded sampled requests, every acceptance rule, rows mixing both paths, and sampled
+//!   drafts whose distributions go to the device for rejection sampling;
 //! - lossless greedy: speculative output equals plain output for every sequential method;
 //! - sampled speculative decoding follows the plain distribution;
 //! - captured steps (`device_graph_capture`: device graphs on CUDA, the same fixed-shape steps
@@ -43,6 +44,8 @@ struct Fixture {
     eagle3: PathBuf,
     mtp: PathBuf,
     random_eagle1: PathBuf,
+    soft: PathBuf,
+    soft_eagle1: PathBuf,
 }
 
 fn fixture() -> Fixture {
@@ -72,7 +75,20 @@ fn fixture() -> Fixture {
         *v = testing::random_tensor(v.dims(), 0.3, 100 + i as u64).unwrap();
     }
     write(&random_eagle1, &c, &t);
-    Fixture { _dir: dir, bigram, random, eagle3, mtp, random_eagle1 }
+    // A small output head and small draft weights: flat target and draft distributions, so
+    // rejection sampling depends on `q` (with near one-hot `p` and `q` the verdicts and the
+    // residual come out the same whatever `q` is).
+    let soft = root.join("soft");
+    let mut t = testing::random_target(Architecture::Llama, &SHAPE, false, 5).unwrap();
+    t.insert("lm_head.weight".into(), testing::random_tensor(&[SHAPE.vocab, SHAPE.hidden], 0.03, 77).unwrap());
+    write(&soft, &testing::target_config(Architecture::Llama, &SHAPE, false), &t);
+    let soft_eagle1 = root.join("soft-eagle1");
+    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.02, 200 + i as u64).unwrap();
+    }
+    write(&soft_eagle1, &c, &t);
+    Fixture { _dir: dir, bigram, random, eagle3, mtp, random_eagle1, soft, soft_eagle1 }
 }
 
 struct Setup<'a> {
@@ -206,6 +222,12 @@ fn device_reductions_verify_exactly_like_host_copies() {
                 c.enable_prompt_lookup = true;
                 c.prompt_lookup_min = 1;
             }),
+        ),
+        (
+            "soft sampled drafts (rejection reads q on the device)",
+            &f.soft,
+            Some(&f.soft_eagle1),
+            spec(SpeculativeMethod::Eagle, 3, |c| c.draft_proposal = DraftProposal::Sampled),
         ),
         ("ngram", &f.random, None, spec(SpeculativeMethod::Ngram, 3, |_| {})),
         (
