@@ -132,6 +132,7 @@ TRAIN_DRAFT_BAD_FLAGS = [
         "--init-from /nonexistent/draft: no config.json",
     ),
     ("zero-ttt-steps", ["--ttt-steps", "0"], "--ttt-steps must be at least 1"),
+    ("zero-draft-layers", ["--draft-layers", "0"], "--draft-layers must be at least 1"),
     ("bad-taps", ["--taps", "2,x"], "--taps: 'x' is not a layer index"),
     ("prompts-missing", ["--prompts", "/nonexistent/prompts.json"], "--prompts /nonexistent/prompts.json: "),
 ]

@@ -124,6 +124,52 @@ fn trains_exports_a_lossless_draft_and_resumes_from_its_work_dir() {
     assert_eq!(warm_config["draft_vocab_size"], config["draft_vocab_size"]);
     assert_eq!(warm_config["eagle_aux_hidden_state_layer_ids"], config["eagle_aux_hidden_state_layer_ids"]);
 
+    // Growing a second layer: it starts as an identity (zero output projections), so the grown
+    // draft proposes exactly what the draft it grew from proposes, through the engine's loader.
+    let grown = TrainDraftConfig {
+        output: dir.path().join("grown"),
+        work_dir: dir.path().join("grown-work"),
+        init_from: Some(cfg.output.clone()),
+        num_layers: Some(2),
+        intermediate_size: None,
+        learning_rate: 1e-12,
+        epochs: 1.0,
+        ..cfg.clone()
+    };
+    std::fs::create_dir_all(&grown.work_dir).unwrap();
+    std::fs::copy(cfg.work_dir.join("samples.jsonl"), grown.work_dir.join("samples.jsonl")).unwrap();
+    train_draft(&grown, &progress).unwrap();
+    let grown_config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(grown.output.join("config.json")).unwrap()).unwrap();
+    assert_eq!(grown_config["transformer_layer_config"]["num_hidden_layers"], 2);
+    let grown_weights = read(&grown.output);
+    for name in ["layers.1.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight"] {
+        let w = grown_weights[name].to_dtype(candle_core::DType::F32).unwrap();
+        let largest = w.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(largest < 1e-9, "{name} starts at zero (the vanishing learning rate moved it {largest})");
+    }
+    let traced = || {
+        let mut rs = requests();
+        for r in &mut rs {
+            r.trace = true;
+        }
+        rs
+    };
+    let before = engine(Some(&cfg.output)).generate(traced()).unwrap();
+    let after = engine(Some(&grown.output)).generate(traced()).unwrap();
+    for (b, a) in before.iter().zip(&after) {
+        assert!(!a.trace.is_empty(), "the grown draft was used");
+        assert_eq!(a.trace, b.trace, "a grown draft proposes what it grew from");
+    }
+    let shrink = TrainDraftConfig {
+        init_from: Some(grown.output.clone()),
+        num_layers: Some(1),
+        output: dir.path().join("shrink"),
+        ..grown.clone()
+    };
+    let err = train_draft(&shrink, &progress).unwrap_err().to_string();
+    assert!(err.contains("--draft-layers 1 is fewer than") && err.contains("2 layers"), "{err}");
+
     // Taps other than the draft's are refused with a message naming both.
     let clash = TrainDraftConfig { taps: Some(vec![1, 2, 3]), output: dir.path().join("clash"), ..warm.clone() };
     let err = train_draft(&clash, &progress).unwrap_err().to_string();
@@ -165,4 +211,101 @@ fn trains_on_the_prompts_of_a_users_file() {
         .collect();
     assert_eq!(answered, mine, "the target answered exactly the file's prompts");
     assert!(cfg.output.join("model.safetensors").exists());
+}
+
+/// The training forward (TTT step 0, every anchor) and the engine's loader run the same
+/// function of the exported weights, second layer included: the trained head is what serves.
+#[test]
+fn a_deep_heads_training_forward_is_what_the_engine_loads() {
+    use candle_core::{DType, Device, Tensor};
+    use candle_nn::{VarBuilder, VarMap};
+    use specrs_engine::train::eagle3::{Eagle3Shape, TrainableEagle3};
+    use specrs_models::config::Architecture;
+    use specrs_models::drafters::SequentialDraftModel;
+    use specrs_models::drafters::eagle::EagleDraft;
+    use specrs_models::testing::{self, TinyShape};
+    use specrs_models::{BatchRow, ForwardBatch};
+
+    const SHAPE: TinyShape =
+        TinyShape { vocab: 48, hidden: 64, layers: 4, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 64 };
+    let dir = tempfile::tempdir().unwrap();
+    let target_dir = dir.path().join("target");
+    testing::write_checkpoint(
+        &target_dir,
+        &testing::target_config(Architecture::Llama, &SHAPE, true),
+        &testing::random_target(Architecture::Llama, &SHAPE, true, 9).unwrap(),
+    )
+    .unwrap();
+    let (target, _) = specrs_models::load_causal_lm(&target_dir, &Device::Cpu, ModelDType::F32).unwrap();
+    let tc = target.config().clone();
+    let shape = Eagle3Shape {
+        hidden: SHAPE.hidden,
+        num_taps: 3,
+        heads: SHAPE.heads,
+        kv_heads: SHAPE.kv_heads,
+        head_dim: SHAPE.head_dim,
+        intermediate: SHAPE.intermediate,
+        num_layers: 2,
+        draft_vocab: SHAPE.vocab,
+        rms_norm_eps: tc.rms_norm_eps,
+        rope_theta: tc.rope_theta,
+        max_positions: tc.max_position_embeddings,
+    };
+    // Random weights everywhere, the second layer's output projections included, rounded to
+    // bf16 as the export stores them.
+    let varmap = VarMap::new();
+    TrainableEagle3::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), shape.clone()).unwrap();
+    for (i, var) in varmap.data().lock().unwrap().values().enumerate() {
+        let w = testing::random_tensor(var.dims(), 0.2, 1000 + i as u64).unwrap();
+        var.set(&w.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap()).unwrap();
+    }
+    let head = TrainableEagle3::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), shape.clone()).unwrap();
+    let draft_dir = dir.path().join("draft");
+    let vocab: Vec<u32> = (0..SHAPE.vocab as u32).collect();
+    specrs_engine::train::export::write_speculators_eagle3(
+        &draft_dir,
+        &varmap,
+        &shape,
+        &[1, 2, 3],
+        &vocab,
+        &tc,
+        2,
+        "tiny",
+    )
+    .unwrap();
+
+    let n = 9;
+    let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 2) % SHAPE.vocab as u32).collect();
+    let taps: Vec<Tensor> =
+        (0..3).map(|i| testing::random_tensor(&[n, SHAPE.hidden], 1.0, 50 + i as u64).unwrap()).collect();
+    let embed = target.embed(&Tensor::arange(0u32, SHAPE.vocab as u32, &Device::Cpu).unwrap()).unwrap();
+    let trained = head.forward_ttt(&Tensor::cat(&taps, 1).unwrap(), &tokens, &embed, 1, 0).unwrap().remove(0);
+
+    // The engine: position t pairs the hidden state of t with the token at t + 1, all at once.
+    let draft = EagleDraft::load(&draft_dir, &target, &Device::Cpu, ModelDType::F32).unwrap();
+    let block_size = 16;
+    let kv = draft.new_kv_cache(1, block_size).unwrap();
+    let batch = ForwardBatch {
+        input_ids: tokens[1..].to_vec(),
+        positions: (0..n as u32 - 1).collect(),
+        rows: vec![BatchRow {
+            query_start: 0,
+            query_len: n - 1,
+            context_len: n - 1,
+            block_table_start: 0,
+            block_table_len: 1,
+        }],
+        slot_mapping: (0..n as u32 - 1).collect(),
+        block_tables: vec![0],
+        block_size,
+        logits_indices: (0..n as u32 - 1).collect(),
+        ..ForwardBatch::default()
+    };
+    let flat = Tensor::arange(0u32, n as u32 - 1, &Device::Cpu).unwrap();
+    let hidden = draft.first_hidden(&draft.first_inputs(&taps, None, &flat).unwrap()).unwrap();
+    let (_, logits) = draft.forward(&hidden, &batch, &kv).unwrap();
+    assert_eq!(logits.logits.dims(), trained.dims());
+    let diff = testing::max_abs_diff(&logits.logits, &trained).unwrap();
+    let scale = trained.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    assert!(diff < 1e-3 * scale.max(1.0), "engine and training logits differ by {diff} (largest {scale})");
 }

@@ -32,6 +32,9 @@ pub fn command() -> Command {
         .arg(Arg::new("taps").long("taps").help("Comma-separated HF hidden_states indices to tap (default: 2, L/2, L-3)"))
         .arg(Arg::new("draft-vocab-size").long("draft-vocab-size").value_parser(value_parser!(usize)).default_value(d.draft_vocab_size.to_string()))
         .arg(Arg::new("intermediate-size").long("intermediate-size").value_parser(value_parser!(usize)).help("MLP width of the draft layer (default: the target's)"))
+        .arg(Arg::new("draft-layers").long("draft-layers").value_parser(value_parser!(usize)).help(
+            "Decoder layers of the head (default: the --init-from draft's, or 1); more than --init-from has grows it, the new layers starting as identities",
+        ))
         .arg(Arg::new("ttt-steps").long("ttt-steps").value_parser(value_parser!(usize)).default_value(d.ttt_steps.to_string()))
         .arg(Arg::new("epochs").long("epochs").value_parser(value_parser!(f64)).default_value(d.epochs.to_string()))
         .arg(Arg::new("learning-rate").long("learning-rate").value_parser(value_parser!(f64)).default_value(d.learning_rate.to_string()))
@@ -82,6 +85,7 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
         taps,
         draft_vocab_size: *m.get_one::<usize>("draft-vocab-size").expect("default"),
         intermediate_size: m.get_one::<usize>("intermediate-size").copied(),
+        num_layers: m.get_one::<usize>("draft-layers").copied(),
         ttt_steps: *m.get_one::<usize>("ttt-steps").expect("default"),
         epochs: *m.get_one::<f64>("epochs").expect("default"),
         learning_rate: *m.get_one::<f64>("learning-rate").expect("default"),
@@ -97,6 +101,7 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
         ("--batch-size", config.batch_size),
         ("--draft-vocab-size", config.draft_vocab_size),
         ("--num-speculative-tokens", config.num_speculative_tokens),
+        ("--draft-layers", config.num_layers.unwrap_or(1)),
     ] {
         if v == 0 {
             return Err(CliError::Invalid(format!("{name} must be at least 1")));

@@ -7,6 +7,11 @@
 //! `t + s`, exactly as inference chains drafts. A chain's query at step `s` sees the step-0
 //! keys of positions `<= t` and its own keys of steps `1..=s` (the diagonal), as the draft's
 //! KV cache holds at inference. Step `s` at anchor `t` predicts `x_{t+s+2}`.
+//!
+//! Layers past the first (`num_layers > 1`, vLLM's layers `i > 0`) are ordinary pre-norm
+//! decoder layers over the first one's output, each with its own keys; their output
+//! projections start at zero, so a head grown from a trained one starts out drafting exactly
+//! as it did.
 
 use candle_core::{D, DType, Device, Result, Tensor};
 use candle_nn::{Init, Linear, Module, VarBuilder};
@@ -20,6 +25,8 @@ pub struct Eagle3Shape {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub intermediate: usize,
+    /// Decoder layers: the fused first one plus `num_layers - 1` ordinary ones.
+    pub num_layers: usize,
     pub draft_vocab: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
@@ -39,11 +46,47 @@ pub struct TrainableEagle3 {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    /// Layers `1..num_layers`.
+    extra: Vec<ExtraLayer>,
     norm: Tensor,
     lm_head: Linear,
     /// `[max_positions, head_dim]`: cos/sin, halves duplicated (rotate-half layout).
     cos: Tensor,
     sin: Tensor,
+}
+
+/// A pre-norm decoder layer after the first, H wide in and out.
+struct ExtraLayer {
+    input_layernorm: Tensor,
+    post_attention_layernorm: Tensor,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl ExtraLayer {
+    fn new(vb: &VarBuilder, shape: &Eagle3Shape) -> Result<Self> {
+        let (h, d) = (shape.hidden, shape.head_dim);
+        let ones = |name: &str| vb.get_with_hints(h, name, Init::Const(1.0));
+        let zeros = |out: usize, inp: usize, name: &str| -> Result<Linear> {
+            Ok(Linear::new(vb.get_with_hints((out, inp), &format!("{name}.weight"), Init::Const(0.0))?, None))
+        };
+        Ok(Self {
+            input_layernorm: ones("input_layernorm.weight")?,
+            post_attention_layernorm: ones("post_attention_layernorm.weight")?,
+            q_proj: linear(vb, shape.heads * d, h, "self_attn.q_proj")?,
+            k_proj: linear(vb, shape.kv_heads * d, h, "self_attn.k_proj")?,
+            v_proj: linear(vb, shape.kv_heads * d, h, "self_attn.v_proj")?,
+            o_proj: zeros(h, shape.heads * d, "self_attn.o_proj")?,
+            gate_proj: linear(vb, shape.intermediate, h, "mlp.gate_proj")?,
+            up_proj: linear(vb, shape.intermediate, h, "mlp.up_proj")?,
+            down_proj: zeros(h, shape.intermediate, "mlp.down_proj")?,
+        })
+    }
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
@@ -102,6 +145,9 @@ impl TrainableEagle3 {
             gate_proj: linear(&layer, shape.intermediate, h, "mlp.gate_proj")?,
             up_proj: linear(&layer, shape.intermediate, h, "mlp.up_proj")?,
             down_proj: linear(&layer, h, shape.intermediate, "mlp.down_proj")?,
+            extra: (1..shape.num_layers)
+                .map(|i| ExtraLayer::new(&vb.pp(format!("layers.{i}")), &shape))
+                .collect::<Result<_>>()?,
             norm: ones("norm.weight", h)?,
             lm_head: linear(&vb, shape.draft_vocab, h, "lm_head")?,
             cos: Tensor::from_vec(cos, (shape.max_positions, d), dev)?,
@@ -144,15 +190,16 @@ impl TrainableEagle3 {
     ) -> Result<Vec<Tensor>> {
         let n = tokens.len();
         let a = first_anchor;
-        let Eagle3Shape { hidden: _, heads, kv_heads, head_dim: d, rms_norm_eps: eps, .. } = self.shape;
-        let scale = (d as f64).powf(-0.5);
+        let eps = self.shape.rms_norm_eps;
         let dev = taps.device().clone();
         let ids = Tensor::from_slice(tokens, n, &dev)?;
         let emb_all = embed.index_select(&ids, 0)?; // [n, H], frozen
+        let layers = 1 + self.extra.len();
         // Step 0 runs over every anchor t = 0..n-2 for its keys; later rows start at `a`.
         let mut hidden = self.fc.forward(taps)?.narrow(0, 0, n - 1)?;
-        let mut k0: Option<(Tensor, Tensor)> = None;
-        let mut chain_kv: Vec<(Tensor, Tensor)> = Vec::new();
+        // Per layer: the step-0 keys and values of every anchor, and those of each later step.
+        let mut step0_kv: Vec<Option<(Tensor, Tensor)>> = vec![None; layers];
+        let mut chain_kv: Vec<Vec<(Tensor, Tensor)>> = vec![Vec::new(); layers];
         let mut outputs = Vec::with_capacity(steps);
         for s in 0..steps.min(n - 1) {
             let m = n - 1 - s;
@@ -160,57 +207,139 @@ impl TrainableEagle3 {
                 break;
             }
             let rows = m - a; // chains anchored at t = a..m-1
-            // 1. Inputs: hidden of the chain's previous step, true token x_{t+s+1}. Step 0
-            //    embeds every anchor (all are keys); later steps only the kept chains.
+            // 1. Rows embedded (keys) and rows queried. Step 0 keys every anchor; it queries only
+            //    the kept chains, unless a later layer needs every anchor's output for its keys.
             let (first, count) = if s == 0 { (0, m) } else { (a, rows) };
+            let queried = if s == 0 && layers == 1 { (a, rows) } else { (first, count) };
             let h_in = if s == 0 { hidden.clone() } else { hidden.narrow(0, 0, rows)? };
             let emb = emb_all.narrow(0, s + 1 + first, count)?;
             let attn_in = Tensor::cat(
                 &[rms_norm(&emb, &self.input_layernorm, eps)?, rms_norm(&h_in, &self.hidden_norm, eps)?],
                 D::Minus1,
             )?;
-            // 2. Keys at t + s for the embedded anchors; queries only for the kept chains.
-            let (cos, sin) = self.tables(s + first, count)?;
-            let k = rope(&Self::split_heads(&self.k_proj.forward(&attn_in)?, kv_heads, d)?, &cos, &sin)?;
-            let v = Self::split_heads(&self.v_proj.forward(&attn_in)?, kv_heads, d)?;
-            let (k, v) = (self.repeat_kv(&k)?, self.repeat_kv(&v)?);
-            let (q_in, h_in) =
-                if s == 0 { (attn_in.narrow(0, a, rows)?, h_in.narrow(0, a, rows)?) } else { (attn_in, h_in) };
-            let (cos, sin) = self.tables(s + a, rows)?;
-            let q = rope(&Self::split_heads(&self.q_proj.forward(&q_in)?, heads, d)?, &cos, &sin)?;
-            if s == 0 {
-                k0 = Some((k, v));
-            } else {
-                chain_kv.push((k, v));
+            // 2. The fused first layer (residual: the un-normed hidden), then the others.
+            let first_layer = Block {
+                q_proj: &self.q_proj,
+                k_proj: &self.k_proj,
+                v_proj: &self.v_proj,
+                o_proj: &self.o_proj,
+                post_attention_layernorm: &self.post_attention_layernorm,
+                gate_proj: &self.gate_proj,
+                up_proj: &self.up_proj,
+                down_proj: &self.down_proj,
+            };
+            let keyed = Keyed { step: s, first, count, queried, n };
+            let mut x = self.block(&first_layer, &attn_in, &h_in, &keyed, &mut step0_kv[0], &mut chain_kv[0])?;
+            for (i, layer) in self.extra.iter().enumerate() {
+                let normed = rms_norm(&x, &layer.input_layernorm, eps)?;
+                let keyed = Keyed { first: queried.0, count: queried.1, ..keyed };
+                x = self.block(&layer.block(), &normed, &x, &keyed, &mut step0_kv[i + 1], &mut chain_kv[i + 1])?;
             }
-            let (k0t, v0t) = k0.as_ref().expect("set at step 0");
-            // 3. Scores: causal over step-0 keys (anchor t sees t' <= t), plus the diagonal of
-            //    every chain step so far (this chain's own keys).
-            let s0 = (q.matmul(&k0t.t()?)? * scale)?; // [heads, rows, n-1]
-            let s0 = s0.broadcast_add(&causal_mask(rows, n - 1, a, &dev)?)?;
-            let mut parts = vec![s0];
-            for (kj, _) in &chain_kv {
-                parts.push(((&q * kj.narrow(1, 0, rows)?)?.sum_keepdim(D::Minus1)? * scale)?);
+            if queried.1 != rows {
+                x = x.narrow(0, a - queried.0, rows)?;
             }
-            let probs = candle_nn::ops::softmax(&Tensor::cat(&parts, D::Minus1)?, D::Minus1)?;
-            let mut attn = probs.narrow(D::Minus1, 0, n - 1)?.matmul(v0t)?;
-            for (j, (_, vj)) in chain_kv.iter().enumerate() {
-                let pj = probs.narrow(D::Minus1, n - 1 + j, 1)?;
-                attn = (attn + pj.broadcast_mul(&vj.narrow(1, 0, rows)?)?)?;
-            }
-            let attn = attn.transpose(0, 1)?.reshape((rows, heads * d))?;
-            // 4. Residual (the un-normed hidden), MLP.
-            let x = (h_in + self.o_proj.forward(&attn)?)?;
-            let hmlp = rms_norm(&x, &self.post_attention_layernorm, eps)?;
-            let mlp = self
-                .down_proj
-                .forward(&(candle_nn::ops::silu(&self.gate_proj.forward(&hmlp)?)? * self.up_proj.forward(&hmlp)?)?)?;
-            let x = (x + mlp)?;
             outputs.push(self.lm_head.forward(&rms_norm(&x, &self.norm, eps)?)?);
             hidden = x;
         }
         Ok(outputs)
     }
+
+    /// One decoder layer at TTT step `keyed.step`: keys and values of the `keyed` rows of
+    /// `attn_in` (stored as the step-0 ones or appended to the chain's), attention of the
+    /// queried rows over the step-0 keys (causal) and the chain's own keys (the diagonal),
+    /// residual, MLP. Returns the queried rows' output `[queried.1, H]`.
+    fn block(
+        &self,
+        layer: &Block<'_>,
+        attn_in: &Tensor,
+        residual: &Tensor,
+        keyed: &Keyed,
+        step0_kv: &mut Option<(Tensor, Tensor)>,
+        chain_kv: &mut Vec<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let Eagle3Shape { heads, kv_heads, head_dim: d, rms_norm_eps: eps, .. } = self.shape;
+        let scale = (d as f64).powf(-0.5);
+        let &Keyed { step: s, first, count, queried: (q_first, q_count), n } = keyed;
+        let dev = attn_in.device();
+        // Keys at positions t + s of the keyed anchors.
+        let (cos, sin) = self.tables(s + first, count)?;
+        let k = rope(&Self::split_heads(&layer.k_proj.forward(attn_in)?, kv_heads, d)?, &cos, &sin)?;
+        let v = Self::split_heads(&layer.v_proj.forward(attn_in)?, kv_heads, d)?;
+        let (k, v) = (self.repeat_kv(&k)?, self.repeat_kv(&v)?);
+        let (q_in, residual) = if (q_first, q_count) == (first, count) {
+            (attn_in.clone(), residual.clone())
+        } else {
+            (attn_in.narrow(0, q_first - first, q_count)?, residual.narrow(0, q_first - first, q_count)?)
+        };
+        let (cos, sin) = self.tables(s + q_first, q_count)?;
+        let q = rope(&Self::split_heads(&layer.q_proj.forward(&q_in)?, heads, d)?, &cos, &sin)?;
+        if s == 0 {
+            *step0_kv = Some((k, v));
+        } else {
+            chain_kv.push((k, v));
+        }
+        let (k0, v0) = step0_kv.as_ref().expect("set at step 0");
+        // Scores: causal over step-0 keys (anchor t sees t' <= t), plus the diagonal of every
+        // chain step so far (this chain's own keys).
+        let s0 = (q.matmul(&k0.t()?)? * scale)?; // [heads, q_count, n-1]
+        let s0 = s0.broadcast_add(&causal_mask(q_count, n - 1, q_first, dev)?)?;
+        let mut parts = vec![s0];
+        for (kj, _) in chain_kv.iter() {
+            parts.push(((&q * kj.narrow(1, 0, q_count)?)?.sum_keepdim(D::Minus1)? * scale)?);
+        }
+        let probs = candle_nn::ops::softmax(&Tensor::cat(&parts, D::Minus1)?, D::Minus1)?;
+        let mut attn = probs.narrow(D::Minus1, 0, n - 1)?.matmul(v0)?;
+        for (j, (_, vj)) in chain_kv.iter().enumerate() {
+            let pj = probs.narrow(D::Minus1, n - 1 + j, 1)?;
+            attn = (attn + pj.broadcast_mul(&vj.narrow(1, 0, q_count)?)?)?;
+        }
+        let attn = attn.transpose(0, 1)?.reshape((q_count, heads * d))?;
+        // Residual, MLP.
+        let x = (residual + layer.o_proj.forward(&attn)?)?;
+        let hmlp = rms_norm(&x, layer.post_attention_layernorm, eps)?;
+        let mlp = layer
+            .down_proj
+            .forward(&(candle_nn::ops::silu(&layer.gate_proj.forward(&hmlp)?)? * layer.up_proj.forward(&hmlp)?)?)?;
+        x + mlp
+    }
+}
+
+/// The weights of one decoder layer's attention and MLP.
+struct Block<'a> {
+    q_proj: &'a Linear,
+    k_proj: &'a Linear,
+    v_proj: &'a Linear,
+    o_proj: &'a Linear,
+    post_attention_layernorm: &'a Tensor,
+    gate_proj: &'a Linear,
+    up_proj: &'a Linear,
+    down_proj: &'a Linear,
+}
+
+impl ExtraLayer {
+    fn block(&self) -> Block<'_> {
+        Block {
+            q_proj: &self.q_proj,
+            k_proj: &self.k_proj,
+            v_proj: &self.v_proj,
+            o_proj: &self.o_proj,
+            post_attention_layernorm: &self.post_attention_layernorm,
+            gate_proj: &self.gate_proj,
+            up_proj: &self.up_proj,
+            down_proj: &self.down_proj,
+        }
+    }
+}
+
+/// Which rows a layer keys and queries at a TTT step: anchors `first..first + count` get keys,
+/// `queried.0..queried.0 + queried.1` (within them) get queries; `n` tokens in the sequence.
+#[derive(Clone, Copy)]
+struct Keyed {
+    step: usize,
+    first: usize,
+    count: usize,
+    queried: (usize, usize),
+    n: usize,
 }
 
 /// `[rows, cols]`: 0 where key `j <= first_row + i`, -inf elsewhere.
@@ -248,6 +377,10 @@ mod tests {
     use super::*;
 
     fn tiny_head() -> (VarMap, TrainableEagle3) {
+        tiny_head_of(1)
+    }
+
+    fn tiny_head_of(num_layers: usize) -> (VarMap, TrainableEagle3) {
         let shape = Eagle3Shape {
             hidden: 16,
             num_taps: 3,
@@ -255,6 +388,7 @@ mod tests {
             kv_heads: 2,
             head_dim: 4,
             intermediate: 24,
+            num_layers,
             draft_vocab: 32,
             rms_norm_eps: 1e-5,
             rope_theta: 10_000.0,
@@ -263,6 +397,52 @@ mod tests {
         let varmap = VarMap::new();
         let head = TrainableEagle3::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu), shape).unwrap();
         (varmap, head)
+    }
+
+    fn inputs(n: usize) -> (Tensor, Tensor, Vec<u32>) {
+        let taps = Tensor::randn(0f32, 1.0, (n, 48), &Device::Cpu).unwrap();
+        let embed = Tensor::randn(0f32, 1.0, (40, 16), &Device::Cpu).unwrap();
+        let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % 40).collect();
+        (taps, embed, tokens)
+    }
+
+    #[test]
+    fn a_grown_head_drafts_exactly_like_the_head_it_grew_from() {
+        let (small_vars, small) = tiny_head_of(1);
+        let (grown_vars, grown) = tiny_head_of(3);
+        let small_data = small_vars.data().lock().unwrap();
+        for (name, var) in grown_vars.data().lock().unwrap().iter() {
+            if let Some(w) = small_data.get(name) {
+                var.set(w.as_tensor()).unwrap();
+            }
+        }
+        let (taps, embed, tokens) = inputs(10);
+        let a = small.forward_ttt(&taps, &tokens, &embed, 3, 2).unwrap();
+        let b = grown.forward_ttt(&taps, &tokens, &embed, 3, 2).unwrap();
+        for (s, (a, b)) in a.iter().zip(&b).enumerate() {
+            let diff = specrs_models::testing::max_abs_diff(a, b).unwrap();
+            assert_eq!(diff, 0.0, "step {s}: new layers start as identities, off by {diff}");
+        }
+    }
+
+    #[test]
+    fn skipping_prompt_anchors_leaves_a_deep_heads_logits_unchanged() {
+        let (vars, head) = tiny_head_of(2);
+        // Give the second layer's output projections weight, so it changes what it passes on.
+        for (name, var) in vars.data().lock().unwrap().iter() {
+            if name.starts_with("layers.1.") && (name.contains("o_proj") || name.contains("down_proj")) {
+                var.set(&Tensor::randn(0f32, 0.3, var.dims(), &Device::Cpu).unwrap()).unwrap();
+            }
+        }
+        let n = 12;
+        let (taps, embed, tokens) = inputs(n);
+        let all = head.forward_ttt(&taps, &tokens, &embed, 3, 0).unwrap();
+        let kept = head.forward_ttt(&taps, &tokens, &embed, 3, 4).unwrap();
+        for (s, (full, part)) in all.iter().zip(&kept).enumerate() {
+            assert_eq!(part.dims(), [n - 1 - s - 4, 32]);
+            let diff = specrs_models::testing::max_abs_diff(&full.narrow(0, 4, n - 5 - s).unwrap(), part).unwrap();
+            assert!(diff < 1e-5, "step {s}: kept chains differ by {diff}");
+        }
     }
 
     #[test]

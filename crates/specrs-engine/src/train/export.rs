@@ -1,5 +1,5 @@
 //! Writes a trained EAGLE-3 head in the speculators `eagle3` format: `config.json` with the
-//! nested `transformer_layer_config`, and `model.safetensors` with `fc`, `layers.0.*`, `norm`,
+//! nested `transformer_layer_config`, and `model.safetensors` with `fc`, `layers.{i}.*`, `norm`,
 //! `lm_head` (bf16) and the `d2t` / `t2d` vocabulary maps.
 
 use std::collections::HashMap;
@@ -50,7 +50,7 @@ pub fn write_speculators_eagle3(
         "transformer_layer_config": {
             "model_type": "llama",
             "hidden_size": shape.hidden,
-            "num_hidden_layers": 1,
+            "num_hidden_layers": shape.num_layers,
             "num_attention_heads": shape.heads,
             "num_key_value_heads": shape.kv_heads,
             "head_dim": shape.head_dim,
@@ -83,6 +83,7 @@ pub struct InitialDraft {
     pub vocab: Vec<u32>,
     pub hidden: usize,
     pub intermediate: usize,
+    pub num_layers: usize,
 }
 
 /// Reads the speculators `eagle3` draft in `dir` to continue training it.
@@ -108,6 +109,10 @@ pub fn read_speculators_eagle3(dir: &Path) -> Result<InitialDraft> {
     let layer = &config["transformer_layer_config"];
     let hidden = usize_at(&layer["hidden_size"], "transformer_layer_config.hidden_size")?;
     let intermediate = usize_at(&layer["intermediate_size"], "transformer_layer_config.intermediate_size")?;
+    let num_layers = match &layer["num_hidden_layers"] {
+        serde_json::Value::Null => 1,
+        n => usize_at(n, "transformer_layer_config.num_hidden_layers")?,
+    };
     let mut tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)?;
     let d2t = tensors.remove("d2t").ok_or_else(|| invalid("model.safetensors has no d2t".into()))?;
     tensors.remove("t2d");
@@ -120,5 +125,5 @@ pub fn read_speculators_eagle3(dir: &Path) -> Result<InitialDraft> {
         .collect();
     let tensors =
         tensors.into_iter().map(|(name, t)| Ok((name, t.to_dtype(DType::F32)?))).collect::<Result<HashMap<_, _>>>()?;
-    Ok(InitialDraft { tensors, taps, vocab, hidden, intermediate })
+    Ok(InitialDraft { tensors, taps, vocab, hidden, intermediate, num_layers })
 }

@@ -60,6 +60,11 @@ pub struct TrainDraftConfig {
     pub taps: Option<Vec<usize>>,
     pub draft_vocab_size: usize,
     pub intermediate_size: Option<usize>,
+    /// Decoder layers of the head; `None` takes the `init_from` draft's (or 1). More than the
+    /// `init_from` draft has grows it: the new layers start as identities (zero output
+    /// projections), so training continues from the draft's own predictions.
+    #[serde(default)]
+    pub num_layers: Option<usize>,
     pub ttt_steps: usize,
     pub epochs: f64,
     pub learning_rate: f64,
@@ -89,6 +94,7 @@ impl Default for TrainDraftConfig {
             taps: None,
             draft_vocab_size: 8192,
             intermediate_size: None,
+            num_layers: None,
             ttt_steps: 4,
             epochs: 3.0,
             learning_rate: 5e-4,
@@ -282,6 +288,18 @@ fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progre
     let parts = target_parts(&target, &vocab)?;
     drop(target);
     // 4. Model, optimizer, resume.
+    let num_layers = match (&init, cfg.num_layers) {
+        (Some(init), Some(n)) if n < init.num_layers => {
+            return Err(EngineError::Request(format!(
+                "--draft-layers {n} is fewer than the --init-from draft's {} layers; a head can grow, not shrink",
+                init.num_layers
+            )));
+        }
+        (_, Some(0)) => return Err(EngineError::Request("--draft-layers must be at least 1".into())),
+        (_, Some(n)) => n,
+        (Some(init), None) => init.num_layers,
+        (None, None) => 1,
+    };
     let shape = Eagle3Shape {
         hidden: tc.hidden_size,
         num_taps: taps.len(),
@@ -293,6 +311,7 @@ fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progre
             .map(|init| init.intermediate)
             .or(cfg.intermediate_size)
             .unwrap_or(tc.intermediate_size),
+        num_layers,
         draft_vocab: vocab.len(),
         rms_norm_eps: tc.rms_norm_eps,
         rope_theta: tc.rope_theta,
@@ -311,6 +330,15 @@ fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progre
     } else if let Some(init) = &init {
         let data = varmap.data().lock().expect("varmap lock");
         for (name, var) in data.iter() {
+            // Layers the draft did not have keep their identity start.
+            let grown = name
+                .strip_prefix("layers.")
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_some_and(|i| i >= init.num_layers);
+            if grown {
+                continue;
+            }
             let weight = init.tensors.get(name).ok_or_else(|| {
                 EngineError::Request(format!(
                     "--init-from draft has no {name}; it is not an EAGLE-3 head of this shape"

@@ -19,7 +19,8 @@
 //!   `x = g + attn([input_layernorm(embed(x_{t+1})), hidden_norm(g)])`,
 //!   `x = x + mlp(post_attention_layernorm(x))`; logits `lm_head(norm(x))` over the draft
 //!   vocabulary, mapped to target ids by `d2t`; `x` (or `norm(x)` with `norm_output`) feeds the
-//!   next step.
+//!   next step. Heads of several layers (`num_hidden_layers > 1`, vLLM's layers `i > 0`)
+//!   pass `x` through ordinary pre-norm decoder layers `layers.{i}.*` before the logits.
 //! - EAGLE-1: `u = fc(concat(embed(x_{t+1}), f_t))` with `f_t` the target's final normed hidden
 //!   state, `x = layer(u)`; logits `target_lm_head(x)`; `x` feeds the next step.
 
@@ -213,6 +214,8 @@ pub struct EagleDraft {
     input_layernorm: Option<RmsNorm>,
     hidden_norm: Option<RmsNorm>,
     layer: DraftLayer,
+    /// EAGLE-3 heads of several layers: the pre-norm layers after the first.
+    extra_layers: Vec<DraftLayer>,
     /// EAGLE-3: `norm` before its own `lm_head`.
     norm: Option<RmsNorm>,
     /// Draft head (EAGLE-3) or the target's (EAGLE-1).
@@ -307,6 +310,29 @@ impl EagleDraft {
                 (fc, pre_fc_norm, Some(input_layernorm), Some(hidden_norm), layer, Some(norm), lm_head, d2t, "EAGLE-3")
             }
         };
+        let num_layers = cfg.layer.num_hidden_layers.max(1);
+        if num_layers > 1 && (cfg.format == EagleFormat::Eagle1 || prefix == "midlayer") {
+            return Err(ModelError::config(
+                "num_hidden_layers",
+                format!(
+                    "{num_layers} layers: spec-rs reads EAGLE-3 heads of several layers under `layers.{{i}}` \
+                     (speculators and vLLM naming); this checkpoint is {name} with its first layer under `{prefix}`"
+                ),
+            ));
+        }
+        let extra_layers = (1..num_layers)
+            .map(|i| {
+                let prefix = format!("layers.{i}");
+                let layer = DraftLayer::load(store, &prefix, &cfg.layer, h)?;
+                if layer.input_layernorm.is_none() {
+                    return Err(ModelError::config(
+                        "num_hidden_layers",
+                        format!("layer {i} of {num_layers} has no {prefix}.input_layernorm.weight"),
+                    ));
+                }
+                Ok(layer)
+            })
+            .collect::<LoadResult<Vec<_>>>()?;
         let embed_tokens = if h != target.config().hidden_size {
             store.embedding_weight("embed_tokens.weight", target.config().vocab_size, h)?
         } else {
@@ -327,6 +353,7 @@ impl EagleDraft {
             input_layernorm,
             hidden_norm,
             layer,
+            extra_layers,
             norm,
             lm_head,
             embed_tokens,
@@ -410,7 +437,13 @@ impl SequentialDraftModel for EagleDraft {
                 // 1. Attention over [embedding | hidden], 2H wide; residual = the hidden state.
                 let attn_in = Tensor::cat(&[&en, &hn], D::Minus1)?;
                 let residual = if self.cfg.norm_before_residual { &hn } else { &hidden };
-                self.layer.forward(&attn_in, residual, &self.rope, kv, batch)?
+                let mut x = self.layer.forward(&attn_in, residual, &self.rope, kv, batch)?;
+                // 2. Further layers, pre-norm, each with its own keys.
+                for (i, layer) in self.extra_layers.iter().enumerate() {
+                    let normed = layer.input_layernorm.as_ref().expect("checked at load").forward(&x)?;
+                    x = layer.forward_at(&normed, &x, &self.rope, kv, i + 1, batch)?;
+                }
+                x
             }
         };
         // 3. Logits where asked.
@@ -427,7 +460,7 @@ impl SequentialDraftModel for EagleDraft {
 
     fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
         PagedKvCache::new(
-            1,
+            1 + self.extra_layers.len(),
             num_blocks,
             block_size,
             self.cfg.layer.num_key_value_heads,
@@ -438,7 +471,8 @@ impl SequentialDraftModel for EagleDraft {
     }
 
     fn kv_bytes_per_token(&self) -> u64 {
-        DraftLayer::kv_bytes_per_token(&self.cfg.layer, self.dtype.size_in_bytes())
+        (1 + self.extra_layers.len()) as u64
+            * DraftLayer::kv_bytes_per_token(&self.cfg.layer, self.dtype.size_in_bytes())
     }
 
     fn trained_width(&self) -> Option<usize> {

@@ -55,7 +55,8 @@ impl DraftLayer {
         })
     }
 
-    /// `attn_input [T, attn_in]`, `residual [T, hidden]` -> `[T, hidden]`.
+    /// `attn_input [T, attn_in]`, `residual [T, hidden]` -> `[T, hidden]`, keys and values in
+    /// layer 0 of `kv`.
     pub fn forward(
         &self,
         attn_input: &Tensor,
@@ -64,9 +65,23 @@ impl DraftLayer {
         kv: &PagedKvCache,
         batch: &ForwardBatch,
     ) -> Result<Tensor> {
+        self.forward_at(attn_input, residual, rope, kv, 0, batch)
+    }
+
+    /// [`Self::forward`] with keys and values in layer `kv_layer` of `kv` (drafters of several
+    /// layers).
+    pub fn forward_at(
+        &self,
+        attn_input: &Tensor,
+        residual: &Tensor,
+        rope: &RotaryEmbedding,
+        kv: &PagedKvCache,
+        kv_layer: usize,
+        batch: &ForwardBatch,
+    ) -> Result<Tensor> {
         let positions = Tensor::from_slice(&batch.positions, batch.positions.len(), attn_input.device())?;
         let (cos, sin) = rope.tables(&positions)?;
-        let h = self.self_attn.forward(attn_input, &cos, &sin, kv, 0, batch)?;
+        let h = self.self_attn.forward(attn_input, &cos, &sin, kv, kv_layer, batch)?;
         let x = (residual + h)?;
         let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
         x + h
