@@ -38,16 +38,10 @@ pub struct TrainableEagle3 {
     fc: Linear,
     input_layernorm: Tensor,
     hidden_norm: Tensor,
-    post_attention_layernorm: Tensor,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-    /// Layers `1..num_layers`.
-    extra: Vec<ExtraLayer>,
+    /// The first layer's attention (over `[embedding | hidden]`, 2H wide) and MLP.
+    first: LayerWeights,
+    /// Layers `1..num_layers`: `input_layernorm` and an H-wide layer.
+    extra: Vec<(Tensor, LayerWeights)>,
     norm: Tensor,
     lm_head: Linear,
     /// `[max_positions, head_dim]`: cos/sin, halves duplicated (rotate-half layout).
@@ -55,9 +49,8 @@ pub struct TrainableEagle3 {
     sin: Tensor,
 }
 
-/// A pre-norm decoder layer after the first, H wide in and out.
-struct ExtraLayer {
-    input_layernorm: Tensor,
+/// One decoder layer's attention and MLP (its input norms are the caller's).
+struct LayerWeights {
     post_attention_layernorm: Tensor,
     q_proj: Linear,
     k_proj: Linear,
@@ -68,23 +61,27 @@ struct ExtraLayer {
     down_proj: Linear,
 }
 
-impl ExtraLayer {
-    fn new(vb: &VarBuilder, shape: &Eagle3Shape) -> Result<Self> {
+impl LayerWeights {
+    /// The layer under `vb` with attention inputs `attn_in` wide. With `identity`, the output
+    /// projections start at zero: the layer adds nothing to its residual until trained.
+    fn new(vb: &VarBuilder, shape: &Eagle3Shape, attn_in: usize, identity: bool) -> Result<Self> {
         let (h, d) = (shape.hidden, shape.head_dim);
-        let ones = |name: &str| vb.get_with_hints(h, name, Init::Const(1.0));
-        let zeros = |out: usize, inp: usize, name: &str| -> Result<Linear> {
-            Ok(Linear::new(vb.get_with_hints((out, inp), &format!("{name}.weight"), Init::Const(0.0))?, None))
+        let output = |out: usize, inp: usize, name: &str| -> Result<Linear> {
+            if identity {
+                Ok(Linear::new(vb.get_with_hints((out, inp), &format!("{name}.weight"), Init::Const(0.0))?, None))
+            } else {
+                linear(vb, out, inp, name)
+            }
         };
         Ok(Self {
-            input_layernorm: ones("input_layernorm.weight")?,
-            post_attention_layernorm: ones("post_attention_layernorm.weight")?,
-            q_proj: linear(vb, shape.heads * d, h, "self_attn.q_proj")?,
-            k_proj: linear(vb, shape.kv_heads * d, h, "self_attn.k_proj")?,
-            v_proj: linear(vb, shape.kv_heads * d, h, "self_attn.v_proj")?,
-            o_proj: zeros(h, shape.heads * d, "self_attn.o_proj")?,
+            post_attention_layernorm: vb.get_with_hints(h, "post_attention_layernorm.weight", Init::Const(1.0))?,
+            q_proj: linear(vb, shape.heads * d, attn_in, "self_attn.q_proj")?,
+            k_proj: linear(vb, shape.kv_heads * d, attn_in, "self_attn.k_proj")?,
+            v_proj: linear(vb, shape.kv_heads * d, attn_in, "self_attn.v_proj")?,
+            o_proj: output(h, shape.heads * d, "self_attn.o_proj")?,
             gate_proj: linear(vb, shape.intermediate, h, "mlp.gate_proj")?,
             up_proj: linear(vb, shape.intermediate, h, "mlp.up_proj")?,
-            down_proj: zeros(h, shape.intermediate, "mlp.down_proj")?,
+            down_proj: output(h, shape.intermediate, "mlp.down_proj")?,
         })
     }
 }
@@ -137,16 +134,15 @@ impl TrainableEagle3 {
             fc: linear(&vb, h, shape.num_taps * h, "fc")?,
             input_layernorm: ones("layers.0.input_layernorm.weight", h)?,
             hidden_norm: ones("layers.0.hidden_norm.weight", h)?,
-            post_attention_layernorm: ones("layers.0.post_attention_layernorm.weight", h)?,
-            q_proj: linear(&layer, shape.heads * d, 2 * h, "self_attn.q_proj")?,
-            k_proj: linear(&layer, shape.kv_heads * d, 2 * h, "self_attn.k_proj")?,
-            v_proj: linear(&layer, shape.kv_heads * d, 2 * h, "self_attn.v_proj")?,
-            o_proj: linear(&layer, h, shape.heads * d, "self_attn.o_proj")?,
-            gate_proj: linear(&layer, shape.intermediate, h, "mlp.gate_proj")?,
-            up_proj: linear(&layer, shape.intermediate, h, "mlp.up_proj")?,
-            down_proj: linear(&layer, h, shape.intermediate, "mlp.down_proj")?,
+            first: LayerWeights::new(&layer, &shape, 2 * h, false)?,
             extra: (1..shape.num_layers)
-                .map(|i| ExtraLayer::new(&vb.pp(format!("layers.{i}")), &shape))
+                .map(|i| {
+                    let vb = vb.pp(format!("layers.{i}"));
+                    Ok((
+                        vb.get_with_hints(h, "input_layernorm.weight", Init::Const(1.0))?,
+                        LayerWeights::new(&vb, &shape, h, true)?,
+                    ))
+                })
                 .collect::<Result<_>>()?,
             norm: ones("norm.weight", h)?,
             lm_head: linear(&vb, shape.draft_vocab, h, "lm_head")?,
@@ -218,22 +214,12 @@ impl TrainableEagle3 {
                 D::Minus1,
             )?;
             // 2. The fused first layer (residual: the un-normed hidden), then the others.
-            let first_layer = Block {
-                q_proj: &self.q_proj,
-                k_proj: &self.k_proj,
-                v_proj: &self.v_proj,
-                o_proj: &self.o_proj,
-                post_attention_layernorm: &self.post_attention_layernorm,
-                gate_proj: &self.gate_proj,
-                up_proj: &self.up_proj,
-                down_proj: &self.down_proj,
-            };
             let keyed = Keyed { step: s, first, count, queried, n };
-            let mut x = self.block(&first_layer, &attn_in, &h_in, &keyed, &mut step0_kv[0], &mut chain_kv[0])?;
-            for (i, layer) in self.extra.iter().enumerate() {
-                let normed = rms_norm(&x, &layer.input_layernorm, eps)?;
+            let mut x = self.block(&self.first, &attn_in, &h_in, &keyed, &mut step0_kv[0], &mut chain_kv[0])?;
+            for (i, (input_layernorm, layer)) in self.extra.iter().enumerate() {
+                let normed = rms_norm(&x, input_layernorm, eps)?;
                 let keyed = Keyed { first: queried.0, count: queried.1, ..keyed };
-                x = self.block(&layer.block(), &normed, &x, &keyed, &mut step0_kv[i + 1], &mut chain_kv[i + 1])?;
+                x = self.block(layer, &normed, &x, &keyed, &mut step0_kv[i + 1], &mut chain_kv[i + 1])?;
             }
             if queried.1 != rows {
                 x = x.narrow(0, a - queried.0, rows)?;
@@ -250,7 +236,7 @@ impl TrainableEagle3 {
     /// residual, MLP. Returns the queried rows' output `[queried.1, H]`.
     fn block(
         &self,
-        layer: &Block<'_>,
+        layer: &LayerWeights,
         attn_in: &Tensor,
         residual: &Tensor,
         keyed: &Keyed,
@@ -296,38 +282,11 @@ impl TrainableEagle3 {
         let attn = attn.transpose(0, 1)?.reshape((q_count, heads * d))?;
         // Residual, MLP.
         let x = (residual + layer.o_proj.forward(&attn)?)?;
-        let hmlp = rms_norm(&x, layer.post_attention_layernorm, eps)?;
+        let hmlp = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
         let mlp = layer
             .down_proj
             .forward(&(candle_nn::ops::silu(&layer.gate_proj.forward(&hmlp)?)? * layer.up_proj.forward(&hmlp)?)?)?;
         x + mlp
-    }
-}
-
-/// The weights of one decoder layer's attention and MLP.
-struct Block<'a> {
-    q_proj: &'a Linear,
-    k_proj: &'a Linear,
-    v_proj: &'a Linear,
-    o_proj: &'a Linear,
-    post_attention_layernorm: &'a Tensor,
-    gate_proj: &'a Linear,
-    up_proj: &'a Linear,
-    down_proj: &'a Linear,
-}
-
-impl ExtraLayer {
-    fn block(&self) -> Block<'_> {
-        Block {
-            q_proj: &self.q_proj,
-            k_proj: &self.k_proj,
-            v_proj: &self.v_proj,
-            o_proj: &self.o_proj,
-            post_attention_layernorm: &self.post_attention_layernorm,
-            gate_proj: &self.gate_proj,
-            up_proj: &self.up_proj,
-            down_proj: &self.down_proj,
-        }
     }
 }
 
