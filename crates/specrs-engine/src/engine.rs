@@ -132,10 +132,61 @@ pub struct Engine {
     next_step_catch_up: Duration,
     /// Fixed-shape (captured) decode steps, with `device_graph_capture`.
     fixed_steps: Option<FixedSteps>,
+    /// Where sampled drafts' distributions are verified when not beside this engine's
+    /// logits: the first device, for a later data-parallel replica under
+    /// `draft_probs_layout="device0"` ([`Engine::with_draft_probs_on`]).
+    draft_probs_device: Option<candle_core::Device>,
 }
 
 /// Each row's verify output (rows without logits have none), with its logprobs and trace.
 type Verified = (Vec<Option<VerifyOutput>>, Vec<(Vec<TokenLogprob>, Option<TraceStep>)>);
+
+/// Position queries reduced together on one device, with the sampled drafts' distributions
+/// they read (`[positions, V]`, uploaded once per step) and, for a group away from the
+/// logits, which logit rows to gather there.
+#[derive(Default)]
+struct ReductionGroup<'a> {
+    queries: Vec<PositionQuery<'a>>,
+    draft_probs: Vec<f32>,
+    logit_rows: Vec<u32>,
+}
+
+impl<'a> ReductionGroup<'a> {
+    /// Adds a verify row's `n + 1` positions (logit rows from `logits_start`). With `gather`
+    /// the queries index the group's own gathered rows instead of the step's logits.
+    fn push_row(
+        &mut self,
+        logits_start: usize,
+        n: usize,
+        q: Option<&[f32]>,
+        v: usize,
+        gather: bool,
+        query: impl Fn(usize, usize, Option<usize>) -> PositionQuery<'a>,
+    ) {
+        let q_first = self.draft_probs.len() / v;
+        if let Some(q) = q {
+            self.draft_probs.extend_from_slice(q);
+        }
+        for pos in 0..=n {
+            let row = if gather {
+                self.logit_rows.push((logits_start + pos) as u32);
+                self.logit_rows.len() - 1
+            } else {
+                logits_start + pos
+            };
+            self.queries.push(query(pos, row, (q.is_some() && pos < n).then_some(q_first + pos)));
+        }
+    }
+
+    /// Reduces the group over `logits` (on `device`), uploading its distributions there once.
+    fn reduce(self, logits: &Tensor, device: &candle_core::Device, v: usize) -> Result<Vec<ReducedPosition>> {
+        let draft_probs = match self.draft_probs.len() {
+            0 => None,
+            len => Some(Tensor::from_vec(self.draft_probs, (len / v, v), device)?),
+        };
+        Ok(reductions::reduce(logits, &self.queries, draft_probs.as_ref())?)
+    }
+}
 
 /// How a row of the step was fed.
 #[derive(Debug, Clone, Copy)]
@@ -279,6 +330,7 @@ impl Engine {
             next_step_draft_time: Some(Duration::ZERO),
             next_step_catch_up: Duration::ZERO,
             fixed_steps,
+            draft_probs_device: None,
         })
     }
 
@@ -297,6 +349,14 @@ impl Engine {
         metrics.num_waiting.fetch_add(waiting, Relaxed);
         metrics.kv_free_blocks.fetch_add(free, Relaxed);
         self.metrics = metrics;
+        self
+    }
+
+    /// Keeps this engine's sampled-draft distributions on `device` (the first replica's, under
+    /// `draft_probs_layout="device0"`): rows verified from device reductions gather their
+    /// logit rows there and the rejection numbers are computed next to the distributions.
+    pub fn with_draft_probs_on(mut self, device: candle_core::Device) -> Self {
+        self.draft_probs_device = Some(device);
         self
     }
 
@@ -734,15 +794,17 @@ impl Engine {
 
     /// Verification where the logits live off the host: rows that need their logits get a
     /// copy of just their rows; every other row is verified from `[positions]`-sized device
-    /// reductions (`specrs_models::reductions`), never copying `V`-wide rows.
+    /// reductions (`specrs_models::reductions`), never copying `V`-wide rows to the host.
     fn verify_on_device(&self, rows: &[FedRow], logits: &Tensor) -> Result<Verified> {
         let v = self.vocab_size;
         let mut host_rows: Vec<u32> = Vec::new();
         let mut starts: Vec<Option<usize>> = vec![None; rows.len()];
-        let mut queries: Vec<PositionQuery<'_>> = Vec::new();
-        let mut query_rows: Vec<(usize, usize)> = Vec::new();
-        // Distributions of sampled drafts (`[positions, V]`, host), for the rejection numbers.
-        let mut draft_probs: Vec<f32> = Vec::new();
+        // Rows with sampled drafts go where their distributions live: beside the logits
+        // (`draft_probs_layout="replica"`, or the first replica), or on the first device.
+        let mut beside_logits = ReductionGroup::default();
+        let mut on_probs_device = ReductionGroup::default();
+        // Per reduced row: (row of the step, whether on the probs device, its first query).
+        let mut query_rows: Vec<(usize, bool, usize)> = Vec::new();
         for (i, r) in rows.iter().enumerate() {
             let Some(n) = Self::verified_drafts(r) else { continue };
             let seq = &self.seqs[&r.seq];
@@ -752,24 +814,19 @@ impl Engine {
                 continue;
             }
             let wants = self.acceptance.reductions_for(&seq.params).expect("checked by needs_host_logits");
-            let q_first = draft_probs.len() / v;
-            let has_q = match seq.draft_probs.as_deref() {
-                Some(q) if n > 0 => {
-                    draft_probs.extend_from_slice(&q[..n * v]);
-                    true
-                }
-                _ => false,
-            };
-            query_rows.push((i, queries.len()));
-            queries.extend((0..=n).map(|pos| PositionQuery {
-                row: r.logits_start + pos,
+            let q = seq.draft_probs.as_deref().filter(|_| n > 0).map(|q| &q[..n * v]);
+            let moved = q.is_some() && self.draft_probs_device.is_some();
+            let group = if moved { &mut on_probs_device } else { &mut beside_logits };
+            query_rows.push((i, moved, group.queries.len()));
+            group.push_row(r.logits_start, n, q, v, moved, |pos, row, q_row| PositionQuery {
+                row,
                 params: &seq.params,
                 seed: seq.step_seed(),
                 index: pos,
                 draft: seq.drafts.get(pos).copied().filter(|_| pos < n),
-                q_row: (has_q && pos < n).then_some(q_first + pos),
+                q_row,
                 wants,
-            }));
+            });
         }
         let host: Vec<f32> = if host_rows.is_empty() {
             Vec::new()
@@ -778,17 +835,29 @@ impl Engine {
             logits.index_select(&idx, 0)?.flatten_all()?.to_vec1::<f32>()?
         };
         debug_assert_eq!(host.len(), host_rows.len() * v);
-        // One upload of every sampled draft's distribution to where the logits are: the
-        // `V`-wide rows cross to the device once, the target's logits never cross to the host.
-        let draft_probs = match draft_probs.len() {
-            0 => None,
-            len => Some(Tensor::from_vec(draft_probs, (len / v, v), logits.device())?),
+        let reduced_beside = beside_logits.reduce(logits, logits.device(), v)?;
+        let reduced_moved = match &self.draft_probs_device {
+            Some(device) if !on_probs_device.queries.is_empty() => {
+                // `draft_probs_layout="device0"`: the distributions stay on the first device
+                // and these rows' logits go there ([positions, V], device to device).
+                let idx = Tensor::from_vec(
+                    on_probs_device.logit_rows.clone(),
+                    on_probs_device.logit_rows.len(),
+                    logits.device(),
+                )?;
+                let gathered = logits.index_select(&idx, 0)?.to_device(device)?;
+                self.metrics
+                    .draft_probs_device0_positions
+                    .fetch_add(on_probs_device.queries.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                on_probs_device.reduce(&gathered, device, v)?
+            }
+            _ => Vec::new(),
         };
-        let reduced_all = reductions::reduce(logits, &queries, draft_probs.as_ref())?;
         let mut reduced: Vec<Option<Vec<ReducedPosition>>> = vec![None; rows.len()];
-        for (k, &(i, first)) in query_rows.iter().enumerate() {
-            let end = query_rows.get(k + 1).map_or(reduced_all.len(), |&(_, next)| next);
-            reduced[i] = Some(reduced_all[first..end].to_vec());
+        for &(i, moved, first) in &query_rows {
+            let n = Self::verified_drafts(&rows[i]).expect("a reduced row has logits");
+            let all = if moved { &reduced_moved } else { &reduced_beside };
+            reduced[i] = Some(all[first..=first + n].to_vec());
         }
         self.verify(rows, &host, &starts, &reduced)
     }

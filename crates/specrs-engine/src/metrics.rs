@@ -32,6 +32,9 @@ pub struct EngineMetrics {
     pub steps: AtomicU64,
     /// Steps whose target forward ran on a captured shape (`device_graph_capture`).
     pub captured_steps: AtomicU64,
+    /// Verify positions of sampled drafts reduced on the first device, their logit rows
+    /// gathered there from a later replica (`draft_probs_layout="device0"`).
+    pub draft_probs_device0_positions: AtomicU64,
     finished: Mutex<Finished>,
     spec: Mutex<(SpecDecodeCounters, AcceptanceHistograms)>,
     latency: Mutex<(Histogram, Histogram)>,
@@ -49,6 +52,7 @@ impl Default for EngineMetrics {
             num_preemptions: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             captured_steps: AtomicU64::new(0),
+            draft_probs_device0_positions: AtomicU64::new(0),
             finished: Mutex::new(Finished::default()),
             spec: Mutex::new((SpecDecodeCounters::new(), AcceptanceHistograms::new())),
             latency: Mutex::new((Histogram::new(LATENCY_BUCKETS), Histogram::new(LATENCY_BUCKETS))),
@@ -140,6 +144,12 @@ impl EngineMetrics {
             "engine_captured_steps_total",
             "Engine steps whose target forward ran on a captured (device-graph) shape.",
             self.captured_steps.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "spec_decode_draft_probs_device0_positions_total",
+            "Verify positions of sampled drafts checked on the first device with logits gathered from another replica (draft_probs_layout=device0).",
+            self.draft_probs_device0_positions.load(Ordering::Relaxed),
         );
         gauge(&mut out, "num_requests_running", "Requests running.", self.num_running.load(Ordering::Relaxed));
         gauge(&mut out, "num_requests_waiting", "Requests waiting.", self.num_waiting.load(Ordering::Relaxed));

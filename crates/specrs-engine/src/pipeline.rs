@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::Device;
-use specrs_core::config::{DraftProposal, SpeculativeMethod};
+use specrs_core::config::SpeculativeMethod;
 use specrs_core::ngram::NgramProposer as Lookup;
 use specrs_core::registry::{
     BUILTIN_ARCHITECTURES, PipelineKind, builtin_speculators, canonical_draft_arch, select_speculator,
@@ -408,25 +408,21 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
 /// [`crate::EngineHandle::spawn_replicas`]. Under `draft_head_parallelism="device0"` the draft
 /// model is loaded once, on the first device, and every replica drafts with it (moving its
 /// hidden states there); under `"replica"` each replica loads its own beside its target.
+/// Under `draft_probs_layout="device0"` the later replicas verify their sampled drafts on the
+/// first device, where the distributions stay; under `"replica"` beside their own logits.
 pub fn build_replicas_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(Vec<Engine>, PipelineInfo)> {
     check_replica_devices(&cfg.devices)?;
-    if cfg.devices.len() > 1
-        && cfg.speculative.draft_proposal == DraftProposal::Sampled
-        && cfg.speculative.draft_probs_layout == DraftPlacement::Device0
-    {
-        tracing::warn!(
-            "draft_probs_layout=device0 is not honoured by the engine: each replica verifies its own rows, \
-             with its sampled drafts' distributions on its own device next to its logits (the 'replica' layout)"
-        );
-    }
-    let mut engines = Vec::with_capacity(cfg.devices.len());
+    let mut engines: Vec<Engine> = Vec::with_capacity(cfg.devices.len());
     let mut first: Option<(PipelineInfo, Option<LoadedDraft>)> = None;
     for &device in &cfg.devices {
         let shared = match (&first, cfg.speculative.draft_head_parallelism) {
             (Some((_, draft)), DraftPlacement::Device0) => draft.as_ref(),
             _ => None,
         };
-        let (engine, info, draft) = build_replica(cfg, kind, device, shared)?;
+        let (mut engine, info, draft) = build_replica(cfg, kind, device, shared)?;
+        if let (Some(device0), DraftPlacement::Device0) = (engines.first(), cfg.speculative.draft_probs_layout) {
+            engine = engine.with_draft_probs_on(device0.target().device().clone());
+        }
         engines.push(engine);
         first.get_or_insert((info, draft));
     }

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
-use specrs_core::config::SpeculativeMethod;
+use specrs_core::config::{DraftProposal, SpeculativeMethod};
 use specrs_core::sampling::SamplingParams;
 use specrs_core::{DraftPlacement, SpeculativeConfig};
 use specrs_engine::{
@@ -35,6 +35,8 @@ struct Fixture {
     mtp: PathBuf,
     dflash: PathBuf,
     random_eagle1: PathBuf,
+    soft: PathBuf,
+    soft_eagle1: PathBuf,
 }
 
 fn write(dir: &Path, cfg: &serde_json::Value, tensors: &HashMap<String, Tensor>) {
@@ -71,7 +73,20 @@ fn fixture() -> Fixture {
         *v = testing::random_tensor(v.dims(), 0.3, 100 + i as u64).unwrap();
     }
     write(&random_eagle1, &c, &t);
-    Fixture { _dir: dir, bigram, random, eagle3, mtp, dflash, random_eagle1 }
+    // Flat target and draft distributions (small output head, small draft weights): the
+    // rejection numbers depend on `q`, so a row verified against the wrong distribution or
+    // the wrong logit row changes the tokens.
+    let soft = root.join("soft");
+    let mut t = testing::random_target(Architecture::Llama, &SHAPE, false, 5).unwrap();
+    t.insert("lm_head.weight".into(), testing::random_tensor(&[SHAPE.vocab, SHAPE.hidden], 0.03, 77).unwrap());
+    write(&soft, &testing::target_config(Architecture::Llama, &SHAPE, false), &t);
+    let soft_eagle1 = root.join("soft-eagle1");
+    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.02, 200 + i as u64).unwrap();
+    }
+    write(&soft_eagle1, &c, &t);
+    Fixture { _dir: dir, bigram, random, eagle3, mtp, dflash, random_eagle1, soft, soft_eagle1 }
 }
 
 fn pipeline(target: &Path, draft: Option<&Path>, spec: SpeculativeConfig, devices: usize) -> PipelineConfig {
@@ -202,6 +217,44 @@ fn two_replicas_give_every_request_what_one_engine_gives_it() {
             } else {
                 assert!(accepted < drafted, "{name}: a random head's drafts are rejected");
             }
+        }
+    }
+}
+
+#[test]
+fn sampled_drafts_verify_the_same_under_both_draft_probs_layouts() {
+    let f = fixture();
+    let sampled = |layout: DraftPlacement| SpeculativeConfig {
+        draft_proposal: DraftProposal::Sampled,
+        draft_probs_layout: layout,
+        ..spec(SpeculativeMethod::Eagle, 3, DraftPlacement::Device0)
+    };
+    // Rejection numbers from device reductions (the path where the layout matters).
+    let on_device = |mut cfg: PipelineConfig| {
+        cfg.engine.acceptance_on_device = Some(true);
+        cfg
+    };
+    let one = {
+        let cfg = on_device(pipeline(&f.soft, Some(&f.soft_eagle1), sampled(DraftPlacement::Device0), 1));
+        let (engine, info) = build_engine(&cfg).unwrap();
+        run(&EngineHandle::spawn(engine, Some(info)), requests(9, 12))
+    };
+    let rejected: u64 = one.iter().map(|o| o.metrics.num_draft_tokens - o.metrics.num_accepted_tokens).sum();
+    assert!(rejected > 0, "the soft head's sampled drafts are sometimes rejected");
+    for layout in [DraftPlacement::Device0, DraftPlacement::Replica] {
+        let h = replicas(&on_device(pipeline(&f.soft, Some(&f.soft_eagle1), sampled(layout), 2)));
+        let outs = run(&h, requests(9, 12));
+        assert_eq!(
+            tokens(&outs),
+            tokens(&one),
+            "draft_probs_layout={}: outputs differ from one engine",
+            layout.as_str()
+        );
+        let moved = h.metrics().draft_probs_device0_positions.load(Relaxed);
+        match layout {
+            // The second replica's sampled rows are reduced where the distributions stay.
+            DraftPlacement::Device0 => assert!(moved > 0, "no positions were verified on the first device"),
+            DraftPlacement::Replica => assert_eq!(moved, 0, "the replica layout moved positions to device 0"),
         }
     }
 }
