@@ -170,6 +170,54 @@ fn trains_exports_a_lossless_draft_and_resumes_from_its_work_dir() {
     let err = train_draft(&shrink, &progress).unwrap_err().to_string();
     assert!(err.contains("--draft-layers 1 is fewer than") && err.contains("2 layers"), "{err}");
 
+    // Growing the vocabulary: a draft of 8 tokens continued with room for 64 keeps its 8
+    // (with their trained rows) and adds the most frequent answer tokens it lacked; the
+    // engine's loader runs the result losslessly.
+    let narrow = TrainDraftConfig {
+        output: dir.path().join("narrow"),
+        work_dir: dir.path().join("narrow-work"),
+        draft_vocab_size: 8,
+        ..cfg.clone()
+    };
+    std::fs::create_dir_all(&narrow.work_dir).unwrap();
+    std::fs::copy(cfg.work_dir.join("samples.jsonl"), narrow.work_dir.join("samples.jsonl")).unwrap();
+    train_draft(&narrow, &progress).unwrap();
+    let wide = TrainDraftConfig {
+        output: dir.path().join("wide"),
+        work_dir: dir.path().join("wide-work"),
+        init_from: Some(narrow.output.clone()),
+        draft_vocab_size: 64,
+        intermediate_size: None,
+        learning_rate: 1e-12,
+        epochs: 1.0,
+        ..cfg.clone()
+    };
+    std::fs::create_dir_all(&wide.work_dir).unwrap();
+    std::fs::copy(cfg.work_dir.join("samples.jsonl"), wide.work_dir.join("samples.jsonl")).unwrap();
+    train_draft(&wide, &progress).unwrap();
+    let vocab_of = |weights: &std::collections::HashMap<String, candle_core::Tensor>| -> Vec<u32> {
+        let d2t = weights["d2t"].to_vec1::<i64>().unwrap();
+        d2t.iter().enumerate().map(|(i, off)| (i as i64 + off) as u32).collect()
+    };
+    let (narrow_weights, wide_weights) = (read(&narrow.output), read(&wide.output));
+    let (narrow_vocab, wide_vocab) = (vocab_of(&narrow_weights), vocab_of(&wide_weights));
+    assert_eq!(narrow_vocab.len(), 8);
+    assert!(wide_vocab.len() > 8, "the vocabulary grew ({} tokens)", wide_vocab.len());
+    let head = |w: &std::collections::HashMap<String, candle_core::Tensor>| {
+        w["lm_head.weight"].to_dtype(candle_core::DType::F32).unwrap().to_vec2::<f32>().unwrap()
+    };
+    let (narrow_head, wide_head) = (head(&narrow_weights), head(&wide_weights));
+    for (i, t) in narrow_vocab.iter().enumerate() {
+        let j = wide_vocab.binary_search(t).unwrap_or_else(|_| panic!("token {t} left the grown vocabulary"));
+        assert_eq!(wide_head[j], narrow_head[i], "token {t} kept its trained row");
+    }
+    let plain = engine(None).generate(requests()).unwrap();
+    let widened = engine(Some(&wide.output)).generate(requests()).unwrap();
+    for (p, w) in plain.iter().zip(&widened) {
+        assert_eq!(p.token_ids, w.token_ids, "a grown draft changes nothing in greedy output");
+        assert!(w.metrics.num_drafts > 0, "the grown draft was used");
+    }
+
     // Taps other than the draft's are refused with a message naming both.
     let clash = TrainDraftConfig { taps: Some(vec![1, 2, 3]), output: dir.path().join("clash"), ..warm.clone() };
     let err = train_draft(&clash, &progress).unwrap_err().to_string();

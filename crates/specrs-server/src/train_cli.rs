@@ -30,7 +30,9 @@ pub fn command() -> Command {
         .arg(Arg::new("num-prompts").long("num-prompts").value_parser(value_parser!(usize)).default_value(d.num_prompts.to_string()))
         .arg(Arg::new("max-new-tokens").long("max-new-tokens").value_parser(value_parser!(usize)).default_value(d.max_new_tokens.to_string()))
         .arg(Arg::new("taps").long("taps").help("Comma-separated HF hidden_states indices to tap (default: 2, L/2, L-3)"))
-        .arg(Arg::new("draft-vocab-size").long("draft-vocab-size").value_parser(value_parser!(usize)).default_value(d.draft_vocab_size.to_string()))
+        .arg(Arg::new("draft-vocab-size").long("draft-vocab-size").value_parser(value_parser!(usize)).default_value(d.draft_vocab_size.to_string()).help(
+            "Tokens of the draft vocabulary (the most frequent answer tokens); above an --init-from draft's it grows that vocabulary, keeping its trained rows",
+        ))
         .arg(Arg::new("intermediate-size").long("intermediate-size").value_parser(value_parser!(usize)).help("MLP width of the draft layer (default: the target's)"))
         .arg(Arg::new("draft-layers").long("draft-layers").value_parser(value_parser!(usize)).help(
             "Decoder layers of the head (default: the --init-from draft's, or 1); more than --init-from has grows it, the new layers starting as identities",

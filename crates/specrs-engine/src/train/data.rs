@@ -96,8 +96,9 @@ pub fn generate_samples(
     Ok(samples)
 }
 
-/// The `size` most frequent response tokens, sorted by id (the draft vocabulary). Always
-/// includes the EOS ids so a draft can propose the end of an answer.
+/// The draft vocabulary: `always` (the EOS ids, so a draft can propose the end of an answer,
+/// or a vocabulary being grown) filled up to `size` with the most frequent response tokens,
+/// sorted by id.
 pub fn draft_vocabulary(samples: &[Sample], size: usize, always: &[u32]) -> Vec<u32> {
     let mut counts: HashMap<u32, u64> = HashMap::new();
     for s in samples {
@@ -108,11 +109,12 @@ pub fn draft_vocabulary(samples: &[Sample], size: usize, always: &[u32]) -> Vec<
     let mut by_count: Vec<(u32, u64)> = counts.into_iter().collect();
     by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut vocab: Vec<u32> = always.to_vec();
+    let mut chosen: std::collections::HashSet<u32> = always.iter().copied().collect();
     for (t, _) in by_count {
         if vocab.len() >= size {
             break;
         }
-        if !vocab.contains(&t) {
+        if chosen.insert(t) {
             vocab.push(t);
         }
     }

@@ -58,6 +58,8 @@ pub struct TrainDraftConfig {
     pub max_new_tokens: usize,
     /// HF hidden_states indices to tap; default `[2, L/2, L-3]`.
     pub taps: Option<Vec<usize>>,
+    /// Tokens of the draft vocabulary. With `init_from`, a size above the draft's grows its
+    /// vocabulary (its trained rows kept); a smaller one keeps the draft's.
     pub draft_vocab_size: usize,
     pub intermediate_size: Option<usize>,
     /// Decoder layers of the head; `None` takes the `init_from` draft's (or 1). More than the
@@ -142,6 +144,23 @@ fn target_parts(target: &CausalLm, vocab: &[u32]) -> Result<TargetParts> {
     let head = target.lm_head_weight().dense(&Device::Cpu)?.to_dtype(DType::F32)?;
     let ids = Tensor::from_slice(vocab, vocab.len(), &Device::Cpu)?;
     Ok(TargetParts { embed, head_rows: head.index_select(&ids, 0)? })
+}
+
+/// The output head of a draft whose vocabulary grew from `old_vocab` to `vocab` (both target
+/// ids, ascending): the trained row of every token the draft had, the target's row
+/// (`target_rows`, over `vocab`) for each new one.
+fn grown_head_rows(old_head: &Tensor, old_vocab: &[u32], target_rows: &Tensor, vocab: &[u32]) -> Result<Tensor> {
+    let old_len = old_vocab.len();
+    let index: Vec<u32> = vocab
+        .iter()
+        .enumerate()
+        .map(|(j, t)| match old_vocab.binary_search(t) {
+            Ok(i) => i as u32,
+            Err(_) => (old_len + j) as u32,
+        })
+        .collect();
+    let both = Tensor::cat(&[old_head, &target_rows.to_dtype(old_head.dtype())?], 0)?;
+    Ok(both.index_select(&Tensor::from_vec(index, vocab.len(), both.device())?, 0)?)
 }
 
 /// Per-sample training inputs derived from the features.
@@ -271,7 +290,13 @@ fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progre
                     init.hidden, tc.hidden_size, tc.vocab_size
                 )));
             }
-            init.vocab.clone()
+            if cfg.draft_vocab_size > init.vocab.len() {
+                // Grow: every token the draft was trained on stays, and the most frequent
+                // answer tokens it lacks join (their head rows start as the target's).
+                data::draft_vocabulary(samples, cfg.draft_vocab_size.min(tc.vocab_size), &init.vocab)
+            } else {
+                init.vocab.clone()
+            }
         }
         None => data::draft_vocabulary(samples, cfg.draft_vocab_size.min(tc.vocab_size), tokenizer.eos_token_ids()),
     };
@@ -344,6 +369,10 @@ fn train_on_samples(cfg: &TrainDraftConfig, samples: &[Sample], progress: Progre
                     "--init-from draft has no {name}; it is not an EAGLE-3 head of this shape"
                 ))
             })?;
+            if name == "lm_head.weight" && init.vocab.len() < vocab.len() {
+                var.set(&grown_head_rows(weight, &init.vocab, &parts.head_rows, &vocab)?)?;
+                continue;
+            }
             if weight.dims() != var.dims() {
                 return Err(EngineError::Request(format!(
                     "--init-from draft's {name} is {:?}, this head's is {:?}",
@@ -556,6 +585,29 @@ mod tests {
             ..TrainDraftConfig::default()
         };
         (cfg, path)
+    }
+
+    #[test]
+    fn a_grown_vocabulary_keeps_trained_rows_and_starts_new_tokens_from_the_target() {
+        let dev = Device::Cpu;
+        // Old vocabulary: target ids 3, 7, 9 with rows 30, 70, 90; the target's row of id t is t.
+        let old_vocab = [3u32, 7, 9];
+        let old_head = Tensor::new(&[[30f32, 30.5], [70., 70.5], [90., 90.5]], &dev).unwrap();
+        let vocab = [1u32, 3, 5, 7, 9, 11];
+        let target_rows = Tensor::new(&[[1f32, 1.], [3., 3.], [5., 5.], [7., 7.], [9., 9.], [11., 11.]], &dev).unwrap();
+        let grown = grown_head_rows(&old_head, &old_vocab, &target_rows, &vocab).unwrap();
+        let expected = [[1f32, 1.], [30., 30.5], [5., 5.], [70., 70.5], [90., 90.5], [11., 11.]];
+        assert_eq!(grown.to_vec2::<f32>().unwrap(), expected);
+    }
+
+    #[test]
+    fn a_grown_draft_vocabulary_keeps_every_old_token_and_adds_the_most_frequent() {
+        let sample = |ids: &[u32]| Sample { prompt: String::new(), prompt_ids: vec![1], response_ids: ids.to_vec() };
+        // Token 8 is the most frequent, then 6; 2 appears once.
+        let samples = [sample(&[8, 8, 8, 6, 6, 2]), sample(&[8, 6, 4, 4])];
+        let old = [2u32, 40];
+        assert_eq!(data::draft_vocabulary(&samples, 4, &old), [2, 6, 8, 40]);
+        assert_eq!(data::draft_vocabulary(&samples, 5, &old), [2, 4, 6, 8, 40]);
     }
 
     #[test]
