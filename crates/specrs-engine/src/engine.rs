@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use specrs_core::SpeculativeConfig;
 use specrs_core::acceptance::{AcceptanceSampler, ReducedPosition, ReducedRow, VerifyOutput, VerifyRow};
 use specrs_core::kv_blocks::{KvBlockManager, SeqId};
@@ -26,7 +26,7 @@ use specrs_models::{BatchRow, CausalLm, ForwardBatch, ForwardOutput, PagedKvCach
 use crate::detokenizer::{FinishReason, OutputState};
 use crate::error::{EngineError, Result};
 use crate::metrics::EngineMetrics;
-use crate::proposer::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use crate::proposer::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::request::{GenerationRequest, OutputSink, Prompt, TokenLogprob, TraceStep};
 use crate::sequence::Sequence;
 use crate::tokenizer::TextTokenizer;
@@ -142,30 +142,54 @@ pub struct Engine {
 type Verified = (Vec<Option<VerifyOutput>>, Vec<(Vec<TokenLogprob>, Option<TraceStep>)>);
 
 /// Position queries reduced together on one device, with the sampled drafts' distributions
-/// they read (`[positions, V]`, uploaded once per step) and, for a group away from the
-/// logits, which logit rows to gather there.
-#[derive(Default)]
+/// they read (`[positions, V]`: host rows uploaded together, device rows used where they are)
+/// and, for a group away from the logits, which logit rows to gather there.
 struct ReductionGroup<'a> {
+    device: Device,
     queries: Vec<PositionQuery<'a>>,
-    draft_probs: Vec<f32>,
+    /// Distributions so far, in `q_row` order: pieces on `device`, then host rows not yet
+    /// uploaded.
+    q_parts: Vec<Tensor>,
+    q_host: Vec<f32>,
+    q_rows: usize,
     logit_rows: Vec<u32>,
 }
 
 impl<'a> ReductionGroup<'a> {
-    /// Adds a verify row's `n + 1` positions (logit rows from `logits_start`). With `gather`
-    /// the queries index the group's own gathered rows instead of the step's logits.
+    fn new(device: &Device) -> Self {
+        Self {
+            device: device.clone(),
+            queries: Vec::new(),
+            q_parts: Vec::new(),
+            q_host: Vec::new(),
+            q_rows: 0,
+            logit_rows: Vec::new(),
+        }
+    }
+
+    /// Adds a verify row's `n + 1` positions (logit rows from `logits_start`), with the
+    /// distributions of its `n` drafts if they were sampled. With `gather` the queries index
+    /// the group's own gathered rows instead of the step's logits.
     fn push_row(
         &mut self,
         logits_start: usize,
         n: usize,
-        q: Option<&[f32]>,
+        q: Option<&DraftProbs>,
         v: usize,
         gather: bool,
         query: impl Fn(usize, usize, Option<usize>) -> PositionQuery<'a>,
-    ) {
-        let q_first = self.draft_probs.len() / v;
-        if let Some(q) = q {
-            self.draft_probs.extend_from_slice(q);
+    ) -> Result<()> {
+        let q_first = self.q_rows;
+        match q {
+            Some(DraftProbs::Host(q)) => self.q_host.extend_from_slice(&q[..n * v]),
+            Some(DraftProbs::Device(q)) => {
+                self.upload_host_rows(v)?;
+                self.q_parts.push(q.narrow(0, 0, n)?.to_device(&self.device)?);
+            }
+            None => {}
+        }
+        if q.is_some() {
+            self.q_rows += n;
         }
         for pos in 0..=n {
             let row = if gather {
@@ -176,13 +200,26 @@ impl<'a> ReductionGroup<'a> {
             };
             self.queries.push(query(pos, row, (q.is_some() && pos < n).then_some(q_first + pos)));
         }
+        Ok(())
     }
 
-    /// Reduces the group over `logits` (on `device`), uploading its distributions there once.
-    fn reduce(self, logits: &Tensor, device: &candle_core::Device, v: usize) -> Result<Vec<ReducedPosition>> {
-        let draft_probs = match self.draft_probs.len() {
+    /// One upload of the host rows gathered since the last device piece.
+    fn upload_host_rows(&mut self, v: usize) -> Result<()> {
+        if !self.q_host.is_empty() {
+            let host = std::mem::take(&mut self.q_host);
+            let rows = host.len() / v;
+            self.q_parts.push(Tensor::from_vec(host, (rows, v), &self.device)?);
+        }
+        Ok(())
+    }
+
+    /// Reduces the group over `logits` (on the group's device).
+    fn reduce(mut self, logits: &Tensor, v: usize) -> Result<Vec<ReducedPosition>> {
+        self.upload_host_rows(v)?;
+        let draft_probs = match self.q_parts.len() {
             0 => None,
-            len => Some(Tensor::from_vec(self.draft_probs, (len / v, v), device)?),
+            1 => self.q_parts.pop(),
+            _ => Some(Tensor::cat(&self.q_parts, 0)?),
         };
         Ok(reductions::reduce(logits, &self.queries, draft_probs.as_ref())?)
     }
@@ -801,8 +838,8 @@ impl Engine {
         let mut starts: Vec<Option<usize>> = vec![None; rows.len()];
         // Rows with sampled drafts go where their distributions live: beside the logits
         // (`draft_probs_layout="replica"`, or the first replica), or on the first device.
-        let mut beside_logits = ReductionGroup::default();
-        let mut on_probs_device = ReductionGroup::default();
+        let mut beside_logits = ReductionGroup::new(logits.device());
+        let mut on_probs_device = ReductionGroup::new(self.draft_probs_device.as_ref().unwrap_or(logits.device()));
         // Per reduced row: (row of the step, whether on the probs device, its first query).
         let mut query_rows: Vec<(usize, bool, usize)> = Vec::new();
         for (i, r) in rows.iter().enumerate() {
@@ -814,7 +851,7 @@ impl Engine {
                 continue;
             }
             let wants = self.acceptance.reductions_for(&seq.params).expect("checked by needs_host_logits");
-            let q = seq.draft_probs.as_deref().filter(|_| n > 0).map(|q| &q[..n * v]);
+            let q = seq.draft_probs.as_ref().filter(|_| n > 0);
             let moved = q.is_some() && self.draft_probs_device.is_some();
             let group = if moved { &mut on_probs_device } else { &mut beside_logits };
             query_rows.push((i, moved, group.queries.len()));
@@ -826,7 +863,7 @@ impl Engine {
                 draft: seq.drafts.get(pos).copied().filter(|_| pos < n),
                 q_row,
                 wants,
-            });
+            })?;
         }
         let host: Vec<f32> = if host_rows.is_empty() {
             Vec::new()
@@ -835,7 +872,7 @@ impl Engine {
             logits.index_select(&idx, 0)?.flatten_all()?.to_vec1::<f32>()?
         };
         debug_assert_eq!(host.len(), host_rows.len() * v);
-        let reduced_beside = beside_logits.reduce(logits, logits.device(), v)?;
+        let reduced_beside = beside_logits.reduce(logits, v)?;
         let reduced_moved = match &self.draft_probs_device {
             Some(device) if !on_probs_device.queries.is_empty() => {
                 // `draft_probs_layout="device0"`: the distributions stay on the first device
@@ -849,7 +886,7 @@ impl Engine {
                 self.metrics
                     .draft_probs_device0_positions
                     .fetch_add(on_probs_device.queries.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                on_probs_device.reduce(&gathered, device, v)?
+                on_probs_device.reduce(&gathered, v)?
             }
             _ => Vec::new(),
         };
@@ -899,6 +936,16 @@ impl Engine {
                 Some(copy)
             })
             .collect();
+        // Sampled drafts' distributions of the rows verified on host logits: as drawn on the
+        // host, or copied from the drafter's device.
+        let mut host_q: Vec<Option<std::borrow::Cow<'_, [f32]>>> = vec![None; rows.len()];
+        for (i, r) in rows.iter().enumerate() {
+            if let (Some(n), Some(_)) = (Self::verified_drafts(r), starts[i])
+                && let Some(q) = &self.seqs[&r.seq].draft_probs
+            {
+                host_q[i] = Some(q.host_rows(n, v)?);
+            }
+        }
         let verify_rows: Vec<(usize, VerifyRow<'_>)> = rows
             .iter()
             .enumerate()
@@ -912,8 +959,8 @@ impl Engine {
                 let mut row = VerifyRow::new(&seq.drafts[..n], row_logits, &seq.params, seq.step_seed())
                     .with_history(&seq.tokens, seq.prompt_len)
                     .with_thinking(seq.in_thinking);
-                if let Some(q) = seq.draft_probs.as_deref() {
-                    row = row.with_draft_probs(&q[..n * v]);
+                if let Some(q) = &host_q[i] {
+                    row = row.with_draft_probs(q);
                 }
                 Some((i, row))
             })

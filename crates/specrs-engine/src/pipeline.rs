@@ -313,6 +313,7 @@ fn build_proposer(
     max_batch_size: usize,
     mixed_steps_verify: bool,
     shared: Option<&LoadedDraft>,
+    acceptance_on_device: Option<bool>,
 ) -> Result<BuiltProposer> {
     let need_draft = |what: &str| -> Result<&Path> {
         draft.ok_or_else(|| {
@@ -367,7 +368,10 @@ fn build_proposer(
     let model: Box<dyn Proposer> = match &loaded {
         LoadedDraft::Sequential(model, on) => Box::new(
             SequentialProposer::new(model.clone(), spec.draft_width()?, spec.draft_proposal, vocab, on.clone())
-                .with_confidence(confidence),
+                .with_confidence(confidence)
+                // Sampled drafts are drawn where the engine verifies: off the host, or on the
+                // CPU when device acceptance is forced (the tests' way onto that path).
+                .with_draws_on_device(acceptance_on_device.unwrap_or(!on.is_cpu())),
         ),
         LoadedDraft::Block(model, on) => {
             let k = resolve_block_width(spec.num_speculative_tokens, model.trained_width(), model.name())?;
@@ -478,6 +482,7 @@ fn build_replica(
         cfg.engine.max_num_seqs,
         mixed_steps_verify,
         shared,
+        cfg.engine.acceptance_on_device,
     )?;
     let k = proposer.as_ref().map(|p| p.num_speculative_tokens());
     if let Some(k) = k {

@@ -8,6 +8,7 @@ use specrs_core::sampling::SamplingParams;
 
 use crate::detokenizer::FinishReason;
 use crate::detokenizer::OutputState;
+use crate::proposer::DraftProbs;
 use crate::request::{OutputSink, RequestMetrics, RequestOutput, TokenLogprob, TraceStep};
 
 pub struct Sequence {
@@ -21,7 +22,7 @@ pub struct Sequence {
     pub output: OutputState,
     /// Drafts to verify next step, with their distributions for rejection sampling.
     pub drafts: Vec<u32>,
-    pub draft_probs: Option<Vec<f32>>,
+    pub draft_probs: Option<DraftProbs>,
     /// Inside a reasoning span (relaxed acceptance for thinking).
     pub in_thinking: bool,
     pub stats: SpecDecodeStats,

@@ -46,6 +46,7 @@ struct Fixture {
     random_eagle1: PathBuf,
     soft: PathBuf,
     soft_eagle1: PathBuf,
+    soft_eagle3_reduced: PathBuf,
 }
 
 fn fixture() -> Fixture {
@@ -88,7 +89,21 @@ fn fixture() -> Fixture {
         *v = testing::random_tensor(v.dims(), 0.02, 200 + i as u64).unwrap();
     }
     write(&soft_eagle1, &c, &t);
-    Fixture { _dir: dir, bigram, random, eagle3, mtp, random_eagle1, soft, soft_eagle1 }
+    // The same for an EAGLE-3 head with a reduced draft vocabulary (every other target id,
+    // through `d2t`): sampled drafts are drawn over the draft vocabulary and their
+    // distributions scattered to target ids.
+    let soft_eagle3_reduced = root.join("soft-eagle3-reduced");
+    let (mut c, mut t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
+    let draft_vocab = SHAPE.vocab / 2;
+    for (i, v) in t.values_mut().enumerate() {
+        *v = testing::random_tensor(v.dims(), 0.02, 300 + i as u64).unwrap();
+    }
+    t.insert("lm_head.weight".into(), testing::random_tensor(&[draft_vocab, SHAPE.hidden], 0.5, 399).unwrap());
+    let d2t: Vec<i64> = (0..draft_vocab as i64).collect();
+    t.insert("d2t".into(), Tensor::from_vec(d2t, draft_vocab, &candle_core::Device::Cpu).unwrap());
+    c["draft_vocab_size"] = serde_json::json!(draft_vocab);
+    write(&soft_eagle3_reduced, &c, &t);
+    Fixture { _dir: dir, bigram, random, eagle3, mtp, random_eagle1, soft, soft_eagle1, soft_eagle3_reduced }
 }
 
 struct Setup<'a> {
@@ -227,6 +242,12 @@ fn device_reductions_verify_exactly_like_host_copies() {
             "soft sampled drafts (rejection reads q on the device)",
             &f.soft,
             Some(&f.soft_eagle1),
+            spec(SpeculativeMethod::Eagle, 3, |c| c.draft_proposal = DraftProposal::Sampled),
+        ),
+        (
+            "soft sampled drafts over a reduced draft vocabulary",
+            &f.soft,
+            Some(&f.soft_eagle3_reduced),
             spec(SpeculativeMethod::Eagle, 3, |c| c.draft_proposal = DraftProposal::Sampled),
         ),
         ("ngram", &f.random, None, spec(SpeculativeMethod::Ngram, 3, |_| {})),

@@ -45,7 +45,7 @@ use specrs_models::drafters::{BlockDraftModel, SlotSampler};
 use specrs_models::{BatchRow, DecoderConfig, ForwardBatch, PagedKvCache};
 
 use super::confidence::DraftConfidence;
-use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::error::{EngineError, Result};
 
 /// Drafts per step for a block drafter trained to draft `trained` per block.
@@ -344,7 +344,7 @@ impl Proposer for BlockProposer {
                 if let Some(p) = &mut probs {
                     p.truncate(drafts.len() * vocab);
                 }
-                Proposal { drafts, probs }
+                Proposal { drafts, probs: probs.map(DraftProbs::Host) }
             })
             .collect())
     }

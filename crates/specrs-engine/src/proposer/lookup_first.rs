@@ -132,6 +132,7 @@ mod tests {
     use specrs_core::scheduler::SchedulerConfig;
 
     use super::*;
+    use crate::proposer::DraftProbs;
 
     /// Per call, each row's `(seq, num_drafts, catch_up_now)` as the model proposer was asked.
     type Calls = Arc<Mutex<Vec<Vec<(SeqId, usize, bool)>>>>;
@@ -160,7 +161,10 @@ mod tests {
             Ok(rows
                 .iter()
                 .filter(|r| r.wants_drafts())
-                .map(|r| Proposal { drafts: (900..900 + r.num_drafts as u32).collect(), probs: Some(vec![0.5]) })
+                .map(|r| Proposal {
+                    drafts: (900..900 + r.num_drafts as u32).collect(),
+                    probs: Some(DraftProbs::Host(vec![0.5])),
+                })
                 .collect())
         }
 

@@ -64,11 +64,43 @@ impl ProposeRow<'_> {
 }
 
 /// Drafts for one row. `probs`, when present, holds the distribution each draft was sampled
-/// from (`[drafts.len() * vocab]`), for rejection sampling.
+/// from, for rejection sampling.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Proposal {
     pub drafts: Vec<u32>,
-    pub probs: Option<Vec<f32>>,
+    pub probs: Option<DraftProbs>,
+}
+
+/// The distributions a row's sampled drafts were drawn from, in target-id space: one `V`-wide
+/// row per draft.
+#[derive(Debug, Clone)]
+pub enum DraftProbs {
+    /// `[drafts · V]` on the host, where the draft was drawn.
+    Host(Vec<f32>),
+    /// `[drafts, V]` f32 where the drafter's logits live: drawn there, only the draft ids
+    /// came to the host, and verification on that device reads them in place.
+    Device(Tensor),
+}
+
+impl DraftProbs {
+    /// The first `n` distributions as host values (a copy from the device for `Device`).
+    pub fn host_rows(&self, n: usize, vocab: usize) -> Result<std::borrow::Cow<'_, [f32]>> {
+        Ok(match self {
+            Self::Host(q) => std::borrow::Cow::Borrowed(&q[..n * vocab]),
+            Self::Device(t) => std::borrow::Cow::Owned(t.narrow(0, 0, n)?.flatten_all()?.to_vec1::<f32>()?),
+        })
+    }
+}
+
+impl PartialEq for DraftProbs {
+    /// Same values wherever they live.
+    fn eq(&self, other: &Self) -> bool {
+        let values = |p: &Self| match p {
+            Self::Host(q) => Some(q.clone()),
+            Self::Device(t) => t.flatten_all().and_then(|t| t.to_vec1::<f32>()).ok(),
+        };
+        values(self).is_some_and(|a| Some(a) == values(other))
+    }
 }
 
 /// What a proposer needs from the target forward of a step.

@@ -37,7 +37,7 @@ use specrs_models::reductions;
 use specrs_models::{BatchRow, ForwardBatch, PagedKvCache};
 
 use super::confidence::DraftConfidence;
-use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::error::{EngineError, Result};
 
 pub struct SequentialProposer {
@@ -54,6 +54,9 @@ pub struct SequentialProposer {
     catch_up_time: Duration,
     /// Where an argmax-drafting row's chain stops short (`draft_confidence_threshold`).
     confidence: DraftConfidence,
+    /// Sampled drafts are drawn where the drafter's logits live and their distributions stay
+    /// there ([`DraftProbs::Device`]); otherwise the logits come to the host.
+    draws_on_device: bool,
 }
 
 /// Committed positions a row that does not draft may keep unfed.
@@ -94,7 +97,15 @@ impl SequentialProposer {
             deferred: HashMap::new(),
             catch_up_time: Duration::ZERO,
             confidence: DraftConfidence::default(),
+            draws_on_device: false,
         }
+    }
+
+    /// Draws sampled drafts on the drafter's device (`specrs_models::reductions`): only the
+    /// draft ids cross to the host, and the distributions stay for verification there.
+    pub fn with_draws_on_device(mut self, on_device: bool) -> Self {
+        self.draws_on_device = on_device;
+        self
     }
 
     /// Stops each argmax-drafting row's chain at its first draft whose running top-1 probability falls
@@ -115,7 +126,10 @@ struct Drafting<'a> {
     /// Drafts the row asked for (the chain runs to the largest).
     wanted: usize,
     drafts: Vec<u32>,
+    /// The sampled drafts' distributions: `[drafts · V]` drawn on the host, or `[1, V]` per
+    /// draft drawn on the device.
     probs: Option<Vec<f32>>,
+    device_probs: Vec<Tensor>,
     params: &'a SamplingParams,
     seed: u64,
     /// Product of the drafter's top-1 probabilities of the drafts so far (argmax-drafting rows).
@@ -128,6 +142,15 @@ impl Drafting<'_> {
     fn needs_more(&self) -> bool {
         !self.stopped && self.drafts.len() < self.wanted
     }
+
+    fn into_proposal(self) -> Result<Proposal> {
+        let probs = match (self.probs, self.device_probs.is_empty()) {
+            (Some(q), _) => Some(DraftProbs::Host(q)),
+            (None, false) => Some(DraftProbs::Device(Tensor::cat(&self.device_probs, 0)?)),
+            (None, true) => None,
+        };
+        Ok(Proposal { drafts: self.drafts, probs })
+    }
 }
 
 impl SequentialProposer {
@@ -138,6 +161,28 @@ impl SequentialProposer {
         let v = self.vocab_size;
         let to_target = |idx: u32| logits.draft_to_target.as_ref().map_or(idx, |m| m[idx as usize]);
         let sampled = |d: &Drafting<'_>| self.proposal == DraftProposal::Sampled && !d.params.is_greedy();
+        if self.draws_on_device && rows.iter().any(|d| sampled(d)) {
+            // Sampled rows are drawn where the logits live; the others go on as below.
+            let drawn: Vec<usize> = (0..rows.len()).filter(|&i| sampled(rows[i])).collect();
+            self.draw_on_device(logits, rows, &drawn, step)?;
+            let kept: Vec<u32> =
+                (0..rows.len() as u32).filter(|i| drawn.binary_search(&(*i as usize)).is_err()).collect();
+            if kept.is_empty() {
+                return Ok(());
+            }
+            let index = Tensor::from_vec(kept.clone(), kept.len(), logits.logits.device())?;
+            let rest = DraftLogits {
+                logits: logits.logits.index_select(&index, 0)?,
+                draft_to_target: logits.draft_to_target.clone(),
+            };
+            let mut rest_rows: Vec<&mut Drafting<'_>> = rows
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| kept.binary_search(&(*i as u32)).is_ok())
+                .map(|(_, d)| &mut **d)
+                .collect();
+            return self.choose(&rest, &mut rest_rows, step);
+        }
         let any_sampled = rows.iter().any(|d| sampled(d));
         if !any_sampled && !logits.logits.device().is_cpu() && self.confidence.is_off() {
             // Argmax drafts off the host: reduce where the logits live, copy back only the ids.
@@ -173,6 +218,42 @@ impl SequentialProposer {
                 d.probs.get_or_insert_with(Vec::new).extend_from_slice(&q);
             }
         })?;
+        Ok(())
+    }
+}
+
+impl SequentialProposer {
+    /// Draws the sampled drafts of `rows[i]` for `i` in `drawn` from their processed draft
+    /// distributions on the logits' device (`specrs_models::reductions`, the same numbers as
+    /// the host path in f32), keeping each distribution there in target-id space.
+    fn draw_on_device(
+        &self,
+        logits: &DraftLogits,
+        rows: &mut [&mut Drafting<'_>],
+        drawn: &[usize],
+        step: usize,
+    ) -> Result<()> {
+        let device = logits.logits.device();
+        let n = drawn.len();
+        let index = Tensor::from_vec(drawn.iter().map(|&i| i as u32).collect::<Vec<_>>(), n, device)?;
+        let params: Vec<&SamplingParams> = drawn.iter().map(|&i| rows[i].params).collect();
+        // [n, Vd]: processed over the draft vocabulary, which equals processing the target-id
+        // row with every other token at -inf, as the host does.
+        let q = reductions::processed_probs(&logits.logits.index_select(&index, 0)?, &params)?;
+        // [n, V]: scattered to target ids (zero elsewhere), where rejection sampling reads it.
+        let q = match &logits.draft_to_target {
+            None => q,
+            Some(map) => {
+                let ids = Tensor::from_slice(map.as_slice(), map.len(), device)?;
+                Tensor::zeros((n, self.vocab_size), q.dtype(), device)?.index_add(&ids, &q, 1)?
+            }
+        };
+        let uniforms: Vec<f64> = drawn.iter().map(|&i| uniform(rows[i].seed, RngStream::Draft, step as u64)).collect();
+        let tokens = reductions::sample_rows(&q, &uniforms)?;
+        for (k, (&i, token)) in drawn.iter().zip(tokens).enumerate() {
+            rows[i].drafts.push(token);
+            rows[i].device_probs.push(q.narrow(0, k, 1)?);
+        }
         Ok(())
     }
 }
@@ -304,6 +385,7 @@ impl Proposer for SequentialProposer {
                 wanted: r.num_drafts.min(self.num_speculative_tokens),
                 drafts: Vec::with_capacity(r.num_drafts),
                 probs: None,
+                device_probs: Vec::new(),
                 params: r.params,
                 seed: r.seed,
                 chain_probability: 1.0,
@@ -378,7 +460,8 @@ impl Proposer for SequentialProposer {
         // The chain fed each row only while it wanted more: no row holds more than it asked for.
         let mut by_row: Vec<Option<Proposal>> = vec![None; rows.len()];
         for d in drafting {
-            by_row[d.index] = Some(Proposal { drafts: d.drafts, probs: d.probs });
+            let index = d.index;
+            by_row[index] = Some(d.into_proposal()?);
         }
         Ok(rows.iter().zip(by_row).filter(|(r, _)| r.wants_drafts()).map(|(_, p)| p.unwrap_or_default()).collect())
     }
