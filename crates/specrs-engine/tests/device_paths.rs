@@ -222,6 +222,13 @@ fn device_reductions_verify_exactly_like_host_copies() {
         ),
         ("random eagle1", &f.random, Some(&f.random_eagle1), spec(SpeculativeMethod::Eagle, 3, |_| {})),
         (
+            // Top-1 probabilities for the cut computed where the draft logits are.
+            "random eagle1 with a confidence cut",
+            &f.random,
+            Some(&f.random_eagle1),
+            spec(SpeculativeMethod::Eagle, 3, |c| c.draft_confidence_threshold = 0.5),
+        ),
+        (
             "random eagle1 one-hot rejection",
             &f.random,
             Some(&f.random_eagle1),

@@ -39,13 +39,34 @@ impl DraftConfidence {
         if self.is_off() {
             return true;
         }
-        let product = *chain * top_probability(logits, logits[best as usize]);
+        self.keeps_top(chain, top_probability(logits, logits[best as usize]))
+    }
+
+    /// [`Self::keeps`] for a draft whose top-1 probability was computed elsewhere
+    /// ([`top_probabilities`] on the drafter's device).
+    pub fn keeps_top(&self, chain: &mut f32, top: f32) -> bool {
+        if self.is_off() {
+            return true;
+        }
+        let product = *chain * top;
         if product < self.threshold {
             return false;
         }
         *chain = product;
         true
     }
+}
+
+/// Softmax probability of each row's largest logit, `logits [n, V]` to `[n]` on their device,
+/// with the host's floor (logits more than [`NEGLIGIBLE_LOGIT_GAP`] below the maximum add
+/// nothing), so only `n` numbers cross to the host.
+pub fn top_probabilities(logits: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+    use candle_core::D;
+    let max = logits.max_keepdim(D::Minus1)?;
+    let shifted = logits.broadcast_sub(&max)?;
+    let kept = shifted.ge(-NEGLIGIBLE_LOGIT_GAP)?;
+    let terms = kept.where_cond(&shifted.exp()?, &shifted.zeros_like()?)?;
+    terms.sum(D::Minus1)?.recip()
 }
 
 /// Softmax probability of the largest logit `max` of `logits`.
@@ -81,6 +102,24 @@ mod tests {
         assert!((top_probability(&peaked, 10.0) - 1.0).abs() < 1e-6);
         assert_eq!(top_probability(&[f32::INFINITY, 1.0, f32::INFINITY], f32::INFINITY), 0.5);
         assert_eq!(top_probability(&[f32::NAN, 1.0], f32::NAN), 0.0);
+    }
+
+    #[test]
+    fn device_top_probabilities_match_the_host_rule() {
+        let mut flat = vec![0.0f32; 8192];
+        flat[17] = 3.0;
+        let mut peaked = vec![-100.0f32; 8192];
+        peaked[3] = 10.0;
+        let mut skewed = logits(&[0.5, 0.25, 0.25]);
+        skewed.resize(8192, -1e9);
+        let rows = [flat, peaked, skewed];
+        let t = candle_core::Tensor::from_vec(rows.concat(), (3, 8192), &candle_core::Device::Cpu).unwrap();
+        let device = top_probabilities(&t).unwrap().to_vec1::<f32>().unwrap();
+        for (row, got) in rows.iter().zip(device) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let host = top_probability(row, max);
+            assert!((got - host).abs() < 1e-6, "device {got} vs host {host}");
+        }
     }
 
     #[test]

@@ -36,7 +36,7 @@ use specrs_models::host::with_f32_slice;
 use specrs_models::reductions;
 use specrs_models::{BatchRow, ForwardBatch, PagedKvCache};
 
-use super::confidence::DraftConfidence;
+use super::confidence::{DraftConfidence, top_probabilities};
 use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::error::{EngineError, Result};
 
@@ -184,16 +184,25 @@ impl SequentialProposer {
             return self.choose(&rest, &mut rest_rows, step);
         }
         let any_sampled = rows.iter().any(|d| sampled(d));
-        if !any_sampled && !logits.logits.device().is_cpu() && self.confidence.is_off() {
-            // Argmax drafts off the host: reduce where the logits live, copy back only the ids.
+        if !any_sampled && self.draws_on_device {
+            // Argmax drafts off the host: reduce where the logits live, copy back only the ids
+            // (and, for the confidence cut, each row's top-1 probability).
             let ids = reductions::argmax_rows(&logits.logits)?.to_vec1::<u32>()?;
-            for (d, idx) in rows.iter_mut().zip(ids) {
-                d.drafts.push(to_target(idx));
+            let tops = match self.confidence.is_off() {
+                true => vec![1.0; ids.len()],
+                false => top_probabilities(&logits.logits)?.to_vec1::<f32>()?,
+            };
+            for ((d, idx), top) in rows.iter_mut().zip(ids).zip(tops) {
+                if self.confidence.keeps_top(&mut d.chain_probability, top) {
+                    d.drafts.push(to_target(idx));
+                } else {
+                    d.stopped = true;
+                }
             }
             return Ok(());
         }
-        // Sampled drafts keep their distribution on the host (`Proposal::probs`), and the
-        // confidence cut reads the whole row, so their logits come over whole.
+        // On the host: every row's logits come over whole (the confidence cut reads the
+        // row; sampled drafts keep their distribution in `Proposal::probs`).
         with_f32_slice(&logits.logits, |all| {
             for (i, d) in rows.iter_mut().enumerate() {
                 let row = &all[i * vd..(i + 1) * vd];
