@@ -229,9 +229,7 @@ impl SequentialProposer {
         })?;
         Ok(())
     }
-}
 
-impl SequentialProposer {
     /// Draws the sampled drafts of `rows[i]` for `i` in `drawn` from their processed draft
     /// distributions on the logits' device (`specrs_models::reductions`, the same numbers as
     /// the host path in f32), keeping each distribution there in target-id space.
