@@ -376,7 +376,8 @@ fn build_proposer(
         LoadedDraft::Block(model, on) => {
             let k = resolve_block_width(spec.num_speculative_tokens, model.trained_width(), model.name())?;
             let mut proposer = BlockProposer::new(model.clone(), k, spec.draft_proposal, vocab, on.clone())
-                .with_confidence(confidence);
+                .with_confidence(confidence)
+                .with_draws_on_device(acceptance_on_device.unwrap_or(!on.is_cpu()));
             if let Some(schedule) = draft_skip_schedule(spec, k, max_batch_size, mixed_steps_verify)? {
                 proposer = proposer.with_draft_skipping(schedule);
             }

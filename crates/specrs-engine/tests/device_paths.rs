@@ -24,7 +24,7 @@ use specrs_engine::{
 };
 use specrs_models::ModelDType;
 use specrs_models::config::Architecture;
-use specrs_models::testing::{self, TinyShape};
+use specrs_models::testing::{self, BlockShape, TinyShape};
 
 const SHAPE: TinyShape =
     TinyShape { vocab: 48, hidden: 64, layers: 3, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 64 };
@@ -47,6 +47,7 @@ struct Fixture {
     soft: PathBuf,
     soft_eagle1: PathBuf,
     soft_eagle3_reduced: PathBuf,
+    soft_dflash_reduced: PathBuf,
 }
 
 fn fixture() -> Fixture {
@@ -80,9 +81,10 @@ fn fixture() -> Fixture {
     // rejection sampling depends on `q` (with near one-hot `p` and `q` the verdicts and the
     // residual come out the same whatever `q` is).
     let soft = root.join("soft");
-    let mut t = testing::random_target(Architecture::Llama, &SHAPE, false, 5).unwrap();
-    t.insert("lm_head.weight".into(), testing::random_tensor(&[SHAPE.vocab, SHAPE.hidden], 0.03, 77).unwrap());
-    write(&soft, &testing::target_config(Architecture::Llama, &SHAPE, false), &t);
+    let mut soft_target = testing::random_target(Architecture::Llama, &SHAPE, false, 5).unwrap();
+    soft_target
+        .insert("lm_head.weight".into(), testing::random_tensor(&[SHAPE.vocab, SHAPE.hidden], 0.03, 77).unwrap());
+    write(&soft, &testing::target_config(Architecture::Llama, &SHAPE, false), &soft_target);
     let soft_eagle1 = root.join("soft-eagle1");
     let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
     for (i, v) in t.values_mut().enumerate() {
@@ -103,7 +105,24 @@ fn fixture() -> Fixture {
     t.insert("d2t".into(), Tensor::from_vec(d2t, draft_vocab, &candle_core::Device::Cpu).unwrap());
     c["draft_vocab_size"] = serde_json::json!(draft_vocab);
     write(&soft_eagle3_reduced, &c, &t);
-    Fixture { _dir: dir, bigram, random, eagle3, mtp, random_eagle1, soft, soft_eagle1, soft_eagle3_reduced }
+    // A random DFlash block drafter over the same reduced vocabulary: its slots are chosen
+    // independently, on the device when acceptance runs there.
+    let soft_dflash_reduced = root.join("soft-dflash-reduced");
+    let (c, t) =
+        testing::dflash_speculators(&SHAPE, &BlockShape::default(), &[1, 2], draft_vocab, &soft_target, 500).unwrap();
+    write(&soft_dflash_reduced, &c, &t);
+    Fixture {
+        _dir: dir,
+        bigram,
+        random,
+        eagle3,
+        mtp,
+        random_eagle1,
+        soft,
+        soft_eagle1,
+        soft_eagle3_reduced,
+        soft_dflash_reduced,
+    }
 }
 
 struct Setup<'a> {
@@ -256,6 +275,18 @@ fn device_reductions_verify_exactly_like_host_copies() {
             &f.soft,
             Some(&f.soft_eagle3_reduced),
             spec(SpeculativeMethod::Eagle, 3, |c| c.draft_proposal = DraftProposal::Sampled),
+        ),
+        (
+            "soft dflash, argmax slots cut by confidence",
+            &f.soft,
+            Some(&f.soft_dflash_reduced),
+            spec(SpeculativeMethod::Dflash, 4, |c| c.draft_confidence_threshold = 0.3),
+        ),
+        (
+            "soft dflash, sampled slots",
+            &f.soft,
+            Some(&f.soft_dflash_reduced),
+            spec(SpeculativeMethod::Dflash, 4, |c| c.draft_proposal = DraftProposal::Sampled),
         ),
         ("ngram", &f.random, None, spec(SpeculativeMethod::Ngram, 3, |_| {})),
         (

@@ -41,10 +41,11 @@ use specrs_models::drafters::block::TargetDims;
 use specrs_models::drafters::dflash::dflash_config;
 use specrs_models::drafters::dflash2::dflash2_config;
 use specrs_models::drafters::dspark::dspark_config;
-use specrs_models::drafters::{BlockDraftModel, SlotSampler};
+use specrs_models::drafters::{BlockDraftModel, DraftLogits, SlotSampler};
+use specrs_models::reductions;
 use specrs_models::{BatchRow, DecoderConfig, ForwardBatch, PagedKvCache};
 
-use super::confidence::DraftConfidence;
+use super::confidence::{DraftConfidence, top_probabilities};
 use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::error::{EngineError, Result};
 
@@ -171,6 +172,10 @@ pub struct BlockProposer {
     vocab_size: usize,
     device: Device,
     name: String,
+    /// Heads whose slots are independent choose on the drafter's device
+    /// ([`BlockDraftModel::independent_slot_logits`]): ids and top-1 probabilities come back,
+    /// sampled drafts' distributions stay there.
+    draws_on_device: bool,
 }
 
 impl BlockProposer {
@@ -197,7 +202,14 @@ impl BlockProposer {
             vocab_size,
             device,
             name,
+            draws_on_device: false,
         }
+    }
+
+    /// Chooses the drafts of heads with independent slots on the drafter's device.
+    pub fn with_draws_on_device(mut self, on_device: bool) -> Self {
+        self.draws_on_device = on_device;
+        self
     }
 
     /// Verifies each argmax-drafting row's block only up to its first draft whose running top-1
@@ -318,6 +330,11 @@ impl Proposer for BlockProposer {
         let (k, first) = (self.num_speculative_tokens, usize::from(!self.model.samples_from_anchor()));
         let idx: Vec<u32> = (0..n).flat_map(|i| (i * s + first..i * s + first + k).map(|j| j as u32)).collect();
         let drafting_hidden = hidden.index_select(&Tensor::from_vec(idx, n * k, &self.device)?, 0)?;
+        if self.draws_on_device
+            && let Some(logits) = self.model.independent_slot_logits(&drafting_hidden)?
+        {
+            return self.choose_on_device(&logits, &drafting, k);
+        }
         let anchors: Vec<u32> = drafting.iter().map(|r| r.tokens[r.tokens.len() - 1]).collect();
         let params: Vec<&SamplingParams> = drafting.iter().map(|r| r.params).collect();
         let seeds: Vec<u64> = drafting.iter().map(|r| r.seed).collect();
@@ -347,6 +364,65 @@ impl Proposer for BlockProposer {
                 Proposal { drafts, probs: probs.map(DraftProbs::Host) }
             })
             .collect())
+    }
+}
+
+impl BlockProposer {
+    /// The drafts of `drafting` rows from their `k` slots' logits (`[n·k, Vd]`, rows in
+    /// order), chosen where the logits live, as [`DraftSampler`] chooses on the host: argmax
+    /// slots (cut where the running top-1 probability falls below the confidence threshold),
+    /// sampled slots drawn from their processed distribution with the draft-stream uniform of
+    /// their slot, the distributions kept on the device in target-id space.
+    fn choose_on_device(&self, logits: &DraftLogits, drafting: &[&ProposeRow<'_>], k: usize) -> Result<Vec<Proposal>> {
+        let device = logits.logits.device();
+        let to_target = |i: u32| logits.draft_to_target.as_ref().map_or(i, |m| m[i as usize]);
+        let sampled = |r: &ProposeRow<'_>| self.proposal == DraftProposal::Sampled && !r.params.is_greedy();
+        let ids = reductions::argmax_rows(&logits.logits)?.to_vec1::<u32>()?;
+        let tops = match self.confidence.is_off() {
+            true => None,
+            false => Some(top_probabilities(&logits.logits)?.to_vec1::<f32>()?),
+        };
+        // Sampled rows: every slot drawn on the device.
+        let drawn: Vec<usize> = (0..drafting.len()).filter(|&i| sampled(drafting[i])).collect();
+        let (samples, q) = if drawn.is_empty() {
+            (Vec::new(), None)
+        } else {
+            let slots: Vec<u32> = drawn.iter().flat_map(|&i| (i * k..(i + 1) * k).map(|j| j as u32)).collect();
+            let params: Vec<&SamplingParams> =
+                drawn.iter().flat_map(|&i| std::iter::repeat_n(drafting[i].params, k)).collect();
+            let x = logits.logits.index_select(&Tensor::from_vec(slots.clone(), slots.len(), device)?, 0)?;
+            let q = reductions::processed_probs(&x, &params)?;
+            let q = match &logits.draft_to_target {
+                None => q,
+                Some(map) => {
+                    let to = Tensor::from_slice(map.as_slice(), map.len(), device)?;
+                    Tensor::zeros((slots.len(), self.vocab_size), q.dtype(), device)?.index_add(&to, &q, 1)?
+                }
+            };
+            let uniforms: Vec<f64> = drawn
+                .iter()
+                .flat_map(|&i| (0..k).map(move |slot| uniform(drafting[i].seed, RngStream::Draft, slot as u64)))
+                .collect();
+            (reductions::sample_rows(&q, &uniforms)?, Some(q))
+        };
+        (0..drafting.len())
+            .map(|i| {
+                let r = drafting[i];
+                if let (Ok(j), Some(q)) = (drawn.binary_search(&i), &q) {
+                    let n = r.num_drafts.min(k);
+                    let drafts = samples[j * k..j * k + n].to_vec();
+                    return Ok(Proposal { drafts, probs: Some(DraftProbs::Device(q.narrow(0, j * k, n)?)) });
+                }
+                let mut kept = r.num_drafts.min(k);
+                if let Some(tops) = &tops {
+                    let mut chain = 1.0;
+                    if let Some(cut) = (0..k).find(|&s| !self.confidence.keeps_top(&mut chain, tops[i * k + s])) {
+                        kept = kept.min(cut);
+                    }
+                }
+                Ok(Proposal { drafts: ids[i * k..i * k + kept].iter().map(|&t| to_target(t)).collect(), probs: None })
+            })
+            .collect()
     }
 }
 

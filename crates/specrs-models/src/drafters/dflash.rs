@@ -27,7 +27,7 @@ use super::block::{
     AttentionKeys, BlockBackbone, BlockConfig, TargetDims, architecture_name, layer_config, opt_bool, opt_usize,
     output_of_layer_taps, read_config, req_int_list, req_usize, speculators_layer_json, speculators_tokens,
 };
-use super::{BlockDraftModel, SlotSampler};
+use super::{BlockDraftModel, DraftLogits, SlotSampler};
 use crate::error::{ModelError, Result as LoadResult};
 use crate::host::with_f32_slice;
 use crate::models::CausalLm;
@@ -185,6 +185,13 @@ impl BlockDraftModel for DFlashDraft {
 
     fn backbone(&self) -> &BlockBackbone {
         &self.backbone
+    }
+
+    fn independent_slot_logits(&self, hidden: &Tensor) -> Result<Option<DraftLogits>> {
+        Ok(Some(DraftLogits {
+            logits: self.backbone.logits(hidden)?,
+            draft_to_target: self.backbone.draft_to_target().cloned(),
+        }))
     }
 
     fn head(&self, hidden: &Tensor, anchors: &[u32], sampler: &mut dyn SlotSampler) -> Result<Vec<Vec<u32>>> {

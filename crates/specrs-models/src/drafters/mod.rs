@@ -104,6 +104,14 @@ pub trait BlockDraftModel: Send + Sync {
     /// DSpark Markov head, the DFlash2 selector walk) happen here, slot by slot.
     fn head(&self, hidden: &Tensor, anchors: &[u32], sampler: &mut dyn SlotSampler) -> Result<Vec<Vec<u32>>>;
 
+    /// The drafting slots' logits (`hidden [n·W, H]` to `[n·W, Vd]` f32, where they are) when
+    /// every slot's token is chosen from its own logits alone, so a driver may choose on the
+    /// device instead of through [`Self::head`]. `None` (the default) for heads that correct
+    /// slot by slot.
+    fn independent_slot_logits(&self, _hidden: &Tensor) -> Result<Option<DraftLogits>> {
+        Ok(None)
+    }
+
     /// Which target outputs the drafter reads.
     fn inputs(&self) -> DraftInputs {
         DraftInputs { taps: self.backbone().config().taps.clone(), final_hidden: false }
