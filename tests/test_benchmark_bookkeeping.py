@@ -75,6 +75,20 @@ def test_a_system_failing_in_any_repetition_reports_the_failure(
     assert [r.error for r in rows] == ["exit 1: boom"], "no median from the repetitions that ran"
 
 
+def test_a_system_failing_the_same_way_every_repetition_reports_it_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def fake_peers(
+        args: argparse.Namespace, gguf: str, items: Any, prompts: Path, work: Path, notes: Any
+    ) -> Any:
+        return rb.error_rows("hf-assisted", "HF", "assisted", "f32", ["chat", "quote"], rb.NO_ASSISTANT), {}
+
+    monkeypatch.setattr(rb, "run_peers", fake_peers)
+    args = argparse.Namespace(repeats=3, systems=["hf"])
+    rows, _ = rb.run_interleaved(args, "model.gguf", [{"set": "chat"}], tmp_path / "p.json", tmp_path, [])
+    assert [(r.prompt_set, r.error) for r in rows] == [("chat", rb.NO_ASSISTANT), ("quote", rb.NO_ASSISTANT)]
+
+
 def test_rows_measured_apart_compare_by_their_medians() -> None:
     a = rb.Row("a", "spec-rs", "plain", "auto", "chat", tps=[100.0, 50.0, 90.0])
     b = rb.Row("b", "llama.cpp", "plain", "GGUF", "chat", tps=[60.0, 60.0, 60.0])

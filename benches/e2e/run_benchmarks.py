@@ -1755,7 +1755,10 @@ def run_interleaved(
         for row in rows:
             first_rows.setdefault(row.key, row)
             if row.error:
-                failures.setdefault(row.key, []).append(row)
+                # One line per prompt set and batch, however many repetitions failed the same way.
+                seen = failures.setdefault(row.key, [])
+                if not any((r.prompt_set, r.batch, r.error) == (row.prompt_set, row.batch, row.error) for r in seen):
+                    seen.append(row)
         for key, result in raw.items():
             runs = [{**run, "repeat": rep} for run in result["runs"]]
             if key in merged:
