@@ -1757,7 +1757,8 @@ def run_interleaved(
             if row.error:
                 # One line per prompt set and batch, however many repetitions failed the same way.
                 seen = failures.setdefault(row.key, [])
-                if not any((r.prompt_set, r.batch, r.error) == (row.prompt_set, row.batch, row.error) for r in seen):
+                where = (row.prompt_set, row.batch, row.error)
+                if not any((r.prompt_set, r.batch, r.error) == where for r in seen):
                     seen.append(row)
         for key, result in raw.items():
             runs = [{**run, "repeat": rep} for run in result["runs"]]
