@@ -68,23 +68,21 @@ fn fixture() -> Fixture {
     let (c, t) = testing::dflash_oracle(&SHAPE, 4).unwrap();
     write(&dflash, &c, &t);
     let random_eagle1 = root.join("random-eagle1");
-    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.3, 100 + i as u64).unwrap();
-    }
+    let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    let t = testing::randomized(t, 0.3, 100).unwrap();
     write(&random_eagle1, &c, &t);
     // Flat target and draft distributions (small output head, small draft weights): the
     // rejection numbers depend on `q`, so a row verified against the wrong distribution or
     // the wrong logit row changes the tokens.
     let soft = root.join("soft");
-    let mut t = testing::random_target(Architecture::Llama, &SHAPE, false, 5).unwrap();
-    t.insert("lm_head.weight".into(), testing::random_tensor(&[SHAPE.vocab, SHAPE.hidden], 0.03, 77).unwrap());
-    write(&soft, &testing::target_config(Architecture::Llama, &SHAPE, false), &t);
+    write(
+        &soft,
+        &testing::target_config(Architecture::Llama, &SHAPE, false),
+        &testing::soft_target(&SHAPE, 5).unwrap(),
+    );
     let soft_eagle1 = root.join("soft-eagle1");
-    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.02, 200 + i as u64).unwrap();
-    }
+    let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    let t = testing::randomized(t, 0.02, 200).unwrap();
     write(&soft_eagle1, &c, &t);
     Fixture { _dir: dir, bigram, random, eagle3, mtp, dflash, random_eagle1, soft, soft_eagle1 }
 }

@@ -72,34 +72,26 @@ fn fixture() -> Fixture {
     let (c, t) = testing::mtp_oracle(&SHAPE).unwrap();
     write(&mtp, &c, &t);
     let random_eagle1 = root.join("random-eagle1");
-    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.3, 100 + i as u64).unwrap();
-    }
+    let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    let t = testing::randomized(t, 0.3, 100).unwrap();
     write(&random_eagle1, &c, &t);
     // A small output head and small draft weights: flat target and draft distributions, so
     // rejection sampling depends on `q` (with near one-hot `p` and `q` the verdicts and the
     // residual come out the same whatever `q` is).
     let soft = root.join("soft");
-    let mut soft_target = testing::random_target(Architecture::Llama, &SHAPE, false, 5).unwrap();
-    soft_target
-        .insert("lm_head.weight".into(), testing::random_tensor(&[SHAPE.vocab, SHAPE.hidden], 0.03, 77).unwrap());
+    let soft_target = testing::soft_target(&SHAPE, 5).unwrap();
     write(&soft, &testing::target_config(Architecture::Llama, &SHAPE, false), &soft_target);
     let soft_eagle1 = root.join("soft-eagle1");
-    let (c, mut t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.02, 200 + i as u64).unwrap();
-    }
+    let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
+    let t = testing::randomized(t, 0.02, 200).unwrap();
     write(&soft_eagle1, &c, &t);
     // The same for an EAGLE-3 head with a reduced draft vocabulary (every other target id,
     // through `d2t`): sampled drafts are drawn over the draft vocabulary and their
     // distributions scattered to target ids.
     let soft_eagle3_reduced = root.join("soft-eagle3-reduced");
-    let (mut c, mut t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
+    let (mut c, t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
+    let mut t = testing::randomized(t, 0.02, 300).unwrap();
     let draft_vocab = SHAPE.vocab / 2;
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.02, 300 + i as u64).unwrap();
-    }
     t.insert("lm_head.weight".into(), testing::random_tensor(&[draft_vocab, SHAPE.hidden], 0.5, 399).unwrap());
     let d2t: Vec<i64> = (0..draft_vocab as i64).collect();
     t.insert("d2t".into(), Tensor::from_vec(d2t, draft_vocab, &candle_core::Device::Cpu).unwrap());

@@ -66,12 +66,9 @@ fn eagle_adaptive_at_every_batch_size(k: i64) -> SpeculativeConfig {
 /// Writes an EAGLE-3 (taps 1, 2, 3) or EAGLE-1 head in its real format with seeded random
 /// weights into `dir`: a drafter that is almost never right.
 fn random_head(dir: &Path, eagle3: bool, seed: u64) -> PathBuf {
-    let (c, mut t) =
+    let (c, t) =
         if eagle3 { testing::eagle3_oracle(&SHAPE, [1, 2, 3]) } else { testing::eagle1_oracle(&SHAPE) }.unwrap();
-    for (i, v) in t.values_mut().enumerate() {
-        *v = testing::random_tensor(v.dims(), 0.3, seed + i as u64).unwrap();
-    }
-    write(dir, &c, &t);
+    write(dir, &c, &testing::randomized(t, 0.3, seed).unwrap());
     dir.to_path_buf()
 }
 

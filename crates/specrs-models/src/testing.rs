@@ -234,6 +234,28 @@ pub fn eagle1_oracle(s: &TinyShape) -> Result<(Value, HashMap<String, Tensor>)> 
     Ok((cfg, t))
 }
 
+/// `tensors` (a checkpoint's weights) with every tensor replaced by a random one of its shape
+/// (`scale`, seeds from `seed` in name order): small scales give a drafter flat
+/// distributions, large ones drafts the target mostly rejects.
+pub fn randomized(mut tensors: HashMap<String, Tensor>, scale: f32, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut names: Vec<String> = tensors.keys().cloned().collect();
+    names.sort();
+    for (i, name) in names.iter().enumerate() {
+        let dims = tensors[name].dims().to_vec();
+        tensors.insert(name.clone(), random_tensor(&dims, scale, seed + i as u64)?);
+    }
+    Ok(tensors)
+}
+
+/// A random Llama target with a small output head (scale 0.03): flat next-token
+/// distributions, so rejection sampling against it depends on the draft's `q` (near one-hot
+/// `p` and `q` give the same verdicts whatever `q` is).
+pub fn soft_target(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Llama, s, false, seed)?;
+    t.insert("lm_head.weight".into(), random_tensor(&[s.vocab, s.hidden], 0.03, seed + 72)?);
+    Ok(t)
+}
+
 /// EAGLE-3 head in the speculators format that predicts the bigram target perfectly.
 ///
 /// `fc = 0`, so step 0 starts from a zero hidden state. Queries and keys are constant, and
