@@ -46,7 +46,7 @@ use specrs_models::reductions;
 use specrs_models::{BatchRow, DecoderConfig, ForwardBatch, PagedKvCache};
 
 use super::confidence::{DraftConfidence, top_probabilities};
-use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest, target_space_distributions};
 use crate::error::{EngineError, Result};
 
 /// Drafts per step for a block drafter trained to draft `trained` per block.
@@ -391,14 +391,7 @@ impl BlockProposer {
             let params: Vec<&SamplingParams> =
                 drawn.iter().flat_map(|&i| std::iter::repeat_n(drafting[i].params, k)).collect();
             let x = logits.logits.index_select(&Tensor::from_vec(slots.clone(), slots.len(), device)?, 0)?;
-            let q = reductions::processed_probs(&x, &params)?;
-            let q = match &logits.draft_to_target {
-                None => q,
-                Some(map) => {
-                    let to = Tensor::from_slice(map.as_slice(), map.len(), device)?;
-                    Tensor::zeros((slots.len(), self.vocab_size), q.dtype(), device)?.index_add(&to, &q, 1)?
-                }
-            };
+            let q = target_space_distributions(&x, &params, logits.draft_to_target.as_ref(), self.vocab_size)?;
             let uniforms: Vec<f64> = drawn
                 .iter()
                 .flat_map(|&i| (0..k).map(move |slot| uniform(drafting[i].seed, RngStream::Draft, slot as u64)))

@@ -11,6 +11,7 @@ pub mod lookup_first;
 pub mod ngram;
 pub mod sequential;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
@@ -90,6 +91,27 @@ impl DraftProbs {
             Self::Device(t) => std::borrow::Cow::Owned(t.narrow(0, 0, n)?.flatten_all()?.to_vec1::<f32>()?),
         })
     }
+}
+
+/// The processed draft distributions of logit rows `x [n, Vd]` (one parameter set per row, none
+/// greedy) in target-id space, `[n, V]` where the logits are: processing over the draft
+/// vocabulary equals processing the target-id row with every other token at -inf, as the
+/// host does, and the probabilities are scattered to target ids (zero elsewhere) through
+/// `draft_to_target`.
+pub(crate) fn target_space_distributions(
+    x: &Tensor,
+    params: &[&SamplingParams],
+    draft_to_target: Option<&Arc<Vec<u32>>>,
+    vocab_size: usize,
+) -> Result<Tensor> {
+    let q = specrs_models::reductions::processed_probs(x, params)?;
+    Ok(match draft_to_target {
+        None => q,
+        Some(map) => {
+            let ids = Tensor::from_slice(map.as_slice(), map.len(), x.device())?;
+            Tensor::zeros((q.dim(0)?, vocab_size), q.dtype(), x.device())?.index_add(&ids, &q, 1)?
+        }
+    })
 }
 
 impl PartialEq for DraftProbs {

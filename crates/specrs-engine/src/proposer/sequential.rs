@@ -37,7 +37,7 @@ use specrs_models::reductions;
 use specrs_models::{BatchRow, ForwardBatch, PagedKvCache};
 
 use super::confidence::{DraftConfidence, top_probabilities};
-use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest, target_space_distributions};
 use crate::error::{EngineError, Result};
 
 pub struct SequentialProposer {
@@ -244,17 +244,8 @@ impl SequentialProposer {
         let n = drawn.len();
         let index = Tensor::from_vec(drawn.iter().map(|&i| i as u32).collect::<Vec<_>>(), n, device)?;
         let params: Vec<&SamplingParams> = drawn.iter().map(|&i| rows[i].params).collect();
-        // [n, Vd]: processed over the draft vocabulary, which equals processing the target-id
-        // row with every other token at -inf, as the host does.
-        let q = reductions::processed_probs(&logits.logits.index_select(&index, 0)?, &params)?;
-        // [n, V]: scattered to target ids (zero elsewhere), where rejection sampling reads it.
-        let q = match &logits.draft_to_target {
-            None => q,
-            Some(map) => {
-                let ids = Tensor::from_slice(map.as_slice(), map.len(), device)?;
-                Tensor::zeros((n, self.vocab_size), q.dtype(), device)?.index_add(&ids, &q, 1)?
-            }
-        };
+        let x = logits.logits.index_select(&index, 0)?;
+        let q = target_space_distributions(&x, &params, logits.draft_to_target.as_ref(), self.vocab_size)?;
         let uniforms: Vec<f64> = drawn.iter().map(|&i| uniform(rows[i].seed, RngStream::Draft, step as u64)).collect();
         let tokens = reductions::sample_rows(&q, &uniforms)?;
         for (k, (&i, token)) in drawn.iter().zip(tokens).enumerate() {
