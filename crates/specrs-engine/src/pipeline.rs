@@ -365,19 +365,20 @@ fn build_proposer(
     };
     let vocab = target.config().vocab_size;
     let confidence = DraftConfidence::new(spec.draft_confidence_threshold);
+    // Drafts are chosen where the engine verifies: off the host, or on the CPU when device
+    // acceptance is forced (the tests' way onto that path).
+    let draws_on_device = |on: &Device| acceptance_on_device.unwrap_or(!on.is_cpu());
     let model: Box<dyn Proposer> = match &loaded {
         LoadedDraft::Sequential(model, on) => Box::new(
             SequentialProposer::new(model.clone(), spec.draft_width()?, spec.draft_proposal, vocab, on.clone())
                 .with_confidence(confidence)
-                // Sampled drafts are drawn where the engine verifies: off the host, or on the
-                // CPU when device acceptance is forced (the tests' way onto that path).
-                .with_draws_on_device(acceptance_on_device.unwrap_or(!on.is_cpu())),
+                .with_draws_on_device(draws_on_device(on)),
         ),
         LoadedDraft::Block(model, on) => {
             let k = resolve_block_width(spec.num_speculative_tokens, model.trained_width(), model.name())?;
             let mut proposer = BlockProposer::new(model.clone(), k, spec.draft_proposal, vocab, on.clone())
                 .with_confidence(confidence)
-                .with_draws_on_device(acceptance_on_device.unwrap_or(!on.is_cpu()));
+                .with_draws_on_device(draws_on_device(on));
             if let Some(schedule) = draft_skip_schedule(spec, k, max_batch_size, mixed_steps_verify)? {
                 proposer = proposer.with_draft_skipping(schedule);
             }
