@@ -566,6 +566,83 @@ pub fn evaluate_draft(
     Ok(out)
 }
 
+/// First drafts whose target probability fell in `[lower, upper)`, and how many the target
+/// accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfidenceBucket {
+    pub lower: f64,
+    pub upper: f64,
+    pub drafts: usize,
+    pub accepted: usize,
+}
+
+/// Buckets first drafts by the probability the target gave the token it chose at the drafted
+/// position (its own confidence there), with `edges` (ascending, from 0 to 1) bounding the
+/// buckets. Each request is its verify `trace`, its `logprobs` (one per output token, greedy,
+/// so the chosen token is the target's top-1) and its prompt length.
+pub fn first_drafts_by_confidence<'a>(
+    requests: impl IntoIterator<Item = (&'a [crate::request::TraceStep], &'a [crate::request::TokenLogprob], usize)>,
+    edges: &[f64],
+) -> Vec<ConfidenceBucket> {
+    let mut buckets: Vec<ConfidenceBucket> =
+        edges.windows(2).map(|w| ConfidenceBucket { lower: w[0], upper: w[1], drafts: 0, accepted: 0 }).collect();
+    for (trace, logprobs, prompt_len) in requests {
+        for step in trace.iter().filter(|s| !s.drafted.is_empty()) {
+            let Some(lp) = step.position.checked_sub(prompt_len).and_then(|i| logprobs.get(i)) else { continue };
+            let p = (lp.logprob as f64).exp();
+            let last = buckets.len() - 1;
+            let Some(b) = buckets.iter().position(|b| p < b.upper).or((p >= 1.0).then_some(last)) else { continue };
+            buckets[b].drafts += 1;
+            buckets[b].accepted += usize::from(step.num_accepted > 0);
+        }
+    }
+    buckets
+}
+
+/// [`first_drafts_by_confidence`] for a draft's first drafts (K = 1, greedy) on `prompts`:
+/// where the target is sure of its next token and the draft still misses, the draft, not the
+/// target's own uncertainty, limits acceptance.
+pub fn evaluate_first_drafts_by_confidence(
+    model: &str,
+    draft: &Path,
+    dtype: ModelDType,
+    prompts: &[String],
+    max_tokens: usize,
+    edges: &[f64],
+) -> Result<Vec<ConfidenceBucket>> {
+    let mut cfg = PipelineConfig::new(model.to_string());
+    cfg.dtype = dtype;
+    cfg.draft_model = Some(draft.display().to_string());
+    cfg.speculative = specrs_core::SpeculativeConfig {
+        speculative_method: Some(specrs_core::SpeculativeMethod::Eagle),
+        num_speculative_tokens: Some(1),
+        ..Default::default()
+    };
+    let (engine, info) = build_engine(&cfg)?;
+    let handle = EngineHandle::spawn(engine, Some(info));
+    let requests = prompts
+        .iter()
+        .map(|p| {
+            let mut r = crate::request::GenerationRequest::new(
+                crate::request::Prompt::Chat(vec![crate::chat_template::ChatMessage::new("user", p.as_str())]),
+                specrs_core::sampling::SamplingParams {
+                    temperature: 0.0,
+                    max_tokens: Some(max_tokens),
+                    logprobs: Some(1),
+                    ..Default::default()
+                },
+            );
+            r.trace = true;
+            r
+        })
+        .collect();
+    let outs = handle.generate(requests)?;
+    Ok(first_drafts_by_confidence(
+        outs.iter().map(|o| (o.trace.as_slice(), o.logprobs.as_slice(), o.num_prompt_tokens)),
+        edges,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -585,6 +662,29 @@ mod tests {
             ..TrainDraftConfig::default()
         };
         (cfg, path)
+    }
+
+    #[test]
+    fn first_drafts_are_bucketed_by_the_targets_own_probability_of_its_token() {
+        use crate::request::{TokenLogprob, TraceStep};
+        let lp = |p: f32| TokenLogprob { token: 0, logprob: p.ln(), top: Vec::new() };
+        // Prompt of 3 tokens; output tokens 0..4 with target probabilities 0.95, 0.2, 0.95, 0.5.
+        let logprobs = [lp(0.95), lp(0.2), lp(0.95), lp(0.5)];
+        let step = |position: usize, accepted: usize| TraceStep {
+            position,
+            drafted: vec![7],
+            target: vec![7],
+            num_accepted: accepted,
+        };
+        // Drafts at outputs 1 (p 0.2, rejected), 2 (p 0.95, accepted), 3 (p 0.5, accepted);
+        // a step that drafted nothing and one past the output are left out.
+        let mut empty = step(4, 0);
+        empty.drafted.clear();
+        let trace = [step(4, 0), step(5, 1), step(6, 1), empty, step(9, 1)];
+        let buckets = first_drafts_by_confidence([(&trace[..], &logprobs[..], 3)], &[0.0, 0.3, 0.9, 1.0]);
+        let counts: Vec<(usize, usize)> = buckets.iter().map(|b| (b.drafts, b.accepted)).collect();
+        assert_eq!(counts, [(1, 0), (1, 1), (1, 1)]);
+        assert_eq!((buckets[2].lower, buckets[2].upper), (0.9, 1.0));
     }
 
     #[test]
