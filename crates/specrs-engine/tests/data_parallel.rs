@@ -7,12 +7,10 @@
 //! drafter family, requests spread over the replicas, each replica keeps its own KV pool, and
 //! aborts, refusals and metrics work across them.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use candle_core::Tensor;
 use specrs_core::config::{DraftProposal, SpeculativeMethod};
 use specrs_core::sampling::SamplingParams;
 use specrs_core::{DraftPlacement, SpeculativeConfig};
@@ -21,70 +19,31 @@ use specrs_engine::{
     build_engine, build_replicas,
 };
 use specrs_models::ModelDType;
-use specrs_models::config::Architecture;
-use specrs_models::testing::{self, TinyShape};
+use specrs_models::testing;
 
-const SHAPE: TinyShape =
-    TinyShape { vocab: 48, hidden: 64, layers: 3, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 64 };
+mod common;
+use common::{Checkpoints, SHAPE, write};
 
+/// The shared checkpoints plus a DFlash oracle.
 struct Fixture {
-    _dir: tempfile::TempDir,
-    bigram: PathBuf,
-    random: PathBuf,
-    eagle3: PathBuf,
-    mtp: PathBuf,
+    checkpoints: Checkpoints,
     dflash: PathBuf,
-    random_eagle1: PathBuf,
-    soft: PathBuf,
-    soft_eagle1: PathBuf,
 }
 
-fn write(dir: &Path, cfg: &serde_json::Value, tensors: &HashMap<String, Tensor>) {
-    testing::write_checkpoint(dir, cfg, tensors).unwrap();
+impl std::ops::Deref for Fixture {
+    type Target = Checkpoints;
+
+    fn deref(&self) -> &Checkpoints {
+        &self.checkpoints
+    }
 }
 
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let bigram = root.join("bigram");
-    write(
-        &bigram,
-        &testing::target_config(Architecture::Llama, &SHAPE, false),
-        &testing::bigram_target(Architecture::Llama, &SHAPE).unwrap(),
-    );
-    let random = root.join("random");
-    write(
-        &random,
-        &testing::target_config(Architecture::Llama, &SHAPE, true),
-        &testing::random_target(Architecture::Llama, &SHAPE, true, 3).unwrap(),
-    );
-    let eagle3 = root.join("eagle3");
-    let (c, t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
-    write(&eagle3, &c, &t);
-    let mtp = root.join("mtp");
-    let (c, t) = testing::mtp_oracle(&SHAPE).unwrap();
-    write(&mtp, &c, &t);
-    let dflash = root.join("dflash");
+    let checkpoints = Checkpoints::new();
+    let dflash = checkpoints.root().join("dflash");
     let (c, t) = testing::dflash_oracle(&SHAPE, 4).unwrap();
     write(&dflash, &c, &t);
-    let random_eagle1 = root.join("random-eagle1");
-    let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    let t = testing::randomized(t, 0.3, 100).unwrap();
-    write(&random_eagle1, &c, &t);
-    // Flat target and draft distributions (small output head, small draft weights): the
-    // rejection numbers depend on `q`, so a row verified against the wrong distribution or
-    // the wrong logit row changes the tokens.
-    let soft = root.join("soft");
-    write(
-        &soft,
-        &testing::target_config(Architecture::Llama, &SHAPE, false),
-        &testing::soft_target(&SHAPE, 5).unwrap(),
-    );
-    let soft_eagle1 = root.join("soft-eagle1");
-    let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    let t = testing::randomized(t, 0.02, 200).unwrap();
-    write(&soft_eagle1, &c, &t);
-    Fixture { _dir: dir, bigram, random, eagle3, mtp, dflash, random_eagle1, soft, soft_eagle1 }
+    Fixture { checkpoints, dflash }
 }
 
 fn pipeline(target: &Path, draft: Option<&Path>, spec: SpeculativeConfig, devices: usize) -> PipelineConfig {

@@ -12,7 +12,6 @@
 //! - captured steps (`device_graph_capture`: device graphs on CUDA, the same fixed-shape steps
 //!   run eagerly on CPU) give the ragged engine's outputs.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
@@ -23,71 +22,36 @@ use specrs_engine::{
     DeviceSpec, EngineConfig, EngineHandle, FinalOutput, GenerationRequest, PipelineConfig, Prompt, build_engine,
 };
 use specrs_models::ModelDType;
-use specrs_models::config::Architecture;
-use specrs_models::testing::{self, BlockShape, TinyShape};
+use specrs_models::testing::{self, BlockShape};
 
-const SHAPE: TinyShape =
-    TinyShape { vocab: 48, hidden: 64, layers: 3, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 64 };
+mod common;
+use common::{Checkpoints, SHAPE, write};
 
 fn device() -> DeviceSpec {
     std::env::var("SPECRS_TEST_DEVICE").map_or(DeviceSpec::Cpu, |d| d.parse().expect("SPECRS_TEST_DEVICE"))
 }
 
-fn write(dir: &Path, cfg: &serde_json::Value, tensors: &HashMap<String, Tensor>) {
-    testing::write_checkpoint(dir, cfg, tensors).unwrap();
-}
-
+/// The shared checkpoints plus drafters over a reduced draft vocabulary.
 struct Fixture {
-    _dir: tempfile::TempDir,
-    bigram: PathBuf,
-    random: PathBuf,
-    eagle3: PathBuf,
-    mtp: PathBuf,
-    random_eagle1: PathBuf,
-    soft: PathBuf,
-    soft_eagle1: PathBuf,
+    checkpoints: Checkpoints,
     soft_eagle3_reduced: PathBuf,
     soft_dflash_reduced: PathBuf,
 }
 
+impl std::ops::Deref for Fixture {
+    type Target = Checkpoints;
+
+    fn deref(&self) -> &Checkpoints {
+        &self.checkpoints
+    }
+}
+
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let bigram = root.join("bigram");
-    write(
-        &bigram,
-        &testing::target_config(Architecture::Llama, &SHAPE, false),
-        &testing::bigram_target(Architecture::Llama, &SHAPE).unwrap(),
-    );
-    let random = root.join("random");
-    write(
-        &random,
-        &testing::target_config(Architecture::Llama, &SHAPE, true),
-        &testing::random_target(Architecture::Llama, &SHAPE, true, 3).unwrap(),
-    );
-    let eagle3 = root.join("eagle3");
-    let (c, t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
-    write(&eagle3, &c, &t);
-    let mtp = root.join("mtp");
-    let (c, t) = testing::mtp_oracle(&SHAPE).unwrap();
-    write(&mtp, &c, &t);
-    let random_eagle1 = root.join("random-eagle1");
-    let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    let t = testing::randomized(t, 0.3, 100).unwrap();
-    write(&random_eagle1, &c, &t);
-    // A small output head and small draft weights: flat target and draft distributions, so
-    // rejection sampling depends on `q` (with near one-hot `p` and `q` the verdicts and the
-    // residual come out the same whatever `q` is).
-    let soft = root.join("soft");
-    let soft_target = testing::soft_target(&SHAPE, 5).unwrap();
-    write(&soft, &testing::target_config(Architecture::Llama, &SHAPE, false), &soft_target);
-    let soft_eagle1 = root.join("soft-eagle1");
-    let (c, t) = testing::eagle1_oracle(&SHAPE).unwrap();
-    let t = testing::randomized(t, 0.02, 200).unwrap();
-    write(&soft_eagle1, &c, &t);
-    // The same for an EAGLE-3 head with a reduced draft vocabulary (every other target id,
-    // through `d2t`): sampled drafts are drawn over the draft vocabulary and their
-    // distributions scattered to target ids.
+    let checkpoints = Checkpoints::new();
+    let root = checkpoints.root();
+    // A soft EAGLE-3 head with a reduced draft vocabulary (every other target id, through
+    // `d2t`): sampled drafts are drawn over the draft vocabulary and their distributions
+    // scattered to target ids.
     let soft_eagle3_reduced = root.join("soft-eagle3-reduced");
     let (mut c, t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
     let mut t = testing::randomized(t, 0.02, 300).unwrap();
@@ -100,21 +64,17 @@ fn fixture() -> Fixture {
     // A random DFlash block drafter over the same reduced vocabulary: its slots are chosen
     // independently, on the device when acceptance runs there.
     let soft_dflash_reduced = root.join("soft-dflash-reduced");
-    let (c, t) =
-        testing::dflash_speculators(&SHAPE, &BlockShape::default(), &[1, 2], draft_vocab, &soft_target, 500).unwrap();
+    let (c, t) = testing::dflash_speculators(
+        &SHAPE,
+        &BlockShape::default(),
+        &[1, 2],
+        draft_vocab,
+        &checkpoints.soft_target,
+        500,
+    )
+    .unwrap();
     write(&soft_dflash_reduced, &c, &t);
-    Fixture {
-        _dir: dir,
-        bigram,
-        random,
-        eagle3,
-        mtp,
-        random_eagle1,
-        soft,
-        soft_eagle1,
-        soft_eagle3_reduced,
-        soft_dflash_reduced,
-    }
+    Fixture { checkpoints, soft_eagle3_reduced, soft_dflash_reduced }
 }
 
 struct Setup<'a> {
