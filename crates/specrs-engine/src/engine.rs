@@ -100,6 +100,11 @@ pub struct EngineParts {
     pub supports_device_graph_capture: bool,
     /// Drafter weights already on the device, subtracted from nothing (reported only).
     pub drafter_weight_bytes: usize,
+    /// Other replicas whose drafter KV lives on this engine's device (the first device under
+    /// `draft_head_parallelism="device0"`). Each holds as many blocks as this engine would with
+    /// its whole `kv_cache_bytes`; they are paid from this engine's budget, so the device holds
+    /// no more than `kv_cache_bytes` of KV in all.
+    pub guest_drafter_kv_replicas: usize,
 }
 
 pub struct Engine {
@@ -258,6 +263,7 @@ impl Engine {
             spec,
             supports_mixed_batches,
             supports_device_graph_capture,
+            guest_drafter_kv_replicas,
             ..
         } = parts;
         let drafter_kv_bytes_per_token = proposer.as_ref().map_or(0, |p| p.kv_bytes_per_token());
@@ -285,19 +291,37 @@ impl Engine {
         let scratch_blocks = usize::from(capture);
         let scratch_bytes = scratch_blocks as u64 * bytes_per_token * cfg.block_size as u64;
         // Room for a full-length sequence plus what a step verifies and drafts past it.
-        let plan = specrs_core::kv_blocks::plan_kv_blocks(
-            cfg.kv_cache_bytes.saturating_sub(scratch_bytes),
-            bytes_per_token,
-            cfg.block_size,
-            max_model_len + k + lookahead,
-            cfg.max_num_seqs,
-        )
-        .map_err(|e| match scratch_blocks {
-            0 => EngineError::Request(e.to_string()),
-            _ => EngineError::Request(format!(
-                "{e} (the budget shown is after one block kept for device_graph_capture's padding)"
-            )),
-        })?;
+        let plan_within = |budget: u64| {
+            specrs_core::kv_blocks::plan_kv_blocks(
+                budget.saturating_sub(scratch_bytes),
+                bytes_per_token,
+                cfg.block_size,
+                max_model_len + k + lookahead,
+                cfg.max_num_seqs,
+            )
+        };
+        let scratch_note = match scratch_blocks {
+            0 => "",
+            _ => " (the budget shown is after one block kept for device_graph_capture's padding)",
+        };
+        let mut plan =
+            plan_within(cfg.kv_cache_bytes).map_err(|e| EngineError::Request(format!("{e}{scratch_note}")))?;
+        if guest_drafter_kv_replicas > 0 && drafter_kv_bytes_per_token > 0 {
+            // Every other replica plans exactly what this one would with the whole budget.
+            let guest_bytes = guest_drafter_kv_replicas as u64
+                * (plan.num_blocks + scratch_blocks) as u64
+                * cfg.block_size as u64
+                * drafter_kv_bytes_per_token;
+            plan = plan_within(cfg.kv_cache_bytes.saturating_sub(guest_bytes)).map_err(|e| {
+                EngineError::Request(format!(
+                    "{e}{scratch_note}: this device also holds the drafter KV of {guest_drafter_kv_replicas} other \
+                     replica(s) under draft_head_parallelism=\"device0\" ({guest_bytes} bytes of \
+                     kv_cache_bytes={}); raise kv_cache_bytes, lower max_num_seqs, or set \
+                     draft_head_parallelism=\"replica\"",
+                    cfg.kv_cache_bytes
+                ))
+            })?;
+        }
         let usable_blocks = plan.num_blocks;
         let kv = target.new_kv_cache(usable_blocks + scratch_blocks, cfg.block_size)?;
         if let Some(p) = proposer.as_mut() {

@@ -406,7 +406,7 @@ pub fn build_engine_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(En
             cfg.devices.len()
         )));
     }
-    let (engine, info, _) = build_replica(cfg, kind, cfg.devices[0], None)?;
+    let (engine, info, _) = build_replica(cfg, kind, cfg.devices[0], None, 0)?;
     Ok((engine, info))
 }
 
@@ -425,7 +425,12 @@ pub fn build_replicas_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(
             (Some((_, draft)), DraftPlacement::Device0) => draft.as_ref(),
             _ => None,
         };
-        let (mut engine, info, draft) = build_replica(cfg, kind, device, shared)?;
+        // The first device holds every replica's drafter KV when it holds the only head.
+        let guests = match (&first, cfg.speculative.draft_head_parallelism) {
+            (None, DraftPlacement::Device0) => cfg.devices.len() - 1,
+            _ => 0,
+        };
+        let (mut engine, info, draft) = build_replica(cfg, kind, device, shared, guests)?;
         if let (Some(device0), DraftPlacement::Device0) = (engines.first(), cfg.speculative.draft_probs_layout) {
             engine = engine.with_draft_probs_on(device0.target().device().clone());
         }
@@ -441,12 +446,14 @@ pub fn build_replicas(cfg: &PipelineConfig) -> Result<(Vec<Engine>, PipelineInfo
     build_replicas_with(cfg, builtin_kind(cfg)?)
 }
 
-/// One replica on `device_spec`, drafting with `shared` where given.
+/// One replica on `device_spec`, drafting with `shared` where given, whose device also holds
+/// the drafter KV of `guest_drafter_kv_replicas` others.
 fn build_replica(
     cfg: &PipelineConfig,
     kind: PipelineKind,
     device_spec: DeviceSpec,
     shared: Option<&LoadedDraft>,
+    guest_drafter_kv_replicas: usize,
 ) -> Result<(Engine, PipelineInfo, Option<LoadedDraft>)> {
     let path = resolve_model_path(&cfg.model)?;
     let device = device_spec.device_for(cfg.engine.device_graph_capture)?;
@@ -514,6 +521,7 @@ fn build_replica(
             supports_mixed_batches: supports_mixed,
             supports_device_graph_capture,
             drafter_weight_bytes: 0,
+            guest_drafter_kv_replicas,
         },
         cfg.engine.clone(),
     )?;

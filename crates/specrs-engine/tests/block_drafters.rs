@@ -460,6 +460,7 @@ fn counting_engine(f: &Fixture, draft: &Path, skip: bool) -> (EngineHandle, Arc<
         supports_mixed_batches: true,
         supports_device_graph_capture: true,
         drafter_weight_bytes: 0,
+        guest_drafter_kv_replicas: 0,
     };
     let cfg = EngineConfig { max_num_seqs: 8, kv_cache_bytes: 64 << 20, block_size: 4, ..EngineConfig::default() };
     (EngineHandle::spawn(Engine::new(parts, cfg).unwrap(), None), forwards)

@@ -273,6 +273,52 @@ fn requests_spread_over_the_replicas_each_with_its_own_kv_pool() {
 }
 
 #[test]
+fn the_first_device_pays_for_every_replicas_drafter_kv_under_device0_head_placement() {
+    let f = fixture();
+    // KV bytes per token (f32 keys and values): the target's layers, and the oracle head's one
+    // layer with one KV head as wide as the hidden state.
+    let target = (SHAPE.layers * 2 * SHAPE.kv_heads * SHAPE.head_dim * 4) as u64;
+    let (draft, block) = ((2 * SHAPE.hidden * 4) as u64, 4);
+    let budgeted = |head: DraftPlacement, bytes: u64| {
+        let mut cfg = pipeline(&f.bigram, Some(&f.eagle3), spec(SpeculativeMethod::Eagle, 3, head), 2);
+        cfg.engine.kv_cache_bytes = bytes;
+        cfg.engine.max_model_len = Some(64);
+        cfg
+    };
+    let blocks = |cfg: &PipelineConfig| -> Vec<usize> {
+        build_replicas(cfg).unwrap().0.iter().map(|e| e.num_total_blocks()).collect()
+    };
+    // A budget the plan is limited by (not max_num_seqs): 100 blocks of target and draft KV.
+    let budget = 100 * block * (target + draft);
+    let mut one = budgeted(DraftPlacement::Replica, budget);
+    one.devices.truncate(1);
+    assert_eq!(build_engine(&one).unwrap().0.num_total_blocks(), 100, "the test's byte counts are the engine's");
+
+    assert_eq!(blocks(&budgeted(DraftPlacement::Replica, budget)), vec![100, 100], "each replica holds its own head");
+    let device0 = blocks(&budgeted(DraftPlacement::Device0, budget));
+    assert_eq!(device0[1], 100, "a replica whose drafter KV lives elsewhere still plans its whole budget");
+    let held = device0[0] as u64 * block * (target + draft) + device0[1] as u64 * block * draft;
+    assert!(held <= budget, "device 0 holds {held} bytes of KV, over kv_cache_bytes={budget}");
+    assert!(held + block * (target + draft) > budget, "device 0 keeps every block it can afford: {device0:?}");
+
+    // Outputs do not depend on the smaller pool of the first replica.
+    let h = replicas(&budgeted(DraftPlacement::Device0, budget));
+    let reference = {
+        let (engine, info) = build_engine(&one).unwrap();
+        EngineHandle::spawn(engine, Some(info))
+    };
+    assert_eq!(tokens(&run(&h, requests(6, 12))), tokens(&run(&reference, requests(6, 12))));
+
+    // A budget each replica can live with alone but device 0 cannot with its guest's head KV.
+    let tight = 20 * block * (target + draft);
+    blocks(&budgeted(DraftPlacement::Replica, tight));
+    let err =
+        build_replicas(&budgeted(DraftPlacement::Device0, tight)).err().expect("device 0 over budget").to_string();
+    assert!(err.contains("drafter KV of 1 other replica"), "{err}");
+    assert!(err.contains("draft_head_parallelism=\"replica\""), "{err}");
+}
+
+#[test]
 fn a_generate_call_spreads_its_requests_and_counts_tokens_once() {
     let f = fixture();
     let cfg = pipeline(&f.bigram, Some(&f.eagle3), spec(SpeculativeMethod::Eagle, 3, DraftPlacement::Device0), 2);
