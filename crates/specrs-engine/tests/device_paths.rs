@@ -36,6 +36,8 @@ struct Fixture {
     checkpoints: Checkpoints,
     soft_eagle3_reduced: PathBuf,
     soft_dflash_reduced: PathBuf,
+    soft_dspark_reduced: PathBuf,
+    soft_dflash2: PathBuf,
 }
 
 impl std::ops::Deref for Fixture {
@@ -74,7 +76,27 @@ fn fixture() -> Fixture {
     )
     .unwrap();
     write(&soft_dflash_reduced, &c, &t);
-    Fixture { checkpoints, soft_eagle3_reduced, soft_dflash_reduced }
+    // A random DSpark drafter over the same reduced vocabulary: its Markov head corrects each
+    // slot by the token chosen before it, so slots are chosen one after another, on the device
+    // when acceptance runs there.
+    let soft_dspark_reduced = root.join("soft-dspark-reduced");
+    let (c, t) = testing::dspark_speculators(
+        &SHAPE,
+        &BlockShape::default(),
+        &[1, 2],
+        draft_vocab,
+        4,
+        &checkpoints.soft_target,
+        600,
+    )
+    .unwrap();
+    write(&soft_dspark_reduced, &c, &t);
+    // A random DFlash2 drafter: its selector walks each slot's candidate list, taken from the
+    // logits where they live.
+    let soft_dflash2 = root.join("soft-dflash2");
+    let (c, t) = testing::dflash2_zlab(&SHAPE, &BlockShape::default(), &[0, 1], 700).unwrap();
+    write(&soft_dflash2, &c, &t);
+    Fixture { checkpoints, soft_eagle3_reduced, soft_dflash_reduced, soft_dspark_reduced, soft_dflash2 }
 }
 
 struct Setup<'a> {
@@ -240,6 +262,19 @@ fn device_reductions_verify_exactly_like_host_copies() {
             Some(&f.soft_dflash_reduced),
             spec(SpeculativeMethod::Dflash, 4, |c| c.draft_proposal = DraftProposal::Sampled),
         ),
+        (
+            "soft dspark, argmax slots cut by confidence",
+            &f.soft,
+            Some(&f.soft_dspark_reduced),
+            spec(SpeculativeMethod::Dspark, 4, |c| c.draft_confidence_threshold = 0.3),
+        ),
+        (
+            "soft dspark, sampled slots",
+            &f.soft,
+            Some(&f.soft_dspark_reduced),
+            spec(SpeculativeMethod::Dspark, 4, |c| c.draft_proposal = DraftProposal::Sampled),
+        ),
+        ("soft dflash2, candidate lists", &f.soft, Some(&f.soft_dflash2), spec(SpeculativeMethod::Dflash2, 4, |_| {})),
         ("ngram", &f.random, None, spec(SpeculativeMethod::Ngram, 3, |_| {})),
         (
             "ngram synthetic",
@@ -372,6 +407,19 @@ fn captured_steps_give_the_ragged_engines_outputs() {
             spec(SpeculativeMethod::Eagle, 3, |c| c.enable_prompt_lookup = true),
         ),
         ("mtp", &f.bigram, Some(&f.mtp), spec(SpeculativeMethod::Mtp, 2, |_| {})),
+        (
+            "soft dspark, argmax slots cut by confidence",
+            &f.soft,
+            Some(&f.soft_dspark_reduced),
+            spec(SpeculativeMethod::Dspark, 4, |c| c.draft_confidence_threshold = 0.3),
+        ),
+        (
+            "soft dspark, sampled slots",
+            &f.soft,
+            Some(&f.soft_dspark_reduced),
+            spec(SpeculativeMethod::Dspark, 4, |c| c.draft_proposal = DraftProposal::Sampled),
+        ),
+        ("soft dflash2, candidate lists", &f.soft, Some(&f.soft_dflash2), spec(SpeculativeMethod::Dflash2, 4, |_| {})),
         ("ngram", &f.random, None, spec(SpeculativeMethod::Ngram, 3, |_| {})),
     ];
     for (name, target, draft, config) in cases {

@@ -150,6 +150,25 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Tensor> {
     argmax_sanitized(&sanitize(logits)?)
 }
 
+/// The `k` largest entries of each row of `logits [M, V]`, best first, ties to the lower
+/// index (NaN entries last): `(ids [M, k] u32, values [M, k] f32)`, where the logits are.
+/// `k` argmax rounds, each masking the entry it took, so for the small `k` of a candidate
+/// list only `[M, k]` ever leaves the device.
+pub fn top_k_rows(logits: &Tensor, k: usize) -> Result<(Tensor, Tensor)> {
+    let raw = logits.to_dtype(DType::F32)?;
+    let (m, v) = raw.dims2()?;
+    let cols = iota(v, raw.device())?.unsqueeze(0)?.broadcast_as((m, v))?;
+    let mut x = sanitize(&raw)?;
+    let (mut ids, mut values) = (Vec::with_capacity(k), Vec::with_capacity(k));
+    for _ in 0..k.min(v) {
+        let first = argmax_sanitized(&x)?.unsqueeze(1)?; // [M, 1]
+        values.push(raw.gather(&first, 1)?);
+        x = x.masked_fill(&cols.broadcast_eq(&first)?, f32::NEG_INFINITY)?;
+        ids.push(first);
+    }
+    Ok((Tensor::cat(&ids, 1)?, Tensor::cat(&values, 1)?))
+}
+
 /// Rows `rows` of `t`, without a copy when they are all of them in order.
 fn select_rows(t: &Tensor, rows: &[usize]) -> Result<Tensor> {
     if rows.len() == t.dim(0)? && rows.iter().enumerate().all(|(i, &r)| i == r) {

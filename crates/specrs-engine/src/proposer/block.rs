@@ -41,7 +41,7 @@ use specrs_models::drafters::block::TargetDims;
 use specrs_models::drafters::dflash::dflash_config;
 use specrs_models::drafters::dflash2::dflash2_config;
 use specrs_models::drafters::dspark::dspark_config;
-use specrs_models::drafters::{BlockDraftModel, DraftLogits, SlotSampler};
+use specrs_models::drafters::{BlockDraftModel, DraftLogits, SlotSampler, choose_slot_on_host};
 use specrs_models::reductions;
 use specrs_models::{BatchRow, DecoderConfig, ForwardBatch, PagedKvCache};
 
@@ -133,13 +133,68 @@ struct DraftSampler<'a> {
     /// only up to its cut (a head that chooses without the sampler is never cut).
     chains: Vec<f32>,
     cut_at: Vec<Option<usize>>,
+    /// Choose whole slots where the logits live ([`SlotSampler::choose_slot`]): sampled rows'
+    /// distributions then stay there, one `[1, V]` per slot in `device_probs`.
+    on_device: bool,
+    device_probs: Vec<Vec<Tensor>>,
+}
+
+impl DraftSampler<'_> {
+    fn is_sampled(&self, row: usize) -> bool {
+        self.proposal == DraftProposal::Sampled && !self.params[row].is_greedy()
+    }
 }
 
 impl SlotSampler for DraftSampler<'_> {
+    fn chooses_on_device(&self) -> bool {
+        self.on_device
+    }
+
+    /// On the device, as [`Self::choose`] chooses on the host: argmax rows through their ids and
+    /// top-1 probabilities, sampled rows drawn from their processed distribution (in target-id
+    /// space) with their slot's draft-stream uniform.
+    fn choose_slot(
+        &mut self,
+        slot: usize,
+        logits: &Tensor,
+        draft_to_target: Option<&Arc<Vec<u32>>>,
+    ) -> candle_core::Result<Vec<u32>> {
+        if !self.on_device {
+            return choose_slot_on_host(self, slot, logits, draft_to_target);
+        }
+        let to_target = |i: u32| draft_to_target.map_or(i, |m| m[i as usize]);
+        let n = logits.dim(0)?;
+        let mut tokens: Vec<u32> =
+            reductions::argmax_rows(logits)?.to_vec1::<u32>()?.into_iter().map(to_target).collect();
+        let argmax_rows: Vec<usize> = (0..n).filter(|&i| !self.is_sampled(i)).collect();
+        if !self.confidence.is_off() && !argmax_rows.is_empty() {
+            let tops = top_probabilities(logits)?.to_vec1::<f32>()?;
+            for &i in &argmax_rows {
+                if self.cut_at[i].is_none() && !self.confidence.keeps_top(&mut self.chains[i], tops[i]) {
+                    self.cut_at[i] = Some(slot);
+                }
+            }
+        }
+        let drawn: Vec<usize> = (0..n).filter(|&i| self.is_sampled(i)).collect();
+        if !drawn.is_empty() {
+            let rows: Vec<u32> = drawn.iter().map(|&i| i as u32).collect();
+            let x = logits.index_select(&Tensor::new(rows.as_slice(), logits.device())?, 0)?;
+            let params: Vec<&SamplingParams> = drawn.iter().map(|&i| self.params[i]).collect();
+            let q = target_space_distributions(&x, &params, draft_to_target, self.vocab_size)?;
+            let uniforms: Vec<f64> =
+                drawn.iter().map(|&i| uniform(self.seeds[i], RngStream::Draft, slot as u64)).collect();
+            for (j, (&i, token)) in drawn.iter().zip(reductions::sample_rows(&q, &uniforms)?).enumerate() {
+                tokens[i] = token;
+                self.device_probs[i].push(q.narrow(0, j, 1)?);
+            }
+        }
+        Ok(tokens)
+    }
+
     fn choose(&mut self, row: usize, slot: usize, logits: &[f32], draft_to_target: Option<&[u32]>) -> u32 {
         let to_target = |i: u32| draft_to_target.map_or(i, |m| m[i as usize]);
         let params = self.params[row];
-        if self.proposal != DraftProposal::Sampled || params.is_greedy() {
+        if !self.is_sampled(row) {
             let best = argmax(logits);
             // Later slots may depend on this token (DSpark's Markov bias): it is drafted either
             // way, and only the verified prefix is cut.
@@ -172,8 +227,9 @@ pub struct BlockProposer {
     vocab_size: usize,
     device: Device,
     name: String,
-    /// Heads whose slots are independent choose on the drafter's device
-    /// ([`BlockDraftModel::independent_slot_logits`]): ids and top-1 probabilities come back,
+    /// Choose on the drafter's device: all slots at once for heads whose slots are independent
+    /// ([`BlockDraftModel::independent_slot_logits`]), slot by slot through
+    /// [`SlotSampler::choose_slot`] for the others. Ids and top-1 probabilities come back,
     /// sampled drafts' distributions stay there.
     draws_on_device: bool,
 }
@@ -206,7 +262,7 @@ impl BlockProposer {
         }
     }
 
-    /// Chooses the drafts of heads with independent slots on the drafter's device.
+    /// Chooses the drafts on the drafter's device.
     pub fn with_draws_on_device(mut self, on_device: bool) -> Self {
         self.draws_on_device = on_device;
         self
@@ -347,23 +403,32 @@ impl Proposer for BlockProposer {
             confidence: self.confidence,
             chains: vec![1.0; n],
             cut_at: vec![None; n],
+            on_device: self.draws_on_device,
+            device_probs: vec![Vec::new(); n],
         };
         let drafts = self.model.head(&drafting_hidden, &anchors, &mut sampler)?;
         // The block is drafted whole; a row that asked for fewer, or whose drafts became
         // unlikely, keeps the first of them.
         let vocab = self.vocab_size;
-        Ok(drafts
+        drafts
             .into_iter()
-            .zip(sampler.probs)
+            .zip(sampler.probs.into_iter().zip(sampler.device_probs))
             .zip(drafting.iter().zip(sampler.cut_at))
-            .map(|((mut drafts, mut probs), (r, cut_at))| {
+            .map(|((mut drafts, (host, device)), (r, cut_at))| {
                 drafts.truncate(r.num_drafts.min(cut_at.unwrap_or(usize::MAX)));
-                if let Some(p) = &mut probs {
-                    p.truncate(drafts.len() * vocab);
-                }
-                Proposal { drafts, probs: probs.map(DraftProbs::Host) }
+                let probs = match (host, device.is_empty()) {
+                    (Some(mut q), _) => {
+                        q.truncate(drafts.len() * vocab);
+                        Some(DraftProbs::Host(q))
+                    }
+                    (None, false) if !drafts.is_empty() => {
+                        Some(DraftProbs::Device(Tensor::cat(&device[..drafts.len()], 0)?))
+                    }
+                    (None, _) => None,
+                };
+                Ok(Proposal { drafts, probs })
             })
-            .collect())
+            .collect()
     }
 }
 
@@ -460,7 +525,7 @@ mod tests {
         let greedy = SamplingParams::greedy();
         let sampled = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
         let params = [&greedy, &greedy, &sampled];
-        let mut sampler = DraftSampler {
+        let sampler = |on_device| DraftSampler {
             proposal: DraftProposal::Sampled,
             vocab_size: 16,
             params: &params,
@@ -469,17 +534,27 @@ mod tests {
             confidence: DraftConfidence::new(0.5),
             chains: vec![1.0; 3],
             cut_at: vec![None; 3],
+            on_device,
+            device_probs: vec![Vec::new(); 3],
         };
+        let (mut host, mut device) = (sampler(false), sampler(true));
         // Row 0: 0.9, 0.9, 0.9 -> products 0.9, 0.81, 0.73: never cut. Row 1: 0.9, 0.5 ->
         // 0.45 < 0.5: cut at slot 1, though slot 2 (0.99) is sure again. Row 2 samples.
         for (slot, tops) in [[0.9, 0.9, 0.3], [0.9, 0.5, 0.3], [0.9, 0.99, 0.3]].into_iter().enumerate() {
-            for (row, top) in tops.into_iter().enumerate() {
-                let token = sampler.choose(row, slot, &logits_with_top(top), None);
-                if row < 2 {
-                    assert_eq!(token, 3, "argmax rows still draft every slot: later slots may depend on it");
-                }
-            }
+            let rows: Vec<Vec<f32>> = tops.into_iter().map(logits_with_top).collect();
+            let on_host: Vec<u32> = rows.iter().enumerate().map(|(row, x)| host.choose(row, slot, x, None)).collect();
+            assert_eq!(&on_host[..2], &[3, 3], "argmax rows still draft every slot: later slots may depend on it");
+            // The same slot chosen whole where the logits live.
+            let logits = Tensor::from_vec(rows.concat(), (3, 16), &Device::Cpu).unwrap();
+            assert_eq!(device.choose_slot(slot, &logits, None).unwrap(), on_host, "slot {slot}");
         }
-        assert_eq!(sampler.cut_at, vec![None, Some(1), None]);
+        assert_eq!(host.cut_at, vec![None, Some(1), None]);
+        assert_eq!(device.cut_at, host.cut_at);
+        // The sampled row's distributions stay on the device, one row per slot.
+        let kept = Tensor::cat(&device.device_probs[2], 0).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let expected = host.probs[2].as_ref().expect("the sampled row keeps its distributions");
+        assert_eq!(kept.len(), expected.len());
+        assert!(kept.iter().zip(expected).all(|(a, b)| (a - b).abs() < 1e-6), "{kept:?} vs {expected:?}");
+        assert!(device.probs.iter().all(Option::is_none) && device.device_probs[..2].iter().all(Vec::is_empty));
     }
 }

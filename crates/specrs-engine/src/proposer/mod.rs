@@ -103,7 +103,7 @@ pub(crate) fn target_space_distributions(
     params: &[&SamplingParams],
     draft_to_target: Option<&Arc<Vec<u32>>>,
     vocab_size: usize,
-) -> Result<Tensor> {
+) -> candle_core::Result<Tensor> {
     let q = specrs_models::reductions::processed_probs(x, params)?;
     Ok(match draft_to_target {
         None => q,

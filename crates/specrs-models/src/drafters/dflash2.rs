@@ -234,10 +234,15 @@ impl DFlash2Draft {
     }
 }
 
-/// The `k` largest entries of `row`, best first: `(index, value)`.
+/// The `k` largest entries of `row`, best first, ties to the lower index, NaN and infinities
+/// ranked as the device ranks them ([`crate::reductions::top_k_rows`]): `(index, value)`.
 fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
     let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-    let by_value = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    let rank = |i: u32| match row[i as usize] {
+        x if x.is_nan() => f32::MIN,
+        x => x.clamp(f32::MIN, f32::MAX),
+    };
+    let by_value = |a: &u32, b: &u32| rank(*b).total_cmp(&rank(*a)).then(a.cmp(b));
     if k < idx.len() {
         idx.select_nth_unstable_by(k, by_value);
         idx.truncate(k);
@@ -255,25 +260,30 @@ impl BlockDraftModel for DFlash2Draft {
         &self.backbone
     }
 
-    fn head(&self, hidden: &Tensor, anchors: &[u32], _sampler: &mut dyn SlotSampler) -> Result<Vec<Vec<u32>>> {
+    fn head(&self, hidden: &Tensor, anchors: &[u32], sampler: &mut dyn SlotSampler) -> Result<Vec<Vec<u32>>> {
         if anchors.is_empty() {
             return Ok(Vec::new());
         }
         let (n, w) = (anchors.len(), hidden.dim(0)? / anchors.len());
         let (k, r) = (self.params.selector_top_k, self.params.selector_rank);
-        // 1. Candidates: each slot's lm_head top-k with scaled, soft-capped unary scores.
+        // 1. Candidates: each slot's lm_head top-k ([n·W, V] -> [n·W, k], on the device when
+        //    the driver chooses there) with scaled, soft-capped unary scores.
         let logits = self.backbone.logits(hidden)?;
-        let vocab = logits.dim(1)?;
-        let (candidates, unary): (Vec<u32>, Vec<f32>) = with_f32_slice(&logits, |all| {
-            all.chunks(vocab)
-                .flat_map(|row| top_k(row, k))
-                .map(|(id, logit)| {
-                    let u = logit as f64 * self.params.output_multiplier;
-                    let u = self.params.final_logit_softcapping.map_or(u, |cap| cap * (u / cap).tanh());
-                    (id, u as f32)
-                })
-                .unzip()
-        })?;
+        let top: Vec<(u32, f32)> = if sampler.chooses_on_device() {
+            let (ids, values) = crate::reductions::top_k_rows(&logits, k)?;
+            ids.flatten_all()?.to_vec1::<u32>()?.into_iter().zip(values.flatten_all()?.to_vec1::<f32>()?).collect()
+        } else {
+            let vocab = logits.dim(1)?;
+            with_f32_slice(&logits, |all| all.chunks(vocab).flat_map(|row| top_k(row, k)).collect())?
+        };
+        let (candidates, unary): (Vec<u32>, Vec<f32>) = top
+            .into_iter()
+            .map(|(id, logit)| {
+                let u = logit as f64 * self.params.output_multiplier;
+                let u = self.params.final_logit_softcapping.map_or(u, |cap| cap * (u / cap).tanh());
+                (id, u as f32)
+            })
+            .unzip();
         // 2. The low-rank factors: projected hidden states [n·W, r], candidate codes [n·W·k, r].
         let projected =
             self.selector.hidden_projection.forward(hidden)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;

@@ -44,7 +44,6 @@ use super::block::{
 use super::dflash::check_target_hidden_size;
 use super::{BlockDraftModel, SlotSampler};
 use crate::error::{ModelError, Result as LoadResult};
-use crate::host::with_f32_slice;
 use crate::linear::{Linear, LinearWeight};
 use crate::models::CausalLm;
 use crate::weights::{ModelDType, WeightStore};
@@ -251,7 +250,7 @@ impl BlockDraftModel for DSparkDraft {
         let base = self.backbone.logits(hidden)?;
         let vd = base.dim(1)?;
         let base = base.reshape((n, w, vd))?;
-        let map = self.backbone.draft_to_target().map(|m| m.as_slice());
+        let map = self.backbone.draft_to_target();
         // 2. Slot by slot: the Markov bias of the previous token, then the choice.
         let mut previous = anchors.to_vec();
         let mut drafts = vec![Vec::with_capacity(w); n];
@@ -261,13 +260,10 @@ impl BlockDraftModel for DSparkDraft {
             let latent = self.markov_w1.embed(&ids)?.to_dtype(self.backbone.dtype())?;
             let bias = self.markov_w2.forward(&latent)?.to_dtype(candle_core::DType::F32)?;
             let logits = (base.narrow(1, slot, 1)?.squeeze(1)? + bias)?;
-            with_f32_slice(&logits, |all| {
-                for (i, draft) in drafts.iter_mut().enumerate() {
-                    let token = sampler.choose(i, slot, &all[i * vd..(i + 1) * vd], map);
-                    draft.push(token);
-                    previous[i] = token;
-                }
-            })?;
+            previous = sampler.choose_slot(slot, &logits, map)?;
+            for (draft, &token) in drafts.iter_mut().zip(&previous) {
+                draft.push(token);
+            }
         }
         Ok(drafts)
     }

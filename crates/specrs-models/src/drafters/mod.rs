@@ -85,6 +85,39 @@ pub trait SlotSampler {
     /// `row`; `draft_to_target` maps draft-vocabulary indices to target ids when the draft
     /// vocabulary is reduced. Returns the chosen target token id.
     fn choose(&mut self, row: usize, slot: usize, logits: &[f32], draft_to_target: Option<&[u32]>) -> u32;
+
+    /// Every row's token of drafting slot `slot` from `logits [n, Vd]` f32, where they live.
+    /// Heads that correct slot by slot call this once per slot. The default copies the logits
+    /// to the host and asks [`Self::choose`] row by row; a driver whose logits are on a device
+    /// overrides it to choose there, so only the `n` ids come back.
+    fn choose_slot(
+        &mut self,
+        slot: usize,
+        logits: &Tensor,
+        draft_to_target: Option<&Arc<Vec<u32>>>,
+    ) -> Result<Vec<u32>> {
+        choose_slot_on_host(self, slot, logits, draft_to_target)
+    }
+
+    /// Whether the driver chooses where the logits live (then a head that reads its logits
+    /// another way, such as DFlash2's candidate lists, reads them there too).
+    fn chooses_on_device(&self) -> bool {
+        false
+    }
+}
+
+/// [`SlotSampler::choose_slot`] through host copies: [`SlotSampler::choose`] on each row.
+pub fn choose_slot_on_host<S: SlotSampler + ?Sized>(
+    sampler: &mut S,
+    slot: usize,
+    logits: &Tensor,
+    draft_to_target: Option<&Arc<Vec<u32>>>,
+) -> Result<Vec<u32>> {
+    let vd = logits.dim(1)?;
+    let map = draft_to_target.map(|m| m.as_slice());
+    crate::host::with_f32_slice(logits, |all| {
+        all.chunks(vd).enumerate().map(|(row, x)| sampler.choose(row, slot, x, map)).collect()
+    })
 }
 
 /// A drafter that proposes a block of tokens per forward.

@@ -64,6 +64,30 @@ fn argmax_is_the_first_maximum_with_nan_skipped() {
     }
 }
 
+#[test]
+fn top_k_rows_rank_best_first_with_ties_to_the_lower_index_and_nan_last() {
+    let (rows, v, k) = (40, 300, 7);
+    let x = logits(rows, v, 2);
+    let (ids, values) = top_k_rows(&tensor(&x, rows, v), k).unwrap();
+    let (ids, values) = (ids.to_vec2::<u32>().unwrap(), values.to_vec2::<f32>().unwrap());
+    // NaN ranks with -inf at the bottom; equal ranks go to the lower index.
+    let rank = |x: f32| if x.is_nan() { f32::MIN } else { x.clamp(f32::MIN, f32::MAX) };
+    for r in 0..rows {
+        let row = &x[r * v..(r + 1) * v];
+        let mut order: Vec<usize> = (0..v).collect();
+        order.sort_by(|&a, &b| rank(row[b]).total_cmp(&rank(row[a])).then(a.cmp(&b)));
+        let want: Vec<u32> = order[..k].iter().map(|&i| i as u32).collect();
+        assert_eq!(ids[r], want, "row {r}");
+        for (&i, &got) in ids[r].iter().zip(&values[r]) {
+            let raw = row[i as usize];
+            assert!(got == raw || (got.is_nan() && raw.is_nan()), "row {r}: value of {i} is {got}, not {raw}");
+        }
+    }
+    // k past the vocabulary gives every entry once.
+    let (ids, _) = top_k_rows(&tensor(&[1.0, 3.0, 2.0], 1, 3), 5).unwrap();
+    assert_eq!(ids.to_vec2::<u32>().unwrap(), vec![vec![1, 2, 0]]);
+}
+
 fn param_sets() -> Vec<SamplingParams> {
     let p =
         |temperature, top_k, top_p, min_p| SamplingParams { temperature, top_k, top_p, min_p, ..Default::default() };
