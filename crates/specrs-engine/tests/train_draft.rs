@@ -94,7 +94,8 @@ fn trains_exports_a_lossless_draft_and_resumes_from_its_work_dir() {
 
     // Warm start: a new run continues the exported draft, keeping its taps and vocabulary
     // even when asked for another vocabulary size. With a vanishing learning rate the weights
-    // it writes back are the ones it started from.
+    // it writes back are the ones it started from (to 1e-9: an update of ~1e-12 still shows
+    // in the last bits of a weight near 1e-5; a wrong or missing tensor differs by far more).
     let warm = TrainDraftConfig {
         output: dir.path().join("warm"),
         work_dir: dir.path().join("warm-work"),
@@ -117,7 +118,7 @@ fn trains_exports_a_lossless_draft_and_resumes_from_its_work_dir() {
         let a = &after[name];
         assert_eq!(a.dims(), b.dims(), "{name}");
         let diff = specrs_models::testing::max_abs_diff(a, b).unwrap();
-        assert_eq!(diff, 0.0, "{name} changed by {diff} with a vanishing learning rate");
+        assert!(diff < 1e-9, "{name} changed by {diff} with a vanishing learning rate");
     }
     let warm_config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(warm.output.join("config.json")).unwrap()).unwrap();
