@@ -162,28 +162,25 @@ impl SlotSampler for DraftSampler<'_> {
         if !self.on_device {
             return choose_slot_on_host(self, slot, logits, draft_to_target);
         }
-        let to_target = |i: u32| draft_to_target.map_or(i, |m| m[i as usize]);
         let n = logits.dim(0)?;
-        let mut tokens: Vec<u32> =
-            reductions::argmax_rows(logits)?.to_vec1::<u32>()?.into_iter().map(to_target).collect();
-        let argmax_rows: Vec<usize> = (0..n).filter(|&i| !self.is_sampled(i)).collect();
-        if !self.confidence.is_off() && !argmax_rows.is_empty() {
-            let tops = top_probabilities(logits)?.to_vec1::<f32>()?;
-            for &i in &argmax_rows {
-                if self.cut_at[i].is_none() && !self.confidence.keeps_top(&mut self.chains[i], tops[i]) {
+        let drawn: Vec<usize> = (0..n).filter(|&i| self.is_sampled(i)).collect();
+        let draws: Vec<DeviceDraw<'_>> =
+            drawn.iter().map(|&i| DeviceDraw { row: i, params: self.params[i], seed: self.seeds[i], slot }).collect();
+        let with_tops = !self.confidence.is_off() && drawn.len() < n;
+        let chosen = choose_on_device(logits, draft_to_target, with_tops, &draws, self.vocab_size)?;
+        let mut tokens = chosen.argmax;
+        if let Some(tops) = &chosen.tops {
+            for (i, &top) in tops.iter().enumerate() {
+                if !self.is_sampled(i)
+                    && self.cut_at[i].is_none()
+                    && !self.confidence.keeps_top(&mut self.chains[i], top)
+                {
                     self.cut_at[i] = Some(slot);
                 }
             }
         }
-        let drawn: Vec<usize> = (0..n).filter(|&i| self.is_sampled(i)).collect();
-        if !drawn.is_empty() {
-            let rows: Vec<u32> = drawn.iter().map(|&i| i as u32).collect();
-            let x = logits.index_select(&Tensor::new(rows.as_slice(), logits.device())?, 0)?;
-            let params: Vec<&SamplingParams> = drawn.iter().map(|&i| self.params[i]).collect();
-            let q = target_space_distributions(&x, &params, draft_to_target, self.vocab_size)?;
-            let uniforms: Vec<f64> =
-                drawn.iter().map(|&i| uniform(self.seeds[i], RngStream::Draft, slot as u64)).collect();
-            for (j, (&i, token)) in drawn.iter().zip(reductions::sample_rows(&q, &uniforms)?).enumerate() {
+        if let Some(q) = &chosen.q {
+            for (j, (&i, &token)) in drawn.iter().zip(&chosen.samples).enumerate() {
                 tokens[i] = token;
                 self.device_probs[i].push(q.narrow(0, j, 1)?);
             }
@@ -213,6 +210,49 @@ impl SlotSampler for DraftSampler<'_> {
         self.probs[row].get_or_insert_with(Vec::new).extend_from_slice(&q);
         token
     }
+}
+
+/// One sampled logit row to draw on the device: its parameters, its request's seed, its slot.
+struct DeviceDraw<'a> {
+    row: usize,
+    params: &'a SamplingParams,
+    seed: u64,
+    slot: usize,
+}
+
+/// Logit rows `logits [m, Vd]` chosen where they live, as the host chooses them: each row's
+/// argmax in target ids and, when asked, its top-1 probability; the `draws` rows sampled from
+/// their processed distribution (kept, `[draws, V]` in target-id space) with the draft-stream
+/// uniform of their slot. Only ids and per-row numbers come back.
+struct DeviceChoices {
+    argmax: Vec<u32>,
+    tops: Option<Vec<f32>>,
+    samples: Vec<u32>,
+    q: Option<Tensor>,
+}
+
+fn choose_on_device(
+    logits: &Tensor,
+    draft_to_target: Option<&Arc<Vec<u32>>>,
+    with_tops: bool,
+    draws: &[DeviceDraw<'_>],
+    vocab_size: usize,
+) -> candle_core::Result<DeviceChoices> {
+    let to_target = |i: u32| draft_to_target.map_or(i, |m| m[i as usize]);
+    let argmax = reductions::argmax_rows(logits)?.to_vec1::<u32>()?.into_iter().map(to_target).collect();
+    let tops = match with_tops {
+        true => Some(top_probabilities(logits)?.to_vec1::<f32>()?),
+        false => None,
+    };
+    if draws.is_empty() {
+        return Ok(DeviceChoices { argmax, tops, samples: Vec::new(), q: None });
+    }
+    let rows: Vec<u32> = draws.iter().map(|d| d.row as u32).collect();
+    let x = logits.index_select(&Tensor::new(rows.as_slice(), logits.device())?, 0)?;
+    let params: Vec<&SamplingParams> = draws.iter().map(|d| d.params).collect();
+    let q = target_space_distributions(&x, &params, draft_to_target, vocab_size)?;
+    let uniforms: Vec<f64> = draws.iter().map(|d| uniform(d.seed, RngStream::Draft, d.slot as u64)).collect();
+    Ok(DeviceChoices { argmax, tops, samples: reductions::sample_rows(&q, &uniforms)?, q: Some(q) })
 }
 
 pub struct BlockProposer {
@@ -389,7 +429,7 @@ impl Proposer for BlockProposer {
         if self.draws_on_device
             && let Some(logits) = self.model.independent_slot_logits(&drafting_hidden)?
         {
-            return self.choose_on_device(&logits, &drafting, k);
+            return self.choose_independent_slots(&logits, &drafting, k);
         }
         let anchors: Vec<u32> = drafting.iter().map(|r| r.tokens[r.tokens.len() - 1]).collect();
         let params: Vec<&SamplingParams> = drafting.iter().map(|r| r.params).collect();
@@ -438,47 +478,41 @@ impl BlockProposer {
     /// slots (cut where the running top-1 probability falls below the confidence threshold),
     /// sampled slots drawn from their processed distribution with the draft-stream uniform of
     /// their slot, the distributions kept on the device in target-id space.
-    fn choose_on_device(&self, logits: &DraftLogits, drafting: &[&ProposeRow<'_>], k: usize) -> Result<Vec<Proposal>> {
-        let device = logits.logits.device();
-        let to_target = |i: u32| logits.draft_to_target.as_ref().map_or(i, |m| m[i as usize]);
+    fn choose_independent_slots(
+        &self,
+        logits: &DraftLogits,
+        drafting: &[&ProposeRow<'_>],
+        k: usize,
+    ) -> Result<Vec<Proposal>> {
         let sampled = |r: &ProposeRow<'_>| self.proposal == DraftProposal::Sampled && !r.params.is_greedy();
-        let ids = reductions::argmax_rows(&logits.logits)?.to_vec1::<u32>()?;
-        let tops = match self.confidence.is_off() {
-            true => None,
-            false => Some(top_probabilities(&logits.logits)?.to_vec1::<f32>()?),
-        };
         // Sampled rows: every slot drawn on the device.
         let drawn: Vec<usize> = (0..drafting.len()).filter(|&i| sampled(drafting[i])).collect();
-        let (samples, q) = if drawn.is_empty() {
-            (Vec::new(), None)
-        } else {
-            let slots: Vec<u32> = drawn.iter().flat_map(|&i| (i * k..(i + 1) * k).map(|j| j as u32)).collect();
-            let params: Vec<&SamplingParams> =
-                drawn.iter().flat_map(|&i| std::iter::repeat_n(drafting[i].params, k)).collect();
-            let x = logits.logits.index_select(&Tensor::from_vec(slots.clone(), slots.len(), device)?, 0)?;
-            let q = target_space_distributions(&x, &params, logits.draft_to_target.as_ref(), self.vocab_size)?;
-            let uniforms: Vec<f64> = drawn
-                .iter()
-                .flat_map(|&i| (0..k).map(move |slot| uniform(drafting[i].seed, RngStream::Draft, slot as u64)))
-                .collect();
-            (reductions::sample_rows(&q, &uniforms)?, Some(q))
-        };
+        let draws: Vec<DeviceDraw<'_>> = drawn
+            .iter()
+            .flat_map(|&i| {
+                let r = drafting[i];
+                (0..k).map(move |slot| DeviceDraw { row: i * k + slot, params: r.params, seed: r.seed, slot })
+            })
+            .collect();
+        let with_tops = !self.confidence.is_off();
+        let chosen =
+            choose_on_device(&logits.logits, logits.draft_to_target.as_ref(), with_tops, &draws, self.vocab_size)?;
         (0..drafting.len())
             .map(|i| {
                 let r = drafting[i];
-                if let (Ok(j), Some(q)) = (drawn.binary_search(&i), &q) {
+                if let (Ok(j), Some(q)) = (drawn.binary_search(&i), &chosen.q) {
                     let n = r.num_drafts.min(k);
-                    let drafts = samples[j * k..j * k + n].to_vec();
+                    let drafts = chosen.samples[j * k..j * k + n].to_vec();
                     return Ok(Proposal { drafts, probs: Some(DraftProbs::Device(q.narrow(0, j * k, n)?)) });
                 }
                 let mut kept = r.num_drafts.min(k);
-                if let Some(tops) = &tops {
+                if let Some(tops) = &chosen.tops {
                     let mut chain = 1.0;
                     if let Some(cut) = (0..k).find(|&s| !self.confidence.keeps_top(&mut chain, tops[i * k + s])) {
                         kept = kept.min(cut);
                     }
                 }
-                Ok(Proposal { drafts: ids[i * k..i * k + kept].iter().map(|&t| to_target(t)).collect(), probs: None })
+                Ok(Proposal { drafts: chosen.argmax[i * k..i * k + kept].to_vec(), probs: None })
             })
             .collect()
     }
