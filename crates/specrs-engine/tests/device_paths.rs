@@ -12,6 +12,7 @@
 //! - captured steps (`device_graph_capture`: device graphs on CUDA, the same fixed-shape steps
 //!   run eagerly on CPU) give the ragged engine's outputs.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
@@ -51,10 +52,14 @@ impl std::ops::Deref for Fixture {
 fn fixture() -> Fixture {
     let checkpoints = Checkpoints::new();
     let root = checkpoints.root();
+    let written = |name: &str, checkpoint: (serde_json::Value, HashMap<String, Tensor>)| {
+        let dir = root.join(name);
+        write(&dir, &checkpoint.0, &checkpoint.1);
+        dir
+    };
     // A soft EAGLE-3 head with a reduced draft vocabulary (every other target id, through
     // `d2t`): sampled drafts are drawn over the draft vocabulary and their distributions
     // scattered to target ids.
-    let soft_eagle3_reduced = root.join("soft-eagle3-reduced");
     let (mut c, t) = testing::eagle3_oracle(&SHAPE, [1, 2, 3]).unwrap();
     let mut t = testing::randomized(t, 0.02, 300).unwrap();
     let draft_vocab = SHAPE.vocab / 2;
@@ -62,40 +67,21 @@ fn fixture() -> Fixture {
     let d2t: Vec<i64> = (0..draft_vocab as i64).collect();
     t.insert("d2t".into(), Tensor::from_vec(d2t, draft_vocab, &candle_core::Device::Cpu).unwrap());
     c["draft_vocab_size"] = serde_json::json!(draft_vocab);
-    write(&soft_eagle3_reduced, &c, &t);
-    // A random DFlash block drafter over the same reduced vocabulary: its slots are chosen
-    // independently, on the device when acceptance runs there.
-    let soft_dflash_reduced = root.join("soft-dflash-reduced");
-    let (c, t) = testing::dflash_speculators(
-        &SHAPE,
-        &BlockShape::default(),
-        &[1, 2],
-        draft_vocab,
-        &checkpoints.soft_target,
-        500,
-    )
-    .unwrap();
-    write(&soft_dflash_reduced, &c, &t);
-    // A random DSpark drafter over the same reduced vocabulary: its Markov head corrects each
-    // slot by the token chosen before it, so slots are chosen one after another, on the device
-    // when acceptance runs there.
-    let soft_dspark_reduced = root.join("soft-dspark-reduced");
-    let (c, t) = testing::dspark_speculators(
-        &SHAPE,
-        &BlockShape::default(),
-        &[1, 2],
-        draft_vocab,
-        4,
-        &checkpoints.soft_target,
-        600,
-    )
-    .unwrap();
-    write(&soft_dspark_reduced, &c, &t);
-    // A random DFlash2 drafter: its selector walks each slot's candidate list, taken from the
-    // logits where they live.
-    let soft_dflash2 = root.join("soft-dflash2");
-    let (c, t) = testing::dflash2_zlab(&SHAPE, &BlockShape::default(), &[0, 1], 700).unwrap();
-    write(&soft_dflash2, &c, &t);
+    let soft_eagle3_reduced = written("soft-eagle3-reduced", (c, t));
+    let (block, taps, soft) = (BlockShape::default(), [1, 2], &checkpoints.soft_target);
+    // Random block drafters over the same reduced vocabulary. DFlash's slots are chosen
+    // independently; DSpark's Markov head corrects each slot by the token chosen before it, so
+    // its slots are chosen one after another; DFlash2's selector walks each slot's candidate
+    // list. All of them choose on the device when acceptance runs there.
+    let soft_dflash_reduced = written(
+        "soft-dflash-reduced",
+        testing::dflash_speculators(&SHAPE, &block, &taps, draft_vocab, soft, 500).unwrap(),
+    );
+    let soft_dspark_reduced = written(
+        "soft-dspark-reduced",
+        testing::dspark_speculators(&SHAPE, &block, &taps, draft_vocab, 4, soft, 600).unwrap(),
+    );
+    let soft_dflash2 = written("soft-dflash2", testing::dflash2_zlab(&SHAPE, &block, &[0, 1], 700).unwrap());
     Fixture { checkpoints, soft_eagle3_reduced, soft_dflash_reduced, soft_dspark_reduced, soft_dflash2 }
 }
 
