@@ -22,6 +22,67 @@ impl ChatMessage {
     }
 }
 
+/// The roles a conversation may use: OpenAI's, `developer` included.
+pub const CHAT_ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+
+/// Why a conversation cannot be rendered. [`Self::param`] names the offending field the way
+/// the OpenAI API does (`messages[2].role`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ChatMessageError {
+    #[error("messages must contain at least one message")]
+    Empty,
+    #[error("unknown role '{role}' in message {index}; expected system, user, assistant, tool or developer")]
+    UnknownRole { index: usize, role: String },
+    #[error("message {index}: only text content parts are supported")]
+    NonTextPart { index: usize },
+    #[error("message {index}: content must be a string or a list of text parts")]
+    BadContent { index: usize },
+}
+
+impl ChatMessageError {
+    pub fn param(&self) -> String {
+        match self {
+            Self::Empty => "messages".into(),
+            Self::UnknownRole { index, .. } => format!("messages[{index}].role"),
+            Self::NonTextPart { index } | Self::BadContent { index } => format!("messages[{index}].content"),
+        }
+    }
+}
+
+/// Checks a conversation and flattens each message's content to text: a string as is, `null`
+/// as empty, a list of `{"type": "text", "text": ...}` parts joined. Every entry point (the
+/// server, Python, the Rust API) goes through this, so a conversation one accepts the others do.
+pub fn text_messages(messages: &[ChatMessage]) -> std::result::Result<Vec<ChatMessage>, ChatMessageError> {
+    if messages.is_empty() {
+        return Err(ChatMessageError::Empty);
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(index, m)| {
+            if !CHAT_ROLES.contains(&m.role.as_str()) {
+                return Err(ChatMessageError::UnknownRole { index, role: m.role.clone() });
+            }
+            let content = match &m.content {
+                serde_json::Value::Null => String::new(),
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Array(parts) => {
+                    let mut text = String::new();
+                    for part in parts {
+                        match (part.get("type").and_then(|t| t.as_str()), part.get("text").and_then(|t| t.as_str())) {
+                            (Some("text"), Some(t)) => text.push_str(t),
+                            _ => return Err(ChatMessageError::NonTextPart { index }),
+                        }
+                    }
+                    text
+                }
+                _ => return Err(ChatMessageError::BadContent { index }),
+            };
+            Ok(ChatMessage::new(m.role.clone(), content))
+        })
+        .collect()
+}
+
 pub struct ChatTemplate {
     env: Environment<'static>,
 }
@@ -162,6 +223,28 @@ mod tests {
         let t = ChatTemplate::new("{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}".into()).unwrap();
         let e = t.render(&[ChatMessage::new("assistant", "x")], false, "", "").unwrap_err().to_string();
         assert!(e.contains("Conversation roles must alternate"), "{e}");
+    }
+
+    #[test]
+    fn text_messages_join_text_parts_and_name_the_field_at_fault() {
+        let parts = ChatMessage {
+            role: "user".into(),
+            content: serde_json::json!([{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]),
+        };
+        let system = ChatMessage { role: "system".into(), content: serde_json::Value::Null };
+        let out = text_messages(&[system, parts]).unwrap();
+        assert_eq!(out, vec![ChatMessage::new("system", ""), ChatMessage::new("user", "Hi there")]);
+
+        let e = text_messages(&[ChatMessage::new("user", "a"), ChatMessage::new("wizard", "b")]).unwrap_err();
+        assert_eq!(e, ChatMessageError::UnknownRole { index: 1, role: "wizard".into() });
+        assert_eq!(e.param(), "messages[1].role");
+        assert!(e.to_string().contains("expected system, user"), "{e}");
+
+        let image = ChatMessage { role: "user".into(), content: serde_json::json!([{"type": "image_url"}]) };
+        assert_eq!(text_messages(&[image]).unwrap_err().param(), "messages[0].content");
+        let number = ChatMessage { role: "user".into(), content: serde_json::json!(3) };
+        assert_eq!(text_messages(&[number]).unwrap_err(), ChatMessageError::BadContent { index: 0 });
+        assert_eq!(text_messages(&[]).unwrap_err().param(), "messages");
     }
 
     #[test]

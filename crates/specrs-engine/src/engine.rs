@@ -476,6 +476,8 @@ impl Engine {
             Prompt::Tokens(t) => t,
             Prompt::Text(text) => self.tokenizer.encode(&text, true)?,
             Prompt::Chat(messages) => {
+                let messages =
+                    crate::chat_template::text_messages(&messages).map_err(|e| EngineError::Request(e.to_string()))?;
                 let text = self.tokenizer.apply_chat_template(&messages, true)?;
                 self.tokenizer.encode(&text, true)?
             }

@@ -13,7 +13,7 @@ use specrs_core::sampling::SamplingParams;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
     ChatMessage, DeviceSpec, EngineConfig, EngineError, EngineHandle, GenerationRequest, PipelineConfig, PipelineInfo,
-    Prompt,
+    Prompt, text_messages,
 };
 use specrs_models::ModelDType;
 
@@ -174,6 +174,7 @@ impl PyPipeline {
     #[pyo3(signature = (messages, add_generation_prompt=true))]
     fn apply_chat_template(&self, messages: &str, add_generation_prompt: bool) -> PyResult<String> {
         let messages: Vec<ChatMessage> = serde_json::from_str(messages).map_err(json_err)?;
+        let messages = text_messages(&messages).map_err(|e| raise("RequestError", e.to_string(), &[]))?;
         self.handle.tokenizer().apply_chat_template(&messages, add_generation_prompt).map_err(engine_error)
     }
 

@@ -25,7 +25,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use specrs_core::sampling::SamplingParams;
 use specrs_engine::request::OutputStream;
-use specrs_engine::{ChatMessage, EngineHandle, FinishReason, GenerationRequest, Prompt, RequestOutput, TokenLogprob};
+use specrs_engine::{
+    ChatMessage, EngineHandle, FinishReason, GenerationRequest, Prompt, RequestOutput, TokenLogprob, text_messages,
+};
 
 use crate::error::ApiError;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptSpec, SamplingFields, SpecDecodeUsage, Usage};
@@ -354,48 +356,12 @@ fn sse_json(v: &Value) -> Event {
 }
 
 fn chat_messages(req: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiError> {
-    if req.messages.is_empty() {
-        return Err(ApiError::bad_request("messages must contain at least one message", Some("messages")));
-    }
-    req.messages
+    let messages: Vec<ChatMessage> = req
+        .messages
         .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool" | "developer") {
-                return Err(ApiError::bad_request(
-                    format!("unknown role '{}'; expected system, user, assistant, tool or developer", m.role),
-                    Some(&format!("messages[{i}].role")),
-                ));
-            }
-            // Text parts are joined; other modalities are refused.
-            let content = match &m.content {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                            (Some("text"), Some(t)) => text.push_str(t),
-                            _ => {
-                                return Err(ApiError::bad_request(
-                                    "only text content parts are supported",
-                                    Some(&format!("messages[{i}].content")),
-                                ));
-                            }
-                        }
-                    }
-                    text
-                }
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        "content must be a string or a list of text parts",
-                        Some(&format!("messages[{i}].content")),
-                    ));
-                }
-            };
-            Ok(ChatMessage::new(m.role.clone(), content))
-        })
-        .collect()
+        .map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone().unwrap_or(Value::Null) })
+        .collect();
+    text_messages(&messages).map_err(|e| ApiError::bad_request(e.to_string(), Some(&e.param())))
 }
 
 async fn chat_completions(
