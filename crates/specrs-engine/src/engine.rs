@@ -269,8 +269,7 @@ impl Engine {
         let drafter_kv_bytes_per_token = proposer.as_ref().map_or(0, |p| p.kv_bytes_per_token());
         let model_cfg = target.config().clone();
         let vocab_size = model_cfg.vocab_size;
-        let max_model_len =
-            cfg.max_model_len.unwrap_or(model_cfg.max_position_embeddings).min(model_cfg.max_position_embeddings);
+        let max_model_len = checked_max_model_len(cfg.max_model_len, model_cfg.max_position_embeddings)?;
         let k = proposer.as_ref().map_or(0, |p| p.num_speculative_tokens());
         let lookahead = proposer.as_ref().map_or(0, |p| p.draft_lookahead());
         let dtype_bytes = target.dtype().size_in_bytes();
@@ -1211,5 +1210,48 @@ fn width_source(policy: &EngineWidthPolicy) -> WidthSource<'_> {
         WidthMode::Fixed(k) => WidthSource::Fixed(*k),
         WidthMode::Schedule(s) => WidthSource::Schedule(s),
         WidthMode::Adaptive(c) => WidthSource::Adaptive(c),
+    }
+}
+
+/// The context a sequence may fill: `requested`, or the model's own when unset. Longer than the
+/// model was trained for is refused rather than cut silently, as vLLM does.
+fn checked_max_model_len(requested: Option<usize>, model_context: usize) -> Result<usize> {
+    match requested {
+        None => Ok(model_context),
+        Some(n) if n < 2 => Err(specrs_core::ConfigError::field(
+            "max_model_len",
+            format!("max_model_len must be at least 2 (a prompt token and a generated one), got {n}"),
+        )
+        .into()),
+        Some(n) if n > model_context => Err(specrs_core::ConfigError::field(
+            "max_model_len",
+            format!(
+                "max_model_len {n} exceeds the model's context of {model_context} tokens \
+                 (max_position_embeddings); lower it or leave it unset"
+            ),
+        )
+        .into()),
+        Some(n) => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_model_len_defaults_to_the_models_context_and_refuses_more_or_too_little() {
+        assert_eq!(checked_max_model_len(None, 8192).unwrap(), 8192);
+        assert_eq!(checked_max_model_len(Some(512), 8192).unwrap(), 512);
+        assert_eq!(checked_max_model_len(Some(8192), 8192).unwrap(), 8192);
+        for (asked, needle) in [(Some(8193), "exceeds the model's context of 8192"), (Some(1), "at least 2")] {
+            match checked_max_model_len(asked, 8192).unwrap_err() {
+                EngineError::Config(e) => {
+                    assert_eq!(e.field.as_deref(), Some("max_model_len"));
+                    assert!(e.message.contains(needle), "{}", e.message);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }
