@@ -186,10 +186,16 @@ pub fn target_architecture(store: &WeightStore, config: &specrs_models::DecoderC
 pub fn draft_architecture(method: SpeculativeMethod, draft: &Path) -> Result<String> {
     let cfg_path = if draft.is_dir() { draft.join("config.json") } else { draft.with_file_name("config.json") };
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
-        EngineError::Request(format!("cannot read the draft model's config {}: {e}", cfg_path.display()))
+        specrs_models::ModelError::file(
+            &cfg_path,
+            format!(
+                "cannot read the draft model's config ({e}); the draft model must be a checkpoint directory \
+                 holding config.json and its safetensors weights"
+            ),
+        )
     })?;
     let json: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| EngineError::Request(format!("{}: invalid JSON: {e}", cfg_path.display())))?;
+        .map_err(|e| specrs_models::ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
     let name = json["architectures"][0].as_str().unwrap_or_default().to_string();
     let has_draft_vocab = json.get("draft_vocab_size").is_some() || json.get("truncated_vocab_size").is_some();
     Ok(canonical_draft_arch(method, &name, has_draft_vocab))
