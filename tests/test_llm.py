@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from conftest import IM_END, make_llm, reference_cases
 from spec_rs import (
@@ -454,15 +455,111 @@ def test_prompt_longer_than_max_model_len_raises_request_error(short_llm: LLM) -
     assert wait_for_free_kv(short_llm)[0] == short_llm.kv_blocks()[1]
 
 
-@pytest.mark.parametrize(("field", "value"), [("temperature", -1.0), ("top_p", 0.0), ("max_tokens", 0)])
-def test_invalid_sampling_params_raise_an_error_naming_the_field(
+BAD_SAMPLING = [
+    ("temperature", -1.0),
+    ("top_p", 0.0),
+    ("max_tokens", 0),
+    ("min_p", 1.5),
+    ("presence_penalty", 3.0),
+    ("stop", [""]),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_SAMPLING)
+def test_invalid_sampling_params_fail_when_built_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError) as excinfo:
+        SamplingParams(**{field: value})
+    assert field in str(excinfo.value)
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "min_tokens", "logprobs", "seed"])
+def test_negative_counts_fail_when_built(field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        SamplingParams(**{field: -1})
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_SAMPLING)
+def test_the_engine_refuses_invalid_sampling_params_that_skipped_validation(
     short_llm: LLM, field: str, value: Any
 ) -> None:
+    # `model_construct` skips pydantic's validators: the engine checks every request itself.
+    params = SamplingParams.model_construct(**{**SamplingParams().model_dump(), field: value})
     with pytest.raises(SpecRsError) as excinfo:
-        short_llm.generate("Hi", SamplingParams(**{field: value}))
+        short_llm.generate("Hi", params)
     assert isinstance(excinfo.value, ValueError)
     assert getattr(excinfo.value, "field", None) == field
     assert field in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "prompts", [5, None, [1.5], ["ok", 7], [["a"]]], ids=["int", "none", "floats", "mixed", "nested-str"]
+)
+def test_generate_refuses_what_is_not_a_prompt_naming_its_type(short_llm: LLM, prompts: Any) -> None:
+    with pytest.raises(TypeError, match="prompt"):
+        short_llm.generate(prompts)
+
+
+def test_chat_checks_roles_and_content_the_way_the_server_does(short_llm: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    with pytest.raises(RequestError, match="unknown role 'wizard' in message 1"):
+        short_llm.chat([{"role": "user", "content": "Hi"}, {"role": "wizard", "content": "x"}], params)
+    with pytest.raises(RequestError, match="only text content parts"):
+        short_llm.chat(
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], params
+        )
+    with pytest.raises(RequestError, match="unknown role"):
+        short_llm.apply_chat_template([{"role": "wizard", "content": "x"}])
+    with pytest.raises(TypeError, match="messages must be a conversation"):
+        short_llm.chat("Hi", params)  # type: ignore[arg-type]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi."}]}]
+    assert short_llm.apply_chat_template(parts) == short_llm.apply_chat_template(user("Say hi."))
+    assert short_llm.chat(parts, params)[0].token_ids == short_llm.chat(user("Say hi."), params)[0].token_ids
+
+
+def test_a_list_of_sampling_params_gives_each_prompt_its_own(short_llm: LLM) -> None:
+    prompts = ["Hi", "Hello"]
+    one, three = SamplingParams(temperature=0.0, max_tokens=1), SamplingParams(temperature=0.0, max_tokens=3)
+    outs = short_llm.generate(prompts, [one, three])
+    assert [len(o.token_ids) for o in outs] == [1, 3]
+    assert outs[1].token_ids == short_llm.generate("Hello", three)[0].token_ids
+    chats = short_llm.chat([user("Hi"), user("Hello")], [three, one])
+    assert [len(o.token_ids) for o in chats] == [3, 1]
+    with pytest.raises(ValueError, match="2 sampling params for 3 prompts"):
+        short_llm.generate([*prompts, "Hey"], [one, three])
+    with pytest.raises(TypeError, match="sampling_params must be"):
+        short_llm.generate(prompts, {"max_tokens": 3})  # type: ignore[arg-type]
+
+
+def test_outputs_reads_the_completion_the_way_vllm_does(short_llm: LLM) -> None:
+    out = short_llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=3, logprobs=1))[0]
+    (completion,) = out.outputs
+    assert (completion.index, completion.text, completion.token_ids) == (0, out.text, out.token_ids)
+    assert completion.finish_reason == out.finish_reason == "length"
+    assert completion.logprobs == out.logprobs and len(completion.logprobs) == 3
+    assert out.finished
+
+
+@pytest.mark.parametrize(
+    ("sizes", "field", "message"),
+    [
+        ({"max_model_len": 1 << 20}, "max_model_len", "exceeds the model's context of 8192"),
+        ({"max_model_len": 1}, "max_model_len", "at least 2"),
+        ({"kv_cache_memory": -5}, "kv_cache_memory", "non-negative integer"),
+        ({"max_num_seqs": 2.5}, "max_num_seqs", "non-negative integer"),
+    ],
+)
+def test_engine_sizes_the_model_cannot_honour_raise_config_error_naming_them(
+    sizes: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message) as excinfo:
+        LLM(speculative_config=SpeculativeConfig(), **sizes)
+    assert excinfo.value.field == field
+
+
+def test_a_draft_directory_without_a_config_raises_model_load_error(tmp_path: Any) -> None:
+    with pytest.raises(ModelLoadError) as excinfo:
+        LLM(draft_model=str(tmp_path), speculative_config=SpeculativeConfig(speculative_method="eagle"))
+    assert str(tmp_path / "config.json") in str(excinfo.value)
 
 
 def test_penalties_under_speculation_need_logit_penalties(ngram_llm: LLM) -> None:

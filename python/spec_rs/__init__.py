@@ -17,7 +17,7 @@ from .errors import (
     SpecRsError,
     SpeculatorSelectionError,
 )
-from .llm import LLM, RequestOutput, SamplingParams, SpecDecodeMetrics, TraceStep
+from .llm import LLM, CompletionOutput, RequestOutput, SamplingParams, SpecDecodeMetrics, TraceStep
 from .models import DEFAULT_MODEL
 from .registry import ARCH_LOOKUP, ArchLookup, Speculator, SupportedArchitecture, WeightsFormat
 
@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "LLM",
     "ArchLookup",
+    "CompletionOutput",
     "ConfigError",
     "EngineError",
     "ModelLoadError",

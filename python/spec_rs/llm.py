@@ -19,9 +19,9 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import _spec_rs
 from .config import SpeculativeConfig
@@ -41,6 +41,9 @@ class SamplingParams(BaseModel):
 
     ``temperature=0`` decodes greedily. Off values: ``top_k=0``, ``top_p=1``, ``min_p=0``,
     ``repetition_penalty=1``, ``frequency_penalty=presence_penalty=0``.
+
+    Values are checked when the object is built, by the rules the engine applies to every
+    request (one implementation, in Rust): a bad one raises ``ValidationError`` naming it.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -49,16 +52,16 @@ class SamplingParams(BaseModel):
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=1 << 64)
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    max_tokens: int | None = 16
+    max_tokens: int | None = Field(16, ge=0)
     stop: list[str] = []
-    stop_token_ids: list[int] = []
+    stop_token_ids: list[Annotated[int, Field(ge=0, lt=1 << 32)]] = []
     ignore_eos: bool = False
-    logprobs: int | None = None
-    min_tokens: int = 0
+    logprobs: int | None = Field(None, ge=0)
+    min_tokens: int = Field(0, ge=0)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -66,6 +69,11 @@ class SamplingParams(BaseModel):
         if value is None:
             return []
         return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _engine_rules(self) -> SamplingParams:
+        _spec_rs.validate_sampling_params(self.model_dump_json())
+        return self
 
 
 @dataclass(frozen=True)
@@ -107,8 +115,24 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class CompletionOutput:
+    """One completion of a request, as vLLM's ``RequestOutput.outputs`` holds them (spec-rs
+    generates one per request, ``n=1``)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class RequestOutput:
-    """A finished request (or, from :meth:`LLM.stream`, one streamed delta)."""
+    """A finished request (or, from :meth:`LLM.stream`, one streamed delta).
+
+    ``text``, ``token_ids`` and ``finish_reason`` are the request's one completion; vLLM's
+    spelling, ``outputs[0].text``, reads the same.
+    """
 
     request_id: int
     text: str
@@ -119,6 +143,14 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     trace: list[TraceStep] = field(default_factory=list)
     error: str | None = None
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
     @classmethod
     def _from_json(cls, text: str) -> RequestOutput:
@@ -174,6 +206,16 @@ class ResolvedPipeline:
     pipeline: Any
 
 
+def _check_sizes(**sizes: int | None) -> None:
+    """The engine takes unsigned sizes: name the one that is not, rather than an OverflowError
+    from the binding. Their rules (at least 1, fits the model) are the engine's."""
+    for name, value in sizes.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            error = ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+            error.field = name
+            raise error
+
+
 def build_pipeline(
     model: str = DEFAULT_MODEL,
     draft_model: str | None = None,
@@ -192,6 +234,14 @@ def build_pipeline(
     arch_lookup: ArchLookup | None = None,
 ) -> ResolvedPipeline:
     """Selects the architecture (and speculator), resolves the draft width, builds the pipeline."""
+    _check_sizes(
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kv_cache_memory=kv_cache_memory,
+        block_size=block_size,
+        max_seq_len_to_capture=max_seq_len_to_capture,
+    )
     lookup = arch_lookup or ARCH_LOOKUP
     if speculative_config is None and draft_model is None:
         shipped = _spec_rs.default_draft(model)
@@ -251,10 +301,68 @@ def build_pipeline(
     return ResolvedPipeline(target_arch, arch, spec, pipeline)
 
 
-def _prompt_json(prompt: Prompt) -> dict[str, Any]:
+def _is_token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, Sequence) and not isinstance(value, str) and all(isinstance(t, int) for t in value)
+    )
+
+
+def _prompt_json(prompt: Any) -> dict[str, Any]:
     if isinstance(prompt, str):
         return {"text": prompt}
-    return {"tokens": [int(t) for t in prompt]}
+    if _is_token_ids(prompt):
+        return {"tokens": [int(t) for t in prompt]}
+    raise TypeError(
+        "a prompt must be a string or a list of token ids (ints), "
+        f"got {type(prompt).__name__}: {prompt!r:.80}"
+    )
+
+
+def _prompt_batch(prompts: Any) -> list[dict[str, Any]]:
+    """One prompt (text or token ids) or a list of them, as request prompts."""
+    if isinstance(prompts, str) or (_is_token_ids(prompts) and len(prompts) > 0):
+        return [_prompt_json(prompts)]
+    if not isinstance(prompts, Sequence):
+        raise TypeError(
+            "prompts must be a string, a list of token ids, or a list of those, "
+            f"got {type(prompts).__name__}: {prompts!r:.80}"
+        )
+    return [_prompt_json(p) for p in prompts]
+
+
+def _conversations(messages: Any) -> list[list[Message]]:
+    """One conversation (a list of message dicts) or a list of them."""
+    if isinstance(messages, Sequence) and not isinstance(messages, str):
+        if messages and all(isinstance(m, dict) for m in messages):
+            return [list(messages)]
+        if all(
+            isinstance(c, Sequence) and not isinstance(c, str) and all(isinstance(m, dict) for m in c)
+            for c in messages
+        ):
+            return [list(c) for c in messages]
+    raise TypeError(
+        'messages must be a conversation (a list of {"role": ..., "content": ...} dicts) or a list of '
+        f"conversations, got {type(messages).__name__}: {messages!r:.80}"
+    )
+
+
+def _params_per_prompt(
+    params: SamplingParams | Sequence[SamplingParams] | None, count: int
+) -> list[SamplingParams]:
+    """One ``SamplingParams`` for every prompt, or a list of one per prompt (as vLLM takes)."""
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * count
+    if isinstance(params, Sequence) and all(isinstance(p, SamplingParams) for p in params):
+        if len(params) != count:
+            raise ValueError(
+                f"{len(params)} sampling params for {count} prompts: pass one SamplingParams for all "
+                "or one per prompt"
+            )
+        return list(params)
+    raise TypeError(
+        "sampling_params must be a SamplingParams or a list of one per prompt, "
+        f"got {type(params).__name__}: {params!r:.80}"
+    )
 
 
 class LLM:
@@ -320,43 +428,43 @@ class LLM:
         return info
 
     def _run(
-        self, prompts: list[dict[str, Any]], params: SamplingParams | None, trace: bool
+        self,
+        prompts: list[dict[str, Any]],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+        trace: bool,
     ) -> list[RequestOutput]:
-        p = (params or SamplingParams()).model_dump()
-        requests = [json.dumps({"prompt": pr, "params": p, "trace": trace}) for pr in prompts]
+        per_prompt = _params_per_prompt(params, len(prompts))
+        requests = [
+            json.dumps({"prompt": pr, "params": p.model_dump(), "trace": trace})
+            for pr, p in zip(prompts, per_prompt, strict=True)
+        ]
         return [RequestOutput._from_json(o) for o in self.pipeline.generate(requests)]
 
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         trace: bool = False,
     ) -> list[RequestOutput]:
         """Completes each prompt (text, or token ids) as is, batched; outputs in prompt order.
 
+        ``sampling_params`` is one for every prompt or a list of one per prompt.
         ``trace=True`` records, per verify step, the drafted tokens, the target's tokens at
         those positions and how many were accepted.
         """
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-        ):
-            batch = [prompts]
-        else:
-            batch = list(prompts)  # type: ignore[arg-type]
-        return self._run([_prompt_json(p) for p in batch], sampling_params, trace)  # type: ignore[arg-type]
+        return self._run(_prompt_batch(prompts), sampling_params, trace)
 
     def chat(
         self,
         messages: Sequence[Message] | Sequence[Sequence[Message]],
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         trace: bool = False,
     ) -> list[RequestOutput]:
         """Answers one conversation (a list of ``{"role", "content"}``) or several, with the
         model's chat template."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        return self._run([{"chat": list(c)} for c in conversations], sampling_params, trace)
+        return self._run([{"chat": c} for c in _conversations(messages)], sampling_params, trace)
 
     def stream(
         self,
@@ -367,10 +475,13 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Yields a request's output as it is committed; the last delta carries
         ``finish_reason`` and ``metrics``. Stop iterating (or close the generator) to cancel."""
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-            p = _prompt_json(prompt)  # type: ignore[arg-type]
+        if isinstance(prompt, str) or (_is_token_ids(prompt) and len(prompt) > 0):
+            p = _prompt_json(prompt)
         else:
-            p = {"chat": list(prompt)}
+            conversations = _conversations(prompt)
+            if len(conversations) != 1:
+                raise TypeError("stream takes one prompt or one conversation; use chat() for several")
+            p = {"chat": conversations[0]}
         request = json.dumps(
             {"prompt": p, "params": (sampling_params or SamplingParams()).model_dump(), "trace": trace}
         )
@@ -410,6 +521,7 @@ class LLM:
 
 __all__ = [
     "LLM",
+    "CompletionOutput",
     "RequestOutput",
     "ResolvedPipeline",
     "SamplingParams",

@@ -8,6 +8,7 @@ use pyo3::types::{PyDict, PyList};
 use specrs_core::SpeculativeConfig;
 use specrs_core::config::file::{deep_merge, load_config_file as load_file};
 use specrs_core::config::flags::{FlagKind, SPECULATIVE_FLAGS};
+use specrs_core::sampling::SamplingParams;
 use specrs_core::width::{
     AdaptiveWidthController as CoreController, AdaptiveWidthParams, VerifyWidthRange, VerifyWidthSchedule,
     parse_adaptive_widths as parse_widths,
@@ -27,6 +28,16 @@ pub fn validate_speculative_config(config_json: &str) -> PyResult<String> {
         .and_then(SpeculativeConfig::validated)
         .map_err(config_error)?;
     Ok(cfg.to_json().to_string())
+}
+
+/// Checks a request's sampling parameters (a JSON object of `SamplingParams` fields) by the
+/// rules the engine applies to every request; the token-id range is checked per model, when a
+/// request reaches one.
+#[pyfunction]
+pub fn validate_sampling_params(params_json: &str) -> PyResult<()> {
+    let params: SamplingParams = serde_json::from_str(params_json)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("invalid sampling parameters: {e}")))?;
+    params.validate(usize::MAX).map_err(config_error)
 }
 
 /// Raises when the config combines acceptance rules no verifier can run.

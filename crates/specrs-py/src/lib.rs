@@ -72,6 +72,7 @@ fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(config::validate_speculative_config, m)?)?;
+    m.add_function(wrap_pyfunction!(config::validate_sampling_params, m)?)?;
     m.add_function(wrap_pyfunction!(config::check_pipeline_combinations, m)?)?;
     m.add_function(wrap_pyfunction!(config::acceptance_rule, m)?)?;
     m.add_function(wrap_pyfunction!(config::load_config_file, m)?)?;
