@@ -135,6 +135,15 @@ TRAIN_DRAFT_BAD_FLAGS = [
     ("zero-draft-layers", ["--draft-layers", "0"], "--draft-layers must be at least 1"),
     ("bad-taps", ["--taps", "2,x"], "--taps: 'x' is not a layer index"),
     ("prompts-missing", ["--prompts", "/nonexistent/prompts.json"], "--prompts /nonexistent/prompts.json: "),
+    ("zero-max-new-tokens", ["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    ("zero-generation-batch", ["--generation-batch", "0"], "--generation-batch must be at least 1"),
+    ("negative-learning-rate", ["--learning-rate", "-1"], "--epochs and --learning-rate must be positive"),
+    ("tap-past-the-layers", ["--taps", "2,15,31"], "--taps: tap 31 is past the target's hidden states"),
+    (
+        "draft-vocab-past-the-target",
+        ["--draft-vocab-size", "100000"],
+        "exceeds the target's vocabulary of 49152",
+    ),
 ]
 
 
@@ -151,6 +160,56 @@ def test_train_draft_bad_flags_exit_2_before_generating_anything(
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert message in proc.stderr
     assert not work.exists(), "nothing is generated for a bad command line"
+
+
+GENERATE_BAD_SAMPLING = [
+    (
+        "negative-temperature",
+        ["--temperature", "-1"],
+        "--temperature: temperature must be a finite number >= 0",
+    ),
+    ("top-p-above-1", ["--top-p", "1.5"], "--top-p: top_p must be in (0, 1]"),
+    ("max-tokens-0", ["--max-tokens", "0"], "--max-tokens: max_tokens must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), [c[1:] for c in GENERATE_BAD_SAMPLING], ids=[c[0] for c in GENERATE_BAD_SAMPLING]
+)
+def test_generate_bad_sampling_flags_exit_2_naming_the_flag(args: list[str], message: str) -> None:
+    proc = run([*console_script(), "generate", "--model", "/nonexistent/model.gguf", *args, "hello"])
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert message in proc.stderr
+    assert "/nonexistent" not in proc.stderr, "the flags are checked before the model is looked for"
+
+
+def test_a_draft_directory_without_a_config_is_a_usage_error_naming_the_file(tmp_path: Path) -> None:
+    proc = run(
+        [*console_script(), "generate", "--speculative-method", "eagle", "--draft-model", str(tmp_path), "hi"]
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert str(tmp_path / "config.json") in proc.stderr
+    assert "checkpoint directory holding config.json" in proc.stderr
+
+
+def test_generate_keeps_engine_logs_out_of_its_text_unless_asked() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SPEC_RS_LOG"}
+    cmd = [*console_script(), *GENERATE]
+    quiet = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env, stdin=subprocess.DEVNULL)
+    assert quiet.returncode == 0, quiet.stderr
+    assert " INFO " not in quiet.stderr, quiet.stderr
+    assert STATS.search(quiet.stderr), quiet.stderr
+    loud = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**env, "SPEC_RS_LOG": "info"},
+        stdin=subprocess.DEVNULL,
+    )
+    assert loud.returncode == 0, loud.stderr
+    assert " INFO " in loud.stderr
+    assert loud.stdout == quiet.stdout
 
 
 def test_generate_without_a_prompt_is_a_usage_error() -> None:

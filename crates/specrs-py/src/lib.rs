@@ -68,7 +68,7 @@ fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The engine logs through `tracing`, as `spec-rs serve` does; from Python only on request
     // (`SPEC_RS_LOG=info`, or a filter such as `specrs_engine=debug`), so imports stay quiet.
     if std::env::var_os("SPEC_RS_LOG").is_some() {
-        specrs_server::init_logging();
+        specrs_server::init_logging("info");
     }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(config::validate_speculative_config, m)?)?;

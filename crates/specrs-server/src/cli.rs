@@ -12,6 +12,7 @@ use specrs_core::SpeculativeConfig;
 use specrs_core::config::file::{deep_merge, load_config_file};
 use specrs_core::config::flags::{FlagKind, SPECULATIVE_FLAGS};
 use specrs_core::model_alias::DEFAULT_MODEL_ALIAS;
+use specrs_core::sampling::SamplingParams;
 use specrs_engine::{DeviceSpec, EngineConfig, PipelineConfig};
 use specrs_models::ModelDType;
 
@@ -21,6 +22,17 @@ pub enum CliCommand {
     Serve { pipeline: PipelineArgs, server: ServerArgs },
     Generate { pipeline: PipelineArgs, generate: GenerateArgs },
     TrainDraft(Box<crate::train_cli::TrainDraftArgs>),
+}
+
+impl CliCommand {
+    /// The log filter when `SPEC_RS_LOG` is unset: `generate` streams its text to the terminal,
+    /// where the engine's periodic lines would break it up, so it logs warnings only.
+    pub fn default_log_filter(&self) -> &'static str {
+        match self {
+            Self::Generate { .. } => "warn",
+            Self::Serve { .. } | Self::TrainDraft(_) => "info",
+        }
+    }
 }
 
 /// Everything that builds a pipeline.
@@ -63,6 +75,19 @@ pub struct GenerateArgs {
     pub seed: Option<u64>,
     pub chat: bool,
     pub trace: bool,
+}
+
+impl GenerateArgs {
+    pub fn sampling_params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            max_tokens: Some(self.max_tokens),
+            ..SamplingParams::default()
+        }
+    }
 }
 
 fn pipeline_args(cmd: Command) -> Command {
@@ -196,9 +221,28 @@ pub fn command() -> Command {
             pipeline_args(Command::new("generate").about("Generate once, streaming text and live acceptance statistics"))
                 .arg(Arg::new("prompt").required(true).help("The prompt (a user message unless --no-chat)"))
                 .arg(Arg::new("max-tokens").long("max-tokens").value_parser(value_parser!(usize)).default_value("128"))
-                .arg(Arg::new("temperature").long("temperature").value_parser(value_parser!(f32)).default_value("0"))
-                .arg(Arg::new("top-p").long("top-p").value_parser(value_parser!(f32)).default_value("1"))
-                .arg(Arg::new("top-k").long("top-k").value_parser(value_parser!(i64)).default_value("0"))
+                // Negative values parse as values, so the sampling rules can say what is wrong.
+                .arg(
+                    Arg::new("temperature")
+                        .long("temperature")
+                        .value_parser(value_parser!(f32))
+                        .allow_negative_numbers(true)
+                        .default_value("0"),
+                )
+                .arg(
+                    Arg::new("top-p")
+                        .long("top-p")
+                        .value_parser(value_parser!(f32))
+                        .allow_negative_numbers(true)
+                        .default_value("1"),
+                )
+                .arg(
+                    Arg::new("top-k")
+                        .long("top-k")
+                        .value_parser(value_parser!(i64))
+                        .allow_negative_numbers(true)
+                        .default_value("0"),
+                )
                 .arg(Arg::new("seed").long("seed").value_parser(value_parser!(u64)))
                 .arg(Arg::new("no-chat").long("no-chat").action(ArgAction::SetTrue).help("Send the prompt as raw text, without the chat template"))
                 .arg(Arg::new("trace").long("trace").action(ArgAction::SetTrue).help(
@@ -318,9 +362,8 @@ where
                 },
             })
         }
-        Some(("generate", m)) => Ok(CliCommand::Generate {
-            pipeline: pipeline_from(m)?,
-            generate: GenerateArgs {
+        Some(("generate", m)) => {
+            let generate = GenerateArgs {
                 prompt: m.get_one::<String>("prompt").expect("required").clone(),
                 max_tokens: *m.get_one::<usize>("max-tokens").expect("default"),
                 temperature: *m.get_one::<f32>("temperature").expect("default"),
@@ -329,8 +372,14 @@ where
                 seed: m.get_one::<u64>("seed").copied(),
                 chat: !m.get_flag("no-chat"),
                 trace: m.get_flag("trace"),
-            },
-        }),
+            };
+            // Checked before a model loads: a typo costs no load time and exits with 2.
+            generate.sampling_params().validate(usize::MAX).map_err(|e| {
+                let flag = e.field.as_deref().map_or_else(String::new, |f| format!("--{}: ", f.replace('_', "-")));
+                CliError::Invalid(format!("{flag}{}", e.message))
+            })?;
+            Ok(CliCommand::Generate { pipeline: pipeline_from(m)?, generate })
+        }
         Some(("train-draft", m)) => Ok(CliCommand::TrainDraft(Box::new(crate::train_cli::parse(m)?))),
         _ => unreachable!("a subcommand is required"),
     }
@@ -461,6 +510,26 @@ mod tests {
         assert!(e.contains("synthetic_acceptance_rate must be between 0.0 and 1.0"), "{e}");
         assert!(parse(["serve", "--speculative-method", "medusa"]).is_err());
         assert!(parse(["serve", "--port", "-1"]).is_err());
+    }
+
+    #[test]
+    fn generate_sampling_flags_are_checked_before_a_model_loads() {
+        for (args, needle) in [
+            (&["--temperature", "-1"][..], "--temperature: temperature must be a finite number >= 0"),
+            (&["--top-p", "2"][..], "--top-p: top_p must be in (0, 1]"),
+            (&["--max-tokens", "0"][..], "--max-tokens: max_tokens must be >= 1"),
+        ] {
+            let mut v = vec!["generate", "hi"];
+            v.extend_from_slice(args);
+            match parse(v) {
+                Err(CliError::Invalid(e)) => assert!(e.contains(needle), "{e}"),
+                other => panic!("{args:?}: {other:?}"),
+            }
+        }
+        match parse(["generate", "hi", "--top-k", "-1", "--temperature", "0.5"]).unwrap() {
+            CliCommand::Generate { generate, .. } => assert_eq!((generate.top_k, generate.temperature), (-1, 0.5)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

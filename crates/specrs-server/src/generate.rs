@@ -3,20 +3,12 @@
 
 use std::io::Write;
 
-use specrs_core::sampling::SamplingParams;
 use specrs_engine::{ChatMessage, EngineHandle, FinishReason, GenerationRequest, Prompt};
 
 use crate::cli::GenerateArgs;
 
 pub fn run(handle: &EngineHandle, args: &GenerateArgs) -> Result<(), String> {
-    let params = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        seed: args.seed,
-        max_tokens: Some(args.max_tokens),
-        ..SamplingParams::default()
-    };
+    let params = args.sampling_params();
     let prompt = if args.chat && handle.tokenizer().has_chat_template() {
         Prompt::Chat(vec![ChatMessage::new("user", args.prompt.clone())])
     } else {

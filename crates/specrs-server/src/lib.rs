@@ -97,9 +97,11 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
     Ok(())
 }
 
-pub fn init_logging() {
+/// Logs to stderr through `SPEC_RS_LOG` (a `tracing` filter), or `default_filter` when it is
+/// unset. A no-op when a subscriber is already installed.
+pub fn init_logging(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPEC_RS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
@@ -126,7 +128,9 @@ pub fn run(cmd: CliCommand, factory: Option<EngineFactory<'_>>) -> i32 {
         CliCommand::Generate { pipeline, generate } => {
             start(&pipeline).map_err(|e| (EXIT_USAGE, e)).and_then(|h| generate::run(&h, &generate).map_err(|e| (1, e)))
         }
-        CliCommand::TrainDraft(args) => train_cli::run(&args).map_err(|e| (1, e)),
+        CliCommand::TrainDraft(args) => train_cli::check_against_target(&args)
+            .map_err(|e| (EXIT_USAGE, e))
+            .and_then(|()| train_cli::run(&args).map_err(|e| (1, e))),
     };
     match result {
         Ok(()) => 0,
@@ -143,9 +147,11 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    init_logging();
     match cli::parse(args) {
-        Ok(cmd) => run(cmd, factory),
+        Ok(cmd) => {
+            init_logging(cmd.default_log_filter());
+            run(cmd, factory)
+        }
         Err(CliError::Clap(e)) => {
             let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
             let _ = e.print();

@@ -38,8 +38,9 @@ pub fn command() -> Command {
             "Decoder layers of the head (default: the --init-from draft's, or 1); more than --init-from has grows it, the new layers starting as identities",
         ))
         .arg(Arg::new("ttt-steps").long("ttt-steps").value_parser(value_parser!(usize)).default_value(d.ttt_steps.to_string()))
-        .arg(Arg::new("epochs").long("epochs").value_parser(value_parser!(f64)).default_value(d.epochs.to_string()))
-        .arg(Arg::new("learning-rate").long("learning-rate").value_parser(value_parser!(f64)).default_value(d.learning_rate.to_string()))
+        // Negative values parse as values, so the rule below can say what is wrong.
+        .arg(Arg::new("epochs").long("epochs").value_parser(value_parser!(f64)).allow_negative_numbers(true).default_value(d.epochs.to_string()))
+        .arg(Arg::new("learning-rate").long("learning-rate").value_parser(value_parser!(f64)).allow_negative_numbers(true).default_value(d.learning_rate.to_string()))
         .arg(Arg::new("batch-size").long("batch-size").value_parser(value_parser!(usize)).default_value(d.batch_size.to_string()))
         .arg(Arg::new("num-speculative-tokens").long("num-speculative-tokens").value_parser(value_parser!(usize)).default_value(d.num_speculative_tokens.to_string()))
         .arg(Arg::new("generation-batch").long("generation-batch").value_parser(value_parser!(usize)).default_value(d.generation_batch.to_string()).help(
@@ -104,6 +105,9 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
         ("--draft-vocab-size", config.draft_vocab_size),
         ("--num-speculative-tokens", config.num_speculative_tokens),
         ("--draft-layers", config.num_layers.unwrap_or(1)),
+        ("--intermediate-size", config.intermediate_size.unwrap_or(1)),
+        ("--max-new-tokens", config.max_new_tokens),
+        ("--generation-batch", config.generation_batch),
     ] {
         if v == 0 {
             return Err(CliError::Invalid(format!("{name} must be at least 1")));
@@ -124,6 +128,17 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
         return Err(CliError::Invalid("--epochs and --learning-rate must be positive".into()));
     }
     Ok(TrainDraftArgs { config, eval_max_tokens: *m.get_one::<usize>("eval-max-tokens").expect("default") })
+}
+
+/// Checks the flags that depend on the target (its config only), before anything is generated.
+pub fn check_against_target(args: &TrainDraftArgs) -> Result<(), String> {
+    specrs_engine::train::check_against_target(&args.config).map_err(|e| match e {
+        specrs_engine::EngineError::Config(c) => match c.field {
+            Some(field) => format!("--{}: {}", field.replace('_', "-"), c.message),
+            None => c.message,
+        },
+        other => other.to_string(),
+    })
 }
 
 /// Runs training with a progress bar, then measures acceptance on held-out prompts.

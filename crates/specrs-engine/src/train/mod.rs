@@ -205,8 +205,44 @@ fn lr_at(step: usize, total: usize, cfg: &TrainDraftConfig) -> f64 {
     cfg.learning_rate * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()))
 }
 
+/// Checks the settings that depend on the target (reading only its config, not its
+/// weights), so a bad one is refused before minutes of data generation: taps within its
+/// hidden states, a draft vocabulary no larger than its own.
+pub fn check_against_target(cfg: &TrainDraftConfig) -> Result<()> {
+    let path = crate::pipeline::resolve_model_path(&cfg.model)?;
+    let store = specrs_models::WeightStore::open(&path, Device::Cpu, cfg.dtype)?;
+    check_against_target_config(cfg, &specrs_models::models::read_config(&store, &path)?)
+}
+
+fn check_against_target_config(cfg: &TrainDraftConfig, target: &specrs_models::DecoderConfig) -> Result<()> {
+    let layers = target.num_hidden_layers;
+    if let Some(&tap) = cfg.taps.iter().flatten().find(|&&t| t > layers) {
+        return Err(specrs_core::ConfigError::field(
+            "taps",
+            format!(
+                "tap {tap} is past the target's hidden states: a {layers}-layer model has HF hidden_states \
+                 0..={layers} (the default taps are {:?})",
+                target.default_eagle3_taps()
+            ),
+        )
+        .into());
+    }
+    if cfg.draft_vocab_size > target.vocab_size {
+        return Err(specrs_core::ConfigError::field(
+            "draft_vocab_size",
+            format!(
+                "draft_vocab_size {} exceeds the target's vocabulary of {} tokens",
+                cfg.draft_vocab_size, target.vocab_size
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Trains (or resumes) and exports a draft; returns the report.
 pub fn train_draft(cfg: &TrainDraftConfig, progress: Progress<'_>) -> Result<TrainReport> {
+    check_against_target(cfg)?;
     std::fs::create_dir_all(&cfg.work_dir)
         .map_err(|e| EngineError::Internal(format!("{}: {e}", cfg.work_dir.display())))?;
     // 1. Self-distilled answers.
@@ -646,6 +682,30 @@ pub fn evaluate_first_drafts_by_confidence(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn taps_past_the_targets_layers_and_a_draft_vocabulary_past_its_own_are_refused() {
+        let target = specrs_models::DecoderConfig::from_hf_json(&serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 1000, "rms_norm_eps": 1e-5, "max_position_embeddings": 512
+        }))
+        .unwrap();
+        let ok = TrainDraftConfig { taps: Some(vec![0, 2, 4]), draft_vocab_size: 1000, ..TrainDraftConfig::default() };
+        check_against_target_config(&ok, &target).unwrap();
+        for (cfg, field, needle) in [
+            (TrainDraftConfig { taps: Some(vec![1, 5]), ..ok.clone() }, "taps", "tap 5 is past"),
+            (TrainDraftConfig { draft_vocab_size: 1001, ..ok.clone() }, "draft_vocab_size", "1001 exceeds"),
+        ] {
+            match check_against_target_config(&cfg, &target).unwrap_err() {
+                EngineError::Config(e) => {
+                    assert_eq!(e.field.as_deref(), Some(field));
+                    assert!(e.message.contains(needle), "{}", e.message);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 
     fn config_with_prompt_file(
         dir: &tempfile::TempDir,
