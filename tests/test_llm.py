@@ -456,6 +456,7 @@ def test_prompt_longer_than_max_model_len_raises_request_error(short_llm: LLM) -
 
 
 BAD_SAMPLING = [
+    ("logit_bias", {5: 101.0}),
     ("temperature", -1.0),
     ("top_p", 0.0),
     ("max_tokens", 0),
@@ -560,6 +561,25 @@ def test_a_draft_directory_without_a_config_raises_model_load_error(tmp_path: An
     with pytest.raises(ModelLoadError) as excinfo:
         LLM(draft_model=str(tmp_path), speculative_config=SpeculativeConfig(speculative_method="eagle"))
     assert str(tmp_path / "config.json") in str(excinfo.value)
+
+
+def test_logit_bias_bans_and_forces_tokens_and_stays_lossless_under_speculation(
+    plain_llm: LLM, ngram_llm: LLM, plain_alone: list[RequestOutput]
+) -> None:
+    prompt = user(SPEC_PROMPTS[4])  # a repetition task: the n-gram drafter hits
+    base = plain_alone[4]
+    banned = max(set(base.token_ids), key=base.token_ids.count)
+    ban = SamplingParams(temperature=0.0, max_tokens=48, logit_bias={banned: -100})
+    plain = plain_llm.chat(prompt, ban)[0]
+    assert banned not in plain.token_ids and plain.token_ids != base.token_ids
+    spec = ngram_llm.chat(prompt, ban)[0]
+    assert spec.token_ids == plain.token_ids, first_divergence(spec.token_ids, plain.token_ids)
+    assert spec.metrics is not None and spec.metrics.num_accepted_tokens > 0
+    forced_token = base.token_ids[3]
+    for temperature in (0.0, 1.0):
+        force = SamplingParams(temperature=temperature, max_tokens=5, seed=1, logit_bias={forced_token: 100})
+        for llm in (plain_llm, ngram_llm):
+            assert llm.chat(prompt, force)[0].token_ids == [forced_token] * 5, (llm.info, temperature)
 
 
 def test_penalties_under_speculation_need_logit_penalties(ngram_llm: LLM) -> None:

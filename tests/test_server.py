@@ -167,6 +167,30 @@ def test_streamed_chat_completion_equals_llm_chat_and_ends_with_usage(
     assert len({c.id for c in chunks}) == 1
 
 
+def test_logit_bias_and_no_tool_choice_give_what_llm_chat_gives(
+    client: openai.OpenAI, ngram_llm: LLM
+) -> None:
+    prompt = CHAT_PROMPTS[0]
+    plain = expected_chat(ngram_llm, prompt, 24)
+    banned = max(set(plain.token_ids), key=plain.token_ids.count)
+    params = SamplingParams(temperature=0.0, max_tokens=24, logit_bias={banned: -100})
+    out = ngram_llm.chat(user(prompt), params)[0]
+    assert banned not in out.token_ids
+    resp = client.chat.completions.create(
+        model=MODEL,
+        messages=user(prompt),
+        temperature=0,
+        max_tokens=24,
+        logit_bias={str(banned): -100},
+        tool_choice="none",
+    )
+    assert resp.choices[0].message.content == out.text
+    auto = client.chat.completions.create(
+        model=MODEL, messages=user(prompt), temperature=0, max_tokens=24, tool_choice="auto", tools=[]
+    )
+    assert auto.choices[0].message.content == plain.text
+
+
 def test_completion_equals_llm_generate_on_the_text_prompt(client: openai.OpenAI, ngram_llm: LLM) -> None:
     resp = client.completions.create(model=MODEL, prompt=TEXT_PROMPT, temperature=0, max_tokens=40)
     out = ngram_llm.generate(TEXT_PROMPT, SamplingParams(temperature=0.0, max_tokens=40))[0]
@@ -303,6 +327,12 @@ BAD_REQUESTS = [
         None,
     ),
     ("tools", CHAT, chat(tools=[TOOL]), 400, "tools", None),
+    ("tool-choice-required", CHAT, chat(tool_choice="required"), 400, "tool_choice", None),
+    ("tool-choice-auto-with-tools", CHAT, chat(tools=[TOOL], tool_choice="auto"), 400, "tools", None),
+    ("logit-bias-not-an-id", CHAT, chat(logit_bias={"the": 5}), 400, "logit_bias", None),
+    ("logit-bias-out-of-range", CHAT, chat(logit_bias={"5": 150}), 400, "logit_bias", None),
+    ("logit-bias-outside-vocab", CHAT, chat(logit_bias={"99999999": 1}), 400, "logit_bias", None),
+    ("logit-bias-not-an-object", COMPLETIONS, cmpl(logit_bias=[1, 2]), 400, "logit_bias", None),
     (
         "unknown-role",
         CHAT,

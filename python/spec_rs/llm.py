@@ -40,7 +40,7 @@ class SamplingParams(BaseModel):
     """How a request samples and when it stops (vLLM's names and meanings).
 
     ``temperature=0`` decodes greedily. Off values: ``top_k=0``, ``top_p=1``, ``min_p=0``,
-    ``repetition_penalty=1``, ``frequency_penalty=presence_penalty=0``.
+    ``repetition_penalty=1``, ``frequency_penalty=presence_penalty=0``, ``logit_bias={}``.
 
     Values are checked when the object is built, by the rules the engine applies to every
     request (one implementation, in Rust): a bad one raises ``ValidationError`` naming it.
@@ -62,6 +62,8 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0)
     min_tokens: int = Field(0, ge=0)
+    logit_bias: dict[Annotated[int, Field(ge=0, lt=1 << 32)], float] = {}
+    """Added to the named tokens' logits at every position (OpenAI's range, -100 to 100)."""
 
     @field_validator("stop", mode="before")
     @classmethod

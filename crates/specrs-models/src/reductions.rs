@@ -65,8 +65,8 @@ pub fn reduce(
     if queries.is_empty() {
         return Ok(Vec::new());
     }
-    if queries.iter().any(|q| q.params.has_penalties()) {
-        candle_core::bail!("reductions: rows with penalties are verified on their logits");
+    if queries.iter().any(|q| q.params.adjusts_logits()) {
+        candle_core::bail!("reductions: rows with penalties or a logit bias are verified on their logits");
     }
     let device = logits.device().clone();
     let raw = select_rows(logits, &queries.iter().map(|q| q.row).collect::<Vec<_>>())?;

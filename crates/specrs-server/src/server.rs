@@ -183,8 +183,8 @@ fn sampling_params(
             "response_format",
             f.response_format.as_ref().is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text")),
         ),
-        ("tools", f.tools.is_some()),
-        ("tool_choice", f.tool_choice.is_some()),
+        ("tools", f.tools.as_ref().is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()))),
+        ("tool_choice", f.tool_choice.as_ref().is_some_and(|c| !tool_choice_calls_nothing(c, f.tools.as_ref()))),
     ] {
         if present {
             let message = if synthetic {
@@ -197,9 +197,7 @@ fn sampling_params(
             return Err(ApiError::bad_request(message, Some(field)));
         }
     }
-    if f.logit_bias.as_ref().is_some_and(|v| v.as_object().is_some_and(|o| !o.is_empty())) {
-        return Err(ApiError::bad_request("logit_bias is not supported", Some("logit_bias")));
-    }
+    let logit_bias = logit_bias(f.logit_bias.as_ref())?;
     if max_tokens == Some(0) {
         return Err(ApiError::bad_request("max_tokens must be at least 1", Some(max_tokens_field)));
     }
@@ -226,11 +224,42 @@ fn sampling_params(
         ignore_eos: f.ignore_eos.unwrap_or(false),
         logprobs,
         min_tokens: f.min_tokens.unwrap_or(0),
+        logit_bias,
     };
     params
         .validate(state.handle.info().vocab_size)
         .map_err(|e| ApiError::bad_request(e.message, Some(e.field.as_deref().unwrap_or("temperature"))))?;
     Ok(params)
+}
+
+/// Whether `tool_choice` asks for no tool call: `"none"`, or `"auto"` with no tools to call
+/// (what clients send by default), which plain generation serves as is.
+fn tool_choice_calls_nothing(choice: &Value, tools: Option<&Value>) -> bool {
+    let no_tools = tools.is_none_or(|t| t.is_null() || t.as_array().is_some_and(Vec::is_empty));
+    match choice.as_str() {
+        Some("none") => true,
+        Some("auto") => no_tools,
+        _ => choice.is_null(),
+    }
+}
+
+/// OpenAI's `logit_bias`: an object from token ids (as strings) to biases in [-100, 100]
+/// (the range and the ids are checked with the other sampling rules).
+fn logit_bias(value: Option<&Value>) -> Result<std::collections::BTreeMap<u32, f32>, ApiError> {
+    let bad = |message: String| ApiError::bad_request(message, Some("logit_bias"));
+    match value {
+        None | Some(Value::Null) => Ok(Default::default()),
+        Some(Value::Object(entries)) => entries
+            .iter()
+            .map(|(key, bias)| {
+                let token =
+                    key.parse::<u32>().map_err(|_| bad(format!("logit_bias keys are token ids, got '{key}'")))?;
+                let bias = bias.as_f64().ok_or_else(|| bad(format!("logit_bias['{key}'] must be a number")))?;
+                Ok((token, bias as f32))
+            })
+            .collect(),
+        Some(_) => Err(bad("logit_bias must be an object mapping token ids to biases".into())),
+    }
 }
 
 /// The penalty field a request set (for errors about penalties).

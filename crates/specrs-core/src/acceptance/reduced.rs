@@ -66,7 +66,7 @@ pub struct ReducedRow<'a> {
 pub enum ReducedError {
     #[error("{num_drafts} drafts need {} reduced positions, got {got}", num_drafts + 1)]
     Positions { got: usize, num_drafts: usize },
-    #[error("rows with penalties verify on the logits themselves, not on reductions")]
+    #[error("rows with penalties or a logit bias verify on the logits themselves, not on reductions")]
     Penalties,
     #[error("position {position} lacks the {what} its rule reads")]
     Missing { position: usize, what: &'static str },
@@ -77,7 +77,7 @@ impl<'a> ReducedRow<'a> {
         if self.positions.len() != self.drafts.len() + 1 {
             return Err(ReducedError::Positions { got: self.positions.len(), num_drafts: self.drafts.len() });
         }
-        if self.params.has_penalties() {
+        if self.params.adjusts_logits() {
             return Err(ReducedError::Penalties);
         }
         Ok(())

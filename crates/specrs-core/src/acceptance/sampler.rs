@@ -163,9 +163,9 @@ impl AcceptanceSampler {
 
     /// What [`Self::accept_reduced_row`] reads for a row with these parameters, or `None`
     /// when the row must be verified on its logits ([`Self::accept_row`]): rows with
-    /// penalties.
+    /// penalties or a logit bias.
     pub fn reductions_for(&self, params: &SamplingParams) -> Option<Reductions> {
-        if params.has_penalties() {
+        if params.adjusts_logits() {
             return None;
         }
         Some(match self.rule_for(params, None) {
@@ -290,14 +290,19 @@ struct Walk {
     /// The reasoning phase after committing the accepted drafts.
     in_thinking: bool,
     thinking: Option<ThinkingTokens>,
-    /// History plus accepted drafts, for requests with penalties.
+    /// History plus accepted drafts, for requests that adjust their logits (an empty one for
+    /// a logit bias alone: it needs no counts).
     penalties: Option<PenaltyContext>,
 }
 
 impl Walk {
     fn start(row: &VerifyRow, thinking: Option<ThinkingTokens>) -> Self {
+        let context = || match row.params.has_penalties() {
+            true => PenaltyContext::new(row.history, row.prompt_len),
+            false => PenaltyContext::default(),
+        };
         Self {
-            penalties: row.params.has_penalties().then(|| PenaltyContext::new(row.history, row.prompt_len)),
+            penalties: row.params.adjusts_logits().then(context),
             ..Self::without_penalties(row.in_thinking, thinking)
         }
     }

@@ -1,6 +1,6 @@
 //! The processed target distribution of one position, and sampling from it.
 //!
-//! Order: penalties → temperature → top-k → top-p → min-p → renormalise. Greedy requests
+//! Order: logit bias → penalties → temperature → top-k → top-p → min-p → renormalise. Greedy requests
 //! (temperature below [`GREEDY_TEMPERATURE`](super::params::GREEDY_TEMPERATURE)) get a one-hot
 //! row at the penalised argmax, so every caller can treat them as a distribution.
 //!
@@ -46,7 +46,7 @@ impl SamplingWorkspace {
         params: &SamplingParams,
         penalties: Option<&PenaltyContext>,
     ) -> u32 {
-        if penalties.is_some() && params.has_penalties() {
+        if penalties.is_some() && params.adjusts_logits() {
             self.load_penalized(logits, params, penalties);
             argmax(&self.row)
         } else {
@@ -99,9 +99,17 @@ impl SamplingWorkspace {
     fn load_penalized(&mut self, logits: &[f32], params: &SamplingParams, penalties: Option<&PenaltyContext>) {
         self.row.clear();
         self.row.extend_from_slice(logits);
+        // The target's rows come with a context whenever the request adjusts its logits (the
+        // acceptance walk builds one); a draft's distribution comes without, and is left as
+        // the draft proposed it, as with penalties.
         if let Some(ctx) = penalties
-            && params.has_penalties()
+            && params.adjusts_logits()
         {
+            for (&token, &bias) in &params.logit_bias {
+                if let Some(logit) = self.row.get_mut(token as usize) {
+                    *logit += bias;
+                }
+            }
             ctx.apply(&mut self.row, params);
         }
     }
@@ -199,6 +207,25 @@ mod tests {
         let ctx = PenaltyContext::new(&[1], 0);
         let penalized = SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy() };
         assert_eq!(processed_probs(&logits, &penalized, Some(&ctx)), [0.0, 0.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn logit_bias_shifts_target_rows_before_the_penalties_and_leaves_draft_rows_alone() {
+        let logits = [1.0f32, 3.0, 2.9, 0.0];
+        let biased = SamplingParams {
+            logit_bias: std::collections::BTreeMap::from([(1, -100.0), (3, 2.5)]),
+            ..SamplingParams::greedy()
+        };
+        let target = PenaltyContext::default();
+        let mut w = SamplingWorkspace::new(4);
+        assert_eq!(w.penalized_logits(&logits, &biased, Some(&target)), [1.0, -97.0, 2.9, 2.5]);
+        assert_eq!(w.penalized_argmax(&logits, &biased, Some(&target)), 2);
+        // A draft's distribution (no context) is the draft's own, as with penalties.
+        assert_eq!(w.penalized_argmax(&logits, &biased, None), 1);
+        // Bias first, then repetition: token 3 was seen, so its biased logit 2.5 is halved.
+        let both = SamplingParams { repetition_penalty: 2.0, ..biased };
+        let seen = PenaltyContext::new(&[3], 1);
+        assert_eq!(w.penalized_logits(&logits, &both, Some(&seen)), [1.0, -97.0, 2.9, 1.25]);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! the Python API pass values through unchanged. `validate` runs once at admission; the
 //! acceptance and sampling code then trusts the values but never panics on invalid ones.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
@@ -16,6 +18,9 @@ pub const MAX_LOGPROBS: usize = 20;
 
 /// Bound on |frequency_penalty| and |presence_penalty| (OpenAI's range).
 pub const MAX_ABS_ADDITIVE_PENALTY: f32 = 2.0;
+
+/// Bound on each |logit_bias| value (OpenAI's range: -100 bans a token, 100 forces it).
+pub const MAX_ABS_LOGIT_BIAS: f32 = 100.0;
 
 /// How one request samples and when it stops.
 ///
@@ -55,6 +60,9 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// Do not stop (EOS or stop ids) before this many generated tokens.
     pub min_tokens: usize,
+    /// Added to the named tokens' logits at every position before the penalties (OpenAI's
+    /// `logit_bias`; JSON keys are token ids as strings).
+    pub logit_bias: BTreeMap<u32, f32>,
 }
 
 impl Default for SamplingParams {
@@ -74,6 +82,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             min_tokens: 0,
+            logit_bias: BTreeMap::new(),
         }
     }
 }
@@ -93,6 +102,12 @@ impl SamplingParams {
     /// True when any of the repetition, frequency or presence penalties is on.
     pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+    }
+
+    /// True when the target's logits are changed before sampling (penalties or a logit bias):
+    /// such rows are processed on their logit rows, where the adjustments are applied.
+    pub fn adjusts_logits(&self) -> bool {
+        self.has_penalties() || !self.logit_bias.is_empty()
     }
 
     /// The top-k cut for a vocabulary of `vocab_size` tokens, or `None` when it keeps
@@ -156,6 +171,20 @@ impl SamplingParams {
                 format!("min_tokens ({}) must not exceed max_tokens ({max})", self.min_tokens),
             ));
         }
+        if let Some((&id, &bias)) =
+            self.logit_bias.iter().find(|&(_, &b)| !(b.is_finite() && b.abs() <= MAX_ABS_LOGIT_BIAS))
+        {
+            return Err(ConfigError::field(
+                "logit_bias",
+                format!("logit_bias values must be in [-100, 100], got {bias} for token {id}"),
+            ));
+        }
+        if let Some(&id) = self.logit_bias.keys().find(|&&id| id as usize >= vocab_size) {
+            return Err(ConfigError::field(
+                "logit_bias",
+                format!("logit_bias names token {id}, outside the vocabulary of {vocab_size} tokens"),
+            ));
+        }
         if let Some(&id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
             return Err(ConfigError::field(
                 "stop_token_ids",
@@ -204,5 +233,20 @@ mod tests {
         let p: SamplingParams = serde_json::from_str(r#"{"temperature": 0.5, "seed": 7}"#).unwrap();
         assert_eq!(p, SamplingParams { temperature: 0.5, seed: Some(7), ..Default::default() });
         assert!(serde_json::from_str::<SamplingParams>(r#"{"temprature": 0.5}"#).is_err());
+    }
+
+    #[test]
+    fn logit_bias_reads_openai_json_and_is_checked_for_range_and_vocabulary() {
+        let p: SamplingParams = serde_json::from_str(r#"{"logit_bias": {"7": -100, "3": 2.5}}"#).unwrap();
+        assert_eq!(p.logit_bias, BTreeMap::from([(3, 2.5), (7, -100.0)]));
+        assert!(p.adjusts_logits() && !p.has_penalties());
+        assert!(p.validate(8).is_ok());
+        let e = p.validate(5).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("logit_bias"));
+        assert!(e.message.contains("token 7, outside the vocabulary of 5"), "{}", e.message);
+        let loud = SamplingParams { logit_bias: BTreeMap::from([(1, 101.0)]), ..Default::default() };
+        assert!(loud.validate(8).unwrap_err().message.contains("[-100, 100], got 101 for token 1"));
+        let nan = SamplingParams { logit_bias: BTreeMap::from([(1, f32::NAN)]), ..Default::default() };
+        assert!(nan.validate(8).is_err());
     }
 }
