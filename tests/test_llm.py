@@ -500,6 +500,19 @@ def test_generate_refuses_what_is_not_a_prompt_naming_its_type(short_llm: LLM, p
         short_llm.generate(prompts)
 
 
+def test_vllm_prompt_dicts_generate_what_text_and_token_ids_do(short_llm: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    ids = short_llm.tokenize("The sky is")
+    by_text = short_llm.generate("The sky is", params)[0]
+    outs = short_llm.generate([{"prompt": "The sky is"}, {"prompt_token_ids": ids}], params)
+    assert [o.token_ids for o in outs] == [by_text.token_ids, short_llm.generate(ids, params)[0].token_ids]
+    assert short_llm.generate({"prompt": "The sky is"}, params)[0].token_ids == by_text.token_ids
+    streamed = [t for d in short_llm.stream({"prompt_token_ids": ids}, params) for t in d.token_ids]
+    assert streamed == outs[1].token_ids
+    with pytest.raises(TypeError, match="prompt_token_ids"):
+        short_llm.generate({"prompt": "x", "extra": 1})
+
+
 def test_chat_checks_roles_and_content_the_way_the_server_does(short_llm: LLM) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=4)
     with pytest.raises(RequestError, match="unknown role 'wizard' in message 1"):

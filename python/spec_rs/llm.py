@@ -29,7 +29,7 @@ from .errors import ConfigError
 from .models import DEFAULT_MODEL, resolve_model
 from .registry import ARCH_LOOKUP, ArchLookup, SupportedArchitecture
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | dict[str, Any]
 
 #: Methods whose drafter is a separate checkpoint (MTP heads may live in the target's).
 DRAFT_CHECKPOINT_METHODS = ("eagle", "dflash", "dflash2", "dspark")
@@ -314,15 +314,24 @@ def _prompt_json(prompt: Any) -> dict[str, Any]:
         return {"text": prompt}
     if _is_token_ids(prompt):
         return {"tokens": [int(t) for t in prompt]}
+    # vLLM's TextPrompt / TokensPrompt dicts.
+    if isinstance(prompt, dict) and set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
+        return {"text": prompt["prompt"]}
+    if (
+        isinstance(prompt, dict)
+        and set(prompt) == {"prompt_token_ids"}
+        and _is_token_ids(prompt["prompt_token_ids"])
+    ):
+        return {"tokens": [int(t) for t in prompt["prompt_token_ids"]]}
     raise TypeError(
-        "a prompt must be a string or a list of token ids (ints), "
-        f"got {type(prompt).__name__}: {prompt!r:.80}"
+        "a prompt must be a string, a list of token ids (ints), or vLLM's {'prompt': str} or "
+        f"{{'prompt_token_ids': [int]}}, got {type(prompt).__name__}: {prompt!r:.80}"
     )
 
 
 def _prompt_batch(prompts: Any) -> list[dict[str, Any]]:
-    """One prompt (text or token ids) or a list of them, as request prompts."""
-    if isinstance(prompts, str) or (_is_token_ids(prompts) and len(prompts) > 0):
+    """One prompt (text, token ids or a vLLM prompt dict) or a list of them, as request prompts."""
+    if isinstance(prompts, str | dict) or (_is_token_ids(prompts) and len(prompts) > 0):
         return [_prompt_json(prompts)]
     if not isinstance(prompts, Sequence):
         raise TypeError(
@@ -477,7 +486,7 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Yields a request's output as it is committed; the last delta carries
         ``finish_reason`` and ``metrics``. Stop iterating (or close the generator) to cancel."""
-        if isinstance(prompt, str) or (_is_token_ids(prompt) and len(prompt) > 0):
+        if isinstance(prompt, str | dict) or (_is_token_ids(prompt) and len(prompt) > 0):
             p = _prompt_json(prompt)
         else:
             conversations = _conversations(prompt)
