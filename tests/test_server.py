@@ -19,6 +19,7 @@ from typing import Any
 import openai
 import pytest
 
+import spec_rs
 from conftest import ARTIFACTS, Server
 from spec_rs import LLM, SamplingParams
 
@@ -243,6 +244,32 @@ def test_models_lists_the_served_model(client: openai.OpenAI, server: Server) ->
     assert body["data"][0]["owned_by"] == "spec-rs"
 
 
+def test_retrieve_model_returns_the_listed_object_or_model_not_found(client: openai.OpenAI) -> None:
+    listed = client.models.list().data[0]
+    assert client.models.retrieve(MODEL) == listed
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-5")
+
+
+def test_tokenize_and_detokenize_use_the_served_tokenizer_and_chat_template(
+    server: Server, ngram_llm: LLM
+) -> None:
+    text = "The sky is blue."
+    status, _, raw = server.request("POST", "/tokenize", {"model": MODEL, "prompt": text})
+    assert status == 200, raw
+    body = json.loads(raw)
+    assert body["tokens"] == ngram_llm.tokenize(text)
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] >= body["count"]
+    status, _, raw = server.request("POST", "/tokenize", {"messages": HI})
+    assert status == 200, raw
+    rendered = ngram_llm.apply_chat_template(HI)
+    assert json.loads(raw)["tokens"] == ngram_llm.tokenize(rendered, add_special_tokens=False)
+    status, _, raw = server.request("POST", "/detokenize", {"tokens": body["tokens"]})
+    assert status == 200, raw
+    assert json.loads(raw) == {"prompt": ngram_llm.detokenize(body["tokens"], skip_special_tokens=False)}
+    assert text in json.loads(raw)["prompt"]
+
+
 def test_health_reports_ok(server: Server) -> None:
     status, _, raw = server.request("GET", "/health")
     assert status == 200
@@ -356,6 +383,26 @@ BAD_REQUESTS = [
     ("completion-logprobs-50", COMPLETIONS, cmpl(logprobs=50), 400, "logprobs", None),
     ("completion-unknown-model", COMPLETIONS, cmpl(model="nope"), 404, "model", "model_not_found"),
     ("body-over-size-limit", COMPLETIONS, OVERSIZED, 413, None, None),
+    ("tokenize-prompt-and-messages", "/tokenize", {"prompt": "a", "messages": HI}, 400, None, None),
+    ("tokenize-nothing", "/tokenize", {}, 400, None, None),
+    (
+        "tokenize-unknown-model",
+        "/tokenize",
+        {"model": "nope", "prompt": "a"},
+        404,
+        "model",
+        "model_not_found",
+    ),
+    (
+        "tokenize-unknown-role",
+        "/tokenize",
+        {"messages": [{"role": "wizard", "content": "x"}]},
+        400,
+        "messages[0].role",
+        None,
+    ),
+    ("detokenize-outside-vocab", "/detokenize", {"tokens": [99999999]}, 400, "tokens", None),
+    ("detokenize-not-ids", "/detokenize", {"tokens": ["a"]}, 400, "tokens[0]", None),
 ]
 
 
@@ -434,6 +481,9 @@ def auth_server(serve: Callable[..., Server], default_model_path: str) -> Server
         ("GET", "/metrics", None),
         ("POST", CHAT, {"model": MODEL, "messages": HI, "max_tokens": 1}),
         ("POST", COMPLETIONS, {"model": MODEL, "prompt": "hi", "max_tokens": 1}),
+        ("GET", f"/v1/models/{MODEL}", None),
+        ("POST", "/tokenize", {"prompt": "hi"}),
+        ("POST", "/detokenize", {"tokens": [1, 2]}),
     ],
 )
 def test_api_key_is_required_on_every_endpoint_but_health(
@@ -445,6 +495,12 @@ def test_api_key_is_required_on_every_endpoint_but_health(
         assert json.loads(raw)["error"]["type"] == "authentication_error"
     status, _, raw = auth_server.request(method, path, body, headers={"Authorization": f"Bearer {API_KEY}"})
     assert status == 200, raw
+
+
+def test_version_needs_no_api_key_and_is_the_package_version(auth_server: Server) -> None:
+    status, _, raw = auth_server.request("GET", "/version")
+    assert status == 200, raw
+    assert json.loads(raw) == {"version": spec_rs.__version__}
 
 
 def test_health_needs_no_api_key(auth_server: Server) -> None:

@@ -7,6 +7,7 @@ pub mod error;
 pub mod generate;
 pub mod openai;
 pub mod server;
+pub mod tokenize;
 pub mod train_cli;
 
 use std::sync::Arc;

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -30,7 +30,9 @@ use specrs_engine::{
 };
 
 use crate::error::ApiError;
-use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptSpec, SamplingFields, SpecDecodeUsage, Usage};
+use crate::openai::{
+    ChatCompletionRequest, ChatMessageIn, CompletionRequest, PromptSpec, SamplingFields, SpecDecodeUsage, Usage,
+};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
@@ -59,15 +61,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{model}", get(model))
+        .route("/tokenize", post(crate::tokenize::tokenize))
+        .route("/detokenize", post(crate::tokenize::detokenize))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .route("/health", get(health))
+        .route("/version", get(|| async { axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})) }))
         .merge(api)
         .fallback(|| async {
             ApiError::status(
                 StatusCode::NOT_FOUND,
-                "no such endpoint; see /v1/models, /v1/chat/completions, /v1/completions",
+                "no such endpoint; see /v1/models, /v1/chat/completions, /v1/completions, /tokenize, /detokenize",
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -109,32 +115,45 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
+fn model_object(state: &AppState, id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": state.created, "owned_by": "spec-rs",
+           "max_model_len": state.handle.info().max_model_len})
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Response {
-    let data: Vec<Value> = state
-        .model_names
-        .iter()
-        .take(1)
-        .map(|m| {
-            json!({"id": m, "object": "model", "created": state.created, "owned_by": "spec-rs",
-                   "max_model_len": state.handle.info().max_model_len})
-        })
-        .collect();
+    let data: Vec<Value> = state.model_names.iter().take(1).map(|m| model_object(&state, m)).collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// OpenAI's retrieve-model: the served model under any of its names.
+async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    check_model(&state, &id)?;
+    Ok(axum::Json(model_object(&state, &id)).into_response())
 }
 
 /// Parses a JSON body into `T`, reporting malformed JSON, wrong types and unknown enum values
 /// as 400s that name the field.
 fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let value = json_object(body)?;
+    // The sampling fields are flattened into both request types, and serde loses the path of
+    // flattened fields: check them on their own first so their errors name the field.
+    deserialize_named::<SamplingFields>(value.clone())?;
+    deserialize_named(value)
+}
+
+/// [`parse_body`] for request types without flattened fields.
+pub(crate) fn parse_plain_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    deserialize_named(json_object(body)?)
+}
+
+fn json_object(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let body = body.map_err(|r| ApiError::status(r.status(), r.body_text()))?;
     let value: Value =
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))?;
     if !value.is_object() {
         return Err(ApiError::bad_request("the request body must be a JSON object", None));
     }
-    // The sampling fields are flattened into both request types, and serde loses the path of
-    // flattened fields: check them on their own first so their errors name the field.
-    deserialize_named::<SamplingFields>(value.clone())?;
-    deserialize_named(value)
+    Ok(value)
 }
 
 fn deserialize_named<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
@@ -149,7 +168,7 @@ fn deserialize_named<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
     })
 }
 
-fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+pub(crate) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
     if state.model_names.iter().any(|m| m == model) {
         Ok(())
     } else {
@@ -384,9 +403,8 @@ fn sse_json(v: &Value) -> Event {
     Event::default().data(v.to_string())
 }
 
-fn chat_messages(req: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiError> {
-    let messages: Vec<ChatMessage> = req
-        .messages
+pub(crate) fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    let messages: Vec<ChatMessage> = messages
         .iter()
         .map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone().unwrap_or(Value::Null) })
         .collect();
@@ -399,7 +417,7 @@ async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body)?;
     check_model(&state, &req.model)?;
-    let messages = chat_messages(&req)?;
+    let messages = chat_messages(&req.messages)?;
     let top = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (false, Some(n)) if n > 0 => {
             return Err(ApiError::bad_request("top_logprobs needs logprobs=true", Some("top_logprobs")));
