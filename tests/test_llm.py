@@ -457,6 +457,7 @@ def test_prompt_longer_than_max_model_len_raises_request_error(short_llm: LLM) -
 
 BAD_SAMPLING = [
     ("logit_bias", {5: 101.0}),
+    ("prompt_logprobs", 21),
     ("temperature", -1.0),
     ("top_p", 0.0),
     ("max_tokens", 0),
@@ -593,6 +594,41 @@ def test_logit_bias_bans_and_forces_tokens_and_stays_lossless_under_speculation(
         force = SamplingParams(temperature=temperature, max_tokens=5, seed=1, logit_bias={forced_token: 100})
         for llm in (plain_llm, ngram_llm):
             assert llm.chat(prompt, force)[0].token_ids == [forced_token] * 5, (llm.info, temperature)
+
+
+def test_prompt_logprobs_score_every_prompt_token_the_way_decoding_scores_it(
+    f32_llm: LLM, f32_ngram_llm: LLM
+) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog because"
+    ids = f32_llm.tokenize(prompt)
+    greedy = SamplingParams(temperature=0.0, max_tokens=1, logprobs=2)
+    scored = f32_llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2))[0]
+    assert len(scored.prompt_logprobs) == len(ids) == scored.num_prompt_tokens
+    assert scored.prompt_logprobs[0] is None
+    assert [lp.token for lp in scored.prompt_logprobs[1:] if lp] == ids[1:]
+    for lp in scored.prompt_logprobs[1:]:
+        assert lp is not None and len(lp.top) == 2 and lp.top[0][1] >= lp.logprob - 1e-4
+    # Token k scored over the prompt equals the logprob decoding gives it after ids[:k]: take
+    # the greedy next token of a prefix, append it, and score the longer prompt.
+    for k in (3, len(ids)):
+        step = f32_llm.generate(ids[:k], greedy)[0]
+        token = step.token_ids[0]
+        extended = f32_llm.generate(
+            [*ids[:k], token], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+        )[0]
+        last = extended.prompt_logprobs[-1]
+        assert last is not None and last.token == token and last.top == []
+        assert last.logprob == pytest.approx(step.logprobs[0].logprob, abs=2e-3)
+    # Chunked prefill (4 tokens a step) and speculation score the same prompt the same way.
+    chunked = make_llm(dtype="f32", max_num_batched_tokens=4, max_model_len=256)
+    params = SamplingParams(temperature=0.0, max_tokens=8, prompt_logprobs=1)
+    for llm in (chunked, f32_ngram_llm):
+        out = llm.generate(prompt, params)[0]
+        assert out.token_ids == f32_llm.generate(prompt, params)[0].token_ids
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+        for got, want in zip(out.prompt_logprobs[1:], scored.prompt_logprobs[1:], strict=True):
+            assert got is not None and want is not None and got.token == want.token
+            assert got.logprob == pytest.approx(want.logprob, abs=2e-3)
 
 
 def test_penalties_under_speculation_need_logit_penalties(ngram_llm: LLM) -> None:

@@ -192,6 +192,28 @@ def test_logit_bias_and_no_tool_choice_give_what_llm_chat_gives(
     assert auto.choices[0].message.content == plain.text
 
 
+def test_echo_returns_the_prompt_and_with_logprobs_scores_its_tokens(server: Server, ngram_llm: LLM) -> None:
+    body = {"model": MODEL, "prompt": TEXT_PROMPT, "max_tokens": 4, "temperature": 0, "echo": True}
+    status, _, raw = server.request("POST", COMPLETIONS, {**body, "logprobs": 1})
+    assert status == 200, raw
+    choice = json.loads(raw)["choices"][0]
+    params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=1, prompt_logprobs=1)
+    out = ngram_llm.generate(TEXT_PROMPT, params)[0]
+    assert choice["text"] == TEXT_PROMPT + out.text
+    lps = choice["logprobs"]
+    n = out.num_prompt_tokens
+    assert "".join(lps["tokens"][:n]) == TEXT_PROMPT
+    assert len(lps["tokens"]) == n + len(out.token_ids)
+    assert lps["token_logprobs"][0] is None and lps["top_logprobs"][0] is None
+    want = [lp.logprob for lp in out.prompt_logprobs[1:] if lp] + [lp.logprob for lp in out.logprobs]
+    assert lps["token_logprobs"][1:] == pytest.approx(want, abs=1e-4)
+    assert lps["text_offset"][n] == len(TEXT_PROMPT)
+    status, _, raw = server.request("POST", COMPLETIONS, body)
+    assert status == 200, raw
+    plain = json.loads(raw)["choices"][0]
+    assert plain["text"] == choice["text"] and plain["logprobs"] is None
+
+
 def test_completion_equals_llm_generate_on_the_text_prompt(client: openai.OpenAI, ngram_llm: LLM) -> None:
     resp = client.completions.create(model=MODEL, prompt=TEXT_PROMPT, temperature=0, max_tokens=40)
     out = ngram_llm.generate(TEXT_PROMPT, SamplingParams(temperature=0.0, max_tokens=40))[0]
@@ -381,6 +403,7 @@ BAD_REQUESTS = [
     ("completion-max-tokens-0", COMPLETIONS, cmpl(max_tokens=0), 400, "max_tokens", None),
     ("completion-empty-prompt", COMPLETIONS, cmpl(prompt=[]), 400, "prompt", None),
     ("completion-logprobs-50", COMPLETIONS, cmpl(logprobs=50), 400, "logprobs", None),
+    ("completion-echo-stream", COMPLETIONS, cmpl(echo=True, stream=True), 400, "echo", None),
     ("completion-unknown-model", COMPLETIONS, cmpl(model="nope"), 404, "model", "model_not_found"),
     ("body-over-size-limit", COMPLETIONS, OVERSIZED, 413, None, None),
     ("tokenize-prompt-and-messages", "/tokenize", {"prompt": "a", "messages": HI}, 400, None, None),

@@ -61,6 +61,9 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[Annotated[int, Field(ge=0, lt=1 << 32)]] = []
     ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0)
+    prompt_logprobs: int | None = Field(None, ge=0)
+    """Score the prompt: each prompt token's logprob after the first (with this many top
+    logprobs per position) comes back in ``RequestOutput.prompt_logprobs``."""
     min_tokens: int = Field(0, ge=0)
     logit_bias: dict[Annotated[int, Field(ge=0, lt=1 << 32)], float] = {}
     """Added to the named tokens' logits at every position (OpenAI's range, -100 to 100)."""
@@ -116,6 +119,10 @@ class TokenLogprob:
     top: list[tuple[int, float]]
 
 
+def _token_logprob(lp: dict[str, Any]) -> TokenLogprob:
+    return TokenLogprob(lp["token"], lp["logprob"], [tuple(t) for t in lp["top"]])
+
+
 @dataclass(frozen=True)
 class CompletionOutput:
     """One completion of a request, as vLLM's ``RequestOutput.outputs`` holds them (spec-rs
@@ -143,6 +150,8 @@ class RequestOutput:
     num_prompt_tokens: int
     metrics: SpecDecodeMetrics | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    """With ``prompt_logprobs``: one per prompt token, ``None`` for the first."""
     trace: list[TraceStep] = field(default_factory=list)
     error: str | None = None
 
@@ -178,10 +187,8 @@ class RequestOutput:
             finish_reason=d["finish_reason"],
             num_prompt_tokens=d["num_prompt_tokens"],
             metrics=metrics,
-            logprobs=[
-                TokenLogprob(lp["token"], lp["logprob"], [tuple(t) for t in lp["top"]])
-                for lp in d["logprobs"]
-            ],
+            logprobs=[_token_logprob(lp) for lp in d["logprobs"]],
+            prompt_logprobs=[None if lp is None else _token_logprob(lp) for lp in d["prompt_logprobs"]],
             trace=[TraceStep(**t) for t in d["trace"]],
             error=d.get("error"),
         )

@@ -252,6 +252,9 @@ struct FedRow {
     flat_start: usize,
     /// First row of the step's logits for this row (when it has logits).
     logits_start: usize,
+    /// Logit rows before `logits_start` that score the row's own prompt tokens
+    /// (`prompt_logprobs`): row `k` predicts the token at `start + k + 1`.
+    prompt_logit_rows: usize,
 }
 
 impl Engine {
@@ -525,6 +528,7 @@ impl Engine {
                 stats: SpecDecodeStats::new(),
                 trace: trace.then(Vec::new),
                 pending_logprobs: Vec::new(),
+                pending_prompt_logprobs: Vec::new(),
                 sink,
                 arrival: Instant::now(),
                 first_token: None,
@@ -724,10 +728,12 @@ impl Engine {
                             tokens: &[u32],
                             start: usize,
                             kind: RowKind,
-                            logits: usize|
+                            logits: usize,
+                            prompt_logit_rows: usize|
          -> Result<()> {
             let flat_start = batch.input_ids.len();
-            let logits_start = batch.logits_indices.len();
+            let logits_start = batch.logits_indices.len() + prompt_logit_rows;
+            let logits = logits + prompt_logit_rows;
             batch.input_ids.extend_from_slice(tokens);
             batch.positions.extend((start..start + tokens.len()).map(|p| p as u32));
             batch.slot_mapping.extend(kv.slots(seq, start..start + tokens.len())?);
@@ -742,7 +748,7 @@ impl Engine {
             batch.block_tables.extend_from_slice(table);
             let first_logit = flat_start + tokens.len() - logits;
             batch.logits_indices.extend((first_logit..flat_start + tokens.len()).map(|i| i as u32));
-            rows.push(FedRow { seq, kind, start, flat_start, logits_start });
+            rows.push(FedRow { seq, kind, start, flat_start, logits_start, prompt_logit_rows });
             Ok(())
         };
         for &id in &plan.decode {
@@ -754,13 +760,16 @@ impl Engine {
             let mut fed = Vec::with_capacity(width + 1);
             fed.push(seq.tokens[start]);
             fed.extend_from_slice(&seq.drafts[..width]);
-            push_row(&mut batch, id, &fed, start, RowKind::Decode { width }, width + 1)?;
+            push_row(&mut batch, id, &fed, start, RowKind::Decode { width }, width + 1, 0)?;
         }
         for chunk in &plan.prefill {
             let seq = &self.seqs[&chunk.seq];
             let tokens = &seq.tokens[chunk.start..chunk.start + chunk.len];
             let kind = RowKind::Prefill { len: chunk.len, completes: chunk.completes };
-            push_row(&mut batch, chunk.seq, tokens, chunk.start, kind, usize::from(chunk.completes))?;
+            let sampled = usize::from(chunk.completes);
+            // Every fed position whose next token is a prompt token scores it.
+            let scored = if seq.params.prompt_logprobs.is_some() { chunk.len - sampled } else { 0 };
+            push_row(&mut batch, chunk.seq, tokens, chunk.start, kind, sampled, scored)?;
         }
         Ok((batch, rows))
     }
@@ -777,6 +786,7 @@ impl Engine {
             }
             return Ok(step_stats);
         };
+        self.score_prompts(rows, logits)?;
         let on_device = self.cfg.acceptance_on_device.unwrap_or(!logits.device().is_cpu());
         let (outputs, extras) = if !on_device {
             let starts: Vec<Option<usize>> = rows.iter().map(|r| Some(r.logits_start)).collect();
@@ -843,6 +853,32 @@ impl Engine {
             RowKind::Prefill { completes: true, .. } => Some(0),
             RowKind::Prefill { completes: false, .. } => None,
         }
+    }
+
+    /// `prompt_logprobs`: each prefill row's scoring rows give the logprob (and top-n) of the
+    /// prompt token they predict; a prompt's first token, which nothing predicts, gets `None`.
+    /// Only these rows cross to the host, and only for requests that ask.
+    fn score_prompts(&mut self, rows: &[FedRow], logits: &Tensor) -> Result<()> {
+        let v = self.vocab_size;
+        for r in rows.iter().filter(|r| r.prompt_logit_rows > 0) {
+            let first = r.logits_start - r.prompt_logit_rows;
+            let scores: Vec<f32> = logits
+                .narrow(0, first, r.prompt_logit_rows)?
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1()?;
+            let seq = self.seqs.get_mut(&r.seq).expect("scheduled sequences are known");
+            let top = seq.params.prompt_logprobs.unwrap_or(0);
+            if r.start == 0 {
+                seq.pending_prompt_logprobs.push(None);
+            }
+            for (k, row) in scores.chunks_exact(v).enumerate() {
+                let token = seq.tokens[r.start + k + 1];
+                let (logprob, top) = logprobs_of(row, token, top);
+                seq.pending_prompt_logprobs.push(Some(TokenLogprob { token, logprob, top }));
+            }
+        }
+        Ok(())
     }
 
     /// Whether a row reads its logit rows themselves rather than device reductions: penalties,

@@ -26,7 +26,8 @@ use crate::tokenizer::TextTokenizer;
 enum Command {
     Add {
         id: RequestId,
-        request: GenerationRequest,
+        // Boxed: a request (its sampling parameters) dwarfs every other command.
+        request: Box<GenerationRequest>,
         sink: crate::request::OutputSink,
         reply: oneshot::Sender<Result<()>>,
     },
@@ -85,6 +86,7 @@ pub struct FinalOutput {
     pub finish_reason: FinishReason,
     pub metrics: RequestMetrics,
     pub logprobs: Vec<TokenLogprob>,
+    pub prompt_logprobs: Vec<Option<TokenLogprob>>,
     pub trace: Vec<TraceStep>,
     pub error: Option<String>,
     pub num_prompt_tokens: usize,
@@ -102,6 +104,7 @@ impl FinalOutput {
                 finish_reason: FinishReason::Error,
                 metrics: RequestMetrics::default(),
                 logprobs: Vec::new(),
+                prompt_logprobs: Vec::new(),
                 trace: Vec::new(),
                 error: None,
                 num_prompt_tokens: o.num_prompt_tokens,
@@ -109,6 +112,7 @@ impl FinalOutput {
             a.token_ids.extend(o.token_ids);
             a.text.push_str(&o.text);
             a.logprobs.extend(o.logprobs);
+            a.prompt_logprobs.extend(o.prompt_logprobs);
             a.trace.extend(o.trace);
             if let Some(r) = o.finish_reason {
                 a.finish_reason = r;
@@ -200,7 +204,7 @@ impl EngineHandle {
         let (reply, admitted) = oneshot::channel();
         self.replicas[self.route()]
             .tx
-            .send(Command::Add { id, request, sink, reply })
+            .send(Command::Add { id, request: Box::new(request), sink, reply })
             .map_err(|_| EngineError::Shutdown)?;
         Ok((id, stream, admitted))
     }
@@ -390,7 +394,7 @@ fn handle(engine: &mut Engine, cmd: Command, shutdown: &mut Option<Instant>) {
     match cmd {
         Command::Add { id, request, sink, reply } => {
             let result =
-                if shutdown.is_some() { Err(EngineError::Shutdown) } else { engine.add_request(id, request, sink) };
+                if shutdown.is_some() { Err(EngineError::Shutdown) } else { engine.add_request(id, *request, sink) };
             let _ = reply.send(result);
         }
         Command::AddMany(adds, reply) => {

@@ -85,6 +85,9 @@ pub struct RequestOutput {
     /// Text decoded since the previous output (never a split character).
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
+    /// With `prompt_logprobs`: one entry per prompt token (`None` for the first, which has no
+    /// context), in the first output.
+    pub prompt_logprobs: Vec<Option<TokenLogprob>>,
     pub trace: Vec<TraceStep>,
     pub finish_reason: Option<FinishReason>,
     /// Set on the final output.

@@ -28,6 +28,8 @@ pub struct Sequence {
     pub stats: SpecDecodeStats,
     pub trace: Option<Vec<TraceStep>>,
     pub pending_logprobs: Vec<TokenLogprob>,
+    /// Prompt logprobs computed so far (`prompt_logprobs`), sent with the first output.
+    pub pending_prompt_logprobs: Vec<Option<TokenLogprob>>,
     pub sink: OutputSink,
     pub arrival: Instant,
     pub first_token: Option<Instant>,
@@ -56,6 +58,7 @@ impl Sequence {
             token_ids,
             text,
             logprobs: std::mem::take(&mut self.pending_logprobs),
+            prompt_logprobs: std::mem::take(&mut self.pending_prompt_logprobs),
             trace: self.trace.as_mut().map(std::mem::take).unwrap_or_default(),
             finish_reason: finish,
             metrics,
@@ -63,6 +66,8 @@ impl Sequence {
             num_prompt_tokens: self.prompt_len,
         };
         if !finished && out.token_ids.is_empty() && out.text.is_empty() {
+            // Nothing to say yet: keep the prompt logprobs for the first real output.
+            self.pending_prompt_logprobs = out.prompt_logprobs;
             return !self.sink.is_closed();
         }
         self.sink.send(out).is_ok()

@@ -16,6 +16,18 @@ const EOS: u32 = 47;
 
 /// A bigram target whose successor of token 5 is EOS.
 fn engine(dir: &std::path::Path) -> EngineHandle {
+    engine_with(
+        dir,
+        EngineConfig { max_num_seqs: 4, kv_cache_bytes: 16 << 20, block_size: 4, ..EngineConfig::default() },
+    )
+}
+
+/// The successor the target of [`engine`] predicts after `token`.
+fn successor(token: u32) -> u32 {
+    if token == 5 { EOS } else { testing::bigram_successor(SHAPE.vocab)[token as usize] }
+}
+
+fn engine_with(dir: &std::path::Path, engine_cfg: EngineConfig) -> EngineHandle {
     let mut t = testing::bigram_target(Architecture::Llama, &SHAPE).unwrap();
     let next = testing::bigram_successor(SHAPE.vocab);
     let mut head = t["lm_head.weight"].to_vec2::<f32>().unwrap();
@@ -25,7 +37,7 @@ fn engine(dir: &std::path::Path) -> EngineHandle {
     testing::write_checkpoint(dir, &testing::target_config(Architecture::Llama, &SHAPE, false), &t).unwrap();
     let mut cfg = PipelineConfig::new(dir.to_str().unwrap());
     cfg.dtype = ModelDType::F32;
-    cfg.engine = EngineConfig { max_num_seqs: 4, kv_cache_bytes: 16 << 20, block_size: 4, ..EngineConfig::default() };
+    cfg.engine = engine_cfg;
     let (engine, info) = build_engine(&cfg).unwrap();
     EngineHandle::spawn(engine, Some(info))
 }
@@ -49,6 +61,52 @@ fn eos_stops_and_min_tokens_keeps_it_from_ending_early() {
     assert_eq!((out.token_ids.len(), out.finish_reason), (10, FinishReason::Length));
     let out = run(&h, SamplingParams { stop_token_ids: vec![out.token_ids[2]], ignore_eos: true, ..greedy });
     assert_eq!((out.token_ids.len(), out.finish_reason), (3, FinishReason::Stop));
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total);
+}
+
+#[test]
+fn prompt_logprobs_score_each_prompt_token_against_its_context_across_prefill_chunks() {
+    // Follows the bigram chain except at position 4, where the prompt takes another token.
+    let mut prompt = vec![1u32];
+    for i in 1..10 {
+        let expected = successor(prompt[i - 1]);
+        prompt.push(if i == 4 { (expected + 1) % EOS } else { expected });
+    }
+    let params =
+        SamplingParams { temperature: 0.0, max_tokens: Some(2), prompt_logprobs: Some(1), ..SamplingParams::default() };
+    let score = |h: &EngineHandle| {
+        h.generate(vec![GenerationRequest::new(Prompt::Tokens(prompt.clone()), params.clone())]).unwrap().remove(0)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let whole = score(&engine(dir.path()));
+    assert_eq!(whole.prompt_logprobs.len(), prompt.len());
+    assert_eq!(whole.prompt_logprobs[0], None, "nothing predicts the first prompt token");
+    for (k, lp) in whole.prompt_logprobs.iter().enumerate().skip(1) {
+        let lp = lp.as_ref().unwrap();
+        assert_eq!(lp.token, prompt[k]);
+        assert_eq!(lp.top.len(), 1);
+        assert_eq!(lp.top[0].0, successor(prompt[k - 1]), "position {k}");
+        assert_eq!(lp.top[0].0 == lp.token, k != 4, "position {k}: {lp:?}");
+    }
+    // Three tokens a step: the prompt arrives in four chunks and is scored the same.
+    let small = EngineConfig {
+        max_num_seqs: 4,
+        kv_cache_bytes: 16 << 20,
+        block_size: 4,
+        max_num_batched_tokens: 3,
+        ..EngineConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine_with(dir.path(), small);
+    let chunked = score(&h);
+    assert_eq!(chunked.token_ids, whole.token_ids);
+    assert_eq!(chunked.prompt_logprobs.len(), prompt.len());
+    for (a, b) in chunked.prompt_logprobs.iter().zip(&whole.prompt_logprobs).skip(1) {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+        assert_eq!((a.token, a.top[0].0), (b.token, b.top[0].0));
+        assert!((a.logprob - b.logprob).abs() < 1e-4, "{a:?} vs {b:?}");
+    }
     let (free, total) = h.kv_blocks().unwrap();
     assert_eq!(free, total);
 }

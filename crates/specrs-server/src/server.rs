@@ -242,6 +242,7 @@ fn sampling_params(
         stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
         ignore_eos: f.ignore_eos.unwrap_or(false),
         logprobs,
+        prompt_logprobs: None,
         min_tokens: f.min_tokens.unwrap_or(0),
         logit_bias,
     };
@@ -376,23 +377,30 @@ fn chat_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
     json!({"content": content})
 }
 
-fn completion_logprobs(state: &AppState, lps: &[TokenLogprob], offset: usize) -> Value {
-    let mut text_offset = Vec::with_capacity(lps.len());
+/// OpenAI's completion `logprobs` for tokens from text offset `offset`; an entry without a
+/// logprob (an echoed prompt's first token, which nothing predicts) has nulls.
+fn completion_logprobs<'a>(
+    state: &AppState,
+    entries: impl IntoIterator<Item = (u32, Option<&'a TokenLogprob>)>,
+    offset: usize,
+) -> Value {
+    let (mut tokens, mut token_logprobs, mut top, mut text_offset) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut at = offset;
-    let tokens: Vec<String> = lps
-        .iter()
-        .map(|l| {
-            let t = token_text(state, l.token);
-            text_offset.push(at);
-            at += t.len();
-            t
-        })
-        .collect();
-    let top: Vec<Value> = lps
-        .iter()
-        .map(|l| Value::Object(l.top.iter().map(|&(id, lp)| (token_text(state, id), json!(lp))).collect()))
-        .collect();
-    json!({"tokens": tokens, "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(), "top_logprobs": top, "text_offset": text_offset})
+    for (token, lp) in entries {
+        let t = token_text(state, token);
+        text_offset.push(at);
+        at += t.len();
+        tokens.push(t);
+        token_logprobs.push(lp.map_or(Value::Null, |l| json!(l.logprob)));
+        top.push(lp.map_or(Value::Null, |l| {
+            Value::Object(l.top.iter().map(|&(id, lp)| (token_text(state, id), json!(lp))).collect())
+        }));
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": text_offset})
+}
+
+fn own_logprobs(lps: &[TokenLogprob]) -> impl Iterator<Item = (u32, Option<&TokenLogprob>)> {
+    lps.iter().map(|l| (l.token, Some(l)))
 }
 
 fn sse_done() -> Event {
@@ -555,8 +563,9 @@ async fn completions(
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(body)?;
     check_model(&state, &req.model)?;
-    if req.echo.unwrap_or(false) {
-        return Err(ApiError::bad_request("echo is not supported", Some("echo")));
+    let echo = req.echo.unwrap_or(false);
+    if echo && req.sampling.stream.unwrap_or(false) {
+        return Err(ApiError::bad_request("echo is served without stream; send stream=false", Some("echo")));
     }
     if req.suffix.is_some() {
         return Err(ApiError::bad_request("suffix is not supported", Some("suffix")));
@@ -566,8 +575,15 @@ async fn completions(
     }
     let prompts = completion_prompts(&req.prompt)?;
     // OpenAI's default for completions.
-    let params =
+    let mut params =
         sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(16)), "max_tokens", req.logprobs, &state)?;
+    // Echo repeats each prompt (its text and token ids) before its completion, and with
+    // logprobs scores the prompt's tokens too.
+    let echoed: Vec<Option<(String, Vec<u32>)>> =
+        prompts.iter().map(|p| echo.then(|| echoed_prompt(&state, p)).transpose()).collect::<Result<_, _>>()?;
+    if echo {
+        params.prompt_logprobs = req.logprobs;
+    }
     let guards = admit(&state, prompts.len())?;
     let mut streams = Vec::with_capacity(prompts.len());
     for prompt in prompts {
@@ -607,9 +623,19 @@ async fn completions(
         prompt_tokens += out.num_prompt_tokens;
         completion_tokens += out.token_ids.len();
         merge_metrics(&mut totals, &out.metrics);
+        let (text, choice_logprobs) = match &echoed[index] {
+            None => {
+                let lps = logprobs.then(|| completion_logprobs(&state, own_logprobs(&out.logprobs), 0));
+                (out.text.clone(), lps)
+            }
+            Some((prompt_text, prompt_ids)) => {
+                let scored = out.prompt_logprobs.iter().map(Option::as_ref).chain(std::iter::repeat(None));
+                let entries = prompt_ids.iter().copied().zip(scored).chain(own_logprobs(&out.logprobs));
+                (format!("{prompt_text}{}", out.text), logprobs.then(|| completion_logprobs(&state, entries, 0)))
+            }
+        };
         let mut choice = json!({
-            "index": index, "text": out.text,
-            "logprobs": if logprobs { completion_logprobs(&state, &out.logprobs, 0) } else { Value::Null },
+            "index": index, "text": text, "logprobs": choice_logprobs.unwrap_or(Value::Null),
             "finish_reason": finish_str(Some(out.finish_reason)),
         });
         if !out.trace.is_empty() {
@@ -623,6 +649,17 @@ async fn completions(
         "choices": choices, "usage": usage_of(prompt_tokens, completion_tokens, Some(&totals)),
     }))
     .into_response())
+}
+
+/// A prompt's text and token ids as the engine will see them.
+fn echoed_prompt(state: &AppState, prompt: &Prompt) -> Result<(String, Vec<u32>), ApiError> {
+    let tokenizer = state.handle.tokenizer();
+    let bad = |e: specrs_engine::EngineError| ApiError::bad_request(e.to_string(), Some("prompt"));
+    match prompt {
+        Prompt::Text(text) => Ok((text.clone(), tokenizer.encode(text, true).map_err(bad)?)),
+        Prompt::Tokens(ids) => Ok((tokenizer.decode(ids, false).map_err(bad)?, ids.clone())),
+        Prompt::Chat(_) => Err(ApiError::bad_request("echo needs a completion prompt", Some("echo"))),
+    }
 }
 
 fn merge_metrics(total: &mut specrs_engine::RequestMetrics, m: &specrs_engine::RequestMetrics) {
@@ -669,7 +706,7 @@ fn completion_stream(
             let _ = &_guards;
             let mut events = Vec::new();
             let lps = if logprobs && !o.logprobs.is_empty() {
-                completion_logprobs(&state, &o.logprobs, offsets[i])
+                completion_logprobs(&state, own_logprobs(&o.logprobs), offsets[i])
             } else {
                 Value::Null
             };

@@ -58,6 +58,9 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Return this many top logprobs (from the raw target logits) per emitted token.
     pub logprobs: Option<usize>,
+    /// Return the logprob of every prompt token after the first (given the tokens before it)
+    /// with this many top logprobs at each position (vLLM's `prompt_logprobs`).
+    pub prompt_logprobs: Option<usize>,
     /// Do not stop (EOS or stop ids) before this many generated tokens.
     pub min_tokens: usize,
     /// Added to the named tokens' logits at every position before the penalties (OpenAI's
@@ -81,6 +84,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             min_tokens: 0,
             logit_bias: BTreeMap::new(),
         }
@@ -155,10 +159,12 @@ impl SamplingParams {
                 ));
             }
         }
-        if let Some(n) = self.logprobs
-            && n > MAX_LOGPROBS
-        {
-            return Err(ConfigError::field("logprobs", format!("logprobs must be <= {MAX_LOGPROBS}, got {n}")));
+        for (field, n) in [("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)] {
+            if let Some(n) = n
+                && n > MAX_LOGPROBS
+            {
+                return Err(ConfigError::field(field, format!("{field} must be <= {MAX_LOGPROBS}, got {n}")));
+            }
         }
         if self.max_tokens == Some(0) {
             return Err(ConfigError::field("max_tokens", "max_tokens must be >= 1 when set, got 0"));
