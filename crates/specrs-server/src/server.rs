@@ -202,7 +202,7 @@ fn sampling_params(
             "response_format",
             f.response_format.as_ref().is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text")),
         ),
-        ("tools", f.tools.as_ref().is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()))),
+        ("tools", lists_tools(f.tools.as_ref())),
         ("tool_choice", f.tool_choice.as_ref().is_some_and(|c| !tool_choice_calls_nothing(c, f.tools.as_ref()))),
     ] {
         if present {
@@ -252,13 +252,17 @@ fn sampling_params(
     Ok(params)
 }
 
+/// Whether a request offers tools: anything but absent, `null` or an empty list.
+fn lists_tools(tools: Option<&Value>) -> bool {
+    tools.is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()))
+}
+
 /// Whether `tool_choice` asks for no tool call: `"none"`, or `"auto"` with no tools to call
 /// (what clients send by default), which plain generation serves as is.
 fn tool_choice_calls_nothing(choice: &Value, tools: Option<&Value>) -> bool {
-    let no_tools = tools.is_none_or(|t| t.is_null() || t.as_array().is_some_and(Vec::is_empty));
     match choice.as_str() {
         Some("none") => true,
-        Some("auto") => no_tools,
+        Some("auto") => !lists_tools(tools),
         _ => choice.is_null(),
     }
 }
