@@ -459,14 +459,27 @@ impl Engine {
         self.seqs.len()
     }
 
-    /// Tokenizes and validates a request; on success it is queued. Errors describe what the
-    /// client must change.
+    /// Tokenizes and validates a request; on success it is queued. A request with `n` choices
+    /// runs as `n` sequences with ids `id..id + n` (the caller keeps them free: the handle
+    /// reserves them); their outputs carry `id` and a choice index, and [`Self::abort`] of
+    /// `id` cancels them all. Errors describe what the client must change.
     pub fn add_request(&mut self, id: SeqId, request: GenerationRequest, sink: OutputSink) -> Result<()> {
-        if self.seqs.contains_key(&id) {
-            return Err(EngineError::Request(format!("request id {id} is already running")));
-        }
         let GenerationRequest { prompt, params, trace } = request;
         params.validate(self.vocab_size)?;
+        let n = params.n;
+        if n > self.max_num_seqs() {
+            return Err(EngineError::Request(format!(
+                "n = {n} choices exceed max_num_seqs = {}, the most sequences this engine runs at once; \
+                 lower n or raise max_num_seqs",
+                self.max_num_seqs()
+            )));
+        }
+        let ids = id..id
+            .checked_add(n as SeqId)
+            .ok_or_else(|| EngineError::Request(format!("request id {id} leaves no room for its {n} choices")))?;
+        if let Some(taken) = ids.clone().find(|i| self.seqs.contains_key(i)) {
+            return Err(EngineError::Request(format!("request id {taken} is already running")));
+        }
         if self.proposer.is_some() && params.has_penalties() && !self.spec.logit_penalties {
             return Err(EngineError::Request(
                 "repetition/frequency/presence penalties under speculative decoding need logit_penalties=True \
@@ -505,56 +518,61 @@ impl Engine {
         if max_tokens == 0 {
             return Err(EngineError::Request("max_tokens must be at least 1".into()));
         }
-        let seed = params.seed.unwrap_or_else(|| {
-            self.next_seed = self.next_seed.wrapping_mul(6364136223846793005).wrapping_add(id | 1);
-            self.next_seed
-        });
-        let prompt_len = tokens.len();
-        self.metrics.prompt_tokens.fetch_add(prompt_len as u64, std::sync::atomic::Ordering::Relaxed);
-        self.scheduler.add(id, prompt_len);
-        let output = OutputState::new(&params, self.tokenizer.eos_token_ids(), max_tokens);
-        self.seqs.insert(
-            id,
-            Sequence {
-                id,
-                tokens,
-                prompt_len,
-                params,
-                seed,
-                output,
-                drafts: Vec::new(),
-                draft_probs: None,
-                in_thinking: false,
-                stats: SpecDecodeStats::new(),
-                trace: trace.then(Vec::new),
-                pending_logprobs: Vec::new(),
-                pending_prompt_logprobs: Vec::new(),
-                sink,
-                arrival: Instant::now(),
-                first_token: None,
-                unsent_from: 0,
-            },
-        );
+        let arrival = Instant::now();
+        for (index, seq_id) in ids.enumerate() {
+            let params = params.for_choice(index);
+            let seed = params.seed.unwrap_or_else(|| {
+                self.next_seed = self.next_seed.wrapping_mul(6364136223846793005).wrapping_add(seq_id | 1);
+                self.next_seed
+            });
+            let prompt_len = tokens.len();
+            self.metrics.prompt_tokens.fetch_add(prompt_len as u64, std::sync::atomic::Ordering::Relaxed);
+            self.scheduler.add(seq_id, prompt_len);
+            let output = OutputState::new(&params, self.tokenizer.eos_token_ids(), max_tokens);
+            self.seqs.insert(
+                seq_id,
+                Sequence {
+                    id: seq_id,
+                    request_id: id,
+                    index,
+                    tokens: tokens.clone(),
+                    prompt_len,
+                    params,
+                    seed,
+                    output,
+                    drafts: Vec::new(),
+                    draft_probs: None,
+                    in_thinking: false,
+                    stats: SpecDecodeStats::new(),
+                    trace: trace.then(Vec::new),
+                    pending_logprobs: Vec::new(),
+                    pending_prompt_logprobs: Vec::new(),
+                    sink: sink.clone(),
+                    arrival,
+                    first_token: None,
+                    unsent_from: 0,
+                },
+            );
+        }
         self.update_gauges();
         Ok(())
     }
 
-    /// Cancels a request: its outputs stop and its KV blocks return to the pool at once.
+    /// Cancels a request (every choice of it): its outputs stop and its KV blocks return to
+    /// the pool at once.
     pub fn abort(&mut self, id: SeqId) -> bool {
-        if let Some(mut seq) = self.seqs.remove(&id) {
-            seq.send(Some(FinishReason::Abort), None);
-            self.forget(id, FinishReason::Abort, &seq);
-            true
-        } else {
-            false
+        let choices: Vec<SeqId> = self.seqs.values().filter(|s| s.request_id == id).map(|s| s.id).collect();
+        for &choice in &choices {
+            self.finish(choice, FinishReason::Abort, None);
         }
+        !choices.is_empty()
     }
 
     /// Aborts every request (shutdown).
     pub fn abort_all(&mut self) {
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
-            self.abort(id);
+            self.finish(id, FinishReason::Abort, None);
         }
     }
 
@@ -580,9 +598,11 @@ impl Engine {
         self.update_gauges();
     }
 
+    /// Ends one sequence (one choice) with `reason` and sends its last output.
     fn finish(&mut self, id: SeqId, reason: FinishReason, error: Option<String>) {
         if let Some(mut seq) = self.seqs.remove(&id) {
-            seq.send(Some(reason), error);
+            let last_choice = !self.seqs.values().any(|s| s.request_id == seq.request_id);
+            seq.send(Some(reason), error, last_choice);
             self.forget(id, reason, &seq);
         }
     }
@@ -835,7 +855,7 @@ impl Engine {
                 None => {
                     self.scheduler.commit(id, n_tokens, num_computed.min(n_tokens - 1))?;
                     let seq = self.seqs.get_mut(&id).expect("still running");
-                    if !seq.send(None, None) {
+                    if !seq.send(None, None, false) {
                         // The client went away: free everything now.
                         self.finish(id, FinishReason::Abort, None);
                     }

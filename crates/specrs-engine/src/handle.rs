@@ -77,10 +77,12 @@ pub struct EngineHandle {
     next_id: AtomicU64,
 }
 
-/// A finished request, collected from its stream.
+/// One finished choice of a request (the only one with `n = 1`), collected from its stream.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct FinalOutput {
     pub request_id: RequestId,
+    /// The choice's index among the request's `n`.
+    pub index: usize,
     pub token_ids: Vec<u32>,
     pub text: String,
     pub finish_reason: FinishReason,
@@ -93,12 +95,21 @@ pub struct FinalOutput {
 }
 
 impl FinalOutput {
-    /// Folds a request's outputs into one.
+    /// Folds the outputs of a request with one choice into one.
     pub fn collect(outputs: impl IntoIterator<Item = RequestOutput>) -> Option<Self> {
-        let mut acc: Option<Self> = None;
+        Self::collect_choices(outputs).into_iter().next()
+    }
+
+    /// Folds a request's outputs into one per choice, in index order.
+    pub fn collect_choices(outputs: impl IntoIterator<Item = RequestOutput>) -> Vec<Self> {
+        let mut choices: Vec<Option<Self>> = Vec::new();
         for o in outputs {
-            let a = acc.get_or_insert_with(|| Self {
+            if choices.len() <= o.index {
+                choices.resize(o.index + 1, None);
+            }
+            let a = choices[o.index].get_or_insert_with(|| Self {
                 request_id: o.request_id,
+                index: o.index,
                 token_ids: Vec::new(),
                 text: String::new(),
                 finish_reason: FinishReason::Error,
@@ -120,7 +131,7 @@ impl FinalOutput {
                 a.error = o.error;
             }
         }
-        acc
+        choices.into_iter().flatten().collect()
     }
 }
 
@@ -198,8 +209,14 @@ impl EngineHandle {
         index
     }
 
+    /// A new request's id; a request with `n` choices takes `n` ids (one per choice
+    /// sequence), the first of which names it.
+    fn reserve_id(&self, request: &GenerationRequest) -> RequestId {
+        self.next_id.fetch_add(request.params.n.max(1) as RequestId, Ordering::Relaxed)
+    }
+
     fn send_add(&self, request: GenerationRequest) -> Result<(RequestId, OutputStream, oneshot::Receiver<Result<()>>)> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.reserve_id(&request);
         let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
         let (reply, admitted) = oneshot::channel();
         self.replicas[self.route()]
@@ -262,7 +279,8 @@ impl EngineHandle {
         pending.into_iter().map(|rx| rx.blocking_recv().map_err(|_| EngineError::Shutdown)).collect()
     }
 
-    /// Runs `requests` to completion and returns them in submission order. They are admitted
+    /// Runs `requests` to completion and returns their choices in submission order (one
+    /// output per request with `n = 1`; a request's `n` choices in index order). They are admitted
     /// in one command per replica, so each replica schedules its share together from its next
     /// step on (one at a time, each would wait a step for the one before it). When any is
     /// refused, the others are aborted and the first refusal is returned.
@@ -271,7 +289,7 @@ impl EngineHandle {
         let mut placed = Vec::with_capacity(requests.len());
         let mut streams = Vec::with_capacity(requests.len());
         for request in requests {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let id = self.reserve_id(&request);
             let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
             let replica = self.route();
             placed.push(replica);
@@ -309,21 +327,23 @@ impl EngineHandle {
             }
             return Err(results.into_iter().nth(refused).expect("a refusal at this index").unwrap_err());
         }
-        let streams = streams.into_iter().map(|(_, s)| s);
-        streams
-            .into_iter()
-            .map(|mut s| {
-                let mut outs = Vec::new();
-                while let Some(o) = s.blocking_recv() {
-                    let done = o.is_finished();
-                    outs.push(o);
-                    if done {
-                        break;
-                    }
+        let mut finals = Vec::with_capacity(streams.len());
+        for (_, mut s) in streams {
+            let mut outs = Vec::new();
+            while let Some(o) = s.blocking_recv() {
+                let done = o.is_finished();
+                outs.push(o);
+                if done {
+                    break;
                 }
-                FinalOutput::collect(outs).ok_or(EngineError::Shutdown)
-            })
-            .collect()
+            }
+            let choices = FinalOutput::collect_choices(outs);
+            if choices.is_empty() {
+                return Err(EngineError::Shutdown);
+            }
+            finals.extend(choices);
+        }
+        Ok(finals)
     }
 
     /// Stops accepting requests, lets running ones finish for up to `grace`, cancels the rest

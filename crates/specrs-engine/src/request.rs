@@ -76,10 +76,16 @@ pub struct RequestMetrics {
     pub latency: f64,
 }
 
-/// A streamed piece of a request's output. The last one carries `finish_reason`.
+/// A streamed piece of one choice of a request's output. A choice's last piece carries its
+/// `finish_reason`; the request's last piece (every choice finished) has `finished` set.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestOutput {
     pub request_id: RequestId,
+    /// Which of the request's `n` choices this piece belongs to (vLLM's
+    /// `CompletionOutput.index`); always 0 with `n = 1`.
+    pub index: usize,
+    /// Every choice of the request has finished: nothing more comes on the stream.
+    pub finished: bool,
     /// Tokens committed since the previous output.
     pub token_ids: Vec<u32>,
     /// Text decoded since the previous output (never a split character).
@@ -98,12 +104,13 @@ pub struct RequestOutput {
 }
 
 impl RequestOutput {
+    /// The whole request is done (with `n = 1`: its one choice has a finish reason).
     pub fn is_finished(&self) -> bool {
-        self.finish_reason.is_some()
+        self.finished
     }
 }
 
-/// Where a request's outputs go. A send that fails means the client went away: the engine
+/// Where a request's outputs go (every choice of it sends on the same sink). A send that fails means the client went away: the engine
 /// cancels the request and frees its KV blocks.
 pub type OutputSink = tokio::sync::mpsc::UnboundedSender<RequestOutput>;
 pub type OutputStream = tokio::sync::mpsc::UnboundedReceiver<RequestOutput>;

@@ -11,8 +11,13 @@ use crate::detokenizer::OutputState;
 use crate::proposer::DraftProbs;
 use crate::request::{OutputSink, RequestMetrics, RequestOutput, TokenLogprob, TraceStep};
 
+/// One choice of a request: a request with `n` choices runs as `n` sequences.
 pub struct Sequence {
     pub id: SeqId,
+    /// The request this choice belongs to: the id its outputs carry and aborts name.
+    pub request_id: SeqId,
+    /// The choice's index among the request's `n`.
+    pub index: usize,
     /// Prompt followed by every committed output token.
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
@@ -46,15 +51,18 @@ impl Sequence {
         self.tokens.len() - self.prompt_len
     }
 
-    /// Sends what was committed since the last send. Returns false when the client is gone.
-    pub fn send(&mut self, finish: Option<FinishReason>, error: Option<String>) -> bool {
+    /// Sends what was committed since the last send; `last_choice` marks the final piece of
+    /// the request's last running choice. Returns false when the client is gone.
+    pub fn send(&mut self, finish: Option<FinishReason>, error: Option<String>, last_choice: bool) -> bool {
         let finished = finish.is_some();
         let token_ids = self.output.token_ids[self.unsent_from..].to_vec();
         self.unsent_from = self.output.token_ids.len();
         let text = self.output.take_delta(finished);
         let metrics = finished.then(|| self.metrics());
         let out = RequestOutput {
-            request_id: self.id,
+            request_id: self.request_id,
+            index: self.index,
+            finished: finished && last_choice,
             token_ids,
             text,
             logprobs: std::mem::take(&mut self.pending_logprobs),

@@ -1,5 +1,6 @@
 //! Request-level behaviour of the engine on a tiny bigram target: stop conditions and
-//! `min_tokens`, independent of any drafter.
+//! `min_tokens`, prompt logprobs, admission, and requests with several choices (`n`),
+//! independent of any drafter.
 
 use candle_core::{Device, Tensor};
 use specrs_core::sampling::SamplingParams;
@@ -144,4 +145,94 @@ fn a_refused_request_fails_its_generate_call_and_aborts_the_others() {
     assert_eq!(free, total, "the admitted request was aborted and its KV freed");
     let out = h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), params)]).unwrap();
     assert_eq!(out[0].token_ids.len(), 50, "the engine keeps serving");
+}
+
+/// Sampled hot enough that the bigram target's choices diverge (its successor logit leads
+/// the others by 8, so temperature 2 leaves it about half the mass).
+fn sampled(n: usize, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 2.0,
+        seed: Some(11),
+        n,
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+#[test]
+fn a_request_with_n_choices_returns_them_in_index_order_and_its_first_equals_the_single_choice_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let request = |n| GenerationRequest::new(Prompt::Tokens(vec![1, 2]), sampled(n, 12));
+    let outs = h.generate(vec![request(3), request(1)]).unwrap();
+    assert_eq!(outs.len(), 4, "three choices, then the single-choice request");
+    assert_eq!(outs.iter().map(|o| o.index).collect::<Vec<_>>(), [0, 1, 2, 0]);
+    assert!(outs[..3].iter().all(|o| o.request_id == outs[0].request_id));
+    assert_ne!(outs[3].request_id, outs[0].request_id);
+    assert!(outs.iter().all(|o| o.token_ids.len() == 12 && o.finish_reason == FinishReason::Length));
+    assert_eq!(outs[0].token_ids, outs[3].token_ids, "choice 0 runs with the request's own seed");
+    assert!(
+        outs[1].token_ids != outs[0].token_ids && outs[2].token_ids != outs[1].token_ids,
+        "choices are independent samples: {outs:?}"
+    );
+    let again = h.generate(vec![request(3)]).unwrap();
+    for (a, b) in again.iter().zip(&outs) {
+        assert_eq!(a.token_ids, b.token_ids, "a seeded request's choices are reproducible");
+    }
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total);
+}
+
+#[test]
+fn a_streamed_request_ends_once_every_choice_has_and_an_abort_cancels_every_choice() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let (id, mut stream) = h.submit(GenerationRequest::new(Prompt::Tokens(vec![1, 2]), sampled(2, 6))).unwrap();
+    let mut outs = Vec::new();
+    while let Some(o) = stream.blocking_recv() {
+        let done = o.is_finished();
+        outs.push(o);
+        if done {
+            break;
+        }
+    }
+    assert!(outs.iter().all(|o| o.request_id == id));
+    assert_eq!(outs.iter().filter(|o| o.finished).count(), 1, "only the last output ends the request");
+    assert!(outs.last().unwrap().finished);
+    for index in 0..2 {
+        let reasons: Vec<_> = outs.iter().filter(|o| o.index == index).filter_map(|o| o.finish_reason).collect();
+        assert_eq!(reasons, [FinishReason::Length], "choice {index} finishes once");
+        let tokens: usize = outs.iter().filter(|o| o.index == index).map(|o| o.token_ids.len()).sum();
+        assert_eq!(tokens, 6);
+    }
+
+    let (id, mut stream) = h.submit(GenerationRequest::new(Prompt::Tokens(vec![1, 2]), sampled(3, 10_000))).unwrap();
+    stream.blocking_recv().unwrap();
+    h.abort(id);
+    let mut aborted = std::collections::BTreeSet::new();
+    while let Some(o) = stream.blocking_recv() {
+        if o.finish_reason == Some(FinishReason::Abort) {
+            aborted.insert(o.index);
+        }
+        if o.is_finished() {
+            break;
+        }
+    }
+    assert_eq!(aborted.into_iter().collect::<Vec<_>>(), [0, 1, 2]);
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total, "every choice's KV blocks are freed");
+}
+
+#[test]
+fn greedy_requests_and_more_choices_than_the_engine_runs_at_once_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let greedy = SamplingParams { n: 2, ..SamplingParams::greedy() };
+    let err = h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), greedy)]).unwrap_err().to_string();
+    assert!(err.contains("n must be 1 when decoding greedily"), "{err}");
+    let err =
+        h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), sampled(5, 4))]).unwrap_err().to_string();
+    assert!(err.contains("n = 5 choices exceed max_num_seqs = 4"), "{err}");
+    assert_eq!(h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), sampled(4, 4))]).unwrap().len(), 4);
 }

@@ -17,6 +17,6 @@ mod truncation;
 
 pub use distribution::{SamplingWorkspace, processed_probs, sample_inverse_cdf};
 pub use logits::{argmax, log_softmax_in_place, logprobs_of, logsumexp, max_value, softmax_in_place, top_n};
-pub use params::{GREEDY_TEMPERATURE, MAX_ABS_ADDITIVE_PENALTY, MAX_LOGPROBS, SamplingParams};
+pub use params::{GREEDY_TEMPERATURE, MAX_ABS_ADDITIVE_PENALTY, MAX_LOGPROBS, SamplingParams, choice_seed};
 pub use penalties::PenaltyContext;
 pub use rng::{GOLDEN_GAMMA, RngStream, random_bits, splitmix64_mix, uniform};

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::rng::{GOLDEN_GAMMA, splitmix64_mix};
 use crate::error::ConfigError;
 
 /// Temperatures below this sample greedily (argmax), as in Modular MAX and vLLM.
@@ -39,8 +40,12 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Keep tokens whose probability is at least `min_p` times the top token's; `0` is off.
     pub min_p: f32,
-    /// Seed of the request's random streams; the engine draws one when unset.
+    /// Seed of the request's random streams; the engine draws one when unset. With `n > 1`
+    /// choice 0 uses it as is and every other choice a seed derived from it and its index.
     pub seed: Option<u64>,
+    /// Independent completions of the prompt (vLLM's parallel sampling; OpenAI's `n`). Each
+    /// choice is sampled as a request of its own; greedy decoding allows only 1.
+    pub n: usize,
     /// Divides positive (multiplies negative) logits of every token seen in the prompt or
     /// the output. `1.0` means off.
     pub repetition_penalty: f32,
@@ -76,6 +81,7 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             seed: None,
+            n: 1,
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
@@ -118,6 +124,18 @@ impl SamplingParams {
     /// everything.
     pub fn top_k_for(&self, vocab_size: usize) -> Option<usize> {
         usize::try_from(self.top_k).ok().filter(|&k| k > 0 && k < vocab_size)
+    }
+
+    /// The parameters choice `index` of an `n`-choice request runs with: one choice (`n = 1`);
+    /// choice 0 keeps the seed, the others derive theirs from it and their index (see
+    /// [`choice_seed`]); only choice 0 scores the prompt, which every choice shares.
+    pub fn for_choice(&self, index: usize) -> Self {
+        Self {
+            n: 1,
+            seed: self.seed.map(|seed| choice_seed(seed, index)),
+            prompt_logprobs: if index == 0 { self.prompt_logprobs } else { None },
+            ..self.clone()
+        }
     }
 
     /// Checks every field; errors name the field at fault.
@@ -166,6 +184,19 @@ impl SamplingParams {
                 return Err(ConfigError::field(field, format!("{field} must be <= {MAX_LOGPROBS}, got {n}")));
             }
         }
+        if self.n == 0 {
+            return Err(ConfigError::field("n", "n (the number of choices) must be >= 1, got 0"));
+        }
+        if self.n > 1 && self.is_greedy() {
+            return Err(ConfigError::field(
+                "n",
+                format!(
+                    "n must be 1 when decoding greedily (temperature 0 gives {} identical choices), got {}; \
+                     set a temperature > 0 to sample several",
+                    self.n, self.n
+                ),
+            ));
+        }
         if self.max_tokens == Some(0) {
             return Err(ConfigError::field("max_tokens", "max_tokens must be >= 1 when set, got 0"));
         }
@@ -202,6 +233,17 @@ impl SamplingParams {
         }
         Ok(())
     }
+}
+
+/// The seed of choice `index` of a request seeded with `seed`: `seed` itself for choice 0 (so a
+/// seeded request's first choice equals the same request with `n = 1`), a SplitMix64 mix of
+/// both for the others. The engine's per-step streams use `seed + position`, so seeds one
+/// apart (vLLM's `seed + index`) would replay each other's draws shifted by one token.
+pub fn choice_seed(seed: u64, index: usize) -> u64 {
+    if index == 0 {
+        return seed;
+    }
+    splitmix64_mix(seed ^ (index as u64).wrapping_mul(GOLDEN_GAMMA))
 }
 
 #[cfg(test)]
@@ -254,5 +296,34 @@ mod tests {
         assert!(loud.validate(8).unwrap_err().message.contains("[-100, 100], got 101 for token 1"));
         let nan = SamplingParams { logit_bias: BTreeMap::from([(1, f32::NAN)]), ..Default::default() };
         assert!(nan.validate(8).is_err());
+    }
+
+    #[test]
+    fn n_must_be_positive_and_greedy_requests_take_one_choice() {
+        let sampled = SamplingParams { n: 4, ..Default::default() };
+        assert!(sampled.validate(8).is_ok());
+        let none = SamplingParams { n: 0, ..Default::default() }.validate(8).unwrap_err();
+        assert_eq!(none.field.as_deref(), Some("n"));
+        let greedy = SamplingParams { n: 2, ..SamplingParams::greedy() }.validate(8).unwrap_err();
+        assert_eq!(greedy.field.as_deref(), Some("n"));
+        assert!(greedy.message.contains("n must be 1 when decoding greedily"), "{}", greedy.message);
+        assert!(SamplingParams::greedy().validate(8).is_ok());
+    }
+
+    #[test]
+    fn choices_run_alone_with_distinct_seeds_and_only_the_first_scores_the_prompt() {
+        let p = SamplingParams { n: 3, seed: Some(7), prompt_logprobs: Some(2), ..Default::default() };
+        let choices: Vec<SamplingParams> = (0..3).map(|i| p.for_choice(i)).collect();
+        assert!(choices.iter().all(|c| c.n == 1 && c.temperature == p.temperature));
+        assert_eq!(choices[0].seed, Some(7), "choice 0 keeps the request's seed");
+        let seeds: Vec<u64> = choices.iter().map(|c| c.seed.unwrap()).collect();
+        // Not merely distinct: far from each other, so `seed + position` streams never meet.
+        for (i, a) in seeds.iter().enumerate() {
+            for b in &seeds[i + 1..] {
+                assert!(a.abs_diff(*b) > 1 << 20, "{seeds:?}");
+            }
+        }
+        assert_eq!(choices.iter().map(|c| c.prompt_logprobs).collect::<Vec<_>>(), [Some(2), None, None]);
+        assert_eq!(SamplingParams::default().for_choice(1).seed, None, "unseeded choices draw their own");
     }
 }
