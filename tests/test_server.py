@@ -214,6 +214,61 @@ def test_echo_returns_the_prompt_and_with_logprobs_scores_its_tokens(server: Ser
     assert plain["text"] == choice["text"] and plain["logprobs"] is None
 
 
+def test_n_choices_are_the_offline_apis_choices_with_usage_summed_over_them(
+    client: openai.OpenAI, ngram_llm: LLM
+) -> None:
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=12, n=3)
+    want = ngram_llm.chat(user(CHAT_PROMPTS[0]), params)[0]
+    assert [o.index for o in want.outputs] == [0, 1, 2]
+    assert len({o.text for o in want.outputs}) > 1, "three samples, not one answer thrice"
+    resp = client.chat.completions.create(
+        model=MODEL, messages=user(CHAT_PROMPTS[0]), temperature=0.8, seed=5, max_tokens=12, n=3
+    )
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    assert [c.message.content for c in resp.choices] == [o.text for o in want.outputs]
+    assert resp.usage.prompt_tokens == want.num_prompt_tokens, "the shared prompt counts once"
+    assert resp.usage.completion_tokens == sum(len(o.token_ids) for o in want.outputs)
+    # Completions number prompt p's choices p*n .. p*n + n - 1.
+    prompts = [TEXT_PROMPT, "The capital of France is"]
+    cmpl_params = SamplingParams(temperature=0.8, seed=5, max_tokens=8, n=2)
+    offline = ngram_llm.generate(prompts, cmpl_params)
+    resp = client.completions.create(model=MODEL, prompt=prompts, temperature=0.8, seed=5, max_tokens=8, n=2)
+    assert [c.index for c in resp.choices] == [0, 1, 2, 3]
+    assert [c.text for c in resp.choices] == [o.text for out in offline for o in out.outputs]
+    assert resp.usage.prompt_tokens == sum(out.num_prompt_tokens for out in offline)
+
+
+def test_streamed_n_choices_each_open_with_the_role_finish_once_and_share_one_usage_chunk(
+    client: openai.OpenAI, server: Server, ngram_llm: LLM
+) -> None:
+    params = SamplingParams(temperature=0.8, seed=9, max_tokens=10, n=2)
+    want = ngram_llm.chat(user(CHAT_PROMPTS[1]), params)[0]
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=user(CHAT_PROMPTS[1]),
+        temperature=0.8,
+        seed=9,
+        max_tokens=10,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    *chunks, usage_chunk = list(stream)
+    assert usage_chunk.choices == []
+    assert usage_chunk.usage.completion_tokens == sum(len(o.token_ids) for o in want.outputs)
+    for out in want.outputs:
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == out.index]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(c.delta.content or "" for c in mine) == out.text
+        assert [c.finish_reason for c in mine if c.finish_reason] == [out.finish_reason]
+    events = sse_events(
+        server,
+        CHAT,
+        chat(messages=user(CHAT_PROMPTS[1]), temperature=0.8, seed=9, max_tokens=10, n=2, stream=True),
+    )
+    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
+
+
 def test_completion_equals_llm_generate_on_the_text_prompt(client: openai.OpenAI, ngram_llm: LLM) -> None:
     resp = client.completions.create(model=MODEL, prompt=TEXT_PROMPT, temperature=0, max_tokens=40)
     out = ngram_llm.generate(TEXT_PROMPT, SamplingParams(temperature=0.0, max_tokens=40))[0]
@@ -363,7 +418,11 @@ BAD_REQUESTS = [
     ("temperature-wrong-type", CHAT, chat(temperature="hot"), 400, "temperature", None),
     ("temperature-out-of-range", CHAT, chat(temperature=5), 400, "temperature", None),
     ("top-p-zero", CHAT, chat(top_p=0), 400, "top_p", None),
-    ("n-2", CHAT, chat(n=2), 400, "n", None),
+    ("n-2-greedy", CHAT, chat(n=2, temperature=0), 400, "n", None),
+    ("n-0", CHAT, chat(n=0), 400, "n", None),
+    ("n-past-max-num-seqs", CHAT, chat(n=100_000), 400, "n", None),
+    ("best-of-below-n", COMPLETIONS, cmpl(n=2, best_of=1), 400, "best_of", None),
+    ("best-of-above-n", COMPLETIONS, cmpl(best_of=3), 400, "best_of", None),
     ("top-logprobs-50", CHAT, chat(logprobs=True, top_logprobs=50), 400, "top_logprobs", None),
     ("max-tokens-0", CHAT, chat(max_tokens=0), 400, "max_tokens", None),
     ("max-completion-tokens-0", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens", None),

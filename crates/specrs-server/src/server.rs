@@ -26,7 +26,8 @@ use serde_json::{Value, json};
 use specrs_core::sampling::SamplingParams;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
-    ChatMessage, EngineHandle, FinishReason, GenerationRequest, Prompt, RequestOutput, TokenLogprob, text_messages,
+    ChatMessage, EngineHandle, FinalOutput, FinishReason, GenerationRequest, Prompt, RequestOutput, TokenLogprob,
+    text_messages,
 };
 
 use crate::error::ApiError;
@@ -190,11 +191,33 @@ fn sampling_params(
     logprobs: Option<usize>,
     state: &AppState,
 ) -> Result<SamplingParams, ApiError> {
-    if f.n.unwrap_or(1) != 1 {
-        return Err(ApiError::bad_request("only n=1 is supported", Some("n")));
+    let n = f.n.unwrap_or(1);
+    // A request's choices run together on one replica.
+    let info = state.handle.info();
+    let max_choices = info.max_num_seqs / info.num_replicas.max(1);
+    if n > max_choices {
+        return Err(ApiError::bad_request(
+            format!("n must be at most {max_choices} (the server's max_num_seqs per replica), got {n}"),
+            Some("n"),
+        ));
     }
-    if f.best_of.unwrap_or(1) != 1 {
-        return Err(ApiError::bad_request("only best_of=1 is supported", Some("best_of")));
+    match f.best_of {
+        Some(best_of) if best_of < n => {
+            return Err(ApiError::bad_request(
+                format!("best_of ({best_of}) must be at least n ({n})"),
+                Some("best_of"),
+            ));
+        }
+        Some(best_of) if best_of > n => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "best_of > n (generating {best_of} and returning the {n} most likely) is not supported; \
+                     send n={best_of} and rank the choices by their logprobs"
+                ),
+                Some("best_of"),
+            ));
+        }
+        _ => {}
     }
     let synthetic = state.handle.info().pipeline.as_ref().is_some_and(|p| p.acceptance_rule == "synthetic");
     for (field, present) in [
@@ -234,6 +257,7 @@ fn sampling_params(
         top_p: f.top_p.unwrap_or(1.0),
         min_p: f.min_p.unwrap_or(0.0),
         seed: f.seed,
+        n,
         repetition_penalty: f.repetition_penalty.unwrap_or(1.0),
         frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
         presence_penalty: f.presence_penalty.unwrap_or(0.0),
@@ -315,8 +339,8 @@ fn request_id(prefix: &str) -> String {
     format!("{prefix}-{:x}{:06x}", now_secs(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Collects a stream into one output (non-streaming responses).
-async fn collect(mut stream: OutputStream) -> Result<specrs_engine::FinalOutput, ApiError> {
+/// Collects a request's stream into one output per choice (non-streaming responses).
+async fn collect(mut stream: OutputStream) -> Result<Vec<FinalOutput>, ApiError> {
     let mut outs = Vec::new();
     while let Some(o) = stream.recv().await {
         let done = o.is_finished();
@@ -325,15 +349,37 @@ async fn collect(mut stream: OutputStream) -> Result<specrs_engine::FinalOutput,
             break;
         }
     }
-    let out = specrs_engine::FinalOutput::collect(outs)
-        .ok_or_else(|| ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped"))?;
-    if out.finish_reason == FinishReason::Error {
+    if !outs.last().is_some_and(RequestOutput::is_finished) {
+        return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped"));
+    }
+    let choices = FinalOutput::collect_choices(outs);
+    if let Some(failed) = choices.iter().find(|c| c.finish_reason == FinishReason::Error) {
         return Err(ApiError::status(
             StatusCode::INTERNAL_SERVER_ERROR,
-            out.error.unwrap_or_else(|| "generation failed".into()),
+            failed.error.clone().unwrap_or_else(|| "generation failed".into()),
         ));
     }
-    Ok(out)
+    Ok(choices)
+}
+
+/// Token counts and speculative statistics summed over a response's choices (each request's
+/// prompt counted once, however many choices it has).
+#[derive(Default)]
+struct UsageTotals {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    spec: specrs_engine::RequestMetrics,
+}
+
+impl UsageTotals {
+    fn add_choice(&mut self, completion_tokens: usize, m: &specrs_engine::RequestMetrics) {
+        self.completion_tokens += completion_tokens;
+        merge_metrics(&mut self.spec, m);
+    }
+
+    fn usage(&self) -> Usage {
+        usage_of(self.prompt_tokens, self.completion_tokens, Some(&self.spec))
+    }
 }
 
 fn usage_of(prompt: usize, completion: usize, m: Option<&specrs_engine::RequestMetrics>) -> Usage {
@@ -445,7 +491,8 @@ async fn chat_completions(
         (None, m) => (m, "max_tokens"),
     };
     let params = sampling_params(&req.sampling, max_tokens, field, top, &state)?;
-    let guards = admit(&state, 1)?;
+    let n = params.n;
+    let guards = admit(&state, n)?;
     let mut request = GenerationRequest::new(Prompt::Chat(messages), params);
     request.trace = req.sampling.trace.unwrap_or(false);
     let penalty = penalty_field(&req.sampling);
@@ -459,24 +506,31 @@ async fn chat_completions(
     let model = req.model.clone();
     if req.sampling.stream.unwrap_or(false) {
         let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let events = chat_stream(state.clone(), stream, id, created, model, include_usage, top.is_some(), guards);
+        let events = chat_stream(state.clone(), stream, id, created, model, n, include_usage, top.is_some(), guards);
         return Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response());
     }
-    let out = collect(stream).await?;
+    let outs = collect(stream).await?;
     drop(guards);
-    let mut choice = json!({
-        "index": 0,
-        "message": {"role": "assistant", "content": out.text},
-        "logprobs": if top.is_some() { chat_logprobs(&state, &out.logprobs) } else { Value::Null },
-        "finish_reason": finish_str(Some(out.finish_reason)),
-    });
-    if !out.trace.is_empty() {
-        choice["trace"] = serde_json::to_value(&out.trace).unwrap_or(Value::Null);
-    }
-    let usage = usage_of(out.num_prompt_tokens, out.token_ids.len(), Some(&out.metrics));
+    let mut totals = UsageTotals { prompt_tokens: outs[0].num_prompt_tokens, ..Default::default() };
+    let choices: Vec<Value> = outs
+        .iter()
+        .map(|out| {
+            totals.add_choice(out.token_ids.len(), &out.metrics);
+            let mut choice = json!({
+                "index": out.index,
+                "message": {"role": "assistant", "content": out.text},
+                "logprobs": if top.is_some() { chat_logprobs(&state, &out.logprobs) } else { Value::Null },
+                "finish_reason": finish_str(Some(out.finish_reason)),
+            });
+            if !out.trace.is_empty() {
+                choice["trace"] = serde_json::to_value(&out.trace).unwrap_or(Value::Null);
+            }
+            choice
+        })
+        .collect();
     Ok(axum::Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [choice], "usage": usage,
+        "choices": choices, "usage": totals.usage(),
     }))
     .into_response())
 }
@@ -488,22 +542,26 @@ fn chat_stream(
     id: String,
     created: u64,
     model: String,
+    n: usize,
     include_usage: bool,
     logprobs: bool,
     guards: Vec<InFlight>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let chunk = move |delta: Value, finish: Option<FinishReason>, lps: Value| {
+    let chunk = move |index: usize, delta: Value, finish: Option<FinishReason>, lps: Value| {
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish_str(finish)}]})
+               "choices": [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish_str(finish)}]})
     };
-    let first = chunk(json!({"role": "assistant", "content": ""}), None, Value::Null);
-    let usage_chunk = first.clone();
+    // Every choice opens with the assistant role, as OpenAI streams them.
+    let openings: Vec<Value> =
+        (0..n).map(|index| chunk(index, json!({"role": "assistant", "content": ""}), None, Value::Null)).collect();
+    let usage_chunk = openings[0].clone();
+    let mut totals = UsageTotals::default();
     let body = output_events(stream).map(move |o: RequestOutput| {
         let lps = if logprobs && !o.logprobs.is_empty() { chat_logprobs(&state, &o.logprobs) } else { Value::Null };
         let delta = if o.text.is_empty() { json!({}) } else { json!({"content": o.text}) };
         let mut events = vec![];
         if !o.text.is_empty() || !lps.is_null() {
-            events.push(sse_json(&chunk(delta, None, lps)));
+            events.push(sse_json(&chunk(o.index, delta, None, lps)));
         }
         if let Some(reason) = o.finish_reason {
             if reason == FinishReason::Error {
@@ -511,18 +569,18 @@ fn chat_stream(
                     &json!({"error": {"message": o.error.clone().unwrap_or_default(), "type": "server_error"}}),
                 ));
             } else {
-                events.push(sse_json(&chunk(json!({}), Some(reason), Value::Null)));
+                events.push(sse_json(&chunk(o.index, json!({}), Some(reason), Value::Null)));
             }
+            totals.prompt_tokens = o.num_prompt_tokens;
+            if let Some(m) = &o.metrics {
+                totals.add_choice(m.num_generated_tokens, m);
+            }
+        }
+        if o.is_finished() {
             if include_usage {
-                let m = o.metrics.clone();
                 let mut u = usage_chunk.clone();
                 u["choices"] = json!([]);
-                u["usage"] = serde_json::to_value(usage_of(
-                    o.num_prompt_tokens,
-                    m.as_ref().map_or(0, |m| m.num_generated_tokens),
-                    m.as_ref(),
-                ))
-                .unwrap_or(Value::Null);
+                u["usage"] = serde_json::to_value(totals.usage()).unwrap_or(Value::Null);
                 events.push(sse_json(&u));
             }
             events.push(sse_done());
@@ -530,7 +588,7 @@ fn chat_stream(
         stream::iter(events.into_iter().map(Ok))
     });
     let _guards = guards;
-    stream::once(async move { Ok(sse_json(&first)) }).chain(body.flatten()).map(move |e| {
+    stream::iter(openings.into_iter().map(|c| Ok(sse_json(&c)))).chain(body.flatten()).map(move |e| {
         let _ = &_guards;
         e
     })
@@ -588,7 +646,8 @@ async fn completions(
     if echo {
         params.prompt_logprobs = req.logprobs;
     }
-    let guards = admit(&state, prompts.len())?;
+    let n = params.n;
+    let guards = admit(&state, prompts.len() * n)?;
     let mut streams = Vec::with_capacity(prompts.len());
     for prompt in prompts {
         let mut request = GenerationRequest::new(prompt, params.clone());
@@ -612,6 +671,7 @@ async fn completions(
             id,
             created,
             model,
+            n,
             include_usage,
             logprobs,
             guards,
@@ -620,37 +680,41 @@ async fn completions(
         .into_response());
     }
     let mut choices = Vec::new();
-    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
-    let mut totals = specrs_engine::RequestMetrics::default();
-    for (index, s) in streams.into_iter().enumerate() {
-        let out = collect(s).await?;
-        prompt_tokens += out.num_prompt_tokens;
-        completion_tokens += out.token_ids.len();
-        merge_metrics(&mut totals, &out.metrics);
-        let (text, choice_logprobs) = match &echoed[index] {
-            None => {
-                let lps = logprobs.then(|| completion_logprobs(&state, own_logprobs(&out.logprobs), 0));
-                (out.text.clone(), lps)
+    let mut totals = UsageTotals::default();
+    for (prompt_index, s) in streams.into_iter().enumerate() {
+        let outs = collect(s).await?;
+        totals.prompt_tokens += outs[0].num_prompt_tokens;
+        // The choices' prompt logprobs: only choice 0 scores the prompt they share.
+        let prompt_logprobs = &outs[0].prompt_logprobs;
+        for out in &outs {
+            totals.add_choice(out.token_ids.len(), &out.metrics);
+            let (text, choice_logprobs) = match &echoed[prompt_index] {
+                None => {
+                    let lps = logprobs.then(|| completion_logprobs(&state, own_logprobs(&out.logprobs), 0));
+                    (out.text.clone(), lps)
+                }
+                Some((prompt_text, prompt_ids)) => {
+                    let scored = prompt_logprobs.iter().map(Option::as_ref).chain(std::iter::repeat(None));
+                    let entries = prompt_ids.iter().copied().zip(scored).chain(own_logprobs(&out.logprobs));
+                    (format!("{prompt_text}{}", out.text), logprobs.then(|| completion_logprobs(&state, entries, 0)))
+                }
+            };
+            // vLLM's numbering: prompt i's choices are i·n .. i·n + n - 1.
+            let mut choice = json!({
+                "index": prompt_index * n + out.index, "text": text,
+                "logprobs": choice_logprobs.unwrap_or(Value::Null),
+                "finish_reason": finish_str(Some(out.finish_reason)),
+            });
+            if !out.trace.is_empty() {
+                choice["trace"] = serde_json::to_value(&out.trace).unwrap_or(Value::Null);
             }
-            Some((prompt_text, prompt_ids)) => {
-                let scored = out.prompt_logprobs.iter().map(Option::as_ref).chain(std::iter::repeat(None));
-                let entries = prompt_ids.iter().copied().zip(scored).chain(own_logprobs(&out.logprobs));
-                (format!("{prompt_text}{}", out.text), logprobs.then(|| completion_logprobs(&state, entries, 0)))
-            }
-        };
-        let mut choice = json!({
-            "index": index, "text": text, "logprobs": choice_logprobs.unwrap_or(Value::Null),
-            "finish_reason": finish_str(Some(out.finish_reason)),
-        });
-        if !out.trace.is_empty() {
-            choice["trace"] = serde_json::to_value(&out.trace).unwrap_or(Value::Null);
+            choices.push(choice);
         }
-        choices.push(choice);
     }
     drop(guards);
     Ok(axum::Json(json!({
         "id": id, "object": "text_completion", "created": created, "model": model,
-        "choices": choices, "usage": usage_of(prompt_tokens, completion_tokens, Some(&totals)),
+        "choices": choices, "usage": totals.usage(),
     }))
     .into_response())
 }
@@ -687,11 +751,12 @@ fn completion_stream(
     id: String,
     created: u64,
     model: String,
+    n: usize,
     include_usage: bool,
     logprobs: bool,
     guards: Vec<InFlight>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let n = streams.len();
+    let num_prompts = streams.len();
     let indexed =
         stream::select_all(streams.into_iter().enumerate().map(|(i, s)| output_events(s).map(move |o| (i, o)).boxed()));
     let chunk = {
@@ -701,36 +766,39 @@ fn completion_stream(
                    "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish_str(finish)}]})
         }
     };
-    let mut offsets = vec![0usize; n];
-    let mut remaining = n;
-    let mut usage = (0usize, 0usize, specrs_engine::RequestMetrics::default());
+    // Text offsets per choice; vLLM's numbering: prompt p's choices are p·n .. p·n + n - 1.
+    let mut offsets = vec![0usize; num_prompts * n];
+    let mut remaining = num_prompts;
+    let mut totals = UsageTotals::default();
     let _guards = guards;
     indexed
-        .map(move |(i, o)| {
+        .map(move |(prompt_index, o)| {
             let _ = &_guards;
+            let index = prompt_index * n + o.index;
             let mut events = Vec::new();
             let lps = if logprobs && !o.logprobs.is_empty() {
-                completion_logprobs(&state, own_logprobs(&o.logprobs), offsets[i])
+                completion_logprobs(&state, own_logprobs(&o.logprobs), offsets[index])
             } else {
                 Value::Null
             };
-            offsets[i] += o.text.len();
+            offsets[index] += o.text.len();
             if !o.text.is_empty() || !lps.is_null() {
-                events.push(sse_json(&chunk(i, o.text.clone(), None, lps)));
+                events.push(sse_json(&chunk(index, o.text.clone(), None, lps)));
             }
             if let Some(reason) = o.finish_reason {
-                events.push(sse_json(&chunk(i, String::new(), Some(reason), Value::Null)));
-                remaining -= 1;
-                usage.0 += o.num_prompt_tokens;
+                events.push(sse_json(&chunk(index, String::new(), Some(reason), Value::Null)));
                 if let Some(m) = &o.metrics {
-                    usage.1 += m.num_generated_tokens;
-                    merge_metrics(&mut usage.2, m);
+                    totals.add_choice(m.num_generated_tokens, m);
                 }
+            }
+            if o.is_finished() {
+                remaining -= 1;
+                totals.prompt_tokens += o.num_prompt_tokens;
                 if remaining == 0 {
                     if include_usage {
                         events.push(sse_json(
                             &json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                            "choices": [], "usage": usage_of(usage.0, usage.1, Some(&usage.2))}),
+                            "choices": [], "usage": totals.usage()}),
                         ));
                     }
                     events.push(sse_done());
