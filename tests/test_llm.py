@@ -420,6 +420,45 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batch_composition(f3
     assert other_seed.token_ids != alone.token_ids, "the seed must change the sample"
 
 
+def test_n_choices_are_independent_samples_and_choice_zero_is_the_single_choice_sample(
+    ngram_llm: LLM,
+) -> None:
+    prompt = user("Write a haiku about the sea.")
+    params = SamplingParams(temperature=0.8, seed=1234, max_tokens=16, n=3)
+    out = ngram_llm.chat(prompt, params)[0]
+    assert [o.index for o in out.outputs] == [0, 1, 2]
+    assert len({tuple(o.token_ids) for o in out.outputs}) == 3, "three different samples"
+    single = ngram_llm.chat(prompt, params.model_copy(update={"n": 1}))[0]
+    assert out.outputs[0].token_ids == single.token_ids
+    assert (out.text, out.token_ids) == (out.outputs[0].text, out.outputs[0].token_ids)
+    again = ngram_llm.chat(prompt, params)[0]
+    assert [o.token_ids for o in again.outputs] == [o.token_ids for o in out.outputs]
+    # The request's statistics sum its choices'.
+    parts = [o.metrics for o in out.outputs]
+    assert all(m is not None for m in parts)
+    assert out.metrics is not None
+    assert out.metrics.num_draft_tokens == sum(m.num_draft_tokens for m in parts if m)
+    assert out.metrics.num_accepted_tokens == sum(m.num_accepted_tokens for m in parts if m)
+    assert_metrics_consistent(out.metrics, width=3)
+    # In a batch, each prompt keeps its own choices.
+    batch = ngram_llm.chat([user("Tell me a joke."), prompt], [params.model_copy(update={"n": 2}), params])
+    assert [len(b.outputs) for b in batch] == [2, 3]
+    assert [o.token_ids for o in batch[1].outputs] == [o.token_ids for o in out.outputs]
+
+
+def test_a_streamed_request_with_n_choices_yields_each_choices_deltas_and_ends_once(ngram_llm: LLM) -> None:
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=12, n=2)
+    prompt = user("Name a colour.")
+    want = ngram_llm.chat(prompt, params)[0]
+    deltas = list(ngram_llm.stream(prompt, params))
+    assert [d.finished for d in deltas].count(True) == 1 and deltas[-1].finished
+    for choice in want.outputs:
+        mine = [d.outputs[0] for d in deltas if d.outputs[0].index == choice.index]
+        assert "".join(d.text for d in mine) == choice.text
+        assert [d.finish_reason for d in mine if d.finish_reason] == [choice.finish_reason]
+    assert wait_for_free_kv(ngram_llm)[0] == ngram_llm.kv_blocks()[1]
+
+
 def test_seeded_sampling_with_speculation_is_reproducible(ngram_llm: LLM) -> None:
     params = SamplingParams(temperature=0.8, seed=7, max_tokens=32)
     prompt = user(SPEC_PROMPTS[5])
@@ -464,7 +503,13 @@ BAD_SAMPLING = [
     ("min_p", 1.5),
     ("presence_penalty", 3.0),
     ("stop", [""]),
+    ("n", 0),
 ]
+
+
+def test_greedy_requests_take_one_choice() -> None:
+    with pytest.raises(ValidationError, match="n must be 1 when decoding greedily"):
+        SamplingParams(temperature=0.0, n=2)
 
 
 @pytest.mark.parametrize(("field", "value"), BAD_SAMPLING)

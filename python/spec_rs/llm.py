@@ -53,6 +53,10 @@ class SamplingParams(BaseModel):
     top_k: int = 0
     min_p: float = 0.0
     seed: int | None = Field(None, ge=0, lt=1 << 64)
+    n: int = Field(1, ge=1)
+    """Independent completions of each prompt (``RequestOutput.outputs``); sampling only: a
+    greedy request (``temperature=0``) takes one. With a seed, choice 0 uses it as is and the
+    others derive their own from it."""
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -123,75 +127,133 @@ def _token_logprob(lp: dict[str, Any]) -> TokenLogprob:
     return TokenLogprob(lp["token"], lp["logprob"], [tuple(t) for t in lp["top"]])
 
 
+def _metrics(m: dict[str, Any] | None) -> SpecDecodeMetrics | None:
+    if not m:
+        return None
+    return SpecDecodeMetrics(
+        num_drafts=m["num_drafts"],
+        num_draft_tokens=m["num_draft_tokens"],
+        num_accepted_tokens=m["num_accepted_tokens"],
+        acceptance_length=m["acceptance_length"],
+        accepted_per_position=m["accepted_per_position"],
+        time_to_first_token=m["time_to_first_token"],
+        latency=m["latency"],
+    )
+
+
+def _merged_metrics(parts: list[SpecDecodeMetrics]) -> SpecDecodeMetrics:
+    """One request's statistics over its choices: counts summed, the first token of any
+    choice, the last choice's finish."""
+    per_position = [0] * max(len(m.accepted_per_position) for m in parts)
+    for m in parts:
+        for i, v in enumerate(m.accepted_per_position):
+            per_position[i] += v
+    drafts = sum(m.num_drafts for m in parts)
+    accepted = sum(m.num_accepted_tokens for m in parts)
+    first_tokens = [m.time_to_first_token for m in parts if m.time_to_first_token is not None]
+    return SpecDecodeMetrics(
+        num_drafts=drafts,
+        num_draft_tokens=sum(m.num_draft_tokens for m in parts),
+        num_accepted_tokens=accepted,
+        acceptance_length=1.0 + accepted / drafts if drafts else 1.0,
+        accepted_per_position=per_position,
+        time_to_first_token=min(first_tokens) if first_tokens else None,
+        latency=max(m.latency for m in parts),
+    )
+
+
 @dataclass(frozen=True)
 class CompletionOutput:
-    """One completion of a request, as vLLM's ``RequestOutput.outputs`` holds them (spec-rs
-    generates one per request, ``n=1``)."""
+    """One completion (choice) of a request, as vLLM's ``RequestOutput.outputs`` holds them:
+    ``n`` of them with ``SamplingParams(n=...)``."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    metrics: SpecDecodeMetrics | None = None
+    """This choice's speculative-decoding statistics (on its last delta when streaming)."""
+    trace: list[TraceStep] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def _from_dict(cls, d: dict[str, Any]) -> CompletionOutput:
+        return cls(
+            index=d.get("index", 0),
+            text=d["text"],
+            token_ids=d["token_ids"],
+            finish_reason=d["finish_reason"],
+            logprobs=[_token_logprob(lp) for lp in d["logprobs"]],
+            metrics=_metrics(d.get("metrics")),
+            trace=[TraceStep(**t) for t in d["trace"]],
+            error=d.get("error"),
+        )
 
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """A finished request (or, from :meth:`LLM.stream`, one streamed delta).
+    """A finished request (or, from :meth:`LLM.stream`, one streamed delta of one choice).
 
-    ``text``, ``token_ids`` and ``finish_reason`` are the request's one completion; vLLM's
-    spelling, ``outputs[0].text``, reads the same.
+    ``outputs`` holds the request's choices (one unless ``SamplingParams(n=...)``; a streamed
+    delta holds the one choice it extends). ``text``, ``token_ids``, ``finish_reason``,
+    ``logprobs``, ``trace`` and ``error`` read the first of them; ``metrics`` sums every choice.
     """
 
     request_id: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
+    outputs: list[CompletionOutput]
     num_prompt_tokens: int
-    metrics: SpecDecodeMetrics | None = None
-    logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     """With ``prompt_logprobs``: one per prompt token, ``None`` for the first."""
-    trace: list[TraceStep] = field(default_factory=list)
-    error: str | None = None
+    finished: bool = True
+    """Every choice has finished (a streamed request's last delta)."""
 
     @property
-    def outputs(self) -> list[CompletionOutput]:
-        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]
+    def text(self) -> str:
+        return self.outputs[0].text
 
     @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        return self.outputs[0].logprobs
+
+    @property
+    def trace(self) -> list[TraceStep]:
+        return self.outputs[0].trace
+
+    @property
+    def error(self) -> str | None:
+        return next((o.error for o in self.outputs if o.error is not None), None)
+
+    @property
+    def metrics(self) -> SpecDecodeMetrics | None:
+        parts = [o.metrics for o in self.outputs if o.metrics is not None]
+        if len(parts) <= 1:
+            return parts[0] if parts else None
+        return _merged_metrics(parts)
+
+    @classmethod
+    def _from_choices(cls, choices: list[dict[str, Any]], finished: bool = True) -> RequestOutput:
+        first = choices[0]
+        return cls(
+            request_id=first["request_id"],
+            outputs=[CompletionOutput._from_dict(c) for c in choices],
+            num_prompt_tokens=first["num_prompt_tokens"],
+            prompt_logprobs=[None if lp is None else _token_logprob(lp) for lp in first["prompt_logprobs"]],
+            finished=finished,
+        )
 
     @classmethod
     def _from_json(cls, text: str) -> RequestOutput:
         d = json.loads(text)
-        m = d.get("metrics")
-        metrics = (
-            SpecDecodeMetrics(
-                num_drafts=m["num_drafts"],
-                num_draft_tokens=m["num_draft_tokens"],
-                num_accepted_tokens=m["num_accepted_tokens"],
-                acceptance_length=m["acceptance_length"],
-                accepted_per_position=m["accepted_per_position"],
-                time_to_first_token=m["time_to_first_token"],
-                latency=m["latency"],
-            )
-            if m
-            else None
-        )
-        return cls(
-            request_id=d["request_id"],
-            text=d["text"],
-            token_ids=d["token_ids"],
-            finish_reason=d["finish_reason"],
-            num_prompt_tokens=d["num_prompt_tokens"],
-            metrics=metrics,
-            logprobs=[_token_logprob(lp) for lp in d["logprobs"]],
-            prompt_logprobs=[None if lp is None else _token_logprob(lp) for lp in d["prompt_logprobs"]],
-            trace=[TraceStep(**t) for t in d["trace"]],
-            error=d.get("error"),
-        )
+        return cls._from_choices([d], finished=d.get("finished", d["finish_reason"] is not None))
 
 
 def _read_hf_config(path: str | None) -> dict[str, Any]:
@@ -456,7 +518,15 @@ class LLM:
             json.dumps({"prompt": pr, "params": p.model_dump(), "trace": trace})
             for pr, p in zip(prompts, per_prompt, strict=True)
         ]
-        return [RequestOutput._from_json(o) for o in self.pipeline.generate(requests)]
+        # One JSON object per choice, a request's choices together and in index order.
+        choices = [json.loads(o) for o in self.pipeline.generate(requests)]
+        grouped: list[list[dict[str, Any]]] = []
+        for choice in choices:
+            if grouped and grouped[-1][0]["request_id"] == choice["request_id"]:
+                grouped[-1].append(choice)
+            else:
+                grouped.append([choice])
+        return [RequestOutput._from_choices(g) for g in grouped]
 
     def generate(
         self,
@@ -491,8 +561,10 @@ class LLM:
         *,
         trace: bool = False,
     ) -> Iterator[RequestOutput]:
-        """Yields a request's output as it is committed; the last delta carries
-        ``finish_reason`` and ``metrics``. Stop iterating (or close the generator) to cancel."""
+        """Yields a request's output as it is committed, one choice's delta at a time
+        (``outputs[0].index`` says which); a choice's last delta carries its ``finish_reason``
+        and ``metrics``, the request's last one ``finished=True``. Stop iterating (or close the
+        generator) to cancel."""
         if isinstance(prompt, str | dict) or (_is_token_ids(prompt) and len(prompt) > 0):
             p = _prompt_json(prompt)
         else:
