@@ -16,7 +16,7 @@ use specrs_core::SpeculativeConfig;
 use specrs_core::acceptance::{AcceptanceSampler, ReducedPosition, ReducedRow, VerifyOutput, VerifyRow};
 use specrs_core::kv_blocks::{KvBlockManager, SeqId};
 use specrs_core::metrics::{SpecDecodeStats, format_log_line};
-use specrs_core::sampling::{argmax, logprobs_of};
+use specrs_core::sampling::{argmax, logprobs_of, rank_of};
 use specrs_core::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use specrs_models::graph::{CapturePlan, FixedSteps, StepOutputs, WidthSource};
 use specrs_models::host::with_f32_slice;
@@ -551,6 +551,7 @@ impl Engine {
                     arrival,
                     first_token: None,
                     unsent_from: 0,
+                    prompt_sent: false,
                 },
             );
         }
@@ -895,7 +896,8 @@ impl Engine {
             for (k, row) in scores.chunks_exact(v).enumerate() {
                 let token = seq.tokens[r.start + k + 1];
                 let (logprob, top) = logprobs_of(row, token, top);
-                seq.pending_prompt_logprobs.push(Some(TokenLogprob { token, logprob, top }));
+                let rank = rank_of(row, token);
+                seq.pending_prompt_logprobs.push(Some(TokenLogprob { token, logprob, rank, top }));
             }
         }
         Ok(())
@@ -1088,8 +1090,9 @@ impl Engine {
                         .iter()
                         .enumerate()
                         .map(|(pos, &t)| {
-                            let (logprob, top) = logprobs_of(at(pos).expect("host row"), t, top);
-                            TokenLogprob { token: t, logprob, top }
+                            let row = at(pos).expect("host row");
+                            let (logprob, top) = logprobs_of(row, t, top);
+                            TokenLogprob { token: t, logprob, rank: rank_of(row, t), top }
                         })
                         .collect(),
                     _ => Vec::new(),

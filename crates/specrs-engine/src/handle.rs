@@ -89,6 +89,7 @@ pub struct FinalOutput {
     pub metrics: RequestMetrics,
     pub logprobs: Vec<TokenLogprob>,
     pub prompt_logprobs: Vec<Option<TokenLogprob>>,
+    pub prompt_token_ids: Vec<u32>,
     pub trace: Vec<TraceStep>,
     pub error: Option<String>,
     pub num_prompt_tokens: usize,
@@ -116,6 +117,7 @@ impl FinalOutput {
                 metrics: RequestMetrics::default(),
                 logprobs: Vec::new(),
                 prompt_logprobs: Vec::new(),
+                prompt_token_ids: Vec::new(),
                 trace: Vec::new(),
                 error: None,
                 num_prompt_tokens: o.num_prompt_tokens,
@@ -124,6 +126,7 @@ impl FinalOutput {
             a.text.push_str(&o.text);
             a.logprobs.extend(o.logprobs);
             a.prompt_logprobs.extend(o.prompt_logprobs);
+            a.prompt_token_ids.extend(o.prompt_token_ids);
             a.trace.extend(o.trace);
             if let Some(r) = o.finish_reason {
                 a.finish_reason = r;

@@ -41,6 +41,9 @@ impl GenerationRequest {
 pub struct TokenLogprob {
     pub token: u32,
     pub logprob: f32,
+    /// The token's 1-based rank in the distribution (1: the most likely), vLLM's
+    /// `Logprob.rank`.
+    pub rank: usize,
     /// The `n` most likely tokens at that position, most likely first.
     pub top: Vec<(u32, f32)>,
 }
@@ -94,6 +97,9 @@ pub struct RequestOutput {
     /// With `prompt_logprobs`: one entry per prompt token (`None` for the first, which has no
     /// context), in the first output.
     pub prompt_logprobs: Vec<Option<TokenLogprob>>,
+    /// The prompt as the engine tokenized it (vLLM's `prompt_token_ids`), in each choice's
+    /// first output.
+    pub prompt_token_ids: Vec<u32>,
     pub trace: Vec<TraceStep>,
     pub finish_reason: Option<FinishReason>,
     /// Set on the final output.

@@ -40,6 +40,8 @@ pub struct Sequence {
     pub first_token: Option<Instant>,
     /// Tokens of `output.token_ids` not yet sent.
     pub unsent_from: usize,
+    /// The prompt's token ids went out with an output.
+    pub prompt_sent: bool,
 }
 
 impl Sequence {
@@ -67,6 +69,7 @@ impl Sequence {
             text,
             logprobs: std::mem::take(&mut self.pending_logprobs),
             prompt_logprobs: std::mem::take(&mut self.pending_prompt_logprobs),
+            prompt_token_ids: if self.prompt_sent { Vec::new() } else { self.tokens[..self.prompt_len].to_vec() },
             trace: self.trace.as_mut().map(std::mem::take).unwrap_or_default(),
             finish_reason: finish,
             metrics,
@@ -78,6 +81,7 @@ impl Sequence {
             self.pending_prompt_logprobs = out.prompt_logprobs;
             return !self.sink.is_closed();
         }
+        self.prompt_sent = true;
         self.sink.send(out).is_ok()
     }
 

@@ -89,6 +89,7 @@ fn prompt_logprobs_score_each_prompt_token_against_its_context_across_prefill_ch
         assert_eq!(lp.top.len(), 1);
         assert_eq!(lp.top[0].0, successor(prompt[k - 1]), "position {k}");
         assert_eq!(lp.top[0].0 == lp.token, k != 4, "position {k}: {lp:?}");
+        assert_eq!(lp.rank == 1, k != 4, "only the off-chain token is not the most likely: {lp:?}");
     }
     // Three tokens a step: the prompt arrives in four chunks and is scored the same.
     let small = EngineConfig {
@@ -171,6 +172,7 @@ fn a_request_with_n_choices_returns_them_in_index_order_and_its_first_equals_the
     assert!(outs[..3].iter().all(|o| o.request_id == outs[0].request_id));
     assert_ne!(outs[3].request_id, outs[0].request_id);
     assert!(outs.iter().all(|o| o.token_ids.len() == 12 && o.finish_reason == FinishReason::Length));
+    assert!(outs.iter().all(|o| o.prompt_token_ids == [1, 2]), "every choice names its prompt");
     assert_eq!(outs[0].token_ids, outs[3].token_ids, "choice 0 runs with the request's own seed");
     assert!(
         outs[1].token_ids != outs[0].token_ids && outs[2].token_ids != outs[1].token_ids,
@@ -198,6 +200,11 @@ fn a_streamed_request_ends_once_every_choice_has_and_an_abort_cancels_every_choi
         }
     }
     assert!(outs.iter().all(|o| o.request_id == id));
+    for index in 0..2 {
+        let mine: Vec<_> = outs.iter().filter(|o| o.index == index).collect();
+        assert_eq!(mine[0].prompt_token_ids, [1, 2], "a choice's first output names its prompt");
+        assert!(mine[1..].iter().all(|o| o.prompt_token_ids.is_empty()), "and only its first");
+    }
     assert_eq!(outs.iter().filter(|o| o.finished).count(), 1, "only the last output ends the request");
     assert!(outs.last().unwrap().finished);
     for index in 0..2 {

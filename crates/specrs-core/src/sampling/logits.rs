@@ -137,6 +137,24 @@ pub fn logprobs_of(logits: &[f32], token: u32, top_n_count: usize) -> (f32, Vec<
     (logprob, top)
 }
 
+/// The 1-based rank of `token` among `values` in [`top_n`]'s order (larger first, ties by
+/// lower id; NaN entries rank last): vLLM's `Logprob.rank`. An id outside the row ranks
+/// past every entry.
+pub fn rank_of(values: &[f32], token: u32) -> usize {
+    let Some(&v) = values.get(token as usize) else {
+        return values.len() + 1;
+    };
+    let ahead =
+        values
+            .iter()
+            .enumerate()
+            .filter(|&(i, &w)| {
+                if v.is_nan() { !w.is_nan() || i < token as usize } else { w > v || (w == v && i < token as usize) }
+            })
+            .count();
+    ahead + 1
+}
+
 /// Descending by value, then ascending by id: the order of a stable descending sort.
 #[inline]
 fn rank_order(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
@@ -233,6 +251,17 @@ mod tests {
         let total: f32 = expected.iter().map(|l| l.exp()).sum();
         assert!((total - 1.0).abs() < 1e-6);
         assert_eq!(logprobs_of(&logits, 9, 0), (f32::NEG_INFINITY, vec![]));
+    }
+
+    #[test]
+    fn rank_is_the_position_in_the_top_n_order() {
+        let logits = [0.5f32, 2.0, -1.0, 2.0, f32::NAN, 0.5];
+        let order: Vec<u32> = top_n(&logits, logits.len()).into_iter().map(|(id, _)| id).collect();
+        for (position, &id) in order.iter().enumerate() {
+            assert_eq!(rank_of(&logits, id), position + 1, "token {id} in {order:?}");
+        }
+        assert_eq!(rank_of(&logits, 4), 6, "NaN ranks last");
+        assert_eq!(rank_of(&logits, 99), 7);
     }
 
     #[test]

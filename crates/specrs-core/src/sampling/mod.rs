@@ -16,7 +16,7 @@ mod rng;
 mod truncation;
 
 pub use distribution::{SamplingWorkspace, processed_probs, sample_inverse_cdf};
-pub use logits::{argmax, log_softmax_in_place, logprobs_of, logsumexp, max_value, softmax_in_place, top_n};
+pub use logits::{argmax, log_softmax_in_place, logprobs_of, logsumexp, max_value, rank_of, softmax_in_place, top_n};
 pub use params::{GREEDY_TEMPERATURE, MAX_ABS_ADDITIVE_PENALTY, MAX_LOGPROBS, SamplingParams, choice_seed};
 pub use penalties::PenaltyContext;
 pub use rng::{GOLDEN_GAMMA, RngStream, random_bits, splitmix64_mix, uniform};

@@ -727,7 +727,7 @@ mod tests {
     #[test]
     fn first_drafts_are_bucketed_by_the_targets_own_probability_of_its_token() {
         use crate::request::{TokenLogprob, TraceStep};
-        let lp = |p: f32| TokenLogprob { token: 0, logprob: p.ln(), top: Vec::new() };
+        let lp = |p: f32| TokenLogprob { token: 0, logprob: p.ln(), rank: 1, top: Vec::new() };
         // Prompt of 3 tokens; output tokens 0..4 with target probabilities 0.95, 0.2, 0.95, 0.5.
         let logprobs = [lp(0.95), lp(0.2), lp(0.95), lp(0.5)];
         let step = |position: usize, accepted: usize| TraceStep {
