@@ -269,6 +269,45 @@ def test_streamed_n_choices_each_open_with_the_role_finish_once_and_share_one_us
     assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
 
 
+def test_prompt_logprobs_come_back_in_vllms_shape_on_both_endpoints(server: Server, ngram_llm: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2)
+    want = ngram_llm.chat(user(CHAT_PROMPTS[0]), params)[0]
+    status, _, raw = server.request("POST", CHAT, chat(messages=user(CHAT_PROMPTS[0]), **params_body(params)))
+    assert status == 200, raw
+    got = json.loads(raw)["prompt_logprobs"]
+    assert len(got) == len(want.prompt_token_ids) == want.num_prompt_tokens
+    assert got[0] is None
+    for position, token, lp in zip(got[1:], want.prompt_token_ids[1:], want.prompt_logprobs[1:], strict=True):
+        assert lp is not None
+        mine = position[str(token)]
+        assert mine["logprob"] == pytest.approx(lp.logprob, abs=1e-4) and mine["rank"] == lp.rank
+        for rank, (top_id, top_lp) in enumerate(lp.top, start=1):
+            assert position[str(top_id)]["rank"] == rank
+            assert position[str(top_id)]["logprob"] == pytest.approx(top_lp, abs=1e-4)
+            assert position[str(top_id)]["decoded_token"] == ngram_llm.detokenize([top_id], False)
+    # Completions put them on each choice, the token prompt scored as given.
+    ids = ngram_llm.tokenize(TEXT_PROMPT)
+    status, _, raw = server.request("POST", COMPLETIONS, cmpl(prompt=ids, **params_body(params)))
+    assert status == 200, raw
+    choice = json.loads(raw)["choices"][0]
+    offline = ngram_llm.generate(ids, params)[0]
+    assert [
+        None if p is None else p[str(t)]["rank"] for p, t in zip(choice["prompt_logprobs"], ids, strict=True)
+    ] == [None if lp is None else lp.rank for lp in offline.prompt_logprobs]
+    status, _, raw = server.request(
+        "POST", COMPLETIONS, cmpl(**params_body(params.model_copy(update={"prompt_logprobs": None})))
+    )
+    assert "prompt_logprobs" not in json.loads(raw)["choices"][0], "only when asked"
+
+
+def params_body(params: SamplingParams) -> dict[str, Any]:
+    """The request fields of `params` that these tests set."""
+    body: dict[str, Any] = {"temperature": params.temperature, "max_tokens": params.max_tokens}
+    if params.prompt_logprobs is not None:
+        body["prompt_logprobs"] = params.prompt_logprobs
+    return body
+
+
 def test_completion_equals_llm_generate_on_the_text_prompt(client: openai.OpenAI, ngram_llm: LLM) -> None:
     resp = client.completions.create(model=MODEL, prompt=TEXT_PROMPT, temperature=0, max_tokens=40)
     out = ngram_llm.generate(TEXT_PROMPT, SamplingParams(temperature=0.0, max_tokens=40))[0]
@@ -463,6 +502,8 @@ BAD_REQUESTS = [
     ("completion-empty-prompt", COMPLETIONS, cmpl(prompt=[]), 400, "prompt", None),
     ("completion-logprobs-50", COMPLETIONS, cmpl(logprobs=50), 400, "logprobs", None),
     ("completion-echo-stream", COMPLETIONS, cmpl(echo=True, stream=True), 400, "echo", None),
+    ("prompt-logprobs-stream", CHAT, chat(prompt_logprobs=1, stream=True), 400, "prompt_logprobs", None),
+    ("prompt-logprobs-50", COMPLETIONS, cmpl(prompt_logprobs=50), 400, "prompt_logprobs", None),
     ("completion-unknown-model", COMPLETIONS, cmpl(model="nope"), 404, "model", "model_not_found"),
     ("body-over-size-limit", COMPLETIONS, OVERSIZED, 413, None, None),
     ("tokenize-prompt-and-messages", "/tokenize", {"prompt": "a", "messages": HI}, 400, None, None),

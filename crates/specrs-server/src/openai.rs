@@ -1,6 +1,6 @@
 //! OpenAI API request and response types (chat completions, completions, models, errors),
 //! with vLLM's sampling extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
-//! `ignore_eos`, `stop_token_ids`).
+//! `ignore_eos`, `stop_token_ids`, `prompt_logprobs`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -52,6 +52,9 @@ pub struct SamplingFields {
     pub tool_choice: Option<Value>,
     pub logit_bias: Option<Value>,
     pub user: Option<String>,
+    /// vLLM: score every prompt token, with this many top logprobs per position (returned as
+    /// `prompt_logprobs`, non-streamed responses only).
+    pub prompt_logprobs: Option<usize>,
     /// spec-rs: record the per-step draft trace in the response.
     pub trace: Option<bool>,
 }

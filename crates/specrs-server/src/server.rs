@@ -240,6 +240,12 @@ fn sampling_params(
         }
     }
     let logit_bias = logit_bias(f.logit_bias.as_ref())?;
+    if f.prompt_logprobs.is_some() && f.stream.unwrap_or(false) {
+        return Err(ApiError::bad_request(
+            "prompt_logprobs are returned with the whole response; send stream=false",
+            Some("prompt_logprobs"),
+        ));
+    }
     if max_tokens == Some(0) {
         return Err(ApiError::bad_request("max_tokens must be at least 1", Some(max_tokens_field)));
     }
@@ -266,7 +272,7 @@ fn sampling_params(
         stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
         ignore_eos: f.ignore_eos.unwrap_or(false),
         logprobs,
-        prompt_logprobs: None,
+        prompt_logprobs: f.prompt_logprobs,
         min_tokens: f.min_tokens.unwrap_or(0),
         logit_bias,
     };
@@ -449,6 +455,24 @@ fn completion_logprobs<'a>(
     json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": text_offset})
 }
 
+/// vLLM's `prompt_logprobs`: per prompt token `null` (the first) or an object from token ids
+/// (the prompt's token and the top ones) to `{logprob, rank, decoded_token}`.
+fn vllm_prompt_logprobs(state: &AppState, lps: &[Option<TokenLogprob>]) -> Value {
+    let entry = |id: u32, logprob: f32, rank: usize| json!({"logprob": logprob, "rank": rank, "decoded_token": token_text(state, id)});
+    lps.iter()
+        .map(|lp| {
+            lp.as_ref().map_or(Value::Null, |l| {
+                let mut position = serde_json::Map::new();
+                position.insert(l.token.to_string(), entry(l.token, l.logprob, l.rank));
+                for (i, &(id, logprob)) in l.top.iter().enumerate() {
+                    position.entry(id.to_string()).or_insert_with(|| entry(id, logprob, i + 1));
+                }
+                Value::Object(position)
+            })
+        })
+        .collect()
+}
+
 fn own_logprobs(lps: &[TokenLogprob]) -> impl Iterator<Item = (u32, Option<&TokenLogprob>)> {
     lps.iter().map(|l| (l.token, Some(l)))
 }
@@ -528,11 +552,14 @@ async fn chat_completions(
             choice
         })
         .collect();
-    Ok(axum::Json(json!({
+    let mut body = json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "choices": choices, "usage": totals.usage(),
-    }))
-    .into_response())
+    });
+    if req.sampling.prompt_logprobs.is_some() {
+        body["prompt_logprobs"] = vllm_prompt_logprobs(&state, &outs[0].prompt_logprobs);
+    }
+    Ok(axum::Json(body).into_response())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -639,12 +666,12 @@ async fn completions(
     // OpenAI's default for completions.
     let mut params =
         sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(16)), "max_tokens", req.logprobs, &state)?;
-    // Echo repeats each prompt (its text and token ids) before its completion, and with
-    // logprobs scores the prompt's tokens too.
-    let echoed: Vec<Option<(String, Vec<u32>)>> =
-        prompts.iter().map(|p| echo.then(|| echoed_prompt(&state, p)).transpose()).collect::<Result<_, _>>()?;
+    // Echo repeats each prompt before its completion, and with logprobs scores the prompt's
+    // tokens too.
+    let echoed: Vec<Option<String>> =
+        prompts.iter().map(|p| echo.then(|| echoed_text(&state, p)).transpose()).collect::<Result<_, _>>()?;
     if echo {
-        params.prompt_logprobs = req.logprobs;
+        params.prompt_logprobs = params.prompt_logprobs.max(req.logprobs);
     }
     let n = params.n;
     let guards = admit(&state, prompts.len() * n)?;
@@ -684,8 +711,10 @@ async fn completions(
     for (prompt_index, s) in streams.into_iter().enumerate() {
         let outs = collect(s).await?;
         totals.prompt_tokens += outs[0].num_prompt_tokens;
-        // The choices' prompt logprobs: only choice 0 scores the prompt they share.
-        let prompt_logprobs = &outs[0].prompt_logprobs;
+        // Only choice 0 scores the prompt its choices share.
+        let (prompt_ids, prompt_logprobs) = (&outs[0].prompt_token_ids, &outs[0].prompt_logprobs);
+        let requested_prompt_logprobs =
+            req.sampling.prompt_logprobs.is_some().then(|| vllm_prompt_logprobs(&state, prompt_logprobs));
         for out in &outs {
             totals.add_choice(out.token_ids.len(), &out.metrics);
             let (text, choice_logprobs) = match &echoed[prompt_index] {
@@ -693,7 +722,7 @@ async fn completions(
                     let lps = logprobs.then(|| completion_logprobs(&state, own_logprobs(&out.logprobs), 0));
                     (out.text.clone(), lps)
                 }
-                Some((prompt_text, prompt_ids)) => {
+                Some(prompt_text) => {
                     let scored = prompt_logprobs.iter().map(Option::as_ref).chain(std::iter::repeat(None));
                     let entries = prompt_ids.iter().copied().zip(scored).chain(own_logprobs(&out.logprobs));
                     (format!("{prompt_text}{}", out.text), logprobs.then(|| completion_logprobs(&state, entries, 0)))
@@ -705,6 +734,9 @@ async fn completions(
                 "logprobs": choice_logprobs.unwrap_or(Value::Null),
                 "finish_reason": finish_str(Some(out.finish_reason)),
             });
+            if let Some(lps) = &requested_prompt_logprobs {
+                choice["prompt_logprobs"] = lps.clone();
+            }
             if !out.trace.is_empty() {
                 choice["trace"] = serde_json::to_value(&out.trace).unwrap_or(Value::Null);
             }
@@ -719,13 +751,16 @@ async fn completions(
     .into_response())
 }
 
-/// A prompt's text and token ids as the engine will see them.
-fn echoed_prompt(state: &AppState, prompt: &Prompt) -> Result<(String, Vec<u32>), ApiError> {
-    let tokenizer = state.handle.tokenizer();
-    let bad = |e: specrs_engine::EngineError| ApiError::bad_request(e.to_string(), Some("prompt"));
+/// The text `echo` repeats: a text prompt as sent, a token prompt decoded (its token ids come
+/// back with the output, as the engine read them).
+fn echoed_text(state: &AppState, prompt: &Prompt) -> Result<String, ApiError> {
     match prompt {
-        Prompt::Text(text) => Ok((text.clone(), tokenizer.encode(text, true).map_err(bad)?)),
-        Prompt::Tokens(ids) => Ok((tokenizer.decode(ids, false).map_err(bad)?, ids.clone())),
+        Prompt::Text(text) => Ok(text.clone()),
+        Prompt::Tokens(ids) => state
+            .handle
+            .tokenizer()
+            .decode(ids, false)
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt"))),
         Prompt::Chat(_) => Err(ApiError::bad_request("echo needs a completion prompt", Some("echo"))),
     }
 }
