@@ -651,8 +651,12 @@ def test_prompt_logprobs_score_every_prompt_token_the_way_decoding_scores_it(
     assert len(scored.prompt_logprobs) == len(ids) == scored.num_prompt_tokens
     assert scored.prompt_logprobs[0] is None
     assert [lp.token for lp in scored.prompt_logprobs[1:] if lp] == ids[1:]
+    assert scored.prompt_token_ids == ids, "the prompt as the engine read it"
     for lp in scored.prompt_logprobs[1:]:
         assert lp is not None and len(lp.top) == 2 and lp.top[0][1] >= lp.logprob - 1e-4
+        # The rank places the token among the top ones: first exactly when it is the top one.
+        assert (lp.rank == 1) == (lp.top[0][0] == lp.token)
+        assert lp.rank > 2 or lp.token in [t for t, _ in lp.top][: lp.rank]
     # Token k scored over the prompt equals the logprob decoding gives it after ids[:k]: take
     # the greedy next token of a prefix, append it, and score the longer prompt.
     for k in (3, len(ids)):
@@ -664,6 +668,7 @@ def test_prompt_logprobs_score_every_prompt_token_the_way_decoding_scores_it(
         last = extended.prompt_logprobs[-1]
         assert last is not None and last.token == token and last.top == []
         assert last.logprob == pytest.approx(step.logprobs[0].logprob, abs=2e-3)
+        assert last.rank == step.logprobs[0].rank == 1, "a greedy token is the most likely"
     # Chunked prefill (4 tokens a step) and speculation score the same prompt the same way.
     chunked = make_llm(dtype="f32", max_num_batched_tokens=4, max_model_len=256)
     params = SamplingParams(temperature=0.0, max_tokens=8, prompt_logprobs=1)

@@ -118,13 +118,17 @@ class TraceStep:
 
 @dataclass(frozen=True)
 class TokenLogprob:
+    """A token's log-probability under the raw target logits, its rank there (1: the most
+    likely; vLLM's ``Logprob.rank``) and the most likely tokens with theirs."""
+
     token: int
     logprob: float
     top: list[tuple[int, float]]
+    rank: int = 1
 
 
 def _token_logprob(lp: dict[str, Any]) -> TokenLogprob:
-    return TokenLogprob(lp["token"], lp["logprob"], [tuple(t) for t in lp["top"]])
+    return TokenLogprob(lp["token"], lp["logprob"], [tuple(t) for t in lp["top"]], lp["rank"])
 
 
 def _metrics(m: dict[str, Any] | None) -> SpecDecodeMetrics | None:
@@ -203,6 +207,9 @@ class RequestOutput:
     request_id: int
     outputs: list[CompletionOutput]
     num_prompt_tokens: int
+    prompt_token_ids: list[int] = field(default_factory=list)
+    """The prompt as the engine tokenized it (a streamed request's first delta of each
+    choice carries it)."""
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     """With ``prompt_logprobs``: one per prompt token, ``None`` for the first."""
     finished: bool = True
@@ -246,6 +253,7 @@ class RequestOutput:
             request_id=first["request_id"],
             outputs=[CompletionOutput._from_dict(c) for c in choices],
             num_prompt_tokens=first["num_prompt_tokens"],
+            prompt_token_ids=first["prompt_token_ids"],
             prompt_logprobs=[None if lp is None else _token_logprob(lp) for lp in first["prompt_logprobs"]],
             finished=finished,
         )
