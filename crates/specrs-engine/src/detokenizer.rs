@@ -40,20 +40,32 @@ impl FinishReason {
 /// what the tokens up to `read_offset` already produced is subtracted. A delta is released
 /// only when it does not end in a replacement character, i.e. when its bytes form whole
 /// characters.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IncrementalDetokenizer {
     prefix_offset: usize,
     read_offset: usize,
+    skip_special_tokens: bool,
+}
+
+impl Default for IncrementalDetokenizer {
+    /// Skips special tokens, as vLLM's `skip_special_tokens` does by default.
+    fn default() -> Self {
+        Self::new(true)
+    }
 }
 
 impl IncrementalDetokenizer {
+    pub fn new(skip_special_tokens: bool) -> Self {
+        Self { prefix_offset: 0, read_offset: 0, skip_special_tokens }
+    }
+
     /// New text made decodable by `ids[read_offset..]`.
     pub fn step(&mut self, tokenizer: &TextTokenizer, ids: &[u32]) -> Result<String> {
         if ids.len() <= self.read_offset {
             return Ok(String::new());
         }
-        let prefix = tokenizer.decode(&ids[self.prefix_offset..self.read_offset], true)?;
-        let full = tokenizer.decode(&ids[self.prefix_offset..], true)?;
+        let prefix = tokenizer.decode(&ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
+        let full = tokenizer.decode(&ids[self.prefix_offset..], self.skip_special_tokens)?;
         if full.len() <= prefix.len() || full.ends_with('\u{FFFD}') {
             return Ok(String::new());
         }
@@ -97,6 +109,8 @@ pub struct OutputState {
     stop_token_ids: Vec<u32>,
     eos_token_ids: Vec<u32>,
     ignore_eos: bool,
+    /// Keep the stop string, or the stop token's text, at the end of the text.
+    include_stop: bool,
     max_tokens: usize,
     min_tokens: usize,
     /// Characters held back while streaming, so a stop string split across steps is never
@@ -112,11 +126,12 @@ impl OutputState {
             token_ids: Vec::new(),
             text: String::new(),
             sent: 0,
-            detok: IncrementalDetokenizer::default(),
+            detok: IncrementalDetokenizer::new(params.skip_special_tokens),
             stop,
             stop_token_ids: params.stop_token_ids.clone(),
             eos_token_ids: eos_token_ids.to_vec(),
             ignore_eos: params.ignore_eos,
+            include_stop: params.include_stop_str_in_output,
             max_tokens,
             min_tokens: params.min_tokens,
             holdback,
@@ -139,6 +154,10 @@ impl OutputState {
             let may_stop = self.token_ids.len() > self.min_tokens;
             let is_eos = !self.ignore_eos && self.eos_token_ids.contains(&t);
             if may_stop && (is_eos || self.stop_token_ids.contains(&t)) {
+                if self.include_stop {
+                    let delta = self.detok.step(tokenizer, &self.token_ids)?;
+                    self.text.push_str(&delta);
+                }
                 return Ok(CommitOutcome { kept: i + 1, finish: Some(FinishReason::Stop) });
             }
             let before = self.text.len();
@@ -155,9 +174,9 @@ impl OutputState {
     }
 
     /// Looks for a stop string that ends in the text added since byte `before`; truncates
-    /// the text where it starts.
+    /// the text where the first such match starts (or, with `include_stop`, where it ends).
     fn truncate_at_stop_string(&mut self, before: usize) -> bool {
-        let mut cut: Option<usize> = None;
+        let mut cut: Option<(usize, usize)> = None;
         for s in &self.stop {
             // A match must end inside the new text, so it starts at most len(s) bytes earlier.
             let mut from = before.saturating_sub(s.len());
@@ -166,11 +185,14 @@ impl OutputState {
             }
             if let Some(p) = self.text[from..].find(s.as_str()) {
                 let at = from + p;
-                cut = Some(cut.map_or(at, |c: usize| c.min(at)));
+                if cut.is_none_or(|(start, _)| at < start) {
+                    cut = Some((at, at + s.len()));
+                }
             }
         }
         match cut {
-            Some(at) => {
+            Some((start, end)) => {
+                let at = if self.include_stop { end } else { start };
                 self.text.truncate(at);
                 self.sent = self.sent.min(at);
                 true

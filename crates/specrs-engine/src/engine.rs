@@ -487,7 +487,7 @@ impl Engine {
                     .into(),
             ));
         }
-        let tokens = match prompt {
+        let mut tokens = match prompt {
             Prompt::Tokens(t) => t,
             Prompt::Text(text) => self.tokenizer.encode(&text, true)?,
             Prompt::Chat(messages) => {
@@ -497,6 +497,12 @@ impl Engine {
                 self.tokenizer.encode(&text, true)?
             }
         };
+        if let Some(keep) = params.truncate_prompt_tokens
+            && tokens.len() > keep
+        {
+            // Left truncation, as vLLM's `truncate_prompt_tokens`: the latest tokens stay.
+            tokens.drain(..tokens.len() - keep);
+        }
         if tokens.is_empty() {
             return Err(EngineError::Request("the prompt is empty".into()));
         }

@@ -243,3 +243,80 @@ fn greedy_requests_and_more_choices_than_the_engine_runs_at_once_are_refused() {
     assert!(err.contains("n = 5 choices exceed max_num_seqs = 4"), "{err}");
     assert_eq!(h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), sampled(4, 4))]).unwrap().len(), 4);
 }
+
+#[test]
+fn allowed_token_ids_confine_greedy_and_sampled_choices_to_their_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let allowed = Some(vec![9, 10]);
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(8),
+        allowed_token_ids: allowed.clone(),
+        ..SamplingParams::default()
+    };
+    let out = run(&h, greedy);
+    assert_eq!(out.token_ids.len(), 8, "EOS is not allowed, so nothing stops early");
+    assert!(out.token_ids.iter().all(|t| [9, 10].contains(t)), "{:?}", out.token_ids);
+    let sampled = run(&h, SamplingParams { allowed_token_ids: allowed, ..sampled(1, 24) });
+    assert!(sampled.token_ids.iter().all(|t| [9, 10].contains(t)), "{:?}", sampled.token_ids);
+    assert!(sampled.token_ids.contains(&9) && sampled.token_ids.contains(&10), "both are drawn at temperature 2");
+}
+
+#[test]
+fn stop_strings_and_stop_tokens_stay_in_the_text_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let greedy =
+        SamplingParams { temperature: 0.0, max_tokens: Some(6), ignore_eos: true, ..SamplingParams::default() };
+    let full = h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), greedy.clone())]).unwrap().remove(0);
+    let stop = h.tokenizer().decode(&full.token_ids[2..3], true).unwrap();
+    let at = full.text.find(&stop).unwrap();
+    let stopped = |include| {
+        let params = SamplingParams { stop: vec![stop.clone()], include_stop_str_in_output: include, ..greedy.clone() };
+        h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), params)]).unwrap().remove(0)
+    };
+    let (left_out, kept) = (stopped(false), stopped(true));
+    assert_eq!(left_out.text, full.text[..at]);
+    assert_eq!(kept.text, full.text[..at + stop.len()]);
+    assert_eq!((left_out.finish_reason, kept.finish_reason), (FinishReason::Stop, FinishReason::Stop));
+    assert_eq!(kept.token_ids, left_out.token_ids);
+
+    // Token 5's successor is EOS (`</s>`, a special token): its text shows only when special
+    // tokens are kept, and, as the token that stopped the output, only with the stop included.
+    let eos = |ignore_eos, include, skip| {
+        let params = SamplingParams {
+            temperature: 0.0,
+            max_tokens: Some(2),
+            ignore_eos,
+            include_stop_str_in_output: include,
+            skip_special_tokens: skip,
+            ..SamplingParams::default()
+        };
+        h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 5]), params)]).unwrap().remove(0).text
+    };
+    assert!(!eos(true, false, true).contains("</s>"));
+    assert!(eos(true, false, false).starts_with("</s>"));
+    assert_eq!(eos(false, false, false), "");
+    assert_eq!(eos(false, true, false), "</s>");
+    assert_eq!(eos(false, true, true), "");
+}
+
+#[test]
+fn truncate_prompt_tokens_keeps_the_latest_prompt_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let greedy =
+        SamplingParams { temperature: 0.0, max_tokens: Some(4), ignore_eos: true, ..SamplingParams::default() };
+    let truncated = SamplingParams { truncate_prompt_tokens: Some(2), ..greedy.clone() };
+    let outs = h
+        .generate(vec![
+            GenerationRequest::new(Prompt::Tokens(vec![1, 2, 3, 4, 6, 7]), truncated.clone()),
+            GenerationRequest::new(Prompt::Tokens(vec![6, 7]), greedy),
+            GenerationRequest::new(Prompt::Tokens(vec![7]), truncated),
+        ])
+        .unwrap();
+    assert_eq!((outs[0].num_prompt_tokens, outs[0].prompt_token_ids.as_slice()), (2, &[6, 7][..]));
+    assert_eq!(outs[0].token_ids, outs[1].token_ids);
+    assert_eq!(outs[2].prompt_token_ids, [7], "a shorter prompt is kept whole");
+}

@@ -110,6 +110,9 @@ impl SamplingWorkspace {
                     *logit += bias;
                 }
             }
+            if let Some(allowed) = &params.allowed_token_ids {
+                mask_all_but(&mut self.row, allowed, &mut self.pool);
+            }
             ctx.apply(&mut self.row, params);
         }
     }
@@ -121,6 +124,19 @@ pub fn processed_probs(logits: &[f32], params: &SamplingParams, penalties: Optio
     let mut workspace = SamplingWorkspace::new(logits.len());
     workspace.processed_probs(logits, params, penalties);
     workspace.row
+}
+
+/// Sets every logit to `-inf` except those of `allowed` (ids outside the row are ignored).
+/// `scratch` keeps the allowed values while the row is cleared.
+fn mask_all_but(logits: &mut [f32], allowed: &[u32], scratch: &mut Vec<f32>) {
+    scratch.clear();
+    scratch.extend(allowed.iter().map(|&t| logits.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY)));
+    logits.fill(f32::NEG_INFINITY);
+    for (&t, &logit) in allowed.iter().zip(scratch.iter()) {
+        if let Some(slot) = logits.get_mut(t as usize) {
+            *slot = logit;
+        }
+    }
 }
 
 /// Zeroes every probability below `threshold`; returns whether anything was removed.
@@ -226,6 +242,26 @@ mod tests {
         let both = SamplingParams { repetition_penalty: 2.0, ..biased };
         let seen = PenaltyContext::new(&[3], 1);
         assert_eq!(w.penalized_logits(&logits, &both, Some(&seen)), [1.0, -97.0, 2.9, 1.25]);
+    }
+
+    #[test]
+    fn allowed_token_ids_mask_every_other_target_logit_after_the_bias() {
+        let logits = [1.0f32, 3.0, 2.9, 0.0];
+        let allowed = SamplingParams {
+            allowed_token_ids: Some(vec![3, 0]),
+            logit_bias: std::collections::BTreeMap::from([(0, -2.0)]),
+            ..SamplingParams::default()
+        };
+        let target = PenaltyContext::default();
+        let mut w = SamplingWorkspace::new(4);
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(w.penalized_logits(&logits, &allowed, Some(&target)), [-1.0, inf, inf, 0.0]);
+        let greedy = SamplingParams { temperature: 0.0, ..allowed.clone() };
+        assert_eq!(w.penalized_argmax(&logits, &greedy, Some(&target)), 3);
+        let p = processed_probs(&logits, &allowed, Some(&target));
+        assert_eq!(support(&p), vec![0, 3]);
+        assert!((p[3] - 1.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6);
+        assert_eq!(w.penalized_argmax(&logits, &greedy, None), 1, "a draft's own distribution is left alone");
     }
 
     #[test]

@@ -71,6 +71,15 @@ pub struct SamplingParams {
     /// Added to the named tokens' logits at every position before the penalties (OpenAI's
     /// `logit_bias`; JSON keys are token ids as strings).
     pub logit_bias: BTreeMap<u32, f32>,
+    /// Sample only among these tokens: every other logit is masked at every position.
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// Keep the stop string (or the stop token's text) that ended the output in its text.
+    pub include_stop_str_in_output: bool,
+    /// Leave special tokens (EOS, chat markers) out of the output text; the token ids keep
+    /// them either way.
+    pub skip_special_tokens: bool,
+    /// Keep only the last this many prompt tokens (left truncation) before generating.
+    pub truncate_prompt_tokens: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -93,6 +102,10 @@ impl Default for SamplingParams {
             prompt_logprobs: None,
             min_tokens: 0,
             logit_bias: BTreeMap::new(),
+            allowed_token_ids: None,
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+            truncate_prompt_tokens: None,
         }
     }
 }
@@ -114,10 +127,11 @@ impl SamplingParams {
         self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
     }
 
-    /// True when the target's logits are changed before sampling (penalties or a logit bias):
-    /// such rows are processed on their logit rows, where the adjustments are applied.
+    /// True when the target's logits are changed before sampling (penalties, a logit bias or
+    /// allowed tokens): such rows are processed on their logit rows, where the adjustments
+    /// are applied.
     pub fn adjusts_logits(&self) -> bool {
-        self.has_penalties() || !self.logit_bias.is_empty()
+        self.has_penalties() || !self.logit_bias.is_empty() || self.allowed_token_ids.is_some()
     }
 
     /// The top-k cut for a vocabulary of `vocab_size` tokens, or `None` when it keeps
@@ -231,6 +245,29 @@ impl SamplingParams {
         if self.stop.iter().any(String::is_empty) {
             return Err(ConfigError::field("stop", "stop strings must not be empty"));
         }
+        match &self.allowed_token_ids {
+            Some(allowed) if allowed.is_empty() => {
+                return Err(ConfigError::field(
+                    "allowed_token_ids",
+                    "allowed_token_ids must name at least one token (leave it unset to allow all)",
+                ));
+            }
+            Some(allowed) => {
+                if let Some(&id) = allowed.iter().find(|&&id| id as usize >= vocab_size) {
+                    return Err(ConfigError::field(
+                        "allowed_token_ids",
+                        format!("allowed_token_ids contains {id}, outside the vocabulary of {vocab_size} tokens"),
+                    ));
+                }
+            }
+            None => {}
+        }
+        if self.truncate_prompt_tokens == Some(0) {
+            return Err(ConfigError::field(
+                "truncate_prompt_tokens",
+                "truncate_prompt_tokens must be >= 1 when set (the prompt tokens to keep), got 0",
+            ));
+        }
         Ok(())
     }
 }
@@ -296,6 +333,22 @@ mod tests {
         assert!(loud.validate(8).unwrap_err().message.contains("[-100, 100], got 101 for token 1"));
         let nan = SamplingParams { logit_bias: BTreeMap::from([(1, f32::NAN)]), ..Default::default() };
         assert!(nan.validate(8).is_err());
+    }
+
+    #[test]
+    fn allowed_tokens_must_be_some_and_inside_the_vocabulary_and_truncation_keeps_a_token() {
+        let allowed = |ids: Vec<u32>| SamplingParams { allowed_token_ids: Some(ids), ..Default::default() };
+        assert!(allowed(vec![3, 5]).validate(8).is_ok());
+        assert!(allowed(vec![3]).adjusts_logits(), "masking happens on the logit rows");
+        for (ids, message) in [(vec![], "at least one token"), (vec![2, 8], "contains 8, outside the vocabulary of 8")]
+        {
+            let e = allowed(ids).validate(8).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("allowed_token_ids"));
+            assert!(e.message.contains(message), "{}", e.message);
+        }
+        let e = SamplingParams { truncate_prompt_tokens: Some(0), ..Default::default() }.validate(8).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("truncate_prompt_tokens"));
+        assert!(SamplingParams::default().skip_special_tokens, "special tokens are skipped by default, as in vLLM");
     }
 
     #[test]
