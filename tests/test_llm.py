@@ -504,6 +504,8 @@ BAD_SAMPLING = [
     ("presence_penalty", 3.0),
     ("stop", [""]),
     ("n", 0),
+    ("allowed_token_ids", []),
+    ("truncate_prompt_tokens", 0),
 ]
 
 
@@ -679,6 +681,54 @@ def test_prompt_logprobs_score_every_prompt_token_the_way_decoding_scores_it(
         for got, want in zip(out.prompt_logprobs[1:], scored.prompt_logprobs[1:], strict=True):
             assert got is not None and want is not None and got.token == want.token
             assert got.logprob == pytest.approx(want.logprob, abs=2e-3)
+
+
+def test_allowed_token_ids_confine_the_output_and_stay_lossless_under_speculation(
+    plain_llm: LLM, ngram_llm: LLM
+) -> None:
+    prompt = user(SPEC_PROMPTS[0])
+    base = plain_llm.chat(prompt, SamplingParams(temperature=0.0, max_tokens=16))[0]
+    allowed = sorted(set(base.token_ids[1:6]))
+    params = SamplingParams(temperature=0.0, max_tokens=16, allowed_token_ids=allowed)
+    plain = plain_llm.chat(prompt, params)[0]
+    assert set(plain.token_ids) <= set(allowed) and len(plain.token_ids) == 16
+    assert ngram_llm.chat(prompt, params)[0].token_ids == plain.token_ids
+    sampled = ngram_llm.chat(prompt, params.model_copy(update={"temperature": 1.0, "seed": 2}))[0]
+    assert set(sampled.token_ids) <= set(allowed)
+
+
+def test_stop_strings_special_tokens_and_prompt_truncation_follow_vllms_flags(plain_llm: LLM) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=48)
+    prompt = user("Say hello.")
+    base = plain_llm.chat(prompt, greedy)[0]
+    stop = base.text.split()[2]
+    at = base.text.index(stop)
+    cut = plain_llm.chat(prompt, greedy.model_copy(update={"stop": [stop]}))[0]
+    kept = plain_llm.chat(
+        prompt, greedy.model_copy(update={"stop": [stop], "include_stop_str_in_output": True})
+    )[0]
+    assert (cut.text, kept.text) == (base.text[:at], base.text[: at + len(stop)])
+    # Past the end of turn, its marker shows only when special tokens are kept.
+    past = SamplingParams(temperature=0.0, max_tokens=len(base.token_ids) + 2, ignore_eos=True)
+    assert base.finish_reason == "stop"
+    hidden = plain_llm.chat(prompt, past)[0]
+    shown = plain_llm.chat(prompt, past.model_copy(update={"skip_special_tokens": False}))[0]
+    assert hidden.token_ids == shown.token_ids
+    assert "<|im_end|>" in shown.text and "<|im_end|>" not in hidden.text
+    # The end-of-turn token that stops a request is its stop string.
+    with_marker = plain_llm.chat(
+        prompt, greedy.model_copy(update={"include_stop_str_in_output": True, "skip_special_tokens": False})
+    )[0]
+    assert with_marker.text == base.text + "<|im_end|>"
+    # Left truncation keeps the prompt's last tokens.
+    text = "One two three four five six seven eight nine ten."
+    ids = plain_llm.tokenize(text)
+    out = plain_llm.generate(text, SamplingParams(temperature=0.0, max_tokens=4, truncate_prompt_tokens=4))[0]
+    assert (out.num_prompt_tokens, out.prompt_token_ids) == (4, ids[-4:])
+    assert (
+        out.token_ids
+        == plain_llm.generate(ids[-4:], SamplingParams(temperature=0.0, max_tokens=4))[0].token_ids
+    )
 
 
 def test_penalties_under_speculation_need_logit_penalties(ngram_llm: LLM) -> None:

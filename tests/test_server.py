@@ -300,6 +300,31 @@ def test_prompt_logprobs_come_back_in_vllms_shape_on_both_endpoints(server: Serv
     assert "prompt_logprobs" not in json.loads(raw)["choices"][0], "only when asked"
 
 
+def test_vllms_output_controls_pass_through_the_server(server: Server, ngram_llm: LLM) -> None:
+    base = expected_chat(ngram_llm, CHAT_PROMPTS[0], 24)
+    stop = base.text.split()[1]
+    controls = {
+        "temperature": 0,
+        "max_tokens": 24,
+        "stop": [stop],
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+        "allowed_token_ids": sorted(set(base.token_ids)),
+    }
+    truncated = {"temperature": 0, "max_tokens": 8, "truncate_prompt_tokens": 8}
+    for fields in (controls, truncated):
+        status, _, raw = server.request("POST", CHAT, chat(messages=user(CHAT_PROMPTS[0]), **fields))
+        assert status == 200, raw
+        body = json.loads(raw)
+        want = ngram_llm.chat(user(CHAT_PROMPTS[0]), SamplingParams(**fields))[0]
+        assert body["choices"][0]["message"]["content"] == want.text
+        assert body["usage"]["prompt_tokens"] == want.num_prompt_tokens
+    assert want.num_prompt_tokens == 8
+    assert base.text.index(stop) + len(stop) == len(
+        ngram_llm.chat(user(CHAT_PROMPTS[0]), SamplingParams(**controls))[0].text
+    ), "the output ends with its stop string"
+
+
 def params_body(params: SamplingParams) -> dict[str, Any]:
     """The request fields of `params` that these tests set."""
     body: dict[str, Any] = {"temperature": params.temperature, "max_tokens": params.max_tokens}
@@ -504,6 +529,23 @@ BAD_REQUESTS = [
     ("completion-echo-stream", COMPLETIONS, cmpl(echo=True, stream=True), 400, "echo", None),
     ("prompt-logprobs-stream", CHAT, chat(prompt_logprobs=1, stream=True), 400, "prompt_logprobs", None),
     ("prompt-logprobs-50", COMPLETIONS, cmpl(prompt_logprobs=50), 400, "prompt_logprobs", None),
+    ("allowed-token-ids-empty", CHAT, chat(allowed_token_ids=[]), 400, "allowed_token_ids", None),
+    (
+        "allowed-token-ids-outside-vocab",
+        CHAT,
+        chat(allowed_token_ids=[1 << 30]),
+        400,
+        "allowed_token_ids",
+        None,
+    ),
+    (
+        "truncate-prompt-tokens-0",
+        COMPLETIONS,
+        cmpl(truncate_prompt_tokens=0),
+        400,
+        "truncate_prompt_tokens",
+        None,
+    ),
     ("completion-unknown-model", COMPLETIONS, cmpl(model="nope"), 404, "model", "model_not_found"),
     ("body-over-size-limit", COMPLETIONS, OVERSIZED, 413, None, None),
     ("tokenize-prompt-and-messages", "/tokenize", {"prompt": "a", "messages": HI}, 400, None, None),

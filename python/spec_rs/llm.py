@@ -71,6 +71,14 @@ class SamplingParams(BaseModel):
     min_tokens: int = Field(0, ge=0)
     logit_bias: dict[Annotated[int, Field(ge=0, lt=1 << 32)], float] = {}
     """Added to the named tokens' logits at every position (OpenAI's range, -100 to 100)."""
+    allowed_token_ids: list[Annotated[int, Field(ge=0, lt=1 << 32)]] | None = None
+    """Sample only among these tokens (every other logit is masked at every position)."""
+    include_stop_str_in_output: bool = False
+    """Keep the stop string (or the stop token's text) that ended the output in its text."""
+    skip_special_tokens: bool = True
+    """Leave special tokens out of the text; ``token_ids`` keeps them either way."""
+    truncate_prompt_tokens: int | None = Field(None, ge=1)
+    """Keep only the last this many prompt tokens."""
 
     @field_validator("stop", mode="before")
     @classmethod

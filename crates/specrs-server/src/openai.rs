@@ -1,6 +1,7 @@
 //! OpenAI API request and response types (chat completions, completions, models, errors),
 //! with vLLM's sampling extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
-//! `ignore_eos`, `stop_token_ids`, `prompt_logprobs`).
+//! `ignore_eos`, `stop_token_ids`, `prompt_logprobs`, `allowed_token_ids`,
+//! `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -55,6 +56,14 @@ pub struct SamplingFields {
     /// vLLM: score every prompt token, with this many top logprobs per position (returned as
     /// `prompt_logprobs`, non-streamed responses only).
     pub prompt_logprobs: Option<usize>,
+    /// vLLM: sample only among these tokens.
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM: keep the stop string that ended the output in its text.
+    pub include_stop_str_in_output: Option<bool>,
+    /// vLLM: leave special tokens out of the text (the default).
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM: keep only the last this many prompt tokens.
+    pub truncate_prompt_tokens: Option<usize>,
     /// spec-rs: record the per-step draft trace in the response.
     pub trace: Option<bool>,
 }

@@ -275,6 +275,10 @@ fn sampling_params(
         prompt_logprobs: f.prompt_logprobs,
         min_tokens: f.min_tokens.unwrap_or(0),
         logit_bias,
+        allowed_token_ids: f.allowed_token_ids.clone(),
+        include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        truncate_prompt_tokens: f.truncate_prompt_tokens,
     };
     params
         .validate(state.handle.info().vocab_size)
