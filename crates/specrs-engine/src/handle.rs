@@ -199,16 +199,16 @@ impl EngineHandle {
         &self.info
     }
 
-    /// The replica a new request goes to: the one holding the fewest (the first on ties),
-    /// counted up at once so requests routed together spread out.
-    fn route(&self) -> usize {
+    /// The replica a new request with `choices` sequences goes to: the one holding the fewest
+    /// (the first on ties), counted up at once so requests routed together spread out.
+    fn route(&self, choices: usize) -> usize {
         let (index, replica) = self
             .replicas
             .iter()
             .enumerate()
             .min_by_key(|(_, r)| r.load.load(Ordering::Relaxed))
             .expect("a handle has at least one replica");
-        replica.load.fetch_add(1, Ordering::Relaxed);
+        replica.load.fetch_add(choices, Ordering::Relaxed);
         index
     }
 
@@ -222,7 +222,7 @@ impl EngineHandle {
         let id = self.reserve_id(&request);
         let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
         let (reply, admitted) = oneshot::channel();
-        self.replicas[self.route()]
+        self.replicas[self.route(request.params.n)]
             .tx
             .send(Command::Add { id, request: Box::new(request), sink, reply })
             .map_err(|_| EngineError::Shutdown)?;
@@ -294,7 +294,7 @@ impl EngineHandle {
         for request in requests {
             let id = self.reserve_id(&request);
             let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
-            let replica = self.route();
+            let replica = self.route(request.params.n);
             placed.push(replica);
             adds[replica].push(PendingAdd { id, request, sink });
             streams.push((id, stream));
