@@ -227,7 +227,7 @@ fn requests(args: &Args, batch: usize, max_tokens: usize, vocab: u32) -> Vec<Gen
                 let params =
                     SamplingParams { temperature: 0.0, max_tokens: Some(max_tokens), ..SamplingParams::default() };
                 let chat = vec![ChatMessage::new("user", prompts[r % prompts.len()].clone())];
-                GenerationRequest::new(Prompt::Chat(chat), params)
+                GenerationRequest::new(Prompt::Chat(chat.into()), params)
             })
             .collect();
     }

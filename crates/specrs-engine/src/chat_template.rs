@@ -22,6 +22,50 @@ impl ChatMessage {
     }
 }
 
+/// How a rendered conversation ends (vLLM's `add_generation_prompt` and
+/// `continue_final_message`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatEnding {
+    /// The template's generation prompt opens the assistant's turn.
+    #[default]
+    GenerationPrompt,
+    /// The final message is left open and the model continues it (prefilling the start of
+    /// the answer).
+    ContinueFinalMessage,
+    /// The conversation as the template closes it, with no generation prompt.
+    Closed,
+}
+
+impl ChatEnding {
+    /// From vLLM's two flags; both on is a contradiction, refused with the message to show.
+    pub fn from_flags(add_generation_prompt: bool, continue_final_message: bool) -> std::result::Result<Self, String> {
+        match (add_generation_prompt, continue_final_message) {
+            (true, true) => Err("continue_final_message leaves the final message open and add_generation_prompt \
+                 opens a new turn after it; set add_generation_prompt to false to continue the final message"
+                .into()),
+            (true, false) => Ok(Self::GenerationPrompt),
+            (false, true) => Ok(Self::ContinueFinalMessage),
+            (false, false) => Ok(Self::Closed),
+        }
+    }
+}
+
+/// A conversation and how its rendering ends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Conversation {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub ending: ChatEnding,
+}
+
+impl From<Vec<ChatMessage>> for Conversation {
+    /// Messages answered in a new assistant turn.
+    fn from(messages: Vec<ChatMessage>) -> Self {
+        Self { messages, ending: ChatEnding::GenerationPrompt }
+    }
+}
+
 /// The roles a conversation may use: OpenAI's, `developer` included.
 pub const CHAT_ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
 

@@ -490,10 +490,10 @@ impl Engine {
         let mut tokens = match prompt {
             Prompt::Tokens(t) => t,
             Prompt::Text(text) => self.tokenizer.encode(&text, true)?,
-            Prompt::Chat(messages) => {
-                let messages =
-                    crate::chat_template::text_messages(&messages).map_err(|e| EngineError::Request(e.to_string()))?;
-                let text = self.tokenizer.apply_chat_template(&messages, true)?;
+            Prompt::Chat(conversation) => {
+                let messages = crate::chat_template::text_messages(&conversation.messages)
+                    .map_err(|e| EngineError::Request(e.to_string()))?;
+                let text = self.tokenizer.render_conversation(&messages, conversation.ending)?;
                 self.tokenizer.encode(&text, true)?
             }
         };

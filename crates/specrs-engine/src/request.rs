@@ -5,7 +5,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use specrs_core::sampling::SamplingParams;
 
-use crate::chat_template::ChatMessage;
+use crate::chat_template::Conversation;
 use crate::detokenizer::FinishReason;
 
 pub type RequestId = u64;
@@ -17,8 +17,9 @@ pub enum Prompt {
     Text(String),
     /// Token ids.
     Tokens(Vec<u32>),
-    /// Messages rendered with the model's chat template (generation prompt added).
-    Chat(Vec<ChatMessage>),
+    /// Messages rendered with the model's chat template, ending as the conversation says (a
+    /// new assistant turn unless told otherwise; `Vec<ChatMessage>` converts with `.into()`).
+    Chat(Conversation),
 }
 
 /// A generation request.

@@ -16,7 +16,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
 
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::chat_template::{ChatEnding, ChatMessage, ChatTemplate};
 use crate::error::{EngineError, Result};
 
 /// Reasoning-span markers looked up in the vocabulary (relaxed acceptance for thinking).
@@ -301,6 +301,33 @@ impl TextTokenizer {
     }
 
     /// Renders messages with the model's chat template.
+    /// Renders checked, flattened messages ([`crate::text_messages`]) ending as `ending` says.
+    /// Continuing the final message renders the closed conversation and cuts it right after
+    /// that message's text, as vLLM does.
+    pub fn render_conversation(&self, messages: &[ChatMessage], ending: ChatEnding) -> Result<String> {
+        match ending {
+            ChatEnding::GenerationPrompt => self.apply_chat_template(messages, true),
+            ChatEnding::Closed => self.apply_chat_template(messages, false),
+            ChatEnding::ContinueFinalMessage => {
+                let rendered = self.apply_chat_template(messages, false)?;
+                let last = messages.last().and_then(|m| m.content.as_str()).unwrap_or_default();
+                if last.is_empty() {
+                    return Err(EngineError::Request(
+                        "continue_final_message needs a final message with text to continue".into(),
+                    ));
+                }
+                let at = rendered.rfind(last).ok_or_else(|| {
+                    EngineError::Request(
+                        "continue_final_message: the chat template does not reproduce the final message's text, \
+                         so there is no place to continue it from"
+                            .into(),
+                    )
+                })?;
+                Ok(rendered[..at + last.len()].to_string())
+            }
+        }
+    }
+
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let template = self.chat_template.as_ref().ok_or_else(|| {
             EngineError::Request("this model has no chat template; send a plain completion prompt instead".into())

@@ -1,13 +1,14 @@
 //! The tokenizer and chat template embedded in the default model's GGUF reproduce what
 //! transformers produced: the chat-formatted prompt ids of every reference case, the decoded
-//! text of every reference continuation, and the same text when streamed token by token.
+//! text of every reference continuation, and the same text when streamed token by token; and
+//! a conversation renders ending in a new turn, closed, or open for its final message.
 
 use std::path::PathBuf;
 
 use serde_json::Value;
 use specrs_core::model_alias::{DEFAULT_MODEL_ALIAS, find_alias, resolve_alias};
 use specrs_core::sampling::SamplingParams;
-use specrs_engine::{ChatMessage, OutputState, TextTokenizer};
+use specrs_engine::{ChatEnding, ChatMessage, OutputState, TextTokenizer};
 use specrs_models::weights::GgufSource;
 
 fn tokenizer() -> TextTokenizer {
@@ -81,4 +82,26 @@ fn stop_strings_cut_the_text_and_hold_back_partial_matches() {
     }
     assert_eq!(finish, Some(specrs_engine::FinishReason::Stop));
     assert_eq!(streamed, "Hello world. ");
+}
+
+#[test]
+fn a_conversation_ends_in_a_new_turn_closed_or_open_for_its_final_message_to_continue() {
+    let tok = tokenizer();
+    let messages = [ChatMessage::new("user", "Name a colour."), ChatMessage::new("assistant", "My favourite is")];
+    let render = |ending| tok.render_conversation(&messages, ending).unwrap();
+    let closed = render(ChatEnding::Closed);
+    assert_eq!(closed, tok.apply_chat_template(&messages, false).unwrap());
+    assert_eq!(render(ChatEnding::GenerationPrompt), tok.apply_chat_template(&messages, true).unwrap());
+    // Continuing: the closed rendering cut right after the final message's text, so the
+    // model's next token follows "My favourite is" instead of an end-of-turn marker.
+    let open = render(ChatEnding::ContinueFinalMessage);
+    assert!(open.ends_with("My favourite is"), "{open:?}");
+    assert!(closed.starts_with(&open) && closed.len() > open.len(), "{closed:?}");
+    let empty = [ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "")];
+    let err = tok.render_conversation(&empty, ChatEnding::ContinueFinalMessage).unwrap_err().to_string();
+    assert!(err.contains("a final message with text to continue"), "{err}");
+    assert_eq!(ChatEnding::from_flags(true, false), Ok(ChatEnding::GenerationPrompt));
+    assert_eq!(ChatEnding::from_flags(false, true), Ok(ChatEnding::ContinueFinalMessage));
+    assert_eq!(ChatEnding::from_flags(false, false), Ok(ChatEnding::Closed));
+    assert!(ChatEnding::from_flags(true, true).unwrap_err().contains("set add_generation_prompt to false"));
 }

@@ -75,7 +75,7 @@ pub fn generate_samples(
             .iter()
             .map(|p| {
                 let mut r = GenerationRequest::new(
-                    Prompt::Chat(vec![ChatMessage::new("user", p.as_str())]),
+                    Prompt::Chat(vec![ChatMessage::new("user", p.as_str())].into()),
                     SamplingParams { temperature: 0.0, max_tokens: Some(max_new_tokens), ..SamplingParams::default() },
                 );
                 r.trace = false;

@@ -575,7 +575,9 @@ pub fn evaluate_draft(
             .iter()
             .map(|p| {
                 crate::request::GenerationRequest::new(
-                    crate::request::Prompt::Chat(vec![crate::chat_template::ChatMessage::new("user", p.as_str())]),
+                    crate::request::Prompt::Chat(
+                        vec![crate::chat_template::ChatMessage::new("user", p.as_str())].into(),
+                    ),
                     specrs_core::sampling::SamplingParams {
                         temperature: 0.0,
                         max_tokens: Some(max_tokens),
@@ -660,7 +662,7 @@ pub fn evaluate_first_drafts_by_confidence(
         .iter()
         .map(|p| {
             let mut r = crate::request::GenerationRequest::new(
-                crate::request::Prompt::Chat(vec![crate::chat_template::ChatMessage::new("user", p.as_str())]),
+                crate::request::Prompt::Chat(vec![crate::chat_template::ChatMessage::new("user", p.as_str())].into()),
                 specrs_core::sampling::SamplingParams {
                     temperature: 0.0,
                     max_tokens: Some(max_tokens),
