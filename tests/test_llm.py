@@ -578,6 +578,29 @@ def test_chat_checks_roles_and_content_the_way_the_server_does(short_llm: LLM) -
     assert short_llm.chat(parts, params)[0].token_ids == short_llm.chat(user("Say hi."), params)[0].token_ids
 
 
+def test_continue_final_message_prefills_the_answer_and_contradicting_flags_are_refused(
+    short_llm: LLM,
+) -> None:
+    messages = [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is"},
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    out = short_llm.chat(messages, params, add_generation_prompt=False, continue_final_message=True)[0]
+    rendered = short_llm.apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message=True
+    )
+    assert rendered.endswith("The capital of France is")
+    assert out.prompt_token_ids == short_llm.tokenize(rendered)
+    assert "Paris" in out.text, "the model continues the prefilled answer"
+    closed = short_llm.apply_chat_template(messages, add_generation_prompt=False)
+    assert closed.startswith(rendered) and len(closed) > len(rendered)
+    streamed = short_llm.stream(messages, params, add_generation_prompt=False, continue_final_message=True)
+    assert "".join(d.text for d in streamed) == out.text
+    with pytest.raises(RequestError, match="set add_generation_prompt to false"):
+        short_llm.chat(messages, params, continue_final_message=True)
+
+
 def test_a_list_of_sampling_params_gives_each_prompt_its_own(short_llm: LLM) -> None:
     prompts = ["Hi", "Hello"]
     one, three = SamplingParams(temperature=0.0, max_tokens=1), SamplingParams(temperature=0.0, max_tokens=3)

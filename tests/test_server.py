@@ -325,6 +325,25 @@ def test_vllms_output_controls_pass_through_the_server(server: Server, ngram_llm
     ), "the output ends with its stop string"
 
 
+def test_continue_final_message_continues_the_prefilled_answer_as_llm_chat_does(
+    client: openai.OpenAI, server: Server, ngram_llm: LLM
+) -> None:
+    messages: list[Any] = [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is"},
+    ]
+    flags = {"add_generation_prompt": False, "continue_final_message": True}
+    want = ngram_llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=6), **flags)[0]
+    resp = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=6, extra_body=flags
+    )
+    assert resp.choices[0].message.content == want.text
+    assert resp.usage.prompt_tokens == len(want.prompt_token_ids)
+    status, _, raw = server.request("POST", "/tokenize", {"messages": messages, **flags})
+    assert status == 200, raw
+    assert json.loads(raw)["tokens"] == want.prompt_token_ids
+
+
 def params_body(params: SamplingParams) -> dict[str, Any]:
     """The request fields of `params` that these tests set."""
     body: dict[str, Any] = {"temperature": params.temperature, "max_tokens": params.max_tokens}
@@ -529,6 +548,14 @@ BAD_REQUESTS = [
     ("completion-echo-stream", COMPLETIONS, cmpl(echo=True, stream=True), 400, "echo", None),
     ("prompt-logprobs-stream", CHAT, chat(prompt_logprobs=1, stream=True), 400, "prompt_logprobs", None),
     ("prompt-logprobs-50", COMPLETIONS, cmpl(prompt_logprobs=50), 400, "prompt_logprobs", None),
+    (
+        "continue-final-message-with-generation-prompt",
+        CHAT,
+        chat(continue_final_message=True),
+        400,
+        "continue_final_message",
+        None,
+    ),
     ("allowed-token-ids-empty", CHAT, chat(allowed_token_ids=[]), 400, "allowed_token_ids", None),
     (
         "allowed-token-ids-outside-vocab",

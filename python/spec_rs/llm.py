@@ -565,10 +565,18 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         trace: bool = False,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """Answers one conversation (a list of ``{"role", "content"}``) or several, with the
-        model's chat template."""
-        return self._run([{"chat": c} for c in _conversations(messages)], sampling_params, trace)
+        model's chat template: in a new assistant turn, or, with ``continue_final_message=True``
+        (and ``add_generation_prompt=False``), by continuing the final message, whose text
+        then prefills the start of the answer (vLLM's flags)."""
+        flags = {
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+        }
+        return self._run([{"chat": c, **flags} for c in _conversations(messages)], sampling_params, trace)
 
     def stream(
         self,
@@ -576,18 +584,24 @@ class LLM:
         sampling_params: SamplingParams | None = None,
         *,
         trace: bool = False,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> Iterator[RequestOutput]:
         """Yields a request's output as it is committed, one choice's delta at a time
         (``outputs[0].index`` says which); a choice's last delta carries its ``finish_reason``
         and ``metrics``, the request's last one ``finished=True``. Stop iterating (or close the
-        generator) to cancel."""
+        generator) to cancel. A conversation takes :meth:`chat`'s template flags."""
         if isinstance(prompt, str | dict) or (_is_token_ids(prompt) and len(prompt) > 0):
             p = _prompt_json(prompt)
         else:
             conversations = _conversations(prompt)
             if len(conversations) != 1:
                 raise TypeError("stream takes one prompt or one conversation; use chat() for several")
-            p = {"chat": conversations[0]}
+            p = {
+                "chat": conversations[0],
+                "add_generation_prompt": add_generation_prompt,
+                "continue_final_message": continue_final_message,
+            }
         request = json.dumps(
             {"prompt": p, "params": (sampling_params or SamplingParams()).model_dump(), "trace": trace}
         )
@@ -606,8 +620,15 @@ class LLM:
         text: str = self.pipeline.detokenize(list(token_ids), skip_special_tokens)
         return text
 
-    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        text: str = self.pipeline.apply_chat_template(json.dumps(list(messages)), add_generation_prompt)
+    def apply_chat_template(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        text: str = self.pipeline.apply_chat_template(
+            json.dumps(list(messages)), add_generation_prompt, continue_final_message
+        )
         return text
 
     def kv_blocks(self) -> tuple[int, int]:

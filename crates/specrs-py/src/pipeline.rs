@@ -12,8 +12,8 @@ use specrs_core::registry::PipelineKind;
 use specrs_core::sampling::SamplingParams;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
-    ChatMessage, DeviceSpec, EngineConfig, EngineError, EngineHandle, GenerationRequest, PipelineConfig, PipelineInfo,
-    Prompt, text_messages,
+    ChatEnding, ChatMessage, Conversation, DeviceSpec, EngineConfig, EngineError, EngineHandle, GenerationRequest,
+    PipelineConfig, PipelineInfo, Prompt, text_messages,
 };
 use specrs_models::ModelDType;
 
@@ -44,7 +44,11 @@ fn parse_request(json: &str) -> PyResult<GenerationRequest> {
     } else if let Some(ids) = prompt.get("tokens") {
         Prompt::Tokens(serde_json::from_value(ids.clone()).map_err(json_err)?)
     } else if let Some(msgs) = prompt.get("chat") {
-        Prompt::Chat(serde_json::from_value::<Vec<ChatMessage>>(msgs.clone()).map_err(json_err)?)
+        let messages = serde_json::from_value::<Vec<ChatMessage>>(msgs.clone()).map_err(json_err)?;
+        let flag = |name: &str, default: bool| prompt.get(name).and_then(|f| f.as_bool()).unwrap_or(default);
+        let ending = ChatEnding::from_flags(flag("add_generation_prompt", true), flag("continue_final_message", false))
+            .map_err(|message| raise("RequestError", message, &[]))?;
+        Prompt::Chat(Conversation { messages, ending })
     } else {
         return Err(PyValueError::new_err("a request needs prompt.text, prompt.tokens or prompt.chat"));
     };
@@ -171,11 +175,18 @@ impl PyPipeline {
     }
 
     /// Renders messages (a JSON list of `{role, content}`) with the model's chat template.
-    #[pyo3(signature = (messages, add_generation_prompt=true))]
-    fn apply_chat_template(&self, messages: &str, add_generation_prompt: bool) -> PyResult<String> {
+    #[pyo3(signature = (messages, add_generation_prompt=true, continue_final_message=false))]
+    fn apply_chat_template(
+        &self,
+        messages: &str,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+    ) -> PyResult<String> {
         let messages: Vec<ChatMessage> = serde_json::from_str(messages).map_err(json_err)?;
         let messages = text_messages(&messages).map_err(|e| raise("RequestError", e.to_string(), &[]))?;
-        self.handle.tokenizer().apply_chat_template(&messages, add_generation_prompt).map_err(engine_error)
+        let ending = ChatEnding::from_flags(add_generation_prompt, continue_final_message)
+            .map_err(|message| raise("RequestError", message, &[]))?;
+        self.handle.tokenizer().render_conversation(&messages, ending).map_err(engine_error)
     }
 
     /// Serves the OpenAI API on this pipeline until SIGINT/SIGTERM.

@@ -10,7 +10,7 @@ use crate::cli::GenerateArgs;
 pub fn run(handle: &EngineHandle, args: &GenerateArgs) -> Result<(), String> {
     let params = args.sampling_params();
     let prompt = if args.chat && handle.tokenizer().has_chat_template() {
-        Prompt::Chat(vec![ChatMessage::new("user", args.prompt.clone())])
+        Prompt::Chat(vec![ChatMessage::new("user", args.prompt.clone())].into())
     } else {
         Prompt::Text(args.prompt.clone())
     };

@@ -85,6 +85,10 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<usize>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<usize>,
+    /// vLLM: open a new assistant turn after the messages (the default).
+    pub add_generation_prompt: Option<bool>,
+    /// vLLM: leave the final message open and continue it (prefill the answer's start).
+    pub continue_final_message: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }

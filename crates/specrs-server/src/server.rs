@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 use specrs_core::sampling::SamplingParams;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
-    ChatMessage, EngineHandle, FinalOutput, FinishReason, GenerationRequest, Prompt, RequestOutput, TokenLogprob,
-    text_messages,
+    ChatEnding, ChatMessage, Conversation, EngineHandle, FinalOutput, FinishReason, GenerationRequest, Prompt,
+    RequestOutput, TokenLogprob, text_messages,
 };
 
 use crate::error::ApiError;
@@ -504,6 +504,9 @@ async fn chat_completions(
     let req: ChatCompletionRequest = parse_body(body)?;
     check_model(&state, &req.model)?;
     let messages = chat_messages(&req.messages)?;
+    let ending =
+        ChatEnding::from_flags(req.add_generation_prompt.unwrap_or(true), req.continue_final_message.unwrap_or(false))
+            .map_err(|message| ApiError::bad_request(message, Some("continue_final_message")))?;
     let top = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (false, Some(n)) if n > 0 => {
             return Err(ApiError::bad_request("top_logprobs needs logprobs=true", Some("top_logprobs")));
@@ -521,7 +524,7 @@ async fn chat_completions(
     let params = sampling_params(&req.sampling, max_tokens, field, top, &state)?;
     let n = params.n;
     let guards = admit(&state, n)?;
-    let mut request = GenerationRequest::new(Prompt::Chat(messages), params);
+    let mut request = GenerationRequest::new(Prompt::Chat(Conversation { messages, ending }), params);
     request.trace = req.sampling.trace.unwrap_or(false);
     let penalty = penalty_field(&req.sampling);
     let (_, stream) = state

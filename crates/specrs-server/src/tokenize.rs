@@ -9,6 +9,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
+use specrs_engine::ChatEnding;
 
 use crate::error::ApiError;
 use crate::openai::ChatMessageIn;
@@ -25,6 +26,8 @@ struct TokenizeRequest {
     add_special_tokens: Option<bool>,
     #[serde(default = "yes")]
     add_generation_prompt: bool,
+    #[serde(default)]
+    continue_final_message: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,8 +55,10 @@ pub async fn tokenize(
             tokenizer.encode(prompt, req.add_special_tokens.unwrap_or(true)).map_err(engine_error)?
         }
         (None, Some(messages)) => {
+            let ending = ChatEnding::from_flags(req.add_generation_prompt, req.continue_final_message)
+                .map_err(|message| ApiError::bad_request(message, Some("continue_final_message")))?;
             let text = tokenizer
-                .apply_chat_template(&chat_messages(messages)?, req.add_generation_prompt)
+                .render_conversation(&chat_messages(messages)?, ending)
                 .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
             tokenizer.encode(&text, req.add_special_tokens.unwrap_or(false)).map_err(engine_error)?
         }
