@@ -5,7 +5,10 @@
 //! values occupy: `slot = block_id * block_size + pos % block_size`.
 //!
 //! Contract:
-//! - Every block is either on the free list or in exactly one sequence's [`BlockTable`].
+//! - Every block is on the free list, parked in the prefix cache (cached content no table
+//!   holds, see [`crate::prefix_cache`]), or held by one or more sequences' [`BlockTable`]s.
+//!   Only cached full blocks are held by several tables, and none of them writes there: a
+//!   sequence writes only at positions past the blocks it adopted or had cached.
 //! - A table holding `len` tokens owns exactly `ceil(len / block_size)` blocks, so its
 //!   capacity is the smallest multiple of `block_size` that is `>= len`.
 //! - [`KvBlockManager::grow`] is all-or-nothing: when the pool cannot cover the new length it
@@ -16,11 +19,15 @@
 //!
 //! The free list is LIFO so a block freed by a rollback is the next one handed out: it is
 //! still warm in cache, and a decode step that rolls back and regrows reuses the same block.
+//! Parked cached blocks are handed out only when the free list is empty, the least recently
+//! released first, and count as free everywhere else.
 
 use std::collections::HashMap;
 use std::ops::Range;
 
 use thiserror::Error;
+
+use crate::prefix_cache::{BlockHash, PrefixIndex};
 
 /// Identifies a sequence (one request's row) in the block manager.
 pub type SeqId = u64;
@@ -47,6 +54,10 @@ pub enum KvError {
     TruncateBeyondLength { seq: SeqId, len: usize, current_len: usize },
     #[error("KV cache parameter {name} must be at least 1")]
     ZeroParameter { name: &'static str },
+    #[error("sequence {seq} cannot adopt a cached prefix: it already holds KV blocks")]
+    AdoptIntoHeldSequence { seq: SeqId },
+    #[error("sequence {seq} cannot adopt KV block {block}: it is neither cached nor held")]
+    AdoptUncachedBlock { seq: SeqId, block: BlockId },
     #[error(
         "a KV pool of {num_blocks} blocks of {block_size} tokens has more slots than a u32 slot index can address; lower the memory budget or the block size"
     )]
@@ -187,11 +198,16 @@ fn blocks_for(len: usize, block_size: usize) -> usize {
     len.div_ceil(block_size)
 }
 
-/// Every sequence's block table over one shared [`BlockAllocator`].
+/// Every sequence's block table over one shared [`BlockAllocator`], with the prefix cache's
+/// index of reusable full blocks.
 #[derive(Debug, Clone)]
 pub struct KvBlockManager {
     allocator: BlockAllocator,
     tables: HashMap<SeqId, BlockTable>,
+    /// Tables holding each block.
+    holders: Vec<u32>,
+    prefix: PrefixIndex,
+    prefix_caching: bool,
 }
 
 impl KvBlockManager {
@@ -205,15 +221,33 @@ impl KvBlockManager {
     }
 
     pub fn with_allocator(allocator: BlockAllocator) -> Self {
-        Self { allocator, tables: HashMap::new() }
+        let holders = vec![0; allocator.num_total()];
+        Self { allocator, tables: HashMap::new(), holders, prefix: PrefixIndex::default(), prefix_caching: false }
+    }
+
+    /// Keeps full blocks for reuse by later sequences with the same prefix
+    /// ([`Self::cache_block`], [`Self::cached_prefix`]). Off, both do nothing.
+    pub fn with_prefix_caching(mut self, enabled: bool) -> Self {
+        self.prefix_caching = enabled;
+        self
+    }
+
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
     }
 
     pub fn block_size(&self) -> usize {
         self.allocator.block_size()
     }
 
+    /// Blocks a sequence may take: the free list and the parked cached blocks.
     pub fn num_free_blocks(&self) -> usize {
-        self.allocator.num_free()
+        self.allocator.num_free() + self.prefix.num_idle()
+    }
+
+    /// Blocks whose content is cached, held or parked.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.prefix.num_cached()
     }
 
     pub fn num_total_blocks(&self) -> usize {
@@ -268,12 +302,12 @@ impl KvBlockManager {
             return Ok(());
         }
         let needed = self.blocks_needed(current_len, new_len);
-        let new_blocks = self.allocator.allocate_many(needed).ok_or_else(|| KvError::OutOfBlocks {
+        let new_blocks = self.take_blocks(needed).ok_or_else(|| KvError::OutOfBlocks {
             seq,
             current_len,
             new_len,
             needed,
-            free: self.allocator.num_free(),
+            free: self.num_free_blocks(),
         })?;
         let table = self.tables.entry(seq).or_default();
         table.blocks.extend(new_blocks);
@@ -292,7 +326,7 @@ impl KvBlockManager {
         }
         let freed = table.blocks.split_off(blocks_for(len, block_size));
         table.len = len;
-        Self::return_blocks(&mut self.allocator, &freed);
+        self.let_go(&freed);
         Ok(freed.len())
     }
 
@@ -302,8 +336,73 @@ impl KvBlockManager {
         let Some(table) = self.tables.remove(&seq) else {
             return 0;
         };
-        Self::return_blocks(&mut self.allocator, &table.blocks);
+        self.let_go(&table.blocks);
         table.blocks.len()
+    }
+
+    /// The longest run of cached blocks that starts the sequence keyed `hashes`, in order.
+    /// Empty with prefix caching off.
+    pub fn cached_prefix(&self, hashes: &[BlockHash]) -> Vec<BlockId> {
+        if !self.prefix_caching {
+            return Vec::new();
+        }
+        hashes.iter().map_while(|h| self.prefix.lookup(h)).collect()
+    }
+
+    /// How many of `blocks` are parked: adopting them takes that many from
+    /// [`Self::num_free_blocks`].
+    pub fn num_parked(&self, blocks: &[BlockId]) -> usize {
+        blocks.iter().filter(|&&b| self.holders.get(b as usize) == Some(&0)).count()
+    }
+
+    /// Starts `seq` (holding nothing yet) on a cached prefix from [`Self::cached_prefix`]: it
+    /// holds `blocks` and `blocks.len() * block_size` tokens of KV it never computed.
+    pub fn adopt_prefix(&mut self, seq: SeqId, blocks: &[BlockId]) -> Result<(), KvError> {
+        if self.tables.get(&seq).is_some_and(|t| !t.blocks.is_empty()) {
+            return Err(KvError::AdoptIntoHeldSequence { seq });
+        }
+        if let Some(&block) = blocks.iter().find(|&&b| !self.prefix.is_cached(b) || (b as usize) >= self.holders.len())
+        {
+            return Err(KvError::AdoptUncachedBlock { seq, block });
+        }
+        for &block in blocks {
+            if self.holders[block as usize] == 0 {
+                let parked = self.prefix.unpark(block);
+                debug_assert!(parked, "an unheld cached block is parked");
+            }
+            self.holders[block as usize] += 1;
+        }
+        let table = self.tables.entry(seq).or_default();
+        table.blocks = blocks.to_vec();
+        table.len = blocks.len() * self.allocator.block_size();
+        Ok(())
+    }
+
+    /// Caches block `index` of `seq` under `hash`, the key of the tokens it holds (with the one
+    /// after): its keys and values must be final for every model sharing the tables. Returns
+    /// whether it was newly cached (not when caching is off, the block is already cached, or
+    /// another block already holds the same content).
+    pub fn cache_block(&mut self, seq: SeqId, index: usize, hash: BlockHash) -> bool {
+        let block_size = self.block_size();
+        match self.tables.get(&seq) {
+            Some(table) if self.prefix_caching && (index + 1) * block_size <= table.len => {
+                self.prefix.insert(hash, table.blocks[index])
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets every cached prefix (vLLM's `reset_prefix_cache`): parked blocks become free,
+    /// held ones stay with their sequences, uncached. Returns how many blocks were cached.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        let cached = self.prefix.num_cached();
+        for block in self.prefix.clear() {
+            if let Err(error) = self.allocator.free(block) {
+                debug_assert!(false, "freeing a parked block failed: {error}");
+                tracing::error!("KV bookkeeping corrupt: {error}");
+            }
+        }
+        cached
     }
 
     /// The KV storage row of position `pos` of `seq`.
@@ -327,13 +426,38 @@ impl KvBlockManager {
         positions.map(|pos| self.slot(seq, pos)).collect()
     }
 
-    /// Returns blocks a table owned. They were owned, so failure means the bookkeeping is
-    /// corrupt: loud in debug builds, logged (and the block left out of the pool) in release.
-    fn return_blocks(allocator: &mut BlockAllocator, blocks: &[BlockId]) {
+    /// `count` blocks for new content, held once: from the free list, then by evicting the
+    /// least recently released parked blocks. None at all when fewer are available.
+    fn take_blocks(&mut self, count: usize) -> Option<Vec<BlockId>> {
+        if count > self.num_free_blocks() {
+            return None;
+        }
+        let from_free = count.min(self.allocator.num_free());
+        let mut blocks = self.allocator.allocate_many(from_free)?;
+        blocks.extend((from_free..count).filter_map(|_| self.prefix.evict_oldest()));
+        debug_assert_eq!(blocks.len(), count);
+        for &block in &blocks {
+            self.holders[block as usize] = 1;
+        }
+        Some(blocks)
+    }
+
+    /// A table lets go of `blocks`: each no other table holds is parked when cached, freed
+    /// otherwise. They were held, so failure means the bookkeeping is corrupt: loud in debug
+    /// builds, logged (and the block left out of the pool) in release.
+    fn let_go(&mut self, blocks: &[BlockId]) {
         // Pushed last block first, so the LIFO list hands a regrowing sequence the same
         // blocks in the same order.
         for &block in blocks.iter().rev() {
-            if let Err(error) = allocator.free(block) {
+            let holders = &mut self.holders[block as usize];
+            debug_assert!(*holders > 0, "letting go of unheld block {block}");
+            *holders = holders.saturating_sub(1);
+            if *holders > 0 {
+                continue;
+            }
+            if self.prefix.is_cached(block) {
+                self.prefix.park(block);
+            } else if let Err(error) = self.allocator.free(block) {
                 debug_assert!(false, "freeing an owned block failed: {error}");
                 tracing::error!("KV bookkeeping corrupt: {error}");
             }
@@ -634,6 +758,16 @@ mod tests {
         Release {
             seq: SeqId,
         },
+        /// Cache block `index` of `seq` under the shared chain's key `index`.
+        Cache {
+            seq: SeqId,
+            index: usize,
+        },
+        /// Adopt the cached part of the shared chain's first `blocks` keys.
+        Adopt {
+            seq: SeqId,
+            blocks: usize,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -641,32 +775,126 @@ mod tests {
         prop_oneof![
             3 => (seq.clone(), 0usize..60).prop_map(|(seq, new_len)| Op::Grow { seq, new_len }),
             2 => (seq.clone(), 0usize..120).prop_map(|(seq, percent)| Op::Truncate { seq, percent }),
-            1 => seq.prop_map(|seq| Op::Release { seq }),
+            1 => seq.clone().prop_map(|seq| Op::Release { seq }),
+            2 => (seq.clone(), 0usize..8).prop_map(|(seq, index)| Op::Cache { seq, index }),
+            2 => (seq, 0usize..8).prop_map(|(seq, blocks)| Op::Adopt { seq, blocks }),
         ]
     }
 
-    /// Every block is free or owned by exactly one table, and tables own ceil(len / bs).
+    /// Key `i` of the one prefix every sequence of the property test shares.
+    fn chain_keys(n: usize) -> Vec<BlockHash> {
+        let mut keys: Vec<BlockHash> = Vec::with_capacity(n);
+        for i in 0..n {
+            keys.push(BlockHash::of(keys.last().copied(), &[i as u32]));
+        }
+        keys
+    }
+
+    #[test]
+    fn a_cached_prefix_is_shared_parked_when_released_and_adopted_again() {
+        let mut kv = manager(6, 4).with_prefix_caching(true);
+        let keys = chain_keys(3);
+        kv.grow(1, 10).unwrap();
+        assert!(kv.cache_block(1, 0, keys[0]));
+        assert!(kv.cache_block(1, 1, keys[1]));
+        assert!(!kv.cache_block(1, 2, keys[2]), "block 2 holds 2 of its 4 tokens");
+        assert!(!kv.cache_block(1, 1, keys[1]), "already cached");
+        assert_eq!(kv.num_cached_blocks(), 2);
+
+        let hit = kv.cached_prefix(&keys);
+        assert_eq!(hit, kv.block_table(1)[..2].to_vec(), "the walk stops at the first uncached key");
+        assert_eq!(kv.num_parked(&hit), 0, "sequence 1 still holds them");
+        kv.adopt_prefix(2, &hit).unwrap();
+        assert_eq!((kv.len(2), kv.num_free_blocks()), (8, 3), "adoption takes no new block");
+        kv.grow(2, 9).unwrap();
+        assert_eq!(kv.block_table(2)[..2], kv.block_table(1)[..2]);
+        assert_ne!(kv.block_table(2)[2], kv.block_table(1)[2]);
+
+        kv.release(1);
+        assert_eq!(kv.num_free_blocks(), 3, "shared blocks stay with sequence 2");
+        kv.release(2);
+        assert_eq!(kv.num_free_blocks(), 6, "parked blocks count as free");
+        assert_eq!(kv.num_parked(&hit), 2);
+        kv.adopt_prefix(3, &kv.cached_prefix(&keys)).unwrap();
+        assert_eq!((kv.len(3), kv.num_free_blocks()), (8, 4));
+        assert_eq!(kv.adopt_prefix(3, &hit), Err(KvError::AdoptIntoHeldSequence { seq: 3 }));
+    }
+
+    #[test]
+    fn parked_blocks_are_handed_out_only_when_the_free_list_is_empty_oldest_first() {
+        let mut kv = manager(4, 2).with_prefix_caching(true);
+        let keys = chain_keys(2);
+        kv.grow(1, 4).unwrap();
+        kv.cache_block(1, 0, keys[0]);
+        kv.cache_block(1, 1, keys[1]);
+        let cached = kv.block_table(1).to_vec();
+        kv.release(1);
+        kv.grow(2, 4).unwrap();
+        assert!(kv.block_table(2).iter().all(|b| !cached.contains(b)), "free blocks first");
+        assert_eq!(kv.cached_prefix(&keys), cached);
+        kv.grow(2, 6).unwrap();
+        // A table lets go of its last block first, so a prefix's tail is evicted before its head.
+        assert_eq!(kv.block_table(2)[2], cached[1], "the least recently released block goes first");
+        assert_eq!(kv.cached_prefix(&keys), vec![cached[0]], "the prefix's first block is still cached");
+    }
+
+    #[test]
+    fn prefix_caching_off_caches_and_finds_nothing() {
+        let mut kv = manager(4, 2);
+        kv.grow(1, 4).unwrap();
+        let keys = chain_keys(1);
+        assert!(!kv.cache_block(1, 0, keys[0]));
+        assert!(kv.cached_prefix(&keys).is_empty());
+    }
+
+    #[test]
+    fn reset_frees_parked_blocks_and_uncaches_held_ones() {
+        let mut kv = manager(4, 2).with_prefix_caching(true);
+        let keys = chain_keys(2);
+        kv.grow(1, 4).unwrap();
+        kv.grow(2, 2).unwrap();
+        kv.cache_block(1, 0, keys[0]);
+        kv.cache_block(2, 0, keys[1]);
+        kv.release(1);
+        assert_eq!(kv.reset_prefix_cache(), 2);
+        assert_eq!((kv.num_cached_blocks(), kv.num_free_blocks()), (0, 3));
+        assert!(kv.cached_prefix(&keys).is_empty());
+        kv.release(2);
+        assert_eq!(kv.num_free_blocks(), 4);
+        assert_blocks_partitioned(&kv);
+    }
+
+    /// Every block is free, parked or held, a held block's count is the number of tables
+    /// holding it, only cached blocks are held twice, and tables own ceil(len / bs).
     fn assert_blocks_partitioned(kv: &KvBlockManager) {
-        let mut held = HashSet::new();
+        let mut held: HashMap<BlockId, u32> = HashMap::new();
         for (seq, table) in &kv.tables {
             assert_eq!(table.blocks.len(), blocks_for(table.len, kv.block_size()), "seq {seq}");
             for &block in &table.blocks {
-                assert!(held.insert(block), "block {block} held twice");
+                *held.entry(block).or_default() += 1;
                 assert!(!kv.allocator.is_free[block as usize], "held block {block} marked free");
             }
         }
+        for (&block, &count) in &held {
+            assert_eq!(kv.holders[block as usize], count, "holders of block {block}");
+            assert!(count == 1 || kv.prefix.is_cached(block), "uncached block {block} held {count} times");
+        }
         let free: HashSet<BlockId> = kv.allocator.free_list.iter().copied().collect();
-        assert_eq!(free.len(), kv.num_free_blocks(), "free list has duplicates");
-        assert!(free.is_disjoint(&held));
-        assert_eq!(free.len() + held.len(), kv.num_total_blocks());
+        let parked: HashSet<BlockId> = kv.prefix.parked().into_iter().collect();
+        assert_eq!(free.len() + parked.len(), kv.num_free_blocks(), "free list has duplicates");
+        assert!(free.is_disjoint(&parked));
+        assert!(parked.iter().all(|&b| kv.prefix.is_cached(b) && kv.holders[b as usize] == 0));
+        assert!(held.keys().all(|b| !free.contains(b) && !parked.contains(b)));
+        assert_eq!(free.len() + parked.len() + held.len(), kv.num_total_blocks());
     }
 
     proptest! {
         #[test]
-        fn random_grow_truncate_release_never_leaks_or_double_allocates(
+        fn random_grow_truncate_release_cache_adopt_never_leak_or_double_allocate(
             ops in proptest::collection::vec(op(), 0..80),
         ) {
-            let mut kv = manager(12, 4);
+            let mut kv = manager(12, 4).with_prefix_caching(true);
+            let keys = chain_keys(8);
             for op in ops {
                 let before = kv.clone();
                 match op {
@@ -694,6 +922,19 @@ mod tests {
                         prop_assert_eq!(freed, before.block_table(seq).len());
                         prop_assert!(!kv.contains(seq));
                     }
+                    Op::Cache { seq, index } => {
+                        kv.cache_block(seq, index, keys[index]);
+                    }
+                    Op::Adopt { seq, blocks } => {
+                        let hit = kv.cached_prefix(&keys[..blocks]);
+                        let free_after = kv.num_free_blocks() - kv.num_parked(&hit);
+                        if kv.adopt_prefix(seq, &hit).is_ok() {
+                            prop_assert_eq!(kv.len(seq), hit.len() * kv.block_size());
+                            prop_assert_eq!(kv.num_free_blocks(), free_after);
+                        } else {
+                            prop_assert_eq!(&kv.tables, &before.tables);
+                        }
+                    }
                 }
                 assert_blocks_partitioned(&kv);
             }
@@ -703,6 +944,8 @@ mod tests {
             }
             prop_assert_eq!(kv.num_free_blocks(), kv.num_total_blocks());
             prop_assert_eq!(kv.num_sequences(), 0);
+            kv.reset_prefix_cache();
+            assert_blocks_partitioned(&kv);
         }
     }
 }

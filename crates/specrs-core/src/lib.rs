@@ -11,6 +11,7 @@ pub mod kv_blocks;
 pub mod metrics;
 pub mod model_alias;
 pub mod ngram;
+pub mod prefix_cache;
 pub mod registry;
 pub mod sampling;
 pub mod scheduler;

@@ -16,10 +16,19 @@
 //!
 //! Mixed steps (decode and prefill rows together) verify nothing unless mixed speculative
 //! batches are enabled and supported; then decode rows verify the mixed width.
+//!
+//! With prefix caching ([`KvBlockManager::with_prefix_caching`]) a sequence keyed by its
+//! block hashes ([`Scheduler::add_with_prefix`]) adopts the cached blocks its tokens start
+//! with when it is admitted (a fresh prompt, or a preempted sequence's own blocks if nothing
+//! evicted them), and its prefill starts after them. A sequence whose next block another
+//! running sequence is prefilling right now waits for it rather than computing it too (a
+//! request's `n` choices, a burst sharing a system prompt). The engine caches a sequence's
+//! blocks ([`Scheduler::cache_blocks`]) once every model's keys and values there are final.
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::kv_blocks::{KvBlockManager, KvError, SeqId};
+use crate::prefix_cache::BlockHash;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -77,6 +86,8 @@ pub struct StepPlan {
     pub preempted: Vec<SeqId>,
     /// Sequences that can never fit the KV pool; the caller finishes them with an error.
     pub rejected: Vec<(SeqId, KvError)>,
+    /// Sequences admitted this step, with the prompt tokens their cached prefix covered.
+    pub admitted: Vec<(SeqId, usize)>,
 }
 
 impl StepPlan {
@@ -96,11 +107,23 @@ struct SeqState {
     num_computed: usize,
 }
 
+/// A sequence's block keys, for prefix caching.
+#[derive(Debug, Clone, Default)]
+struct PrefixKeys {
+    /// Keys of the blocks its committed tokens complete.
+    hashes: Vec<BlockHash>,
+    /// It may start from cached blocks (not when every prompt position must be computed).
+    reuse: bool,
+    /// Leading blocks already cached (adopted, or cached through [`Scheduler::cache_blocks`]).
+    cached: usize,
+}
+
 #[derive(Debug)]
 pub struct Scheduler {
     cfg: SchedulerConfig,
     kv: KvBlockManager,
     seqs: HashMap<SeqId, SeqState>,
+    prefix: HashMap<SeqId, PrefixKeys>,
     /// Waiting sequences, ordered by arrival (preempted ones keep their place).
     waiting: VecDeque<SeqId>,
     /// Running sequences (KV held), in arrival order.
@@ -110,7 +133,15 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, kv: KvBlockManager) -> Self {
-        Self { cfg, kv, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0 }
+        Self {
+            cfg,
+            kv,
+            seqs: HashMap::new(),
+            prefix: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_arrival: 0,
+        }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -149,11 +180,54 @@ impl Scheduler {
         self.waiting.push_back(seq);
     }
 
+    /// Queues a new sequence keyed for prefix caching by `block_hashes` (its prompt's
+    /// [`crate::prefix_cache::BlockHasher`] keys). With `reuse` it starts from the cached
+    /// blocks its prompt begins with; without, it computes every position (prompt logprobs)
+    /// but its blocks are still cached for others.
+    pub fn add_with_prefix(&mut self, seq: SeqId, num_tokens: usize, block_hashes: Vec<BlockHash>, reuse: bool) {
+        self.add(seq, num_tokens);
+        self.prefix.insert(seq, PrefixKeys { hashes: block_hashes, reuse, cached: 0 });
+    }
+
+    /// Keys of blocks a sequence's newly committed tokens complete, in order.
+    pub fn extend_block_hashes(&mut self, seq: SeqId, hashes: &[BlockHash]) {
+        if let Some(keys) = self.prefix.get_mut(&seq) {
+            keys.hashes.extend_from_slice(hashes);
+        }
+    }
+
+    /// Caches the full blocks of a running sequence's first `final_len` positions, which the
+    /// caller vouches are final in every model's KV (at most what the target has computed).
+    /// Returns how many blocks were newly cached.
+    pub fn cache_blocks(&mut self, seq: SeqId, final_len: usize) -> usize {
+        let (Some(state), Some(keys)) = (self.seqs.get(&seq), self.prefix.get_mut(&seq)) else {
+            return 0;
+        };
+        if !self.kv.prefix_caching() || !self.running.contains(&seq) {
+            return 0;
+        }
+        let final_len = final_len.min(state.num_computed).min(self.kv.len(seq));
+        let upto = (final_len / self.kv.block_size()).min(keys.hashes.len());
+        let newly = (keys.cached..upto).filter(|&i| self.kv.cache_block(seq, i, keys.hashes[i])).count();
+        keys.cached = keys.cached.max(upto);
+        newly
+    }
+
+    /// Forgets every cached prefix ([`KvBlockManager::reset_prefix_cache`]); running sequences
+    /// cache their blocks again as they go. Returns how many blocks were cached.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        for keys in self.prefix.values_mut() {
+            keys.cached = 0;
+        }
+        self.kv.reset_prefix_cache()
+    }
+
     /// Drops a sequence (finished or cancelled) and returns its blocks. Unknown ids are a no-op.
     pub fn remove(&mut self, seq: SeqId) -> bool {
         if self.seqs.remove(&seq).is_none() {
             return false;
         }
+        self.prefix.remove(&seq);
         self.waiting.retain(|&s| s != seq);
         self.running.retain(|&s| s != seq);
         self.kv.release(seq);
@@ -243,13 +317,18 @@ impl Scheduler {
                 ));
                 continue;
             }
-            let Some(chunk) = self.plan_chunk(seq, budget, self.cfg.watermark_blocks) else {
+            let hit = self.cached_prefix(seq);
+            if self.prefix_being_prefilled(seq, hit.len()) {
+                break; // it waits to adopt the block instead of computing it a second time
+            }
+            let Some(chunk) = self.plan_admission(seq, &hit, budget) else {
                 break; // FCFS: later arrivals do not overtake the head of the queue
             };
             self.waiting.pop_front();
             self.insert_running(seq);
             budget -= chunk.len;
             plan.prefill.push(chunk);
+            plan.admitted.push((seq, chunk.start));
         }
 
         // 3. The final width: a mixed step verifies the mixed width; a step that turned out
@@ -271,6 +350,57 @@ impl Scheduler {
         plan.decode = decode;
         plan.verify_width = width;
         plan
+    }
+
+    /// The cached blocks a waiting sequence may start from: always short of its last token,
+    /// whose logits the next token needs.
+    fn cached_prefix(&self, seq: SeqId) -> Vec<u32> {
+        let Some(keys) = self.prefix.get(&seq).filter(|k| k.reuse) else {
+            return Vec::new();
+        };
+        let mut hit = self.kv.cached_prefix(&keys.hashes);
+        hit.truncate((self.state(seq).num_tokens - 1) / self.kv.block_size());
+        hit
+    }
+
+    /// Whether a running sequence is prefilling, right now, the block a waiting sequence needs
+    /// after its `cached` cached ones: same key at the same index, so the same tokens up to it.
+    fn prefix_being_prefilled(&self, seq: SeqId, cached: usize) -> bool {
+        let Some(next) = self.prefix.get(&seq).filter(|k| k.reuse).and_then(|k| k.hashes.get(cached)) else {
+            return false;
+        };
+        self.running.iter().any(|&r| {
+            let state = self.state(r);
+            state.num_computed + 1 < state.num_tokens
+                && self.prefix.get(&r).is_some_and(|k| k.cached <= cached && k.hashes.get(cached) == Some(next))
+        })
+    }
+
+    /// Admits a waiting sequence: adopts its cached prefix `hit` and reserves KV for its first
+    /// prefill chunk after it, keeping the watermark free; `None` (nothing changed) when that
+    /// does not fit.
+    fn plan_admission(&mut self, seq: SeqId, hit: &[u32], budget: usize) -> Option<PrefillChunk> {
+        let cached_len = hit.len() * self.kv.block_size();
+        let remaining = self.state(seq).num_tokens - cached_len;
+        let len = remaining.min(budget).min(self.cfg.max_prefill_chunk);
+        if len == 0 {
+            return None;
+        }
+        let new_len = cached_len + len;
+        let takes = self.kv.blocks_needed(cached_len, new_len) + self.kv.num_parked(hit);
+        if self.kv.num_free_blocks() < takes + self.cfg.watermark_blocks {
+            return None;
+        }
+        if self.kv.adopt_prefix(seq, hit).is_err() || self.kv.grow(seq, new_len).is_err() {
+            debug_assert!(false, "an admission that fits the free blocks failed");
+            self.kv.release(seq);
+            return None;
+        }
+        self.seqs.get_mut(&seq).expect("waiting sequences are known").num_computed = cached_len;
+        if let Some(keys) = self.prefix.get_mut(&seq) {
+            keys.cached = hit.len();
+        }
+        Some(PrefillChunk { seq, start: cached_len, len, completes: new_len == self.state(seq).num_tokens })
     }
 
     /// Reserves KV for a prefill chunk of `seq`; `None` when nothing fits.
@@ -314,6 +444,9 @@ impl Scheduler {
         plan.prefill.retain(|c| c.seq != seq);
         let state = self.seqs.get_mut(&seq).expect("running sequences are known");
         state.num_computed = 0;
+        if let Some(keys) = self.prefix.get_mut(&seq) {
+            keys.cached = 0;
+        }
         let arrival = state.arrival;
         let at = self.waiting.iter().position(|&w| self.seqs[&w].arrival > arrival).unwrap_or(self.waiting.len());
         self.waiting.insert(at, seq);
@@ -440,6 +573,188 @@ mod tests {
         let p = s.schedule(&mut 0usize);
         assert_eq!(p.rejected.len(), 1);
         assert!(!s.contains(7));
+    }
+
+    /// A scheduler over a prefix-caching pool of `blocks` blocks of 4 tokens.
+    fn caching_sched(blocks: usize, budget: usize, chunk: usize) -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: 8,
+                max_num_batched_tokens: budget,
+                max_prefill_chunk: chunk,
+                watermark_blocks: 0,
+            },
+            KvBlockManager::new(blocks, 4).unwrap().with_prefix_caching(true),
+        )
+    }
+
+    /// Queues `tokens` keyed for prefix caching, as the engine does.
+    fn add_keyed(s: &mut Scheduler, seq: SeqId, tokens: &[u32], reuse: bool) {
+        let mut hasher = crate::prefix_cache::BlockHasher::default();
+        s.add_with_prefix(seq, tokens.len(), hasher.update(tokens, 4).to_vec(), reuse);
+    }
+
+    /// Runs one step in which every prefill chunk's positions become final and are cached.
+    fn step_and_cache(s: &mut Scheduler) -> StepPlan {
+        let plan = s.schedule(&mut 0usize);
+        run_step(s, &plan, 0);
+        for c in &plan.prefill {
+            s.cache_blocks(c.seq, c.start + c.len);
+        }
+        plan
+    }
+
+    #[test]
+    fn a_sequence_adopts_the_cached_blocks_its_prompt_starts_with() {
+        let mut s = caching_sched(32, 64, 64);
+        let prompt: Vec<u32> = (0..13).collect();
+        add_keyed(&mut s, 1, &prompt, true);
+        step_and_cache(&mut s);
+        assert_eq!(s.kv().num_cached_blocks(), 3, "blocks 0..3 hold final positions 0..12");
+
+        // Same first 9 tokens: blocks 0 and 1 (their next token, 8, matches too), not block 2.
+        let mut other = prompt[..9].to_vec();
+        other.extend([90, 91, 92, 93, 94]);
+        add_keyed(&mut s, 2, &other, true);
+        let plan = s.schedule(&mut 0usize);
+        assert_eq!(plan.admitted, vec![(2, 8)]);
+        assert_eq!(plan.prefill, vec![PrefillChunk { seq: 2, start: 8, len: 6, completes: true }]);
+        assert_eq!(s.kv().block_table(2)[..2], s.kv().block_table(1)[..2]);
+    }
+
+    #[test]
+    fn a_fully_cached_prompt_still_computes_its_last_token() {
+        let mut s = caching_sched(32, 64, 64);
+        let prompt: Vec<u32> = (0..9).collect();
+        add_keyed(&mut s, 1, &prompt, true);
+        step_and_cache(&mut s);
+        add_keyed(&mut s, 2, &prompt, true);
+        let plan = s.schedule(&mut 0usize);
+        assert_eq!(plan.prefill, vec![PrefillChunk { seq: 2, start: 8, len: 1, completes: true }]);
+        // An 8-token prompt keys only block 0 (block 1 has no next token): 4 cached, 4 computed.
+        let mut s = caching_sched(32, 64, 64);
+        add_keyed(&mut s, 1, &prompt[..8], true);
+        step_and_cache(&mut s);
+        add_keyed(&mut s, 2, &prompt[..8], true);
+        assert_eq!(s.schedule(&mut 0usize).admitted, vec![(2, 4)]);
+    }
+
+    #[test]
+    fn a_sequence_that_must_compute_its_prompt_reuses_nothing_but_is_cached_for_others() {
+        let mut s = caching_sched(32, 64, 64);
+        let prompt: Vec<u32> = (0..13).collect();
+        add_keyed(&mut s, 1, &prompt, false);
+        step_and_cache(&mut s);
+        add_keyed(&mut s, 2, &prompt, false);
+        assert_eq!(step_and_cache(&mut s).admitted, vec![(2, 0)]);
+        add_keyed(&mut s, 3, &prompt, true);
+        assert_eq!(s.schedule(&mut 0usize).admitted, vec![(3, 12)]);
+    }
+
+    #[test]
+    fn a_sequence_waits_for_the_prefix_a_running_sequence_is_prefilling() {
+        let mut s = caching_sched(32, 64, 8);
+        let prompt: Vec<u32> = (0..20).collect();
+        add_keyed(&mut s, 1, &prompt, true);
+        add_keyed(&mut s, 2, &prompt, true);
+        let unrelated: Vec<u32> = (100..105).collect();
+        add_keyed(&mut s, 3, &unrelated, true);
+        // Sequence 1 prefills in chunks of 8; 2 waits (and 3 behind it, first come first served).
+        for start in [0, 8] {
+            let plan = step_and_cache(&mut s);
+            assert_eq!(plan.admitted, if start == 0 { vec![(1, 0)] } else { vec![] });
+            assert_eq!(plan.prefill.iter().map(|c| (c.seq, c.start)).collect::<Vec<_>>(), vec![(1, start)]);
+        }
+        // Blocks 0..4 are final and cached once 1 has computed 16 positions: 2 adopts all four
+        // keyed blocks while 1 computes its last chunk.
+        let plan = s.schedule(&mut 0usize);
+        assert_eq!(plan.prefill[0], PrefillChunk { seq: 1, start: 16, len: 4, completes: true });
+        assert_eq!(plan.admitted, vec![(2, 16), (3, 0)]);
+    }
+
+    #[test]
+    fn a_preempted_sequence_readopts_its_own_cached_blocks() {
+        let mut s = caching_sched(6, 64, 64);
+        let mut tokens: Vec<u32> = (0..8).collect();
+        let mut hasher = crate::prefix_cache::BlockHasher::default();
+        s.add_with_prefix(1, tokens.len(), hasher.update(&tokens, 4).to_vec(), true);
+        step_and_cache(&mut s);
+        tokens.push(8);
+        s.extend_block_hashes(1, hasher.update(&tokens, 4));
+        assert_eq!(s.cache_blocks(1, 8), 1, "the computed block 1 is cached once keyed");
+        let mut plan = StepPlan::default();
+        s.preempt(1, &mut plan);
+        assert_eq!(s.kv().num_free_blocks(), 6, "its cached blocks are parked, not lost");
+        let plan = s.schedule(&mut 0usize);
+        assert_eq!(plan.admitted, vec![(1, 8)]);
+    }
+
+    #[test]
+    fn random_workloads_with_shared_prefixes_never_leak_or_share_written_blocks() {
+        let mut rng = 0x9E37_79B9u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut s = caching_sched(40, 48, 16);
+        let mut tokens: HashMap<SeqId, (Vec<u32>, crate::prefix_cache::BlockHasher, usize)> = HashMap::new();
+        let mut hits = 0;
+        for id in 0..300u64 {
+            if next() % 3 == 0 {
+                // One of three shared system prompts, then a short own part.
+                let mut t: Vec<u32> = (0..(next() % 3) as u32 * 5 + 6).map(|i| i + 1000 * (id as u32 % 3)).collect();
+                t.extend((0..1 + next() % 6).map(|i| (id * 7 + i) as u32));
+                let mut hasher = crate::prefix_cache::BlockHasher::default();
+                let keys = hasher.update(&t, 4).to_vec();
+                s.add_with_prefix(id, t.len(), keys, next() % 5 != 0);
+                let max = t.len() + 1 + (next() % 12) as usize;
+                tokens.insert(id, (t, hasher, max));
+            }
+            let plan = s.schedule(&mut { (next() % 3) as usize });
+            hits += plan.admitted.iter().filter(|(_, cached)| *cached > 0).count();
+            // No row writes into a block another table holds.
+            for c in &plan.prefill {
+                let first_written = c.start / 4;
+                for &b in &s.kv().block_table(c.seq)[first_written..] {
+                    let holders = s.running.iter().filter(|&&r| s.kv().block_table(r).contains(&b)).count();
+                    assert_eq!(holders, 1, "seq {} writes shared block {b}", c.seq);
+                }
+            }
+            let accepted = (next() % 3) as usize;
+            run_step(&mut s, &plan, accepted);
+            let rows: Vec<SeqId> = plan.prefill.iter().map(|c| c.seq).chain(plan.decode.iter().copied()).collect();
+            for seq in rows {
+                let (t, hasher, _) = tokens.get_mut(&seq).unwrap();
+                while t.len() < s.state(seq).num_tokens {
+                    t.push((t.len() * 31 % 97) as u32);
+                }
+                let new = hasher.update(t, 4).to_vec();
+                s.extend_block_hashes(seq, &new);
+                let computed = s.num_computed(seq);
+                s.cache_blocks(seq, computed);
+            }
+            for seq in plan.rejected.iter().map(|(seq, _)| *seq) {
+                tokens.remove(&seq);
+            }
+            let done: Vec<SeqId> = tokens
+                .iter()
+                .filter(|(seq, (_, _, max))| s.contains(**seq) && s.state(**seq).num_tokens >= *max)
+                .map(|(seq, _)| *seq)
+                .collect();
+            for seq in done {
+                s.remove(seq);
+                tokens.remove(&seq);
+            }
+        }
+        assert!(hits > 10, "shared system prompts are reused ({hits} hits)");
+        for seq in tokens.keys().copied().collect::<Vec<_>>() {
+            s.remove(seq);
+        }
+        assert_eq!(s.kv.num_free_blocks(), s.kv.num_total_blocks());
+        s.reset_prefix_cache();
+        assert_eq!((s.kv.num_free_blocks(), s.kv.num_cached_blocks()), (40, 0));
     }
 
     #[test]
