@@ -16,6 +16,7 @@ use specrs_core::SpeculativeConfig;
 use specrs_core::acceptance::{AcceptanceSampler, ReducedPosition, ReducedRow, VerifyOutput, VerifyRow};
 use specrs_core::kv_blocks::{KvBlockManager, SeqId};
 use specrs_core::metrics::{SpecDecodeStats, format_log_line};
+use specrs_core::prefix_cache::BlockHasher;
 use specrs_core::sampling::{argmax, logprobs_of, rank_of};
 use specrs_core::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use specrs_models::graph::{CapturePlan, FixedSteps, StepOutputs, WidthSource};
@@ -67,6 +68,11 @@ pub struct EngineConfig {
     /// Every captured row gathers this many key slots, so the cap bounds the graphs' memory
     /// and the padded attention's work; rows with longer contexts run the ragged forward.
     pub max_seq_len_to_capture: usize,
+    /// Reuses the KV of full blocks a new sequence's tokens start with, when an earlier
+    /// sequence computed them (vLLM's and MAX's `enable_prefix_caching`, on by default):
+    /// shared system prompts, multi-turn chats, a request's `n` choices. Drafter KV is cached
+    /// with the target's, so drafts stay as good on a cached prefix.
+    pub enable_prefix_caching: bool,
 }
 
 impl Default for EngineConfig {
@@ -83,6 +89,7 @@ impl Default for EngineConfig {
             acceptance_on_device: None,
             device_graph_capture: false,
             max_seq_len_to_capture: MAX_CAPTURED_CONTEXT,
+            enable_prefix_caching: true,
         }
     }
 }
@@ -329,7 +336,8 @@ impl Engine {
         if let Some(p) = proposer.as_mut() {
             p.allocate(usable_blocks + scratch_blocks, cfg.block_size)?;
         }
-        let manager = KvBlockManager::new(usable_blocks, cfg.block_size)?;
+        let manager =
+            KvBlockManager::new(usable_blocks, cfg.block_size)?.with_prefix_caching(cfg.enable_prefix_caching);
         let scheduler = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: cfg.max_num_seqs,
@@ -533,7 +541,15 @@ impl Engine {
             });
             let prompt_len = tokens.len();
             self.metrics.prompt_tokens.fetch_add(prompt_len as u64, std::sync::atomic::Ordering::Relaxed);
-            self.scheduler.add(seq_id, prompt_len);
+            let mut block_hasher = BlockHasher::default();
+            if self.cfg.enable_prefix_caching {
+                let hashes = block_hasher.update(&tokens, self.cfg.block_size).to_vec();
+                // Prompt logprobs score every prompt position: such a sequence computes them all.
+                let reuse = params.prompt_logprobs.is_none();
+                self.scheduler.add_with_prefix(seq_id, prompt_len, hashes, reuse);
+            } else {
+                self.scheduler.add(seq_id, prompt_len);
+            }
             let output = OutputState::new(&params, self.tokenizer.eos_token_ids(), max_tokens);
             self.seqs.insert(
                 seq_id,
@@ -558,6 +574,8 @@ impl Engine {
                     first_token: None,
                     unsent_from: 0,
                     prompt_sent: false,
+                    block_hasher,
+                    num_cached_tokens: None,
                 },
             );
         }
@@ -593,6 +611,8 @@ impl Engine {
     }
 
     fn forget(&mut self, id: SeqId, reason: FinishReason, seq: &Sequence) {
+        // What it computed stays for later sequences with the same prefix.
+        self.cache_final_blocks(id);
         self.scheduler.remove(id);
         if let Some(p) = self.proposer.as_mut() {
             p.release(id);
@@ -612,6 +632,27 @@ impl Engine {
             seq.send(Some(reason), error, last_choice);
             self.forget(id, reason, &seq);
         }
+    }
+
+    /// Caches the full blocks of `id` whose keys and values are final in the target's KV and
+    /// the drafter's (a drafter may not have fed every committed position yet).
+    fn cache_final_blocks(&mut self, id: SeqId) {
+        let computed = self.scheduler.num_computed(id);
+        let final_len = self.proposer.as_ref().map_or(computed, |p| p.kv_final_len(id, computed));
+        self.scheduler.cache_blocks(id, final_len);
+    }
+
+    /// Forgets every cached prefix (vLLM's `reset_prefix_cache`), e.g. after swapping weights
+    /// or to measure without reuse. Returns how many blocks were cached.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        let cached = self.scheduler.reset_prefix_cache();
+        self.update_gauges();
+        cached
+    }
+
+    /// Blocks holding cached prefixes (in use or parked).
+    pub fn num_cached_blocks(&self) -> usize {
+        self.scheduler.kv().num_cached_blocks()
     }
 
     fn update_gauges(&self) {
@@ -675,6 +716,7 @@ impl Engine {
                 p.release(id);
             }
         }
+        self.record_admissions(&plan);
         if plan.is_empty() {
             self.update_gauges();
             return Ok(0);
@@ -714,12 +756,28 @@ impl Engine {
         self.record_step(&plan, &step_stats, charged);
         let proposing = Instant::now();
         self.propose(&rows, &forward)?;
+        for r in &rows {
+            if self.seqs.contains_key(&r.seq) {
+                self.cache_final_blocks(r.seq);
+            }
+        }
         // Drafting at the end of a step with prefill rows fed whole prompts to the drafter: the
         // next step is left untimed rather than charged for it.
         let drafted = self.draft_time_since(proposing);
         self.next_step_draft_time = plan.prefill.is_empty().then_some(drafted);
         self.update_gauges();
         Ok(rows.len())
+    }
+
+    /// Counts each admitted sequence's prompt tokens and how many a cached prefix covered.
+    fn record_admissions(&mut self, plan: &StepPlan) {
+        use std::sync::atomic::Ordering::Relaxed;
+        for &(id, cached) in &plan.admitted {
+            let Some(seq) = self.seqs.get_mut(&id) else { continue };
+            seq.num_cached_tokens.get_or_insert(cached);
+            self.metrics.prefix_cache_queries.fetch_add(seq.tokens.len() as u64, Relaxed);
+            self.metrics.prefix_cache_hits.fetch_add(cached as u64, Relaxed);
+        }
     }
 
     /// The step's target forward: on a captured shape when `device_graph_capture` holds one
@@ -843,6 +901,10 @@ impl Engine {
             let outcome = seq.output.commit(&tokenizer, &out.tokens)?;
             let kept = &out.tokens[..outcome.kept];
             seq.tokens.extend_from_slice(kept);
+            if self.cfg.enable_prefix_caching {
+                let new_keys = seq.block_hasher.update(&seq.tokens, self.cfg.block_size);
+                self.scheduler.extend_block_hashes(r.seq, new_keys);
+            }
             seq.in_thinking = out.in_thinking_after;
             seq.drafts.clear();
             seq.draft_probs = None;
@@ -1181,6 +1243,7 @@ impl Engine {
                     num_drafts,
                     num_copies,
                     catch_up_now: false,
+                    feed_now: self.cfg.enable_prefix_caching && matches!(r.kind, RowKind::Prefill { .. }),
                     params: &seq.params,
                     seed: seq.step_seed(),
                 })

@@ -41,6 +41,10 @@ enum Command {
     },
     /// Free KV blocks and total blocks, for tests and health checks.
     KvStats(oneshot::Sender<(usize, usize)>),
+    /// Forget every cached prefix; replies with how many blocks were cached.
+    ResetPrefixCache(oneshot::Sender<usize>),
+    /// Blocks holding cached prefixes.
+    CachedBlocks(oneshot::Sender<usize>),
 }
 
 /// Static facts about the running pipeline.
@@ -270,12 +274,30 @@ impl EngineHandle {
 
     /// `(free, total)` KV blocks of each replica, in device order.
     pub fn replica_kv_blocks(&self) -> Result<Vec<(usize, usize)>> {
+        self.ask_every_replica(Command::KvStats)
+    }
+
+    /// Forgets every cached prefix on every replica (vLLM's `reset_prefix_cache`): later
+    /// requests compute their prompts afresh. Blocks running requests hold stay theirs.
+    /// Returns how many blocks were cached, over all replicas.
+    pub fn reset_prefix_cache(&self) -> Result<usize> {
+        Ok(self.ask_every_replica(Command::ResetPrefixCache)?.into_iter().sum())
+    }
+
+    /// Blocks holding cached prefixes (in use or parked), over all replicas.
+    pub fn num_cached_blocks(&self) -> Result<usize> {
+        Ok(self.ask_every_replica(Command::CachedBlocks)?.into_iter().sum())
+    }
+
+    /// Sends each replica the command `ask` makes around a reply channel; their replies in
+    /// device order.
+    fn ask_every_replica<T>(&self, ask: impl Fn(oneshot::Sender<T>) -> Command) -> Result<Vec<T>> {
         let pending = self
             .replicas
             .iter()
             .map(|r| {
                 let (reply, rx) = oneshot::channel();
-                r.tx.send(Command::KvStats(reply)).map_err(|_| EngineError::Shutdown)?;
+                r.tx.send(ask(reply)).map_err(|_| EngineError::Shutdown)?;
                 Ok(rx)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -442,6 +464,12 @@ fn handle(engine: &mut Engine, cmd: Command, shutdown: &mut Option<Instant>) {
         }
         Command::KvStats(reply) => {
             let _ = reply.send((engine.num_free_blocks(), engine.num_total_blocks()));
+        }
+        Command::ResetPrefixCache(reply) => {
+            let _ = reply.send(engine.reset_prefix_cache());
+        }
+        Command::CachedBlocks(reply) => {
+            let _ = reply.send(engine.num_cached_blocks());
         }
     }
 }

@@ -29,6 +29,10 @@ pub struct EngineMetrics {
     pub kv_free_blocks: AtomicUsize,
     pub kv_total_blocks: AtomicUsize,
     pub num_preemptions: AtomicU64,
+    /// Prompt tokens of sequences admitted (vLLM's `prefix_cache_queries`), and how many of
+    /// them a cached prefix covered (`prefix_cache_hits`).
+    pub prefix_cache_queries: AtomicU64,
+    pub prefix_cache_hits: AtomicU64,
     pub steps: AtomicU64,
     /// Steps whose target forward ran on a captured shape (`device_graph_capture`).
     pub captured_steps: AtomicU64,
@@ -50,6 +54,8 @@ impl Default for EngineMetrics {
             kv_free_blocks: AtomicUsize::new(0),
             kv_total_blocks: AtomicUsize::new(0),
             num_preemptions: AtomicU64::new(0),
+            prefix_cache_queries: AtomicU64::new(0),
+            prefix_cache_hits: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             captured_steps: AtomicU64::new(0),
             draft_probs_device0_positions: AtomicU64::new(0),
@@ -137,6 +143,18 @@ impl EngineMetrics {
             "num_preemptions_total",
             "Sequences preempted for recompute.",
             self.num_preemptions.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache when their sequence was admitted.",
+            self.prefix_cache_queries.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "prefix_cache_hits_total",
+            "Prompt tokens a cached prefix covered (their KV was reused, not computed).",
+            self.prefix_cache_hits.load(Ordering::Relaxed),
         );
         counter(&mut out, "engine_steps_total", "Engine steps run.", self.steps.load(Ordering::Relaxed));
         counter(

@@ -73,6 +73,8 @@ pub struct RequestMetrics {
     /// Mean committed tokens per verify step with drafts (accepted + 1).
     pub acceptance_length: f64,
     pub num_prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache (vLLM's `num_cached_tokens`).
+    pub num_cached_tokens: usize,
     pub num_generated_tokens: usize,
     /// Seconds from arrival to the first generated token.
     pub time_to_first_token: Option<f64>,

@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::metrics::SpecDecodeStats;
+use specrs_core::prefix_cache::BlockHasher;
 use specrs_core::sampling::SamplingParams;
 
 use crate::detokenizer::FinishReason;
@@ -42,6 +43,10 @@ pub struct Sequence {
     pub unsent_from: usize,
     /// The prompt's token ids went out with an output.
     pub prompt_sent: bool,
+    /// Prefix-cache keys of the blocks `tokens` completes (with prefix caching on).
+    pub block_hasher: BlockHasher,
+    /// Prompt tokens the prefix cache covered when the sequence was first admitted.
+    pub num_cached_tokens: Option<usize>,
 }
 
 impl Sequence {
@@ -94,6 +99,7 @@ impl Sequence {
             accepted_per_position: s.accepted_per_position.clone(),
             acceptance_length: s.mean_acceptance_length().unwrap_or(1.0),
             num_prompt_tokens: self.prompt_len,
+            num_cached_tokens: self.num_cached_tokens.unwrap_or(0),
             num_generated_tokens: self.output.num_tokens(),
             time_to_first_token: self.first_token.map(|t| t.duration_since(self.arrival).as_secs_f64()),
             latency: self.arrival.elapsed().as_secs_f64(),

@@ -118,6 +118,10 @@ fn engine_capturing(s: &Setup, max_seq_len_to_capture: Option<usize>) -> EngineH
         enable_spec_decode_mixed_batches: true,
         device_graph_capture: max_seq_len_to_capture.is_some(),
         max_seq_len_to_capture: max_seq_len_to_capture.unwrap_or(specrs_engine::MAX_CAPTURED_CONTEXT),
+        // Every request starts in the first step (the captured-step counts rely on it): with
+        // prefix caching a repeated prompt waits a step to adopt the first one's blocks
+        // (tests/prefix_caching.rs).
+        enable_prefix_caching: false,
         ..EngineConfig::default()
     };
     let (engine, info) = build_engine(&cfg).unwrap();

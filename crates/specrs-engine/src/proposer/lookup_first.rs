@@ -121,6 +121,10 @@ impl Proposer for LookupFirstProposer {
     fn release(&mut self, seq: SeqId) {
         self.model.release(seq);
     }
+
+    fn kv_final_len(&self, seq: SeqId, computed: usize) -> usize {
+        self.model.kv_final_len(seq, computed)
+    }
 }
 
 #[cfg(test)]
@@ -210,6 +214,7 @@ mod tests {
                     num_drafts,
                     num_copies,
                     catch_up_now: false,
+                    feed_now: false,
                     params: &self.params,
                     seed: 0,
                 })

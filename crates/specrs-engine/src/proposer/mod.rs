@@ -47,6 +47,10 @@ pub struct ProposeRow<'a> {
     /// committed positions this step, when that drafter runs anyway: prompt lookup drafted
     /// for it, and it is likely to need the model again soon.
     pub catch_up_now: bool,
+    /// Feed this step's committed positions to a sequential drafter now, whether or not it
+    /// drafts: a prompt chunk under prefix caching, whose blocks are cached only once the
+    /// drafter's KV there is final.
+    pub feed_now: bool,
     pub params: &'a SamplingParams,
     /// The row's step seed for drafters that sample.
     pub seed: u64,
@@ -201,4 +205,11 @@ pub trait Proposer: Send {
 
     /// Forgets a sequence (finished, cancelled or preempted).
     fn release(&mut self, _seq: SeqId) {}
+
+    /// How many leading positions of `seq` hold final drafter KV, given that the target has
+    /// computed `computed`: the prefix cache shares only blocks final in both. A drafter with
+    /// no KV, or one that writes every committed position each step, has all of them.
+    fn kv_final_len(&self, _seq: SeqId, computed: usize) -> usize {
+        computed
+    }
 }

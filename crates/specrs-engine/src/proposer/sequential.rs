@@ -16,6 +16,8 @@
 //! forward of their own next step. A row
 //! keeps at most `MAX_DEFERRED_POSITIONS`; past that it is fed at once, so no catch-up feeds
 //! the drafter a query longer than a prefill chunk (attention off the CPU holds its scores).
+//! With prefix caching, prompt chunks are fed at once (`feed_now`): a block is cached only once
+//! the drafter's KV there is final, and a shared prompt is what later requests reuse.
 //!
 //! With `draft_confidence_threshold`, a row drafting the argmax leaves the chain at its first
 //! draft whose running top-1 probability falls below the threshold ([`DraftConfidence`]), and
@@ -312,6 +314,11 @@ impl Proposer for SequentialProposer {
         self.deferred.remove(&seq);
     }
 
+    /// Positions a row keeps unfed (it has not drafted since) have no drafter KV yet.
+    fn kv_final_len(&self, seq: SeqId, computed: usize) -> usize {
+        self.deferred.get(&seq).map_or(computed, |d| d.start.min(computed))
+    }
+
     fn take_catch_up_time(&mut self) -> Duration {
         std::mem::take(&mut self.catch_up_time)
     }
@@ -355,7 +362,7 @@ impl Proposer for SequentialProposer {
             // (a preempted and recomputed row) starts afresh.
             let kept = self.deferred.remove(&r.seq).filter(|d| d.end() == r.fed_start);
             let kept_len = kept.as_ref().map_or(0, |d| d.len);
-            let rides_along = r.catch_up_now && drafter_runs;
+            let rides_along = (r.catch_up_now && drafter_runs) || r.feed_now;
             if !r.wants_drafts() && !rides_along && kept_len + r.num_valid <= MAX_DEFERRED_POSITIONS {
                 let mut deferred = kept.unwrap_or(Deferred { start: r.fed_start, len: 0, pieces: Vec::new() });
                 deferred.len += r.num_valid;
@@ -559,6 +566,8 @@ mod tests {
         seq: SeqId,
         tokens: Vec<u32>,
         params: SamplingParams,
+        /// Rows are marked [`ProposeRow::feed_now`].
+        feed_now: bool,
     }
 
     impl Harness {
@@ -571,7 +580,7 @@ mod tests {
             scheduler.add(seq, prompt_len);
             scheduler.schedule(&mut 0usize);
             assert!(scheduler.reserve(seq, tokens.len()));
-            Self { recorder, proposer, scheduler, seq, tokens, params: SamplingParams::greedy() }
+            Self { recorder, proposer, scheduler, seq, tokens, params: SamplingParams::greedy(), feed_now: false }
         }
 
         /// One step of `t` flat tokens (see `step_hidden`) in which the sequence committed
@@ -591,6 +600,7 @@ mod tests {
                 num_drafts,
                 num_copies: 0,
                 catch_up_now: false,
+                feed_now: self.feed_now,
                 params: &self.params,
                 seed: 0,
             };
@@ -647,6 +657,20 @@ mod tests {
     }
 
     #[test]
+    fn rows_fed_now_are_never_kept_so_their_drafter_kv_is_final() {
+        let mut h = Harness::new(16, 9, (100..112).collect());
+        // Kept positions are not final: the prefix cache must not share their blocks yet.
+        assert!(h.propose((0, 4, 0, 0), 4, 0).is_empty());
+        assert_eq!(h.proposer.kv_final_len(h.seq, 4), 0);
+        // A prompt chunk fed now feeds what was kept and itself, and drafts nothing.
+        h.feed_now = true;
+        assert!(h.propose((4, 4, 0, 0), 4, 1).is_empty());
+        let fed = h.fed();
+        assert_eq!(fed.iter().map(|f| f.positions.clone()).collect::<Vec<_>>(), [vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(h.proposer.kv_final_len(h.seq, 8), 8);
+    }
+
+    #[test]
     fn rows_prompt_lookup_served_ride_along_only_when_other_rows_draft() {
         let recorder = Arc::new(Recorder::default());
         let mut proposer = SequentialProposer::new(recorder.clone(), 2, DraftProposal::Argmax, VOCAB, Device::Cpu);
@@ -674,6 +698,7 @@ mod tests {
                     num_drafts,
                     num_copies: 0,
                     catch_up_now,
+                    feed_now: false,
                     params: &params,
                     seed: 0,
                 })
@@ -765,6 +790,7 @@ mod tests {
                 num_drafts: num_drafts[i],
                 num_copies: 0,
                 catch_up_now: false,
+                feed_now: false,
                 params: &params,
                 seed: 0,
             })
