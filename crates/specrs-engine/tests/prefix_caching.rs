@@ -58,7 +58,7 @@ fn request(prompt: Vec<u32>, i: usize) -> GenerationRequest {
     let params = SamplingParams {
         max_tokens: Some(16),
         ignore_eos: true,
-        temperature: if i % 2 == 0 { 0.0 } else { 0.9 },
+        temperature: if i.is_multiple_of(2) { 0.0 } else { 0.9 },
         seed: Some(i as u64),
         ..SamplingParams::default()
     };
