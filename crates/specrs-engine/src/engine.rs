@@ -920,7 +920,14 @@ impl Engine {
                 outcome.finish.or_else(|| (seq.tokens.len() >= self.max_model_len).then_some(FinishReason::Length));
             let (n_tokens, id) = (seq.tokens.len(), seq.id);
             match finish {
-                Some(reason) => self.finish(id, reason, None),
+                Some(reason) => {
+                    if self.proposer.is_none() {
+                        // This step's keys and values are final for the target alone: record
+                        // them, so the prefix cache keeps them. A drafter has not fed them yet.
+                        self.scheduler.commit(id, n_tokens, num_computed.min(n_tokens - 1))?;
+                    }
+                    self.finish(id, reason, None)
+                }
                 None => {
                     self.scheduler.commit(id, n_tokens, num_computed.min(n_tokens - 1))?;
                     let seq = self.seqs.get_mut(&id).expect("still running");

@@ -264,3 +264,15 @@ fn evicting_cached_blocks_under_pressure_keeps_outputs_and_returns_every_block()
     assert!(warm.iter().any(|o| o.metrics.num_cached_tokens > 0));
     assert!(warm_engine.metrics().num_preemptions.load(Ordering::Relaxed) > 0, "the pool was under pressure");
 }
+
+#[test]
+fn a_plain_request_that_ends_in_its_prefill_step_still_caches_its_prompt() {
+    let c = Checkpoints::new();
+    let h = engine(&c.random, None, SpeculativeConfig::default(), true);
+    let prompt = [&SHARED[..], &[1]].concat();
+    let mut one_token = request(prompt.clone(), 0);
+    one_token.params.max_tokens = Some(1);
+    run(&h, vec![one_token]);
+    assert_eq!(h.num_cached_blocks().unwrap(), 3);
+    assert_eq!(run(&h, vec![request(prompt, 0)])[0].metrics.num_cached_tokens, 12);
+}
