@@ -170,6 +170,20 @@ fn pipeline_args(cmd: Command) -> Command {
                 .help("Longest context a captured step attends over; rows past it run uncaptured"),
         )
         .arg(
+            Arg::new("enable-prefix-caching")
+                .long("enable-prefix-caching")
+                .action(ArgAction::SetTrue)
+                .overrides_with("no-enable-prefix-caching")
+                .help("Reuse the KV blocks (target and drafter) of prompt prefixes earlier requests computed (the default)"),
+        )
+        .arg(
+            Arg::new("no-enable-prefix-caching")
+                .long("no-enable-prefix-caching")
+                .action(ArgAction::SetTrue)
+                .overrides_with("enable-prefix-caching")
+                .help("Compute every prompt in full instead of reusing cached prefixes"),
+        )
+        .arg(
             Arg::new("custom-architectures")
                 .long("custom-architectures")
                 .help("Python module (path.py or dir:module) exposing ARCHITECTURES; needs the Python console script"),
@@ -313,6 +327,7 @@ fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
         enable_spec_decode_mixed_batches: m.get_flag("enable-spec-decode-mixed-batches"),
         device_graph_capture: m.get_flag("device-graph-capture"),
         max_seq_len_to_capture: *m.get_one::<usize>("max-seq-len-to-capture").expect("default"),
+        enable_prefix_caching: !m.get_flag("no-enable-prefix-caching"),
         ..EngineConfig::default()
     };
     if engine.max_num_seqs == 0 || engine.block_size == 0 || engine.max_seq_len_to_capture == 0 {
@@ -442,6 +457,7 @@ impl PipelineArgs {
             "enable_spec_decode_mixed_batches": self.engine.enable_spec_decode_mixed_batches,
             "device_graph_capture": self.engine.device_graph_capture,
             "max_seq_len_to_capture": self.engine.max_seq_len_to_capture,
+            "enable_prefix_caching": self.engine.enable_prefix_caching,
             "custom_architectures": self.custom_architectures,
         }))
     }
@@ -501,6 +517,17 @@ mod tests {
     fn boolean_flags_pair_with_their_negation() {
         let p = serve(&["--logit-penalties", "--no-logit-penalties"]);
         assert_eq!(p.speculative.get("logit_penalties"), Some(&Value::Bool(false)));
+    }
+
+    #[test]
+    fn prefix_caching_is_on_unless_the_last_flag_turns_it_off() {
+        let caching = |args: &[&str]| serve(args).engine.enable_prefix_caching;
+        assert!(caching(&[]));
+        assert!(!caching(&["--no-enable-prefix-caching"]));
+        assert!(caching(&["--no-enable-prefix-caching", "--enable-prefix-caching"]));
+        assert!(!caching(&["--enable-prefix-caching", "--no-enable-prefix-caching"]));
+        let json = serve(&["--no-enable-prefix-caching"]).to_json().unwrap();
+        assert_eq!(json["enable_prefix_caching"], Value::Bool(false), "the console script gets it too");
     }
 
     #[test]

@@ -125,10 +125,18 @@ pub struct SpecDecodeUsage {
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// OpenAI's `prompt_tokens_details`: how many prompt tokens came from the prefix cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
     /// spec-rs: the request's speculative-decoding statistics.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec_decode: Option<SpecDecodeUsage>,

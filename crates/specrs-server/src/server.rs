@@ -32,7 +32,8 @@ use specrs_engine::{
 
 use crate::error::ApiError;
 use crate::openai::{
-    ChatCompletionRequest, ChatMessageIn, CompletionRequest, PromptSpec, SamplingFields, SpecDecodeUsage, Usage,
+    ChatCompletionRequest, ChatMessageIn, CompletionRequest, PromptSpec, PromptTokensDetails, SamplingFields,
+    SpecDecodeUsage, Usage,
 };
 
 /// Largest accepted request body.
@@ -66,6 +67,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(crate::tokenize::tokenize))
         .route("/detokenize", post(crate::tokenize::detokenize))
         .route("/metrics", get(metrics))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .route("/health", get(health))
@@ -114,6 +116,16 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         state.in_flight.load(Ordering::Relaxed)
     ));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// vLLM's `POST /reset_prefix_cache`: forgets every cached prefix, e.g. to benchmark without
+/// reuse. Requests running keep the blocks they hold.
+async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Response {
+    let handle = state.handle.clone();
+    match tokio::task::spawn_blocking(move || handle.reset_prefix_cache()).await {
+        Ok(Ok(blocks)) => axum::Json(json!({"status": "ok", "forgotten_blocks": blocks})).into_response(),
+        _ => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped").into_response(),
+    }
 }
 
 fn model_object(state: &AppState, id: &str) -> Value {
@@ -377,18 +389,28 @@ async fn collect(mut stream: OutputStream) -> Result<Vec<FinalOutput>, ApiError>
 #[derive(Default)]
 struct UsageTotals {
     prompt_tokens: usize,
+    /// Prompt tokens the prefix cache covered, as choice 0 of each prompt saw it (the choices
+    /// after it adopt what choice 0 computed: counting them would count the prompt again).
+    cached_tokens: usize,
     completion_tokens: usize,
     spec: specrs_engine::RequestMetrics,
 }
 
 impl UsageTotals {
-    fn add_choice(&mut self, completion_tokens: usize, m: &specrs_engine::RequestMetrics) {
+    /// Adds choice `index` of its prompt, with its final metrics.
+    fn add_choice(&mut self, index: usize, completion_tokens: usize, m: &specrs_engine::RequestMetrics) {
         self.completion_tokens += completion_tokens;
+        if index == 0 {
+            self.cached_tokens += m.num_cached_tokens;
+        }
         merge_metrics(&mut self.spec, m);
     }
 
     fn usage(&self) -> Usage {
-        usage_of(self.prompt_tokens, self.completion_tokens, Some(&self.spec))
+        Usage {
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: self.cached_tokens }),
+            ..usage_of(self.prompt_tokens, self.completion_tokens, Some(&self.spec))
+        }
     }
 }
 
@@ -397,6 +419,7 @@ fn usage_of(prompt: usize, completion: usize, m: Option<&specrs_engine::RequestM
         prompt_tokens: prompt,
         completion_tokens: completion,
         total_tokens: prompt + completion,
+        prompt_tokens_details: None,
         spec_decode: m.filter(|m| m.num_drafts > 0).map(|m| SpecDecodeUsage {
             num_drafts: m.num_drafts,
             num_draft_tokens: m.num_draft_tokens,
@@ -546,7 +569,7 @@ async fn chat_completions(
     let choices: Vec<Value> = outs
         .iter()
         .map(|out| {
-            totals.add_choice(out.token_ids.len(), &out.metrics);
+            totals.add_choice(out.index, out.token_ids.len(), &out.metrics);
             let mut choice = json!({
                 "index": out.index,
                 "message": {"role": "assistant", "content": out.text},
@@ -607,7 +630,7 @@ fn chat_stream(
             }
             totals.prompt_tokens = o.num_prompt_tokens;
             if let Some(m) = &o.metrics {
-                totals.add_choice(m.num_generated_tokens, m);
+                totals.add_choice(o.index, m.num_generated_tokens, m);
             }
         }
         if o.is_finished() {
@@ -723,7 +746,7 @@ async fn completions(
         let requested_prompt_logprobs =
             req.sampling.prompt_logprobs.is_some().then(|| vllm_prompt_logprobs(&state, prompt_logprobs));
         for out in &outs {
-            totals.add_choice(out.token_ids.len(), &out.metrics);
+            totals.add_choice(out.index, out.token_ids.len(), &out.metrics);
             let (text, choice_logprobs) = match &echoed[prompt_index] {
                 None => {
                     let lps = logprobs.then(|| completion_logprobs(&state, own_logprobs(&out.logprobs), 0));
@@ -830,7 +853,7 @@ fn completion_stream(
             if let Some(reason) = o.finish_reason {
                 events.push(sse_json(&chunk(index, String::new(), Some(reason), Value::Null)));
                 if let Some(m) = &o.metrics {
-                    totals.add_choice(m.num_generated_tokens, m);
+                    totals.add_choice(o.index, m.num_generated_tokens, m);
                 }
             }
             if o.is_finished() {
