@@ -819,3 +819,58 @@ def test_every_finished_request_returns_its_kv_blocks(request: pytest.FixtureReq
     free, total = llm.kv_blocks()
     assert total > 0
     assert free == total
+
+
+# --- prefix caching -------------------------------------------------------------------------
+
+
+def test_cached_prefixes_reuse_the_shared_chat_start_and_leave_the_text_unchanged(
+    default_model_path: str,
+) -> None:
+    """The shipped EAGLE-3 drafter (behind prompt lookup) on the default model: a second chat
+    shares the template's system prompt with the first, a later turn the whole first
+    exchange; both reuse those blocks and generate what an engine without caching does."""
+    first = user(SPEC_PROMPTS[0])
+    cached, uncached = (
+        LLM(kv_cache_memory=64 << 20, max_model_len=1024, enable_prefix_caching=on) for on in (True, False)
+    )
+    outputs = {}
+    for name, llm in (("cached", cached), ("uncached", uncached)):
+        answer = llm.chat(first, GREEDY)[0]
+        later_turn = [*first, {"role": "assistant", "content": answer.text}, *user("Now say it in French.")]
+        outputs[name] = [answer, *llm.chat([user(SPEC_PROMPTS[1]), later_turn], GREEDY)]
+    for got, want in zip(outputs["cached"], outputs["uncached"], strict=True):
+        assert got.text == want.text
+        assert want.num_cached_tokens == 0
+    answer, other_chat, later_turn = outputs["cached"]
+    assert answer.num_cached_tokens == 0
+    # Blocks of 16 tokens: the system prompt's first blocks, then the first exchange.
+    assert 16 <= other_chat.num_cached_tokens < other_chat.num_prompt_tokens
+    assert later_turn.num_cached_tokens >= 16 * ((answer.num_prompt_tokens - 1) // 16)
+    assert "specrs_prefix_cache_hits_total" in cached.metrics_text()
+    free, total = cached.kv_blocks()
+    assert free == total, "cached blocks no request holds count as free"
+
+
+def test_reset_prefix_cache_forgets_cached_prompts(plain_llm: LLM) -> None:
+    # Over 17 tokens: at least one full block of 16, keyed with the token after it.
+    prompt = (
+        "Describe the water cycle in two sentences, naming evaporation, condensation, "
+        "precipitation and collection, for a class of ten-year-old students."
+    )
+    plain_llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=4))
+    assert plain_llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=4))[0].num_cached_tokens
+    assert plain_llm.reset_prefix_cache() is True
+    again = plain_llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=4))[0]
+    assert again.num_cached_tokens == 0
+
+
+def test_a_streamed_requests_last_delta_reports_its_cached_tokens(plain_llm: LLM) -> None:
+    prompt = (
+        "Name three rivers of Europe, the countries each one flows through, and one surprising "
+        "fact about each of them."
+    )
+    plain_llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=4))
+    deltas = list(plain_llm.stream(prompt, SamplingParams(temperature=0.0, max_tokens=6)))
+    assert [d.num_cached_tokens for d in deltas[:-1]] == [None] * (len(deltas) - 1)
+    assert deltas[-1].num_cached_tokens and deltas[-1].num_cached_tokens > 0

@@ -888,6 +888,31 @@ def test_metrics_counters_equal_the_sum_of_per_request_usage(
     assert m["specrs_generation_tokens_total"] == sum(u.completion_tokens for u in usages)
     assert m["specrs_prompt_tokens_total"] == sum(u.prompt_tokens for u in usages)
     assert sum(v for k, v in m.items() if k.startswith("specrs_request_success_total{")) == 4
+    cached = [u.prompt_tokens_details.cached_tokens for u in usages]
+    assert cached[1] > 0, "the second chat reuses the chat template's system prompt"
+    assert m["specrs_prefix_cache_hits_total"] == sum(cached)
+    assert m["specrs_prefix_cache_queries_total"] == m["specrs_prompt_tokens_total"]
+
+
+# --- prefix caching -------------------------------------------------------------------------
+
+
+def test_a_repeated_prompt_reports_cached_tokens_until_the_prefix_cache_is_reset(
+    server: Server, client: openai.OpenAI, ngram_llm: LLM
+) -> None:
+    messages = user("Explain in two sentences why the sky is blue, for a curious seven-year-old child.")
+
+    def ask() -> Any:
+        return client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=12)
+
+    first, second = ask(), ask()
+    assert second.choices[0].message.content == first.choices[0].message.content
+    assert second.choices[0].message.content == expected_chat(ngram_llm, messages[0]["content"], 12).text
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 16 <= cached < second.usage.prompt_tokens, "every full block but the last token's"
+    status, body = server.post_json("/reset_prefix_cache", {})
+    assert status == 200 and body["status"] == "ok" and body["forgotten_blocks"] > 0
+    assert ask().usage.prompt_tokens_details.cached_tokens == 0
 
 
 # --- overload --------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ def _build_pipeline(args_json: str) -> Any:
         enable_spec_decode_mixed_batches=args["enable_spec_decode_mixed_batches"],
         device_graph_capture=args.get("device_graph_capture", False),
         max_seq_len_to_capture=args.get("max_seq_len_to_capture", 4096),
+        enable_prefix_caching=args.get("enable_prefix_caching", True),
     ).pipeline
 
 

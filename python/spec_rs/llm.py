@@ -222,6 +222,9 @@ class RequestOutput:
     """With ``prompt_logprobs``: one per prompt token, ``None`` for the first."""
     finished: bool = True
     """Every choice has finished (a streamed request's last delta)."""
+    num_cached_tokens: int | None = None
+    """Prompt tokens whose KV the prefix cache supplied (vLLM's field), as the first choice
+    saw it; ``None`` until the first choice finishes (a streamed request's earlier deltas)."""
 
     @property
     def text(self) -> str:
@@ -264,6 +267,7 @@ class RequestOutput:
             prompt_token_ids=first["prompt_token_ids"],
             prompt_logprobs=[None if lp is None else _token_logprob(lp) for lp in first["prompt_logprobs"]],
             finished=finished,
+            num_cached_tokens=(first.get("metrics") or {}).get("num_cached_tokens"),
         )
 
     @classmethod
@@ -318,6 +322,7 @@ def build_pipeline(
     enable_spec_decode_mixed_batches: bool = False,
     device_graph_capture: bool = False,
     max_seq_len_to_capture: int = 4096,
+    enable_prefix_caching: bool = True,
     arch_lookup: ArchLookup | None = None,
 ) -> ResolvedPipeline:
     """Selects the architecture (and speculator), resolves the draft width, builds the pipeline."""
@@ -384,6 +389,7 @@ def build_pipeline(
         enable_spec_decode_mixed_batches=enable_spec_decode_mixed_batches,
         device_graph_capture=device_graph_capture,
         max_seq_len_to_capture=max_seq_len_to_capture,
+        enable_prefix_caching=enable_prefix_caching,
     )
     return ResolvedPipeline(target_arch, arch, spec, pipeline)
 
@@ -472,6 +478,11 @@ class LLM:
     one data-parallel replica per device, each with its own copy of the target and KV cache
     (``max_num_seqs`` and ``kv_cache_memory`` each), new requests going to the least-loaded
     one. ``speculative_config.draft_head_parallelism`` places the draft head.
+
+    ``enable_prefix_caching`` (on, as in vLLM) reuses the KV blocks, the target's and the
+    drafter's, of prompt prefixes earlier requests computed: shared system prompts,
+    multi-turn chats and a request's ``n`` choices skip computing them again.
+    ``RequestOutput.num_cached_tokens`` says how many prompt tokens were reused.
     """
 
     def __init__(
@@ -490,6 +501,7 @@ class LLM:
         enable_spec_decode_mixed_batches: bool = False,
         device_graph_capture: bool = False,
         max_seq_len_to_capture: int = 4096,
+        enable_prefix_caching: bool = True,
         custom_architectures: str | None = None,
         arch_lookup: ArchLookup | None = None,
     ) -> None:
@@ -510,6 +522,7 @@ class LLM:
             enable_spec_decode_mixed_batches=enable_spec_decode_mixed_batches,
             device_graph_capture=device_graph_capture,
             max_seq_len_to_capture=max_seq_len_to_capture,
+            enable_prefix_caching=enable_prefix_caching,
             arch_lookup=lookup,
         )
         self.model = model
@@ -635,6 +648,13 @@ class LLM:
         """``(free, total)`` KV-cache blocks; every finished request returns its blocks."""
         blocks: tuple[int, int] = self.pipeline.kv_blocks()
         return blocks
+
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prompt prefix (vLLM's ``LLM.reset_prefix_cache``): later
+        requests compute their prompts in full. Running requests keep the blocks they hold.
+        Returns True once done."""
+        self.pipeline.reset_prefix_cache()
+        return True
 
     def metrics_text(self) -> str:
         """The engine's Prometheus metrics."""

@@ -85,6 +85,7 @@ fn build(
     enable_spec_decode_mixed_batches: bool,
     device_graph_capture: bool,
     max_seq_len_to_capture: usize,
+    enable_prefix_caching: bool,
 ) -> PyResult<PyPipeline> {
     let speculative = match speculative_config {
         Some(json) => {
@@ -111,6 +112,7 @@ fn build(
             enable_spec_decode_mixed_batches,
             device_graph_capture,
             max_seq_len_to_capture,
+            enable_prefix_caching,
             ..EngineConfig::default()
         },
     };
@@ -156,6 +158,11 @@ impl PyPipeline {
     /// `(free, total)` KV-cache blocks.
     fn kv_blocks(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
         py.detach(|| self.handle.kv_blocks()).map_err(engine_error)
+    }
+
+    /// Forgets every cached prefix; returns how many KV blocks were cached.
+    fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.handle.reset_prefix_cache()).map_err(engine_error)
     }
 
     /// Prometheus text of the engine's metrics.
@@ -283,7 +290,8 @@ macro_rules! pipeline_class {
             #[pyo3(signature = (model, draft_model=None, speculative_config=None, *, dtype="auto", device="cpu",
                         max_num_seqs=64, max_model_len=None, max_num_batched_tokens=2048, kv_cache_bytes=1073741824,
                         block_size=16, enable_spec_decode_mixed_batches=false,
-                        device_graph_capture=false, max_seq_len_to_capture=4096))]
+                        device_graph_capture=false, max_seq_len_to_capture=4096,
+                        enable_prefix_caching=true))]
             #[allow(clippy::too_many_arguments)]
             fn new(
                 py: Python<'_>,
@@ -300,6 +308,7 @@ macro_rules! pipeline_class {
                 enable_spec_decode_mixed_batches: bool,
                 device_graph_capture: bool,
                 max_seq_len_to_capture: usize,
+                enable_prefix_caching: bool,
             ) -> PyResult<PyClassInitializer<Self>> {
                 let base = build(
                     py,
@@ -317,6 +326,7 @@ macro_rules! pipeline_class {
                     enable_spec_decode_mixed_batches,
                     device_graph_capture,
                     max_seq_len_to_capture,
+                    enable_prefix_caching,
                 )?;
                 Ok(PyClassInitializer::from(base).add_subclass($rust))
             }
