@@ -574,6 +574,11 @@ def specrs_worker(
                     break
                 turn += 1
                 for job in takers[turn % len(takers) :] + takers[: turn % len(takers)]:
+                    # Each call computes its prompts in full, as in records before prefix
+                    # caching and as the peers here do for a prompt they have not just seen:
+                    # repetitions of a prompt would otherwise skip its prefill.
+                    # benches/e2e/prefix_cache_bench.py measures what caching saves.
+                    engines[job.key].reset_prefix_cache()
                     t = time.perf_counter()
                     outs = engines[job.key].chat([c["messages"] for c in convs], params)
                     record = _record(rep, convs[0]["set"], batch, outs, time.perf_counter() - t)
