@@ -145,6 +145,10 @@ def test_the_worker_runs_batch_workloads_in_rounds_taking_turns(monkeypatch: pyt
             calls.append((self.name, len(conversations)))
             return [argparse.Namespace(token_ids=[1, 2], metrics=None, error=None) for _ in conversations]
 
+        def reset_prefix_cache(self) -> bool:
+            calls.append((self.name, "reset"))
+            return True
+
     monkeypatch.setattr(spec_rs, "LLM", FakeLLM)
     jobs = [
         rb.SpecJob("plain", "plain", "auto", {}, None, (1, 4)),
@@ -152,6 +156,9 @@ def test_the_worker_runs_batch_workloads_in_rounds_taking_turns(monkeypatch: pyt
     ]
     items = [{"id": "chat-0", "set": "chat", "messages": [{"role": "user", "content": "hi"}]}]
     result = rb.specrs_worker(jobs, items, max_tokens=2, repeats=2, batch_rounds=3)
+    # Every timed call starts from an empty prefix cache: its prompts are computed in full.
+    timed = [i for i, (_, n) in enumerate(calls) if n != "reset" and i > 1]
+    assert all(calls[i - 1] == (calls[i][0], "reset") for i in timed)
     batch_calls = [name for name, n in calls if n == 4]
     assert len(batch_calls) == 2 * 3 * 2, "2 repetitions x 3 rounds x 2 configurations"
     assert all(set(batch_calls[i : i + 2]) == {"plain", "spec"} for i in range(0, len(batch_calls), 2)), (

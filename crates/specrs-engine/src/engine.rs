@@ -142,6 +142,9 @@ pub struct Engine {
     /// The drafter's catch-up of positions kept through plain steps, done while drafting for
     /// the next step (reported to the adaptive controller with that step).
     next_step_catch_up: Duration,
+    /// Sequences that finished this step, held until the drafter has fed their last positions
+    /// (with prefix caching and a drafter), so their blocks are final there and cached.
+    finishing: Vec<(SeqId, FinishReason)>,
     /// Fixed-shape (captured) decode steps, with `device_graph_capture`.
     fixed_steps: Option<FixedSteps>,
     /// Where sampled drafts' distributions are verified when not beside this engine's
@@ -400,6 +403,7 @@ impl Engine {
             last_log: Instant::now(),
             next_step_draft_time: Some(Duration::ZERO),
             next_step_catch_up: Duration::ZERO,
+            finishing: Vec::new(),
             fixed_steps,
             draft_probs_device: None,
         })
@@ -604,6 +608,7 @@ impl Engine {
     /// Ends every request with `FinishReason::Error` and `message`: a step failed in a way
     /// the engine cannot attribute to single rows, and the clients must learn why.
     pub fn fail_all(&mut self, message: &str) {
+        self.finishing.clear();
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
             self.finish(id, FinishReason::Error, Some(message.to_string()));
@@ -755,7 +760,12 @@ impl Engine {
         );
         self.record_step(&plan, &step_stats, charged);
         let proposing = Instant::now();
-        self.propose(&rows, &forward)?;
+        let proposed = self.propose(&rows, &forward);
+        // Sequences that finished this step end now, whether or not drafting succeeded.
+        for (id, reason) in std::mem::take(&mut self.finishing) {
+            self.finish(id, reason, None);
+        }
+        proposed?;
         for r in &rows {
             if self.seqs.contains_key(&r.seq) {
                 self.cache_final_blocks(r.seq);
@@ -920,14 +930,17 @@ impl Engine {
                 outcome.finish.or_else(|| (seq.tokens.len() >= self.max_model_len).then_some(FinishReason::Length));
             let (n_tokens, id) = (seq.tokens.len(), seq.id);
             match finish {
-                Some(reason) => {
-                    if self.proposer.is_none() {
-                        // This step's keys and values are final for the target alone: record
-                        // them, so the prefix cache keeps them. A drafter has not fed them yet.
-                        self.scheduler.commit(id, n_tokens, num_computed.min(n_tokens - 1))?;
+                Some(reason) if self.cfg.enable_prefix_caching => {
+                    // The step's keys and values are final for the target: record them so the
+                    // prefix cache keeps them, e.g. for the conversation's next turn. A drafter
+                    // feeds them first (see `Self::propose`); the sequence finishes after that.
+                    self.scheduler.commit(id, n_tokens, num_computed.min(n_tokens - 1))?;
+                    match self.proposer {
+                        Some(_) => self.finishing.push((id, reason)),
+                        None => self.finish(id, reason, None),
                     }
-                    self.finish(id, reason, None)
                 }
+                Some(reason) => self.finish(id, reason, None),
                 None => {
                     self.scheduler.commit(id, n_tokens, num_computed.min(n_tokens - 1))?;
                     let seq = self.seqs.get_mut(&id).expect("still running");
@@ -1205,8 +1218,9 @@ impl Engine {
             return Ok(());
         };
         let lookahead = proposer.draft_lookahead();
+        let finishing: Vec<SeqId> = self.finishing.iter().map(|&(id, _)| id).collect();
         let will_decode = |scheduler: &Scheduler, seq: &Sequence, id: SeqId| {
-            scheduler.num_computed(id) + 1 == seq.tokens.len() && seq.output.remaining() > 1
+            scheduler.num_computed(id) + 1 == seq.tokens.len() && seq.output.remaining() > 1 && !finishing.contains(&id)
         };
         let decode_rows = self.seqs.iter().filter(|&(&id, seq)| will_decode(&self.scheduler, seq, id)).count();
         // A width planned now (the adaptive controller with plain steps) is all the drafts the
@@ -1250,7 +1264,10 @@ impl Engine {
                     num_drafts,
                     num_copies,
                     catch_up_now: false,
-                    feed_now: self.cfg.enable_prefix_caching && matches!(r.kind, RowKind::Prefill { .. }),
+                    // Under prefix caching a block is cached once final in the drafter's KV too:
+                    // prompt chunks and finishing sequences are fed now, not kept.
+                    feed_now: self.cfg.enable_prefix_caching
+                        && (matches!(r.kind, RowKind::Prefill { .. }) || finishing.contains(&r.seq)),
                     params: &seq.params,
                     seed: seq.step_seed(),
                 })

@@ -47,9 +47,9 @@ pub struct ProposeRow<'a> {
     /// committed positions this step, when that drafter runs anyway: prompt lookup drafted
     /// for it, and it is likely to need the model again soon.
     pub catch_up_now: bool,
-    /// Feed this step's committed positions to a sequential drafter now, whether or not it
-    /// drafts: a prompt chunk under prefix caching, whose blocks are cached only once the
-    /// drafter's KV there is final.
+    /// Feed this step's committed positions (and any kept from earlier steps) to a sequential
+    /// drafter now, whether or not it drafts: a prompt chunk or a finishing sequence under
+    /// prefix caching, whose blocks are cached only once the drafter's KV there is final.
     pub feed_now: bool,
     pub params: &'a SamplingParams,
     /// The row's step seed for drafters that sample.
