@@ -720,6 +720,24 @@ def test_allowed_token_ids_confine_the_output_and_stay_lossless_under_speculatio
     assert set(sampled.token_ids) <= set(allowed)
 
 
+def test_bad_words_never_appear_and_stay_lossless_under_speculation(plain_llm: LLM, ngram_llm: LLM) -> None:
+    prompt = user(SPEC_PROMPTS[5])  # "List the numbers from 1 to 20, ...": the n-gram drafter hits
+    greedy = SamplingParams(temperature=0.0, max_tokens=40)
+    base = plain_llm.chat(prompt, greedy)[0]
+    assert "7" in base.text
+    params = greedy.model_copy(update={"bad_words": ["7", "12"]})
+    plain = plain_llm.chat(prompt, params)[0]
+    assert "7" not in plain.text and "12" not in plain.text, plain.text
+    assert plain.text != base.text
+    spec = ngram_llm.chat(prompt, params)[0]
+    assert spec.token_ids == plain.token_ids
+    assert spec.metrics is not None and spec.metrics.num_accepted_tokens > 0
+    sampled = ngram_llm.chat(prompt, params.model_copy(update={"temperature": 0.8, "seed": 3}))[0]
+    assert "7" not in sampled.text
+    with pytest.raises(ValidationError, match="bad_words"):
+        SamplingParams(bad_words=["  "])
+
+
 def test_stop_strings_special_tokens_and_prompt_truncation_follow_vllms_flags(plain_llm: LLM) -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=48)
     prompt = user("Say hello.")

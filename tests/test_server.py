@@ -312,7 +312,8 @@ def test_vllms_output_controls_pass_through_the_server(server: Server, ngram_llm
         "allowed_token_ids": sorted(set(base.token_ids)),
     }
     truncated = {"temperature": 0, "max_tokens": 8, "truncate_prompt_tokens": 8}
-    for fields in (controls, truncated):
+    bad_words = {"temperature": 0, "max_tokens": 24, "bad_words": [base.text.split()[2]]}
+    for fields in (controls, bad_words, truncated):
         status, _, raw = server.request("POST", CHAT, chat(messages=user(CHAT_PROMPTS[0]), **fields))
         assert status == 200, raw
         body = json.loads(raw)
@@ -557,6 +558,7 @@ BAD_REQUESTS = [
         None,
     ),
     ("allowed-token-ids-empty", CHAT, chat(allowed_token_ids=[]), 400, "allowed_token_ids", None),
+    ("bad-words-blank", CHAT, chat(bad_words=["  "]), 400, "bad_words", None),
     (
         "allowed-token-ids-outside-vocab",
         CHAT,

@@ -79,6 +79,10 @@ class SamplingParams(BaseModel):
     """Leave special tokens out of the text; ``token_ids`` keeps them either way."""
     truncate_prompt_tokens: int | None = Field(None, ge=1)
     """Keep only the last this many prompt tokens."""
+    bad_words: list[str] = []
+    """Words the output never contains: the token that would complete one (as written or
+    after a space) is masked at every position, drafts included, so speculation stays
+    lossless."""
 
     @field_validator("stop", mode="before")
     @classmethod

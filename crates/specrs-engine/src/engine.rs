@@ -476,7 +476,12 @@ impl Engine {
     /// reserves them); their outputs carry `id` and a choice index, and [`Self::abort`] of
     /// `id` cancels them all. Errors describe what the client must change.
     pub fn add_request(&mut self, id: SeqId, request: GenerationRequest, sink: OutputSink) -> Result<()> {
-        let GenerationRequest { prompt, params, trace } = request;
+        let GenerationRequest { prompt, mut params, trace } = request;
+        if !params.bad_words.is_empty() {
+            params.bad_word_ids = specrs_core::sampling::bad_word_token_ids(&params.bad_words, |word| {
+                self.tokenizer.encode(word, false)
+            })?;
+        }
         params.validate(self.vocab_size)?;
         let n = params.n;
         if n > self.max_num_seqs() {

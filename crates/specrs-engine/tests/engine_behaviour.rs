@@ -264,6 +264,42 @@ fn allowed_token_ids_confine_greedy_and_sampled_choices_to_their_set() {
 }
 
 #[test]
+fn bad_words_never_appear_in_greedy_or_sampled_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = engine(dir.path());
+    let greedy =
+        SamplingParams { temperature: 0.0, max_tokens: Some(12), ignore_eos: true, ..SamplingParams::default() };
+    let free = h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), greedy.clone())]).unwrap().remove(0);
+    // A two-token word the free output contains, and a one-token one.
+    let words = vec![
+        h.tokenizer().decode(&free.token_ids[3..5], true).unwrap(),
+        h.tokenizer().decode(&free.token_ids[8..9], true).unwrap(),
+    ];
+    let banned = specrs_core::sampling::bad_word_token_ids(&words, |w| h.tokenizer().encode(w, false)).unwrap();
+    let contains = |out: &[u32], seq: &[u32]| out.windows(seq.len()).any(|w| w == seq);
+    assert!(banned.iter().any(|seq| contains(&free.token_ids, seq)), "{words:?} -> {banned:?} in {:?}", free.token_ids);
+    let with_bad_words = |params: SamplingParams| {
+        let params = SamplingParams { bad_words: words.clone(), ..params };
+        h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), params)]).unwrap().remove(0)
+    };
+    let restricted = with_bad_words(greedy.clone());
+    assert_eq!(restricted.token_ids.len(), 12);
+    assert_eq!(restricted.token_ids[..3], free.token_ids[..3], "the output is free until a word would complete");
+    let sampled = with_bad_words(SamplingParams { ignore_eos: true, ..sampled(1, 24) });
+    for out in [&restricted.token_ids, &sampled.token_ids] {
+        assert!(banned.iter().all(|seq| !contains(out, seq)), "{banned:?} in {out:?}");
+    }
+    let err = h
+        .generate(vec![GenerationRequest::new(
+            Prompt::Tokens(vec![1, 2]),
+            SamplingParams { bad_words: vec![" ".into()], ..greedy },
+        )])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad_words entries must not be empty"), "{err}");
+}
+
+#[test]
 fn stop_strings_and_stop_tokens_stay_in_the_text_only_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let h = engine(dir.path());

@@ -1,7 +1,7 @@
 //! OpenAI API request and response types (chat completions, completions, models, errors),
 //! with vLLM's sampling extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
 //! `ignore_eos`, `stop_token_ids`, `prompt_logprobs`, `allowed_token_ids`,
-//! `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`).
+//! `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`, `bad_words`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -64,6 +64,8 @@ pub struct SamplingFields {
     pub skip_special_tokens: Option<bool>,
     /// vLLM: keep only the last this many prompt tokens.
     pub truncate_prompt_tokens: Option<usize>,
+    /// vLLM: words the output never contains.
+    pub bad_words: Option<Vec<String>>,
     /// spec-rs: record the per-step draft trace in the response.
     pub trace: Option<bool>,
 }

@@ -291,6 +291,9 @@ fn sampling_params(
         include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         truncate_prompt_tokens: f.truncate_prompt_tokens,
+        bad_words: f.bad_words.clone().unwrap_or_default(),
+        // Tokenized by the engine at admission.
+        bad_word_ids: Vec::new(),
     };
     params
         .validate(state.handle.info().vocab_size)

@@ -22,7 +22,7 @@ pub struct VerifyRow<'a> {
     /// This step's seed: the engine passes `request seed + committed tokens`, so every step
     /// draws fresh numbers and no row depends on its batch.
     pub seed: u64,
-    /// Prompt followed by the generated tokens; read only by the penalties.
+    /// Prompt followed by the generated tokens; read only by the penalties and bad words.
     pub history: &'a [u32],
     /// How many leading `history` tokens are the prompt.
     pub prompt_len: usize,

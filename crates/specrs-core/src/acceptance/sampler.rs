@@ -297,10 +297,7 @@ struct Walk {
 
 impl Walk {
     fn start(row: &VerifyRow, thinking: Option<ThinkingTokens>) -> Self {
-        let context = || match row.params.has_penalties() {
-            true => PenaltyContext::new(row.history, row.prompt_len),
-            false => PenaltyContext::default(),
-        };
+        let context = || PenaltyContext::for_params(row.history, row.prompt_len, row.params);
         Self {
             penalties: row.params.adjusts_logits().then(context),
             ..Self::without_penalties(row.in_thinking, thinking)

@@ -265,6 +265,25 @@ mod tests {
     }
 
     #[test]
+    fn bad_words_mask_the_token_completing_a_word_after_the_output_and_accepted_drafts() {
+        let logits = [1.0f32, 3.0, 2.9, 0.0];
+        // Token 2 is banned everywhere; token 1 only right after output token 3.
+        let params = SamplingParams { temperature: 0.0, bad_word_ids: vec![vec![2], vec![3, 1]], ..Default::default() };
+        let inf = f32::NEG_INFINITY;
+        let mut w = SamplingWorkspace::new(4);
+        // History [prompt 3 | output 0]: the output does not end with 3.
+        let mut ctx = PenaltyContext::for_params(&[3, 0], 1, &params);
+        assert_eq!(w.penalized_logits(&logits, &params, Some(&ctx)), [1.0, 3.0, inf, 0.0]);
+        // An accepted draft 3 makes token 1 complete the word.
+        ctx.record_output(3);
+        assert_eq!(w.penalized_logits(&logits, &params, Some(&ctx)), [1.0, inf, inf, 0.0]);
+        assert_eq!(w.penalized_argmax(&logits, &params, Some(&ctx)), 0);
+        // A word begun in the prompt is not completed against.
+        let from_prompt = PenaltyContext::for_params(&[3], 1, &params);
+        assert_eq!(w.penalized_argmax(&logits, &params, Some(&from_prompt)), 1);
+    }
+
+    #[test]
     fn each_filter_keeps_the_documented_set_and_renormalizes() {
         // softmax([ln 4, ln 3, ln 2, ln 1]) = [0.4, 0.3, 0.2, 0.1].
         let logits = [4.0f32.ln(), 3.0f32.ln(), 2.0f32.ln(), 0.0];

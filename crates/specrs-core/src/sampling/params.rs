@@ -80,6 +80,13 @@ pub struct SamplingParams {
     pub skip_special_tokens: bool,
     /// Keep only the last this many prompt tokens (left truncation) before generating.
     pub truncate_prompt_tokens: Option<usize>,
+    /// Words the output never contains (vLLM's `bad_words`): the token completing one is
+    /// masked wherever the output so far ends with the rest of it.
+    pub bad_words: Vec<String>,
+    /// `bad_words` as token sequences ([`super::bad_word_token_ids`]): the engine fills them
+    /// in at admission with its tokenizer; they are what the logits processing reads.
+    #[serde(skip)]
+    pub bad_word_ids: Vec<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -106,6 +113,8 @@ impl Default for SamplingParams {
             include_stop_str_in_output: false,
             skip_special_tokens: true,
             truncate_prompt_tokens: None,
+            bad_words: Vec::new(),
+            bad_word_ids: Vec::new(),
         }
     }
 }
@@ -127,11 +136,14 @@ impl SamplingParams {
         self.repetition_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
     }
 
-    /// True when the target's logits are changed before sampling (penalties, a logit bias or
-    /// allowed tokens): such rows are processed on their logit rows, where the adjustments
-    /// are applied.
+    /// True when the target's logits are changed before sampling (penalties, a logit bias,
+    /// allowed tokens or bad words): such rows are processed on their logit rows, where the
+    /// adjustments are applied.
     pub fn adjusts_logits(&self) -> bool {
-        self.has_penalties() || !self.logit_bias.is_empty() || self.allowed_token_ids.is_some()
+        self.has_penalties()
+            || !self.logit_bias.is_empty()
+            || self.allowed_token_ids.is_some()
+            || !self.bad_word_ids.is_empty()
     }
 
     /// The top-k cut for a vocabulary of `vocab_size` tokens, or `None` when it keeps
@@ -268,6 +280,15 @@ impl SamplingParams {
                 "truncate_prompt_tokens must be >= 1 when set (the prompt tokens to keep), got 0",
             ));
         }
+        if self.bad_words.iter().any(|w| w.trim().is_empty()) {
+            return Err(ConfigError::field("bad_words", "bad_words entries must not be empty or only spaces"));
+        }
+        if let Some(&id) = self.bad_word_ids.iter().flatten().find(|&&id| id as usize >= vocab_size) {
+            return Err(ConfigError::field(
+                "bad_words",
+                format!("a bad word tokenizes to {id}, outside the vocabulary of {vocab_size} tokens"),
+            ));
+        }
         Ok(())
     }
 }
@@ -349,6 +370,29 @@ mod tests {
         let e = SamplingParams { truncate_prompt_tokens: Some(0), ..Default::default() }.validate(8).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("truncate_prompt_tokens"));
         assert!(SamplingParams::default().skip_special_tokens, "special tokens are skipped by default, as in vLLM");
+    }
+
+    #[test]
+    fn bad_words_must_say_something_and_their_tokens_fit_the_vocabulary() {
+        let words = |w: &[&str], ids: Vec<Vec<u32>>| SamplingParams {
+            bad_words: w.iter().map(|s| s.to_string()).collect(),
+            bad_word_ids: ids,
+            ..Default::default()
+        };
+        assert!(words(&["cat"], vec![vec![3]]).validate(8).is_ok());
+        assert!(!words(&["cat"], vec![]).adjusts_logits(), "until the engine tokenizes them");
+        assert!(words(&["cat"], vec![vec![3]]).adjusts_logits());
+        for (p, message) in [
+            (words(&["cat", " "], vec![]), "must not be empty"),
+            (words(&["cat"], vec![vec![2, 9]]), "tokenizes to 9, outside the vocabulary of 8"),
+        ] {
+            let e = p.validate(8).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("bad_words"));
+            assert!(e.message.contains(message), "{}", e.message);
+        }
+        let json = serde_json::to_value(words(&["cat"], vec![vec![3]])).unwrap();
+        assert_eq!(json["bad_words"], serde_json::json!(["cat"]));
+        assert!(json.get("bad_word_ids").is_none(), "the engine's tokenization stays internal");
     }
 
     #[test]

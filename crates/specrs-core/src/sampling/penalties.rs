@@ -13,6 +13,7 @@
 //! The context stores one entry per distinct token, so applying it costs O(distinct history)
 //! per position instead of O(V).
 
+use super::bad_words::OutputTail;
 use super::params::SamplingParams;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,10 +23,12 @@ struct TokenOccurrences {
     output_count: u32,
 }
 
-/// Occurrence counts of one request's tokens, sorted by token id.
+/// Occurrence counts of one request's tokens, sorted by token id, and the output's latest
+/// tokens for its bad words.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PenaltyContext {
     entries: Vec<TokenOccurrences>,
+    tail: OutputTail,
 }
 
 impl PenaltyContext {
@@ -45,11 +48,22 @@ impl PenaltyContext {
                 }
             }
         }
-        Self { entries }
+        Self { entries, tail: OutputTail::default() }
+    }
+
+    /// What `params` needs of `history = prompt ++ output`: occurrence counts when it has
+    /// penalties, the output's tail when it has bad words, nothing otherwise.
+    pub fn for_params(history: &[u32], prompt_len: usize, params: &SamplingParams) -> Self {
+        let mut ctx = if params.has_penalties() { Self::new(history, prompt_len) } else { Self::default() };
+        if !params.bad_word_ids.is_empty() {
+            ctx.tail = OutputTail::new(&history[prompt_len.min(history.len())..], &params.bad_word_ids);
+        }
+        ctx
     }
 
     /// Counts one more output token (a draft accepted during the walk).
     pub fn record_output(&mut self, token: u32) {
+        self.tail.push(token);
         match self.entries.binary_search_by_key(&token, |e| e.token) {
             Ok(i) => self.entries[i].output_count += 1,
             Err(i) => self.entries.insert(i, TokenOccurrences { token, in_prompt: false, output_count: 1 }),
@@ -61,9 +75,14 @@ impl PenaltyContext {
         self.entries.binary_search_by_key(&token, |e| e.token).map_or(0, |i| self.entries[i].output_count)
     }
 
-    /// Applies the three penalties of `params` to one position's logits (`[V]`). Tokens
-    /// outside the row are ignored.
+    /// Applies the three penalties of `params`, then its bad words, to one position's logits
+    /// (`[V]`). Tokens outside the row are ignored.
     pub fn apply(&self, logits: &mut [f32], params: &SamplingParams) {
+        self.apply_penalties(logits, params);
+        self.tail.ban_completions(logits, &params.bad_word_ids);
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32], params: &SamplingParams) {
         let repetition = params.repetition_penalty;
         let frequency = params.frequency_penalty;
         let presence = params.presence_penalty;
