@@ -27,7 +27,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::kv_blocks::{KvBlockManager, KvError, SeqId};
+use crate::kv_blocks::{BlockId, KvBlockManager, KvError, SeqId};
 use crate::prefix_cache::BlockHash;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -354,7 +354,7 @@ impl Scheduler {
 
     /// The cached blocks a waiting sequence may start from: always short of its last token,
     /// whose logits the next token needs.
-    fn cached_prefix(&self, seq: SeqId) -> Vec<u32> {
+    fn cached_prefix(&self, seq: SeqId) -> Vec<BlockId> {
         let Some(keys) = self.prefix.get(&seq).filter(|k| k.reuse) else {
             return Vec::new();
         };
@@ -379,7 +379,7 @@ impl Scheduler {
     /// Admits a waiting sequence: adopts its cached prefix `hit` and reserves KV for its first
     /// prefill chunk after it, keeping the watermark free; `None` (nothing changed) when that
     /// does not fit.
-    fn plan_admission(&mut self, seq: SeqId, hit: &[u32], budget: usize) -> Option<PrefillChunk> {
+    fn plan_admission(&mut self, seq: SeqId, hit: &[BlockId], budget: usize) -> Option<PrefillChunk> {
         let cached_len = hit.len() * self.kv.block_size();
         let remaining = self.state(seq).num_tokens - cached_len;
         let len = remaining.min(budget).min(self.cfg.max_prefill_chunk);

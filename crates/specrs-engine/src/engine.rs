@@ -1224,6 +1224,12 @@ impl Engine {
         };
         let lookahead = proposer.draft_lookahead();
         let finishing: Vec<SeqId> = self.finishing.iter().map(|&(id, _)| id).collect();
+        // A finishing row is fed its last positions only when the drafter is at most a step
+        // behind (a row one token from its limit drafts nothing in its last step): a row kept
+        // plain under load would cost a catch-up of its whole backlog, for blocks no later
+        // request may ever read. Its prompt was fed (and cached) already.
+        let one_step = proposer.num_speculative_tokens() + 1;
+        let fed_up_to_step = |r: &FedRow| proposer.kv_final_len(r.seq, r.start) + one_step >= r.start;
         let will_decode = |scheduler: &Scheduler, seq: &Sequence, id: SeqId| {
             scheduler.num_computed(id) + 1 == seq.tokens.len() && seq.output.remaining() > 1 && !finishing.contains(&id)
         };
@@ -1270,9 +1276,10 @@ impl Engine {
                     num_copies,
                     catch_up_now: false,
                     // Under prefix caching a block is cached once final in the drafter's KV too:
-                    // prompt chunks and finishing sequences are fed now, not kept.
+                    // prompt chunks and caught-up finishing sequences are fed now, not kept.
                     feed_now: self.cfg.enable_prefix_caching
-                        && (matches!(r.kind, RowKind::Prefill { .. }) || finishing.contains(&r.seq)),
+                        && (matches!(r.kind, RowKind::Prefill { .. })
+                            || (finishing.contains(&r.seq) && fed_up_to_step(r))),
                     params: &seq.params,
                     seed: seq.step_seed(),
                 })

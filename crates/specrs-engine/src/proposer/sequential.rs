@@ -16,9 +16,9 @@
 //! forward of their own next step. A row
 //! keeps at most `MAX_DEFERRED_POSITIONS`; past that it is fed at once, so no catch-up feeds
 //! the drafter a query longer than a prefill chunk (attention off the CPU holds its scores).
-//! With prefix caching, prompt chunks and finishing rows are fed at once (`feed_now`): a block
-//! is cached only once the drafter's KV there is final, and shared prompts and finished
-//! conversations are what later requests reuse.
+//! With prefix caching, prompt chunks and finishing rows at most a step behind are fed at once
+//! (`feed_now`): a block is cached only once the drafter's KV there is final, and shared
+//! prompts and finished conversations are what later requests reuse.
 //!
 //! With `draft_confidence_threshold`, a row drafting the argmax leaves the chain at its first
 //! draft whose running top-1 probability falls below the threshold ([`DraftConfidence`]), and
