@@ -26,7 +26,7 @@ use specrs_models::ModelDType;
 use specrs_models::testing::{self, BlockShape};
 
 mod common;
-use common::{Checkpoints, SHAPE, write};
+use common::{Checkpoints, SHAPE, spec, write};
 
 fn device() -> DeviceSpec {
     std::env::var("SPECRS_TEST_DEVICE").map_or(DeviceSpec::Cpu, |d| d.parse().expect("SPECRS_TEST_DEVICE"))
@@ -126,17 +126,6 @@ fn engine_capturing(s: &Setup, max_seq_len_to_capture: Option<usize>) -> EngineH
     };
     let (engine, info) = build_engine(&cfg).unwrap();
     EngineHandle::spawn(engine, Some(info))
-}
-
-fn spec(method: SpeculativeMethod, k: i64, f: impl FnOnce(&mut SpeculativeConfig)) -> SpeculativeConfig {
-    let mut c = SpeculativeConfig {
-        speculative_method: Some(method),
-        num_speculative_tokens: Some(k),
-        prompt_lookup_min: 1,
-        ..SpeculativeConfig::default()
-    };
-    f(&mut c);
-    c
 }
 
 fn request(prompt: &[u32], params: SamplingParams, trace: bool) -> GenerationRequest {

@@ -16,7 +16,7 @@ use specrs_models::ModelDType;
 use specrs_models::testing::{self, BlockShape};
 
 mod common;
-use common::{Checkpoints, SHAPE, write};
+use common::{Checkpoints, SHAPE, spec, write};
 
 const BLOCK_SIZE: usize = 4;
 
@@ -40,17 +40,6 @@ fn engine(target: &Path, draft: Option<&Path>, spec: SpeculativeConfig, caching:
     };
     let (engine, info) = build_engine(&cfg).unwrap();
     EngineHandle::spawn(engine, Some(info))
-}
-
-fn spec(method: SpeculativeMethod, k: i64, f: impl FnOnce(&mut SpeculativeConfig)) -> SpeculativeConfig {
-    let mut c = SpeculativeConfig {
-        speculative_method: Some(method),
-        num_speculative_tokens: Some(k),
-        prompt_lookup_min: 1,
-        ..SpeculativeConfig::default()
-    };
-    f(&mut c);
-    c
 }
 
 /// Greedy or seeded sampling, traced.

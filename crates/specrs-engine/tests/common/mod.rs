@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
+use specrs_core::SpeculativeConfig;
+use specrs_core::config::SpeculativeMethod;
 use specrs_models::config::Architecture;
 use specrs_models::testing::{self, TinyShape};
 
@@ -75,4 +77,16 @@ impl Checkpoints {
     pub fn root(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// `K` drafts of `method` (n-gram lookups from one token on), adjusted by `f`.
+pub fn spec(method: SpeculativeMethod, k: i64, f: impl FnOnce(&mut SpeculativeConfig)) -> SpeculativeConfig {
+    let mut c = SpeculativeConfig {
+        speculative_method: Some(method),
+        num_speculative_tokens: Some(k),
+        prompt_lookup_min: 1,
+        ..SpeculativeConfig::default()
+    };
+    f(&mut c);
+    c
 }
