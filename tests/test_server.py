@@ -300,6 +300,30 @@ def test_prompt_logprobs_come_back_in_vllms_shape_on_both_endpoints(server: Serv
     assert "prompt_logprobs" not in json.loads(raw)["choices"][0], "only when asked"
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_output_chunk(server: Server) -> None:
+    every_chunk = {"include_usage": True, "continuous_usage_stats": True}
+    requests = [
+        (CHAT, chat(messages=user(CHAT_PROMPTS[0]), n=2, temperature=0.7, seed=1)),
+        (COMPLETIONS, cmpl(prompt=[TEXT_PROMPT, "1, 2, 3, 4,"])),
+    ]
+    for path, body in requests:
+        body = {**body, "max_tokens": 12, "stream": True, "stream_options": every_chunk}
+        chunks = [json.loads(e) for e in sse_events(server, path, body) if e != "[DONE]"]
+        final = chunks[-1]
+        assert final["choices"] == [] and "usage" in final
+        running = [c["usage"] for c in chunks[:-1] if c["choices"] and "usage" in c]
+        assert running, path
+        generated = [u["completion_tokens"] for u in running]
+        assert generated == sorted(generated), "the count only grows"
+        assert generated[-1] == final["usage"]["completion_tokens"], path
+        assert running[-1]["prompt_tokens"] == final["usage"]["prompt_tokens"], "every prompt counted once"
+        assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in running)
+        only_final = {**body, "stream_options": {"include_usage": True}}
+        plain_chunks = [json.loads(e) for e in sse_events(server, path, only_final) if e != "[DONE]"]
+        with_usage = [c for c in plain_chunks if "usage" in c]
+        assert with_usage == plain_chunks[-1:], "without it, only the last chunk"
+
+
 def test_vllms_output_controls_pass_through_the_server(server: Server, ngram_llm: LLM) -> None:
     base = expected_chat(ngram_llm, CHAT_PROMPTS[0], 24)
     stop = base.text.split()[1]

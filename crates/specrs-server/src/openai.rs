@@ -1,7 +1,8 @@
 //! OpenAI API request and response types (chat completions, completions, models, errors),
 //! with vLLM's sampling extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
 //! `ignore_eos`, `stop_token_ids`, `prompt_logprobs`, `allowed_token_ids`,
-//! `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`, `bad_words`).
+//! `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`, `bad_words`,
+//! `stream_options.continuous_usage_stats`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -27,6 +28,34 @@ impl StopSpec {
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
+    /// vLLM: with `include_usage`, every chunk also carries the usage so far.
+    #[serde(default)]
+    pub continuous_usage_stats: bool,
+}
+
+/// What usage a streamed response carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamUsage {
+    /// A last chunk with the request's usage (`include_usage`).
+    pub final_chunk: bool,
+    /// The usage so far on every chunk that carries output (`continuous_usage_stats`).
+    pub every_chunk: bool,
+}
+
+impl StreamUsage {
+    pub fn of(options: Option<&StreamOptions>) -> Self {
+        let final_chunk = options.is_some_and(|o| o.include_usage);
+        Self { final_chunk, every_chunk: final_chunk && options.is_some_and(|o| o.continuous_usage_stats) }
+    }
+}
+
+/// The usage so far of a stream, as `continuous_usage_stats` reports it on each chunk.
+pub fn running_usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    serde_json::json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
 }
 
 /// Sampling fields shared by both endpoints.

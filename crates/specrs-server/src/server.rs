@@ -33,7 +33,7 @@ use specrs_engine::{
 use crate::error::ApiError;
 use crate::openai::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, PromptSpec, PromptTokensDetails, SamplingFields,
-    SpecDecodeUsage, Usage,
+    SpecDecodeUsage, StreamUsage, Usage, running_usage,
 };
 
 /// Largest accepted request body.
@@ -562,8 +562,8 @@ async fn chat_completions(
     let created = now_secs();
     let model = req.model.clone();
     if req.sampling.stream.unwrap_or(false) {
-        let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let events = chat_stream(state.clone(), stream, id, created, model, n, include_usage, top.is_some(), guards);
+        let usage = StreamUsage::of(req.sampling.stream_options.as_ref());
+        let events = chat_stream(state.clone(), stream, id, created, model, n, usage, top.is_some(), guards);
         return Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response());
     }
     let outs = collect(stream).await?;
@@ -603,7 +603,7 @@ fn chat_stream(
     created: u64,
     model: String,
     n: usize,
-    include_usage: bool,
+    usage: StreamUsage,
     logprobs: bool,
     guards: Vec<InFlight>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
@@ -611,6 +611,8 @@ fn chat_stream(
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                "choices": [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish_str(finish)}]})
     };
+    // Tokens generated so far over every choice (`continuous_usage_stats`).
+    let mut generated = 0;
     // Every choice opens with the assistant role, as OpenAI streams them.
     let openings: Vec<Value> =
         (0..n).map(|index| chunk(index, json!({"role": "assistant", "content": ""}), None, Value::Null)).collect();
@@ -619,9 +621,16 @@ fn chat_stream(
     let body = output_events(stream).map(move |o: RequestOutput| {
         let lps = if logprobs && !o.logprobs.is_empty() { chat_logprobs(&state, &o.logprobs) } else { Value::Null };
         let delta = if o.text.is_empty() { json!({}) } else { json!({"content": o.text}) };
+        generated += o.token_ids.len();
+        let with_usage = |mut c: Value| {
+            if usage.every_chunk {
+                c["usage"] = running_usage(o.num_prompt_tokens, generated);
+            }
+            c
+        };
         let mut events = vec![];
         if !o.text.is_empty() || !lps.is_null() {
-            events.push(sse_json(&chunk(o.index, delta, None, lps)));
+            events.push(sse_json(&with_usage(chunk(o.index, delta, None, lps))));
         }
         if let Some(reason) = o.finish_reason {
             if reason == FinishReason::Error {
@@ -629,7 +638,7 @@ fn chat_stream(
                     &json!({"error": {"message": o.error.clone().unwrap_or_default(), "type": "server_error"}}),
                 ));
             } else {
-                events.push(sse_json(&chunk(o.index, json!({}), Some(reason), Value::Null)));
+                events.push(sse_json(&with_usage(chunk(o.index, json!({}), Some(reason), Value::Null))));
             }
             totals.prompt_tokens = o.num_prompt_tokens;
             if let Some(m) = &o.metrics {
@@ -637,7 +646,7 @@ fn chat_stream(
             }
         }
         if o.is_finished() {
-            if include_usage {
+            if usage.final_chunk {
                 let mut u = usage_chunk.clone();
                 u["choices"] = json!([]);
                 u["usage"] = serde_json::to_value(totals.usage()).unwrap_or(Value::Null);
@@ -724,20 +733,10 @@ async fn completions(
     let model = req.model.clone();
     let logprobs = req.logprobs.is_some();
     if req.sampling.stream.unwrap_or(false) {
-        let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        return Ok(Sse::new(completion_stream(
-            state.clone(),
-            streams,
-            id,
-            created,
-            model,
-            n,
-            include_usage,
-            logprobs,
-            guards,
-        ))
-        .keep_alive(KeepAlive::default())
-        .into_response());
+        let usage = StreamUsage::of(req.sampling.stream_options.as_ref());
+        return Ok(Sse::new(completion_stream(state.clone(), streams, id, created, model, n, usage, logprobs, guards))
+            .keep_alive(KeepAlive::default())
+            .into_response());
     }
     let mut choices = Vec::new();
     let mut totals = UsageTotals::default();
@@ -820,7 +819,7 @@ fn completion_stream(
     created: u64,
     model: String,
     n: usize,
-    include_usage: bool,
+    usage: StreamUsage,
     logprobs: bool,
     guards: Vec<InFlight>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
@@ -838,11 +837,25 @@ fn completion_stream(
     let mut offsets = vec![0usize; num_prompts * n];
     let mut remaining = num_prompts;
     let mut totals = UsageTotals::default();
+    // The usage so far (`continuous_usage_stats`): each prompt's tokens once it has been
+    // heard from, and every token generated for any of them.
+    let mut prompt_tokens_seen: Vec<Option<usize>> = vec![None; num_prompts];
+    let mut generated = 0;
     let _guards = guards;
     indexed
         .map(move |(prompt_index, o)| {
             let _ = &_guards;
             let index = prompt_index * n + o.index;
+            prompt_tokens_seen[prompt_index] = Some(o.num_prompt_tokens);
+            generated += o.token_ids.len();
+            let so_far = running_usage(prompt_tokens_seen.iter().flatten().sum(), generated);
+            let chunk = |index, text, finish, lps| {
+                let mut c = chunk(index, text, finish, lps);
+                if usage.every_chunk {
+                    c["usage"] = so_far.clone();
+                }
+                c
+            };
             let mut events = Vec::new();
             let lps = if logprobs && !o.logprobs.is_empty() {
                 completion_logprobs(&state, own_logprobs(&o.logprobs), offsets[index])
@@ -863,7 +876,7 @@ fn completion_stream(
                 remaining -= 1;
                 totals.prompt_tokens += o.num_prompt_tokens;
                 if remaining == 0 {
-                    if include_usage {
+                    if usage.final_chunk {
                         events.push(sse_json(
                             &json!({"id": id, "object": "text_completion", "created": created, "model": model,
                             "choices": [], "usage": totals.usage()}),
