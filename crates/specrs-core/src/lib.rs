@@ -15,6 +15,7 @@ pub mod prefix_cache;
 pub mod registry;
 pub mod sampling;
 pub mod scheduler;
+pub mod structured;
 pub mod width;
 
 pub use config::{AcceptanceRule, DraftPlacement, DraftProposal, SpeculativeConfig, SpeculativeMethod};

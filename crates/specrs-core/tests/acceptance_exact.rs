@@ -529,3 +529,61 @@ fn a_rows_result_does_not_depend_on_its_batch() {
         }
     }
 }
+
+/// A guided request (structured outputs) over an 8-token vocabulary: EOS is 0, tokens 1-5
+/// are "a", "b", "c", "ab", "x", and the thinking markers have no bytes.
+fn guided(params: SamplingParams, regex: &str) -> SamplingParams {
+    use specrs_core::structured::{StructuredOutputs, TokenVocabulary};
+    let bytes = [None, Some("a"), Some("b"), Some("c"), Some("ab"), Some("x"), None, None]
+        .map(|t| t.map(|t: &str| t.as_bytes().to_vec()))
+        .to_vec();
+    let vocabulary = std::sync::Arc::new(TokenVocabulary::new(bytes, vec![0]));
+    let constraint = StructuredOutputs { regex: Some(regex.into()), ..Default::default() };
+    SamplingParams {
+        guide: Some(constraint.compile(&vocabulary).unwrap()),
+        structured_outputs: Some(constraint),
+        ..params
+    }
+}
+
+#[test]
+fn guided_rows_reject_drafts_the_grammar_forbids_and_recover_from_the_masked_target() {
+    // Raw argmaxes are peaked; below them higher ids score higher, so a masked position
+    // falls back to its highest allowed id.
+    let logits = |argmaxes: &[u32]| {
+        let mut l = peaked_logits(argmaxes);
+        for (i, x) in l.iter_mut().enumerate() {
+            *x += (i % V) as f32 * 0.1;
+        }
+        l
+    };
+    let params = guided(SamplingParams::greedy(), "a(b|c)c");
+    let s = sampler(&greedy_config());
+    // "x" after "a" leaves the grammar: rejected, and the masked argmax ("c") recovers.
+    let out = accept(&s, VerifyRow::new(&[1, 5], &logits(&[1, 5, 5]), &params, 0));
+    assert_eq!((out.num_accepted, out.tokens.clone()), (1, vec![1, 3]));
+    // Allowed drafts that are the masked argmax are accepted; the bonus is masked too.
+    let out = accept(&s, VerifyRow::new(&[1, 2], &logits(&[1, 2, 5]), &params, 0));
+    assert_eq!((out.num_accepted, out.tokens.clone(), out.next_is_bonus), (2, vec![1, 2, 3], true));
+    // The history's output moves the guide: after "abc" only EOS is left.
+    let history = [7, 1, 2, 3];
+    let peaked = logits(&[5, 5]);
+    let row = VerifyRow { history: &history, prompt_len: 1, ..VerifyRow::new(&[5], &peaked, &params, 0) };
+    assert_eq!(accept(&s, row).tokens, [0]);
+    // A multi-byte token counts by its bytes: "ab" then "c".
+    let out = accept(&s, VerifyRow::new(&[4], &logits(&[4, 5]), &params, 0));
+    assert_eq!(out.tokens, [4, 3]);
+
+    // Sampled: "x" has no probability, so it is always rejected, and the recovered token is
+    // drawn from the two tokens that may start the output, "a" and "ab", both seen.
+    let sampled = guided(SamplingParams { temperature: 1.0, ..Default::default() }, "a(b|c)c");
+    let stochastic = sampler(&config());
+    let flat = vec![0.0f32; 3 * V];
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..200 {
+        let out = accept(&stochastic, VerifyRow::new(&[5, 1], &flat, &sampled, seed));
+        assert_eq!(out.num_accepted, 0, "seed {seed}");
+        seen.insert(out.tokens[0]);
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), [1, 4]);
+}

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::rng::{GOLDEN_GAMMA, splitmix64_mix};
 use crate::error::ConfigError;
+use crate::structured::{CompiledGuide, StructuredOutputs};
 
 /// Temperatures below this sample greedily (argmax), as in Modular MAX and vLLM.
 pub const GREEDY_TEMPERATURE: f32 = 1e-5;
@@ -87,6 +88,13 @@ pub struct SamplingParams {
     /// in at admission with its tokenizer; they are what the logits processing reads.
     #[serde(skip)]
     pub bad_word_ids: Vec<Vec<u32>>,
+    /// The output follows a JSON schema, is any JSON object, matches a regex or is one of a
+    /// list of choices (vLLM's `structured_outputs`; OpenAI's `response_format`).
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// `structured_outputs` compiled against the vocabulary: the engine fills it in at
+    /// admission; it is what masks the logits.
+    #[serde(skip)]
+    pub guide: Option<CompiledGuide>,
 }
 
 impl Default for SamplingParams {
@@ -115,6 +123,8 @@ impl Default for SamplingParams {
             truncate_prompt_tokens: None,
             bad_words: Vec::new(),
             bad_word_ids: Vec::new(),
+            structured_outputs: None,
+            guide: None,
         }
     }
 }
@@ -137,13 +147,14 @@ impl SamplingParams {
     }
 
     /// True when the target's logits are changed before sampling (penalties, a logit bias,
-    /// allowed tokens or bad words): such rows are processed on their logit rows, where the
-    /// adjustments are applied.
+    /// allowed tokens, bad words or a structured-output guide): such rows are processed on
+    /// their logit rows, where the adjustments are applied.
     pub fn adjusts_logits(&self) -> bool {
         self.has_penalties()
             || !self.logit_bias.is_empty()
             || self.allowed_token_ids.is_some()
             || !self.bad_word_ids.is_empty()
+            || self.guide.is_some()
     }
 
     /// The top-k cut for a vocabulary of `vocab_size` tokens, or `None` when it keeps
@@ -288,6 +299,9 @@ impl SamplingParams {
                 "bad_words",
                 format!("a bad word tokenizes to {id}, outside the vocabulary of {vocab_size} tokens"),
             ));
+        }
+        if let Some(constraint) = &self.structured_outputs {
+            constraint.validate()?;
         }
         Ok(())
     }

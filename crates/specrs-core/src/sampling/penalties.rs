@@ -15,6 +15,7 @@
 
 use super::bad_words::OutputTail;
 use super::params::SamplingParams;
+use crate::structured::GuideCursor;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct TokenOccurrences {
@@ -23,12 +24,13 @@ struct TokenOccurrences {
     output_count: u32,
 }
 
-/// Occurrence counts of one request's tokens, sorted by token id, and the output's latest
-/// tokens for its bad words.
+/// Occurrence counts of one request's tokens, sorted by token id, the output's latest
+/// tokens for its bad words, and where the output is in its structured-output guide.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PenaltyContext {
     entries: Vec<TokenOccurrences>,
     tail: OutputTail,
+    guide: Option<GuideCursor>,
 }
 
 impl PenaltyContext {
@@ -48,22 +50,28 @@ impl PenaltyContext {
                 }
             }
         }
-        Self { entries, tail: OutputTail::default() }
+        Self { entries, tail: OutputTail::default(), guide: None }
     }
 
     /// What `params` needs of `history = prompt ++ output`: occurrence counts when it has
-    /// penalties, the output's tail when it has bad words, nothing otherwise.
+    /// penalties, the output's tail when it has bad words, the guide's state after the output
+    /// when it has structured outputs, nothing otherwise.
     pub fn for_params(history: &[u32], prompt_len: usize, params: &SamplingParams) -> Self {
         let mut ctx = if params.has_penalties() { Self::new(history, prompt_len) } else { Self::default() };
+        let output = &history[prompt_len.min(history.len())..];
         if !params.bad_word_ids.is_empty() {
-            ctx.tail = OutputTail::new(&history[prompt_len.min(history.len())..], &params.bad_word_ids);
+            ctx.tail = OutputTail::new(output, &params.bad_word_ids);
         }
+        ctx.guide = params.guide.as_ref().map(|guide| GuideCursor::after(guide, output));
         ctx
     }
 
     /// Counts one more output token (a draft accepted during the walk).
     pub fn record_output(&mut self, token: u32) {
         self.tail.push(token);
+        if let Some(guide) = &mut self.guide {
+            guide.push(token);
+        }
         match self.entries.binary_search_by_key(&token, |e| e.token) {
             Ok(i) => self.entries[i].output_count += 1,
             Err(i) => self.entries.insert(i, TokenOccurrences { token, in_prompt: false, output_count: 1 }),
@@ -75,11 +83,14 @@ impl PenaltyContext {
         self.entries.binary_search_by_key(&token, |e| e.token).map_or(0, |i| self.entries[i].output_count)
     }
 
-    /// Applies the three penalties of `params`, then its bad words, to one position's logits
-    /// (`[V]`). Tokens outside the row are ignored.
+    /// Applies the three penalties of `params`, then its bad words, then its guide's mask to
+    /// one position's logits (`[V]`). Tokens outside the row are ignored.
     pub fn apply(&self, logits: &mut [f32], params: &SamplingParams) {
         self.apply_penalties(logits, params);
         self.tail.ban_completions(logits, &params.bad_word_ids);
+        if let Some(guide) = &self.guide {
+            guide.mask_logits(logits);
+        }
     }
 
     fn apply_penalties(&self, logits: &mut [f32], params: &SamplingParams) {
