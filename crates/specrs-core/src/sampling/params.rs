@@ -302,6 +302,14 @@ impl SamplingParams {
         }
         if let Some(constraint) = &self.structured_outputs {
             constraint.validate()?;
+            // A constraint decides where its output may end; these would overrule it.
+            if self.min_tokens > 0 || self.ignore_eos {
+                return Err(ConfigError::field(
+                    "structured_outputs",
+                    "structured_outputs ends the output where the constraint is complete; drop min_tokens and \
+                     ignore_eos",
+                ));
+            }
         }
         Ok(())
     }
@@ -384,6 +392,21 @@ mod tests {
         let e = SamplingParams { truncate_prompt_tokens: Some(0), ..Default::default() }.validate(8).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("truncate_prompt_tokens"));
         assert!(SamplingParams::default().skip_special_tokens, "special tokens are skipped by default, as in vLLM");
+    }
+
+    #[test]
+    fn structured_outputs_are_validated_and_leave_the_end_to_the_constraint() {
+        let choice = StructuredOutputs { choice: Some(vec!["a".into()]), ..Default::default() };
+        let guided = SamplingParams { structured_outputs: Some(choice), ..Default::default() };
+        assert!(guided.validate(8).is_ok());
+        for params in [
+            SamplingParams { min_tokens: 2, ..guided.clone() },
+            SamplingParams { ignore_eos: true, ..guided.clone() },
+            SamplingParams { structured_outputs: Some(StructuredOutputs::default()), ..Default::default() },
+        ] {
+            assert_eq!(params.validate(8).unwrap_err().field.as_deref(), Some("structured_outputs"));
+        }
+        assert!(!guided.adjusts_logits(), "until the engine compiles the constraint");
     }
 
     #[test]
