@@ -19,6 +19,7 @@ use specrs_core::metrics::{SpecDecodeStats, format_log_line};
 use specrs_core::prefix_cache::BlockHasher;
 use specrs_core::sampling::{argmax, logprobs_of, rank_of};
 use specrs_core::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use specrs_core::structured::{GuideCache, TokenVocabulary};
 use specrs_models::graph::{CapturePlan, FixedSteps, StepOutputs, WidthSource};
 use specrs_models::host::with_f32_slice;
 use specrs_models::reductions::{self, PositionQuery};
@@ -151,7 +152,13 @@ pub struct Engine {
     /// logits: the first device, for a later data-parallel replica under
     /// `draft_probs_layout="device0"` ([`Engine::with_draft_probs_on`]).
     draft_probs_device: Option<candle_core::Device>,
+    /// Structured-output guides compiled for recent requests, over the tokenizer's byte
+    /// vocabulary (built with the first guided request).
+    guides: Option<GuideCache>,
 }
+
+/// Compiled structured-output constraints kept for reuse.
+const GUIDE_CACHE_CAPACITY: usize = 32;
 
 /// Each row's verify output (rows without logits have none), with its logprobs and trace.
 type Verified = (Vec<Option<VerifyOutput>>, Vec<(Vec<TokenLogprob>, Option<TraceStep>)>);
@@ -406,11 +413,20 @@ impl Engine {
             finishing: Vec::new(),
             fixed_steps,
             draft_probs_device: None,
+            guides: None,
         })
     }
 
     pub fn metrics(&self) -> Arc<EngineMetrics> {
         self.metrics.clone()
+    }
+
+    fn guide_cache(&mut self) -> &mut GuideCache {
+        let tokenizer = &self.tokenizer;
+        self.guides.get_or_insert_with(|| {
+            let vocabulary = TokenVocabulary::new(tokenizer.token_bytes(), tokenizer.eos_token_ids().to_vec());
+            GuideCache::new(Arc::new(vocabulary), GUIDE_CACHE_CAPACITY)
+        })
     }
 
     /// Publishes into `metrics` from now on, shared with other engines (data-parallel
@@ -483,6 +499,17 @@ impl Engine {
             })?;
         }
         params.validate(self.vocab_size)?;
+        if let Some(constraint) = &params.structured_outputs {
+            if self.acceptance.rule() == specrs_core::AcceptanceRule::Synthetic {
+                return Err(specrs_core::ConfigError::field(
+                    "structured_outputs",
+                    "structured outputs need the target's logits, which synthetic acceptance (a benchmarking mode) \
+                     ignores; drop synthetic_acceptance_rate",
+                )
+                .into());
+            }
+            params.guide = Some(self.guide_cache().get(constraint)?);
+        }
         let n = params.n;
         if n > self.max_num_seqs() {
             return Err(EngineError::Request(format!(
@@ -1269,6 +1296,7 @@ impl Engine {
                 Some(ProposeRow {
                     seq: r.seq,
                     tokens: &seq.tokens,
+                    prompt_len: seq.prompt_len,
                     fed_start: r.start,
                     num_valid,
                     flat_start: r.flat_start,

@@ -26,6 +26,7 @@ use crate::error::{EngineError, Result};
 use crate::proposer::Proposer;
 use crate::proposer::block::{BlockProposer, draft_skip_schedule, resolve_block_width};
 use crate::proposer::confidence::DraftConfidence;
+use crate::proposer::guided_first::GuidedFirstProposer;
 use crate::proposer::lookup_first::LookupFirstProposer;
 use crate::proposer::ngram::NgramProposer;
 use crate::proposer::sequential::SequentialProposer;
@@ -499,6 +500,8 @@ fn build_replica(
         shared,
         cfg.engine.acceptance_on_device,
     )?;
+    // Structured outputs' forced text goes in front of whatever drafts the rest.
+    let proposer = proposer.map(|p| Box::new(GuidedFirstProposer::new(p, tokenizer.clone())) as Box<dyn Proposer>);
     let k = proposer.as_ref().map(|p| p.num_speculative_tokens());
     if let Some(k) = k {
         spec.num_speculative_tokens = Some(k as i64);

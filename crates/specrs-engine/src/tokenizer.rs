@@ -43,6 +43,24 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
+/// GPT-2's byte-level alphabet backwards: printable Latin-1 bytes stand for themselves, the
+/// other 68 bytes for the characters from U+0100 up, in byte order.
+fn gpt2_char_to_byte() -> HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 0x100u32;
+    (0..=255u8)
+        .map(|b| {
+            if printable(b) {
+                (char::from(b), b)
+            } else {
+                let c = char::from_u32(next).expect("U+0100.. are characters");
+                next += 1;
+                (c, b)
+            }
+        })
+        .collect()
+}
+
 fn tok_err(context: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::Tokenizer(format!("{context}: {e}"))
 }
@@ -294,6 +312,50 @@ impl TextTokenizer {
         }
         ids.extend_from_slice(enc.get_ids());
         Ok(ids)
+    }
+
+    /// What each token appends to the output text, as bytes (`None` for special tokens), for
+    /// structured outputs. Byte-level BPE vocabularies (GPT-2's, Llama 3's, SmolLM's) spell
+    /// bytes as printable characters; SentencePiece ones write spaces as `▁` and unknown
+    /// bytes as `<0xNN>` tokens.
+    pub fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
+        use tokenizers::DecoderWrapper;
+        let byte_level = match self.tokenizer.get_decoder() {
+            Some(DecoderWrapper::ByteLevel(_)) => true,
+            Some(DecoderWrapper::Sequence(seq)) => {
+                seq.get_decoders().iter().any(|d| matches!(d, DecoderWrapper::ByteLevel(_)))
+            }
+            _ => false,
+        };
+        let special: std::collections::HashSet<u32> = self
+            .tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter_map(|(id, token)| token.special.then_some(id))
+            .collect();
+        let byte_of_char = gpt2_char_to_byte();
+        (0..self.vocab_size() as u32)
+            .map(|id| {
+                if special.contains(&id) {
+                    return None;
+                }
+                let text = self.tokenizer.id_to_token(id)?;
+                Some(if byte_level {
+                    text.chars()
+                        .flat_map(|c| match byte_of_char.get(&c) {
+                            Some(&b) => vec![b],
+                            None => c.to_string().into_bytes(),
+                        })
+                        .collect()
+                } else if let Some(hex) = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'))
+                    && let Ok(byte) = u8::from_str_radix(hex, 16)
+                {
+                    vec![byte]
+                } else {
+                    text.replace('\u{2581}', " ").into_bytes()
+                })
+            })
+            .collect()
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {

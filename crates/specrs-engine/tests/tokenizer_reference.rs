@@ -105,3 +105,23 @@ fn a_conversation_ends_in_a_new_turn_closed_or_open_for_its_final_message_to_con
     assert_eq!(ChatEnding::from_flags(false, false), Ok(ChatEnding::Closed));
     assert!(ChatEnding::from_flags(true, true).unwrap_err().contains("set add_generation_prompt to false"));
 }
+
+#[test]
+fn token_bytes_spell_exactly_the_text_the_tokens_encode() {
+    let tok = tokenizer();
+    let bytes = tok.token_bytes();
+    assert_eq!(bytes.len(), tok.vocab_size());
+    let text = "Héllo, wörld! 日本語 {\"k\": [1, 2]}\n\tdef f(x):\n    return x  # ✓";
+    let ids = tok.encode(text, false).unwrap();
+    let spelled: Vec<u8> = ids.iter().flat_map(|&id| bytes[id as usize].clone().expect("a text token")).collect();
+    assert_eq!(String::from_utf8(spelled).unwrap(), text);
+    for &eos in tok.eos_token_ids() {
+        assert!(bytes[eos as usize].is_none(), "special tokens have no bytes");
+    }
+    let im_start = tok.token_to_id("<|im_start|>").unwrap();
+    assert!(bytes[im_start as usize].is_none());
+    // Every printable ASCII byte, newline and tab is a token of its own (byte-level BPE).
+    let singles: std::collections::BTreeSet<u8> =
+        bytes.iter().flatten().filter(|b| b.len() == 1).map(|b| b[0]).collect();
+    assert!((b' '..=b'~').chain([b'\n', b'\t']).all(|b| singles.contains(&b)));
+}

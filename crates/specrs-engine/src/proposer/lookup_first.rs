@@ -68,42 +68,12 @@ impl Proposer for LookupFirstProposer {
         taps: &StepTaps<'_>,
         scheduler: &Scheduler,
     ) -> Result<Vec<Proposal>> {
-        // Lookup drafts of the rows that may draft, in row order; `None` where nothing matched.
-        // A row copies up to `num_copies` even where the model would draft fewer (or none).
-        let looked_up: Vec<Option<Vec<u32>>> = rows
-            .iter()
-            .filter(|r| r.may_draft())
-            .map(|r| {
-                let mut drafts = self.lookup.propose(r.tokens);
-                drafts.truncate(r.num_drafts.max(r.num_copies));
-                (!drafts.is_empty()).then_some(drafts)
-            })
-            .collect();
-        let mut served = looked_up.iter().map(Option::is_some);
-        let model_rows: Vec<ProposeRow<'_>> = rows
-            .iter()
-            .map(|r| {
-                let by_lookup = r.may_draft() && served.next().expect("one entry per row that may draft");
-                let r = ProposeRow { num_copies: 0, ..*r };
-                if by_lookup { ProposeRow { num_drafts: 0, catch_up_now: true, ..r } } else { r }
-            })
-            .collect();
-        let mut from_model = self.model.propose(&model_rows, taps, scheduler)?.into_iter();
-        rows.iter()
-            .filter(|r| r.may_draft())
-            .zip(looked_up)
-            .map(|(r, found)| match found {
-                Some(drafts) => Ok(Proposal { drafts, probs: None }),
-                // Nothing to copy and no model drafts wanted: the row verifies nothing.
-                None if !r.wants_drafts() => Ok(Proposal::default()),
-                None => from_model.next().ok_or_else(|| {
-                    crate::error::EngineError::Internal(format!(
-                        "{} returned fewer proposals than rows asked for drafts",
-                        self.model.name()
-                    ))
-                }),
-            })
-            .collect()
+        let lookup = &self.lookup;
+        super::propose_around_copies(self.model.as_mut(), rows, taps, scheduler, |r| {
+            let mut drafts = lookup.propose(r.tokens);
+            drafts.truncate(r.num_drafts.max(r.num_copies));
+            drafts
+        })
     }
 
     fn take_catch_up_time(&mut self) -> Duration {
@@ -208,6 +178,7 @@ mod tests {
                 .map(|&(seq, tokens, num_drafts, num_copies)| ProposeRow {
                     seq,
                     tokens,
+                    prompt_len: 0,
                     fed_start: tokens.len() - 1,
                     num_valid: 1,
                     flat_start: 0,

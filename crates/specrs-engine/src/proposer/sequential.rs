@@ -595,6 +595,7 @@ mod tests {
             let row = ProposeRow {
                 seq: self.seq,
                 tokens: &self.tokens,
+                prompt_len: 0,
                 fed_start,
                 num_valid,
                 flat_start,
@@ -693,6 +694,7 @@ mod tests {
                 .map(|&(seq, fed_start, num_valid, flat_start, num_drafts, catch_up_now)| ProposeRow {
                     seq,
                     tokens: &tokens,
+                    prompt_len: 0,
                     fed_start,
                     num_valid,
                     flat_start,
@@ -785,6 +787,7 @@ mod tests {
             .map(|i| ProposeRow {
                 seq: i as SeqId + 1,
                 tokens: tokens[i],
+                prompt_len: 0,
                 fed_start: 0,
                 num_valid: 4,
                 flat_start: 4 * i,

@@ -1,0 +1,129 @@
+//! Forced drafts for structured outputs, in front of any proposer (a spec-rs extension; SGLang
+//! calls the idea jump-forward decoding).
+//!
+//! Where a row's grammar leaves exactly one way on (a schema's keys and punctuation, the rest
+//! of the only choice still possible), the forced text is tokenized and proposed as the row's
+//! drafts: no drafter forward, and the target accepts them unless it would tokenize the text
+//! differently. Verification is unchanged, so the output is exactly the guided plain output.
+//! The forced text's last token is left to the model when there are others before it: it may
+//! merge with what follows the forced text (a key's `: "` and the value's first letters), and
+//! a draft the model would write differently costs its verified position.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use specrs_core::kv_blocks::SeqId;
+use specrs_core::scheduler::Scheduler;
+use specrs_core::structured::{GuideCursor, GuideState};
+
+use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use crate::error::Result;
+use crate::tokenizer::TextTokenizer;
+
+/// The most forced bytes tokenized per row and step.
+const MAX_FORCED_BYTES: usize = 64;
+
+pub struct GuidedFirstProposer {
+    model: Box<dyn Proposer>,
+    tokenizer: Arc<TextTokenizer>,
+}
+
+impl GuidedFirstProposer {
+    pub fn new(model: Box<dyn Proposer>, tokenizer: Arc<TextTokenizer>) -> Self {
+        Self { model, tokenizer }
+    }
+}
+
+/// The forced tokens a guided row may take as drafts (at most its width), or none.
+fn forced_drafts(tokenizer: &TextTokenizer, row: &ProposeRow<'_>) -> Vec<u32> {
+    let width = row.num_drafts.max(row.num_copies);
+    let Some(guide) = &row.params.guide else { return Vec::new() };
+    if width == 0 {
+        return Vec::new();
+    }
+    let output = &row.tokens[row.prompt_len.min(row.tokens.len())..];
+    let state = GuideCursor::after(guide, output).state();
+    let bytes = guide.forced_bytes(state, MAX_FORCED_BYTES);
+    // Whole characters only.
+    let text = match std::str::from_utf8(&bytes) {
+        Ok(text) => text,
+        Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).expect("valid up to there"),
+    };
+    if text.is_empty() {
+        return Vec::new();
+    }
+    let Ok(mut tokens) = tokenizer.encode(text, false) else { return Vec::new() };
+    if tokens.len() > 1 {
+        tokens.pop();
+    }
+    // Only what the guide allows, in case the tokenizer spells the text unexpectedly.
+    let mut at = state;
+    let allowed = tokens
+        .iter()
+        .take_while(|&&t| {
+            at = guide.advance(at, t);
+            at != GuideState::Dead
+        })
+        .count();
+    tokens.truncate(allowed.min(width));
+    tokens
+}
+
+impl Proposer for GuidedFirstProposer {
+    fn name(&self) -> &str {
+        self.model.name()
+    }
+
+    fn num_speculative_tokens(&self) -> usize {
+        self.model.num_speculative_tokens()
+    }
+
+    fn draft_lookahead(&self) -> usize {
+        self.model.draft_lookahead()
+    }
+
+    fn copy_width(&self) -> usize {
+        self.model.copy_width()
+    }
+
+    fn tap_request(&self) -> TapRequest {
+        self.model.tap_request()
+    }
+
+    fn input_device(&self) -> Option<&candle_core::Device> {
+        self.model.input_device()
+    }
+
+    fn propose(
+        &mut self,
+        rows: &[ProposeRow<'_>],
+        taps: &StepTaps<'_>,
+        scheduler: &Scheduler,
+    ) -> Result<Vec<Proposal>> {
+        if rows.iter().all(|r| r.params.guide.is_none()) {
+            return self.model.propose(rows, taps, scheduler);
+        }
+        let tokenizer = &self.tokenizer;
+        super::propose_around_copies(self.model.as_mut(), rows, taps, scheduler, |r| forced_drafts(tokenizer, r))
+    }
+
+    fn take_catch_up_time(&mut self) -> Duration {
+        self.model.take_catch_up_time()
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.model.kv_bytes_per_token()
+    }
+
+    fn allocate(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
+        self.model.allocate(num_blocks, block_size)
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.model.release(seq);
+    }
+
+    fn kv_final_len(&self, seq: SeqId, computed: usize) -> usize {
+        self.model.kv_final_len(seq, computed)
+    }
+}

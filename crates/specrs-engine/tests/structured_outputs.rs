@@ -1,0 +1,188 @@
+//! Structured outputs on the default model: whatever the model would have said, a guided
+//! output follows its JSON schema, is a JSON object, matches its regex or is one of its
+//! choices; greedy speculation with the shipped EAGLE-3 head returns exactly the guided plain
+//! text; sampled guided outputs stay valid; bad constraints are request errors.
+
+use serde_json::{Value, json};
+use specrs_core::sampling::SamplingParams;
+use specrs_core::structured::StructuredOutputs;
+use specrs_engine::chat_template::ChatMessage;
+use specrs_engine::{
+    EngineHandle, FinalOutput, FinishReason, GenerationRequest, PipelineConfig, Prompt, apply_default_draft,
+    build_engine,
+};
+use specrs_models::ModelDType;
+
+fn engine(with_default_draft: bool) -> EngineHandle {
+    let mut cfg = PipelineConfig::new("smollm2-135m-instruct");
+    cfg.dtype = ModelDType::F32;
+    if with_default_draft {
+        assert!(apply_default_draft(&mut cfg).unwrap());
+    }
+    let (engine, info) = build_engine(&cfg).unwrap();
+    EngineHandle::spawn(engine, Some(info))
+}
+
+fn ask(question: &str, constraint: StructuredOutputs, params: SamplingParams) -> GenerationRequest {
+    let prompt = Prompt::Chat(vec![ChatMessage::new("user", question)].into());
+    GenerationRequest::new(prompt, SamplingParams { structured_outputs: Some(constraint), ..params })
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { temperature: 0.0, max_tokens: Some(max_tokens), ..SamplingParams::default() }
+}
+
+fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0},
+            "city": {"type": "string", "maxLength": 20},
+            "languages": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}
+        },
+        "required": ["name", "age", "city"]
+    })
+}
+
+/// Requests covering every kind of constraint, greedy.
+fn guided_requests() -> Vec<GenerationRequest> {
+    let json = |schema: Value| StructuredOutputs { json: Some(schema), ..Default::default() };
+    vec![
+        ask("Describe a fictional software engineer as JSON.", json(person_schema()), greedy(96)),
+        ask(
+            r#"What is 2 + 2? Reply with a JSON object like {"answer": 0}."#,
+            StructuredOutputs { json_object: Some(true), ..Default::default() },
+            greedy(160),
+        ),
+        ask(
+            "Is Paris the capital of France?",
+            StructuredOutputs {
+                choice: Some(vec!["Yes".into(), "No".into(), "Not sure".into()]),
+                ..Default::default()
+            },
+            greedy(8),
+        ),
+        ask(
+            "Give me a US phone number.",
+            StructuredOutputs { regex: Some(r"\(\d{3}\) \d{3}-\d{4}".into()), ..Default::default() },
+            greedy(24),
+        ),
+    ]
+}
+
+fn check_guided(outputs: &[FinalOutput]) {
+    let person: Value = serde_json::from_str(&outputs[0].text)
+        .unwrap_or_else(|e| panic!("schema output is not JSON ({e}): {:?}", outputs[0].text));
+    assert!(person["name"].is_string() && person["age"].is_u64() && person["city"].is_string(), "{person}");
+    assert!(person["name"].as_str().unwrap().chars().count() <= 20);
+    assert!(person.as_object().unwrap().keys().all(|k| ["name", "age", "city", "languages"].contains(&k.as_str())));
+
+    let mars: Value = serde_json::from_str(outputs[1].text.trim())
+        .unwrap_or_else(|e| panic!("json_object output is not JSON ({e}): {:?}", outputs[1].text));
+    assert!(mars.is_object(), "{mars}");
+
+    assert!(["Yes", "No", "Not sure"].contains(&outputs[2].text.as_str()), "{:?}", outputs[2].text);
+
+    let phone = &outputs[3].text;
+    let digits: Vec<char> = phone.chars().filter(char::is_ascii_digit).collect();
+    assert_eq!((phone.len(), digits.len()), (14, 10), "{phone:?}");
+    assert!(phone.starts_with('(') && phone[4..6] == *") " && &phone[9..10] == "-", "{phone:?}");
+
+    for out in outputs {
+        assert_eq!(out.finish_reason, FinishReason::Stop, "a complete output ends itself: {:?}", out.text);
+    }
+}
+
+#[test]
+fn guided_outputs_follow_their_constraints_and_speculation_returns_the_same_text() {
+    let plain = engine(false);
+    let plain_out = plain.generate(guided_requests()).unwrap();
+    check_guided(&plain_out);
+
+    let spec = engine(true);
+    let spec_out = spec.generate(guided_requests()).unwrap();
+    let mut accepted = 0;
+    for (a, b) in plain_out.iter().zip(&spec_out) {
+        assert_eq!(a.token_ids, b.token_ids, "greedy guided speculation is lossless: {:?}", a.text);
+        accepted += b.metrics.num_accepted_tokens;
+    }
+    assert!(accepted > 0, "the head's drafts are accepted where they keep to the grammar");
+    let (free, total) = spec.kv_blocks().unwrap();
+    assert_eq!(free, total);
+}
+
+#[test]
+fn sampled_guided_outputs_stay_valid_for_every_seed() {
+    let spec = engine(true);
+    let schema = StructuredOutputs { json: Some(person_schema()), ..Default::default() };
+    let requests = (0..4)
+        .map(|seed| {
+            let params =
+                SamplingParams { temperature: 1.0, seed: Some(seed), max_tokens: Some(128), ..Default::default() };
+            ask("Describe a fictional person as JSON.", schema.clone(), params)
+        })
+        .collect();
+    for out in spec.generate(requests).unwrap() {
+        if out.finish_reason == FinishReason::Stop {
+            let person: Value = serde_json::from_str(&out.text).unwrap_or_else(|e| panic!("{e}: {:?}", out.text));
+            assert!(person["age"].is_u64(), "{person}");
+        } else {
+            // Cut by max_tokens: still a prefix the schema allows.
+            assert!(out.text.starts_with("{\"name\""), "{:?}", out.text);
+        }
+    }
+}
+
+#[test]
+fn bad_constraints_are_request_errors_naming_the_problem() {
+    let plain = engine(false);
+    let cases = [
+        (StructuredOutputs { regex: Some("(".into()), ..Default::default() }, "not a valid regex"),
+        (StructuredOutputs { json: Some(json!({"type": "integer", "maximum": 3})), ..Default::default() }, "`maximum`"),
+        (StructuredOutputs::default(), "needs one of"),
+    ];
+    for (constraint, expected) in cases {
+        let err = plain.generate(vec![ask("Hi", constraint, greedy(4))]).unwrap_err().to_string();
+        assert!(err.contains("structured_outputs") && err.contains(expected), "{err}");
+    }
+
+    // Synthetic acceptance ignores the logits, so it cannot keep an output to a constraint.
+    let mut cfg = PipelineConfig::new("smollm2-135m-instruct");
+    cfg.speculative.speculative_method = Some(specrs_core::config::SpeculativeMethod::Ngram);
+    cfg.speculative.synthetic_acceptance_rate = Some(0.7);
+    let (engine, info) = build_engine(&cfg).unwrap();
+    let synthetic = EngineHandle::spawn(engine, Some(info));
+    let choice = StructuredOutputs { choice: Some(vec!["a".into()]), ..Default::default() };
+    let err = synthetic.generate(vec![ask("Hi", choice, greedy(4))]).unwrap_err().to_string();
+    assert!(err.contains("synthetic acceptance"), "{err}");
+}
+
+#[test]
+fn forced_text_is_drafted_whole_and_accepted_without_a_drafter_forward() {
+    // Plain n-gram speculation has nothing to copy in a fresh answer; the schema's keys and
+    // punctuation are forced, and come back as drafts the target accepts.
+    let mut cfg = PipelineConfig::new("smollm2-135m-instruct");
+    cfg.dtype = ModelDType::F32;
+    cfg.speculative.speculative_method = Some(specrs_core::config::SpeculativeMethod::Ngram);
+    cfg.speculative.num_speculative_tokens = Some(4);
+    let (ngram_engine, info) = build_engine(&cfg).unwrap();
+    let spec = EngineHandle::spawn(ngram_engine, Some(info));
+    let schema = StructuredOutputs { json: Some(person_schema()), ..Default::default() };
+    let request = GenerationRequest {
+        trace: true,
+        ..ask("Describe a fictional software engineer as JSON.", schema.clone(), greedy(96))
+    };
+    let out = spec.generate(vec![request]).unwrap().remove(0);
+    let plain =
+        engine(false).generate(vec![ask("Describe a fictional software engineer as JSON.", schema, greedy(96))]);
+    assert_eq!(out.token_ids, plain.unwrap()[0].token_ids, "lossless");
+    let tokenizer = spec.tokenizer();
+    let drafted: Vec<String> = out.trace.iter().map(|s| tokenizer.decode(&s.drafted, false).unwrap()).collect();
+    assert!(drafted.iter().any(|d| d.contains("\"age\":")), "the key between two values is drafted: {drafted:?}");
+    assert!(
+        out.trace.iter().any(|s| s.num_accepted >= 3),
+        "forced runs are accepted several tokens at a time: {:?}",
+        out.trace.iter().map(|s| s.num_accepted).collect::<Vec<_>>()
+    );
+}
