@@ -2,7 +2,8 @@
 //! with vLLM's sampling extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
 //! `ignore_eos`, `stop_token_ids`, `prompt_logprobs`, `allowed_token_ids`,
 //! `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`, `bad_words`,
-//! `stream_options.continuous_usage_stats`).
+//! `stream_options.continuous_usage_stats`, `structured_outputs` and the older `guided_json`,
+//! `guided_regex`, `guided_choice`, `guided_grammar`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -95,6 +96,17 @@ pub struct SamplingFields {
     pub truncate_prompt_tokens: Option<usize>,
     /// vLLM: words the output never contains.
     pub bad_words: Option<Vec<String>>,
+    /// vLLM: the output follows a JSON schema, matches a regex, is one of some choices or
+    /// is any JSON object.
+    pub structured_outputs: Option<specrs_core::structured::StructuredOutputs>,
+    /// vLLM (before `structured_outputs`): a JSON schema, as an object or its text.
+    pub guided_json: Option<Value>,
+    /// vLLM (before `structured_outputs`): a regex the whole output matches.
+    pub guided_regex: Option<String>,
+    /// vLLM (before `structured_outputs`): the output is one of these strings.
+    pub guided_choice: Option<Vec<String>>,
+    /// vLLM (before `structured_outputs`): a context-free grammar (refused: not supported).
+    pub guided_grammar: Option<String>,
     /// spec-rs: record the per-step draft trace in the response.
     pub trace: Option<bool>,
 }

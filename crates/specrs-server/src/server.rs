@@ -24,6 +24,7 @@ use futures::stream::{self, Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use specrs_core::sampling::SamplingParams;
+use specrs_core::structured::StructuredOutputs;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
     ChatEnding, ChatMessage, Conversation, EngineHandle, FinalOutput, FinishReason, GenerationRequest, Prompt,
@@ -233,23 +234,27 @@ fn sampling_params(
     }
     let synthetic = state.handle.info().pipeline.as_ref().is_some_and(|p| p.acceptance_rule == "synthetic");
     for (field, present) in [
-        (
-            "response_format",
-            f.response_format.as_ref().is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text")),
-        ),
         ("tools", lists_tools(f.tools.as_ref())),
         ("tool_choice", f.tool_choice.as_ref().is_some_and(|c| !tool_choice_calls_nothing(c, f.tools.as_ref()))),
     ] {
         if present {
-            let message = if synthetic {
-                format!(
-                    "{field} needs constrained decoding, which synthetic acceptance (a benchmarking mode that ignores the logits) cannot serve"
-                )
-            } else {
-                format!("{field} (constrained decoding) is not supported by this server")
-            };
-            return Err(ApiError::bad_request(message, Some(field)));
+            return Err(ApiError::bad_request(
+                format!("{field} (tool calling) is not supported by this server"),
+                Some(field),
+            ));
         }
+    }
+    let constraint = structured_outputs(f)?;
+    if let Some((_, field)) = &constraint
+        && synthetic
+    {
+        return Err(ApiError::bad_request(
+            format!(
+                "{field} needs constrained decoding, which synthetic acceptance (a benchmarking mode that ignores \
+                 the logits) cannot serve"
+            ),
+            Some(field),
+        ));
     }
     let logit_bias = logit_bias(f.logit_bias.as_ref())?;
     if f.prompt_logprobs.is_some() && f.stream.unwrap_or(false) {
@@ -294,11 +299,77 @@ fn sampling_params(
         bad_words: f.bad_words.clone().unwrap_or_default(),
         // Tokenized by the engine at admission.
         bad_word_ids: Vec::new(),
+        structured_outputs: constraint.as_ref().map(|(c, _)| c.clone()),
+        // Compiled by the engine at admission.
+        guide: None,
     };
-    params
-        .validate(state.handle.info().vocab_size)
-        .map_err(|e| ApiError::bad_request(e.message, Some(e.field.as_deref().unwrap_or("temperature"))))?;
+    params.validate(state.handle.info().vocab_size).map_err(|e| {
+        // A constraint's error names the request field it came from.
+        let field = match (e.field.as_deref(), &constraint) {
+            (Some("structured_outputs"), Some((_, from))) => from,
+            (field, _) => field.unwrap_or("temperature"),
+        };
+        ApiError::bad_request(e.message, Some(field))
+    })?;
     Ok(params)
+}
+
+/// The request's output constraint and the field it came from: OpenAI's `response_format`
+/// (`json_object`, `json_schema`), vLLM's `structured_outputs`, or vLLM's older `guided_*`
+/// fields. At most one may be given.
+fn structured_outputs(f: &SamplingFields) -> Result<Option<(StructuredOutputs, &'static str)>, ApiError> {
+    let mut found: Vec<(StructuredOutputs, &'static str)> = Vec::new();
+    if let Some(format) = f.response_format.as_ref().filter(|v| !v.is_null()) {
+        let bad = |message: &str| ApiError::bad_request(message.to_string(), Some("response_format"));
+        match format.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => {
+                found.push((StructuredOutputs { json_object: Some(true), ..Default::default() }, "response_format"))
+            }
+            Some("json_schema") => {
+                let schema = format
+                    .get("json_schema")
+                    .and_then(|s| s.get("schema"))
+                    .ok_or_else(|| bad("response_format of type json_schema needs json_schema.schema"))?;
+                found.push((StructuredOutputs { json: Some(schema.clone()), ..Default::default() }, "response_format"));
+            }
+            Some(other) => {
+                return Err(bad(&format!(
+                    "response_format type '{other}' is not supported; use 'text', 'json_object' or 'json_schema'"
+                )));
+            }
+            None => return Err(bad("response_format needs a type: 'text', 'json_object' or 'json_schema'")),
+        }
+    }
+    if let Some(constraint) = &f.structured_outputs {
+        found.push((constraint.clone(), "structured_outputs"));
+    }
+    let guided = [
+        ("guided_json", f.guided_json.clone().map(|json| StructuredOutputs { json: Some(json), ..Default::default() })),
+        (
+            "guided_regex",
+            f.guided_regex.clone().map(|regex| StructuredOutputs { regex: Some(regex), ..Default::default() }),
+        ),
+        (
+            "guided_choice",
+            f.guided_choice.clone().map(|choice| StructuredOutputs { choice: Some(choice), ..Default::default() }),
+        ),
+        (
+            "guided_grammar",
+            f.guided_grammar.clone().map(|grammar| StructuredOutputs { grammar: Some(grammar), ..Default::default() }),
+        ),
+    ];
+    found.extend(guided.into_iter().filter_map(|(field, c)| c.map(|c| (c, field))));
+    match found.len() {
+        0 | 1 => Ok(found.pop()),
+        _ => {
+            let fields: Vec<&str> = found.iter().map(|(_, f)| *f).collect();
+            Err(ApiError::bad_request(
+                format!("give one output constraint, not several: {}", fields.join(", ")),
+                Some(fields[1]),
+            ))
+        }
+    }
 }
 
 /// Whether a request offers tools: anything but absent, `null` or an empty list.
