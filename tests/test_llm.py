@@ -5,6 +5,7 @@ seeded sampling, errors, and the resolved pipeline."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import time
 from typing import Any
@@ -24,6 +25,7 @@ from spec_rs import (
     SpecDecodeMetrics,
     SpecRsError,
     SpeculativeConfig,
+    StructuredOutputsParams,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -892,3 +894,73 @@ def test_a_streamed_requests_last_delta_reports_its_cached_tokens(plain_llm: LLM
     deltas = list(plain_llm.stream(prompt, SamplingParams(temperature=0.0, max_tokens=6)))
     assert [d.num_cached_tokens for d in deltas[:-1]] == [None] * (len(deltas) - 1)
     assert deltas[-1].num_cached_tokens and deltas[-1].num_cached_tokens > 0
+
+
+PERSON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0},
+        "city": {"type": "string", "maxLength": 20},
+    },
+    "required": ["name", "age", "city"],
+}
+
+
+def guided(max_tokens: int, **constraint: Any) -> SamplingParams:
+    return SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, structured_outputs=StructuredOutputsParams(**constraint)
+    )
+
+
+def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_speculation(
+    plain_llm: LLM, ngram_llm: LLM
+) -> None:
+    prompts = [
+        user("Describe a fictional software engineer as JSON."),
+        user('What is 2 + 2? Reply with a JSON object like {"answer": 0}.'),
+        user("Is Paris the capital of France?"),
+        user("Give me a US phone number."),
+    ]
+    params = [
+        guided(96, json=PERSON_SCHEMA),
+        guided(64, json_object=True),
+        guided(8, choice=["Yes", "No", "Not sure"]),
+        guided(24, regex=r"\(\d{3}\) \d{3}-\d{4}"),
+    ]
+    plain = [plain_llm.chat(p, sp)[0] for p, sp in zip(prompts, params, strict=True)]
+    person = json.loads(plain[0].text)
+    assert set(person) <= {"name", "age", "city"} and isinstance(person["age"], int) and person["age"] >= 0
+    assert isinstance(json.loads(plain[1].text), dict)
+    assert plain[2].text in ("Yes", "No", "Not sure")
+    assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", plain[3].text), plain[3].text
+    assert all(out.finish_reason == "stop" for out in plain), [o.text for o in plain]
+    for p, sp, want in zip(prompts, params, plain, strict=True):
+        assert ngram_llm.chat(p, sp)[0].token_ids == want.token_ids
+    # The same schema given as JSON text, and sampled outputs, stay within it.
+    as_text = guided(96, json=json.dumps(PERSON_SCHEMA))
+    assert plain_llm.chat(prompts[0], as_text)[0].text == plain[0].text
+    sampled = as_text.model_copy(update={"temperature": 1.0, "seed": 5, "max_tokens": 128})
+    out = ngram_llm.chat(prompts[0], sampled)[0]
+    if out.finish_reason == "stop":
+        assert isinstance(json.loads(out.text)["age"], int)
+
+
+def test_bad_structured_outputs_raise_validation_errors_naming_the_problem() -> None:
+    cases = [
+        ({"json": {"type": "integer", "maximum": 3}}, "`maximum`"),
+        ({"regex": "("}, "not a valid regex"),
+        ({"regex": "a", "choice": ["a"]}, "exactly one"),
+        ({"grammar": 'root ::= "a"'}, "not supported"),
+        ({"choice": []}, "non-empty"),
+        ({}, "needs one of"),
+    ]
+    for constraint, message in cases:
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            SamplingParams(structured_outputs=StructuredOutputsParams(**constraint))
+    with pytest.raises(ValidationError, match="drop min_tokens and ignore_eos"):
+        SamplingParams(structured_outputs=StructuredOutputsParams(json_object=True), min_tokens=3)
+    with pytest.raises(ValidationError, match="json"):
+        StructuredOutputsParams(json=3)  # type: ignore[arg-type]
+    dumped = StructuredOutputsParams(json={"type": "string"}).model_dump()
+    assert dumped["json"] == {"type": "string"}, "serialised under vLLM's name"

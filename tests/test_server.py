@@ -9,6 +9,7 @@ import asyncio
 import http.client
 import json
 import random
+import re
 import signal
 import statistics
 import threading
@@ -21,7 +22,7 @@ import pytest
 
 import spec_rs
 from conftest import ARTIFACTS, Server
-from spec_rs import LLM, SamplingParams
+from spec_rs import LLM, SamplingParams, StructuredOutputsParams
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -350,6 +351,64 @@ def test_vllms_output_controls_pass_through_the_server(server: Server, ngram_llm
     ), "the output ends with its stop string"
 
 
+def test_structured_outputs_through_every_request_field_give_what_llm_chat_gives(
+    client: openai.OpenAI, server: Server, ngram_llm: LLM
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0}},
+        "required": ["name", "age"],
+    }
+    person = user("Describe a fictional software engineer as JSON.")
+    resp = client.chat.completions.create(
+        model=MODEL,
+        messages=person,
+        temperature=0,
+        max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+    )
+    text = resp.choices[0].message.content
+    assert text is not None and isinstance(json.loads(text)["age"], int)
+    want = ngram_llm.chat(
+        person,
+        SamplingParams(temperature=0, max_tokens=64, structured_outputs=StructuredOutputsParams(json=schema)),
+    )[0]
+    assert text == want.text and resp.choices[0].finish_reason == "stop"
+
+    question = user("Is Paris the capital of France?")
+    choices = ["Yes", "No"]
+    want_choice = ngram_llm.chat(
+        question,
+        SamplingParams(
+            temperature=0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=choices)
+        ),
+    )[0].text
+    assert want_choice in choices
+    for extra in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):
+        resp = client.chat.completions.create(
+            model=MODEL, messages=question, temperature=0, max_tokens=8, extra_body=extra
+        )
+        assert resp.choices[0].message.content == want_choice, extra
+
+    # json_object on the completions endpoint, streamed: the pieces join into one object.
+    stream = client.completions.create(
+        model=MODEL,
+        prompt='A JSON object with one key, "answer", holding 2 + 2: ',
+        temperature=0,
+        max_tokens=32,
+        stream=True,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    streamed = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    assert isinstance(json.loads(streamed), dict), streamed
+    regex = r"[0-9]{3}-[0-9]{4}"
+    status, _, raw = server.request(
+        "POST", COMPLETIONS, cmpl(prompt="Phone: ", temperature=0, max_tokens=12, guided_regex=regex)
+    )
+    assert status == 200, raw
+    assert re.fullmatch(regex, json.loads(raw)["choices"][0]["text"])
+
+
 def test_continue_final_message_continues_the_prefilled_answer_as_llm_chat_does(
     client: openai.OpenAI, server: Server, ngram_llm: LLM
 ) -> None:
@@ -535,13 +594,45 @@ BAD_REQUESTS = [
     ("max-tokens-0", CHAT, chat(max_tokens=0), 400, "max_tokens", None),
     ("max-completion-tokens-0", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens", None),
     (
-        "response-format-json-object",
+        "response-format-unknown-type",
         CHAT,
-        chat(response_format={"type": "json_object"}),
+        chat(response_format={"type": "xml"}),
         400,
         "response_format",
         None,
     ),
+    (
+        "response-format-json-schema-without-schema",
+        CHAT,
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+        400,
+        "response_format",
+        None,
+    ),
+    (
+        "response-format-unsupported-keyword",
+        COMPLETIONS,
+        cmpl(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"schema": {"type": "integer", "maximum": 3}},
+            }
+        ),
+        400,
+        "response_format",
+        None,
+    ),
+    ("guided-regex-invalid", CHAT, chat(guided_regex="("), 400, "guided_regex", None),
+    ("guided-grammar", CHAT, chat(guided_grammar='root ::= "a"'), 400, "guided_grammar", None),
+    (
+        "two-output-constraints",
+        CHAT,
+        chat(response_format={"type": "json_object"}, guided_choice=["a", "b"]),
+        400,
+        "guided_choice",
+        None,
+    ),
+    ("structured-outputs-empty", CHAT, chat(structured_outputs={}), 400, "structured_outputs", None),
     ("tools", CHAT, chat(tools=[TOOL]), 400, "tools", None),
     ("tool-choice-required", CHAT, chat(tool_choice="required"), 400, "tool_choice", None),
     ("tool-choice-auto-with-tools", CHAT, chat(tools=[TOOL], tool_choice="auto"), 400, "tools", None),

@@ -17,7 +17,15 @@ from .errors import (
     SpecRsError,
     SpeculatorSelectionError,
 )
-from .llm import LLM, CompletionOutput, RequestOutput, SamplingParams, SpecDecodeMetrics, TraceStep
+from .llm import (
+    LLM,
+    CompletionOutput,
+    RequestOutput,
+    SamplingParams,
+    SpecDecodeMetrics,
+    StructuredOutputsParams,
+    TraceStep,
+)
 from .models import DEFAULT_MODEL
 from .registry import ARCH_LOOKUP, ArchLookup, Speculator, SupportedArchitecture, WeightsFormat
 
@@ -41,6 +49,7 @@ __all__ = [
     "SpeculativeConfig",
     "Speculator",
     "SpeculatorSelectionError",
+    "StructuredOutputsParams",
     "SupportedArchitecture",
     "TraceStep",
     "VerifyWidthRange",

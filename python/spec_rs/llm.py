@@ -36,6 +36,30 @@ DRAFT_CHECKPOINT_METHODS = ("eagle", "dflash", "dflash2", "dspark")
 Message = dict[str, Any]
 
 
+class StructuredOutputsParams(BaseModel):
+    """What the output must look like (vLLM's ``StructuredOutputsParams``); give exactly one.
+
+    At every position the tokens that would leave the constraint are masked before sampling,
+    drafts included, so speculative decoding returns exactly what plain decoding returns.
+
+    - ``json``: a JSON schema (a dict, or its JSON text) the output is an instance of.
+      Properties come in the schema's order; keywords whose constraint cannot be enforced
+      (``maximum``, ``uniqueItems``, ...) raise ``ValidationError`` rather than be ignored.
+    - ``regex``: a regex the whole output matches.
+    - ``choice``: the output is exactly one of these strings.
+    - ``json_object``: the output is any JSON object.
+    - ``grammar``: context-free grammars are not supported (raises).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True)
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
+    grammar: str | None = None
+
+
 class SamplingParams(BaseModel):
     """How a request samples and when it stops (vLLM's names and meanings).
 
@@ -83,6 +107,9 @@ class SamplingParams(BaseModel):
     """Words the output never contains: the token that would complete one (as written or
     after a space) is masked at every position, drafts included, so speculation stays
     lossless."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """The output follows a JSON schema, is any JSON object, matches a regex or is one of
+    some choices (see :class:`StructuredOutputsParams`)."""
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -677,6 +704,7 @@ __all__ = [
     "ResolvedPipeline",
     "SamplingParams",
     "SpecDecodeMetrics",
+    "StructuredOutputsParams",
     "TokenLogprob",
     "TraceStep",
     "build_pipeline",
