@@ -216,7 +216,9 @@ mod tests {
         assert!(g.forced_bytes(after_ab, 16).is_empty(), "c, d or x: a choice");
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
         let (j, _) = guide(StructuredOutputs { json: Some(schema), ..Default::default() });
-        assert_eq!(j.forced_bytes(j.start(), 64), br#"{"a": "#, "up to the value");
+        assert_eq!(j.forced_bytes(j.start(), 64), b"{", "then a space or not: the model's choice");
+        let open = j.advance(j.start(), 13); // {"
+        assert_eq!(j.forced_bytes(open, 64), br#"a": "#, "the key, up to its value");
         let (c, _) = guide(StructuredOutputs { choice: Some(vec!["yes".into()]), ..Default::default() });
         let done = c.advance(c.start(), 11);
         assert!(c.forced_bytes(done, 16).is_empty(), "an output that may end forces nothing");

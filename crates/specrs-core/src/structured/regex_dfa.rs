@@ -5,7 +5,7 @@
 //! wants: with leftmost-first, `a|ab` would stop after `a`, and a guide would never allow
 //! `ab`. The start is anchored; the end is checked by the end-of-input transition.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use regex_automata::dfa::{Automaton, StartKind, dense};
 use regex_automata::util::primitives::StateID;
@@ -23,8 +23,9 @@ pub struct RegexError(pub String);
 pub struct RegexGrammar {
     dfa: dense::DFA<Vec<u32>>,
     start: StateID,
-    /// States from which some continuation ends in a whole match.
-    live: HashSet<StateID>,
+    /// Whether some continuation of a state ends in a whole match, by state index (the trie
+    /// walk asks this for every node it visits, so it is a plain lookup, not a hash).
+    live: Vec<bool>,
 }
 
 impl RegexGrammar {
@@ -63,7 +64,7 @@ impl RegexGrammar {
 
     pub fn step(&self, state: StateID, byte: u8) -> Option<StateID> {
         let next = self.dfa.next_state(state, byte);
-        self.live.contains(&next).then_some(next)
+        self.live.get(next.as_usize() >> self.dfa.stride2()).copied().unwrap_or(false).then_some(next)
     }
 
     /// Whether the bytes that led to `state` are a whole match.
@@ -79,7 +80,7 @@ impl RegexGrammar {
 
 /// The states reachable from `start` that can still reach a whole match: a walk over one
 /// byte per equivalence class, then a backward sweep from the accepting states.
-fn live_states(dfa: &dense::DFA<Vec<u32>>, start: StateID) -> HashSet<StateID> {
+fn live_states(dfa: &dense::DFA<Vec<u32>>, start: StateID) -> Vec<bool> {
     let representatives: Vec<u8> = dfa.byte_classes().representatives(..).filter_map(|u| u.as_u8()).collect();
     let mut index = HashMap::from([(start, 0usize)]);
     let mut states = vec![start];
@@ -113,7 +114,12 @@ fn live_states(dfa: &dense::DFA<Vec<u32>>, start: StateID) -> HashSet<StateID> {
             }
         }
     }
-    states.into_iter().zip(live).filter_map(|(s, l)| l.then_some(s)).collect()
+    let index = |s: StateID| s.as_usize() >> dfa.stride2();
+    let mut by_index = vec![false; states.iter().map(|&s| index(s) + 1).max().unwrap_or(0)];
+    for (state, live) in states.into_iter().zip(live) {
+        by_index[index(state)] = live;
+    }
+    by_index
 }
 
 #[cfg(test)]
