@@ -23,9 +23,12 @@ fn engine(with_default_draft: bool) -> EngineHandle {
     EngineHandle::spawn(engine, Some(info))
 }
 
+fn ask_free(question: &str, params: SamplingParams) -> GenerationRequest {
+    GenerationRequest::new(Prompt::Chat(vec![ChatMessage::new("user", question)].into()), params)
+}
+
 fn ask(question: &str, constraint: StructuredOutputs, params: SamplingParams) -> GenerationRequest {
-    let prompt = Prompt::Chat(vec![ChatMessage::new("user", question)].into());
-    GenerationRequest::new(prompt, SamplingParams { structured_outputs: Some(constraint), ..params })
+    ask_free(question, SamplingParams { structured_outputs: Some(constraint), ..params })
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {
@@ -185,4 +188,16 @@ fn forced_text_is_drafted_whole_and_accepted_without_a_drafter_forward() {
         "forced runs are accepted several tokens at a time: {:?}",
         out.trace.iter().map(|s| s.num_accepted).collect::<Vec<_>>()
     );
+
+    // The model's own answer as the only choice: its rest is forced, tokenized as the model
+    // tokenizes it, so every forced draft is accepted, the end included.
+    let question = "Is Paris the capital of France?";
+    let free = spec.generate(vec![ask_free(question, greedy(6))]).unwrap().remove(0);
+    let only = StructuredOutputs { choice: Some(vec![free.text.clone()]), ..Default::default() };
+    let request = GenerationRequest { trace: true, ..ask(question, only, greedy(16)) };
+    let out = spec.generate(vec![request]).unwrap().remove(0);
+    assert_eq!((out.text.as_str(), out.finish_reason), (free.text.as_str(), FinishReason::Stop));
+    assert!(out.trace.iter().all(|s| s.num_accepted == s.drafted.len()), "{:?}", out.trace);
+    let last = out.trace.last().expect("a verify step").drafted.last().copied();
+    assert!(last.is_some_and(|t| tokenizer.eos_token_ids().contains(&t)), "the end is drafted: {:?}", out.trace);
 }

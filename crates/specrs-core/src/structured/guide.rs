@@ -89,6 +89,13 @@ impl TokenGuide {
         self.grammar.accepts(state)
     }
 
+    /// End-of-sequence, where it is all `state` allows: the output is complete and no byte
+    /// may follow it.
+    pub fn forced_end(&self, state: GuideState) -> Option<u32> {
+        let complete = self.grammar.accepts(state) && (0..=255u8).all(|b| self.grammar.step(state, b).is_none());
+        complete.then(|| self.vocabulary.eos_token_ids().first().copied()).flatten()
+    }
+
     /// The bytes the grammar forces from `state`, at most `max` of them: while the output may
     /// not end and exactly one byte continues it (a schema's keys and punctuation, the rest of
     /// the only choice left). Empty where the output has a choice to make.

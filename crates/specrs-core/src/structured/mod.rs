@@ -222,6 +222,10 @@ mod tests {
         let (c, _) = guide(StructuredOutputs { choice: Some(vec!["yes".into()]), ..Default::default() });
         let done = c.advance(c.start(), 11);
         assert!(c.forced_bytes(done, 16).is_empty(), "an output that may end forces nothing");
+        assert_eq!(c.forced_end(done), Some(0), "but a complete one forces its end");
+        assert_eq!(c.forced_end(c.start()), None);
+        let (open_ended, _) = guide(StructuredOutputs { regex: Some("a+".into()), ..Default::default() });
+        assert_eq!(open_ended.forced_end(open_ended.advance(open_ended.start(), 7)), None, "more a's may follow");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! differently. Verification is unchanged, so the output is exactly the guided plain output.
 //! The forced text's last token is left to the model when there are others before it: it may
 //! merge with what follows the forced text (a key's `: "` and the value's first letters), and
-//! a draft the model would write differently costs its verified position.
+//! a draft the model would write differently costs its verified position. Where the forced
+//! text completes the output (the closing `}` of a schema, the rest of the last choice), the
+//! end-of-sequence token is drafted after it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +36,8 @@ impl GuidedFirstProposer {
     }
 }
 
-/// The forced tokens a guided row may take as drafts (at most its width), or none.
+/// The forced tokens a guided row may take as drafts (at most its width), or none; ending
+/// with end-of-sequence where the forced text completes the output.
 fn forced_drafts(tokenizer: &TextTokenizer, row: &ProposeRow<'_>) -> Vec<u32> {
     let width = row.num_drafts.max(row.num_copies);
     let Some(guide) = &row.params.guide else { return Vec::new() };
@@ -49,13 +52,7 @@ fn forced_drafts(tokenizer: &TextTokenizer, row: &ProposeRow<'_>) -> Vec<u32> {
         Ok(text) => text,
         Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).expect("valid up to there"),
     };
-    if text.is_empty() {
-        return Vec::new();
-    }
-    let Ok(mut tokens) = tokenizer.encode(text, false) else { return Vec::new() };
-    if tokens.len() > 1 {
-        tokens.pop();
-    }
+    let mut tokens = if text.is_empty() { Vec::new() } else { tokenizer.encode(text, false).unwrap_or_default() };
     // Only what the guide allows, in case the tokenizer spells the text unexpectedly.
     let mut at = state;
     let allowed = tokens
@@ -65,7 +62,15 @@ fn forced_drafts(tokenizer: &TextTokenizer, row: &ProposeRow<'_>) -> Vec<u32> {
             at != GuideState::Dead
         })
         .count();
-    tokens.truncate(allowed.min(width));
+    tokens.truncate(allowed);
+    // `at` is dead if a token was refused, so the end is forced only after the whole text.
+    match guide.forced_end(at) {
+        // Nothing follows the forced text: no merge to fear, and the end is forced too.
+        Some(eos) => tokens.push(eos),
+        None if tokens.len() > 1 => drop(tokens.pop()),
+        None => {}
+    }
+    tokens.truncate(width);
     tokens
 }
 
