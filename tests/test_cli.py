@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_rs import LLM, SamplingParams, _spec_rs
+from spec_rs import LLM, SamplingParams, StructuredOutputsParams, _spec_rs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,6 +170,9 @@ GENERATE_BAD_SAMPLING = [
     ),
     ("top-p-above-1", ["--top-p", "1.5"], "--top-p: top_p must be in (0, 1]"),
     ("max-tokens-0", ["--max-tokens", "0"], "--max-tokens: max_tokens must be >= 1"),
+    ("regex-invalid", ["--regex", "("], "--regex: structured_outputs.regex is not a valid regex"),
+    ("schema-unsupported", ["--json-schema", '{"type": "integer", "maximum": 1}'], "`maximum`"),
+    ("two-constraints", ["--regex", "a", "--json-object"], "cannot be used with"),
 ]
 
 
@@ -236,6 +239,17 @@ def test_generate_with_ngram_prints_the_greedy_text_and_acceptance_statistics(pl
     per_position = ints(m[6])
     assert len(per_position) == 4  # the ngram default width
     assert sum(per_position) == accepted
+
+
+def test_generate_with_an_output_constraint_prints_what_llm_chat_gives(ngram_llm: LLM) -> None:
+    question = "Is Paris the capital of France?"
+    proc = run([*console_script(), *GENERATE[:-1], "--choice", "Yes", "--choice", "No", question])
+    assert proc.returncode == 0, proc.stderr
+    params = SamplingParams(
+        temperature=0.0, max_tokens=16, structured_outputs=StructuredOutputsParams(choice=["Yes", "No"])
+    )
+    expected = ngram_llm.chat([{"role": "user", "content": question}], params)[0]
+    assert proc.stdout == expected.text + "\n" and expected.text in ("Yes", "No")
 
 
 def test_generate_trace_prints_one_line_per_verify_step() -> None:

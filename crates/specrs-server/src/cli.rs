@@ -6,13 +6,14 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command, value_parser};
 use serde_json::{Map, Value};
 use specrs_core::SpeculativeConfig;
 use specrs_core::config::file::{deep_merge, load_config_file};
 use specrs_core::config::flags::{FlagKind, SPECULATIVE_FLAGS};
 use specrs_core::model_alias::DEFAULT_MODEL_ALIAS;
 use specrs_core::sampling::SamplingParams;
+use specrs_core::structured::StructuredOutputs;
 use specrs_engine::{DeviceSpec, EngineConfig, PipelineConfig};
 use specrs_models::ModelDType;
 
@@ -75,6 +76,8 @@ pub struct GenerateArgs {
     pub seed: Option<u64>,
     pub chat: bool,
     pub trace: bool,
+    /// `--json-schema`, `--json-object`, `--regex` or `--choice`, and the flag it came from.
+    pub structured_outputs: Option<(StructuredOutputs, &'static str)>,
 }
 
 impl GenerateArgs {
@@ -85,9 +88,33 @@ impl GenerateArgs {
             top_k: self.top_k,
             seed: self.seed,
             max_tokens: Some(self.max_tokens),
+            structured_outputs: self.structured_outputs.as_ref().map(|(c, _)| c.clone()),
             ..SamplingParams::default()
         }
     }
+}
+
+/// The output constraint of `spec-rs generate`, from whichever of its flags was given (clap
+/// allows one). `--json-schema` takes the schema's JSON text, or `@path` to a file holding it.
+fn generate_constraint(m: &ArgMatches) -> Result<Option<(StructuredOutputs, &'static str)>, CliError> {
+    if let Some(schema) = m.get_one::<String>("json-schema") {
+        let text = match schema.strip_prefix('@') {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| CliError::Invalid(format!("--json-schema: cannot read '{path}': {e}")))?,
+            None => schema.clone(),
+        };
+        let constraint = StructuredOutputs { json: Some(Value::String(text)), ..Default::default() };
+        return Ok(Some((constraint, "json-schema")));
+    }
+    if m.get_flag("json-object") {
+        return Ok(Some((StructuredOutputs { json_object: Some(true), ..Default::default() }, "json-object")));
+    }
+    if let Some(regex) = m.get_one::<String>("regex") {
+        return Ok(Some((StructuredOutputs { regex: Some(regex.clone()), ..Default::default() }, "regex")));
+    }
+    Ok(m.get_many::<String>("choice").map(|choices| {
+        (StructuredOutputs { choice: Some(choices.cloned().collect()), ..Default::default() }, "choice")
+    }))
 }
 
 fn pipeline_args(cmd: Command) -> Command {
@@ -261,7 +288,24 @@ pub fn command() -> Command {
                 .arg(Arg::new("no-chat").long("no-chat").action(ArgAction::SetTrue).help("Send the prompt as raw text, without the chat template"))
                 .arg(Arg::new("trace").long("trace").action(ArgAction::SetTrue).help(
                     "Print per step the drafted tokens, the target's tokens there, and how many were accepted",
-                )),
+                ))
+                .arg(Arg::new("json-schema").long("json-schema").value_name("SCHEMA").help(
+                    "Structured output: a JSON schema the output follows (its JSON text, or @file)",
+                ))
+                .arg(
+                    Arg::new("json-object")
+                        .long("json-object")
+                        .action(ArgAction::SetTrue)
+                        .help("Structured output: any JSON object"),
+                )
+                .arg(Arg::new("regex").long("regex").help("Structured output: a regex the whole output matches"))
+                .arg(
+                    Arg::new("choice")
+                        .long("choice")
+                        .action(ArgAction::Append)
+                        .help("Structured output: one of these strings (repeat the flag)"),
+                )
+                .group(ArgGroup::new("structured-output").args(["json-schema", "json-object", "regex", "choice"])),
         )
         .subcommand(crate::train_cli::command())
 }
@@ -387,10 +431,14 @@ where
                 seed: m.get_one::<u64>("seed").copied(),
                 chat: !m.get_flag("no-chat"),
                 trace: m.get_flag("trace"),
+                structured_outputs: generate_constraint(m)?,
             };
             // Checked before a model loads: a typo costs no load time and exits with 2.
             generate.sampling_params().validate(usize::MAX).map_err(|e| {
-                let flag = e.field.as_deref().map_or_else(String::new, |f| format!("--{}: ", f.replace('_', "-")));
+                let flag = match (e.field.as_deref(), &generate.structured_outputs) {
+                    (Some("structured_outputs"), Some((_, flag))) => format!("--{flag}: "),
+                    (field, _) => field.map_or_else(String::new, |f| format!("--{}: ", f.replace('_', "-"))),
+                };
                 CliError::Invalid(format!("{flag}{}", e.message))
             })?;
             Ok(CliCommand::Generate { pipeline: pipeline_from(m)?, generate })
@@ -557,6 +605,36 @@ mod tests {
             CliCommand::Generate { generate, .. } => assert_eq!((generate.top_k, generate.temperature), (-1, 0.5)),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn generate_takes_one_output_constraint_and_checks_it_before_a_model_loads() {
+        let constraint = |args: &[&str]| match parse([&["generate", "hi"][..], args].concat()).unwrap() {
+            CliCommand::Generate { generate, .. } => generate.sampling_params().structured_outputs,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            constraint(&["--choice", "yes", "--choice", "no"]).unwrap().choice,
+            Some(vec!["yes".into(), "no".into()])
+        );
+        assert_eq!(constraint(&["--json-object"]).unwrap().json_object, Some(true));
+        assert_eq!(constraint(&["--regex", "[0-9]+"]).unwrap().regex.as_deref(), Some("[0-9]+"));
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), r#"{"type": "object", "properties": {"a": {"type": "integer"}}}"#).unwrap();
+        let from_file = format!("@{}", f.path().display());
+        assert!(constraint(&["--json-schema", &from_file]).unwrap().json.is_some());
+        assert!(constraint(&[]).is_none());
+        for (args, needle) in [
+            (&["--regex", "("][..], "--regex: structured_outputs.regex is not a valid regex"),
+            (&["--json-schema", r#"{"type": "integer", "maximum": 3}"#][..], "--json-schema: "),
+            (&["--json-schema", "@/no/such/schema.json"][..], "--json-schema: cannot read"),
+        ] {
+            match parse([&["generate", "hi"][..], args].concat()) {
+                Err(CliError::Invalid(e)) => assert!(e.contains(needle), "{e}"),
+                other => panic!("{args:?}: {other:?}"),
+            }
+        }
+        assert!(matches!(parse(["generate", "hi", "--regex", "a", "--json-object"]), Err(CliError::Clap(_))));
     }
 
     #[test]
