@@ -17,6 +17,7 @@ from conftest import IM_END, make_llm, reference_cases
 from spec_rs import (
     LLM,
     ConfigError,
+    GuidedDecodingParams,
     ModelLoadError,
     ModelNotInstalledError,
     RequestError,
@@ -962,5 +963,14 @@ def test_bad_structured_outputs_raise_validation_errors_naming_the_problem() -> 
         SamplingParams(structured_outputs=StructuredOutputsParams(json_object=True), min_tokens=3)
     with pytest.raises(ValidationError, match="json"):
         StructuredOutputsParams(json=3)  # type: ignore[arg-type]
+    # vLLM's earlier names still work, and only one of the two fields may be given.
+    old_names = SamplingParams(guided_decoding=GuidedDecodingParams(regex="[0-9]+"))
+    assert old_names.structured_outputs == StructuredOutputsParams(regex="[0-9]+")
+    assert "guided_decoding" not in old_names.model_dump()
+    with pytest.raises(ValidationError, match="not both"):
+        SamplingParams(
+            guided_decoding=GuidedDecodingParams(regex="a"),
+            structured_outputs=StructuredOutputsParams(regex="b"),
+        )
     dumped = StructuredOutputsParams(json={"type": "string"}).model_dump()
     assert dumped["json"] == {"type": "string"}, "serialised under vLLM's name"

@@ -20,6 +20,7 @@ from .errors import (
 from .llm import (
     LLM,
     CompletionOutput,
+    GuidedDecodingParams,
     RequestOutput,
     SamplingParams,
     SpecDecodeMetrics,
@@ -39,6 +40,7 @@ __all__ = [
     "CompletionOutput",
     "ConfigError",
     "EngineError",
+    "GuidedDecodingParams",
     "ModelLoadError",
     "ModelNotInstalledError",
     "RequestError",

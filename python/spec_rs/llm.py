@@ -60,6 +60,10 @@ class StructuredOutputsParams(BaseModel):
     grammar: str | None = None
 
 
+GuidedDecodingParams = StructuredOutputsParams
+"""vLLM's earlier name for :class:`StructuredOutputsParams`."""
+
+
 class SamplingParams(BaseModel):
     """How a request samples and when it stops (vLLM's names and meanings).
 
@@ -110,6 +114,17 @@ class SamplingParams(BaseModel):
     structured_outputs: StructuredOutputsParams | None = None
     """The output follows a JSON schema, is any JSON object, matches a regex or is one of
     some choices (see :class:`StructuredOutputsParams`)."""
+    guided_decoding: StructuredOutputsParams | None = Field(None, exclude=True)
+    """vLLM's earlier name for ``structured_outputs``: moved there when the object is built."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guided_decoding_is_structured_outputs(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("guided_decoding") is not None:
+            if data.get("structured_outputs") is not None:
+                raise ValueError("give structured_outputs or guided_decoding (its earlier name), not both")
+            data = {**data, "structured_outputs": data["guided_decoding"], "guided_decoding": None}
+        return data
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -700,6 +715,7 @@ class LLM:
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "GuidedDecodingParams",
     "RequestOutput",
     "ResolvedPipeline",
     "SamplingParams",
