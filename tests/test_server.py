@@ -191,6 +191,16 @@ def test_logit_bias_and_no_tool_choice_give_what_llm_chat_gives(
         model=MODEL, messages=user(prompt), temperature=0, max_tokens=24, tool_choice="auto", tools=[]
     )
     assert auto.choices[0].message.content == plain.text
+    # Tools that may not be called leave a plain answer.
+    none = client.chat.completions.create(
+        model=MODEL,
+        messages=user(prompt),
+        temperature=0,
+        max_tokens=24,
+        tool_choice="none",
+        tools=[TOOL],
+    )
+    assert none.choices[0].message.content == plain.text
 
 
 def test_echo_returns_the_prompt_and_with_logprobs_scores_its_tokens(server: Server, ngram_llm: LLM) -> None:

@@ -233,8 +233,11 @@ fn sampling_params(
         _ => {}
     }
     let synthetic = state.handle.info().pipeline.as_ref().is_some_and(|p| p.acceptance_rule == "synthetic");
+    // Tools offered with `tool_choice: "none"` are never called: the answer is a plain message
+    // (they are not rendered into the prompt).
+    let no_tool_calls = f.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
     for (field, present) in [
-        ("tools", lists_tools(f.tools.as_ref())),
+        ("tools", lists_tools(f.tools.as_ref()) && !no_tool_calls),
         ("tool_choice", f.tool_choice.as_ref().is_some_and(|c| !tool_choice_calls_nothing(c, f.tools.as_ref()))),
     ] {
         if present {
