@@ -125,16 +125,22 @@ class Server:
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=hdrs)
         # A body over the server's size limit is answered (413) and the connection closed once
         # the limit is read; a client still writing the rest may see its write fail before the
-        # answer. That race is rare on loopback, so one more try gets the answer.
-        for attempt in range(2):
+        # answer (the close resets the connection, dropping the answer with it). That race is
+        # rare on loopback but less so on a loaded machine, so a few more tries get the answer.
+        attempts = 5
+        for attempt in range(attempts):
             try:
                 with urllib.request.urlopen(req, timeout=timeout) as resp:
                     return resp.status, dict(resp.headers.items()), resp.read()
             except urllib.error.HTTPError as e:
                 with e:
                     return e.code, dict(e.headers.items()), e.read()
-            except (BrokenPipeError, ConnectionResetError):
-                if data is None or attempt == 1:
+            except (BrokenPipeError, ConnectionResetError, urllib.error.URLError) as e:
+                # urllib wraps a failed send in URLError; anything else is a real error.
+                reset = not isinstance(e, urllib.error.URLError) or isinstance(
+                    e.reason, BrokenPipeError | ConnectionResetError
+                )
+                if data is None or not reset or attempt == attempts - 1:
                     raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
