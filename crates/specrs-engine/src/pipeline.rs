@@ -397,7 +397,7 @@ fn build_proposer(
     }
     // Validated: 1 <= prompt_lookup_min <= prompt_lookup_max.
     let (min_n, max_n) = (spec.prompt_lookup_min as usize, spec.prompt_lookup_max as usize);
-    Ok((Some(Box::new(LookupFirstProposer::new(min_n, max_n, model)?)), Some(loaded)))
+    Ok((Some(Box::new(LookupFirstProposer::with_lookup(min_n, max_n, model)?)), Some(loaded)))
 }
 
 /// Loads everything and builds the engine for an explicitly chosen pipeline kind (the Python
@@ -501,7 +501,8 @@ fn build_replica(
         cfg.engine.acceptance_on_device,
     )?;
     // Structured outputs' forced text goes in front of whatever drafts the rest.
-    let proposer = proposer.map(|p| Box::new(GuidedFirstProposer::new(p, tokenizer.clone())) as Box<dyn Proposer>);
+    let proposer =
+        proposer.map(|p| Box::new(GuidedFirstProposer::with_tokenizer(p, tokenizer.clone())) as Box<dyn Proposer>);
     let k = proposer.as_ref().map(|p| p.num_speculative_tokens());
     if let Some(k) = k {
         spec.num_speculative_tokens = Some(k as i64);

@@ -12,27 +12,44 @@
 //! end-of-sequence token is drafted after it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use specrs_core::kv_blocks::SeqId;
-use specrs_core::scheduler::Scheduler;
 use specrs_core::structured::{GuideCursor, GuideState};
 
-use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
-use crate::error::Result;
+use super::copies_first::{CopiesFirst, CopySource};
+use super::{ProposeRow, Proposer};
 use crate::tokenizer::TextTokenizer;
 
 /// The most forced bytes tokenized per row and step.
 const MAX_FORCED_BYTES: usize = 64;
 
-pub struct GuidedFirstProposer {
-    model: Box<dyn Proposer>,
+/// A grammar's forced text as a source of copied drafts.
+pub struct ForcedText {
     tokenizer: Arc<TextTokenizer>,
 }
 
+impl CopySource for ForcedText {
+    fn name(&self, model: &str) -> String {
+        model.to_string()
+    }
+
+    fn copy_width(&self, model: &dyn Proposer) -> usize {
+        model.copy_width()
+    }
+
+    fn applies_to(&self, row: &ProposeRow<'_>) -> bool {
+        row.params.guide.is_some()
+    }
+
+    fn copies(&self, row: &ProposeRow<'_>) -> Vec<u32> {
+        forced_drafts(&self.tokenizer, row)
+    }
+}
+
+pub type GuidedFirstProposer = CopiesFirst<ForcedText>;
+
 impl GuidedFirstProposer {
-    pub fn new(model: Box<dyn Proposer>, tokenizer: Arc<TextTokenizer>) -> Self {
-        Self { model, tokenizer }
+    pub fn with_tokenizer(model: Box<dyn Proposer>, tokenizer: Arc<TextTokenizer>) -> Self {
+        Self::new(ForcedText { tokenizer }, model)
     }
 }
 
@@ -72,63 +89,4 @@ fn forced_drafts(tokenizer: &TextTokenizer, row: &ProposeRow<'_>) -> Vec<u32> {
     }
     tokens.truncate(width);
     tokens
-}
-
-impl Proposer for GuidedFirstProposer {
-    fn name(&self) -> &str {
-        self.model.name()
-    }
-
-    fn num_speculative_tokens(&self) -> usize {
-        self.model.num_speculative_tokens()
-    }
-
-    fn draft_lookahead(&self) -> usize {
-        self.model.draft_lookahead()
-    }
-
-    fn copy_width(&self) -> usize {
-        self.model.copy_width()
-    }
-
-    fn tap_request(&self) -> TapRequest {
-        self.model.tap_request()
-    }
-
-    fn input_device(&self) -> Option<&candle_core::Device> {
-        self.model.input_device()
-    }
-
-    fn propose(
-        &mut self,
-        rows: &[ProposeRow<'_>],
-        taps: &StepTaps<'_>,
-        scheduler: &Scheduler,
-    ) -> Result<Vec<Proposal>> {
-        if rows.iter().all(|r| r.params.guide.is_none()) {
-            return self.model.propose(rows, taps, scheduler);
-        }
-        let tokenizer = &self.tokenizer;
-        super::propose_around_copies(self.model.as_mut(), rows, taps, scheduler, |r| forced_drafts(tokenizer, r))
-    }
-
-    fn take_catch_up_time(&mut self) -> Duration {
-        self.model.take_catch_up_time()
-    }
-
-    fn kv_bytes_per_token(&self) -> u64 {
-        self.model.kv_bytes_per_token()
-    }
-
-    fn allocate(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
-        self.model.allocate(num_blocks, block_size)
-    }
-
-    fn release(&mut self, seq: SeqId) {
-        self.model.release(seq);
-    }
-
-    fn kv_final_len(&self, seq: SeqId, computed: usize) -> usize {
-        self.model.kv_final_len(seq, computed)
-    }
 }

@@ -13,87 +13,44 @@
 //! `EngineWidthPolicy::copy_width`), plain steps included: the step widens for the rows that
 //! copied, and the others verify what the controller chose.
 
-use std::time::Duration;
-
-use specrs_core::kv_blocks::SeqId;
 use specrs_core::ngram::NgramProposer as Lookup;
-use specrs_core::scheduler::Scheduler;
 
-use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
+use super::copies_first::{CopiesFirst, CopySource};
+use super::{ProposeRow, Proposer};
 use crate::error::Result;
 
-pub struct LookupFirstProposer {
+/// Prompt lookup as a source of copied drafts.
+pub struct PromptLookup {
     lookup: Lookup,
-    model: Box<dyn Proposer>,
-    name: String,
 }
+
+impl CopySource for PromptLookup {
+    fn name(&self, model: &str) -> String {
+        format!("ngram+{model}")
+    }
+
+    fn copy_width(&self, model: &dyn Proposer) -> usize {
+        model.num_speculative_tokens()
+    }
+
+    fn draft_lookahead(&self, model: &dyn Proposer) -> usize {
+        model.draft_lookahead().max(model.num_speculative_tokens() + 1)
+    }
+
+    fn copies(&self, row: &ProposeRow<'_>) -> Vec<u32> {
+        let mut drafts = self.lookup.propose(row.tokens);
+        drafts.truncate(row.num_drafts.max(row.num_copies));
+        drafts
+    }
+}
+
+pub type LookupFirstProposer = CopiesFirst<PromptLookup>;
 
 impl LookupFirstProposer {
     /// Matches suffix n-grams of `min_n..=max_n` tokens and copies up to the model's `K`.
-    pub fn new(min_n: usize, max_n: usize, model: Box<dyn Proposer>) -> Result<Self> {
+    pub fn with_lookup(min_n: usize, max_n: usize, model: Box<dyn Proposer>) -> Result<Self> {
         let lookup = Lookup::new(min_n, max_n, model.num_speculative_tokens())?;
-        let name = format!("ngram+{}", model.name());
-        Ok(Self { lookup, model, name })
-    }
-}
-
-impl Proposer for LookupFirstProposer {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn num_speculative_tokens(&self) -> usize {
-        self.model.num_speculative_tokens()
-    }
-
-    fn draft_lookahead(&self) -> usize {
-        self.model.draft_lookahead().max(self.num_speculative_tokens() + 1)
-    }
-
-    fn copy_width(&self) -> usize {
-        self.num_speculative_tokens()
-    }
-
-    fn tap_request(&self) -> TapRequest {
-        self.model.tap_request()
-    }
-
-    fn input_device(&self) -> Option<&candle_core::Device> {
-        self.model.input_device()
-    }
-
-    fn propose(
-        &mut self,
-        rows: &[ProposeRow<'_>],
-        taps: &StepTaps<'_>,
-        scheduler: &Scheduler,
-    ) -> Result<Vec<Proposal>> {
-        let lookup = &self.lookup;
-        super::propose_around_copies(self.model.as_mut(), rows, taps, scheduler, |r| {
-            let mut drafts = lookup.propose(r.tokens);
-            drafts.truncate(r.num_drafts.max(r.num_copies));
-            drafts
-        })
-    }
-
-    fn take_catch_up_time(&mut self) -> Duration {
-        self.model.take_catch_up_time()
-    }
-
-    fn kv_bytes_per_token(&self) -> u64 {
-        self.model.kv_bytes_per_token()
-    }
-
-    fn allocate(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
-        self.model.allocate(num_blocks, block_size)
-    }
-
-    fn release(&mut self, seq: SeqId) {
-        self.model.release(seq);
-    }
-
-    fn kv_final_len(&self, seq: SeqId, computed: usize) -> usize {
-        self.model.kv_final_len(seq, computed)
+        Ok(Self::new(PromptLookup { lookup }, model))
     }
 }
 
@@ -101,12 +58,12 @@ impl Proposer for LookupFirstProposer {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use specrs_core::kv_blocks::KvBlockManager;
+    use specrs_core::kv_blocks::{KvBlockManager, SeqId};
     use specrs_core::sampling::SamplingParams;
-    use specrs_core::scheduler::SchedulerConfig;
+    use specrs_core::scheduler::{Scheduler, SchedulerConfig};
 
     use super::*;
-    use crate::proposer::DraftProbs;
+    use crate::proposer::{DraftProbs, Proposal, StepTaps};
 
     /// Per call, each row's `(seq, num_drafts, catch_up_now)` as the model proposer was asked.
     type Calls = Arc<Mutex<Vec<Vec<(SeqId, usize, bool)>>>>;
@@ -160,7 +117,7 @@ mod tests {
         let released = Arc::new(Mutex::new(Vec::new()));
         let model = Recording { asked: asked.clone(), released: released.clone() };
         // Matches of 2 to 4 tokens, copying up to the model's 3.
-        let proposer = LookupFirstProposer::new(2, 4, Box::new(model)).unwrap();
+        let proposer = LookupFirstProposer::with_lookup(2, 4, Box::new(model)).unwrap();
         let scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(8, 4).unwrap());
         Harness { proposer, asked, released, scheduler, params: SamplingParams::greedy() }
     }

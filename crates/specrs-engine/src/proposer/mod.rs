@@ -7,6 +7,7 @@
 
 pub mod block;
 pub mod confidence;
+pub mod copies_first;
 pub mod guided_first;
 pub mod lookup_first;
 pub mod ngram;
@@ -130,49 +131,6 @@ impl PartialEq for DraftProbs {
         };
         values(self).is_some_and(|a| Some(a) == values(other))
     }
-}
-
-/// Proposals where some rows take drafts made without the model (`copies(row)`: prompt
-/// lookup, a grammar's forced text; empty when there are none) and `model` drafts the rest.
-/// The model still sees every row: a row served by copies reaches it as a row that does not
-/// draft this step, marked `catch_up_now`, so a sequential drafter feeds its positions in the
-/// forward it runs for the other rows. Called for the rows that may draft, in row order.
-pub(crate) fn propose_around_copies(
-    model: &mut dyn Proposer,
-    rows: &[ProposeRow<'_>],
-    taps: &StepTaps<'_>,
-    scheduler: &Scheduler,
-    copies: impl Fn(&ProposeRow<'_>) -> Vec<u32>,
-) -> Result<Vec<Proposal>> {
-    // Copies of the rows that may draft, in row order; `None` where there are none. A row
-    // copies up to `num_copies` even where the model would draft fewer (or none).
-    let copied: Vec<Option<Vec<u32>>> =
-        rows.iter().filter(|r| r.may_draft()).map(|r| Some(copies(r)).filter(|d| !d.is_empty())).collect();
-    let mut served = copied.iter().map(Option::is_some);
-    let model_rows: Vec<ProposeRow<'_>> = rows
-        .iter()
-        .map(|r| {
-            let by_copies = r.may_draft() && served.next().expect("one entry per row that may draft");
-            let r = ProposeRow { num_copies: 0, ..*r };
-            if by_copies { ProposeRow { num_drafts: 0, catch_up_now: true, ..r } } else { r }
-        })
-        .collect();
-    let mut from_model = model.propose(&model_rows, taps, scheduler)?.into_iter();
-    rows.iter()
-        .filter(|r| r.may_draft())
-        .zip(copied)
-        .map(|(r, found)| match found {
-            Some(drafts) => Ok(Proposal { drafts, probs: None }),
-            // Nothing to copy and no model drafts wanted: the row verifies nothing.
-            None if !r.wants_drafts() => Ok(Proposal::default()),
-            None => from_model.next().ok_or_else(|| {
-                crate::error::EngineError::Internal(format!(
-                    "{} returned fewer proposals than rows asked for drafts",
-                    model.name()
-                ))
-            }),
-        })
-        .collect()
 }
 
 /// What a proposer needs from the target forward of a step.
