@@ -10,6 +10,7 @@ import re
 import time
 from typing import Any
 
+import jsonschema
 import pytest
 from pydantic import ValidationError
 
@@ -974,3 +975,66 @@ def test_bad_structured_outputs_raise_validation_errors_naming_the_problem() -> 
         )
     dumped = StructuredOutputsParams(json={"type": "string"}).model_dump()
     assert dumped["json"] == {"type": "string"}, "serialised under vLLM's name"
+
+
+#: Schemas exercising every keyword the translation supports, for sampled outputs.
+SAMPLED_SCHEMAS: list[dict[str, Any]] = [
+    {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "born": {"type": "string", "format": "date"},
+            "score": {"type": "number"},
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 8},
+                "minItems": 1,
+                "maxItems": 3,
+            },
+            "note": {"type": ["string", "null"], "maxLength": 20},
+        },
+        "required": ["id", "tags"],
+    },
+    {
+        "$defs": {
+            "point": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}}
+        },
+        "type": "object",
+        "properties": {
+            "kind": {"enum": ["line", "dot"]},
+            "points": {"type": "array", "items": {"$ref": "#/$defs/point"}, "maxItems": 2},
+            "closed": {"const": False},
+        },
+        "required": ["kind", "points", "closed"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+            "value": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "boolean"}]},
+            "extra": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+    },
+]
+
+
+def test_sampled_structured_outputs_validate_against_their_schema(plain_llm: LLM) -> None:
+    prompt = user("Produce some JSON data.")
+    finished = 0
+    for schema in SAMPLED_SCHEMAS:
+        params = [
+            SamplingParams(
+                temperature=1.0,
+                seed=seed,
+                max_tokens=160,
+                structured_outputs=StructuredOutputsParams(json=schema),
+            )
+            for seed in range(6)
+        ]
+        for out in plain_llm.chat([prompt] * len(params), params):
+            if out.finish_reason != "stop":
+                continue
+            finished += 1
+            value = json.loads(out.text)
+            jsonschema.validate(value, schema, format_checker=jsonschema.FormatChecker())
+    assert finished >= 9, "most sampled outputs complete within max_tokens"
