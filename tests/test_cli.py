@@ -252,6 +252,20 @@ def test_generate_with_an_output_constraint_prints_what_llm_chat_gives(ngram_llm
     assert proc.stdout == expected.text + "\n" and expected.text in ("Yes", "No")
 
 
+def test_generate_n_prints_each_choice_as_llm_chat_samples_it(ngram_llm: LLM) -> None:
+    question = "Write a haiku about the sea."
+    ngram = ["--speculative-method", "ngram", "--num-speculative-tokens", "3"]
+    sampling = ["--temperature", "0.8", "--seed", "1234", "--max-tokens", "16", "--n", "2"]
+    proc = run([*console_script(), "generate", *ngram, *sampling, question])
+    assert proc.returncode == 0, proc.stderr
+    params = SamplingParams(temperature=0.8, seed=1234, max_tokens=16, n=2)
+    want = ngram_llm.chat([{"role": "user", "content": question}], params)[0]
+    blocks = [f"[choice {o.index}]\n{o.text}\n" for o in want.outputs]
+    assert len(set(blocks)) == 2 and all(b in proc.stdout for b in blocks), proc.stdout
+    assert len(proc.stdout) == sum(map(len, blocks)), "each choice printed once, whole"
+    assert all(f"[choice {i}: " in proc.stderr for i in (0, 1)), proc.stderr
+
+
 def test_generate_trace_prints_one_line_per_verify_step() -> None:
     proc = run([*console_script(), *GENERATE, "--trace"])
     assert proc.returncode == 0, proc.stderr

@@ -74,6 +74,8 @@ pub struct GenerateArgs {
     pub top_p: f32,
     pub top_k: i64,
     pub seed: Option<u64>,
+    /// Independent samples of the prompt (vLLM's `n`; sampling only).
+    pub n: usize,
     pub chat: bool,
     pub trace: bool,
     /// `--json-schema`, `--json-object`, `--regex` or `--choice`, and the flag it came from.
@@ -87,6 +89,7 @@ impl GenerateArgs {
             top_p: self.top_p,
             top_k: self.top_k,
             seed: self.seed,
+            n: self.n,
             max_tokens: Some(self.max_tokens),
             structured_outputs: self.structured_outputs.as_ref().map(|(c, _)| c.clone()),
             ..SamplingParams::default()
@@ -285,6 +288,9 @@ pub fn command() -> Command {
                         .default_value("0"),
                 )
                 .arg(Arg::new("seed").long("seed").value_parser(value_parser!(u64)))
+                .arg(Arg::new("n").long("n").value_parser(value_parser!(usize)).default_value("1").help(
+                    "Independent samples of the prompt, each printed when it finishes (needs --temperature > 0)",
+                ))
                 .arg(Arg::new("no-chat").long("no-chat").action(ArgAction::SetTrue).help("Send the prompt as raw text, without the chat template"))
                 .arg(Arg::new("trace").long("trace").action(ArgAction::SetTrue).help(
                     "Print per step the drafted tokens, the target's tokens there, and how many were accepted",
@@ -429,6 +435,7 @@ where
                 top_p: *m.get_one::<f32>("top-p").expect("default"),
                 top_k: *m.get_one::<i64>("top-k").expect("default"),
                 seed: m.get_one::<u64>("seed").copied(),
+                n: *m.get_one::<usize>("n").expect("default"),
                 chat: !m.get_flag("no-chat"),
                 trace: m.get_flag("trace"),
                 structured_outputs: generate_constraint(m)?,
@@ -593,6 +600,7 @@ mod tests {
             (&["--temperature", "-1"][..], "--temperature: temperature must be a finite number >= 0"),
             (&["--top-p", "2"][..], "--top-p: top_p must be in (0, 1]"),
             (&["--max-tokens", "0"][..], "--max-tokens: max_tokens must be >= 1"),
+            (&["--n", "2"][..], "--n: n must be 1 when decoding greedily"),
         ] {
             let mut v = vec!["generate", "hi"];
             v.extend_from_slice(args);
