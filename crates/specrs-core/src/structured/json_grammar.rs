@@ -17,7 +17,7 @@ enum Escape {
     None,
     /// After a backslash.
     Backslash,
-    /// Hex digits of a `\uXXXX` escape still to come.
+    /// Hex digits still to come after `\u` (four in all).
     Hex(u8),
     /// UTF-8 continuation bytes still to come.
     Utf8(u8),
