@@ -666,8 +666,10 @@ impl Engine {
     fn finish(&mut self, id: SeqId, reason: FinishReason, error: Option<String>) {
         if let Some(mut seq) = self.seqs.remove(&id) {
             let last_choice = !self.seqs.values().any(|s| s.request_id == seq.request_id);
-            seq.send(Some(reason), error, last_choice);
+            // Counted before the last output goes out: a client that reads /metrics right
+            // after its response must find its request there.
             self.forget(id, reason, &seq);
+            seq.send(Some(reason), error, last_choice);
         }
     }
 
