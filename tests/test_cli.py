@@ -125,6 +125,28 @@ def test_bad_flags_exit_2_with_a_message_on_stderr(command: str, args: list[str]
     assert proc.stdout == ""
 
 
+SERVE_BAD_FLAGS = [
+    ("auto-tools-without-parser", ["--enable-auto-tool-choice"], "needs --tool-call-parser"),
+    ("unknown-tool-parser", ["--tool-call-parser", "bogus"], "invalid value 'bogus' for '--tool-call-parser"),
+    (
+        "chat-template-missing",
+        ["--chat-template", "/nonexistent/t.jinja"],
+        "cannot read '/nonexistent/t.jinja'",
+    ),
+    ("chat-template-broken", ["--chat-template", "{% for %}"], "invalid chat template"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), [c[1:] for c in SERVE_BAD_FLAGS], ids=[c[0] for c in SERVE_BAD_FLAGS]
+)
+def test_serve_bad_tool_and_template_flags_exit_2_before_loading(args: list[str], message: str) -> None:
+    proc = run([*console_script(), "serve", *args])
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert message in proc.stderr
+    assert proc.stdout == ""
+
+
 TRAIN_DRAFT_BAD_FLAGS = [
     (
         "init-from-missing",

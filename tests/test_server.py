@@ -645,7 +645,7 @@ BAD_REQUESTS = [
     ("structured-outputs-empty", CHAT, chat(structured_outputs={}), 400, "structured_outputs", None),
     ("tools", CHAT, chat(tools=[TOOL]), 400, "tools", None),
     ("tool-choice-required", CHAT, chat(tool_choice="required"), 400, "tool_choice", None),
-    ("tool-choice-auto-with-tools", CHAT, chat(tools=[TOOL], tool_choice="auto"), 400, "tools", None),
+    ("tool-choice-auto-with-tools", CHAT, chat(tools=[TOOL], tool_choice="auto"), 400, "tool_choice", None),
     ("logit-bias-not-an-id", CHAT, chat(logit_bias={"the": 5}), 400, "logit_bias", None),
     ("logit-bias-out-of-range", CHAT, chat(logit_bias={"5": 150}), 400, "logit_bias", None),
     ("logit-bias-outside-vocab", CHAT, chat(logit_bias={"99999999": 1}), 400, "logit_bias", None),

@@ -158,9 +158,7 @@ class Pipeline:
     def metrics_text(self) -> str: ...
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
-    def apply_chat_template(
-        self, messages: str, add_generation_prompt: bool = True, continue_final_message: bool = False
-    ) -> str: ...
+    def apply_chat_template(self, conversation: str) -> str: ...
     def serve(
         self,
         host: str = "127.0.0.1",
@@ -169,6 +167,8 @@ class Pipeline:
         api_key: str | None = None,
         max_pending: int = 256,
         shutdown_timeout: float = 10.0,
+        chat_template: str | None = None,
+        tool_call_parser: str | None = None,
     ) -> None: ...
 
 @final

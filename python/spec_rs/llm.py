@@ -494,6 +494,29 @@ def _conversations(messages: Any) -> list[list[Message]]:
     )
 
 
+def _template_options(
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    tools: Sequence[dict[str, Any]] | None,
+    chat_template: str | None,
+    chat_template_kwargs: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """How a conversation is rendered, as the engine reads it beside ``chat``."""
+    if tools is not None and not (
+        isinstance(tools, Sequence) and not isinstance(tools, str) and all(isinstance(t, dict) for t in tools)
+    ):
+        raise TypeError(f"tools must be a list of tool dicts, got {type(tools).__name__}")
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise TypeError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
+    return {
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+        "tools": None if tools is None else list(tools),
+        "chat_template": chat_template,
+        "chat_template_kwargs": chat_template_kwargs,
+    }
+
+
 def _params_per_prompt(
     params: SamplingParams | Sequence[SamplingParams] | None, count: int
 ) -> list[SamplingParams]:
@@ -626,16 +649,24 @@ class LLM:
         trace: bool = False,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Answers one conversation (a list of ``{"role", "content"}``) or several, with the
         model's chat template: in a new assistant turn, or, with ``continue_final_message=True``
         (and ``add_generation_prompt=False``), by continuing the final message, whose text
-        then prefills the start of the answer (vLLM's flags)."""
-        flags = {
-            "add_generation_prompt": add_generation_prompt,
-            "continue_final_message": continue_final_message,
-        }
-        return self._run([{"chat": c, **flags} for c in _conversations(messages)], sampling_params, trace)
+        then prefills the start of the answer (vLLM's flags).
+
+        As in vLLM, ``tools`` (OpenAI's tool list) are rendered by the template for the model
+        to see, ``chat_template`` replaces the model's template, and ``chat_template_kwargs``
+        are more variables for it. Messages may carry an assistant's ``tool_calls`` and a tool
+        result's ``tool_call_id``. To make the output a call, constrain it with
+        ``StructuredOutputsParams(json=<the function's parameters>)``."""
+        options = _template_options(
+            add_generation_prompt, continue_final_message, tools, chat_template, chat_template_kwargs
+        )
+        return self._run([{"chat": c, **options} for c in _conversations(messages)], sampling_params, trace)
 
     def stream(
         self,
@@ -645,11 +676,14 @@ class LLM:
         trace: bool = False,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> Iterator[RequestOutput]:
         """Yields a request's output as it is committed, one choice's delta at a time
         (``outputs[0].index`` says which); a choice's last delta carries its ``finish_reason``
         and ``metrics``, the request's last one ``finished=True``. Stop iterating (or close the
-        generator) to cancel. A conversation takes :meth:`chat`'s template flags."""
+        generator) to cancel. A conversation takes :meth:`chat`'s template options."""
         if isinstance(prompt, str | dict) or (_is_token_ids(prompt) and len(prompt) > 0):
             p = _prompt_json(prompt)
         else:
@@ -658,8 +692,9 @@ class LLM:
                 raise TypeError("stream takes one prompt or one conversation; use chat() for several")
             p = {
                 "chat": conversations[0],
-                "add_generation_prompt": add_generation_prompt,
-                "continue_final_message": continue_final_message,
+                **_template_options(
+                    add_generation_prompt, continue_final_message, tools, chat_template, chat_template_kwargs
+                ),
             }
         request = json.dumps(
             {"prompt": p, "params": (sampling_params or SamplingParams()).model_dump(), "trace": trace}
@@ -684,10 +719,15 @@ class LLM:
         messages: Sequence[Message],
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        text: str = self.pipeline.apply_chat_template(
-            json.dumps(list(messages)), add_generation_prompt, continue_final_message
+        """The prompt text :meth:`chat` would give the model for ``messages``."""
+        options = _template_options(
+            add_generation_prompt, continue_final_message, tools, chat_template, chat_template_kwargs
         )
+        text: str = self.pipeline.apply_chat_template(json.dumps({"chat": list(messages), **options}))
         return text
 
     def kv_blocks(self) -> tuple[int, int]:

@@ -9,16 +9,24 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
 
-/// One chat message. `content` is a string or a list of content parts, as in the OpenAI API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One chat message. `content` is a string or a list of content parts, as in the OpenAI API;
+/// an assistant's `tool_calls` and a tool result's `tool_call_id` and `name` reach the template
+/// as they came (each call's `function.arguments` as an object, the way templates expect it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: serde_json::Value::String(content.into()) }
+        Self { role: role.into(), content: serde_json::Value::String(content.into()), ..Default::default() }
     }
 }
 
@@ -51,20 +59,41 @@ impl ChatEnding {
     }
 }
 
-/// A conversation and how its rendering ends.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A conversation, how its rendering ends, and what else the template is given.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Conversation {
     pub messages: Vec<ChatMessage>,
     #[serde(default)]
     pub ending: ChatEnding,
+    /// The tools the model may call (OpenAI's `tools`), given to the template as `tools`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// A Jinja chat template used instead of the model's own (vLLM's `chat_template`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+    /// More variables for the template (vLLM's `chat_template_kwargs`, e.g. `enable_thinking`).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl From<Vec<ChatMessage>> for Conversation {
-    /// Messages answered in a new assistant turn.
+    /// Messages answered in a new assistant turn, with the model's template.
     fn from(messages: Vec<ChatMessage>) -> Self {
-        Self { messages, ending: ChatEnding::GenerationPrompt }
+        Self { messages, ..Default::default() }
     }
 }
+
+/// The variables a template is rendered with besides the messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TemplateVars<'a> {
+    pub bos_token: &'a str,
+    pub eos_token: &'a str,
+    pub tools: Option<&'a [serde_json::Value]>,
+    pub extra: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+/// The names the renderer sets itself, which `chat_template_kwargs` may not replace.
+pub const RESERVED_TEMPLATE_VARS: [&str; 5] = ["messages", "add_generation_prompt", "bos_token", "eos_token", "tools"];
 
 /// The roles a conversation may use: OpenAI's, `developer` included.
 pub const CHAT_ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
@@ -81,6 +110,8 @@ pub enum ChatMessageError {
     NonTextPart { index: usize },
     #[error("message {index}: content must be a string or a list of text parts")]
     BadContent { index: usize },
+    #[error("message {index}, tool call {call}: {reason}")]
+    BadToolCall { index: usize, call: usize, reason: String },
 }
 
 impl ChatMessageError {
@@ -89,6 +120,7 @@ impl ChatMessageError {
             Self::Empty => "messages".into(),
             Self::UnknownRole { index, .. } => format!("messages[{index}].role"),
             Self::NonTextPart { index } | Self::BadContent { index } => format!("messages[{index}].content"),
+            Self::BadToolCall { index, call, .. } => format!("messages[{index}].tool_calls[{call}]"),
         }
     }
 }
@@ -122,9 +154,49 @@ pub fn text_messages(messages: &[ChatMessage]) -> std::result::Result<Vec<ChatMe
                 }
                 _ => return Err(ChatMessageError::BadContent { index }),
             };
-            Ok(ChatMessage::new(m.role.clone(), content))
+            let tool_calls = m
+                .tool_calls
+                .as_ref()
+                .map(|calls| {
+                    calls
+                        .iter()
+                        .enumerate()
+                        .map(|(call, c)| {
+                            template_tool_call(c).map_err(|reason| ChatMessageError::BadToolCall {
+                                index,
+                                call,
+                                reason,
+                            })
+                        })
+                        .collect::<std::result::Result<Vec<_>, _>>()
+                })
+                .transpose()?;
+            Ok(ChatMessage {
+                role: m.role.clone(),
+                content: serde_json::Value::String(content),
+                tool_calls,
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+            })
         })
         .collect()
+}
+
+/// One of an assistant's past tool calls (`{"id", "type": "function", "function": {"name",
+/// "arguments"}}`) as templates read it: `arguments` parsed from its JSON text into an object,
+/// as transformers' templates and vLLM expect.
+fn template_tool_call(call: &serde_json::Value) -> std::result::Result<serde_json::Value, String> {
+    let function = call.get("function").and_then(|f| f.as_object()).ok_or("needs a `function` object")?;
+    if !function.get("name").is_some_and(serde_json::Value::is_string) {
+        return Err("function.name must be a string".into());
+    }
+    let mut call = call.clone();
+    if let Some(text) = function.get("arguments").and_then(|a| a.as_str()) {
+        let arguments: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| format!("function.arguments must be the JSON text of an object ({e})"))?;
+        call["function"]["arguments"] = arguments;
+    }
+    Ok(call)
 }
 
 pub struct ChatTemplate {
@@ -211,21 +283,22 @@ impl ChatTemplate {
         Ok(Self { env })
     }
 
-    pub fn render(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        bos_token: &str,
-        eos_token: &str,
-    ) -> Result<String> {
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, vars: TemplateVars) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME).expect("added at construction");
+        let extra = vars.extra.cloned().unwrap_or_default();
+        if let Some(reserved) = extra.keys().find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str())) {
+            return Err(EngineError::Request(format!(
+                "chat_template_kwargs may not set '{reserved}': the request's own fields set it"
+            )));
+        }
         template
             .render(minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
-                bos_token => bos_token,
-                eos_token => eos_token,
-                tools => JinjaValue::from(()),
+                bos_token => vars.bos_token,
+                eos_token => vars.eos_token,
+                tools => vars.tools.map_or(JinjaValue::from(()), JinjaValue::from_serialize),
+                ..JinjaValue::from_serialize(&extra)
             })
             .map_err(|e| {
                 if e.kind() == ErrorKind::InvalidOperation {
@@ -249,12 +322,12 @@ mod tests {
     #[test]
     fn renders_chatml_with_default_system_prompt() {
         let t = ChatTemplate::new(CHATML.into()).unwrap();
-        let out = t.render(&[ChatMessage::new("user", "Hi")], true, "", "").unwrap();
+        let out = t.render(&[ChatMessage::new("user", "Hi")], true, TemplateVars::default()).unwrap();
         assert_eq!(
             out,
             "<|im_start|>system\nYou are helpful<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
-        let out = t.render(&[ChatMessage::new("user", "Hi")], false, "", "").unwrap();
+        let out = t.render(&[ChatMessage::new("user", "Hi")], false, TemplateVars::default()).unwrap();
         assert!(out.ends_with("Hi<|im_end|>\n"));
     }
 
@@ -262,10 +335,11 @@ mod tests {
     fn python_methods_tojson_and_raise_exception() {
         let t =
             ChatTemplate::new("{{ messages[0]['content'].strip().upper() }}|{{ messages | tojson }}".into()).unwrap();
-        let out = t.render(&[ChatMessage::new("user", "  a<b  ")], false, "", "").unwrap();
+        let out = t.render(&[ChatMessage::new("user", "  a<b  ")], false, TemplateVars::default()).unwrap();
         assert_eq!(out, r#"A<B|[{"role":"user","content":"  a<b  "}]"#);
         let t = ChatTemplate::new("{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}".into()).unwrap();
-        let e = t.render(&[ChatMessage::new("assistant", "x")], false, "", "").unwrap_err().to_string();
+        let e =
+            t.render(&[ChatMessage::new("assistant", "x")], false, TemplateVars::default()).unwrap_err().to_string();
         assert!(e.contains("Conversation roles must alternate"), "{e}");
     }
 
@@ -274,8 +348,9 @@ mod tests {
         let parts = ChatMessage {
             role: "user".into(),
             content: serde_json::json!([{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]),
+            ..Default::default()
         };
-        let system = ChatMessage { role: "system".into(), content: serde_json::Value::Null };
+        let system = ChatMessage { role: "system".into(), content: serde_json::Value::Null, ..Default::default() };
         let out = text_messages(&[system, parts]).unwrap();
         assert_eq!(out, vec![ChatMessage::new("system", ""), ChatMessage::new("user", "Hi there")]);
 
@@ -284,11 +359,64 @@ mod tests {
         assert_eq!(e.param(), "messages[1].role");
         assert!(e.to_string().contains("expected system, user"), "{e}");
 
-        let image = ChatMessage { role: "user".into(), content: serde_json::json!([{"type": "image_url"}]) };
+        let image = ChatMessage {
+            role: "user".into(),
+            content: serde_json::json!([{"type": "image_url"}]),
+            ..Default::default()
+        };
         assert_eq!(text_messages(&[image]).unwrap_err().param(), "messages[0].content");
-        let number = ChatMessage { role: "user".into(), content: serde_json::json!(3) };
+        let number = ChatMessage { role: "user".into(), content: serde_json::json!(3), ..Default::default() };
         assert_eq!(text_messages(&[number]).unwrap_err(), ChatMessageError::BadContent { index: 0 });
         assert_eq!(text_messages(&[]).unwrap_err().param(), "messages");
+    }
+
+    const TOOLS_TEMPLATE: &str = "{% if tools %}[{% for t in tools %}{{ t.function.name }};{% endfor %}]{% endif %}\
+        {% for m in messages %}{{ m.role }}:{{ m.content }}\
+        {% for c in m.tool_calls or [] %}<call {{ c.function.name }} {{ c.function.arguments.city }} {{ c.function.arguments | tojson }}>{% endfor %}\
+        {% if m.tool_call_id %}<answers {{ m.tool_call_id }}>{% endif %}|{% endfor %}{% if greeting %}{{ greeting }}{% endif %}";
+
+    #[test]
+    fn tools_calls_and_tool_results_reach_the_template_with_arguments_as_objects() {
+        let t = ChatTemplate::new(TOOLS_TEMPLATE.into()).unwrap();
+        let call = serde_json::json!({"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}});
+        let messages = text_messages(&[
+            ChatMessage::new("user", "Weather?"),
+            ChatMessage { role: "assistant".into(), tool_calls: Some(vec![call]), ..Default::default() },
+            ChatMessage { tool_call_id: Some("c1".into()), ..ChatMessage::new("tool", "3 C") },
+        ])
+        .unwrap();
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "get_weather"}})];
+        let mut extra = serde_json::Map::new();
+        extra.insert("greeting".into(), "hello".into());
+        let vars = TemplateVars { tools: Some(&tools), extra: Some(&extra), ..Default::default() };
+        let out = t.render(&messages, false, vars).unwrap();
+        assert_eq!(
+            out,
+            r#"[get_weather;]user:Weather?|assistant:<call get_weather Oslo {"city":"Oslo"}>|tool:3 C<answers c1>|hello"#
+        );
+        // Flattening twice changes nothing (the server checks messages before the engine does).
+        assert_eq!(text_messages(&messages).unwrap(), messages);
+    }
+
+    #[test]
+    fn bad_tool_calls_and_reserved_template_variables_are_refused_by_name() {
+        let bad = |function: serde_json::Value| {
+            let call = serde_json::json!({"id": "c1", "type": "function", "function": function});
+            let message = ChatMessage { role: "assistant".into(), tool_calls: Some(vec![call]), ..Default::default() };
+            text_messages(&[ChatMessage::new("user", "x"), message]).unwrap_err()
+        };
+        let e = bad(serde_json::json!({"name": "f", "arguments": "{not json"}));
+        assert_eq!(e.param(), "messages[1].tool_calls[0]");
+        assert!(e.to_string().contains("JSON text of an object"), "{e}");
+        assert!(bad(serde_json::json!({"arguments": "{}"})).to_string().contains("function.name"));
+
+        let t = ChatTemplate::new(TOOLS_TEMPLATE.into()).unwrap();
+        let mut extra = serde_json::Map::new();
+        extra.insert("messages".into(), serde_json::json!([]));
+        let vars = TemplateVars { extra: Some(&extra), ..Default::default() };
+        let e = t.render(&[ChatMessage::new("user", "x")], false, vars).unwrap_err().to_string();
+        assert!(e.contains("chat_template_kwargs may not set 'messages'"), "{e}");
     }
 
     #[test]

@@ -535,9 +535,7 @@ impl Engine {
             Prompt::Tokens(t) => t,
             Prompt::Text(text) => self.tokenizer.encode(&text, true)?,
             Prompt::Chat(conversation) => {
-                let messages = crate::chat_template::text_messages(&conversation.messages)
-                    .map_err(|e| EngineError::Request(e.to_string()))?;
-                let text = self.tokenizer.render_conversation(&messages, conversation.ending)?;
+                let text = self.tokenizer.render_conversation(&conversation)?;
                 self.tokenizer.encode(&text, true)?
             }
         };

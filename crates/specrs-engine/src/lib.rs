@@ -16,7 +16,9 @@ pub mod tokenizer;
 pub mod train;
 pub mod width;
 
-pub use chat_template::{ChatEnding, ChatMessage, ChatMessageError, ChatTemplate, Conversation, text_messages};
+pub use chat_template::{
+    ChatEnding, ChatMessage, ChatMessageError, ChatTemplate, Conversation, TemplateVars, text_messages,
+};
 pub use default_draft::{DefaultDraft, apply_default_draft, default_draft};
 pub use detokenizer::{FinishReason, IncrementalDetokenizer, OutputState};
 pub use engine::{Engine, EngineConfig, EngineParts, MAX_CAPTURED_CONTEXT};

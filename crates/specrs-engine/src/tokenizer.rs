@@ -16,7 +16,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
 
-use crate::chat_template::{ChatEnding, ChatMessage, ChatTemplate};
+use crate::chat_template::{ChatEnding, ChatMessage, ChatTemplate, Conversation, TemplateVars, text_messages};
 use crate::error::{EngineError, Result};
 
 /// Reasoning-span markers looked up in the vocabulary (relaxed acceptance for thinking).
@@ -362,16 +362,37 @@ impl TextTokenizer {
         self.tokenizer.decode(ids, skip_special_tokens).map_err(|e| tok_err("decoding", e))
     }
 
-    /// Renders messages with the model's chat template.
-    /// Renders checked, flattened messages ([`crate::text_messages`]) ending as `ending` says.
-    /// Continuing the final message renders the closed conversation and cuts it right after
-    /// that message's text, as vLLM does.
-    pub fn render_conversation(&self, messages: &[ChatMessage], ending: ChatEnding) -> Result<String> {
-        match ending {
-            ChatEnding::GenerationPrompt => self.apply_chat_template(messages, true),
-            ChatEnding::Closed => self.apply_chat_template(messages, false),
+    /// Renders a conversation: its messages checked and flattened ([`crate::text_messages`]),
+    /// with its own template or the model's, its tools and template variables, ending as
+    /// `conversation.ending` says. Continuing the final message renders the closed conversation
+    /// and cuts it right after that message's text, as vLLM does.
+    pub fn render_conversation(&self, conversation: &Conversation) -> Result<String> {
+        let messages = text_messages(&conversation.messages).map_err(|e| EngineError::Request(e.to_string()))?;
+        let own;
+        let template = match &conversation.chat_template {
+            Some(source) => {
+                own = ChatTemplate::new(source.clone())?;
+                &own
+            }
+            None => self.chat_template.as_ref().ok_or_else(|| {
+                EngineError::Request(
+                    "this model has no chat template; send a plain completion prompt, or a chat_template to render \
+                     the messages with"
+                        .into(),
+                )
+            })?,
+        };
+        let vars = TemplateVars {
+            bos_token: self.bos_token.as_deref().unwrap_or(""),
+            eos_token: self.eos_token.as_deref().unwrap_or(""),
+            tools: conversation.tools.as_deref(),
+            extra: Some(&conversation.chat_template_kwargs),
+        };
+        match conversation.ending {
+            ChatEnding::GenerationPrompt => template.render(&messages, true, vars),
+            ChatEnding::Closed => template.render(&messages, false, vars),
             ChatEnding::ContinueFinalMessage => {
-                let rendered = self.apply_chat_template(messages, false)?;
+                let rendered = template.render(&messages, false, vars)?;
                 let last = messages.last().and_then(|m| m.content.as_str()).unwrap_or_default();
                 if last.is_empty() {
                     return Err(EngineError::Request(
@@ -390,15 +411,9 @@ impl TextTokenizer {
         }
     }
 
+    /// Renders plain messages with the model's chat template.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let template = self.chat_template.as_ref().ok_or_else(|| {
-            EngineError::Request("this model has no chat template; send a plain completion prompt instead".into())
-        })?;
-        template.render(
-            messages,
-            add_generation_prompt,
-            self.bos_token.as_deref().unwrap_or(""),
-            self.eos_token.as_deref().unwrap_or(""),
-        )
+        let ending = if add_generation_prompt { ChatEnding::GenerationPrompt } else { ChatEnding::Closed };
+        self.render_conversation(&Conversation { messages: messages.to_vec(), ending, ..Default::default() })
     }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use specrs_core::model_alias::{DEFAULT_MODEL_ALIAS, find_alias, resolve_alias};
 use specrs_core::sampling::SamplingParams;
-use specrs_engine::{ChatEnding, ChatMessage, OutputState, TextTokenizer};
+use specrs_engine::{ChatEnding, ChatMessage, Conversation, OutputState, TextTokenizer};
 use specrs_models::weights::GgufSource;
 
 fn tokenizer() -> TextTokenizer {
@@ -88,7 +88,9 @@ fn stop_strings_cut_the_text_and_hold_back_partial_matches() {
 fn a_conversation_ends_in_a_new_turn_closed_or_open_for_its_final_message_to_continue() {
     let tok = tokenizer();
     let messages = [ChatMessage::new("user", "Name a colour."), ChatMessage::new("assistant", "My favourite is")];
-    let render = |ending| tok.render_conversation(&messages, ending).unwrap();
+    let conversation =
+        |messages: &[ChatMessage], ending| Conversation { messages: messages.to_vec(), ending, ..Default::default() };
+    let render = |ending| tok.render_conversation(&conversation(&messages, ending)).unwrap();
     let closed = render(ChatEnding::Closed);
     assert_eq!(closed, tok.apply_chat_template(&messages, false).unwrap());
     assert_eq!(render(ChatEnding::GenerationPrompt), tok.apply_chat_template(&messages, true).unwrap());
@@ -98,7 +100,7 @@ fn a_conversation_ends_in_a_new_turn_closed_or_open_for_its_final_message_to_con
     assert!(open.ends_with("My favourite is"), "{open:?}");
     assert!(closed.starts_with(&open) && closed.len() > open.len(), "{closed:?}");
     let empty = [ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "")];
-    let err = tok.render_conversation(&empty, ChatEnding::ContinueFinalMessage).unwrap_err().to_string();
+    let err = tok.render_conversation(&conversation(&empty, ChatEnding::ContinueFinalMessage)).unwrap_err().to_string();
     assert!(err.contains("a final message with text to continue"), "{err}");
     assert_eq!(ChatEnding::from_flags(true, false), Ok(ChatEnding::GenerationPrompt));
     assert_eq!(ChatEnding::from_flags(false, true), Ok(ChatEnding::ContinueFinalMessage));

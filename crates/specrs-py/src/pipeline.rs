@@ -34,6 +34,21 @@ fn json_err(e: serde_json::Error) -> PyErr {
     PyValueError::new_err(format!("invalid JSON: {e}"))
 }
 
+/// A conversation as the Python layer sends it: `{"chat": [messages], "add_generation_prompt",
+/// "continue_final_message", "tools", "chat_template", "chat_template_kwargs"}`.
+fn conversation(prompt: &serde_json::Value) -> PyResult<Conversation> {
+    let messages = serde_json::from_value::<Vec<ChatMessage>>(prompt["chat"].clone()).map_err(json_err)?;
+    let flag = |name: &str, default: bool| prompt.get(name).and_then(|f| f.as_bool()).unwrap_or(default);
+    let ending = ChatEnding::from_flags(flag("add_generation_prompt", true), flag("continue_final_message", false))
+        .map_err(|message| raise("RequestError", message, &[]))?;
+    let field = |name: &str| prompt.get(name).filter(|v| !v.is_null()).cloned();
+    let tools = field("tools").map(serde_json::from_value::<Vec<serde_json::Value>>).transpose().map_err(json_err)?;
+    let chat_template = field("chat_template").map(serde_json::from_value::<String>).transpose().map_err(json_err)?;
+    let chat_template_kwargs =
+        field("chat_template_kwargs").map(serde_json::from_value).transpose().map_err(json_err)?.unwrap_or_default();
+    Ok(Conversation { messages, ending, tools, chat_template, chat_template_kwargs })
+}
+
 /// A request as the Python layer sends it: `{"prompt": {"text"|"tokens"|"chat": ...},
 /// "params": {...SamplingParams...}, "trace": bool}`.
 fn parse_request(json: &str) -> PyResult<GenerationRequest> {
@@ -43,12 +58,8 @@ fn parse_request(json: &str) -> PyResult<GenerationRequest> {
         Prompt::Text(t.to_string())
     } else if let Some(ids) = prompt.get("tokens") {
         Prompt::Tokens(serde_json::from_value(ids.clone()).map_err(json_err)?)
-    } else if let Some(msgs) = prompt.get("chat") {
-        let messages = serde_json::from_value::<Vec<ChatMessage>>(msgs.clone()).map_err(json_err)?;
-        let flag = |name: &str, default: bool| prompt.get(name).and_then(|f| f.as_bool()).unwrap_or(default);
-        let ending = ChatEnding::from_flags(flag("add_generation_prompt", true), flag("continue_final_message", false))
-            .map_err(|message| raise("RequestError", message, &[]))?;
-        Prompt::Chat(Conversation { messages, ending })
+    } else if prompt.get("chat").is_some() {
+        Prompt::Chat(conversation(prompt)?)
     } else {
         return Err(PyValueError::new_err("a request needs prompt.text, prompt.tokens or prompt.chat"));
     };
@@ -181,23 +192,18 @@ impl PyPipeline {
         self.handle.tokenizer().decode(&token_ids, skip_special_tokens).map_err(engine_error)
     }
 
-    /// Renders messages (a JSON list of `{role, content}`) with the model's chat template.
-    #[pyo3(signature = (messages, add_generation_prompt=true, continue_final_message=false))]
-    fn apply_chat_template(
-        &self,
-        messages: &str,
-        add_generation_prompt: bool,
-        continue_final_message: bool,
-    ) -> PyResult<String> {
-        let messages: Vec<ChatMessage> = serde_json::from_str(messages).map_err(json_err)?;
-        let messages = text_messages(&messages).map_err(|e| raise("RequestError", e.to_string(), &[]))?;
-        let ending = ChatEnding::from_flags(add_generation_prompt, continue_final_message)
-            .map_err(|message| raise("RequestError", message, &[]))?;
-        self.handle.tokenizer().render_conversation(&messages, ending).map_err(engine_error)
+    /// Renders a conversation (the JSON of a request's `prompt`: `{"chat": [...], ...}`) with
+    /// its chat template, the model's unless it brings one.
+    fn apply_chat_template(&self, conversation: &str) -> PyResult<String> {
+        let prompt: serde_json::Value = serde_json::from_str(conversation).map_err(json_err)?;
+        let conversation = self::conversation(&prompt)?;
+        text_messages(&conversation.messages).map_err(|e| raise("RequestError", e.to_string(), &[]))?;
+        self.handle.tokenizer().render_conversation(&conversation).map_err(engine_error)
     }
 
-    /// Serves the OpenAI API on this pipeline until SIGINT/SIGTERM.
-    #[pyo3(signature = (host="127.0.0.1", port=8000, served_model_name=None, api_key=None, max_pending=256, shutdown_timeout=10.0))]
+    /// Serves the OpenAI API on this pipeline until SIGINT/SIGTERM. `tool_call_parser` turns on
+    /// `tool_choice: "auto"` (the CLI's `--enable-auto-tool-choice --tool-call-parser`).
+    #[pyo3(signature = (host="127.0.0.1", port=8000, served_model_name=None, api_key=None, max_pending=256, shutdown_timeout=10.0, chat_template=None, tool_call_parser=None))]
     #[allow(clippy::too_many_arguments)]
     fn serve(
         &self,
@@ -208,7 +214,10 @@ impl PyPipeline {
         api_key: Option<String>,
         max_pending: usize,
         shutdown_timeout: f64,
+        chat_template: Option<String>,
+        tool_call_parser: Option<String>,
     ) -> PyResult<()> {
+        let invalid = |message: String| PyValueError::new_err(message);
         let args = specrs_server::cli::ServerArgs {
             host: host.to_string(),
             port,
@@ -216,6 +225,12 @@ impl PyPipeline {
             api_key,
             max_pending,
             shutdown_timeout,
+            chat_template: chat_template
+                .map(|t| specrs_server::cli::chat_template_arg(&t).map_err(|e| invalid(e.to_string())))
+                .transpose()?,
+            auto_tool_parser: tool_call_parser
+                .map(|name| specrs_server::tools::ToolCallParser::parse(&name).map_err(invalid))
+                .transpose()?,
         };
         let name = self.info.model_path.display().to_string();
         py.detach(|| specrs_server::serve_blocking(self.handle.clone(), &name, &args))

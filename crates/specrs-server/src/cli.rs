@@ -15,6 +15,8 @@ use specrs_core::model_alias::DEFAULT_MODEL_ALIAS;
 use specrs_core::sampling::SamplingParams;
 use specrs_core::structured::StructuredOutputs;
 use specrs_engine::{DeviceSpec, EngineConfig, PipelineConfig};
+
+use crate::tools::ToolCallParser;
 use specrs_models::ModelDType;
 
 /// What the user asked for.
@@ -64,6 +66,10 @@ pub struct ServerArgs {
     pub max_pending: usize,
     /// Seconds in-flight requests get to finish on SIGINT/SIGTERM.
     pub shutdown_timeout: f64,
+    /// The chat template used instead of the model's (`--chat-template`, its text).
+    pub chat_template: Option<String>,
+    /// How the model writes tool calls, for `tool_choice: "auto"`.
+    pub auto_tool_parser: Option<ToolCallParser>,
 }
 
 #[derive(Debug, Clone)]
@@ -259,7 +265,16 @@ pub fn command() -> Command {
                 .arg(Arg::new("max-pending").long("max-pending").value_parser(value_parser!(usize)).help(
                     "Requests queued beyond the running batch before answering 429 (default: 4 x --max-num-seqs)",
                 ))
-                .arg(Arg::new("shutdown-timeout").long("shutdown-timeout").value_parser(value_parser!(f64)).default_value("10")),
+                .arg(Arg::new("shutdown-timeout").long("shutdown-timeout").value_parser(value_parser!(f64)).default_value("10"))
+                .arg(Arg::new("chat-template").long("chat-template").help(
+                    "A Jinja chat template (a file, or the template itself) used instead of the model's",
+                ))
+                .arg(Arg::new("enable-auto-tool-choice").long("enable-auto-tool-choice").action(ArgAction::SetTrue).help(
+                    "Let requests with tools use tool_choice 'auto' (the model calls tools when it decides to); needs --tool-call-parser",
+                ))
+                .arg(Arg::new("tool-call-parser").long("tool-call-parser").value_parser(ToolCallParser::NAMES).help(
+                    "How the model writes tool calls, read for tool_choice 'auto': hermes (<tool_call>{...}</tool_call>, Qwen) or llama3_json (<|python_tag|>{...}; {...}, Llama 3)",
+                )),
         )
         .subcommand(
             pipeline_args(Command::new("generate").about("Generate once, streaming text and live acceptance statistics"))
@@ -403,6 +418,36 @@ fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
     })
 }
 
+/// `--chat-template`: a file's text, or the template itself (as vLLM reads it); checked now,
+/// so a broken template exits with 2 before the model loads.
+pub fn chat_template_arg(value: &str) -> Result<String, CliError> {
+    let text = match std::fs::read_to_string(value) {
+        Ok(text) => text,
+        Err(_) if value.contains("{{") || value.contains("{%") => value.to_string(),
+        Err(e) => {
+            return Err(CliError::Invalid(format!(
+                "--chat-template: cannot read '{value}' ({e}), and it is not a Jinja template itself"
+            )));
+        }
+    };
+    specrs_engine::ChatTemplate::new(text.clone()).map_err(|e| CliError::Invalid(format!("--chat-template: {e}")))?;
+    Ok(text)
+}
+
+/// The parser for `tool_choice: "auto"`: both flags, or neither.
+fn auto_tool_parser(m: &ArgMatches) -> Result<Option<ToolCallParser>, CliError> {
+    let parser = m.get_one::<String>("tool-call-parser").map(|name| ToolCallParser::parse(name)).transpose();
+    let parser = parser.map_err(CliError::Invalid)?;
+    match (m.get_flag("enable-auto-tool-choice"), parser) {
+        (true, None) => Err(CliError::Invalid(
+            "--enable-auto-tool-choice needs --tool-call-parser to say how the model writes its calls (hermes, llama3_json)".into(),
+        )),
+        (true, parser) => Ok(parser),
+        // A parser alone serves no request: "auto" stays off until it is enabled.
+        (false, _) => Ok(None),
+    }
+}
+
 /// Parses arguments (without the program name) into a command.
 pub fn parse<I, T>(args: I) -> Result<CliCommand, CliError>
 where
@@ -424,6 +469,8 @@ where
                     api_key: m.get_one::<String>("api-key").cloned(),
                     max_pending: m.get_one::<usize>("max-pending").copied().unwrap_or(4 * max_num_seqs),
                     shutdown_timeout: *m.get_one::<f64>("shutdown-timeout").expect("default"),
+                    chat_template: m.get_one::<String>("chat-template").map(|t| chat_template_arg(t)).transpose()?,
+                    auto_tool_parser: auto_tool_parser(m)?,
                 },
             })
         }
@@ -566,6 +613,35 @@ mod tests {
         assert!(cfg.use_greedy_acceptance);
         assert_eq!(cfg.verify_width_schedule(), Some(vec![(1, 4, 2)]));
         assert!(!p.speculative.contains_key("relaxed_topk"), "unset flags stay unset");
+    }
+
+    fn server_args(args: &[&str]) -> Result<ServerArgs, CliError> {
+        match parse(std::iter::once("serve").chain(args.iter().copied()))? {
+            CliCommand::Serve { server, .. } => Ok(server),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tool_flags_turn_on_auto_only_together_and_chat_templates_are_read_and_checked() {
+        let both = server_args(&["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]).unwrap();
+        assert_eq!(both.auto_tool_parser, Some(ToolCallParser::Hermes));
+        assert_eq!(server_args(&["--tool-call-parser", "hermes"]).unwrap().auto_tool_parser, None);
+        let e = server_args(&["--enable-auto-tool-choice"]).unwrap_err().to_string();
+        assert!(e.contains("needs --tool-call-parser"), "{e}");
+        assert!(server_args(&["--tool-call-parser", "mistral"]).is_err());
+
+        let inline = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        assert_eq!(server_args(&["--chat-template", inline]).unwrap().chat_template.as_deref(), Some(inline));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.jinja");
+        std::fs::write(&file, inline).unwrap();
+        let read = server_args(&["--chat-template", file.to_str().unwrap()]).unwrap();
+        assert_eq!(read.chat_template.as_deref(), Some(inline));
+        let missing = server_args(&["--chat-template", "/nonexistent/t.jinja"]).unwrap_err().to_string();
+        assert!(missing.contains("cannot read '/nonexistent/t.jinja'"), "{missing}");
+        let broken = server_args(&["--chat-template", "{% for %}"]).unwrap_err().to_string();
+        assert!(broken.contains("invalid chat template"), "{broken}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod generate;
 pub mod openai;
 pub mod server;
 pub mod tokenize;
+pub mod tools;
 pub mod train_cli;
 
 use std::sync::Arc;
@@ -79,6 +80,8 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
         max_pending: args.max_pending,
         in_flight: AtomicUsize::new(0),
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        chat_template: args.chat_template.clone(),
+        auto_tool_parser: args.auto_tool_parser,
     });
     let addr = format!("{}:{}", args.host, args.port);
     runtime.block_on(async {

@@ -118,6 +118,12 @@ pub struct ChatMessageIn {
     pub content: Option<Value>,
     #[serde(default)]
     pub name: Option<String>,
+    /// An assistant's earlier calls: `[{"id", "type": "function", "function": {"name", "arguments"}}]`.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A tool result: the id of the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -132,6 +138,12 @@ pub struct ChatCompletionRequest {
     pub add_generation_prompt: Option<bool>,
     /// vLLM: leave the final message open and continue it (prefill the answer's start).
     pub continue_final_message: Option<bool>,
+    /// OpenAI: with `tool_choice: "required"`, `false` allows exactly one call.
+    pub parallel_tool_calls: Option<bool>,
+    /// vLLM: a Jinja chat template for this request instead of the model's.
+    pub chat_template: Option<String>,
+    /// vLLM: more variables for the chat template.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }

@@ -25,10 +25,11 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use specrs_core::sampling::SamplingParams;
 use specrs_core::structured::StructuredOutputs;
+use specrs_engine::chat_template::RESERVED_TEMPLATE_VARS;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
-    ChatEnding, ChatMessage, Conversation, EngineHandle, FinalOutput, FinishReason, GenerationRequest, Prompt,
-    RequestOutput, TokenLogprob, text_messages,
+    ChatEnding, ChatMessage, ChatTemplate, Conversation, EngineHandle, FinalOutput, FinishReason, GenerationRequest,
+    Prompt, RequestOutput, TokenLogprob, text_messages,
 };
 
 use crate::error::ApiError;
@@ -36,6 +37,7 @@ use crate::openai::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, PromptSpec, PromptTokensDetails, SamplingFields,
     SpecDecodeUsage, StreamUsage, Usage, running_usage,
 };
+use crate::tools::{CallStream, MessageDelta, ToolCallParser, ToolRequest};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
@@ -48,6 +50,12 @@ pub struct AppState {
     pub max_pending: usize,
     pub in_flight: AtomicUsize,
     pub created: u64,
+    /// The chat template requests use when they bring none (`--chat-template`); the model's
+    /// own when `None`.
+    pub chat_template: Option<String>,
+    /// How the model writes tool calls, for `tool_choice: "auto"` (`--tool-call-parser` with
+    /// `--enable-auto-tool-choice`).
+    pub auto_tool_parser: Option<ToolCallParser>,
 }
 
 /// Counts a request in flight until dropped.
@@ -203,6 +211,7 @@ fn sampling_params(
     max_tokens_field: &str,
     logprobs: Option<usize>,
     state: &AppState,
+    tools: Option<&ToolRequest>,
 ) -> Result<SamplingParams, ApiError> {
     let n = f.n.unwrap_or(1);
     // A request's choices run together on one replica.
@@ -233,21 +242,33 @@ fn sampling_params(
         _ => {}
     }
     let synthetic = state.handle.info().pipeline.as_ref().is_some_and(|p| p.acceptance_rule == "synthetic");
-    // Tools offered with `tool_choice: "none"` are never called: the answer is a plain message
-    // (they are not rendered into the prompt).
-    let no_tool_calls = f.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
-    for (field, present) in [
-        ("tools", lists_tools(f.tools.as_ref()) && !no_tool_calls),
-        ("tool_choice", f.tool_choice.as_ref().is_some_and(|c| !tool_choice_calls_nothing(c, f.tools.as_ref()))),
-    ] {
-        if present {
+    // The chat endpoint reads tools into `tools`; anywhere else they have no place.
+    if tools.is_none() {
+        for (field, present) in [
+            ("tools", lists_tools(f.tools.as_ref())),
+            ("tool_choice", f.tool_choice.as_ref().is_some_and(|c| !tool_choice_calls_nothing(c, f.tools.as_ref()))),
+        ] {
+            if present {
+                return Err(ApiError::bad_request(
+                    format!("{field} (tool calling) works with /v1/chat/completions"),
+                    Some(field),
+                ));
+            }
+        }
+    }
+    let mut constraint = structured_outputs(f)?;
+    if let Some(calls) = tools.map(ToolRequest::constraint).transpose()?.flatten() {
+        if let Some((_, field)) = &constraint {
             return Err(ApiError::bad_request(
-                format!("{field} (tool calling) is not supported by this server"),
+                format!(
+                    "give one output constraint, not several: tool_choice (which fixes the output to tool calls) \
+                     and {field}"
+                ),
                 Some(field),
             ));
         }
+        constraint = Some((calls, "tool_choice"));
     }
-    let constraint = structured_outputs(f)?;
     if let Some((_, field)) = &constraint
         && synthetic
     {
@@ -297,7 +318,8 @@ fn sampling_params(
         logit_bias,
         allowed_token_ids: f.allowed_token_ids.clone(),
         include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
-        skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        // A parser that reads the model's own call markers needs them in the text.
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(!tools.is_some_and(ToolRequest::keeps_special_tokens)),
         truncate_prompt_tokens: f.truncate_prompt_tokens,
         bad_words: f.bad_words.clone().unwrap_or_default(),
         // Tokenized by the engine at admission.
@@ -433,7 +455,7 @@ fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn request_id(prefix: &str) -> String {
+pub(crate) fn request_id(prefix: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     format!("{prefix}-{:x}{:06x}", now_secs(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
@@ -592,7 +614,13 @@ fn sse_json(v: &Value) -> Event {
 pub(crate) fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
     let messages: Vec<ChatMessage> = messages
         .iter()
-        .map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone().unwrap_or(Value::Null) })
+        .map(|m| ChatMessage {
+            role: m.role.clone(),
+            content: m.content.clone().unwrap_or(Value::Null),
+            tool_calls: m.tool_calls.clone(),
+            tool_call_id: m.tool_call_id.clone(),
+            name: m.name.clone(),
+        })
         .collect();
     text_messages(&messages).map_err(|e| ApiError::bad_request(e.to_string(), Some(&e.param())))
 }
@@ -621,10 +649,24 @@ async fn chat_completions(
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
     };
-    let params = sampling_params(&req.sampling, max_tokens, field, top, &state)?;
+    let tools = ToolRequest::parse(
+        req.sampling.tools.as_ref(),
+        req.sampling.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        state.auto_tool_parser,
+    )?;
+    let params = sampling_params(&req.sampling, max_tokens, field, top, &state, tools.as_ref())?;
     let n = params.n;
+    check_template_fields(&req)?;
+    let conversation = Conversation {
+        messages,
+        ending,
+        tools: tools.as_ref().map(|t| t.tools.clone()),
+        chat_template: req.chat_template.clone().or_else(|| state.chat_template.clone()),
+        chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+    };
     let guards = admit(&state, n)?;
-    let mut request = GenerationRequest::new(Prompt::Chat(Conversation { messages, ending }), params);
+    let mut request = GenerationRequest::new(Prompt::Chat(conversation), params);
     request.trace = req.sampling.trace.unwrap_or(false);
     let penalty = penalty_field(&req.sampling);
     let (_, stream) = state
@@ -637,7 +679,12 @@ async fn chat_completions(
     let model = req.model.clone();
     if req.sampling.stream.unwrap_or(false) {
         let usage = StreamUsage::of(req.sampling.stream_options.as_ref());
-        let events = chat_stream(state.clone(), stream, id, created, model, n, usage, top.is_some(), guards);
+        let events = chat_stream(
+            state.clone(),
+            stream,
+            ChatStreamSpec { id, created, model, n, usage, logprobs: top.is_some(), tools },
+            guards,
+        );
         return Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response());
     }
     let outs = collect(stream).await?;
@@ -647,11 +694,14 @@ async fn chat_completions(
         .iter()
         .map(|out| {
             totals.add_choice(out.index, out.token_ids.len(), &out.metrics);
+            let reader = tools.as_ref().map_or_else(CallStream::text, ToolRequest::call_stream);
+            let message = reader.read_all(&out.text);
+            let called = tools.as_ref().is_some_and(ToolRequest::reports_tool_calls) && !message.tool_calls.is_empty();
             let mut choice = json!({
                 "index": out.index,
-                "message": {"role": "assistant", "content": out.text},
+                "message": message.to_json(),
                 "logprobs": if top.is_some() { chat_logprobs(&state, &out.logprobs) } else { Value::Null },
-                "finish_reason": finish_str(Some(out.finish_reason)),
+                "finish_reason": chat_finish(Some(out.finish_reason), called),
             });
             if !out.trace.is_empty() {
                 choice["trace"] = serde_json::to_value(&out.trace).unwrap_or(Value::Null);
@@ -669,32 +719,69 @@ async fn chat_completions(
     Ok(axum::Json(body).into_response())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn chat_stream(
-    state: Arc<AppState>,
-    stream: OutputStream,
+/// A request's own chat template compiles, and its variables leave the renderer's alone (so
+/// either mistake is a 400 naming its field, not an error about the messages).
+fn check_template_fields(req: &ChatCompletionRequest) -> Result<(), ApiError> {
+    if let Some(source) = &req.chat_template {
+        ChatTemplate::new(source.clone()).map_err(|e| ApiError::bad_request(e.to_string(), Some("chat_template")))?;
+    }
+    let reserved =
+        req.chat_template_kwargs.iter().flat_map(|k| k.keys()).find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str()));
+    if let Some(key) = reserved {
+        return Err(ApiError::bad_request(
+            format!("chat_template_kwargs may not set '{key}': the request's own fields set it"),
+            Some("chat_template_kwargs"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a chat stream's chunks carry besides the output.
+struct ChatStreamSpec {
     id: String,
     created: u64,
     model: String,
     n: usize,
     usage: StreamUsage,
     logprobs: bool,
+    tools: Option<ToolRequest>,
+}
+
+/// `finish_reason` for a chat choice: `tool_calls` when the model stopped after calling tools
+/// the request let it choose.
+fn chat_finish(reason: Option<FinishReason>, called_tools: bool) -> Value {
+    match reason {
+        Some(FinishReason::Stop) if called_tools => json!("tool_calls"),
+        other => finish_str(other),
+    }
+}
+
+fn chat_stream(
+    state: Arc<AppState>,
+    stream: OutputStream,
+    spec: ChatStreamSpec,
     guards: Vec<InFlight>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let chunk = move |index: usize, delta: Value, finish: Option<FinishReason>, lps: Value| {
+    let ChatStreamSpec { id, created, model, n, usage, logprobs, tools } = spec;
+    let chunk = move |index: usize, delta: Value, finish: Value, lps: Value| {
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish_str(finish)}]})
+               "choices": [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}]})
     };
     // Tokens generated so far over every choice (`continuous_usage_stats`).
     let mut generated = 0;
     // Every choice opens with the assistant role, as OpenAI streams them.
-    let openings: Vec<Value> =
-        (0..n).map(|index| chunk(index, json!({"role": "assistant", "content": ""}), None, Value::Null)).collect();
+    let openings: Vec<Value> = (0..n)
+        .map(|index| chunk(index, json!({"role": "assistant", "content": ""}), Value::Null, Value::Null))
+        .collect();
     let usage_chunk = openings[0].clone();
     let mut totals = UsageTotals::default();
+    // Each choice's text becomes content and tool-call deltas through its own reader.
+    let mut readers: Vec<CallStream> =
+        (0..n).map(|_| tools.as_ref().map_or_else(CallStream::text, ToolRequest::call_stream)).collect();
+    let mut called = vec![false; n];
+    let reports_calls = tools.as_ref().is_some_and(ToolRequest::reports_tool_calls);
     let body = output_events(stream).map(move |o: RequestOutput| {
-        let lps = if logprobs && !o.logprobs.is_empty() { chat_logprobs(&state, &o.logprobs) } else { Value::Null };
-        let delta = if o.text.is_empty() { json!({}) } else { json!({"content": o.text}) };
+        let mut lps = if logprobs && !o.logprobs.is_empty() { chat_logprobs(&state, &o.logprobs) } else { Value::Null };
         generated += o.token_ids.len();
         let with_usage = |mut c: Value| {
             if usage.every_chunk {
@@ -702,9 +789,19 @@ fn chat_stream(
             }
             c
         };
+        let reader = &mut readers[o.index];
+        let mut deltas = reader.push(&o.text);
+        if o.finish_reason.is_some() {
+            deltas.extend(reader.finish());
+        }
+        called[o.index] |= deltas.iter().any(|d| matches!(d, MessageDelta::CallStart { .. }));
         let mut events = vec![];
-        if !o.text.is_empty() || !lps.is_null() {
-            events.push(sse_json(&with_usage(chunk(o.index, delta, None, lps))));
+        for delta in &deltas {
+            // The tokens' logprobs ride the first chunk their text reaches.
+            events.push(sse_json(&with_usage(chunk(o.index, delta.to_json(), Value::Null, std::mem::take(&mut lps)))));
+        }
+        if !lps.is_null() {
+            events.push(sse_json(&with_usage(chunk(o.index, json!({}), Value::Null, lps))));
         }
         if let Some(reason) = o.finish_reason {
             if reason == FinishReason::Error {
@@ -712,7 +809,8 @@ fn chat_stream(
                     &json!({"error": {"message": o.error.clone().unwrap_or_default(), "type": "server_error"}}),
                 ));
             } else {
-                events.push(sse_json(&with_usage(chunk(o.index, json!({}), Some(reason), Value::Null))));
+                let finish = chat_finish(Some(reason), reports_calls && called[o.index]);
+                events.push(sse_json(&with_usage(chunk(o.index, json!({}), finish, Value::Null))));
             }
             totals.prompt_tokens = o.num_prompt_tokens;
             if let Some(m) = &o.metrics {
@@ -781,7 +879,7 @@ async fn completions(
     let prompts = completion_prompts(&req.prompt)?;
     // OpenAI's default for completions.
     let mut params =
-        sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(16)), "max_tokens", req.logprobs, &state)?;
+        sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(16)), "max_tokens", req.logprobs, &state, None)?;
     // Echo repeats each prompt before its completion, and with logprobs scores the prompt's
     // tokens too.
     let echoed: Vec<Option<String>> =

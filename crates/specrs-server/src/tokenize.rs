@@ -8,15 +8,16 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::json;
-use specrs_engine::ChatEnding;
+use serde_json::{Map, Value, json};
+use specrs_engine::{ChatEnding, Conversation};
 
 use crate::error::ApiError;
 use crate::openai::ChatMessageIn;
 use crate::server::{AppState, chat_messages, check_model, parse_plain_body};
 
-/// A text prompt, or a conversation rendered with the model's chat template. Unknown fields
-/// are ignored, as on the completion endpoints.
+/// A text prompt, or a conversation rendered with the chat template (the request's, the
+/// server's or the model's), its tools and template variables, as the chat endpoint renders
+/// it. Unknown fields are ignored, as on the completion endpoints.
 #[derive(Debug, Deserialize)]
 struct TokenizeRequest {
     model: Option<String>,
@@ -28,6 +29,9 @@ struct TokenizeRequest {
     add_generation_prompt: bool,
     #[serde(default)]
     continue_final_message: bool,
+    tools: Option<Vec<Value>>,
+    chat_template: Option<String>,
+    chat_template_kwargs: Option<Map<String, Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -57,8 +61,15 @@ pub async fn tokenize(
         (None, Some(messages)) => {
             let ending = ChatEnding::from_flags(req.add_generation_prompt, req.continue_final_message)
                 .map_err(|message| ApiError::bad_request(message, Some("continue_final_message")))?;
+            let conversation = Conversation {
+                messages: chat_messages(messages)?,
+                ending,
+                tools: req.tools.clone(),
+                chat_template: req.chat_template.clone().or_else(|| state.chat_template.clone()),
+                chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+            };
             let text = tokenizer
-                .render_conversation(&chat_messages(messages)?, ending)
+                .render_conversation(&conversation)
                 .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
             tokenizer.encode(&text, req.add_special_tokens.unwrap_or(false)).map_err(engine_error)?
         }

@@ -1,0 +1,669 @@
+//! Reading one choice's output into an assistant message: its text content and its tool calls.
+//!
+//! The same reader serves streamed and whole responses: it takes the output's text delta by
+//! delta and yields [`MessageDelta`]s, which a stream sends as they come and a whole response
+//! gathers into one [`ToolCallMessage`]. So both report the same calls, with the same
+//! argument text.
+
+use serde_json::{Value, json};
+
+/// A piece of an assistant message, in the order it was written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MessageDelta {
+    /// Text for the message's `content`.
+    Content(String),
+    /// A new call: its place in the message's `tool_calls`, its id and function name.
+    CallStart { index: usize, id: String, name: String },
+    /// More of a call's `arguments` (JSON text).
+    Arguments { index: usize, text: String },
+}
+
+impl MessageDelta {
+    /// The chunk `delta` OpenAI streams for this piece.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Self::Content(text) => json!({"content": text}),
+            Self::CallStart { index, id, name } => json!({"tool_calls": [{
+                "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""},
+            }]}),
+            Self::Arguments { index, text } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+            }
+        }
+    }
+}
+
+/// Reads a choice's output as the request's tool choice says it is written.
+#[derive(Debug)]
+pub struct CallStream {
+    format: Format,
+}
+
+#[derive(Debug)]
+enum Format {
+    /// Plain text (`tool_choice: "none"`).
+    Text,
+    /// The whole output is the named function's arguments.
+    Named { name: String, started: bool },
+    /// The output is a JSON list of `{"name", "parameters"}` (`tool_choice: "required"`).
+    CallList(CallListScanner),
+    /// Text with `<tool_call>{"name", "arguments"}</tool_call>` blocks (`"auto"`, Hermes).
+    Hermes(HermesScanner),
+    /// `<|python_tag|>`? then `{"name", "parameters"}` objects split by `;` (`"auto"`, Llama 3).
+    LlamaJson(LlamaJsonScanner),
+}
+
+impl CallStream {
+    pub fn text() -> Self {
+        Self { format: Format::Text }
+    }
+
+    pub fn named(name: &str) -> Self {
+        Self { format: Format::Named { name: name.to_string(), started: false } }
+    }
+
+    pub fn call_list() -> Self {
+        Self { format: Format::CallList(CallListScanner::default()) }
+    }
+
+    pub fn hermes() -> Self {
+        Self { format: Format::Hermes(HermesScanner::default()) }
+    }
+
+    pub fn llama_json() -> Self {
+        Self { format: Format::LlamaJson(LlamaJsonScanner::default()) }
+    }
+
+    /// The message pieces `text` (the next part of the output) completes.
+    pub fn push(&mut self, text: &str) -> Vec<MessageDelta> {
+        let mut out = Vec::new();
+        match &mut self.format {
+            Format::Text if !text.is_empty() => out.push(MessageDelta::Content(text.to_string())),
+            Format::Text => {}
+            Format::Named { name, started } => {
+                if !*started && !text.is_empty() {
+                    *started = true;
+                    out.push(MessageDelta::CallStart { index: 0, id: call_id(), name: name.clone() });
+                }
+                if !text.is_empty() {
+                    out.push(MessageDelta::Arguments { index: 0, text: text.to_string() });
+                }
+            }
+            Format::CallList(scanner) => scanner.push(text, &mut out),
+            Format::Hermes(scanner) => scanner.push(text, &mut out),
+            Format::LlamaJson(scanner) => scanner.push(text, &mut out),
+        }
+        coalesce(out)
+    }
+
+    /// What is left once the output is complete: text held back in case it began a call, or a
+    /// named call whose arguments never started (the output was cut before its first byte).
+    pub fn finish(&mut self) -> Vec<MessageDelta> {
+        let mut out = Vec::new();
+        match &mut self.format {
+            Format::Text | Format::CallList(_) => {}
+            Format::Named { name, started } => {
+                if !*started {
+                    *started = true;
+                    out.push(MessageDelta::CallStart { index: 0, id: call_id(), name: name.clone() });
+                }
+            }
+            Format::Hermes(scanner) => scanner.finish(&mut out),
+            Format::LlamaJson(scanner) => scanner.finish(&mut out),
+        }
+        coalesce(out)
+    }
+
+    /// The whole message of a finished output.
+    pub fn read_all(mut self, text: &str) -> ToolCallMessage {
+        let mut message = ToolCallMessage::default();
+        for delta in self.push(text).into_iter().chain(self.finish()) {
+            message.add(delta);
+        }
+        message
+    }
+}
+
+/// Merges neighbouring pieces of the same kind, so a delta of many tokens is one chunk.
+fn coalesce(deltas: Vec<MessageDelta>) -> Vec<MessageDelta> {
+    let mut out: Vec<MessageDelta> = Vec::with_capacity(deltas.len());
+    for d in deltas {
+        match (out.last_mut(), d) {
+            (Some(MessageDelta::Content(a)), MessageDelta::Content(b)) => a.push_str(&b),
+            (Some(MessageDelta::Arguments { index: i, text: a }), MessageDelta::Arguments { index: j, text: b })
+                if *i == j =>
+            {
+                a.push_str(&b)
+            }
+            (_, d) => out.push(d),
+        }
+    }
+    out
+}
+
+/// A fresh tool call id, in vLLM's form.
+fn call_id() -> String {
+    crate::server::request_id("chatcmpl-tool")
+}
+
+/// An assistant message gathered from its pieces.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolCallMessage {
+    pub content: String,
+    /// `(id, function name, arguments)` per call.
+    pub tool_calls: Vec<(String, String, String)>,
+}
+
+impl ToolCallMessage {
+    pub fn add(&mut self, delta: MessageDelta) {
+        match delta {
+            MessageDelta::Content(text) => self.content.push_str(&text),
+            MessageDelta::CallStart { id, name, .. } => self.tool_calls.push((id, name, String::new())),
+            MessageDelta::Arguments { index, text } => {
+                if let Some(call) = self.tool_calls.get_mut(index) {
+                    call.2.push_str(&text);
+                }
+            }
+        }
+    }
+
+    /// The response's `message`: `content` is null when the model only called tools.
+    pub fn to_json(&self) -> Value {
+        if self.tool_calls.is_empty() {
+            return json!({"role": "assistant", "content": self.content});
+        }
+        let content = if self.content.trim().is_empty() { Value::Null } else { json!(self.content) };
+        let calls: Vec<Value> = self
+            .tool_calls
+            .iter()
+            .map(|(id, name, arguments)| {
+                json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            })
+            .collect();
+        json!({"role": "assistant", "content": content, "tool_calls": calls})
+    }
+}
+
+/// Follows JSON strings (and their escapes) so brackets inside them are not counted.
+#[derive(Debug, Default, Clone, Copy)]
+struct StringState {
+    inside: bool,
+    escaped: bool,
+}
+
+impl StringState {
+    /// Takes one character; whether it closed the string.
+    fn step(&mut self, c: char) -> bool {
+        if !self.inside {
+            self.inside = c == '"';
+            return false;
+        }
+        if self.escaped {
+            self.escaped = false;
+        } else if c == '\\' {
+            self.escaped = true;
+        } else if c == '"' {
+            self.inside = false;
+            return true;
+        }
+        false
+    }
+}
+
+/// Reads `[{"name": "...", "parameters": {...}}, ...]` as it is written: a call starts when
+/// its name is complete, and its arguments are the `parameters` value's text, sent as it comes.
+#[derive(Debug, Default)]
+struct CallListScanner {
+    /// Open containers outside strings: 1 in the list, 2 in a call object.
+    depth: usize,
+    string: StringState,
+    /// The text of a string being read at call level (a key or the name), quotes included.
+    literal: Option<String>,
+    /// The call-level key whose value is being read.
+    key: Option<String>,
+    /// After `"parameters":`, before the value's first character.
+    awaiting_arguments: bool,
+    in_arguments: bool,
+    calls: usize,
+    name_sent: bool,
+    /// Arguments written before the call's name (held until the call starts).
+    held: String,
+}
+
+impl CallListScanner {
+    fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+        let mut arguments = String::new();
+        for c in text.chars() {
+            if self.awaiting_arguments && !c.is_whitespace() {
+                self.awaiting_arguments = false;
+                self.in_arguments = true;
+            }
+            if self.in_arguments {
+                if self.string.inside || c == '"' {
+                    self.string.step(c);
+                    arguments.push(c);
+                    continue;
+                }
+                match c {
+                    '{' | '[' => {
+                        self.depth += 1;
+                        arguments.push(c);
+                        continue;
+                    }
+                    '}' | ']' if self.depth > 2 => {
+                        self.depth -= 1;
+                        arguments.push(c);
+                        if self.depth == 2 {
+                            self.end_arguments(&mut arguments, out);
+                        }
+                        continue;
+                    }
+                    // A scalar value ends at the call's next member or its end; that character
+                    // belongs to the call object, read below.
+                    ',' | '}' | ']' if self.depth == 2 => self.end_arguments(&mut arguments, out),
+                    _ => {
+                        arguments.push(c);
+                        continue;
+                    }
+                }
+            }
+            if self.string.inside || c == '"' {
+                let closed = self.string.step(c);
+                if let Some(literal) = &mut self.literal {
+                    literal.push(c);
+                } else if c == '"' && self.depth == 2 && self.string.inside {
+                    self.literal = Some("\"".to_string());
+                }
+                if closed && let Some(literal) = self.literal.take() {
+                    let value: String = serde_json::from_str(&literal).unwrap_or_default();
+                    self.read_string(value, out);
+                }
+                continue;
+            }
+            match c {
+                '{' | '[' => {
+                    self.depth += 1;
+                    if self.depth == 2 {
+                        self.calls += 1;
+                        self.name_sent = false;
+                        self.held.clear();
+                        self.key = None;
+                    }
+                }
+                '}' | ']' => self.depth = self.depth.saturating_sub(1),
+                ':' if self.depth == 2 && self.key.as_deref() == Some("parameters") => self.awaiting_arguments = true,
+                ',' if self.depth == 2 => self.key = None,
+                _ => {}
+            }
+        }
+        self.send_arguments(arguments, out);
+    }
+
+    fn end_arguments(&mut self, arguments: &mut String, out: &mut Vec<MessageDelta>) {
+        self.in_arguments = false;
+        self.key = None;
+        self.send_arguments(std::mem::take(arguments), out);
+    }
+
+    /// A string at call level: a key, or the value of `name`.
+    fn read_string(&mut self, value: String, out: &mut Vec<MessageDelta>) {
+        match self.key.take() {
+            None => self.key = Some(value),
+            Some(key) if key == "name" && !self.name_sent && self.calls > 0 => {
+                self.name_sent = true;
+                out.push(MessageDelta::CallStart { index: self.calls - 1, id: call_id(), name: value });
+                if !self.held.is_empty() {
+                    out.push(MessageDelta::Arguments { index: self.calls - 1, text: std::mem::take(&mut self.held) });
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn send_arguments(&mut self, text: String, out: &mut Vec<MessageDelta>) {
+        if text.is_empty() {
+            return;
+        }
+        if self.name_sent {
+            out.push(MessageDelta::Arguments { index: self.calls - 1, text });
+        } else {
+            self.held.push_str(&text);
+        }
+    }
+}
+
+const CALL_OPEN: &str = "<tool_call>";
+const CALL_CLOSE: &str = "</tool_call>";
+
+/// Reads Hermes-style calls out of free text: text outside `<tool_call>` blocks is content
+/// (the longest end that could begin a block is held back until it cannot); a block is sent as
+/// one call once it closes, or as text if it does not hold a call.
+#[derive(Debug, Default)]
+struct HermesScanner {
+    buffer: String,
+    in_call: bool,
+    calls: usize,
+}
+
+impl HermesScanner {
+    fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+        self.buffer.push_str(text);
+        loop {
+            if self.in_call {
+                let Some(end) = self.buffer.find(CALL_CLOSE) else { return };
+                let block: String = self.buffer.drain(..end + CALL_CLOSE.len()).collect();
+                self.in_call = false;
+                self.read_block(&block[..end], true, out);
+            } else if let Some(start) = self.buffer.find(CALL_OPEN) {
+                let before: String = self.buffer.drain(..start + CALL_OPEN.len()).collect();
+                self.send_text(&before[..start], out);
+                self.in_call = true;
+            } else {
+                let keep = held_prefix_len(&self.buffer, CALL_OPEN);
+                let text: String = self.buffer.drain(..self.buffer.len() - keep).collect();
+                self.send_text(&text, out);
+                return;
+            }
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<MessageDelta>) {
+        let rest = std::mem::take(&mut self.buffer);
+        if self.in_call {
+            // An unclosed block (the output was cut, or the model ended after the JSON).
+            self.in_call = false;
+            self.read_block(&rest, false, out);
+        } else {
+            self.send_text(&rest, out);
+        }
+    }
+
+    /// Text between calls is content, except the whitespace models put between blocks.
+    fn send_text(&self, text: &str, out: &mut Vec<MessageDelta>) {
+        if !text.is_empty() && (self.calls == 0 || !text.trim().is_empty()) {
+            out.push(MessageDelta::Content(text.to_string()));
+        }
+    }
+
+    fn read_block(&mut self, body: &str, closed: bool, out: &mut Vec<MessageDelta>) {
+        if !read_call_object(body, &mut self.calls, out) {
+            let close = if closed { CALL_CLOSE } else { "" };
+            out.push(MessageDelta::Content(format!("{CALL_OPEN}{body}{close}")));
+        }
+    }
+}
+
+/// Sends the call a `{"name": ..., "arguments" | "parameters": {...}}` text holds, as call
+/// number `calls` (then counted); whether it held one.
+fn read_call_object(text: &str, calls: &mut usize, out: &mut Vec<MessageDelta>) -> bool {
+    let call: Option<(String, Value)> = serde_json::from_str::<Value>(text.trim()).ok().and_then(|v| {
+        let name = v.get("name")?.as_str()?.to_string();
+        let arguments = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or(json!({}));
+        Some((name, arguments))
+    });
+    let Some((name, arguments)) = call else { return false };
+    let index = *calls;
+    *calls += 1;
+    out.push(MessageDelta::CallStart { index, id: call_id(), name });
+    out.push(MessageDelta::Arguments { index, text: python_json(&arguments) });
+    true
+}
+
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// Reads Llama 3's JSON calls: an output that starts (after an optional `<|python_tag|>`) with
+/// `{` is a list of call objects split by `;`, each sent once it closes; any other output is
+/// content, streamed as it comes. An object that holds no call stays text.
+#[derive(Debug, Default)]
+struct LlamaJsonScanner {
+    mode: LlamaMode,
+    /// The undecided start, or the call object being read.
+    buffer: String,
+    depth: usize,
+    string: StringState,
+    calls: usize,
+}
+
+#[derive(Debug, Default, PartialEq)]
+enum LlamaMode {
+    #[default]
+    Undecided,
+    Text,
+    Calls,
+}
+
+impl LlamaJsonScanner {
+    fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+        match self.mode {
+            LlamaMode::Text => out.push(MessageDelta::Content(text.to_string())),
+            LlamaMode::Calls => self.read_calls(text, out),
+            LlamaMode::Undecided => {
+                self.buffer.push_str(text);
+                let start = self.buffer.trim_start();
+                if start.is_empty() || (PYTHON_TAG.starts_with(start) && start.len() < PYTHON_TAG.len()) {
+                    return;
+                }
+                let calls = start.strip_prefix(PYTHON_TAG).or_else(|| start.starts_with('{').then_some(start));
+                match calls.map(str::to_string) {
+                    Some(rest) => {
+                        self.mode = LlamaMode::Calls;
+                        self.buffer.clear();
+                        self.read_calls(&rest, out);
+                    }
+                    None => {
+                        self.mode = LlamaMode::Text;
+                        out.push(MessageDelta::Content(std::mem::take(&mut self.buffer)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn read_calls(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+        for c in text.chars() {
+            if self.depth == 0 && !self.string.inside {
+                match c {
+                    '{' => {
+                        self.buffer.push(c);
+                        self.depth = 1;
+                    }
+                    // Between calls: separators, and the spaces around them.
+                    ';' => {}
+                    c if c.is_whitespace() => {}
+                    c => out.push(MessageDelta::Content(c.to_string())),
+                }
+                continue;
+            }
+            self.buffer.push(c);
+            if self.string.inside || c == '"' {
+                self.string.step(c);
+                continue;
+            }
+            match c {
+                '{' | '[' => self.depth += 1,
+                '}' | ']' => self.depth -= 1,
+                _ => {}
+            }
+            if self.depth == 0 {
+                let object = std::mem::take(&mut self.buffer);
+                if !read_call_object(&object, &mut self.calls, out) {
+                    out.push(MessageDelta::Content(object));
+                }
+            }
+        }
+    }
+
+    /// An undecided start is text; an object cut before it closed is text too.
+    fn finish(&mut self, out: &mut Vec<MessageDelta>) {
+        let rest = std::mem::take(&mut self.buffer);
+        if !rest.is_empty() {
+            out.push(MessageDelta::Content(rest));
+        }
+    }
+}
+
+/// How many bytes at the end of `text` could be the start of `marker`.
+fn held_prefix_len(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
+        .unwrap_or(0)
+}
+
+/// JSON text in Python's `json.dumps` layout (`, ` and `: ` separators), the layout vLLM sends
+/// arguments in.
+fn python_json(value: &Value) -> String {
+    match value {
+        Value::Array(items) => format!("[{}]", items.iter().map(python_json).collect::<Vec<_>>().join(", ")),
+        Value::Object(map) => format!(
+            "{{{}}}",
+            map.iter()
+                .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), python_json(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        scalar => scalar.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `text` in pieces of `size` characters and gathers the message.
+    fn read_in_pieces(mut stream: CallStream, text: &str, size: usize) -> ToolCallMessage {
+        let chars: Vec<char> = text.chars().collect();
+        let mut message = ToolCallMessage::default();
+        for piece in chars.chunks(size) {
+            for d in stream.push(&piece.iter().collect::<String>()) {
+                message.add(d);
+            }
+        }
+        for d in stream.finish() {
+            message.add(d);
+        }
+        message
+    }
+
+    fn calls(message: &ToolCallMessage) -> Vec<(&str, &str)> {
+        message.tool_calls.iter().map(|(_, n, a)| (n.as_str(), a.as_str())).collect()
+    }
+
+    #[test]
+    fn a_call_list_yields_each_call_with_its_arguments_text_whatever_the_pieces() {
+        let text = r#"[{"name": "get_weather", "parameters": {"city": "Paris, \"FR\"", "days": [1, {"x": "}"}]}}, { "name": "get_time", "parameters": {} }]"#;
+        for size in [1, 2, 3, 7, 1000] {
+            let message = read_in_pieces(CallStream::call_list(), text, size);
+            assert_eq!(
+                calls(&message),
+                vec![("get_weather", r#"{"city": "Paris, \"FR\"", "days": [1, {"x": "}"}]}"#), ("get_time", "{}")],
+                "pieces of {size}"
+            );
+            assert_eq!(message.to_json()["content"], Value::Null);
+        }
+    }
+
+    #[test]
+    fn a_call_list_streams_the_name_first_and_arguments_as_they_come() {
+        let mut stream = CallStream::call_list();
+        assert!(stream.push(r#"[{"name": "get_wea"#).is_empty());
+        let start = stream.push(r#"ther", "parameters": {"ci"#);
+        assert!(matches!(&start[0], MessageDelta::CallStart { index: 0, name, .. } if name == "get_weather"));
+        assert_eq!(start[1], MessageDelta::Arguments { index: 0, text: r#"{"ci"#.into() });
+        assert_eq!(
+            stream.push(r#"ty": "Oslo"}}"#),
+            vec![MessageDelta::Arguments { index: 0, text: r#"ty": "Oslo"}"#.into() }]
+        );
+        assert!(stream.push("]").is_empty());
+    }
+
+    #[test]
+    fn scalar_arguments_end_at_the_call_objects_next_member_or_end() {
+        let message = CallStream::call_list()
+            .read_all(r#"[{"name": "f", "parameters": 42}, {"name": "g", "parameters": "a,b"}]"#);
+        assert_eq!(calls(&message), vec![("f", "42"), ("g", r#""a,b""#)]);
+    }
+
+    #[test]
+    fn a_named_call_is_the_whole_output_and_exists_even_when_cut_before_it_began() {
+        let message = read_in_pieces(CallStream::named("get_time"), r#"{"zone": "UTC"}"#, 3);
+        assert_eq!(calls(&message), vec![("get_time", r#"{"zone": "UTC"}"#)]);
+        let message = CallStream::named("get_time").read_all("");
+        assert_eq!(calls(&message), vec![("get_time", "")]);
+    }
+
+    #[test]
+    fn hermes_blocks_become_calls_and_the_text_around_them_content() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+        for size in [1, 4, 1000] {
+            let message = read_in_pieces(CallStream::hermes(), text, size);
+            assert_eq!(message.content, "Let me check.\n", "pieces of {size}");
+            assert_eq!(calls(&message), vec![("get_weather", r#"{"city": "Oslo"}"#), ("get_time", "{}")]);
+        }
+        let plain = CallStream::hermes().read_all("No tools needed: a < b and <tool is fine.");
+        assert_eq!(plain.content, "No tools needed: a < b and <tool is fine.");
+        assert!(plain.tool_calls.is_empty());
+        assert_eq!(plain.to_json()["content"], "No tools needed: a < b and <tool is fine.");
+    }
+
+    #[test]
+    fn hermes_keeps_a_block_that_holds_no_call_as_text_and_reads_an_unclosed_one() {
+        let broken = CallStream::hermes().read_all("<tool_call>not json</tool_call>");
+        assert_eq!(broken.content, "<tool_call>not json</tool_call>");
+        assert!(broken.tool_calls.is_empty());
+        let unclosed = CallStream::hermes().read_all("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}");
+        assert_eq!(calls(&unclosed), vec![("f", r#"{"a": [1, 2]}"#)]);
+        let cut = CallStream::hermes().read_all("<tool_call>{\"name\": \"f\", \"argu");
+        assert_eq!(cut.content, "<tool_call>{\"name\": \"f\", \"argu");
+    }
+
+    #[test]
+    fn hermes_holds_back_only_what_could_begin_a_block() {
+        let mut stream = CallStream::hermes();
+        assert_eq!(stream.push("Hi <tool"), vec![MessageDelta::Content("Hi ".into())]);
+        assert_eq!(stream.push("s are"), vec![MessageDelta::Content("<tools are".into())]);
+        assert_eq!(held_prefix_len("é<", CALL_OPEN), 1);
+        assert_eq!(held_prefix_len("é", CALL_OPEN), 0);
+    }
+
+    #[test]
+    fn llama_json_calls_follow_the_python_tag_or_an_opening_brace_and_split_at_semicolons() {
+        let text = r#"<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo; Norway", "n": [1]}}; {"name": "get_time", "arguments": {}}"#;
+        for size in [1, 3, 1000] {
+            let message = read_in_pieces(CallStream::llama_json(), text, size);
+            assert_eq!(
+                calls(&message),
+                vec![("get_weather", r#"{"city": "Oslo; Norway", "n": [1]}"#), ("get_time", "{}")],
+                "pieces of {size}"
+            );
+            assert_eq!(message.to_json()["content"], Value::Null);
+        }
+        let bare = CallStream::llama_json().read_all(" {\"name\": \"f\", \"parameters\": {\"a\": 1}}");
+        assert_eq!(calls(&bare), vec![("f", r#"{"a": 1}"#)]);
+    }
+
+    #[test]
+    fn llama_json_leaves_answers_and_objects_without_a_name_as_text() {
+        let mut stream = CallStream::llama_json();
+        assert!(stream.push(" <|py").is_empty(), "could still be the tag");
+        assert_eq!(stream.push("thon is fun"), vec![MessageDelta::Content(" <|python is fun".into())]);
+        assert_eq!(stream.push(" {x}"), vec![MessageDelta::Content(" {x}".into())]);
+        let object = CallStream::llama_json().read_all(r#"{"answer": 4}"#);
+        assert!(object.tool_calls.is_empty());
+        assert_eq!(object.content, r#"{"answer": 4}"#);
+        let cut = CallStream::llama_json().read_all(r#"{"name": "f", "param"#);
+        assert_eq!(cut.content, r#"{"name": "f", "param"#);
+    }
+
+    #[test]
+    fn deltas_serialise_as_openai_streams_them() {
+        let start = MessageDelta::CallStart { index: 1, id: "call-1".into(), name: "f".into() };
+        assert_eq!(
+            start.to_json(),
+            json!({"tool_calls": [{"index": 1, "id": "call-1", "type": "function", "function": {"name": "f", "arguments": ""}}]})
+        );
+        let arguments = MessageDelta::Arguments { index: 1, text: "{}".into() };
+        assert_eq!(arguments.to_json(), json!({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}));
+        assert_eq!(python_json(&json!({"a": [1, "x"], "b": {"c": null}})), r#"{"a": [1, "x"], "b": {"c": null}}"#);
+    }
+}

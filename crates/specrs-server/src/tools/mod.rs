@@ -1,0 +1,379 @@
+//! Tool calling (OpenAI's `tools` and `tool_choice`), served the way vLLM serves it.
+//!
+//! A named function or `"required"` rides structured outputs: the output is the function's
+//! arguments (its `parameters` schema), or a JSON list of `{"name", "parameters"}` calls, one
+//! schema branch per tool. `"auto"` lets the model answer or call, and reads the calls it
+//! writes in its own format through the parser the server was started with
+//! (`--enable-auto-tool-choice --tool-call-parser hermes`). The tools themselves reach the
+//! model through the chat template (`tools`), as with transformers and vLLM.
+
+pub mod calls;
+
+use serde_json::{Map, Value, json};
+use specrs_core::structured::StructuredOutputs;
+use specrs_core::structured::json_schema::schema_to_regex;
+
+use crate::error::ApiError;
+
+pub use calls::{CallStream, MessageDelta, ToolCallMessage};
+
+/// The formats of tool calls a model may write on its own, for `tool_choice: "auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCallParser {
+    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen 2.5 / 3).
+    Hermes,
+    /// `<|python_tag|>{"name": ..., "parameters": {...}}; {...}` (Llama 3.1 / 3.2 JSON).
+    Llama3Json,
+}
+
+impl ToolCallParser {
+    pub const NAMES: [&str; 2] = ["hermes", "llama3_json"];
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "hermes" => Ok(Self::Hermes),
+            "llama3_json" => Ok(Self::Llama3Json),
+            other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
+        }
+    }
+}
+
+/// One function a request offers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Function {
+    pub name: String,
+    /// Its arguments' JSON schema (an object with no properties when the tool gives none).
+    pub parameters: Value,
+}
+
+/// What a request lets the model do with its tools.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    /// Answer in text; no call is parsed.
+    None,
+    /// Answer or call, as the model decides; calls are read by the server's parser.
+    Auto(ToolCallParser),
+    /// Call one or more of the tools (`parallel_tool_calls: false`: exactly one).
+    Required { parallel: bool },
+    /// Call this function, once.
+    Function(String),
+}
+
+/// A request's tools, as the template gets them, and the choice it made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolRequest {
+    /// The `tools` list as sent, for the chat template.
+    pub tools: Vec<Value>,
+    pub functions: Vec<Function>,
+    pub choice: ToolChoice,
+}
+
+impl ToolRequest {
+    /// Reads `tools`, `tool_choice` and `parallel_tool_calls`. `None` when the request offers no
+    /// tools and asks for no call. `auto_parser` is the server's parser for `"auto"`, if any.
+    pub fn parse(
+        tools: Option<&Value>,
+        tool_choice: Option<&Value>,
+        parallel_tool_calls: Option<bool>,
+        auto_parser: Option<ToolCallParser>,
+    ) -> Result<Option<Self>, ApiError> {
+        let (tools, functions) = match tools {
+            None | Some(Value::Null) => (Vec::new(), Vec::new()),
+            Some(Value::Array(list)) => {
+                let functions =
+                    list.iter().enumerate().map(|(i, t)| function_of(t, i)).collect::<Result<Vec<_>, _>>()?;
+                for (i, f) in functions.iter().enumerate() {
+                    if functions[..i].iter().any(|g| g.name == f.name) {
+                        return Err(bad(format!("tool name '{}' is given twice", f.name), &format!("tools[{i}]")));
+                    }
+                }
+                (list.clone(), functions)
+            }
+            Some(_) => {
+                return Err(bad("tools must be a list of {\"type\": \"function\", \"function\": {...}}", "tools"));
+            }
+        };
+        let choice = match tool_choice {
+            None | Some(Value::Null) if functions.is_empty() => return Ok(None),
+            None | Some(Value::Null) => auto_choice(auto_parser, "tools")?,
+            Some(Value::String(s)) => match s.as_str() {
+                "none" => ToolChoice::None,
+                "auto" if functions.is_empty() => return Ok(None),
+                "auto" => auto_choice(auto_parser, "tool_choice")?,
+                "required" => ToolChoice::Required { parallel: parallel_tool_calls.unwrap_or(true) },
+                other => {
+                    return Err(bad(
+                        format!(
+                            "tool_choice '{other}' is not one of 'none', 'auto', 'required', or \
+                             {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                        ),
+                        "tool_choice",
+                    ));
+                }
+            },
+            Some(named) => {
+                let name = named
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str)
+                    .filter(|_| named.get("type").and_then(Value::as_str).is_none_or(|t| t == "function"))
+                    .ok_or_else(|| {
+                        bad(
+                            "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                            "tool_choice",
+                        )
+                    })?;
+                if !functions.iter().any(|f| f.name == name) {
+                    return Err(bad(format!("tool_choice names '{name}', which is not among tools"), "tool_choice"));
+                }
+                ToolChoice::Function(name.to_string())
+            }
+        };
+        if functions.is_empty() && matches!(choice, ToolChoice::Required { .. }) {
+            return Err(bad("tool_choice 'required' needs tools to call", "tool_choice"));
+        }
+        Ok(Some(Self { tools, functions, choice }))
+    }
+
+    /// The output constraint the choice imposes: a named function's arguments, or the list of
+    /// calls `"required"` asks for. `None` for `"none"` and `"auto"`.
+    pub fn constraint(&self) -> Result<Option<StructuredOutputs>, ApiError> {
+        let schema = match &self.choice {
+            ToolChoice::None | ToolChoice::Auto(_) => return Ok(None),
+            ToolChoice::Function(name) => {
+                self.functions.iter().find(|f| &f.name == name).expect("checked at parse").parameters.clone()
+            }
+            ToolChoice::Required { parallel } => self.calls_schema(*parallel)?,
+        };
+        Ok(Some(StructuredOutputs { json: Some(schema), ..Default::default() }))
+    }
+
+    /// `[{"name": <one tool>, "parameters": <its arguments>}, ...]`, with every tool's `$defs`
+    /// (and `definitions`) moved to the root so their local `$ref`s still resolve.
+    fn calls_schema(&self, parallel: bool) -> Result<Value, ApiError> {
+        let mut roots: Map<String, Value> = Map::new();
+        let mut branches = Vec::with_capacity(self.functions.len());
+        for (i, f) in self.functions.iter().enumerate() {
+            let mut parameters = f.parameters.clone();
+            for key in ["$defs", "definitions"] {
+                let Some(Value::Object(defs)) = parameters.as_object_mut().and_then(|p| p.remove(key)) else {
+                    continue;
+                };
+                let merged = roots.entry(key).or_insert_with(|| json!({})).as_object_mut().expect("an object");
+                for (name, schema) in defs {
+                    match merged.get(&name) {
+                        Some(existing) if existing != &schema => {
+                            return Err(bad(
+                                format!(
+                                    "two tools define '{key}/{name}' differently; tool_choice 'required' puts \
+                                     every tool in one schema, so give them distinct names"
+                                ),
+                                &format!("tools[{i}].function.parameters.{key}.{name}"),
+                            ));
+                        }
+                        _ => merged.insert(name, schema),
+                    };
+                }
+            }
+            branches.push(json!({
+                "type": "object",
+                "properties": {"name": {"const": f.name}, "parameters": parameters},
+                "required": ["name", "parameters"],
+            }));
+        }
+        let mut schema = json!({"type": "array", "minItems": 1, "items": {"anyOf": branches}});
+        if !parallel {
+            schema["maxItems"] = json!(1);
+        }
+        schema.as_object_mut().expect("an object").extend(roots);
+        Ok(schema)
+    }
+
+    /// A reader of one choice's output into the message's content and tool calls.
+    pub fn call_stream(&self) -> CallStream {
+        match &self.choice {
+            ToolChoice::None => CallStream::text(),
+            ToolChoice::Auto(ToolCallParser::Hermes) => CallStream::hermes(),
+            ToolChoice::Auto(ToolCallParser::Llama3Json) => CallStream::llama_json(),
+            ToolChoice::Required { .. } => CallStream::call_list(),
+            ToolChoice::Function(name) => CallStream::named(name),
+        }
+    }
+
+    /// Whether the model's own tool-call markers must stay in the text for the parser to see
+    /// (Qwen's `<tool_call>` and Llama's `<|python_tag|>` are special tokens).
+    pub fn keeps_special_tokens(&self) -> bool {
+        matches!(self.choice, ToolChoice::Auto(_))
+    }
+
+    /// Whether the response's `finish_reason` reports `tool_calls` when the model stopped after
+    /// calling: for `"required"` and `"auto"`, not for a named function (as OpenAI does).
+    pub fn reports_tool_calls(&self) -> bool {
+        matches!(self.choice, ToolChoice::Required { .. } | ToolChoice::Auto(_))
+    }
+}
+
+fn bad(message: impl Into<String>, param: &str) -> ApiError {
+    ApiError::bad_request(message, Some(param))
+}
+
+fn auto_choice(parser: Option<ToolCallParser>, field: &str) -> Result<ToolChoice, ApiError> {
+    parser.map(ToolChoice::Auto).ok_or_else(|| {
+        bad(
+            "tool_choice 'auto' (the default when tools are given) needs the server started with \
+             --enable-auto-tool-choice and --tool-call-parser; or send tool_choice 'required', a named function, \
+             or 'none'",
+            field,
+        )
+    })
+}
+
+/// Checks one entry of `tools` and reads its function.
+fn function_of(tool: &Value, index: usize) -> Result<Function, ApiError> {
+    let at = format!("tools[{index}]");
+    match tool.get("type").and_then(Value::as_str) {
+        Some("function") => {}
+        Some(other) => {
+            return Err(bad(format!("tool type '{other}' is not supported; tools must be of type 'function'"), &at));
+        }
+        None => return Err(bad("a tool needs \"type\": \"function\"", &at)),
+    }
+    let function = tool
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("a tool needs a \"function\" object", &format!("{at}.function")))?;
+    let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !valid {
+        return Err(bad(
+            format!("function name {name:?} must be 1 to 64 letters, digits, underscores or dashes"),
+            &format!("{at}.function.name"),
+        ));
+    }
+    let parameters = match function.get("parameters") {
+        None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+        Some(p @ Value::Object(_)) => p.clone(),
+        Some(_) => return Err(bad("parameters must be a JSON schema object", &format!("{at}.function.parameters"))),
+    };
+    // Checked here, so a schema the constraint cannot keep is refused naming its tool.
+    schema_to_regex(&parameters).map_err(|e| bad(e.to_string(), &format!("{at}.function.parameters")))?;
+    Ok(Function { name: name.to_string(), parameters })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specrs_core::structured::regex_dfa::RegexGrammar;
+
+    fn weather_and_time() -> Value {
+        json!([
+            {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+            {"type": "function", "function": {"name": "get_time"}},
+        ])
+    }
+
+    fn parse(choice: Value) -> Result<Option<ToolRequest>, ApiError> {
+        ToolRequest::parse(Some(&weather_and_time()), Some(&choice), None, None)
+    }
+
+    fn matches(schema: &Value, text: &str) -> bool {
+        RegexGrammar::new(&schema_to_regex(schema).unwrap()).unwrap().matches(text.as_bytes())
+    }
+
+    #[test]
+    fn choices_read_as_openai_defines_them() {
+        assert_eq!(parse(json!("none")).unwrap().unwrap().choice, ToolChoice::None);
+        assert_eq!(parse(json!("required")).unwrap().unwrap().choice, ToolChoice::Required { parallel: true });
+        let named = json!({"type": "function", "function": {"name": "get_time"}});
+        assert_eq!(parse(named).unwrap().unwrap().choice, ToolChoice::Function("get_time".into()));
+        let auto = ToolRequest::parse(Some(&weather_and_time()), None, None, Some(ToolCallParser::Hermes));
+        assert_eq!(auto.unwrap().unwrap().choice, ToolChoice::Auto(ToolCallParser::Hermes));
+        // No tools and nothing asked: plain chat.
+        assert_eq!(ToolRequest::parse(None, Some(&json!("auto")), None, None).unwrap(), None);
+        assert_eq!(ToolRequest::parse(Some(&json!([])), None, None, None).unwrap(), None);
+    }
+
+    #[test]
+    fn bad_tools_and_choices_are_refused_naming_the_field() {
+        let cases = [
+            (json!("sometimes"), "tool_choice", "is not one of"),
+            (json!({"type": "function", "function": {"name": "fly"}}), "tool_choice", "not among tools"),
+            (json!({"function": {}}), "tool_choice", "named tool_choice"),
+        ];
+        for (choice, param, message) in cases {
+            let e = parse(choice).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param));
+            assert!(e.message.contains(message), "{}", e.message);
+        }
+        let auto = ToolRequest::parse(Some(&weather_and_time()), None, None, None).unwrap_err();
+        assert!(auto.message.contains("--enable-auto-tool-choice"), "{}", auto.message);
+        let required = ToolRequest::parse(None, Some(&json!("required")), None, None).unwrap_err();
+        assert!(required.message.contains("needs tools"), "{}", required.message);
+        let tools = [
+            (json!({"type": "custom"}), "tools[0]"),
+            (json!({"type": "function"}), "tools[0].function"),
+            (json!({"type": "function", "function": {"name": "no spaces"}}), "tools[0].function.name"),
+            (json!({"type": "function", "function": {"name": "f", "parameters": 3}}), "tools[0].function.parameters"),
+            (
+                json!({"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "maximum": 3}}}),
+                "tools[0].function.parameters",
+            ),
+        ];
+        for (tool, param) in tools {
+            let e = ToolRequest::parse(Some(&json!([tool])), Some(&json!("required")), None, None).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
+        }
+        let twice =
+            json!([{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]);
+        assert_eq!(ToolRequest::parse(Some(&twice), None, None, None).unwrap_err().param.as_deref(), Some("tools[1]"));
+    }
+
+    #[test]
+    fn a_named_function_constrains_the_output_to_its_arguments() {
+        let named = parse(json!({"type": "function", "function": {"name": "get_weather"}})).unwrap().unwrap();
+        let schema = named.constraint().unwrap().unwrap().json.unwrap();
+        assert!(matches(&schema, r#"{"city": "Paris"}"#));
+        assert!(!matches(&schema, r#"{"town": "Paris"}"#));
+        assert!(!named.reports_tool_calls());
+    }
+
+    #[test]
+    fn required_allows_a_list_of_calls_to_any_tool_with_its_own_arguments() {
+        let required = parse(json!("required")).unwrap().unwrap();
+        let schema = required.constraint().unwrap().unwrap().json.unwrap();
+        assert!(matches(&schema, r#"[{"name": "get_weather", "parameters": {"city": "Oslo"}}]"#));
+        assert!(matches(
+            &schema,
+            r#"[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Rome"}}]"#
+        ));
+        assert!(!matches(&schema, "[]"), "at least one call");
+        assert!(!matches(&schema, r#"[{"name": "get_time", "parameters": {"city": "Rome"}, "x": 1}]"#));
+        assert!(!matches(&schema, r#"[{"name": "get_weather", "parameters": {}}]"#), "city is required");
+        let single = ToolRequest::parse(Some(&weather_and_time()), Some(&json!("required")), Some(false), None);
+        let schema = single.unwrap().unwrap().constraint().unwrap().unwrap().json.unwrap();
+        assert!(!matches(
+            &schema,
+            r#"[{"name": "get_time", "parameters": {}}, {"name": "get_time", "parameters": {}}]"#
+        ));
+    }
+
+    #[test]
+    fn definitions_of_every_tool_move_to_the_root_and_clashes_are_refused() {
+        let with_defs = |name: &str, unit: Value| {
+            json!({"type": "function", "function": {"name": name, "parameters": {
+                "type": "object", "properties": {"t": {"$ref": "#/$defs/unit"}}, "required": ["t"],
+                "$defs": {"unit": unit}}}})
+        };
+        let same = json!([with_defs("a", json!({"enum": ["C", "F"]})), with_defs("b", json!({"enum": ["C", "F"]}))]);
+        let request = ToolRequest::parse(Some(&same), Some(&json!("required")), None, None).unwrap().unwrap();
+        let schema = request.constraint().unwrap().unwrap().json.unwrap();
+        assert!(matches(&schema, r#"[{"name": "b", "parameters": {"t": "F"}}]"#));
+        let clash = json!([with_defs("a", json!({"enum": ["C"]})), with_defs("b", json!({"enum": ["K"]}))]);
+        let request = ToolRequest::parse(Some(&clash), Some(&json!("required")), None, None).unwrap().unwrap();
+        let e = request.constraint().unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools[1].function.parameters.$defs.unit"));
+    }
+}

@@ -1,0 +1,413 @@
+"""Tool calling: `tools` rendered by the chat template (server and `LLM.chat`), a named
+`tool_choice` and `"required"` kept exact by structured outputs, `"auto"` read by the Hermes
+parser, streamed deltas that add up to the whole response, multi-turn conversations carrying
+calls and their results, and the 400s for tool requests the server cannot honour."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from conftest import Server
+from spec_rs import LLM, RequestError, SamplingParams, StructuredOutputsParams
+
+pytestmark = pytest.mark.timeout(240)
+
+MODEL = "smollm2-135m-instruct"
+SPEC_ARGS = ("--speculative-method", "ngram", "--num-speculative-tokens", "3")
+ENGINE_ARGS = ("--kv-cache-memory", str(256 << 20), "--max-model-len", "2048")
+
+#: SmolLM2's ChatML with a Qwen-style tools section, calls and tool results.
+TOOLS_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+You may call functions. Write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{%- for call in message.tool_calls %}
+<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+}
+TIME = {
+    "type": "object",
+    "properties": {"timezone": {"type": "string", "maxLength": 24}},
+    "required": ["timezone"],
+}
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": WEATHER,
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "description": "Time in a timezone", "parameters": TIME},
+    },
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+
+@pytest.fixture(scope="module")
+def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("templates") / "tools.jinja"
+    path.write_text(TOOLS_TEMPLATE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(serve: Callable[..., Server], template_file: Path) -> Server:
+    """The `ngram_llm` pipeline, with the tools template and `"auto"` read as Hermes calls."""
+    return serve(
+        *SPEC_ARGS,
+        *ENGINE_ARGS,
+        "--chat-template",
+        str(template_file),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    )
+
+
+@pytest.fixture(scope="module")
+def client(server: Server, openai_client: Callable[..., Any]) -> openai.OpenAI:
+    c: openai.OpenAI = openai_client(server)
+    return c
+
+
+def offline(llm: LLM, schema: dict[str, Any], max_tokens: int) -> str:
+    """What `LLM.chat` writes for ASK with the tools template and `schema` as the constraint."""
+    params = SamplingParams(
+        temperature=0, max_tokens=max_tokens, structured_outputs=StructuredOutputsParams(json=schema)
+    )
+    out = llm.chat(ASK, params, tools=TOOLS, chat_template=TOOLS_TEMPLATE)[0]
+    return out.text
+
+
+def stream_message(client: openai.OpenAI, **fields: Any) -> tuple[str, list[dict[str, Any]], str | None]:
+    """A streamed response's content, its tool calls put together from their deltas, and its
+    finish reason."""
+    content = ""
+    calls: list[dict[str, Any]] = []
+    finish = None
+    for chunk in client.chat.completions.create(model=MODEL, stream=True, **fields):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for call in choice.delta.tool_calls or []:
+            if call.id is not None:
+                assert call.index == len(calls), "a call's first delta carries its id"
+                assert call.type == "function" and call.function is not None and call.function.name
+                calls.append({"id": call.id, "name": call.function.name, "arguments": ""})
+            assert call.function is not None
+            calls[call.index]["arguments"] += call.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, calls, finish
+
+
+def test_the_template_renders_tools_calls_and_results_as_vllm_passes_them(ngram_llm: LLM) -> None:
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+    }
+    conversation = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12 degrees"},
+    ]
+    text = ngram_llm.apply_chat_template(conversation, tools=TOOLS, chat_template=TOOLS_TEMPLATE)
+    assert json.dumps(TOOLS[0], separators=(",", ":")) in text, "each tool as JSON"
+    # The arguments' JSON text reaches the template as an object, as transformers expects.
+    assert '{"name": "get_weather", "arguments": {"city":"Oslo"}}' in text
+    assert "<tool_response>\n12 degrees\n</tool_response>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    # Without tools the section is gone; template variables come from chat_template_kwargs.
+    assert "<tools>" not in ngram_llm.apply_chat_template(ASK, chat_template=TOOLS_TEMPLATE)
+    greeting = "{{ greeting }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert ngram_llm.apply_chat_template(
+        ASK, chat_template=greeting, chat_template_kwargs={"greeting": "Hi! "}
+    ) == ("Hi! " + ASK[0]["content"])
+    with pytest.raises(RequestError, match="may not set 'tools'"):
+        ngram_llm.apply_chat_template(ASK, chat_template=greeting, chat_template_kwargs={"tools": []})
+    with pytest.raises(TypeError, match="tools must be a list"):
+        ngram_llm.chat(ASK, tools="get_weather")  # type: ignore[arg-type]
+
+
+def test_a_named_tool_choice_returns_one_call_whose_arguments_follow_its_schema(
+    client: openai.OpenAI, ngram_llm: LLM
+) -> None:
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    resp = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=48
+    )  # type: ignore[arg-type]
+    message = resp.choices[0].message
+    assert message.content is None and message.tool_calls is not None and len(message.tool_calls) == 1
+    call = message.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    # OpenAI reports a forced call as a normal stop.
+    assert resp.choices[0].finish_reason == "stop"
+    # The server renders the tools as LLM.chat does and constrains the output the same way.
+    assert call.function.arguments == offline(ngram_llm, WEATHER, 48)
+
+    content, calls, finish = stream_message(
+        client, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=48
+    )
+    assert content == "" and finish == "stop"
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", call.function.arguments)]
+
+
+def test_required_calls_tools_from_the_list_and_streams_what_it_returns_whole(client: openai.OpenAI) -> None:
+    fields: dict[str, Any] = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 96}
+    resp = client.chat.completions.create(model=MODEL, temperature=0, **fields)
+    message = resp.choices[0].message
+    assert message.content is None and message.tool_calls
+    for call in message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    assert len({c.id for c in message.tool_calls}) == len(message.tool_calls), "ids are unique"
+    assert resp.choices[0].finish_reason == "tool_calls"
+
+    content, calls, finish = stream_message(client, temperature=0, **fields)
+    assert content == "" and finish == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        (c.function.name, c.function.arguments) for c in message.tool_calls
+    ]
+
+    # Sampled, several choices, one call each when parallel calls are off.
+    resp = client.chat.completions.create(
+        model=MODEL, temperature=1.0, seed=7, n=3, parallel_tool_calls=False, **fields
+    )
+    for choice in resp.choices:
+        assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0]
+        if choice.finish_reason == "tool_calls":
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_auto_reads_hermes_calls_the_model_writes_and_leaves_plain_answers_alone(
+    client: openai.OpenAI,
+) -> None:
+    # The call is made certain with a regex, so the test is about reading it, not about
+    # whether the 135M model decides to call.
+    written = (
+        r'<tool_call>\n\{"name": "get_weather", '
+        r'"arguments": \{"city": "(Paris|Lyon)", "unit": "celsius"\}\}\n</tool_call>'
+    )
+    fields: dict[str, Any] = {
+        "messages": ASK,
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 64,
+        "extra_body": {"guided_regex": written},
+    }
+    resp = client.chat.completions.create(model=MODEL, **fields)
+    message = resp.choices[0].message
+    assert message.content is None and message.tool_calls is not None
+    (call,) = message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["unit"] == "celsius"
+    assert resp.choices[0].finish_reason == "tool_calls"
+    content, calls, finish = stream_message(client, **fields)
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == [(call.function.name, call.function.arguments)]
+
+    # A plain answer (tool_choice "auto" explicitly) stays content, whole or streamed.
+    plain: dict[str, Any] = {"messages": ASK, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 12}
+    plain["extra_body"] = {"guided_regex": r"It is (sunny|rainy) in Paris\."}
+    resp = client.chat.completions.create(model=MODEL, temperature=0, **plain)
+    assert resp.choices[0].message.tool_calls is None
+    assert resp.choices[0].message.content in ("It is sunny in Paris.", "It is rainy in Paris.")
+    assert resp.choices[0].finish_reason == "stop"
+    assert stream_message(client, temperature=0, **plain) == (resp.choices[0].message.content, [], "stop")
+
+
+def test_auto_reads_llama3_json_calls_after_the_python_tag(
+    serve: Callable[..., Server], template_file: Path
+) -> None:
+    llama = serve(
+        *ENGINE_ARGS,
+        "--chat-template",
+        str(template_file),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "llama3_json",
+    )
+    written = (
+        r'<\|python_tag\|>\{"name": "get_time", "parameters": \{"timezone": "UTC"\}\}; '
+        r'\{"name": "get_weather", "parameters": \{"city": "Rome", "unit": "celsius"\}\}'
+    )
+    status, body = post(llama, tools=TOOLS, temperature=0, max_tokens=64, guided_regex=written)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+        ("get_time", '{"timezone": "UTC"}'),
+        ("get_weather", '{"city": "Rome", "unit": "celsius"}'),
+    ]
+
+
+def test_a_conversation_with_calls_and_results_continues_and_none_answers_in_text(
+    client: openai.OpenAI, ngram_llm: LLM
+) -> None:
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    conversation = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18 degrees and sunny"},
+    ]
+    resp = client.chat.completions.create(
+        model=MODEL, messages=conversation, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=24
+    )  # type: ignore[arg-type]
+    text = resp.choices[0].message.content
+    assert resp.choices[0].message.tool_calls is None and text
+    want = ngram_llm.chat(
+        conversation, SamplingParams(temperature=0, max_tokens=24), tools=TOOLS, chat_template=TOOLS_TEMPLATE
+    )[0]
+    assert text == want.text
+
+
+def test_tokenize_renders_the_tools_with_the_servers_template_as_chat_does(
+    server: Server, client: openai.OpenAI, ngram_llm: LLM
+) -> None:
+    status, body = server.post_json("/tokenize", {"model": MODEL, "messages": ASK, "tools": TOOLS})
+    assert status == 200, body
+    rendered = ngram_llm.apply_chat_template(ASK, tools=TOOLS, chat_template=TOOLS_TEMPLATE)
+    assert "get_time" in rendered
+    assert body["tokens"] == ngram_llm.tokenize(rendered, add_special_tokens=False)
+    resp = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=1
+    )  # type: ignore[arg-type]
+    assert resp.usage is not None and resp.usage.prompt_tokens == body["count"]
+
+
+def post(server: Server, **fields: Any) -> tuple[int, dict[str, Any]]:
+    return server.post_json("/v1/chat/completions", {"model": MODEL, "messages": ASK, **fields})
+
+
+BAD_TOOL_REQUESTS = [
+    # id, fields, param, message
+    ("tools-not-a-list", {"tools": {"a": 1}}, "tools", "must be a list"),
+    ("custom-tool", {"tools": [{"type": "custom", "custom": {}}]}, "tools[0]", "type 'custom'"),
+    (
+        "bad-name",
+        {"tools": [{"type": "function", "function": {"name": "get weather"}}]},
+        "tools[0].function.name",
+        "letters, digits",
+    ),
+    (
+        "unsupported-schema",
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "integer", "maximum": 2}},
+                }
+            ]
+        },
+        "tools[0].function.parameters",
+        "`maximum` is not supported",
+    ),
+    ("unknown-choice", {"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "not one of"),
+    (
+        "named-not-offered",
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}},
+        "tool_choice",
+        "not among tools",
+    ),
+    (
+        "required-and-response-format",
+        {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+        "response_format",
+        "one output constraint",
+    ),
+    (
+        "bad-call-arguments",
+        {
+            "messages": [
+                *ASK,
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{x"}}
+                    ],
+                },
+            ]
+        },
+        "messages[1].tool_calls[0]",
+        "JSON text of an object",
+    ),
+    ("broken-template", {"chat_template": "{% for %}"}, "chat_template", "invalid chat template"),
+    (
+        "reserved-template-variable",
+        {"chat_template_kwargs": {"messages": []}},
+        "chat_template_kwargs",
+        "may not set",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"), [c[1:] for c in BAD_TOOL_REQUESTS], ids=[c[0] for c in BAD_TOOL_REQUESTS]
+)
+def test_bad_tool_requests_are_400s_naming_the_field(
+    server: Server, fields: dict[str, Any], param: str, message: str
+) -> None:
+    status, body = post(server, max_tokens=4, **fields)
+    assert status == 400, body
+    assert body["error"]["param"] == param, body
+    assert message in body["error"]["message"], body
+
+
+def test_auto_needs_the_server_flags_and_completions_take_no_tools(
+    serve: Callable[..., Server], server: Server
+) -> None:
+    plain = serve(*ENGINE_ARGS)
+    status, body = post(plain, tools=TOOLS, max_tokens=4)
+    assert status == 400 and body["error"]["param"] == "tools"
+    assert "--enable-auto-tool-choice" in body["error"]["message"]
+    status, body = server.post_json(
+        "/v1/completions", {"model": MODEL, "prompt": "hi", "tools": TOOLS, "max_tokens": 4}
+    )
+    assert status == 400 and body["error"]["param"] == "tools"
+    assert "/v1/chat/completions" in body["error"]["message"]
