@@ -134,6 +134,7 @@ SERVE_BAD_FLAGS = [
         "cannot read '/nonexistent/t.jinja'",
     ),
     ("chat-template-broken", ["--chat-template", "{% for %}"], "invalid chat template"),
+    ("unknown-reasoning-parser", ["--reasoning-parser", "o1"], "invalid value 'o1' for '--reasoning-parser"),
 ]
 
 

@@ -1,7 +1,8 @@
-"""Tool calling: `tools` rendered by the chat template (server and `LLM.chat`), a named
-`tool_choice` and `"required"` kept exact by structured outputs, `"auto"` read by the Hermes
-parser, streamed deltas that add up to the whole response, multi-turn conversations carrying
-calls and their results, and the 400s for tool requests the server cannot honour."""
+"""Tool calling and reasoning: `tools` rendered by the chat template (server and `LLM.chat`),
+a named `tool_choice` and `"required"` kept exact by structured outputs, `"auto"` read by the
+Hermes and Llama 3 JSON parsers, thinking split into `reasoning_content`, streamed deltas that
+add up to the whole response, multi-turn conversations carrying calls and their results, and
+the 400s for tool requests the server cannot honour."""
 
 from __future__ import annotations
 
@@ -281,6 +282,80 @@ def test_auto_reads_llama3_json_calls_after_the_python_tag(
         ("get_time", '{"timezone": "UTC"}'),
         ("get_weather", '{"city": "Rome", "unit": "celsius"}'),
     ]
+
+
+def stream_reasoning(client: openai.OpenAI, **fields: Any) -> tuple[str, str]:
+    """A streamed response's reasoning and content, each joined from its deltas."""
+    reasoning, content = "", ""
+    for chunk in client.chat.completions.create(model=MODEL, stream=True, **fields):
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            content += delta.content or ""
+    return reasoning, content
+
+
+def test_a_reasoning_parser_splits_thinking_from_the_answer_and_the_calls_after_it(
+    serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
+) -> None:
+    thinker = serve(
+        *ENGINE_ARGS,
+        "--chat-template",
+        str(template_file),
+        "--reasoning-parser",
+        "qwen3",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    )
+    client: openai.OpenAI = openai_client(thinker)
+    # The shape is made certain with a regex (auto tool choice leaves the output free).
+    thought = r"<think>\nThe user (asks|wants) the weather\.\n</think>\n\nI will check\."
+    fields: dict[str, Any] = {"messages": ASK, "temperature": 0, "max_tokens": 40}
+    resp = client.chat.completions.create(model=MODEL, extra_body={"guided_regex": thought}, **fields)
+    message = resp.choices[0].message.model_dump()
+    assert message["reasoning_content"] in (
+        "\nThe user asks the weather.\n",
+        "\nThe user wants the weather.\n",
+    )
+    assert message["content"] == "\n\nI will check."
+    streamed = stream_reasoning(client, extra_body={"guided_regex": thought}, **fields)
+    assert streamed == (message["reasoning_content"], message["content"])
+    hidden = client.chat.completions.create(
+        model=MODEL, extra_body={"guided_regex": thought, "include_reasoning": False}, **fields
+    ).choices[0]
+    assert (
+        hidden.message.content == "\n\nI will check."
+        and "reasoning_content" not in hidden.message.model_dump()
+    )
+    # No <think> block: no reasoning, the answer whole.
+    plain = client.chat.completions.create(model=MODEL, extra_body={"guided_regex": "Sunny\\."}, **fields)
+    assert plain.choices[0].message.model_dump()["reasoning_content"] is None
+    assert plain.choices[0].message.content == "Sunny."
+
+    # Thinking, then a call: the reasoning is split off and the call read from the rest.
+    then_call = (
+        r"<think>Use the tool\.</think>\n<tool_call>\n"
+        r'\{"name": "get_time", "arguments": \{"timezone": "CET"\}\}\n</tool_call>'
+    )
+    resp = client.chat.completions.create(
+        model=MODEL, tools=TOOLS, extra_body={"guided_regex": then_call}, **{**fields, "max_tokens": 80}
+    )  # type: ignore[arg-type]
+    choice = resp.choices[0]
+    assert choice.message.model_dump()["reasoning_content"] == "Use the tool."
+    assert choice.message.tool_calls is not None and choice.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
+        ("get_time", '{"timezone": "CET"}')
+    ]
+    # A constrained output is all answer: a named call's arguments are never taken for thought.
+    named = client.chat.completions.create(
+        model=MODEL,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        **fields,
+    )  # type: ignore[arg-type]
+    assert named.choices[0].message.tool_calls is not None
+    jsonschema.validate(json.loads(named.choices[0].message.tool_calls[0].function.arguments), TIME)
 
 
 def test_a_conversation_with_calls_and_results_continues_and_none_answers_in_text(

@@ -169,6 +169,7 @@ class Pipeline:
         shutdown_timeout: float = 10.0,
         chat_template: str | None = None,
         tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> None: ...
 
 @final

@@ -202,8 +202,9 @@ impl PyPipeline {
     }
 
     /// Serves the OpenAI API on this pipeline until SIGINT/SIGTERM. `tool_call_parser` turns on
-    /// `tool_choice: "auto"` (the CLI's `--enable-auto-tool-choice --tool-call-parser`).
-    #[pyo3(signature = (host="127.0.0.1", port=8000, served_model_name=None, api_key=None, max_pending=256, shutdown_timeout=10.0, chat_template=None, tool_call_parser=None))]
+    /// `tool_choice: "auto"` (the CLI's `--enable-auto-tool-choice --tool-call-parser`);
+    /// `reasoning_parser` splits thinking into `reasoning_content` (`--reasoning-parser`).
+    #[pyo3(signature = (host="127.0.0.1", port=8000, served_model_name=None, api_key=None, max_pending=256, shutdown_timeout=10.0, chat_template=None, tool_call_parser=None, reasoning_parser=None))]
     #[allow(clippy::too_many_arguments)]
     fn serve(
         &self,
@@ -216,6 +217,7 @@ impl PyPipeline {
         shutdown_timeout: f64,
         chat_template: Option<String>,
         tool_call_parser: Option<String>,
+        reasoning_parser: Option<String>,
     ) -> PyResult<()> {
         let invalid = |message: String| PyValueError::new_err(message);
         let args = specrs_server::cli::ServerArgs {
@@ -230,6 +232,9 @@ impl PyPipeline {
                 .transpose()?,
             auto_tool_parser: tool_call_parser
                 .map(|name| specrs_server::tools::ToolCallParser::parse(&name).map_err(invalid))
+                .transpose()?,
+            reasoning_parser: reasoning_parser
+                .map(|name| specrs_server::reasoning::ReasoningParser::parse(&name).map_err(invalid))
                 .transpose()?,
         };
         let name = self.info.model_path.display().to_string();

@@ -16,6 +16,7 @@ use specrs_core::sampling::SamplingParams;
 use specrs_core::structured::StructuredOutputs;
 use specrs_engine::{DeviceSpec, EngineConfig, PipelineConfig};
 
+use crate::reasoning::ReasoningParser;
 use crate::tools::ToolCallParser;
 use specrs_models::ModelDType;
 
@@ -70,6 +71,8 @@ pub struct ServerArgs {
     pub chat_template: Option<String>,
     /// How the model writes tool calls, for `tool_choice: "auto"`.
     pub auto_tool_parser: Option<ToolCallParser>,
+    /// How a reasoning model marks its thinking, split into `reasoning_content`.
+    pub reasoning_parser: Option<ReasoningParser>,
 }
 
 #[derive(Debug, Clone)]
@@ -272,6 +275,9 @@ pub fn command() -> Command {
                 .arg(Arg::new("enable-auto-tool-choice").long("enable-auto-tool-choice").action(ArgAction::SetTrue).help(
                     "Let requests with tools use tool_choice 'auto' (the model calls tools when it decides to); needs --tool-call-parser",
                 ))
+                .arg(Arg::new("reasoning-parser").long("reasoning-parser").value_parser(ReasoningParser::NAMES).help(
+                    "Split a reasoning model's thinking into reasoning_content: deepseek_r1 (up to </think>) or qwen3 (a <think> block the output opens with)",
+                ))
                 .arg(Arg::new("tool-call-parser").long("tool-call-parser").value_parser(ToolCallParser::NAMES).help(
                     "How the model writes tool calls, read for tool_choice 'auto': hermes (<tool_call>{...}</tool_call>, Qwen) or llama3_json (<|python_tag|>{...}; {...}, Llama 3)",
                 )),
@@ -471,6 +477,11 @@ where
                     shutdown_timeout: *m.get_one::<f64>("shutdown-timeout").expect("default"),
                     chat_template: m.get_one::<String>("chat-template").map(|t| chat_template_arg(t)).transpose()?,
                     auto_tool_parser: auto_tool_parser(m)?,
+                    reasoning_parser: m
+                        .get_one::<String>("reasoning-parser")
+                        .map(|name| ReasoningParser::parse(name))
+                        .transpose()
+                        .map_err(CliError::Invalid)?,
                 },
             })
         }

@@ -5,7 +5,9 @@
 pub mod cli;
 pub mod error;
 pub mod generate;
+pub mod message;
 pub mod openai;
+pub mod reasoning;
 pub mod server;
 pub mod tokenize;
 pub mod tools;
@@ -82,6 +84,7 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         chat_template: args.chat_template.clone(),
         auto_tool_parser: args.auto_tool_parser,
+        reasoning_parser: args.reasoning_parser,
     });
     let addr = format!("{}:{}", args.host, args.port);
     runtime.block_on(async {

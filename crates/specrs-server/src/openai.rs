@@ -144,6 +144,8 @@ pub struct ChatCompletionRequest {
     pub chat_template: Option<String>,
     /// vLLM: more variables for the chat template.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// vLLM: send the reasoning a reasoning parser splits off (the default), or drop it.
+    pub include_reasoning: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }

@@ -33,11 +33,13 @@ use specrs_engine::{
 };
 
 use crate::error::ApiError;
+use crate::message::{MessageDelta, MessageReader};
 use crate::openai::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, PromptSpec, PromptTokensDetails, SamplingFields,
     SpecDecodeUsage, StreamUsage, Usage, running_usage,
 };
-use crate::tools::{CallStream, MessageDelta, ToolCallParser, ToolRequest};
+use crate::reasoning::ReasoningParser;
+use crate::tools::{CallStream, ToolCallParser, ToolRequest};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
@@ -56,6 +58,9 @@ pub struct AppState {
     /// How the model writes tool calls, for `tool_choice: "auto"` (`--tool-call-parser` with
     /// `--enable-auto-tool-choice`).
     pub auto_tool_parser: Option<ToolCallParser>,
+    /// How reasoning models mark their thinking (`--reasoning-parser`): split into
+    /// `reasoning_content`.
+    pub reasoning_parser: Option<ReasoningParser>,
 }
 
 /// Counts a request in flight until dropped.
@@ -658,6 +663,13 @@ async fn chat_completions(
     let params = sampling_params(&req.sampling, max_tokens, field, top, &state, tools.as_ref())?;
     let n = params.n;
     check_template_fields(&req)?;
+    let constrained = params.structured_outputs.is_some();
+    let reasoning = state.reasoning_parser.filter(|p| !constrained || p.splits_constrained_output());
+    let include_reasoning = req.include_reasoning.unwrap_or(true);
+    let reader = || {
+        let calls = tools.as_ref().map_or_else(CallStream::text, ToolRequest::call_stream);
+        MessageReader::new(reasoning, include_reasoning, calls)
+    };
     let conversation = Conversation {
         messages,
         ending,
@@ -679,12 +691,16 @@ async fn chat_completions(
     let model = req.model.clone();
     if req.sampling.stream.unwrap_or(false) {
         let usage = StreamUsage::of(req.sampling.stream_options.as_ref());
-        let events = chat_stream(
-            state.clone(),
-            stream,
-            ChatStreamSpec { id, created, model, n, usage, logprobs: top.is_some(), tools },
-            guards,
-        );
+        let spec = ChatStreamSpec {
+            id,
+            created,
+            model,
+            usage,
+            logprobs: top.is_some(),
+            readers: (0..n).map(|_| reader()).collect(),
+            reports_calls: tools.as_ref().is_some_and(ToolRequest::reports_tool_calls),
+        };
+        let events = chat_stream(state.clone(), stream, spec, guards);
         return Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response());
     }
     let outs = collect(stream).await?;
@@ -694,8 +710,7 @@ async fn chat_completions(
         .iter()
         .map(|out| {
             totals.add_choice(out.index, out.token_ids.len(), &out.metrics);
-            let reader = tools.as_ref().map_or_else(CallStream::text, ToolRequest::call_stream);
-            let message = reader.read_all(&out.text);
+            let message = reader().read_all(&out.text);
             let called = tools.as_ref().is_some_and(ToolRequest::reports_tool_calls) && !message.tool_calls.is_empty();
             let mut choice = json!({
                 "index": out.index,
@@ -741,10 +756,12 @@ struct ChatStreamSpec {
     id: String,
     created: u64,
     model: String,
-    n: usize,
     usage: StreamUsage,
     logprobs: bool,
-    tools: Option<ToolRequest>,
+    /// One per choice: its text into reasoning, content and tool-call deltas.
+    readers: Vec<MessageReader>,
+    /// Whether a choice that called tools finishes with `tool_calls`.
+    reports_calls: bool,
 }
 
 /// `finish_reason` for a chat choice: `tool_calls` when the model stopped after calling tools
@@ -762,7 +779,8 @@ fn chat_stream(
     spec: ChatStreamSpec,
     guards: Vec<InFlight>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let ChatStreamSpec { id, created, model, n, usage, logprobs, tools } = spec;
+    let ChatStreamSpec { id, created, model, usage, logprobs, mut readers, reports_calls } = spec;
+    let n = readers.len();
     let chunk = move |index: usize, delta: Value, finish: Value, lps: Value| {
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                "choices": [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}]})
@@ -775,11 +793,7 @@ fn chat_stream(
         .collect();
     let usage_chunk = openings[0].clone();
     let mut totals = UsageTotals::default();
-    // Each choice's text becomes content and tool-call deltas through its own reader.
-    let mut readers: Vec<CallStream> =
-        (0..n).map(|_| tools.as_ref().map_or_else(CallStream::text, ToolRequest::call_stream)).collect();
     let mut called = vec![false; n];
-    let reports_calls = tools.as_ref().is_some_and(ToolRequest::reports_tool_calls);
     let body = output_events(stream).map(move |o: RequestOutput| {
         let mut lps = if logprobs && !o.logprobs.is_empty() { chat_logprobs(&state, &o.logprobs) } else { Value::Null };
         generated += o.token_ids.len();

@@ -1,37 +1,11 @@
-//! Reading one choice's output into an assistant message: its text content and its tool calls.
-//!
-//! The same reader serves streamed and whole responses: it takes the output's text delta by
-//! delta and yields [`MessageDelta`]s, which a stream sends as they come and a whole response
-//! gathers into one [`ToolCallMessage`]. So both report the same calls, with the same
-//! argument text.
+//! Reading the tool calls in a choice's text, in each format a request may get them: the
+//! named function's arguments, a `"required"` list of calls, or calls a model writes on its
+//! own (Hermes blocks, Llama 3 JSON). Text is taken delta by delta and turned into
+//! [`MessageDelta`]s as soon as they are certain.
 
 use serde_json::{Value, json};
 
-/// A piece of an assistant message, in the order it was written.
-#[derive(Debug, Clone, PartialEq)]
-pub enum MessageDelta {
-    /// Text for the message's `content`.
-    Content(String),
-    /// A new call: its place in the message's `tool_calls`, its id and function name.
-    CallStart { index: usize, id: String, name: String },
-    /// More of a call's `arguments` (JSON text).
-    Arguments { index: usize, text: String },
-}
-
-impl MessageDelta {
-    /// The chunk `delta` OpenAI streams for this piece.
-    pub fn to_json(&self) -> Value {
-        match self {
-            Self::Content(text) => json!({"content": text}),
-            Self::CallStart { index, id, name } => json!({"tool_calls": [{
-                "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""},
-            }]}),
-            Self::Arguments { index, text } => {
-                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
-            }
-        }
-    }
-}
+use crate::message::{MessageDelta, held_prefix_len};
 
 /// Reads a choice's output as the request's tool choice says it is written.
 #[derive(Debug)]
@@ -93,7 +67,7 @@ impl CallStream {
             Format::Hermes(scanner) => scanner.push(text, &mut out),
             Format::LlamaJson(scanner) => scanner.push(text, &mut out),
         }
-        coalesce(out)
+        out
     }
 
     /// What is left once the output is complete: text held back in case it began a call, or a
@@ -111,77 +85,13 @@ impl CallStream {
             Format::Hermes(scanner) => scanner.finish(&mut out),
             Format::LlamaJson(scanner) => scanner.finish(&mut out),
         }
-        coalesce(out)
+        out
     }
-
-    /// The whole message of a finished output.
-    pub fn read_all(mut self, text: &str) -> ToolCallMessage {
-        let mut message = ToolCallMessage::default();
-        for delta in self.push(text).into_iter().chain(self.finish()) {
-            message.add(delta);
-        }
-        message
-    }
-}
-
-/// Merges neighbouring pieces of the same kind, so a delta of many tokens is one chunk.
-fn coalesce(deltas: Vec<MessageDelta>) -> Vec<MessageDelta> {
-    let mut out: Vec<MessageDelta> = Vec::with_capacity(deltas.len());
-    for d in deltas {
-        match (out.last_mut(), d) {
-            (Some(MessageDelta::Content(a)), MessageDelta::Content(b)) => a.push_str(&b),
-            (Some(MessageDelta::Arguments { index: i, text: a }), MessageDelta::Arguments { index: j, text: b })
-                if *i == j =>
-            {
-                a.push_str(&b)
-            }
-            (_, d) => out.push(d),
-        }
-    }
-    out
 }
 
 /// A fresh tool call id, in vLLM's form.
 fn call_id() -> String {
     crate::server::request_id("chatcmpl-tool")
-}
-
-/// An assistant message gathered from its pieces.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ToolCallMessage {
-    pub content: String,
-    /// `(id, function name, arguments)` per call.
-    pub tool_calls: Vec<(String, String, String)>,
-}
-
-impl ToolCallMessage {
-    pub fn add(&mut self, delta: MessageDelta) {
-        match delta {
-            MessageDelta::Content(text) => self.content.push_str(&text),
-            MessageDelta::CallStart { id, name, .. } => self.tool_calls.push((id, name, String::new())),
-            MessageDelta::Arguments { index, text } => {
-                if let Some(call) = self.tool_calls.get_mut(index) {
-                    call.2.push_str(&text);
-                }
-            }
-        }
-    }
-
-    /// The response's `message`: `content` is null when the model only called tools.
-    pub fn to_json(&self) -> Value {
-        if self.tool_calls.is_empty() {
-            return json!({"role": "assistant", "content": self.content});
-        }
-        let content = if self.content.trim().is_empty() { Value::Null } else { json!(self.content) };
-        let calls: Vec<Value> = self
-            .tool_calls
-            .iter()
-            .map(|(id, name, arguments)| {
-                json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
-            })
-            .collect();
-        json!({"role": "assistant", "content": content, "tool_calls": calls})
-    }
 }
 
 /// Follows JSON strings (and their escapes) so brackets inside them are not counted.
@@ -502,14 +412,6 @@ impl LlamaJsonScanner {
     }
 }
 
-/// How many bytes at the end of `text` could be the start of `marker`.
-fn held_prefix_len(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
-        .unwrap_or(0)
-}
-
 /// JSON text in Python's `json.dumps` layout (`, ` and `: ` separators), the layout vLLM sends
 /// arguments in.
 fn python_json(value: &Value) -> String {
@@ -529,23 +431,35 @@ fn python_json(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::{AssistantMessage, MessageReader};
 
     /// Feeds `text` in pieces of `size` characters and gathers the message.
-    fn read_in_pieces(mut stream: CallStream, text: &str, size: usize) -> ToolCallMessage {
+    fn read_in_pieces(stream: CallStream, text: &str, size: usize) -> AssistantMessage {
+        let mut reader = MessageReader::new(None, true, stream);
         let chars: Vec<char> = text.chars().collect();
-        let mut message = ToolCallMessage::default();
+        let mut message = AssistantMessage::default();
         for piece in chars.chunks(size) {
-            for d in stream.push(&piece.iter().collect::<String>()) {
+            for d in reader.push(&piece.iter().collect::<String>()) {
                 message.add(d);
             }
         }
-        for d in stream.finish() {
+        for d in reader.finish() {
             message.add(d);
         }
         message
     }
 
-    fn calls(message: &ToolCallMessage) -> Vec<(&str, &str)> {
+    trait ReadAll {
+        fn read_all(self, text: &str) -> AssistantMessage;
+    }
+
+    impl ReadAll for CallStream {
+        fn read_all(self, text: &str) -> AssistantMessage {
+            MessageReader::new(None, true, self).read_all(text)
+        }
+    }
+
+    fn calls(message: &AssistantMessage) -> Vec<(&str, &str)> {
         message.tool_calls.iter().map(|(_, n, a)| (n.as_str(), a.as_str())).collect()
     }
 
@@ -622,8 +536,6 @@ mod tests {
         let mut stream = CallStream::hermes();
         assert_eq!(stream.push("Hi <tool"), vec![MessageDelta::Content("Hi ".into())]);
         assert_eq!(stream.push("s are"), vec![MessageDelta::Content("<tools are".into())]);
-        assert_eq!(held_prefix_len("é<", CALL_OPEN), 1);
-        assert_eq!(held_prefix_len("é", CALL_OPEN), 0);
     }
 
     #[test]
@@ -656,14 +568,7 @@ mod tests {
     }
 
     #[test]
-    fn deltas_serialise_as_openai_streams_them() {
-        let start = MessageDelta::CallStart { index: 1, id: "call-1".into(), name: "f".into() };
-        assert_eq!(
-            start.to_json(),
-            json!({"tool_calls": [{"index": 1, "id": "call-1", "type": "function", "function": {"name": "f", "arguments": ""}}]})
-        );
-        let arguments = MessageDelta::Arguments { index: 1, text: "{}".into() };
-        assert_eq!(arguments.to_json(), json!({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}));
+    fn python_json_uses_the_separators_of_json_dumps() {
         assert_eq!(python_json(&json!({"a": [1, "x"], "b": {"c": null}})), r#"{"a": [1, "x"], "b": {"c": null}}"#);
     }
 }

@@ -15,7 +15,7 @@ use specrs_core::structured::json_schema::schema_to_regex;
 
 use crate::error::ApiError;
 
-pub use calls::{CallStream, MessageDelta, ToolCallMessage};
+pub use calls::CallStream;
 
 /// The formats of tool calls a model may write on its own, for `tool_choice: "auto"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,219 @@
+//! One choice's output text read into an assistant message: its reasoning, its content and its
+//! tool calls.
+//!
+//! The same reader serves streamed and whole responses: it takes the text delta by delta and
+//! yields [`MessageDelta`]s, which a stream sends as they come and a whole response gathers
+//! into one [`AssistantMessage`]. So both report the same reasoning, content and calls, with
+//! the same argument text.
+
+use serde_json::{Value, json};
+
+use crate::reasoning::{Part, ReasoningParser, ReasoningSplitter};
+use crate::tools::CallStream;
+
+/// A piece of an assistant message, in the order it was written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MessageDelta {
+    /// Text for the message's `reasoning_content`.
+    Reasoning(String),
+    /// Text for the message's `content`.
+    Content(String),
+    /// A new call: its place in the message's `tool_calls`, its id and function name.
+    CallStart { index: usize, id: String, name: String },
+    /// More of a call's `arguments` (JSON text).
+    Arguments { index: usize, text: String },
+}
+
+impl MessageDelta {
+    /// The chunk `delta` OpenAI (and vLLM, for reasoning) streams for this piece.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Self::Reasoning(text) => json!({"reasoning_content": text}),
+            Self::Content(text) => json!({"content": text}),
+            Self::CallStart { index, id, name } => json!({"tool_calls": [{
+                "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""},
+            }]}),
+            Self::Arguments { index, text } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+            }
+        }
+    }
+}
+
+/// Reads a choice's text: reasoning first (when the server splits it), then the answer
+/// through the request's tool-call reader.
+#[derive(Debug)]
+pub struct MessageReader {
+    reasoning: Option<ReasoningSplitter>,
+    /// Whether reasoning is sent (vLLM's `include_reasoning`); it is split off either way.
+    include_reasoning: bool,
+    calls: CallStream,
+}
+
+impl MessageReader {
+    pub fn new(reasoning: Option<ReasoningParser>, include_reasoning: bool, calls: CallStream) -> Self {
+        Self { reasoning: reasoning.map(ReasoningSplitter::new), include_reasoning, calls }
+    }
+
+    /// Whether messages carry `reasoning_content` (null when the model did not reason).
+    pub fn reports_reasoning(&self) -> bool {
+        self.reasoning.is_some() && self.include_reasoning
+    }
+
+    /// The message pieces `text` (the next part of the output) completes.
+    pub fn push(&mut self, text: &str) -> Vec<MessageDelta> {
+        let parts = match &mut self.reasoning {
+            Some(splitter) => splitter.push(text),
+            None => vec![Part::Answer(text.to_string())],
+        };
+        self.read(parts, false)
+    }
+
+    /// What is left once the output is complete.
+    pub fn finish(&mut self) -> Vec<MessageDelta> {
+        let parts = self.reasoning.as_mut().map(ReasoningSplitter::finish).unwrap_or_default();
+        self.read(parts, true)
+    }
+
+    fn read(&mut self, parts: Vec<Part>, last: bool) -> Vec<MessageDelta> {
+        let mut out = Vec::new();
+        for part in parts {
+            match part {
+                Part::Reasoning(text) if self.include_reasoning => out.push(MessageDelta::Reasoning(text)),
+                Part::Reasoning(_) => {}
+                Part::Answer(text) => out.extend(self.calls.push(&text)),
+            }
+        }
+        if last {
+            out.extend(self.calls.finish());
+        }
+        coalesce(out)
+    }
+
+    /// The whole message of a finished output.
+    pub fn read_all(mut self, text: &str) -> AssistantMessage {
+        let mut message =
+            AssistantMessage { reasoning: self.reports_reasoning().then(String::new), ..Default::default() };
+        for delta in self.push(text).into_iter().chain(self.finish()) {
+            message.add(delta);
+        }
+        message
+    }
+}
+
+/// Merges neighbouring pieces of the same kind, so a delta of many tokens is one chunk.
+fn coalesce(deltas: Vec<MessageDelta>) -> Vec<MessageDelta> {
+    let mut out: Vec<MessageDelta> = Vec::with_capacity(deltas.len());
+    for d in deltas {
+        match (out.last_mut(), d) {
+            (Some(MessageDelta::Reasoning(a)), MessageDelta::Reasoning(b)) => a.push_str(&b),
+            (Some(MessageDelta::Content(a)), MessageDelta::Content(b)) => a.push_str(&b),
+            (Some(MessageDelta::Arguments { index: i, text: a }), MessageDelta::Arguments { index: j, text: b })
+                if *i == j =>
+            {
+                a.push_str(&b)
+            }
+            (_, d) => out.push(d),
+        }
+    }
+    out
+}
+
+/// An assistant message gathered from its pieces.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AssistantMessage {
+    /// `Some` when the message reports reasoning (possibly empty: `null` in the response).
+    pub reasoning: Option<String>,
+    pub content: String,
+    /// `(id, function name, arguments)` per call.
+    pub tool_calls: Vec<(String, String, String)>,
+}
+
+impl AssistantMessage {
+    pub fn add(&mut self, delta: MessageDelta) {
+        match delta {
+            MessageDelta::Reasoning(text) => self.reasoning.get_or_insert_default().push_str(&text),
+            MessageDelta::Content(text) => self.content.push_str(&text),
+            MessageDelta::CallStart { id, name, .. } => self.tool_calls.push((id, name, String::new())),
+            MessageDelta::Arguments { index, text } => {
+                if let Some(call) = self.tool_calls.get_mut(index) {
+                    call.2.push_str(&text);
+                }
+            }
+        }
+    }
+
+    /// The response's `message`: `content` is null when the model only called tools.
+    pub fn to_json(&self) -> Value {
+        let mut message = if self.tool_calls.is_empty() {
+            json!({"role": "assistant", "content": self.content})
+        } else {
+            let content = if self.content.trim().is_empty() { Value::Null } else { json!(self.content) };
+            let calls: Vec<Value> = self
+                .tool_calls
+                .iter()
+                .map(|(id, name, arguments)| {
+                    json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+                })
+                .collect();
+            json!({"role": "assistant", "content": content, "tool_calls": calls})
+        };
+        if let Some(reasoning) = &self.reasoning {
+            message["reasoning_content"] = if reasoning.is_empty() { Value::Null } else { json!(reasoning) };
+        }
+        message
+    }
+}
+
+/// How many bytes at the end of `text` could be the start of `marker`.
+pub fn held_prefix_len(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_comes_first_and_the_answer_goes_through_the_tool_reader() {
+        let text = "<think>Need the weather.</think>\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>";
+        let message = MessageReader::new(Some(ReasoningParser::Qwen3), true, CallStream::hermes()).read_all(text);
+        assert_eq!(message.reasoning.as_deref(), Some("Need the weather."));
+        assert_eq!(message.tool_calls.len(), 1);
+        let json = message.to_json();
+        assert_eq!(json["reasoning_content"], "Need the weather.");
+        assert_eq!(json["content"], Value::Null, "only whitespace besides the call");
+
+        let hidden = MessageReader::new(Some(ReasoningParser::Qwen3), false, CallStream::text()).read_all(text);
+        assert_eq!(hidden.reasoning, None);
+        assert!(hidden.to_json().get("reasoning_content").is_none());
+        assert!(hidden.content.starts_with("\n<tool_call>"));
+
+        let plain = MessageReader::new(Some(ReasoningParser::Qwen3), true, CallStream::text()).read_all("Hi.");
+        assert_eq!(plain.to_json(), json!({"role": "assistant", "content": "Hi.", "reasoning_content": null}));
+        let none = MessageReader::new(None, true, CallStream::text()).read_all("Hi.");
+        assert_eq!(none.to_json(), json!({"role": "assistant", "content": "Hi."}));
+    }
+
+    #[test]
+    fn deltas_serialise_as_openai_and_vllm_stream_them() {
+        let start = MessageDelta::CallStart { index: 1, id: "call-1".into(), name: "f".into() };
+        assert_eq!(
+            start.to_json(),
+            json!({"tool_calls": [{"index": 1, "id": "call-1", "type": "function", "function": {"name": "f", "arguments": ""}}]})
+        );
+        let arguments = MessageDelta::Arguments { index: 1, text: "{}".into() };
+        assert_eq!(arguments.to_json(), json!({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}));
+        assert_eq!(MessageDelta::Reasoning("hm".into()).to_json(), json!({"reasoning_content": "hm"}));
+    }
+
+    #[test]
+    fn held_text_is_the_longest_end_that_could_begin_the_marker() {
+        assert_eq!(held_prefix_len("Hi <tool", "<tool_call>"), 5);
+        assert_eq!(held_prefix_len("é<", "<tool_call>"), 1);
+        assert_eq!(held_prefix_len("é", "<tool_call>"), 0);
+    }
+}

@@ -1,0 +1,183 @@
+//! Reasoning models' thinking, split from their answer (vLLM's `--reasoning-parser`): the text
+//! inside `<think>...</think>` becomes the message's `reasoning_content`, the rest its content.
+
+/// How a model marks its reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningParser {
+    /// Reasoning is the output up to `</think>`; the chat template opened `<think>` in the
+    /// prompt, so the model may not write it (DeepSeek-R1, QwQ, Qwen3 2507 thinking models).
+    DeepseekR1,
+    /// Reasoning is there only when the output opens with `<think>` (Qwen3, whose template
+    /// skips thinking with `enable_thinking: false`).
+    Qwen3,
+}
+
+impl ReasoningParser {
+    pub const NAMES: [&str; 2] = ["deepseek_r1", "qwen3"];
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "deepseek_r1" => Ok(Self::DeepseekR1),
+            "qwen3" => Ok(Self::Qwen3),
+            other => Err(format!("unknown reasoning parser '{other}'; available: {}", Self::NAMES.join(", "))),
+        }
+    }
+
+    /// Whether an output under a constraint (a tool choice, a structured output) is split too.
+    /// The constraint holds from the first token, so such an output thinks only where the
+    /// constraint itself writes a `<think>` block: Qwen3's rule finds exactly that, while
+    /// DeepSeek-R1's would take the whole constrained answer for unfinished thought.
+    pub fn splits_constrained_output(self) -> bool {
+        self == Self::Qwen3
+    }
+}
+
+const THINK_OPEN: &str = "<think>";
+const THINK_CLOSE: &str = "</think>";
+
+/// A piece of output text: reasoning or answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Reasoning(String),
+    Answer(String),
+}
+
+/// Splits an output into reasoning and answer as it is written. Text that could still be the
+/// start of a marker is held back until it cannot.
+#[derive(Debug)]
+pub struct ReasoningSplitter {
+    parser: ReasoningParser,
+    phase: Phase,
+    buffer: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Before the first text that says whether (or how) the output reasons.
+    Start,
+    Reasoning,
+    Answer,
+}
+
+impl ReasoningSplitter {
+    pub fn new(parser: ReasoningParser) -> Self {
+        Self { parser, phase: Phase::Start, buffer: String::new() }
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<Part> {
+        let mut out = Vec::new();
+        if self.phase == Phase::Answer {
+            if !text.is_empty() {
+                out.push(Part::Answer(text.to_string()));
+            }
+            return out;
+        }
+        self.buffer.push_str(text);
+        if self.phase == Phase::Start {
+            let start = self.buffer.trim_start();
+            if THINK_OPEN.starts_with(start) && start.len() < THINK_OPEN.len() {
+                return out;
+            }
+            match (start.strip_prefix(THINK_OPEN), self.parser) {
+                (Some(rest), _) => self.buffer = rest.to_string(),
+                (None, ReasoningParser::DeepseekR1) => {}
+                (None, ReasoningParser::Qwen3) => {
+                    self.phase = Phase::Answer;
+                    out.push(Part::Answer(std::mem::take(&mut self.buffer)));
+                    return out;
+                }
+            }
+            self.phase = Phase::Reasoning;
+        }
+        match self.buffer.find(THINK_CLOSE) {
+            Some(end) => {
+                let rest = self.buffer.split_off(end + THINK_CLOSE.len());
+                self.buffer.truncate(end);
+                send(&mut out, Part::Reasoning(std::mem::take(&mut self.buffer)));
+                self.phase = Phase::Answer;
+                send(&mut out, Part::Answer(rest));
+            }
+            None => {
+                let keep = crate::message::held_prefix_len(&self.buffer, THINK_CLOSE);
+                let thought: String = self.buffer.drain(..self.buffer.len() - keep).collect();
+                send(&mut out, Part::Reasoning(thought));
+            }
+        }
+        out
+    }
+
+    /// What was held back once the output is complete: an unclosed thought stays reasoning
+    /// (the output was cut while thinking), an undecided start is what the parser assumes.
+    pub fn finish(&mut self) -> Vec<Part> {
+        let rest = std::mem::take(&mut self.buffer);
+        let mut out = Vec::new();
+        match (self.phase, self.parser) {
+            (Phase::Answer, _) | (Phase::Start, ReasoningParser::Qwen3) => send(&mut out, Part::Answer(rest)),
+            _ => send(&mut out, Part::Reasoning(rest)),
+        }
+        out
+    }
+}
+
+fn send(out: &mut Vec<Part>, part: Part) {
+    match &part {
+        Part::Reasoning(t) | Part::Answer(t) if t.is_empty() => {}
+        _ => out.push(part),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `text` in pieces of `size` characters; the joined reasoning and answer.
+    fn split(parser: ReasoningParser, text: &str, size: usize) -> (String, String) {
+        let mut splitter = ReasoningSplitter::new(parser);
+        let chars: Vec<char> = text.chars().collect();
+        let mut parts: Vec<Part> = Vec::new();
+        for piece in chars.chunks(size) {
+            parts.extend(splitter.push(&piece.iter().collect::<String>()));
+        }
+        parts.extend(splitter.finish());
+        let (mut reasoning, mut answer) = (String::new(), String::new());
+        for p in parts {
+            match p {
+                Part::Reasoning(t) => reasoning.push_str(&t),
+                Part::Answer(t) => answer.push_str(&t),
+            }
+        }
+        (reasoning, answer)
+    }
+
+    #[test]
+    fn qwen3_reasons_only_inside_an_opening_think_block() {
+        for size in [1, 2, 5, 1000] {
+            let thought = split(ReasoningParser::Qwen3, "<think>\n2 + 2 is 4 < 5.\n</think>\n\nIt is 4.", size);
+            assert_eq!(thought, ("\n2 + 2 is 4 < 5.\n".into(), "\n\nIt is 4.".into()), "pieces of {size}");
+            let direct = split(ReasoningParser::Qwen3, "It is <b>4</b>.", size);
+            assert_eq!(direct, (String::new(), "It is <b>4</b>.".into()));
+        }
+        assert_eq!(split(ReasoningParser::Qwen3, "<thi", 1), (String::new(), "<thi".into()));
+        assert_eq!(split(ReasoningParser::Qwen3, "<think>cut mid-thou", 3), ("cut mid-thou".into(), String::new()));
+    }
+
+    #[test]
+    fn deepseek_r1_reasons_from_the_start_until_the_closing_tag() {
+        for size in [1, 3, 1000] {
+            let opened_in_prompt = split(ReasoningParser::DeepseekR1, "Compare.\n</think>\n\nNine.", size);
+            assert_eq!(opened_in_prompt, ("Compare.\n".into(), "\n\nNine.".into()), "pieces of {size}");
+            let opened_by_model = split(ReasoningParser::DeepseekR1, "<think>Compare.</think>Nine.", size);
+            assert_eq!(opened_by_model, ("Compare.".into(), "Nine.".into()));
+        }
+        assert_eq!(split(ReasoningParser::DeepseekR1, "never closed", 4), ("never closed".into(), String::new()));
+    }
+
+    #[test]
+    fn held_text_is_only_what_could_begin_the_closing_tag() {
+        let mut splitter = ReasoningSplitter::new(ReasoningParser::DeepseekR1);
+        assert_eq!(splitter.push("a </th"), vec![Part::Reasoning("a ".into())]);
+        assert_eq!(splitter.push("ing"), vec![Part::Reasoning("</thing".into())]);
+        assert_eq!(splitter.push("</think>b"), vec![Part::Answer("b".into())]);
+        assert!(ReasoningParser::parse("o1").unwrap_err().contains("deepseek_r1, qwen3"));
+    }
+}
