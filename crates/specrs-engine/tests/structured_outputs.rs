@@ -1,11 +1,14 @@
 //! Structured outputs on the default model: whatever the model would have said, a guided
 //! output follows its JSON schema, is a JSON object, matches its regex or is one of its
 //! choices; greedy speculation with the shipped EAGLE-3 head returns exactly the guided plain
-//! text; sampled guided outputs stay valid; bad constraints are request errors.
+//! text, with drafts that keep to the grammar; sampled guided outputs stay valid; bad
+//! constraints are request errors.
+
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 use specrs_core::sampling::SamplingParams;
-use specrs_core::structured::StructuredOutputs;
+use specrs_core::structured::{GuideCursor, GuideState, StructuredOutputs, TokenVocabulary};
 use specrs_engine::chat_template::ChatMessage;
 use specrs_engine::{
     EngineHandle, FinalOutput, FinishReason, GenerationRequest, PipelineConfig, Prompt, apply_default_draft,
@@ -113,6 +116,33 @@ fn guided_outputs_follow_their_constraints_and_speculation_returns_the_same_text
     assert!(accepted > 0, "the head's drafts are accepted where they keep to the grammar");
     let (free, total) = spec.kv_blocks().unwrap();
     assert_eq!(free, total);
+}
+
+#[test]
+fn the_heads_drafts_keep_to_the_grammar_greedy_or_sampled() {
+    let spec = engine(true);
+    let schema = StructuredOutputs { json: Some(person_schema()), ..Default::default() };
+    let tok = spec.tokenizer();
+    let vocabulary = Arc::new(TokenVocabulary::new(tok.token_bytes(), tok.eos_token_ids().to_vec()));
+    let guide = schema.compile(&vocabulary).unwrap();
+    let question = "Describe a fictional software engineer as JSON.";
+    let sampled = SamplingParams { temperature: 1.0, seed: Some(3), max_tokens: Some(96), ..Default::default() };
+    for params in [greedy(96), sampled] {
+        let request = GenerationRequest { trace: true, ..ask(question, schema.clone(), params) };
+        let out = spec.generate(vec![request]).unwrap().remove(0);
+        let mut drafted = 0;
+        for step in &out.trace {
+            let output = &out.token_ids[..step.position - out.num_prompt_tokens];
+            let mut state = GuideCursor::after(&guide, output).state();
+            for &token in &step.drafted {
+                state = guide.advance(state, token);
+                assert_ne!(state, GuideState::Dead, "draft {token} after {:?}", tok.decode(output, false));
+                drafted += 1;
+            }
+        }
+        assert!(drafted > 0);
+        assert!(out.metrics.num_accepted_tokens > 0);
+    }
 }
 
 #[test]

@@ -84,6 +84,11 @@ impl TokenGuide {
             .unwrap_or(GuideState::Dead)
     }
 
+    /// Whether `token` ends the output (the vocabulary's end-of-sequence tokens).
+    pub fn is_end_of_sequence(&self, token: u32) -> bool {
+        self.vocabulary.eos_token_ids().contains(&token)
+    }
+
     /// Whether the output may end in `state`.
     pub fn accepts(&self, state: GuideState) -> bool {
         self.grammar.accepts(state)

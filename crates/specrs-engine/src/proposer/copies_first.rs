@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::scheduler::Scheduler;
+use specrs_core::structured::{GuideCursor, GuideState};
 
 use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::error::{EngineError, Result};
@@ -36,6 +37,29 @@ pub trait CopySource: Send {
 
     /// The drafts `row` copies, at most `max(num_drafts, num_copies)`; empty when none.
     fn copies(&self, row: &ProposeRow<'_>) -> Vec<u32>;
+}
+
+/// The copies a guided row may verify: those its guide allows in turn, up to and including
+/// an end of sequence (a prompt lookup copies text that knows nothing of the grammar).
+fn within_guide(row: &ProposeRow<'_>, mut drafts: Vec<u32>) -> Vec<u32> {
+    let Some(guide) = &row.params.guide else { return drafts };
+    if drafts.is_empty() {
+        return drafts;
+    }
+    let mut state = GuideCursor::after(guide, &row.tokens[row.prompt_len.min(row.tokens.len())..]).state();
+    let mut kept = 0;
+    for &token in &drafts {
+        state = guide.advance(state, token);
+        if state == GuideState::Dead {
+            break;
+        }
+        kept += 1;
+        if guide.is_end_of_sequence(token) {
+            break;
+        }
+    }
+    drafts.truncate(kept);
+    drafts
 }
 
 /// A model proposer with a [`CopySource`] in front of it.
@@ -91,7 +115,7 @@ impl<S: CopySource> Proposer for CopiesFirst<S> {
         let copied: Vec<Option<Vec<u32>>> = rows
             .iter()
             .filter(|r| r.may_draft())
-            .map(|r| Some(self.source.copies(r)).filter(|d| !d.is_empty()))
+            .map(|r| Some(within_guide(r, self.source.copies(r))).filter(|d| !d.is_empty()))
             .collect();
         let mut served = copied.iter().map(Option::is_some);
         let model_rows: Vec<ProposeRow<'_>> = rows
@@ -138,5 +162,51 @@ impl<S: CopySource> Proposer for CopiesFirst<S> {
 
     fn kv_final_len(&self, seq: SeqId, computed: usize) -> usize {
         self.model.kv_final_len(seq, computed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use specrs_core::sampling::SamplingParams;
+    use specrs_core::structured::{StructuredOutputs, TokenVocabulary};
+
+    use super::*;
+
+    const EOS: u32 = 3;
+
+    fn row<'a>(tokens: &'a [u32], params: &'a SamplingParams) -> ProposeRow<'a> {
+        ProposeRow {
+            seq: 1,
+            tokens,
+            prompt_len: 1,
+            fed_start: 0,
+            num_valid: 1,
+            flat_start: 0,
+            num_drafts: 4,
+            num_copies: 4,
+            catch_up_now: false,
+            feed_now: false,
+            params,
+            seed: 0,
+        }
+    }
+
+    #[test]
+    fn a_guided_rows_copies_stop_where_its_grammar_refuses_and_after_the_end() {
+        // Tokens "a", "b", "c" and an end of sequence; the output must be "abab" or "ab".
+        let bytes = vec![Some(b"a".to_vec()), Some(b"b".to_vec()), Some(b"c".to_vec()), None];
+        let vocabulary = Arc::new(TokenVocabulary::new(bytes, vec![EOS]));
+        let constraint = StructuredOutputs { regex: Some("ab(ab)?".into()), ..Default::default() };
+        let guide = constraint.compile(&vocabulary).unwrap();
+        let guided = SamplingParams { guide: Some(guide), ..Default::default() };
+        // Prompt token 2, output "a" so far.
+        let tokens = [2, 0];
+        assert_eq!(within_guide(&row(&tokens, &guided), vec![1, EOS, 0]), vec![1, EOS], "nothing after the end");
+        assert_eq!(within_guide(&row(&tokens, &guided), vec![1, 0, 2, 1]), vec![1, 0], "cut at the refused 'c'");
+        assert_eq!(within_guide(&row(&tokens, &guided), vec![0, 1]), Vec::<u32>::new());
+        let free = SamplingParams::default();
+        assert_eq!(within_guide(&row(&tokens, &free), vec![2, 2, 2]), vec![2, 2, 2], "unguided rows keep theirs");
     }
 }

@@ -34,6 +34,7 @@ use specrs_core::config::DraftProposal;
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::sampling::{RngStream, SamplingParams, argmax, processed_probs, sample_inverse_cdf, uniform};
 use specrs_core::scheduler::Scheduler;
+use specrs_core::structured::{GuideCursor, GuideState, TokenSet};
 use specrs_models::drafters::{DraftLogits, SequentialDraftModel};
 use specrs_models::host::with_f32_slice;
 use specrs_models::reductions;
@@ -137,13 +138,28 @@ struct Drafting<'a> {
     seed: u64,
     /// Product of the drafter's top-1 probabilities of the drafts so far (argmax-drafting rows).
     chain_probability: f32,
-    /// The chain stopped early for this row: its next draft was too unlikely to be accepted.
+    /// The chain stopped early for this row: its next draft was too unlikely to be accepted,
+    /// or its guide allows nothing the drafter can propose, or it drafted the end.
     stopped: bool,
+    /// A guided row's place in its guide after its output and the drafts so far: its drafts
+    /// are chosen among the tokens the guide allows there, as the target's will be.
+    guide_state: Option<GuideState>,
 }
 
 impl Drafting<'_> {
     fn needs_more(&self) -> bool {
         !self.stopped && self.drafts.len() < self.wanted
+    }
+
+    /// Takes a draft, moving a guided row along its guide; a guided chain ends with the end
+    /// of sequence (nothing follows it).
+    fn push_draft(&mut self, token: u32) {
+        self.drafts.push(token);
+        if let (Some(guide), Some(state)) = (self.params.guide.as_ref(), self.guide_state) {
+            let next = guide.advance(state, token);
+            self.guide_state = Some(next);
+            self.stopped |= next == GuideState::Dead || guide.is_end_of_sequence(token);
+        }
     }
 
     fn into_proposal(self) -> Result<Proposal> {
@@ -164,9 +180,11 @@ impl SequentialProposer {
         let v = self.vocab_size;
         let to_target = |idx: u32| logits.draft_to_target.as_ref().map_or(idx, |m| m[idx as usize]);
         let sampled = |d: &Drafting<'_>| self.proposal == DraftProposal::Sampled && !d.params.is_greedy();
-        if self.draws_on_device && rows.iter().any(|d| sampled(d)) {
+        // Guided rows mask their logits on the host, by the tokens their guide allows.
+        let guided = |d: &Drafting<'_>| d.guide_state.is_some();
+        if self.draws_on_device && rows.iter().any(|d| sampled(d) && !guided(d)) {
             // Sampled rows are drawn where the logits live; the others go on as below.
-            let drawn: Vec<usize> = (0..rows.len()).filter(|&i| sampled(rows[i])).collect();
+            let drawn: Vec<usize> = (0..rows.len()).filter(|&i| sampled(rows[i]) && !guided(rows[i])).collect();
             self.draw_on_device(logits, rows, &drawn, step)?;
             let kept: Vec<u32> =
                 (0..rows.len() as u32).filter(|i| drawn.binary_search(&(*i as usize)).is_err()).collect();
@@ -187,7 +205,7 @@ impl SequentialProposer {
             return self.choose(&rest, &mut rest_rows, step);
         }
         let any_sampled = rows.iter().any(|d| sampled(d));
-        if !any_sampled && self.draws_on_device {
+        if !any_sampled && self.draws_on_device && !rows.iter().any(|d| guided(d)) {
             // Argmax drafts off the host: reduce where the logits live, copy back only the ids
             // (and, for the confidence cut, each row's top-1 probability).
             let ids = reductions::argmax_rows(&logits.logits)?.to_vec1::<u32>()?;
@@ -209,12 +227,17 @@ impl SequentialProposer {
         with_f32_slice(&logits.logits, |all| {
             for (i, d) in rows.iter_mut().enumerate() {
                 let row = &all[i * vd..(i + 1) * vd];
+                let allowed = d.params.guide.as_ref().zip(d.guide_state).map(|(g, state)| g.allowed(state));
                 if !sampled(d) {
-                    let best = argmax(row);
-                    if self.confidence.keeps(&mut d.chain_probability, row, best) {
-                        d.drafts.push(to_target(best));
-                    } else {
-                        d.stopped = true;
+                    let best = match &allowed {
+                        Some(allowed) => allowed_argmax(row, allowed, &to_target),
+                        None => Some(argmax(row)),
+                    };
+                    match best {
+                        Some(best) if self.confidence.keeps(&mut d.chain_probability, row, best) => {
+                            d.push_draft(to_target(best))
+                        }
+                        _ => d.stopped = true,
                     }
                     continue;
                 }
@@ -224,9 +247,16 @@ impl SequentialProposer {
                 for (j, &x) in row.iter().enumerate() {
                     full[to_target(j as u32) as usize] = x;
                 }
+                if let Some(allowed) = &allowed {
+                    allowed.mask_logits(&mut full);
+                    if full.iter().all(|x| *x == f32::NEG_INFINITY) {
+                        d.stopped = true;
+                        continue;
+                    }
+                }
                 let q = processed_probs(&full, d.params, None);
                 let u = uniform(d.seed, RngStream::Draft, step as u64);
-                d.drafts.push(sample_inverse_cdf(&q, u));
+                d.push_draft(sample_inverse_cdf(&q, u));
                 d.probs.get_or_insert_with(Vec::new).extend_from_slice(&q);
             }
         })?;
@@ -396,6 +426,11 @@ impl Proposer for SequentialProposer {
                 seed: r.seed,
                 chain_probability: 1.0,
                 stopped: false,
+                guide_state: r
+                    .params
+                    .guide
+                    .as_ref()
+                    .map(|g| GuideCursor::after(g, &r.tokens[r.prompt_len.min(r.tokens.len())..]).state()),
             });
         }
         if !catch_up.input_ids.is_empty() {
@@ -471,6 +506,18 @@ impl Proposer for SequentialProposer {
         }
         Ok(rows.iter().zip(by_row).filter(|(r, _)| r.wants_drafts()).map(|(_, p)| p.unwrap_or_default()).collect())
     }
+}
+
+/// The draft-vocabulary index with the largest logit among those whose target token
+/// `allowed` holds; `None` when it holds none of them.
+fn allowed_argmax(row: &[f32], allowed: &TokenSet, to_target: &impl Fn(u32) -> u32) -> Option<u32> {
+    (0..row.len() as u32).filter(|&j| allowed.contains(to_target(j)) && !row[j as usize].is_nan()).fold(
+        None,
+        |best: Option<u32>, j| match best {
+            Some(b) if row[b as usize] >= row[j as usize] => best,
+            _ => Some(j),
+        },
+    )
 }
 
 #[cfg(test)]
