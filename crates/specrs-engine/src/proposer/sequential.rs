@@ -664,6 +664,31 @@ mod tests {
     }
 
     #[test]
+    fn a_guided_row_drafts_only_what_its_grammar_allows_and_stops_at_the_end() {
+        use specrs_core::structured::{StructuredOutputs, TokenVocabulary};
+        // Token i spells the letter 'a' + i (3 is "d", 7 is "h"); 15 ends the sequence.
+        let bytes = (0..VOCAB as u8).map(|i| (i < 15).then(|| vec![b'a' + i])).collect();
+        let vocabulary = Arc::new(TokenVocabulary::new(bytes, vec![15]));
+        let guide = |regex: &str| {
+            let constraint = StructuredOutputs { regex: Some(regex.into()), ..Default::default() };
+            Some(constraint.compile(&vocabulary).unwrap())
+        };
+        // The drafter's favourite is always 7 ("h"). After "dddd", "d+h?" allows "d", "h" or
+        // the end: 7, and then only the end, after which the chain stops.
+        let mut h = Harness::new(16, 3, vec![3, 3, 3, 3]);
+        h.params.guide = guide("d+h?");
+        assert_eq!(h.propose((0, 3, 0, 2), 3, 0)[0].drafts, vec![7, 15]);
+        // "d+" refuses "h": the best allowed draft is taken instead (all else ties at 0, so the
+        // first allowed, "d").
+        let mut h = Harness::new(16, 3, vec![3, 3, 3, 3]);
+        h.params.guide = guide("d+");
+        assert_eq!(h.propose((0, 3, 0, 2), 3, 0)[0].drafts, vec![3, 3]);
+        // Unguided, the same drafter drafts its favourite.
+        let mut h = Harness::new(16, 3, vec![3, 3, 3, 3]);
+        assert_eq!(h.propose((0, 3, 0, 2), 3, 0)[0].drafts, vec![7, 7]);
+    }
+
+    #[test]
     fn rows_that_do_not_draft_are_caught_up_in_order_when_they_draft_again() {
         let mut h = Harness::new(16, 5, (100..112).collect());
 
