@@ -452,6 +452,8 @@ BAD_TOOL_REQUESTS = [
         "messages[1].tool_calls[0]",
         "JSON text of an object",
     ),
+    ("deprecated-functions", {"functions": [{"name": "f"}]}, "functions", "send tools and tool_choice"),
+    ("deprecated-function-call", {"function_call": "auto"}, "function_call", "send tools and tool_choice"),
     ("broken-template", {"chat_template": "{% for %}"}, "chat_template", "invalid chat template"),
     (
         "reserved-template-variable",

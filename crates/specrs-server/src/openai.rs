@@ -146,6 +146,9 @@ pub struct ChatCompletionRequest {
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// vLLM: send the reasoning a reasoning parser splits off (the default), or drop it.
     pub include_reasoning: Option<bool>,
+    /// OpenAI's deprecated function calling (refused, naming `tools` instead).
+    pub functions: Option<Value>,
+    pub function_call: Option<Value>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }

@@ -654,6 +654,14 @@ async fn chat_completions(
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
     };
+    for (field, given) in [("functions", &req.functions), ("function_call", &req.function_call)] {
+        if given.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::bad_request(
+                format!("{field} is OpenAI's deprecated function calling; send tools and tool_choice instead"),
+                Some(field),
+            ));
+        }
+    }
     let tools = ToolRequest::parse(
         req.sampling.tools.as_ref(),
         req.sampling.tool_choice.as_ref(),
