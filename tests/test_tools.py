@@ -1,6 +1,6 @@
 """Tool calling and reasoning: `tools` rendered by the chat template (server and `LLM.chat`),
 a named `tool_choice` and `"required"` kept exact by structured outputs, `"auto"` read by the
-Hermes and Llama 3 JSON parsers, thinking split into `reasoning_content`, streamed deltas that
+Hermes, Llama 3 JSON and Mistral parsers, thinking split into `reasoning_content`, streamed deltas that
 add up to the whole response, multi-turn conversations carrying calls and their results, and
 the 400s for tool requests the server cannot honour."""
 
@@ -282,6 +282,32 @@ def test_auto_reads_llama3_json_calls_after_the_python_tag(
         ("get_time", '{"timezone": "UTC"}'),
         ("get_weather", '{"city": "Rome", "unit": "celsius"}'),
     ]
+
+
+def test_auto_reads_mistral_calls_and_every_call_id_is_nine_letters_and_digits(
+    serve: Callable[..., Server], template_file: Path
+) -> None:
+    mistral = serve(
+        *ENGINE_ARGS,
+        "--chat-template",
+        str(template_file),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "mistral",
+    )
+    written = r'\[TOOL_CALLS\]\[\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]'
+    status, body = post(mistral, tools=TOOLS, temperature=0, max_tokens=48, guided_regex=written)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], call["function"]["arguments"]) == ("get_time", '{"timezone": "UTC"}')
+    named = {"type": "function", "function": {"name": "get_time"}}
+    status, body = post(mistral, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=48)
+    assert status == 200, body
+    ids = [call["id"], body["choices"][0]["message"]["tool_calls"][0]["id"]]
+    # Mistral's templates refuse any other id when the call comes back in the next turn.
+    assert all(len(i) == 9 and i.isalnum() for i in ids), ids
 
 
 def stream_reasoning(client: openai.OpenAI, **fields: Any) -> tuple[str, str]:

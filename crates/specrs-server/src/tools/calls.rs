@@ -11,6 +11,41 @@ use crate::message::{MessageDelta, held_prefix_len};
 #[derive(Debug)]
 pub struct CallStream {
     format: Format,
+    ids: CallIds,
+}
+
+/// How tool call ids are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CallIds {
+    /// `chatcmpl-tool-...`, as vLLM writes them.
+    #[default]
+    OpenAi,
+    /// Nine letters and digits: Mistral's chat templates refuse any other id in a later turn.
+    Mistral,
+}
+
+impl CallIds {
+    fn make(self) -> String {
+        match self {
+            Self::OpenAi => crate::server::request_id("chatcmpl-tool"),
+            Self::Mistral => {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let count = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let nanos =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+                let mut x =
+                    (nanos as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ count.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+                (0..9)
+                    .map(|_| {
+                        let d = DIGITS[(x % 62) as usize] as char;
+                        x /= 62;
+                        d
+                    })
+                    .collect()
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -23,29 +58,54 @@ enum Format {
     CallList(CallListScanner),
     /// Text with `<tool_call>{"name", "arguments"}</tool_call>` blocks (`"auto"`, Hermes).
     Hermes(HermesScanner),
-    /// `<|python_tag|>`? then `{"name", "parameters"}` objects split by `;` (`"auto"`, Llama 3).
-    LlamaJson(LlamaJsonScanner),
+    /// JSON call objects after a marker: Llama 3's `<|python_tag|>`? `{...}; {...}`, or
+    /// Mistral's `[TOOL_CALLS][{...}, ...]` (`"auto"`).
+    JsonCalls(JsonCallsScanner),
 }
 
 impl CallStream {
+    fn of(format: Format) -> Self {
+        Self { format, ids: CallIds::default() }
+    }
+
     pub fn text() -> Self {
-        Self { format: Format::Text }
+        Self::of(Format::Text)
     }
 
     pub fn named(name: &str) -> Self {
-        Self { format: Format::Named { name: name.to_string(), started: false } }
+        Self::of(Format::Named { name: name.to_string(), started: false })
     }
 
     pub fn call_list() -> Self {
-        Self { format: Format::CallList(CallListScanner::default()) }
+        Self::of(Format::CallList(CallListScanner::default()))
     }
 
     pub fn hermes() -> Self {
-        Self { format: Format::Hermes(HermesScanner::default()) }
+        Self::of(Format::Hermes(HermesScanner::default()))
     }
 
     pub fn llama_json() -> Self {
-        Self { format: Format::LlamaJson(LlamaJsonScanner::default()) }
+        Self::of(Format::JsonCalls(JsonCallsScanner::new(JsonCallsStyle::Llama)))
+    }
+
+    pub fn mistral() -> Self {
+        Self::of(Format::JsonCalls(JsonCallsScanner::new(JsonCallsStyle::Mistral)))
+    }
+
+    /// The same reader writing its calls' ids as `ids` says.
+    pub fn with_ids(mut self, ids: CallIds) -> Self {
+        self.ids = ids;
+        self
+    }
+
+    /// Gives each new call its id.
+    fn identify(&self, mut out: Vec<MessageDelta>) -> Vec<MessageDelta> {
+        for delta in &mut out {
+            if let MessageDelta::CallStart { id, .. } = delta {
+                *id = self.ids.make();
+            }
+        }
+        out
     }
 
     /// The message pieces `text` (the next part of the output) completes.
@@ -57,7 +117,7 @@ impl CallStream {
             Format::Named { name, started } => {
                 if !*started && !text.is_empty() {
                     *started = true;
-                    out.push(MessageDelta::CallStart { index: 0, id: call_id(), name: name.clone() });
+                    out.push(MessageDelta::CallStart { index: 0, id: String::new(), name: name.clone() });
                 }
                 if !text.is_empty() {
                     out.push(MessageDelta::Arguments { index: 0, text: text.to_string() });
@@ -65,9 +125,9 @@ impl CallStream {
             }
             Format::CallList(scanner) => scanner.push(text, &mut out),
             Format::Hermes(scanner) => scanner.push(text, &mut out),
-            Format::LlamaJson(scanner) => scanner.push(text, &mut out),
+            Format::JsonCalls(scanner) => scanner.push(text, &mut out),
         }
-        out
+        self.identify(out)
     }
 
     /// What is left once the output is complete: text held back in case it began a call, or a
@@ -79,19 +139,14 @@ impl CallStream {
             Format::Named { name, started } => {
                 if !*started {
                     *started = true;
-                    out.push(MessageDelta::CallStart { index: 0, id: call_id(), name: name.clone() });
+                    out.push(MessageDelta::CallStart { index: 0, id: String::new(), name: name.clone() });
                 }
             }
             Format::Hermes(scanner) => scanner.finish(&mut out),
-            Format::LlamaJson(scanner) => scanner.finish(&mut out),
+            Format::JsonCalls(scanner) => scanner.finish(&mut out),
         }
-        out
+        self.identify(out)
     }
-}
-
-/// A fresh tool call id, in vLLM's form.
-fn call_id() -> String {
-    crate::server::request_id("chatcmpl-tool")
 }
 
 /// Follows JSON strings (and their escapes) so brackets inside them are not counted.
@@ -221,7 +276,7 @@ impl CallListScanner {
             None => self.key = Some(value),
             Some(key) if key == "name" && !self.name_sent && self.calls > 0 => {
                 self.name_sent = true;
-                out.push(MessageDelta::CallStart { index: self.calls - 1, id: call_id(), name: value });
+                out.push(MessageDelta::CallStart { index: self.calls - 1, id: String::new(), name: value });
                 if !self.held.is_empty() {
                     out.push(MessageDelta::Arguments { index: self.calls - 1, text: std::mem::take(&mut self.held) });
                 }
@@ -306,28 +361,58 @@ impl HermesScanner {
 /// Sends the call a `{"name": ..., "arguments" | "parameters": {...}}` text holds, as call
 /// number `calls` (then counted); whether it held one.
 fn read_call_object(text: &str, calls: &mut usize, out: &mut Vec<MessageDelta>) -> bool {
-    let call: Option<(String, Value)> = serde_json::from_str::<Value>(text.trim()).ok().and_then(|v| {
-        let name = v.get("name")?.as_str()?.to_string();
-        let arguments = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or(json!({}));
-        Some((name, arguments))
-    });
-    let Some((name, arguments)) = call else { return false };
-    let index = *calls;
-    *calls += 1;
-    out.push(MessageDelta::CallStart { index, id: call_id(), name });
-    out.push(MessageDelta::Arguments { index, text: python_json(&arguments) });
+    serde_json::from_str::<Value>(text.trim()).is_ok_and(|v| read_calls_value(&v, calls, out))
+}
+
+/// The name and arguments of a call object.
+fn call_of(value: &Value) -> Option<(&str, Value)> {
+    let name = value.get("name")?.as_str()?;
+    Some((name, value.get("arguments").or_else(|| value.get("parameters")).cloned().unwrap_or(json!({}))))
+}
+
+/// Sends the calls a JSON value holds (one call object, or a list of them), numbered from
+/// `calls`; whether it held calls and nothing else.
+fn read_calls_value(value: &Value, calls: &mut usize, out: &mut Vec<MessageDelta>) -> bool {
+    let found: Option<Vec<(&str, Value)>> = match value {
+        Value::Array(items) if !items.is_empty() => items.iter().map(call_of).collect(),
+        other => call_of(other).map(|c| vec![c]),
+    };
+    let Some(found) = found else { return false };
+    for (name, arguments) in found {
+        let index = *calls;
+        *calls += 1;
+        out.push(MessageDelta::CallStart { index, id: String::new(), name: name.to_string() });
+        out.push(MessageDelta::Arguments { index, text: python_json(&arguments) });
+    }
     true
 }
 
-const PYTHON_TAG: &str = "<|python_tag|>";
+/// Where a model writes its JSON calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JsonCallsStyle {
+    /// `<|python_tag|>` (or just an opening `{`), then call objects split by `;`.
+    Llama,
+    /// `[TOOL_CALLS]`, then a list of call objects (the marker may come again before more).
+    Mistral,
+}
 
-/// Reads Llama 3's JSON calls: an output that starts (after an optional `<|python_tag|>`) with
-/// `{` is a list of call objects split by `;`, each sent once it closes; any other output is
-/// content, streamed as it comes. An object that holds no call stays text.
-#[derive(Debug, Default)]
-struct LlamaJsonScanner {
-    mode: LlamaMode,
-    /// The undecided start, or the call object being read.
+impl JsonCallsStyle {
+    fn marker(self) -> &'static str {
+        match self {
+            Self::Llama => "<|python_tag|>",
+            Self::Mistral => "[TOOL_CALLS]",
+        }
+    }
+}
+
+/// Reads JSON calls that follow a marker: an output that starts with the marker (or, for
+/// Llama, with `{`) is a run of JSON values, each sent as calls once it closes (a value that
+/// holds no call stays text); any other output is content, streamed as it comes.
+#[derive(Debug)]
+struct JsonCallsScanner {
+    style: JsonCallsStyle,
+    mode: JsonCallsMode,
+    /// The undecided start, or the value being read.
     buffer: String,
     depth: usize,
     string: StringState,
@@ -335,33 +420,46 @@ struct LlamaJsonScanner {
 }
 
 #[derive(Debug, Default, PartialEq)]
-enum LlamaMode {
+enum JsonCallsMode {
     #[default]
     Undecided,
     Text,
     Calls,
 }
 
-impl LlamaJsonScanner {
+impl JsonCallsScanner {
+    fn new(style: JsonCallsStyle) -> Self {
+        Self {
+            style,
+            mode: JsonCallsMode::Undecided,
+            buffer: String::new(),
+            depth: 0,
+            string: StringState::default(),
+            calls: 0,
+        }
+    }
+
     fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
         match self.mode {
-            LlamaMode::Text => out.push(MessageDelta::Content(text.to_string())),
-            LlamaMode::Calls => self.read_calls(text, out),
-            LlamaMode::Undecided => {
+            JsonCallsMode::Text => out.push(MessageDelta::Content(text.to_string())),
+            JsonCallsMode::Calls => self.read_calls(text, out),
+            JsonCallsMode::Undecided => {
                 self.buffer.push_str(text);
+                let marker = self.style.marker();
                 let start = self.buffer.trim_start();
-                if start.is_empty() || (PYTHON_TAG.starts_with(start) && start.len() < PYTHON_TAG.len()) {
+                if start.is_empty() || (marker.starts_with(start) && start.len() < marker.len()) {
                     return;
                 }
-                let calls = start.strip_prefix(PYTHON_TAG).or_else(|| start.starts_with('{').then_some(start));
+                let bare = self.style == JsonCallsStyle::Llama && start.starts_with('{');
+                let calls = start.strip_prefix(marker).or_else(|| bare.then_some(start));
                 match calls.map(str::to_string) {
                     Some(rest) => {
-                        self.mode = LlamaMode::Calls;
+                        self.mode = JsonCallsMode::Calls;
                         self.buffer.clear();
                         self.read_calls(&rest, out);
                     }
                     None => {
-                        self.mode = LlamaMode::Text;
+                        self.mode = JsonCallsMode::Text;
                         out.push(MessageDelta::Content(std::mem::take(&mut self.buffer)));
                     }
                 }
@@ -370,20 +468,29 @@ impl LlamaJsonScanner {
     }
 
     fn read_calls(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
-        for c in text.chars() {
+        let marker = self.style.marker();
+        let mut rest = text;
+        while let Some(c) = rest.chars().next() {
             if self.depth == 0 && !self.string.inside {
+                // Between values: the marker again (a special token, so it comes whole),
+                // separators, and the spaces around them.
+                if let Some(after) = rest.strip_prefix(marker) {
+                    rest = after;
+                    continue;
+                }
+                rest = &rest[c.len_utf8()..];
                 match c {
-                    '{' => {
+                    '{' | '[' => {
                         self.buffer.push(c);
                         self.depth = 1;
                     }
-                    // Between calls: separators, and the spaces around them.
-                    ';' => {}
+                    ';' | ',' => {}
                     c if c.is_whitespace() => {}
                     c => out.push(MessageDelta::Content(c.to_string())),
                 }
                 continue;
             }
+            rest = &rest[c.len_utf8()..];
             self.buffer.push(c);
             if self.string.inside || c == '"' {
                 self.string.step(c);
@@ -395,15 +502,15 @@ impl LlamaJsonScanner {
                 _ => {}
             }
             if self.depth == 0 {
-                let object = std::mem::take(&mut self.buffer);
-                if !read_call_object(&object, &mut self.calls, out) {
-                    out.push(MessageDelta::Content(object));
+                let value = std::mem::take(&mut self.buffer);
+                if !read_call_object(&value, &mut self.calls, out) {
+                    out.push(MessageDelta::Content(value));
                 }
             }
         }
     }
 
-    /// An undecided start is text; an object cut before it closed is text too.
+    /// An undecided start is text; a value cut before it closed is text too.
     fn finish(&mut self, out: &mut Vec<MessageDelta>) {
         let rest = std::mem::take(&mut self.buffer);
         if !rest.is_empty() {
@@ -565,6 +672,26 @@ mod tests {
         assert_eq!(object.content, r#"{"answer": 4}"#);
         let cut = CallStream::llama_json().read_all(r#"{"name": "f", "param"#);
         assert_eq!(cut.content, r#"{"name": "f", "param"#);
+    }
+
+    #[test]
+    fn mistral_calls_follow_the_marker_as_a_list_and_get_nine_character_ids() {
+        let text = r#"[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Lyon, FR"}}, {"name": "get_time", "arguments": {}}]"#;
+        for size in [1, 4, 1000] {
+            let message = read_in_pieces(CallStream::mistral().with_ids(CallIds::Mistral), text, size);
+            assert_eq!(calls(&message), vec![("get_weather", r#"{"city": "Lyon, FR"}"#), ("get_time", "{}")]);
+            for (id, _, _) in &message.tool_calls {
+                assert!(id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
+            }
+        }
+        let again = CallStream::mistral()
+            .read_all(r#"[TOOL_CALLS] [{"name": "f", "arguments": {}}][TOOL_CALLS][{"name": "g"}]"#);
+        assert_eq!(calls(&again), vec![("f", "{}"), ("g", "{}")]);
+        assert!(again.tool_calls[0].0.starts_with("chatcmpl-tool-"), "vLLM's ids unless asked otherwise");
+        let answer = CallStream::mistral().read_all(r#"{"name": "not a call without the marker"}"#);
+        assert!(answer.tool_calls.is_empty());
+        let not_calls = CallStream::mistral().read_all("[TOOL_CALLS][1, 2]");
+        assert_eq!((not_calls.content.as_str(), not_calls.tool_calls.len()), ("[1, 2]", 0));
     }
 
     #[test]

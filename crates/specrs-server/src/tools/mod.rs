@@ -15,7 +15,7 @@ use specrs_core::structured::json_schema::schema_to_regex;
 
 use crate::error::ApiError;
 
-pub use calls::CallStream;
+pub use calls::{CallIds, CallStream};
 
 /// The formats of tool calls a model may write on its own, for `tool_choice: "auto"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,15 +24,19 @@ pub enum ToolCallParser {
     Hermes,
     /// `<|python_tag|>{"name": ..., "parameters": {...}}; {...}` (Llama 3.1 / 3.2 JSON).
     Llama3Json,
+    /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral 7B v0.3, Nemo, Small);
+    /// call ids of nine letters and digits, as Mistral's templates require.
+    Mistral,
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 2] = ["hermes", "llama3_json"];
+    pub const NAMES: [&str; 3] = ["hermes", "llama3_json", "mistral"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "hermes" => Ok(Self::Hermes),
             "llama3_json" => Ok(Self::Llama3Json),
+            "mistral" => Ok(Self::Mistral),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -66,6 +70,8 @@ pub struct ToolRequest {
     pub tools: Vec<Value>,
     pub functions: Vec<Function>,
     pub choice: ToolChoice,
+    /// How call ids are written: Mistral's form on a server that reads Mistral calls.
+    pub ids: CallIds,
 }
 
 impl ToolRequest {
@@ -132,7 +138,8 @@ impl ToolRequest {
         if functions.is_empty() && matches!(choice, ToolChoice::Required { .. }) {
             return Err(bad("tool_choice 'required' needs tools to call", "tool_choice"));
         }
-        Ok(Some(Self { tools, functions, choice }))
+        let ids = if auto_parser == Some(ToolCallParser::Mistral) { CallIds::Mistral } else { CallIds::OpenAi };
+        Ok(Some(Self { tools, functions, choice, ids }))
     }
 
     /// The output constraint the choice imposes: a named function's arguments, or the list of
@@ -191,17 +198,20 @@ impl ToolRequest {
 
     /// A reader of one choice's output into the message's content and tool calls.
     pub fn call_stream(&self) -> CallStream {
-        match &self.choice {
+        let stream = match &self.choice {
             ToolChoice::None => CallStream::text(),
             ToolChoice::Auto(ToolCallParser::Hermes) => CallStream::hermes(),
             ToolChoice::Auto(ToolCallParser::Llama3Json) => CallStream::llama_json(),
+            ToolChoice::Auto(ToolCallParser::Mistral) => CallStream::mistral(),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
-        }
+        };
+        stream.with_ids(self.ids)
     }
 
     /// Whether the model's own tool-call markers must stay in the text for the parser to see
-    /// (Qwen's `<tool_call>` and Llama's `<|python_tag|>` are special tokens).
+    /// (Qwen's `<tool_call>`, Llama's `<|python_tag|>`, Mistral's `[TOOL_CALLS]` are special
+    /// tokens).
     pub fn keeps_special_tokens(&self) -> bool {
         matches!(self.choice, ToolChoice::Auto(_))
     }
