@@ -90,18 +90,30 @@ def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def tool_server(serve: Callable[..., Server], template_file: Path, parser: str, *args: str) -> Server:
+    """A server with the tools template and `"auto"` read by `parser`."""
+    template = ("--chat-template", str(template_file))
+    return serve(*args, *ENGINE_ARGS, *template, "--enable-auto-tool-choice", "--tool-call-parser", parser)
+
+
+def called_and_answered(city: str, result: str) -> list[dict[str, Any]]:
+    """ASK, an assistant's call of get_weather for `city`, and the tool's `result`."""
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+    }
+    return [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": result},
+    ]
+
+
 @pytest.fixture(scope="module")
 def server(serve: Callable[..., Server], template_file: Path) -> Server:
     """The `ngram_llm` pipeline, with the tools template and `"auto"` read as Hermes calls."""
-    return serve(
-        *SPEC_ARGS,
-        *ENGINE_ARGS,
-        "--chat-template",
-        str(template_file),
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-    )
+    return tool_server(serve, template_file, "hermes", *SPEC_ARGS)
 
 
 @pytest.fixture(scope="module")
@@ -142,16 +154,7 @@ def stream_message(client: openai.OpenAI, **fields: Any) -> tuple[str, list[dict
 
 
 def test_the_template_renders_tools_calls_and_results_as_vllm_passes_them(ngram_llm: LLM) -> None:
-    call = {
-        "id": "c1",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
-    }
-    conversation = [
-        *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "c1", "content": "12 degrees"},
-    ]
+    conversation = called_and_answered("Oslo", "12 degrees")
     text = ngram_llm.apply_chat_template(conversation, tools=TOOLS, chat_template=TOOLS_TEMPLATE)
     assert json.dumps(TOOLS[0], separators=(",", ":")) in text, "each tool as JSON"
     # The arguments' JSON text reaches the template as an object, as transformers expects.
@@ -262,14 +265,7 @@ def test_auto_reads_hermes_calls_the_model_writes_and_leaves_plain_answers_alone
 def test_auto_reads_llama3_json_calls_after_the_python_tag(
     serve: Callable[..., Server], template_file: Path
 ) -> None:
-    llama = serve(
-        *ENGINE_ARGS,
-        "--chat-template",
-        str(template_file),
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "llama3_json",
-    )
+    llama = tool_server(serve, template_file, "llama3_json")
     written = (
         r'<\|python_tag\|>\{"name": "get_time", "parameters": \{"timezone": "UTC"\}\}; '
         r'\{"name": "get_weather", "parameters": \{"city": "Rome", "unit": "celsius"\}\}'
@@ -287,14 +283,7 @@ def test_auto_reads_llama3_json_calls_after_the_python_tag(
 def test_auto_reads_mistral_calls_and_every_call_id_is_nine_letters_and_digits(
     serve: Callable[..., Server], template_file: Path
 ) -> None:
-    mistral = serve(
-        *ENGINE_ARGS,
-        "--chat-template",
-        str(template_file),
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "mistral",
-    )
+    mistral = tool_server(serve, template_file, "mistral")
     written = r'\[TOOL_CALLS\]\[\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]'
     status, body = post(mistral, tools=TOOLS, temperature=0, max_tokens=48, guided_regex=written)
     assert status == 200, body
@@ -324,16 +313,7 @@ def stream_reasoning(client: openai.OpenAI, **fields: Any) -> tuple[str, str]:
 def test_a_reasoning_parser_splits_thinking_from_the_answer_and_the_calls_after_it(
     serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
 ) -> None:
-    thinker = serve(
-        *ENGINE_ARGS,
-        "--chat-template",
-        str(template_file),
-        "--reasoning-parser",
-        "qwen3",
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-    )
+    thinker = tool_server(serve, template_file, "hermes", "--reasoning-parser", "qwen3")
     client: openai.OpenAI = openai_client(thinker)
     # The shape is made certain with a regex (auto tool choice leaves the output free).
     thought = r"<think>\nThe user (asks|wants) the weather\.\n</think>\n\nI will check\."
@@ -387,16 +367,7 @@ def test_a_reasoning_parser_splits_thinking_from_the_answer_and_the_calls_after_
 def test_a_conversation_with_calls_and_results_continues_and_none_answers_in_text(
     client: openai.OpenAI, ngram_llm: LLM
 ) -> None:
-    call = {
-        "id": "c1",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-    }
-    conversation = [
-        *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "c1", "content": "18 degrees and sunny"},
-    ]
+    conversation = called_and_answered("Paris", "18 degrees and sunny")
     resp = client.chat.completions.create(
         model=MODEL, messages=conversation, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=24
     )  # type: ignore[arg-type]
