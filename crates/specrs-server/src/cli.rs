@@ -640,7 +640,7 @@ mod tests {
         assert_eq!(server_args(&["--tool-call-parser", "hermes"]).unwrap().auto_tool_parser, None);
         let e = server_args(&["--enable-auto-tool-choice"]).unwrap_err().to_string();
         assert!(e.contains("needs --tool-call-parser"), "{e}");
-        assert!(server_args(&["--tool-call-parser", "mistral"]).is_err());
+        assert!(server_args(&["--tool-call-parser", "pythonic"]).is_err(), "not a parser spec-rs has");
 
         let inline = "{% for m in messages %}{{ m.content }}{% endfor %}";
         assert_eq!(server_args(&["--chat-template", inline]).unwrap().chat_template.as_deref(), Some(inline));

@@ -1,6 +1,6 @@
 //! Reading the tool calls in a choice's text, in each format a request may get them: the
 //! named function's arguments, a `"required"` list of calls, or calls a model writes on its
-//! own (Hermes blocks, Llama 3 JSON). Text is taken delta by delta and turned into
+//! own (Hermes blocks, Llama 3 and Mistral JSON). Text is taken delta by delta and turned into
 //! [`MessageDelta`]s as soon as they are certain.
 
 use serde_json::{Value, json};
