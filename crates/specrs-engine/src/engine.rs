@@ -1310,6 +1310,7 @@ impl Engine {
                             || (finishing.contains(&r.seq) && fed_up_to_step(r))),
                     params: &seq.params,
                     seed: seq.step_seed(),
+                    guide_state: crate::proposer::guide_state_after(&seq.tokens, seq.prompt_len, &seq.params),
                 })
             })
             .collect();

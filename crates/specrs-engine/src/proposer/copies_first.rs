@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::scheduler::Scheduler;
-use specrs_core::structured::{GuideCursor, GuideState};
+use specrs_core::structured::GuideState;
 
 use super::{Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
 use crate::error::{EngineError, Result};
@@ -42,11 +42,7 @@ pub trait CopySource: Send {
 /// The copies a guided row may verify: those its guide allows in turn, up to and including
 /// an end of sequence (a prompt lookup copies text that knows nothing of the grammar).
 fn within_guide(row: &ProposeRow<'_>, mut drafts: Vec<u32>) -> Vec<u32> {
-    let Some(guide) = &row.params.guide else { return drafts };
-    if drafts.is_empty() {
-        return drafts;
-    }
-    let mut state = GuideCursor::after(guide, &row.tokens[row.prompt_len.min(row.tokens.len())..]).state();
+    let (Some(guide), Some(mut state)) = (&row.params.guide, row.guide_state) else { return drafts };
     let mut kept = 0;
     for &token in &drafts {
         state = guide.advance(state, token);
@@ -190,6 +186,7 @@ mod tests {
             feed_now: false,
             params,
             seed: 0,
+            guide_state: crate::proposer::guide_state_after(tokens, 1, params),
         }
     }
 

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use specrs_core::structured::{GuideCursor, GuideState};
+use specrs_core::structured::GuideState;
 
 use super::copies_first::{CopiesFirst, CopySource};
 use super::{ProposeRow, Proposer};
@@ -57,12 +57,10 @@ impl GuidedFirstProposer {
 /// with end-of-sequence where the forced text completes the output.
 fn forced_drafts(tokenizer: &TextTokenizer, row: &ProposeRow<'_>) -> Vec<u32> {
     let width = row.num_drafts.max(row.num_copies);
-    let Some(guide) = &row.params.guide else { return Vec::new() };
+    let (Some(guide), Some(state)) = (&row.params.guide, row.guide_state) else { return Vec::new() };
     if width == 0 {
         return Vec::new();
     }
-    let output = &row.tokens[row.prompt_len.min(row.tokens.len())..];
-    let state = GuideCursor::after(guide, output).state();
     let bytes = guide.forced_bytes(state, MAX_FORCED_BYTES);
     // Whole characters only.
     let text = match std::str::from_utf8(&bytes) {

@@ -145,6 +145,7 @@ mod tests {
                     feed_now: false,
                     params: &self.params,
                     seed: 0,
+                    guide_state: None,
                 })
                 .collect();
             let taps = StepTaps { taps: &[], final_hidden: None };

@@ -20,6 +20,7 @@ use candle_core::{Device, Tensor};
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::sampling::SamplingParams;
 use specrs_core::scheduler::Scheduler;
+use specrs_core::structured::{GuideCursor, GuideState};
 
 use crate::error::Result;
 
@@ -58,6 +59,16 @@ pub struct ProposeRow<'a> {
     pub params: &'a SamplingParams,
     /// The row's step seed for drafters that sample.
     pub seed: u64,
+    /// Where a guided row's output is in its structured-output guide ([`guide_state_after`]),
+    /// walked once per step for every proposer to read; `None` for an unguided row.
+    pub guide_state: Option<GuideState>,
+}
+
+/// The guide state after the output part of `tokens` (those past `prompt_len`), when `params`
+/// has a guide.
+pub fn guide_state_after(tokens: &[u32], prompt_len: usize, params: &SamplingParams) -> Option<GuideState> {
+    let output = &tokens[prompt_len.min(tokens.len())..];
+    params.guide.as_ref().map(|guide| GuideCursor::after(guide, output).state())
 }
 
 impl ProposeRow<'_> {

@@ -34,7 +34,7 @@ use specrs_core::config::DraftProposal;
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::sampling::{RngStream, SamplingParams, argmax, processed_probs, sample_inverse_cdf, uniform};
 use specrs_core::scheduler::Scheduler;
-use specrs_core::structured::{GuideCursor, GuideState, TokenSet};
+use specrs_core::structured::{GuideState, TokenSet};
 use specrs_models::drafters::{DraftLogits, SequentialDraftModel};
 use specrs_models::host::with_f32_slice;
 use specrs_models::reductions;
@@ -426,11 +426,7 @@ impl Proposer for SequentialProposer {
                 seed: r.seed,
                 chain_probability: 1.0,
                 stopped: false,
-                guide_state: r
-                    .params
-                    .guide
-                    .as_ref()
-                    .map(|g| GuideCursor::after(g, &r.tokens[r.prompt_len.min(r.tokens.len())..]).state()),
+                guide_state: r.guide_state,
             });
         }
         if !catch_up.input_ids.is_empty() {
@@ -652,6 +648,7 @@ mod tests {
                 feed_now: self.feed_now,
                 params: &self.params,
                 seed: 0,
+                guide_state: crate::proposer::guide_state_after(&self.tokens, 0, &self.params),
             };
             let hidden = step_hidden(t, step);
             let taps = StepTaps { taps: &[], final_hidden: Some(&hidden) };
@@ -776,6 +773,7 @@ mod tests {
                     feed_now: false,
                     params: &params,
                     seed: 0,
+                    guide_state: None,
                 })
                 .collect();
             let hidden = step_hidden(flat_len, step);
@@ -869,6 +867,7 @@ mod tests {
                 feed_now: false,
                 params: &params,
                 seed: 0,
+                guide_state: None,
             })
             .collect();
         let hidden = step_hidden(8, 0);
