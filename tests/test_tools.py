@@ -132,8 +132,8 @@ def offline(llm: LLM, schema: dict[str, Any], max_tokens: int) -> str:
 
 
 def stream_message(client: openai.OpenAI, **fields: Any) -> tuple[str, list[dict[str, Any]], str | None]:
-    """A streamed response's content, its tool calls put together from their deltas, and its
-    finish reason."""
+    """A streamed response's content, its tool calls put together from their deltas (with the
+    number of deltas that carried arguments), and its finish reason."""
     content = ""
     calls: list[dict[str, Any]] = []
     finish = None
@@ -146,9 +146,10 @@ def stream_message(client: openai.OpenAI, **fields: Any) -> tuple[str, list[dict
             if call.id is not None:
                 assert call.index == len(calls), "a call's first delta carries its id"
                 assert call.type == "function" and call.function is not None and call.function.name
-                calls.append({"id": call.id, "name": call.function.name, "arguments": ""})
+                calls.append({"id": call.id, "name": call.function.name, "arguments": "", "pieces": 0})
             assert call.function is not None
             calls[call.index]["arguments"] += call.function.arguments or ""
+            calls[call.index]["pieces"] += bool(call.function.arguments)
         finish = choice.finish_reason or finish
     return content, calls, finish
 
@@ -251,6 +252,7 @@ def test_auto_reads_hermes_calls_the_model_writes_and_leaves_plain_answers_alone
     content, calls, finish = stream_message(client, **fields)
     assert (content, finish) == ("", "tool_calls")
     assert [(c["name"], c["arguments"]) for c in calls] == [(call.function.name, call.function.arguments)]
+    assert calls[0]["pieces"] > 1, "the arguments stream as the model writes them, not whole at the block's end"
 
     # A plain answer (tool_choice "auto" explicitly) stays content, whole or streamed.
     plain: dict[str, Any] = {"messages": ASK, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 12}

@@ -3,8 +3,6 @@
 //! own (Hermes blocks, Llama 3 and Mistral JSON). Text is taken delta by delta and turned into
 //! [`MessageDelta`]s as soon as they are certain.
 
-use serde_json::{Value, json};
-
 use crate::message::{MessageDelta, held_prefix_len};
 
 /// Reads a choice's output as the request's tool choice says it is written.
@@ -175,30 +173,54 @@ impl StringState {
     }
 }
 
-/// Reads `[{"name": "...", "parameters": {...}}, ...]` as it is written: a call starts when
-/// its name is complete, and its arguments are the `parameters` value's text, sent as it comes.
+/// Reads the tool calls in one JSON value as it is written: a call object
+/// `{"name": ..., "arguments" | "parameters": ...}` or a list of them. A call starts once its
+/// name is complete, and its arguments are sent as they come, in the layout of Python's
+/// `json.dumps` (vLLM's). Until a call starts the value's text is kept, so the owner can send a
+/// value that holds no call (`{"answer": 4}`, `[1, 2]`) as text.
 #[derive(Debug, Default)]
-struct CallListScanner {
-    /// Open containers outside strings: 1 in the list, 2 in a call object.
+struct CallValueReader {
+    /// Open containers outside strings.
     depth: usize,
+    /// The depth of call objects: 1 for a lone object, 2 in a list.
+    call_depth: usize,
     string: StringState,
     /// The text of a string being read at call level (a key or the name), quotes included.
     literal: Option<String>,
     /// The call-level key whose value is being read.
     key: Option<String>,
-    /// After `"parameters":`, before the value's first character.
+    /// After `"arguments":`, before the value's first character.
     awaiting_arguments: bool,
     in_arguments: bool,
-    calls: usize,
+    /// Inside an object at call level.
+    in_object: bool,
+    /// The index of the call being read, once its name came.
+    index: usize,
     name_sent: bool,
+    /// Some call in this value has started.
+    started: bool,
+    arguments_sent: bool,
     /// Arguments written before the call's name (held until the call starts).
     held: String,
+    /// The value's text until its first call starts.
+    raw: String,
+    /// The value closed, or began with something no JSON value begins with.
+    done: bool,
 }
 
-impl CallListScanner {
-    fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+impl CallValueReader {
+    /// Takes `text`, numbering new calls from `calls` (counted as they start); returns how much
+    /// of `text` was read (all of it, unless the value closed before its end).
+    fn push(&mut self, text: &str, calls: &mut usize, out: &mut Vec<MessageDelta>) -> usize {
         let mut arguments = String::new();
-        for c in text.chars() {
+        for (at, c) in text.char_indices() {
+            if self.done {
+                self.send_arguments(arguments, out);
+                return at;
+            }
+            if !self.started {
+                self.raw.push(c);
+            }
             if self.awaiting_arguments && !c.is_whitespace() {
                 self.awaiting_arguments = false;
                 self.in_arguments = true;
@@ -215,18 +237,27 @@ impl CallListScanner {
                         arguments.push(c);
                         continue;
                     }
-                    '}' | ']' if self.depth > 2 => {
+                    '}' | ']' if self.depth > self.call_depth => {
                         self.depth -= 1;
                         arguments.push(c);
-                        if self.depth == 2 {
+                        if self.depth == self.call_depth {
                             self.end_arguments(&mut arguments, out);
                         }
                         continue;
                     }
                     // A scalar value ends at the call's next member or its end; that character
                     // belongs to the call object, read below.
-                    ',' | '}' | ']' if self.depth == 2 => self.end_arguments(&mut arguments, out),
-                    _ => {
+                    ',' | '}' | ']' if self.depth == self.call_depth => self.end_arguments(&mut arguments, out),
+                    ',' => {
+                        arguments.push_str(", ");
+                        continue;
+                    }
+                    ':' => {
+                        arguments.push_str(": ");
+                        continue;
+                    }
+                    c if c.is_whitespace() => continue,
+                    c => {
                         arguments.push(c);
                         continue;
                     }
@@ -236,32 +267,49 @@ impl CallListScanner {
                 let closed = self.string.step(c);
                 if let Some(literal) = &mut self.literal {
                     literal.push(c);
-                } else if c == '"' && self.depth == 2 && self.string.inside {
+                } else if c == '"' && self.depth == self.call_depth && self.string.inside {
                     self.literal = Some("\"".to_string());
                 }
                 if closed && let Some(literal) = self.literal.take() {
                     let value: String = serde_json::from_str(&literal).unwrap_or_default();
-                    self.read_string(value, out);
+                    self.read_string(value, calls, out);
                 }
                 continue;
             }
             match c {
                 '{' | '[' => {
                     self.depth += 1;
-                    if self.depth == 2 {
-                        self.calls += 1;
+                    if self.depth == 1 {
+                        self.call_depth = if c == '{' { 1 } else { 2 };
+                    }
+                    if self.depth == self.call_depth {
+                        self.in_object = c == '{';
                         self.name_sent = false;
+                        self.arguments_sent = false;
                         self.held.clear();
                         self.key = None;
                     }
                 }
-                '}' | ']' => self.depth = self.depth.saturating_sub(1),
-                ':' if self.depth == 2 && self.key.as_deref() == Some("parameters") => self.awaiting_arguments = true,
-                ',' if self.depth == 2 => self.key = None,
+                '}' | ']' if self.depth > 0 => {
+                    if self.depth == self.call_depth && c == '}' && self.name_sent && !self.arguments_sent {
+                        self.arguments_sent = true;
+                        out.push(MessageDelta::Arguments { index: self.index, text: "{}".to_string() });
+                    }
+                    self.depth -= 1;
+                    self.done = self.depth == 0;
+                }
+                ':' if self.depth == self.call_depth
+                    && matches!(self.key.as_deref(), Some("arguments" | "parameters")) =>
+                {
+                    self.awaiting_arguments = true
+                }
+                ',' if self.depth == self.call_depth => self.key = None,
+                c if self.depth == 0 && !c.is_whitespace() => self.done = true,
                 _ => {}
             }
         }
         self.send_arguments(arguments, out);
+        text.len()
     }
 
     fn end_arguments(&mut self, arguments: &mut String, out: &mut Vec<MessageDelta>) {
@@ -271,14 +319,19 @@ impl CallListScanner {
     }
 
     /// A string at call level: a key, or the value of `name`.
-    fn read_string(&mut self, value: String, out: &mut Vec<MessageDelta>) {
+    fn read_string(&mut self, value: String, calls: &mut usize, out: &mut Vec<MessageDelta>) {
         match self.key.take() {
             None => self.key = Some(value),
-            Some(key) if key == "name" && !self.name_sent && self.calls > 0 => {
+            Some(key) if key == "name" && !self.name_sent && self.in_object => {
                 self.name_sent = true;
-                out.push(MessageDelta::CallStart { index: self.calls - 1, id: String::new(), name: value });
+                self.started = true;
+                self.raw.clear();
+                self.index = *calls;
+                *calls += 1;
+                out.push(MessageDelta::CallStart { index: self.index, id: String::new(), name: value });
                 if !self.held.is_empty() {
-                    out.push(MessageDelta::Arguments { index: self.calls - 1, text: std::mem::take(&mut self.held) });
+                    self.arguments_sent = true;
+                    out.push(MessageDelta::Arguments { index: self.index, text: std::mem::take(&mut self.held) });
                 }
             }
             Some(_) => {}
@@ -290,10 +343,24 @@ impl CallListScanner {
             return;
         }
         if self.name_sent {
-            out.push(MessageDelta::Arguments { index: self.calls - 1, text });
+            self.arguments_sent = true;
+            out.push(MessageDelta::Arguments { index: self.index, text });
         } else {
             self.held.push_str(&text);
         }
+    }
+}
+
+/// Reads a `"required"` output, `[{"name": "...", "parameters": {...}}, ...]`.
+#[derive(Debug, Default)]
+struct CallListScanner {
+    reader: CallValueReader,
+    calls: usize,
+}
+
+impl CallListScanner {
+    fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+        self.reader.push(text, &mut self.calls, out);
     }
 }
 
@@ -301,12 +368,13 @@ const CALL_OPEN: &str = "<tool_call>";
 const CALL_CLOSE: &str = "</tool_call>";
 
 /// Reads Hermes-style calls out of free text: text outside `<tool_call>` blocks is content
-/// (the longest end that could begin a block is held back until it cannot); a block is sent as
-/// one call once it closes, or as text if it does not hold a call.
+/// (the longest end that could begin a block is held back until it cannot); a block's call is
+/// sent as it is written, and a block that holds no call is sent as text once it closes.
 #[derive(Debug, Default)]
 struct HermesScanner {
     buffer: String,
-    in_call: bool,
+    /// The open block's text so far, and the reader of its call.
+    block: Option<(String, CallValueReader)>,
     calls: usize,
 }
 
@@ -314,15 +382,22 @@ impl HermesScanner {
     fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
         self.buffer.push_str(text);
         loop {
-            if self.in_call {
-                let Some(end) = self.buffer.find(CALL_CLOSE) else { return };
-                let block: String = self.buffer.drain(..end + CALL_CLOSE.len()).collect();
-                self.in_call = false;
-                self.read_block(&block[..end], true, out);
+            if let Some((body, reader)) = &mut self.block {
+                // The block's text up to its close, or up to what could begin the close.
+                let close = self.buffer.find(CALL_CLOSE);
+                let end = close.unwrap_or(self.buffer.len() - held_prefix_len(&self.buffer, CALL_CLOSE));
+                let piece: String = self.buffer.drain(..end).collect();
+                body.push_str(&piece);
+                reader.push(&piece, &mut self.calls, out);
+                if close.is_none() {
+                    return;
+                }
+                self.buffer.drain(..CALL_CLOSE.len());
+                self.end_block(true, out);
             } else if let Some(start) = self.buffer.find(CALL_OPEN) {
                 let before: String = self.buffer.drain(..start + CALL_OPEN.len()).collect();
                 self.send_text(&before[..start], out);
-                self.in_call = true;
+                self.block = Some(Default::default());
             } else {
                 let keep = held_prefix_len(&self.buffer, CALL_OPEN);
                 let text: String = self.buffer.drain(..self.buffer.len() - keep).collect();
@@ -334,12 +409,23 @@ impl HermesScanner {
 
     fn finish(&mut self, out: &mut Vec<MessageDelta>) {
         let rest = std::mem::take(&mut self.buffer);
-        if self.in_call {
-            // An unclosed block (the output was cut, or the model ended after the JSON).
-            self.in_call = false;
-            self.read_block(&rest, false, out);
+        if let Some((body, reader)) = &mut self.block {
+            // An unclosed block: the output was cut, or the model ended after the JSON.
+            body.push_str(&rest);
+            reader.push(&rest, &mut self.calls, out);
+            self.end_block(false, out);
         } else {
             self.send_text(&rest, out);
+        }
+    }
+
+    /// A block that yielded no call is text, as it was written.
+    fn end_block(&mut self, closed: bool, out: &mut Vec<MessageDelta>) {
+        if let Some((body, reader)) = self.block.take()
+            && !reader.started
+        {
+            let close = if closed { CALL_CLOSE } else { "" };
+            out.push(MessageDelta::Content(format!("{CALL_OPEN}{body}{close}")));
         }
     }
 
@@ -349,42 +435,6 @@ impl HermesScanner {
             out.push(MessageDelta::Content(text.to_string()));
         }
     }
-
-    fn read_block(&mut self, body: &str, closed: bool, out: &mut Vec<MessageDelta>) {
-        if !read_call_object(body, &mut self.calls, out) {
-            let close = if closed { CALL_CLOSE } else { "" };
-            out.push(MessageDelta::Content(format!("{CALL_OPEN}{body}{close}")));
-        }
-    }
-}
-
-/// Sends the call a `{"name": ..., "arguments" | "parameters": {...}}` text holds, as call
-/// number `calls` (then counted); whether it held one.
-fn read_call_object(text: &str, calls: &mut usize, out: &mut Vec<MessageDelta>) -> bool {
-    serde_json::from_str::<Value>(text.trim()).is_ok_and(|v| read_calls_value(&v, calls, out))
-}
-
-/// The name and arguments of a call object.
-fn call_of(value: &Value) -> Option<(&str, Value)> {
-    let name = value.get("name")?.as_str()?;
-    Some((name, value.get("arguments").or_else(|| value.get("parameters")).cloned().unwrap_or(json!({}))))
-}
-
-/// Sends the calls a JSON value holds (one call object, or a list of them), numbered from
-/// `calls`; whether it held calls and nothing else.
-fn read_calls_value(value: &Value, calls: &mut usize, out: &mut Vec<MessageDelta>) -> bool {
-    let found: Option<Vec<(&str, Value)>> = match value {
-        Value::Array(items) if !items.is_empty() => items.iter().map(call_of).collect(),
-        other => call_of(other).map(|c| vec![c]),
-    };
-    let Some(found) = found else { return false };
-    for (name, arguments) in found {
-        let index = *calls;
-        *calls += 1;
-        out.push(MessageDelta::CallStart { index, id: String::new(), name: name.to_string() });
-        out.push(MessageDelta::Arguments { index, text: python_json(&arguments) });
-    }
-    true
 }
 
 /// Where a model writes its JSON calls.
@@ -406,16 +456,17 @@ impl JsonCallsStyle {
 }
 
 /// Reads JSON calls that follow a marker: an output that starts with the marker (or, for
-/// Llama, with `{`) is a run of JSON values, each sent as calls once it closes (a value that
-/// holds no call stays text); any other output is content, streamed as it comes.
+/// Llama, with `{`) is a run of JSON values, whose calls are sent as they are written (a value
+/// that holds no call is sent as text once it closes); any other output is content, streamed
+/// as it comes.
 #[derive(Debug)]
 struct JsonCallsScanner {
     style: JsonCallsStyle,
     mode: JsonCallsMode,
-    /// The undecided start, or the value being read.
+    /// The undecided start.
     buffer: String,
-    depth: usize,
-    string: StringState,
+    /// The value being read.
+    value: Option<CallValueReader>,
     calls: usize,
 }
 
@@ -429,14 +480,7 @@ enum JsonCallsMode {
 
 impl JsonCallsScanner {
     fn new(style: JsonCallsStyle) -> Self {
-        Self {
-            style,
-            mode: JsonCallsMode::Undecided,
-            buffer: String::new(),
-            depth: 0,
-            string: StringState::default(),
-            calls: 0,
-        }
+        Self { style, mode: JsonCallsMode::Undecided, buffer: String::new(), value: None, calls: 0 }
     }
 
     fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
@@ -471,72 +515,55 @@ impl JsonCallsScanner {
         let marker = self.style.marker();
         let mut rest = text;
         while let Some(c) = rest.chars().next() {
-            if self.depth == 0 && !self.string.inside {
-                // Between values: the marker again (a special token, so it comes whole),
-                // separators, and the spaces around them.
-                if let Some(after) = rest.strip_prefix(marker) {
-                    rest = after;
-                    continue;
-                }
-                rest = &rest[c.len_utf8()..];
-                match c {
-                    '{' | '[' => {
-                        self.buffer.push(c);
-                        self.depth = 1;
-                    }
-                    ';' | ',' => {}
-                    c if c.is_whitespace() => {}
-                    c => out.push(MessageDelta::Content(c.to_string())),
+            if let Some(value) = &mut self.value {
+                rest = &rest[value.push(rest, &mut self.calls, out)..];
+                if value.done {
+                    self.end_value(out);
                 }
                 continue;
             }
-            rest = &rest[c.len_utf8()..];
-            self.buffer.push(c);
-            if self.string.inside || c == '"' {
-                self.string.step(c);
+            // Between values: the marker again (a special token, so it comes whole),
+            // separators, and the spaces around them.
+            if let Some(after) = rest.strip_prefix(marker) {
+                rest = after;
                 continue;
             }
             match c {
-                '{' | '[' => self.depth += 1,
-                '}' | ']' => self.depth -= 1,
-                _ => {}
-            }
-            if self.depth == 0 {
-                let value = std::mem::take(&mut self.buffer);
-                if !read_call_object(&value, &mut self.calls, out) {
-                    out.push(MessageDelta::Content(value));
+                '{' | '[' => {
+                    self.value = Some(CallValueReader::default());
+                    continue;
                 }
+                ';' | ',' => {}
+                c if c.is_whitespace() => {}
+                c => out.push(MessageDelta::Content(c.to_string())),
             }
+            rest = &rest[c.len_utf8()..];
         }
     }
 
-    /// An undecided start is text; a value cut before it closed is text too.
+    /// A value that yielded no call is text, as it was written.
+    fn end_value(&mut self, out: &mut Vec<MessageDelta>) {
+        if let Some(value) = self.value.take()
+            && !value.started
+        {
+            out.push(MessageDelta::Content(value.raw));
+        }
+    }
+
+    /// An undecided start is text; so is a value cut before it yielded a call.
     fn finish(&mut self, out: &mut Vec<MessageDelta>) {
         let rest = std::mem::take(&mut self.buffer);
         if !rest.is_empty() {
             out.push(MessageDelta::Content(rest));
         }
-    }
-}
-
-/// JSON text in Python's `json.dumps` layout (`, ` and `: ` separators), the layout vLLM sends
-/// arguments in.
-fn python_json(value: &Value) -> String {
-    match value {
-        Value::Array(items) => format!("[{}]", items.iter().map(python_json).collect::<Vec<_>>().join(", ")),
-        Value::Object(map) => format!(
-            "{{{}}}",
-            map.iter()
-                .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), python_json(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        scalar => scalar.to_string(),
+        self.end_value(out);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
     use crate::message::{AssistantMessage, MessageReader};
 
@@ -635,7 +662,9 @@ mod tests {
         let unclosed = CallStream::hermes().read_all("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}");
         assert_eq!(calls(&unclosed), vec![("f", r#"{"a": [1, 2]}"#)]);
         let cut = CallStream::hermes().read_all("<tool_call>{\"name\": \"f\", \"argu");
-        assert_eq!(cut.content, "<tool_call>{\"name\": \"f\", \"argu");
+        assert_eq!((cut.content.as_str(), calls(&cut)), ("", vec![("f", "")]), "a call, once named, stays one");
+        let nameless = CallStream::hermes().read_all("<tool_call>{\"arguments\": {}, \"na");
+        assert_eq!(nameless.content, "<tool_call>{\"arguments\": {}, \"na");
     }
 
     #[test]
@@ -670,8 +699,10 @@ mod tests {
         let object = CallStream::llama_json().read_all(r#"{"answer": 4}"#);
         assert!(object.tool_calls.is_empty());
         assert_eq!(object.content, r#"{"answer": 4}"#);
-        let cut = CallStream::llama_json().read_all(r#"{"name": "f", "param"#);
-        assert_eq!(cut.content, r#"{"name": "f", "param"#);
+        let cut = CallStream::llama_json().read_all(r#"{"nam"#);
+        assert_eq!(cut.content, r#"{"nam"#);
+        let named = CallStream::llama_json().read_all(r#"{"name": "f", "param"#);
+        assert_eq!((named.content.as_str(), calls(&named)), ("", vec![("f", "")]));
     }
 
     #[test]
@@ -695,7 +726,77 @@ mod tests {
     }
 
     #[test]
-    fn python_json_uses_the_separators_of_json_dumps() {
-        assert_eq!(python_json(&json!({"a": [1, "x"], "b": {"c": null}})), r#"{"a": [1, "x"], "b": {"c": null}}"#);
+    fn arguments_come_in_the_layout_of_json_dumps_with_strings_untouched() {
+        let text =
+            "<tool_call>{\"name\":\"f\",\"arguments\":{ \"a\" :[1,\"x ,: y\"],\n \"b\":{\"c\":null}}}</tool_call>";
+        for size in [1, 5, 1000] {
+            let message = read_in_pieces(CallStream::hermes(), text, size);
+            assert_eq!(calls(&message), vec![("f", r#"{"a": [1, "x ,: y"], "b": {"c": null}}"#)], "pieces of {size}");
+        }
+    }
+
+    /// The deltas `pieces` yield, one list per piece.
+    fn deltas(mut stream: CallStream, pieces: &[&str]) -> Vec<Vec<MessageDelta>> {
+        pieces.iter().map(|p| stream.push(p).into_iter().map(without_id).collect()).collect()
+    }
+
+    fn without_id(delta: MessageDelta) -> MessageDelta {
+        match delta {
+            MessageDelta::CallStart { index, name, .. } => MessageDelta::CallStart { index, id: String::new(), name },
+            other => other,
+        }
+    }
+
+    fn start(index: usize, name: &str) -> MessageDelta {
+        MessageDelta::CallStart { index, id: String::new(), name: name.into() }
+    }
+
+    fn arguments(index: usize, text: &str) -> MessageDelta {
+        MessageDelta::Arguments { index, text: text.into() }
+    }
+
+    #[test]
+    fn hermes_streams_a_calls_name_then_its_arguments_as_they_are_written() {
+        let pieces = [
+            "Sure.<tool_call>\n{\"name\": \"get_",
+            "weather\", \"arguments\": {\"city\": \"Os",
+            "lo\"}}\n</tool_call>\n<tool_call>{\"arguments\": {\"zone\": 1}, ",
+            "\"name\": \"get_time\"}</tool_call>",
+        ];
+        assert_eq!(
+            deltas(CallStream::hermes(), &pieces),
+            vec![
+                vec![MessageDelta::Content("Sure.".into())],
+                vec![start(0, "get_weather"), arguments(0, r#"{"city": "Os"#)],
+                vec![arguments(0, r#"lo"}"#)],
+                vec![start(1, "get_time"), arguments(1, r#"{"zone": 1}"#)],
+            ]
+        );
+    }
+
+    #[test]
+    fn llama_and_mistral_calls_stream_as_they_are_written() {
+        let llama = deltas(
+            CallStream::llama_json(),
+            &["<|python_tag|>{\"name\": \"f\", \"parameters\": {\"q\": \"a", "b\"}}; {\"name\": \"g\"}"],
+        );
+        assert_eq!(
+            llama,
+            vec![
+                vec![start(0, "f"), arguments(0, r#"{"q": "a"#)],
+                vec![arguments(0, r#"b"}"#), start(1, "g"), arguments(1, "{}")]
+            ]
+        );
+        let mistral = deltas(
+            CallStream::mistral(),
+            &["[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"n\": 1", "2}}, {\"name\": \"g\", \"arguments\": {}}]"],
+        );
+        assert_eq!(
+            mistral,
+            vec![
+                vec![start(0, "f"), arguments(0, r#"{"n": 1"#)],
+                vec![arguments(0, "2}"), start(1, "g"), arguments(1, "{}")]
+            ]
+        );
     }
 }
