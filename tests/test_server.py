@@ -225,6 +225,33 @@ def test_echo_returns_the_prompt_and_with_logprobs_scores_its_tokens(server: Ser
     assert plain["text"] == choice["text"] and plain["logprobs"] is None
 
 
+def test_streamed_echo_sends_each_choices_prompt_first_and_adds_up_to_the_whole_response(server: Server) -> None:
+    prompts = [TEXT_PROMPT, "The capital of France is"]
+    body = {"model": MODEL, "prompt": prompts, "max_tokens": 5, "temperature": 0.8, "seed": 3, "n": 2}
+    body |= {"echo": True, "logprobs": 2}
+    status, _, raw = server.request("POST", COMPLETIONS, body)
+    assert status == 200, raw
+    whole = sorted(json.loads(raw)["choices"], key=lambda c: c["index"])
+    events = sse_events(server, COMPLETIONS, {**body, "stream": True})
+    assert events[-1] == "[DONE]"
+    texts = ["" for _ in whole]
+    logprobs: list[dict[str, list[Any]]] = [{"tokens": [], "token_logprobs": [], "text_offset": []} for _ in whole]
+    for event in events[:-1]:
+        (choice,) = json.loads(event)["choices"]
+        i = choice["index"]
+        if not texts[i] and choice["text"]:
+            assert choice["text"].startswith(prompts[i // 2]), "a choice's first text opens with its prompt"
+        texts[i] += choice["text"]
+        for key, values in logprobs[i].items():
+            values += (choice["logprobs"] or {}).get(key, [])
+    assert texts == [c["text"] for c in whole]
+    for streamed, c in zip(logprobs, whole, strict=True):
+        assert streamed["tokens"] == c["logprobs"]["tokens"], "the prompt's tokens, then the completion's"
+        assert streamed["text_offset"] == c["logprobs"]["text_offset"]
+        assert streamed["token_logprobs"][0] is None, "nothing predicts a prompt's first token"
+        assert streamed["token_logprobs"][1:] == pytest.approx(c["logprobs"]["token_logprobs"][1:], abs=1e-4)
+
+
 def test_n_choices_are_the_offline_apis_choices_with_usage_summed_over_them(
     client: openai.OpenAI, ngram_llm: LLM
 ) -> None:
@@ -671,7 +698,6 @@ BAD_REQUESTS = [
     ("completion-max-tokens-0", COMPLETIONS, cmpl(max_tokens=0), 400, "max_tokens", None),
     ("completion-empty-prompt", COMPLETIONS, cmpl(prompt=[]), 400, "prompt", None),
     ("completion-logprobs-50", COMPLETIONS, cmpl(logprobs=50), 400, "logprobs", None),
-    ("completion-echo-stream", COMPLETIONS, cmpl(echo=True, stream=True), 400, "echo", None),
     ("prompt-logprobs-stream", CHAT, chat(prompt_logprobs=1, stream=True), 400, "prompt_logprobs", None),
     ("prompt-logprobs-50", COMPLETIONS, cmpl(prompt_logprobs=50), 400, "prompt_logprobs", None),
     (

@@ -889,9 +889,6 @@ async fn completions(
     let req: CompletionRequest = parse_body(body)?;
     check_model(&state, &req.model)?;
     let echo = req.echo.unwrap_or(false);
-    if echo && req.sampling.stream.unwrap_or(false) {
-        return Err(ApiError::bad_request("echo is served without stream; send stream=false", Some("echo")));
-    }
     if req.suffix.is_some() {
         return Err(ApiError::bad_request("suffix is not supported", Some("suffix")));
     }
@@ -928,7 +925,8 @@ async fn completions(
     let logprobs = req.logprobs.is_some();
     if req.sampling.stream.unwrap_or(false) {
         let usage = StreamUsage::of(req.sampling.stream_options.as_ref());
-        return Ok(Sse::new(completion_stream(state.clone(), streams, id, created, model, n, usage, logprobs, guards))
+        let echo = StreamEcho::new(echoed, n, logprobs);
+        return Ok(Sse::new(completion_stream(state.clone(), streams, id, created, model, n, usage, echo, guards))
             .keep_alive(KeepAlive::default())
             .into_response());
     }
@@ -1014,7 +1012,7 @@ fn completion_stream(
     model: String,
     n: usize,
     usage: StreamUsage,
-    logprobs: bool,
+    mut echo: StreamEcho,
     guards: Vec<InFlight>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let num_prompts = streams.len();
@@ -1036,52 +1034,117 @@ fn completion_stream(
     let mut prompt_tokens_seen: Vec<Option<usize>> = vec![None; num_prompts];
     let mut generated = 0;
     let _guards = guards;
+    let logprobs = echo.logprobs;
     indexed
         .map(move |(prompt_index, o)| {
             let _ = &_guards;
-            let index = prompt_index * n + o.index;
-            prompt_tokens_seen[prompt_index] = Some(o.num_prompt_tokens);
-            generated += o.token_ids.len();
-            let so_far = running_usage(prompt_tokens_seen.iter().flatten().sum(), generated);
-            let chunk = |index, text, finish, lps| {
-                let mut c = chunk(index, text, finish, lps);
-                if usage.every_chunk {
-                    c["usage"] = so_far.clone();
-                }
-                c
-            };
             let mut events = Vec::new();
-            let lps = if logprobs && !o.logprobs.is_empty() {
-                completion_logprobs(&state, own_logprobs(&o.logprobs), offsets[index])
-            } else {
-                Value::Null
-            };
-            offsets[index] += o.text.len();
-            if !o.text.is_empty() || !lps.is_null() {
-                events.push(sse_json(&chunk(index, o.text.clone(), None, lps)));
-            }
-            if let Some(reason) = o.finish_reason {
-                events.push(sse_json(&chunk(index, String::new(), Some(reason), Value::Null)));
-                if let Some(m) = &o.metrics {
-                    totals.add_choice(o.index, m.num_generated_tokens, m);
-                }
-            }
-            if o.is_finished() {
-                remaining -= 1;
-                totals.prompt_tokens += o.num_prompt_tokens;
-                if remaining == 0 {
-                    if usage.final_chunk {
-                        events.push(sse_json(
-                            &json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                            "choices": [], "usage": totals.usage()}),
-                        ));
+            for o in echo.ready(prompt_index, o) {
+                let index = prompt_index * n + o.index;
+                prompt_tokens_seen[prompt_index] = Some(o.num_prompt_tokens);
+                generated += o.token_ids.len();
+                let so_far = running_usage(prompt_tokens_seen.iter().flatten().sum(), generated);
+                let chunk = |index, text, finish, lps| {
+                    let mut c = chunk(index, text, finish, lps);
+                    if usage.every_chunk {
+                        c["usage"] = so_far.clone();
                     }
-                    events.push(sse_done());
+                    c
+                };
+                let (prompt_text, prompt_scores) = echo.prefix(prompt_index, index);
+                let lps = if logprobs && (!o.logprobs.is_empty() || !prompt_scores.is_empty()) {
+                    let prompt_entries = prompt_scores.iter().map(|(t, l)| (*t, l.as_ref()));
+                    completion_logprobs(&state, prompt_entries.chain(own_logprobs(&o.logprobs)), offsets[index])
+                } else {
+                    Value::Null
+                };
+                let text = format!("{prompt_text}{}", o.text);
+                offsets[index] += text.len();
+                if !text.is_empty() || !lps.is_null() {
+                    events.push(sse_json(&chunk(index, text, None, lps)));
+                }
+                if let Some(reason) = o.finish_reason {
+                    events.push(sse_json(&chunk(index, String::new(), Some(reason), Value::Null)));
+                    if let Some(m) = &o.metrics {
+                        totals.add_choice(o.index, m.num_generated_tokens, m);
+                    }
+                }
+                if o.is_finished() {
+                    remaining -= 1;
+                    totals.prompt_tokens += o.num_prompt_tokens;
+                    if remaining == 0 {
+                        if usage.final_chunk {
+                            events.push(sse_json(
+                                &json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                                "choices": [], "usage": totals.usage()}),
+                            ));
+                        }
+                        events.push(sse_done());
+                    }
                 }
             }
             stream::iter(events.into_iter().map(Ok))
         })
         .flatten()
+}
+
+/// A prompt's tokens with their logprobs (none for the first, which nothing predicts).
+type ScoredPrompt = Vec<(u32, Option<TokenLogprob>)>;
+
+/// `echo` in a stream, as vLLM sends it: each choice's first chunk starts with its prompt and,
+/// with logprobs, the prompt's tokens scored. Only choice 0 scores a prompt (its choices share
+/// it), so another choice's outputs wait until choice 0's first output has brought the scores.
+struct StreamEcho {
+    /// Per prompt: the text echoed (none without `echo`).
+    prompts: Vec<Option<String>>,
+    logprobs: bool,
+    /// Per prompt: its tokens and their logprobs, once choice 0 has brought them.
+    scores: Vec<Option<ScoredPrompt>>,
+    /// Per choice: its prompt is sent.
+    echoed: Vec<bool>,
+    /// Per prompt: outputs of other choices that came before the scores.
+    waiting: Vec<Vec<RequestOutput>>,
+}
+
+impl StreamEcho {
+    fn new(prompts: Vec<Option<String>>, n: usize, logprobs: bool) -> Self {
+        let p = prompts.len();
+        Self { prompts, logprobs, scores: vec![None; p], echoed: vec![false; p * n], waiting: vec![Vec::new(); p] }
+    }
+
+    /// The outputs to send, in order, now that prompt `prompt`'s output `o` came.
+    fn ready(&mut self, prompt: usize, o: RequestOutput) -> Vec<RequestOutput> {
+        if self.prompts[prompt].is_none() || !self.logprobs {
+            return vec![o];
+        }
+        if o.index == 0 && self.scores[prompt].is_none() {
+            let scored = o.prompt_logprobs.iter().cloned().chain(std::iter::repeat(None));
+            self.scores[prompt] = Some(o.prompt_token_ids.iter().copied().zip(scored).collect());
+            let mut ready = vec![o];
+            ready.append(&mut self.waiting[prompt]);
+            return ready;
+        }
+        if self.scores[prompt].is_none() {
+            self.waiting[prompt].push(o);
+            // The request's last output: nothing more will come (choice 0 failed before its
+            // first), so the waiting choices go out with their prompts unscored.
+            if self.waiting[prompt].last().is_some_and(RequestOutput::is_finished) {
+                return std::mem::take(&mut self.waiting[prompt]);
+            }
+            return Vec::new();
+        }
+        vec![o]
+    }
+
+    /// What goes before choice `choice`'s next text: its prompt and the prompt's scored tokens
+    /// the first time, nothing after.
+    fn prefix(&mut self, prompt: usize, choice: usize) -> (&str, &[(u32, Option<TokenLogprob>)]) {
+        let Some(text) = &self.prompts[prompt] else { return ("", &[]) };
+        if std::mem::replace(&mut self.echoed[choice], true) {
+            return ("", &[]);
+        }
+        (text, self.scores[prompt].as_deref().unwrap_or_default())
+    }
 }
 
 /// Serves until SIGINT/SIGTERM, then stops accepting, gives in-flight requests `grace` to
