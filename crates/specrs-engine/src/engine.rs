@@ -424,7 +424,8 @@ impl Engine {
     fn guide_cache(&mut self) -> &mut GuideCache {
         let tokenizer = &self.tokenizer;
         self.guides.get_or_insert_with(|| {
-            let vocabulary = TokenVocabulary::new(tokenizer.token_bytes(), tokenizer.eos_token_ids().to_vec());
+            let vocabulary = TokenVocabulary::new(tokenizer.token_bytes(), tokenizer.eos_token_ids().to_vec())
+                .with_thinking_tokens(tokenizer.thinking_token_ids());
             GuideCache::new(Arc::new(vocabulary), GUIDE_CACHE_CAPACITY)
         })
     }

@@ -2,11 +2,15 @@
 //! output follows its JSON schema, is a JSON object, matches its regex or is one of its
 //! choices; greedy speculation with the shipped EAGLE-3 head returns exactly the guided plain
 //! text, with drafts that keep to the grammar; sampled guided outputs stay valid; bad
-//! constraints are request errors.
+//! constraints are request errors. On a tiny target whose vocabulary has `<think>`/`</think>`,
+//! a guide after reasoning lets the model think first, with and without speculation.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use specrs_core::SpeculativeConfig;
+use specrs_core::config::SpeculativeMethod;
 use specrs_core::sampling::SamplingParams;
 use specrs_core::structured::{GuideCursor, GuideState, StructuredOutputs, TokenVocabulary};
 use specrs_engine::chat_template::ChatMessage;
@@ -15,6 +19,8 @@ use specrs_engine::{
     build_engine,
 };
 use specrs_models::ModelDType;
+use specrs_models::config::Architecture;
+use specrs_models::testing::{self, TinyShape};
 
 fn engine(with_default_draft: bool) -> EngineHandle {
     let mut cfg = PipelineConfig::new("smollm2-135m-instruct");
@@ -133,7 +139,7 @@ fn the_heads_drafts_keep_to_the_grammar_greedy_or_sampled() {
         let mut drafted = 0;
         for step in &out.trace {
             let output = &out.token_ids[..step.position - out.num_prompt_tokens];
-            let mut state = GuideCursor::after(&guide, output).state();
+            let mut state = GuideCursor::after(&guide, &[], output).state();
             for &token in &step.drafted {
                 state = guide.advance(state, token);
                 assert_ne!(state, GuideState::Dead, "draft {token} after {:?}", tok.decode(output, false));
@@ -230,4 +236,99 @@ fn forced_text_is_drafted_whole_and_accepted_without_a_drafter_forward() {
     assert!(out.trace.iter().all(|s| s.num_accepted == s.drafted.len()), "{:?}", out.trace);
     let last = out.trace.last().expect("a verify step").drafted.last().copied();
     assert!(last.is_some_and(|t| tokenizer.eos_token_ids().contains(&t)), "the end is drafted: {:?}", out.trace);
+}
+
+const TINY: TinyShape =
+    TinyShape { vocab: 48, hidden: 64, layers: 4, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 64 };
+/// In the bigram target's vocabulary: its greedy successor of token `x` is `x - 1`.
+const THINK_OPEN: u32 = 19;
+const THINK_CLOSE: u32 = 15;
+
+/// A word-level tokenizer over `t0 .. t46` and `</s>`, with `<think>` and `</think>` in place
+/// of two of the words.
+fn write_thinking_tokenizer(dir: &Path) {
+    let mut words = serde_json::Map::new();
+    for i in 0..TINY.vocab - 1 {
+        let word = match i as u32 {
+            THINK_OPEN => "<think>".to_string(),
+            THINK_CLOSE => "</think>".to_string(),
+            _ => format!("t{i}"),
+        };
+        words.insert(word, json!(i));
+    }
+    words.insert("</s>".into(), json!(TINY.vocab - 1));
+    let tokenizer = json!({
+        "version": "1.0",
+        "added_tokens": [{"id": TINY.vocab - 1, "content": "</s>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": false},
+        "model": {"type": "WordLevel", "vocab": words, "unk_token": "t0"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+}
+
+fn thinking_engine(target: &Path, draft: Option<&Path>) -> EngineHandle {
+    let mut cfg = PipelineConfig::new(target.to_str().unwrap());
+    cfg.dtype = ModelDType::F32;
+    cfg.draft_model = draft.map(|d| d.to_str().unwrap().to_string());
+    cfg.speculative = SpeculativeConfig {
+        speculative_method: draft.map(|_| SpeculativeMethod::Eagle),
+        num_speculative_tokens: draft.map(|_| 3),
+        ..SpeculativeConfig::default()
+    };
+    let (engine, info) = build_engine(&cfg).unwrap();
+    EngineHandle::spawn(engine, Some(info))
+}
+
+#[test]
+fn a_guide_after_reasoning_lets_the_model_think_first_with_or_without_speculation() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("bigram");
+    let config = testing::target_config(Architecture::Llama, &TINY, false);
+    testing::write_checkpoint(&target, &config, &testing::bigram_target(Architecture::Llama, &TINY).unwrap()).unwrap();
+    write_thinking_tokenizer(&target);
+    let head = dir.path().join("eagle3");
+    let (c, t) = testing::eagle3_oracle(&TINY, [2, 2, 3]).unwrap();
+    testing::write_checkpoint(&head, &c, &t).unwrap();
+
+    // The answer must be `t3`; the model, left alone, counts down from its last token.
+    let answer = |after_reasoning| StructuredOutputs {
+        regex: Some("t3".into()),
+        after_reasoning,
+        ..StructuredOutputs::default()
+    };
+    let request = |prompt: Vec<u32>, after_reasoning| {
+        let params = SamplingParams { structured_outputs: Some(answer(after_reasoning)), ..greedy(16) };
+        GenerationRequest::new(Prompt::Tokens(prompt), params)
+    };
+    let requests = || {
+        vec![
+            // The prompt opened the reasoning: the model thinks 18, 17, 16 until `</think>`.
+            request(vec![30, THINK_OPEN], true),
+            // Nothing open: the model's own next token is `<think>`, which the guide allows.
+            request(vec![30, THINK_OPEN + 1], true),
+            // The prompt closed the reasoning: the answer comes at once.
+            request(vec![THINK_OPEN, 17, THINK_CLOSE], true),
+            // A guide without the flag holds from the first token.
+            request(vec![30, THINK_OPEN], false),
+        ]
+    };
+    let thought = vec![18, 17, 16, THINK_CLOSE, 3];
+    let want = [thought.clone(), [vec![THINK_OPEN], thought].concat(), vec![3], vec![3]];
+
+    let plain = thinking_engine(&target, None);
+    let plain_out = plain.generate(requests()).unwrap();
+    for (out, want) in plain_out.iter().zip(&want) {
+        assert_eq!(out.token_ids[..want.len()], want[..], "{:?}", out.text);
+        assert_eq!(out.finish_reason, FinishReason::Stop, "the grammar is complete after `t3`");
+    }
+    let spec = thinking_engine(&target, Some(&head));
+    let spec_out = spec.generate(requests()).unwrap();
+    let mut accepted = 0;
+    for (a, b) in plain_out.iter().zip(&spec_out) {
+        assert_eq!(a.token_ids, b.token_ids, "speculation through the thinking is lossless");
+        accepted += b.metrics.num_accepted_tokens;
+    }
+    assert!(accepted >= 3, "the oracle's drafts are accepted while the model thinks: {accepted}");
 }

@@ -24,11 +24,13 @@ impl ReasoningParser {
     }
 
     /// Whether an output under a constraint (a tool choice, a structured output) is split too.
-    /// The constraint holds from the first token, so such an output thinks only where the
-    /// constraint itself writes a `<think>` block: Qwen3's rule finds exactly that, while
-    /// DeepSeek-R1's would take the whole constrained answer for unfinished thought.
-    pub fn splits_constrained_output(self) -> bool {
-        self == Self::Qwen3
+    /// Where the vocabulary has the reasoning markers (`thinks_first`), the constraint waits
+    /// for `</think>` and the output splits as any other. Without them the constraint holds
+    /// from the first token, so such an output thinks only where the constraint itself writes
+    /// a `<think>` block: Qwen3's rule finds exactly that, while DeepSeek-R1's would take the
+    /// whole constrained answer for unfinished thought.
+    pub fn splits_constrained_output(self, thinks_first: bool) -> bool {
+        thinks_first || self == Self::Qwen3
     }
 }
 

@@ -329,7 +329,10 @@ fn sampling_params(
         bad_words: f.bad_words.clone().unwrap_or_default(),
         // Tokenized by the engine at admission.
         bad_word_ids: Vec::new(),
-        structured_outputs: constraint.as_ref().map(|(c, _)| c.clone()),
+        // Where a reasoning parser runs, the model thinks before the constraint holds.
+        structured_outputs: constraint
+            .as_ref()
+            .map(|(c, _)| StructuredOutputs { after_reasoning: state.reasoning_parser.is_some(), ..c.clone() }),
         // Compiled by the engine at admission.
         guide: None,
     };
@@ -672,7 +675,8 @@ async fn chat_completions(
     let n = params.n;
     check_template_fields(&req)?;
     let constrained = params.structured_outputs.is_some();
-    let reasoning = state.reasoning_parser.filter(|p| !constrained || p.splits_constrained_output());
+    let thinks_first = state.handle.tokenizer().thinking_token_ids().is_some();
+    let reasoning = state.reasoning_parser.filter(|p| !constrained || p.splits_constrained_output(thinks_first));
     let include_reasoning = req.include_reasoning.unwrap_or(true);
     let reader = || {
         let calls = tools.as_ref().map_or_else(CallStream::text, ToolRequest::call_stream);

@@ -62,7 +62,8 @@ impl PenaltyContext {
         if !params.bad_word_ids.is_empty() {
             ctx.tail = OutputTail::new(output, &params.bad_word_ids);
         }
-        ctx.guide = params.guide.as_ref().map(|guide| GuideCursor::after(guide, output));
+        let prompt = &history[..prompt_len.min(history.len())];
+        ctx.guide = params.guide.as_ref().map(|guide| GuideCursor::after(guide, prompt, output));
         ctx
     }
 

@@ -1,5 +1,7 @@
 //! A compiled guide: a byte automaton over a vocabulary, the tokens it allows from each
-//! state (cached), and a cursor that follows one output.
+//! state (cached), and a cursor that follows one output. A guide may let a reasoning model
+//! think first: the automaton starts once `</think>` has closed the thinking (vLLM applies
+//! structured outputs after the reasoning parser's end the same way).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +30,13 @@ pub enum GuideState {
     Json(JsonState),
     /// The output left the grammar (only reachable by tokens the guide never allowed).
     Dead,
+    /// Inside the model's reasoning: any token, until `</think>`.
+    Thinking,
+    /// The output's start, for a model that may think first: `<think>` or the grammar's
+    /// first token.
+    MayThink,
+    /// Just after `</think>`: whitespace, or the grammar's first token.
+    ReasoningDone,
 }
 
 impl Grammar {
@@ -60,21 +69,56 @@ impl Grammar {
 pub struct TokenGuide {
     grammar: Grammar,
     vocabulary: Arc<TokenVocabulary>,
+    /// `(<think>, </think>)` where the grammar holds only after the model's reasoning.
+    reasoning: Option<(u32, u32)>,
     allowed: Mutex<HashMap<GuideState, Arc<TokenSet>>>,
 }
 
 impl TokenGuide {
     pub fn new(grammar: Grammar, vocabulary: Arc<TokenVocabulary>) -> Self {
-        Self { grammar, vocabulary, allowed: Mutex::new(HashMap::new()) }
+        Self { grammar, vocabulary, reasoning: None, allowed: Mutex::new(HashMap::new()) }
     }
 
+    /// The same guide holding off while the model thinks, where the vocabulary has the
+    /// reasoning markers (without them there is no telling thought from answer, and the
+    /// grammar holds from the first token).
+    pub fn after_reasoning(mut self) -> Self {
+        self.reasoning = self.vocabulary.thinking_token_ids();
+        self
+    }
+
+    /// The grammar's start.
     pub fn start(&self) -> GuideState {
         self.grammar.start()
+    }
+
+    /// Where an output begins after `prompt`. A guide that lets the model think first starts
+    /// inside the reasoning where the prompt opened it (DeepSeek-R1's template ends with
+    /// `<think>`), at the grammar where the prompt closed it and wrote nothing since but
+    /// whitespace (Qwen3's `enable_thinking: false`), and otherwise where the model may open it.
+    pub fn start_after(&self, prompt: &[u32]) -> GuideState {
+        let Some((open, close)) = self.reasoning else { return self.start() };
+        let last_marker = prompt.iter().rposition(|&t| t == open || t == close);
+        match last_marker {
+            Some(at) if prompt[at] == open => GuideState::Thinking,
+            Some(at) if prompt[at + 1..].iter().all(|&t| self.vocabulary.is_whitespace(t)) => self.start(),
+            _ => GuideState::MayThink,
+        }
     }
 
     /// The state after `token`. End-of-sequence keeps a state that may end (the output is
     /// over); any token the state does not allow leads to [`GuideState::Dead`].
     pub fn advance(&self, state: GuideState, token: u32) -> GuideState {
+        if let Some((open, close)) = self.reasoning {
+            match state {
+                GuideState::Thinking if token == close => return GuideState::ReasoningDone,
+                GuideState::Thinking => return GuideState::Thinking,
+                GuideState::MayThink if token == open => return GuideState::Thinking,
+                GuideState::ReasoningDone if self.vocabulary.is_whitespace(token) => return state,
+                GuideState::MayThink | GuideState::ReasoningDone => return self.advance(self.start(), token),
+                _ => {}
+            }
+        }
         if self.vocabulary.eos_token_ids().contains(&token) {
             return if self.grammar.accepts(state) { state } else { GuideState::Dead };
         }
@@ -89,14 +133,27 @@ impl TokenGuide {
         self.vocabulary.eos_token_ids().contains(&token)
     }
 
-    /// Whether the output may end in `state`.
+    /// Whether the output may end in `state` (while thinking it may, as plain decoding would).
     pub fn accepts(&self, state: GuideState) -> bool {
-        self.grammar.accepts(state)
+        match state {
+            GuideState::Thinking => true,
+            GuideState::MayThink | GuideState::ReasoningDone => self.grammar.accepts(self.start()),
+            _ => self.grammar.accepts(state),
+        }
+    }
+
+    /// Whether `state` is in the reasoning a guide lets the model write first, or at its
+    /// edges, where the model chooses rather than the grammar.
+    fn around_reasoning(state: GuideState) -> bool {
+        matches!(state, GuideState::Thinking | GuideState::MayThink | GuideState::ReasoningDone)
     }
 
     /// End-of-sequence, where it is all `state` allows: the output is complete and no byte
     /// may follow it.
     pub fn forced_end(&self, state: GuideState) -> Option<u32> {
+        if Self::around_reasoning(state) {
+            return None;
+        }
         let complete = self.grammar.accepts(state) && (0..=255u8).all(|b| self.grammar.step(state, b).is_none());
         complete.then(|| self.vocabulary.eos_token_ids().first().copied()).flatten()
     }
@@ -106,6 +163,9 @@ impl TokenGuide {
     /// the only choice left). Empty where the output has a choice to make.
     pub fn forced_bytes(&self, mut state: GuideState, max: usize) -> Vec<u8> {
         let mut forced = Vec::new();
+        if Self::around_reasoning(state) {
+            return forced;
+        }
         while forced.len() < max && !self.grammar.accepts(state) {
             let mut next = (0..=255u8).filter_map(|b| self.grammar.step(state, b).map(|s| (b, s)));
             match (next.next(), next.next()) {
@@ -137,6 +197,21 @@ impl TokenGuide {
 
     /// [`Self::allowed`] computed afresh (a walk over the vocabulary's trie).
     pub fn allowed_uncached(&self, state: GuideState) -> TokenSet {
+        let vocab_size = self.vocabulary.vocab_size();
+        match (state, self.reasoning) {
+            (GuideState::Thinking, _) => return TokenSet::full(vocab_size),
+            (GuideState::MayThink, Some((open, _))) => {
+                let mut set = self.allowed_uncached(self.start());
+                set.insert(open);
+                return set;
+            }
+            (GuideState::ReasoningDone, _) => {
+                let mut set = self.allowed_uncached(self.start());
+                (0..vocab_size as u32).filter(|&t| self.vocabulary.is_whitespace(t)).for_each(|t| set.insert(t));
+                return set;
+            }
+            _ => {}
+        }
         let mut set = if state == GuideState::Dead {
             TokenSet::empty(self.vocabulary.vocab_size())
         } else {
@@ -181,9 +256,9 @@ pub struct GuideCursor {
 }
 
 impl GuideCursor {
-    /// The cursor after `output` (the tokens generated so far).
-    pub fn after(guide: &CompiledGuide, output: &[u32]) -> Self {
-        let state = output.iter().fold(guide.start(), |s, &t| guide.advance(s, t));
+    /// The cursor after `output` (the tokens generated so far for `prompt`).
+    pub fn after(guide: &CompiledGuide, prompt: &[u32], output: &[u32]) -> Self {
+        let state = output.iter().fold(guide.start_after(prompt), |s, &t| guide.advance(s, t));
         Self { guide: guide.clone(), state }
     }
 

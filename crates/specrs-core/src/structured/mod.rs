@@ -42,6 +42,11 @@ pub struct StructuredOutputs {
     pub json_object: Option<bool>,
     /// A context-free grammar (EBNF/Lark in vLLM): refused with a message saying so.
     pub grammar: Option<String>,
+    /// The constraint holds once the model's reasoning is over (`<think>` ... `</think>`), as
+    /// vLLM holds it where a reasoning parser runs; set by the server that runs one, never by
+    /// a request.
+    #[serde(skip)]
+    pub after_reasoning: bool,
 }
 
 impl StructuredOutputs {
@@ -123,7 +128,8 @@ impl StructuredOutputs {
                     .map_err(|e| ConfigError::field(FIELD, format!("structured_outputs: {e}")))?,
             )),
         };
-        Ok(CompiledGuide(Arc::new(TokenGuide::new(grammar, vocabulary.clone()))))
+        let guide = TokenGuide::new(grammar, vocabulary.clone());
+        Ok(CompiledGuide(Arc::new(if self.after_reasoning { guide.after_reasoning() } else { guide })))
     }
 }
 
@@ -152,7 +158,11 @@ impl GuideCache {
 
     /// The guide of `constraint`, compiled now or reused.
     pub fn get(&mut self, constraint: &StructuredOutputs) -> Result<CompiledGuide, ConfigError> {
-        let key = serde_json::to_string(constraint).expect("constraints serialise");
+        let key = format!(
+            "{}{}",
+            if constraint.after_reasoning { "after reasoning: " } else { "" },
+            serde_json::to_string(constraint).expect("constraints serialise")
+        );
         if let Some(at) = self.recent.iter().position(|(k, _)| *k == key) {
             let entry = self.recent.remove(at).expect("position is in range");
             let guide = entry.1.clone();
@@ -231,7 +241,7 @@ mod tests {
     #[test]
     fn a_cursor_follows_the_output_and_masks_the_next_logits() {
         let (g, texts) = guide(StructuredOutputs { regex: Some("a+b".into()), ..Default::default() });
-        let mut cursor = GuideCursor::after(&g, &[7, 7]);
+        let mut cursor = GuideCursor::after(&g, &[], &[7, 7]);
         let mut logits = vec![0.0f32; texts.len()];
         cursor.mask_logits(&mut logits);
         let kept: Vec<&str> = (0..texts.len()).filter(|&i| logits[i] == 0.0).map(|i| texts[i].as_str()).collect();
@@ -296,5 +306,49 @@ mod tests {
         cache.get(&c("c")).unwrap(); // evicts "b", the least recently used
         assert_eq!(cache.get(&c("a")).unwrap(), first);
         assert_eq!(cache.recent.iter().map(|(k, _)| k.contains("\"a\"")).filter(|&x| x).count(), 1);
+        let after_reasoning = StructuredOutputs { after_reasoning: true, ..c("a") };
+        assert_ne!(cache.get(&after_reasoning).unwrap(), first, "waiting for the reasoning is another guide");
+    }
+
+    #[test]
+    fn a_guide_after_reasoning_lets_the_model_think_then_holds_from_the_answer() {
+        let (_, mut texts) = vocabulary();
+        texts.extend(["<think>", "</think>", "\n\n", "hmm"].map(String::from));
+        let (open, close, blank, hmm) = (18, 19, 20, 21);
+        let bytes = texts.iter().enumerate().map(|(i, t)| (i > 0).then(|| t.as_bytes().to_vec())).collect();
+        let vocab = Arc::new(TokenVocabulary::new(bytes, vec![0]).with_thinking_tokens(Some((open, close))));
+        let yes_or_no = StructuredOutputs { choice: Some(vec!["yes".into(), "no".into()]), ..Default::default() };
+        let g = StructuredOutputs { after_reasoning: true, ..yes_or_no.clone() }.compile(&vocab).unwrap();
+
+        // The prompt opened the reasoning (DeepSeek-R1's template): anything, until `</think>`.
+        let thinking = g.start_after(&[7, open]);
+        assert_eq!(thinking, GuideState::Thinking);
+        assert_eq!(g.allowed(thinking).len(), texts.len());
+        assert!(g.forced_bytes(thinking, 8).is_empty() && g.forced_end(thinking).is_none());
+        assert_eq!(g.advance(thinking, 0), thinking, "ending while thinking is the model's call, as unguided");
+        let done = [hmm, 1, 7, close].iter().fold(thinking, |s, &t| g.advance(s, t));
+        assert_eq!(done, GuideState::ReasoningDone);
+        assert_eq!(allowed_texts(&g, done, &texts), [" ", "yes", "no", "\n\n"], "line breaks, then the grammar");
+        let answered = [blank, 11].iter().fold(done, |s, &t| g.advance(s, t));
+        assert_eq!(allowed_texts(&g, answered, &texts), ["<eos>"]);
+        assert_eq!(g.advance(done, 7), GuideState::Dead, "the answer keeps to the grammar");
+
+        // Nothing open (Qwen3 thinking on): the model may open its reasoning or answer at once.
+        let start = g.start_after(&[7]);
+        assert_eq!(start, GuideState::MayThink);
+        assert_eq!(allowed_texts(&g, start, &texts), ["yes", "no", "<think>"]);
+        assert!(g.forced_bytes(start, 8).is_empty());
+        assert_eq!(g.advance(start, open), GuideState::Thinking);
+        assert!(g.accepts(g.advance(start, 12)));
+        assert_eq!(g.start_after(&[open, hmm, close, 7]), GuideState::MayThink, "an earlier turn's reasoning");
+
+        // The prompt closed it (Qwen3's `enable_thinking: false`): the grammar from the first token.
+        assert_eq!(g.start_after(&[7, open, blank, close, blank]), g.start());
+
+        // Without the flag, or without markers in the vocabulary, the grammar holds from the start.
+        let plain = yes_or_no.compile(&vocab).unwrap();
+        assert_eq!(plain.start_after(&[open]), plain.start());
+        let unmarked = StructuredOutputs { after_reasoning: true, ..yes_or_no }.compile(&vocabulary().0).unwrap();
+        assert_eq!(unmarked.start_after(&[open]), unmarked.start());
     }
 }

@@ -25,6 +25,8 @@ pub struct TokenVocabulary {
     token_ids: Vec<u32>,
     /// Each token's bytes (`None`: never emitted by a guide), for advancing by a token.
     token_bytes: Vec<Option<Box<[u8]>>>,
+    /// The tokens that open and close a reasoning model's thinking (`<think>`, `</think>`).
+    thinking_token_ids: Option<(u32, u32)>,
 }
 
 impl TokenVocabulary {
@@ -64,7 +66,24 @@ impl TokenVocabulary {
             nodes[node].children = (first_child, nodes.len() as u32);
         }
         let vocab_size = token_bytes.len();
-        Self { vocab_size, eos_token_ids, nodes, token_ids, token_bytes }
+        Self { vocab_size, eos_token_ids, nodes, token_ids, token_bytes, thinking_token_ids: None }
+    }
+
+    /// The same vocabulary knowing its reasoning markers, so guides may hold off until the
+    /// model's thinking is over.
+    pub fn with_thinking_tokens(mut self, thinking_token_ids: Option<(u32, u32)>) -> Self {
+        self.thinking_token_ids = thinking_token_ids;
+        self
+    }
+
+    /// `(start, end)` of a reasoning model's thinking, when the vocabulary has them.
+    pub fn thinking_token_ids(&self) -> Option<(u32, u32)> {
+        self.thinking_token_ids
+    }
+
+    /// Whether `token` writes only whitespace (the line breaks models put after `</think>`).
+    pub fn is_whitespace(&self, token: u32) -> bool {
+        self.bytes_of(token).is_some_and(|b| b.iter().all(u8::is_ascii_whitespace))
     }
 
     /// What `token` appends to the output; `None` for special and unknown tokens.
@@ -115,6 +134,13 @@ pub struct TokenSet {
 impl TokenSet {
     pub fn empty(vocab_size: usize) -> Self {
         Self { words: vec![0; vocab_size.div_ceil(64)], len: 0 }
+    }
+
+    /// Every token of the vocabulary.
+    pub fn full(vocab_size: usize) -> Self {
+        let mut set = Self::empty(vocab_size);
+        (0..vocab_size as u32).for_each(|t| set.insert(t));
+        set
     }
 
     /// Adds `token`; ids past the vocabulary are ignored.

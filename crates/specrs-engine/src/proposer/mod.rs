@@ -67,8 +67,8 @@ pub struct ProposeRow<'a> {
 /// The guide state after the output part of `tokens` (those past `prompt_len`), when `params`
 /// has a guide.
 pub fn guide_state_after(tokens: &[u32], prompt_len: usize, params: &SamplingParams) -> Option<GuideState> {
-    let output = &tokens[prompt_len.min(tokens.len())..];
-    params.guide.as_ref().map(|guide| GuideCursor::after(guide, output).state())
+    let (prompt, output) = tokens.split_at(prompt_len.min(tokens.len()));
+    params.guide.as_ref().map(|guide| GuideCursor::after(guide, prompt, output).state())
 }
 
 impl ProposeRow<'_> {
