@@ -225,7 +225,7 @@ def test_echo_returns_the_prompt_and_with_logprobs_scores_its_tokens(server: Ser
     assert plain["text"] == choice["text"] and plain["logprobs"] is None
 
 
-def test_streamed_echo_sends_each_choices_prompt_first_and_adds_up_to_the_whole_response(server: Server) -> None:
+def test_streamed_echo_opens_each_choice_with_its_prompt_and_adds_up_to_the_whole(server: Server) -> None:
     prompts = [TEXT_PROMPT, "The capital of France is"]
     body = {"model": MODEL, "prompt": prompts, "max_tokens": 5, "temperature": 0.8, "seed": 3, "n": 2}
     body |= {"echo": True, "logprobs": 2}
@@ -235,7 +235,8 @@ def test_streamed_echo_sends_each_choices_prompt_first_and_adds_up_to_the_whole_
     events = sse_events(server, COMPLETIONS, {**body, "stream": True})
     assert events[-1] == "[DONE]"
     texts = ["" for _ in whole]
-    logprobs: list[dict[str, list[Any]]] = [{"tokens": [], "token_logprobs": [], "text_offset": []} for _ in whole]
+    keys = ("tokens", "token_logprobs", "text_offset")
+    logprobs: list[dict[str, list[Any]]] = [{key: [] for key in keys} for _ in whole]
     for event in events[:-1]:
         (choice,) = json.loads(event)["choices"]
         i = choice["index"]
