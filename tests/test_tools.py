@@ -252,7 +252,7 @@ def test_auto_reads_hermes_calls_the_model_writes_and_leaves_plain_answers_alone
     content, calls, finish = stream_message(client, **fields)
     assert (content, finish) == ("", "tool_calls")
     assert [(c["name"], c["arguments"]) for c in calls] == [(call.function.name, call.function.arguments)]
-    assert calls[0]["pieces"] > 1, "the arguments stream as the model writes them, not whole at the block's end"
+    assert calls[0]["pieces"] > 1, "the arguments stream as written, not whole once the block ends"
 
     # A plain answer (tool_choice "auto" explicitly) stays content, whole or streamed.
     plain: dict[str, Any] = {"messages": ASK, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 12}
@@ -280,6 +280,27 @@ def test_auto_reads_llama3_json_calls_after_the_python_tag(
         ("get_time", '{"timezone": "UTC"}'),
         ("get_weather", '{"city": "Rome", "unit": "celsius"}'),
     ]
+
+
+def test_auto_reads_pythonic_call_lists_whole_or_streamed(
+    serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
+) -> None:
+    pythonic = tool_server(serve, template_file, "pythonic")
+    written = r'\[get_weather\(city="(Rome|Oslo)", unit=\'celsius\'\), get_time\(timezone="UTC"\)\]'
+    status, body = post(pythonic, tools=TOOLS, temperature=0, max_tokens=64, guided_regex=written)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    whole = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]]
+    calls = [(name, json.loads(arguments)) for name, arguments in whole]
+    assert calls[0][0] == "get_weather" and calls[0][1]["unit"] == "celsius", "Python literals read as JSON"
+    assert calls[1] == ("get_time", {"timezone": "UTC"})
+    client: openai.OpenAI = openai_client(pythonic)
+    content, streamed, finish = stream_message(
+        client, messages=ASK, tools=TOOLS, temperature=0, max_tokens=64, extra_body={"guided_regex": written}
+    )
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in streamed] == whole
 
 
 def test_auto_reads_mistral_calls_and_every_call_id_is_nine_letters_and_digits(

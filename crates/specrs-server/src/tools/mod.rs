@@ -27,16 +27,20 @@ pub enum ToolCallParser {
     /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral 7B v0.3, Nemo, Small);
     /// call ids of nine letters and digits, as Mistral's templates require.
     Mistral,
+    /// `[get_weather(city="Paris"), get_time()]`, arguments as Python literals (Llama 3.2 / 4,
+    /// whose `<|python_start|>`/`<|python_end|>` around the list are skipped).
+    Pythonic,
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 3] = ["hermes", "llama3_json", "mistral"];
+    pub const NAMES: [&str; 4] = ["hermes", "llama3_json", "mistral", "pythonic"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "hermes" => Ok(Self::Hermes),
             "llama3_json" => Ok(Self::Llama3Json),
             "mistral" => Ok(Self::Mistral),
+            "pythonic" => Ok(Self::Pythonic),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -203,6 +207,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Hermes) => CallStream::hermes(),
             ToolChoice::Auto(ToolCallParser::Llama3Json) => CallStream::llama_json(),
             ToolChoice::Auto(ToolCallParser::Mistral) => CallStream::mistral(),
+            ToolChoice::Auto(ToolCallParser::Pythonic) => CallStream::pythonic(),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };
