@@ -247,25 +247,12 @@ const THINK_CLOSE: u32 = 15;
 /// A word-level tokenizer over `t0 .. t46` and `</s>`, with `<think>` and `</think>` in place
 /// of two of the words.
 fn write_thinking_tokenizer(dir: &Path) {
-    let mut words = serde_json::Map::new();
-    for i in 0..TINY.vocab - 1 {
-        let word = match i as u32 {
-            THINK_OPEN => "<think>".to_string(),
-            THINK_CLOSE => "</think>".to_string(),
-            _ => format!("t{i}"),
-        };
-        words.insert(word, json!(i));
-    }
-    words.insert("</s>".into(), json!(TINY.vocab - 1));
-    let tokenizer = json!({
-        "version": "1.0",
-        "added_tokens": [{"id": TINY.vocab - 1, "content": "</s>", "single_word": false, "lstrip": false,
-                          "rstrip": false, "normalized": false, "special": true}],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
-        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": false},
-        "model": {"type": "WordLevel", "vocab": words, "unk_token": "t0"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let word = |i: u32| match i {
+        THINK_OPEN => "<think>".to_string(),
+        THINK_CLOSE => "</think>".to_string(),
+        _ => format!("t{i}"),
+    };
+    testing::write_word_tokenizer(dir, (0..TINY.vocab as u32 - 1).map(word)).unwrap();
 }
 
 fn thinking_engine(target: &Path, draft: Option<&Path>) -> EngineHandle {

@@ -165,20 +165,27 @@ pub fn write_checkpoint(dir: &Path, config: &Value, tensors: &HashMap<String, Te
 
 /// A word-level tokenizer over `t0 .. t{vocab-1}`, the last token being `</s>` (EOS).
 pub fn write_tokenizer(dir: &Path, vocab: usize) -> Result<()> {
-    let mut words = serde_json::Map::new();
-    for i in 0..vocab - 1 {
-        words.insert(format!("t{i}"), json!(i));
+    write_word_tokenizer(dir, (0..vocab - 1).map(|i| format!("t{i}")))
+}
+
+/// A word-level tokenizer whose token `i` is `words[i]`, then `</s>` (EOS) as the last id.
+pub fn write_word_tokenizer(dir: &Path, words: impl IntoIterator<Item = String>) -> Result<()> {
+    let words: Vec<String> = words.into_iter().collect();
+    let mut ids = serde_json::Map::new();
+    for (i, word) in words.iter().enumerate() {
+        ids.insert(word.clone(), json!(i));
     }
-    words.insert("</s>".into(), json!(vocab - 1));
+    let eos = words.len();
+    ids.insert("</s>".into(), json!(eos));
     let tok = json!({
         "version": "1.0",
-        "added_tokens": [{"id": vocab - 1, "content": "</s>", "single_word": false, "lstrip": false,
+        "added_tokens": [{"id": eos, "content": "</s>", "single_word": false, "lstrip": false,
                           "rstrip": false, "normalized": false, "special": true}],
         "normalizer": null,
         "pre_tokenizer": {"type": "Whitespace"},
         "post_processor": null,
         "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": false},
-        "model": {"type": "WordLevel", "vocab": words, "unk_token": "t0"}
+        "model": {"type": "WordLevel", "vocab": ids, "unk_token": words.first().map_or("</s>", String::as_str)}
     });
     std::fs::write(dir.join("tokenizer.json"), serde_json::to_string(&tok).expect("json"))?;
     std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "</s>"}"#)?;
