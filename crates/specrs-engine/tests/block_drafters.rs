@@ -8,6 +8,7 @@
 //!   overwritten rejections, rows packed into one forward);
 //! - losslessness: random drafters never change the greedy output, alone or batched, with rows
 //!   finishing mid-block, at the trained width, narrower and wider;
+//! - structured outputs: a guided row's block keeps to its grammar, greedy or sampled;
 //! - width rules, zero-draft skipping, speculator selection and config errors;
 //! - every KV block returns to the pool.
 
@@ -21,6 +22,7 @@ use serde_json::{Value, json};
 use specrs_core::SpeculativeConfig;
 use specrs_core::config::{DraftProposal, SpeculativeMethod};
 use specrs_core::sampling::SamplingParams;
+use specrs_core::structured::StructuredOutputs;
 use specrs_core::width::VerifyWidthRange;
 use specrs_engine::proposer::block::{BlockProposer, checkpoint_draft_width, draft_skip_schedule};
 use specrs_engine::{
@@ -402,6 +404,52 @@ fn sampled_block_proposals_run_and_return_their_kv() {
         let out = h.generate(prompts().into_iter().map(|p| request(p, 12, 0.9)).collect()).unwrap();
         assert!(out.iter().all(|o| o.token_ids.len() == 12), "{method} {draft:?}");
         assert!(out.iter().map(|o| o.metrics.num_draft_tokens).sum::<u64>() > 0);
+        let (free, total) = h.kv_blocks().unwrap();
+        assert_eq!(free, total);
+    }
+}
+
+#[test]
+fn a_guided_rows_blocks_keep_to_its_grammar_greedy_or_sampled() {
+    let f = fixture();
+    // Words of one width, so no token's text is another's prefix: `w00` .. `w46`.
+    testing::write_word_tokenizer(&f.llama, (0..SHAPE.vocab - 1).map(|i| format!("w{i:02}"))).unwrap();
+    // The target counts down (w11, w10, ...); the grammar lets it to w07 (or w30), then
+    // jumps to w29 where the target wants w06, and ends after w26.
+    let grammar = StructuredOutputs { regex: Some("w10w09w08(w07|w30)w29w28w27w26".into()), ..Default::default() };
+    let eos = SHAPE.vocab as u32 - 1;
+    let paths = [[10, 9, 8, 7, 29, 28, 27, 26, eos], [10, 9, 8, 30, 29, 28, 27, 26, eos]];
+    let guided = |temperature: f32| {
+        let params = SamplingParams {
+            temperature,
+            seed: Some(5),
+            max_tokens: Some(16),
+            structured_outputs: Some(grammar.clone()),
+            ..SamplingParams::default()
+        };
+        GenerationRequest { trace: true, ..GenerationRequest::new(Prompt::Tokens(vec![11]), params) }
+    };
+    let keeps_to_a_path = |tokens: &[u32]| paths.iter().any(|p| p.starts_with(tokens));
+    let plain = engine(&f.llama, None, spec(None, None)).generate(vec![guided(0.0)]).unwrap().remove(0);
+    assert_eq!(plain.token_ids, paths[0], "the grammar's path nearest the target's");
+    for (method, draft, _) in oracles(&f) {
+        let h = engine(&f.llama, Some(&draft), spec(Some(method), None));
+        let greedy = h.generate(vec![guided(0.0)]).unwrap().remove(0);
+        assert_eq!(greedy.token_ids, plain.token_ids, "{method}: guided speculation is lossless");
+        // Unguided, the blocks would draft w06 after w07; guided, they draft w29 and on.
+        assert!(greedy.metrics.num_draft_tokens > 0, "{method}");
+        assert_eq!(greedy.metrics.num_accepted_tokens, greedy.metrics.num_draft_tokens, "{method}: {:?}", greedy.trace);
+
+        let mut sampled_spec = spec(Some(method), None);
+        sampled_spec.draft_proposal = DraftProposal::Sampled;
+        let h = engine(&f.llama, Some(&draft), sampled_spec);
+        let sampled = h.generate(vec![guided(1.0)]).unwrap().remove(0);
+        assert!(keeps_to_a_path(&sampled.token_ids), "{method}: {:?}", sampled.token_ids);
+        for step in &sampled.trace {
+            let output = &sampled.token_ids[..step.position - sampled.num_prompt_tokens];
+            let drafted = [output, &step.drafted[..]].concat();
+            assert!(keeps_to_a_path(&drafted), "{method}: drafts {:?} after {output:?}", step.drafted);
+        }
         let (free, total) = h.kv_blocks().unwrap();
         assert_eq!(free, total);
     }

@@ -15,7 +15,9 @@
 //!    DSpark) go through the drafter's head: the target's `lm_head`, DSpark's Markov
 //!    correction, DFlash2's selector walk. Tokens are the argmax, or with
 //!    `draft_proposal="sampled"` a sample under the request's parameters whose distribution is
-//!    kept for rejection sampling.
+//!    kept for rejection sampling. A guided row (structured outputs) chooses each slot among
+//!    the tokens its guide allows after the drafts before it, on the host, and its block is cut
+//!    after a drafted end or where the guide allows nothing.
 //!
 //! **Width.** The block runs at its trained width: `K` (`num_speculative_tokens`, resolved by
 //! [`resolve_block_width`]) at most the trained width verifies a prefix of the block's
@@ -35,6 +37,7 @@ use serde_json::Value;
 use specrs_core::config::{DraftProposal, SpeculativeMethod};
 use specrs_core::sampling::{RngStream, SamplingParams, argmax, processed_probs, sample_inverse_cdf, uniform};
 use specrs_core::scheduler::Scheduler;
+use specrs_core::structured::{GuideState, TokenGuide};
 use specrs_core::width::VerifyWidthSchedule;
 use specrs_core::{ConfigError, SpeculativeConfig};
 use specrs_models::drafters::block::TargetDims;
@@ -46,7 +49,9 @@ use specrs_models::reductions;
 use specrs_models::{BatchRow, DecoderConfig, ForwardBatch, PagedKvCache};
 
 use super::confidence::{DraftConfidence, top_probabilities};
-use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest, target_space_distributions};
+use super::{
+    DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest, allowed_argmax, target_space_distributions,
+};
 use crate::error::{EngineError, Result};
 
 /// Drafts per step for a block drafter trained to draft `trained` per block.
@@ -133,6 +138,9 @@ struct DraftSampler<'a> {
     /// only up to its cut (a head that chooses without the sampler is never cut).
     chains: Vec<f32>,
     cut_at: Vec<Option<usize>>,
+    /// Per drafting row with structured outputs: its guide and its state after the drafts so
+    /// far (the slots are chosen in order).
+    guides: Vec<Option<(&'a TokenGuide, GuideState)>>,
     /// Choose whole slots where the logits live ([`SlotSampler::choose_slot`]): sampled rows'
     /// distributions then stay there, one `[1, V]` per slot in `device_probs`.
     on_device: bool,
@@ -190,6 +198,11 @@ impl SlotSampler for DraftSampler<'_> {
 
     fn choose(&mut self, row: usize, slot: usize, logits: &[f32], draft_to_target: Option<&[u32]>) -> u32 {
         let to_target = |i: u32| draft_to_target.map_or(i, |m| m[i as usize]);
+        if self.cut_at[row].is_none()
+            && let Some((guide, state)) = self.guides[row]
+        {
+            return self.choose_guided(row, slot, logits, &to_target, guide, state);
+        }
         let params = self.params[row];
         if !self.is_sampled(row) {
             let best = argmax(logits);
@@ -208,6 +221,49 @@ impl SlotSampler for DraftSampler<'_> {
         let q = processed_probs(&full, params, None);
         let token = sample_inverse_cdf(&q, uniform(self.seeds[row], RngStream::Draft, slot as u64));
         self.probs[row].get_or_insert_with(Vec::new).extend_from_slice(&q);
+        token
+    }
+}
+
+impl<'a> DraftSampler<'a> {
+    /// A guided row's slot, among the tokens its guide allows: the allowed argmax, or a draw
+    /// from the draft distribution masked to them (kept for rejection sampling). The block is
+    /// cut here where nothing is allowed, and after this slot where it drafts the end. Later
+    /// slots of a cut block are still chosen (a head may feed them forward) but never verified.
+    fn choose_guided(
+        &mut self,
+        row: usize,
+        slot: usize,
+        logits: &[f32],
+        to_target: &impl Fn(u32) -> u32,
+        guide: &'a TokenGuide,
+        state: GuideState,
+    ) -> u32 {
+        let allowed = guide.allowed(state);
+        let token = if self.is_sampled(row) {
+            let mut full = vec![f32::NEG_INFINITY; self.vocab_size];
+            for (j, &x) in logits.iter().enumerate() {
+                full[to_target(j as u32) as usize] = x;
+            }
+            allowed.mask_logits(&mut full);
+            let q = processed_probs(&full, self.params[row], None);
+            let none_allowed = full.iter().all(|x| *x == f32::NEG_INFINITY);
+            self.probs[row].get_or_insert_with(Vec::new).extend_from_slice(&q);
+            (!none_allowed).then(|| sample_inverse_cdf(&q, uniform(self.seeds[row], RngStream::Draft, slot as u64)))
+        } else {
+            allowed_argmax(logits, &allowed, to_target)
+                .filter(|&best| self.confidence.keeps(&mut self.chains[row], logits, best))
+                .map(to_target)
+        };
+        let Some(token) = token else {
+            self.cut_at[row] = Some(slot);
+            return to_target(argmax(logits));
+        };
+        let next = guide.advance(state, token);
+        self.guides[row] = Some((guide, next));
+        if next == GuideState::Dead || guide.is_end_of_sequence(token) {
+            self.cut_at[row] = Some(slot + 1);
+        }
         token
     }
 }
@@ -426,9 +482,11 @@ impl Proposer for BlockProposer {
         let (k, first) = (self.num_speculative_tokens, usize::from(!self.model.samples_from_anchor()));
         let idx: Vec<u32> = (0..n).flat_map(|i| (i * s + first..i * s + first + k).map(|j| j as u32)).collect();
         let drafting_hidden = hidden.index_select(&Tensor::from_vec(idx, n * k, &self.device)?, 0)?;
-        if self.draws_on_device
-            && let Some(logits) = self.model.independent_slot_logits(&drafting_hidden)?
-        {
+        // Guided rows choose their slots on the host, in order, along their guides.
+        let guides: Vec<Option<(&TokenGuide, GuideState)>> =
+            drafting.iter().map(|r| r.params.guide.as_deref().zip(r.guide_state)).collect();
+        let on_device = self.draws_on_device && guides.iter().all(Option::is_none);
+        if on_device && let Some(logits) = self.model.independent_slot_logits(&drafting_hidden)? {
             return self.choose_independent_slots(&logits, &drafting, k);
         }
         let anchors: Vec<u32> = drafting.iter().map(|r| r.tokens[r.tokens.len() - 1]).collect();
@@ -443,7 +501,8 @@ impl Proposer for BlockProposer {
             confidence: self.confidence,
             chains: vec![1.0; n],
             cut_at: vec![None; n],
-            on_device: self.draws_on_device,
+            guides,
+            on_device,
             device_probs: vec![Vec::new(); n],
         };
         let drafts = self.model.head(&drafting_hidden, &anchors, &mut sampler)?;
@@ -568,6 +627,7 @@ mod tests {
             confidence: DraftConfidence::new(0.5),
             chains: vec![1.0; 3],
             cut_at: vec![None; 3],
+            guides: vec![None; 3],
             on_device,
             device_probs: vec![Vec::new(); 3],
         };

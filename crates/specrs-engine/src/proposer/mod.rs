@@ -20,7 +20,7 @@ use candle_core::{Device, Tensor};
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::sampling::SamplingParams;
 use specrs_core::scheduler::Scheduler;
-use specrs_core::structured::{GuideCursor, GuideState};
+use specrs_core::structured::{GuideCursor, GuideState, TokenSet};
 
 use crate::error::Result;
 
@@ -69,6 +69,18 @@ pub struct ProposeRow<'a> {
 pub fn guide_state_after(tokens: &[u32], prompt_len: usize, params: &SamplingParams) -> Option<GuideState> {
     let (prompt, output) = tokens.split_at(prompt_len.min(tokens.len()));
     params.guide.as_ref().map(|guide| GuideCursor::after(guide, prompt, output).state())
+}
+
+/// The draft-vocabulary index with the largest logit among those whose target token
+/// `allowed` holds; `None` when it holds none of them.
+pub(crate) fn allowed_argmax(row: &[f32], allowed: &TokenSet, to_target: &impl Fn(u32) -> u32) -> Option<u32> {
+    (0..row.len() as u32).filter(|&j| allowed.contains(to_target(j)) && !row[j as usize].is_nan()).fold(
+        None,
+        |best: Option<u32>, j| match best {
+            Some(b) if row[b as usize] >= row[j as usize] => best,
+            _ => Some(j),
+        },
+    )
 }
 
 impl ProposeRow<'_> {

@@ -34,14 +34,16 @@ use specrs_core::config::DraftProposal;
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::sampling::{RngStream, SamplingParams, argmax, processed_probs, sample_inverse_cdf, uniform};
 use specrs_core::scheduler::Scheduler;
-use specrs_core::structured::{GuideState, TokenSet};
+use specrs_core::structured::GuideState;
 use specrs_models::drafters::{DraftLogits, SequentialDraftModel};
 use specrs_models::host::with_f32_slice;
 use specrs_models::reductions;
 use specrs_models::{BatchRow, ForwardBatch, PagedKvCache};
 
 use super::confidence::{DraftConfidence, top_probabilities};
-use super::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest, target_space_distributions};
+use super::{
+    DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest, allowed_argmax, target_space_distributions,
+};
 use crate::error::{EngineError, Result};
 
 pub struct SequentialProposer {
@@ -502,18 +504,6 @@ impl Proposer for SequentialProposer {
         }
         Ok(rows.iter().zip(by_row).filter(|(r, _)| r.wants_drafts()).map(|(_, p)| p.unwrap_or_default()).collect())
     }
-}
-
-/// The draft-vocabulary index with the largest logit among those whose target token
-/// `allowed` holds; `None` when it holds none of them.
-fn allowed_argmax(row: &[f32], allowed: &TokenSet, to_target: &impl Fn(u32) -> u32) -> Option<u32> {
-    (0..row.len() as u32).filter(|&j| allowed.contains(to_target(j)) && !row[j as usize].is_nan()).fold(
-        None,
-        |best: Option<u32>, j| match best {
-            Some(b) if row[b as usize] >= row[j as usize] => best,
-            _ => Some(j),
-        },
-    )
 }
 
 #[cfg(test)]
