@@ -468,6 +468,11 @@ impl Engine {
         self.cfg.max_num_seqs
     }
 
+    /// Whether finished prompts' KV stays cached for later requests that share their start.
+    pub fn caches_prefixes(&self) -> bool {
+        self.cfg.enable_prefix_caching
+    }
+
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
     }

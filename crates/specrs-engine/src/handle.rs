@@ -21,6 +21,7 @@ use crate::pipeline::PipelineInfo;
 use crate::request::{
     GenerationRequest, OutputStream, RequestId, RequestMetrics, RequestOutput, TokenLogprob, TraceStep,
 };
+use crate::routing::{SentPrefixes, choose_replica, prefix_chunks};
 use crate::tokenizer::TextTokenizer;
 
 enum Command {
@@ -71,6 +72,15 @@ struct Replica {
     /// Requests the replica holds: counted up when one is routed here, set to the engine's
     /// own count after every step.
     load: Arc<AtomicUsize>,
+    /// The prompt starts sent here, for routing by cached prefix.
+    sent: std::sync::Mutex<SentPrefixes>,
+}
+
+impl Replica {
+    fn sent(&self) -> std::sync::MutexGuard<'_, SentPrefixes> {
+        // A panic while holding the lock leaves a set that is still consistent.
+        self.sent.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 pub struct EngineHandle {
@@ -79,6 +89,9 @@ pub struct EngineHandle {
     tokenizer: Arc<TextTokenizer>,
     info: EngineInfo,
     next_id: AtomicU64,
+    /// Where the replicas cache prefixes: how many more sequences than the lightest replica
+    /// the one holding a request's prefix may carry and still get it.
+    prefix_routing: Option<usize>,
 }
 
 /// One finished choice of a request (the only one with `n = 1`), collected from its stream.
@@ -172,6 +185,7 @@ impl EngineHandle {
             num_replicas: engines.len(),
         };
         let tokenizer = first.tokenizer().clone();
+        let prefix_routing = engines.iter().all(Engine::caches_prefixes).then(|| (first.max_num_seqs() / 4).max(1));
         let metrics = if engines.len() == 1 { first.metrics() } else { Arc::new(EngineMetrics::default()) };
         let replicas = engines
             .into_iter()
@@ -185,10 +199,10 @@ impl EngineHandle {
                     .name(if info.num_replicas == 1 { "specrs-engine".into() } else { format!("specrs-engine-{i}") })
                     .spawn(move || run(engine, rx, &thread_load))
                     .expect("spawning an engine thread");
-                Replica { tx, thread: Some(thread), load }
+                Replica { tx, thread: Some(thread), load, sent: Default::default() }
             })
             .collect();
-        Ok(Self { replicas, metrics, tokenizer, info, next_id: AtomicU64::new(1) })
+        Ok(Self { replicas, metrics, tokenizer, info, next_id: AtomicU64::new(1), prefix_routing })
     }
 
     pub fn metrics(&self) -> &Arc<EngineMetrics> {
@@ -203,16 +217,22 @@ impl EngineHandle {
         &self.info
     }
 
-    /// The replica a new request with `choices` sequences goes to: the one holding the fewest
-    /// (the first on ties), counted up at once so requests routed together spread out.
-    fn route(&self, choices: usize) -> usize {
-        let (index, replica) = self
-            .replicas
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, r)| r.load.load(Ordering::Relaxed))
-            .expect("a handle has at least one replica");
-        replica.load.fetch_add(choices, Ordering::Relaxed);
+    /// The replica a new request goes to ([`crate::routing`]): where the replicas cache
+    /// prefixes, the one it sent the longest start of this prompt to, unless that one holds
+    /// more than a quarter of a replica's sequences above the lightest; otherwise the one
+    /// holding the fewest (the first on ties). Counted up at once, so requests routed together
+    /// spread out.
+    fn route(&self, request: &GenerationRequest) -> usize {
+        let loads: Vec<usize> = self.replicas.iter().map(|r| r.load.load(Ordering::Relaxed)).collect();
+        let chunks = match (self.replicas.len(), self.prefix_routing) {
+            (2.., Some(_)) => prefix_chunks(&request.prompt),
+            _ => Vec::new(),
+        };
+        let matched: Vec<usize> = self.replicas.iter().map(|r| r.sent().matched(&chunks)).collect();
+        let index = choose_replica(&loads, &matched, self.prefix_routing.unwrap_or(0));
+        let replica = &self.replicas[index];
+        replica.sent().record(&chunks);
+        replica.load.fetch_add(request.params.n.max(1), Ordering::Relaxed);
         index
     }
 
@@ -226,7 +246,7 @@ impl EngineHandle {
         let id = self.reserve_id(&request);
         let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
         let (reply, admitted) = oneshot::channel();
-        self.replicas[self.route(request.params.n)]
+        self.replicas[self.route(&request)]
             .tx
             .send(Command::Add { id, request: Box::new(request), sink, reply })
             .map_err(|_| EngineError::Shutdown)?;
@@ -316,7 +336,7 @@ impl EngineHandle {
         for request in requests {
             let id = self.reserve_id(&request);
             let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
-            let replica = self.route(request.params.n);
+            let replica = self.route(&request);
             placed.push(replica);
             adds[replica].push(PendingAdd { id, request, sink });
             streams.push((id, stream));

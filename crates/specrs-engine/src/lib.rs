@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod proposer;
 pub mod request;
+pub mod routing;
 pub mod sequence;
 pub mod tokenizer;
 pub mod train;

@@ -1,5 +1,6 @@
 //! Data-parallel replicas: one engine per device behind one `EngineHandle`, requests routed
-//! to the least-loaded replica, and the draft head placed by `draft_head_parallelism`.
+//! to the replica that cached their prompt's start or else the least-loaded one, and the draft
+//! head placed by `draft_head_parallelism`.
 //!
 //! The replicas here are two logical CPU devices (no GPU pair on the test machines), so
 //! "device 0" and "replica i" are the same memory; what these tests prove is the wiring: every
@@ -270,6 +271,35 @@ fn requests_spread_over_the_replicas_each_with_its_own_kv_pool() {
     assert_eq!(h.metrics().num_running.load(Relaxed), 0);
     assert_eq!(h.metrics().kv_free_blocks.load(Relaxed), 2 * single_total, "the free-block gauge sums the replicas");
     assert_eq!(h.metrics().kv_total_blocks.load(Relaxed), 2 * single_total);
+}
+
+#[test]
+fn a_request_goes_to_the_replica_that_cached_its_prompts_start_though_another_is_idle() {
+    let f = fixture();
+    let h = replicas(&pipeline(&f.random, None, SpeculativeConfig::default(), 2));
+    let params = |max_tokens| SamplingParams { max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() };
+    let shared: Vec<u32> = (1..=40).collect();
+    let ask = |tail: u32| GenerationRequest::new(Prompt::Tokens([&shared[..], &[tail]].concat()), params(4));
+
+    // Both replicas idle: the first gets it, and caches the shared start.
+    let first = h.generate(vec![ask(41)]).unwrap().remove(0);
+    assert_eq!(first.metrics.num_cached_tokens, 0);
+    h.replica_kv_blocks().unwrap(); // the replicas have reported their loads
+    // An unrelated long request makes the first replica the busier one.
+    let (busy_id, mut busy) = h.submit(GenerationRequest::new(Prompt::Tokens(vec![45, 3]), params(400))).unwrap();
+    // The second replica is idle, but the first holds the prompt's start and is one request
+    // busier: the second request reuses its cache.
+    let second = h.generate(vec![ask(42)]).unwrap().remove(0);
+    assert!(second.metrics.num_cached_tokens >= 32, "{} prompt tokens cached", second.metrics.num_cached_tokens);
+
+    h.abort(busy_id);
+    while let Some(o) = busy.blocking_recv() {
+        if o.is_finished() {
+            break;
+        }
+    }
+    let (free, total) = h.kv_blocks().unwrap();
+    assert_eq!(free, total);
 }
 
 #[test]
