@@ -303,6 +303,54 @@ def test_auto_reads_pythonic_call_lists_whole_or_streamed(
     assert [(c["name"], c["arguments"]) for c in streamed] == whole
 
 
+def test_auto_reads_qwen3_coder_xml_calls_with_values_typed_by_the_schema(
+    serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
+) -> None:
+    coder = tool_server(serve, template_file, "qwen3_coder")
+    forecast = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    }
+    tools = [{"type": "function", "function": {"name": "get_forecast", "parameters": forecast}}]
+    written = (
+        r"Checking\.\n<tool_call>\n<function=get_forecast>\n<parameter=city>\n(Rome|Oslo)\n</parameter>\n"
+        r"<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+    )
+    fields: dict[str, Any] = {"tools": tools, "temperature": 0, "max_tokens": 160}
+    status, body = post(coder, **fields, guided_regex=written)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == "Checking.\n" and choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    whole = (call["function"]["name"], call["function"]["arguments"])
+    assert whole[0] == "get_forecast"
+    arguments = json.loads(whole[1])
+    assert arguments["days"] == 3 and arguments["city"] in ("Rome", "Oslo"), "the integer read as one"
+    client: openai.OpenAI = openai_client(coder)
+    content, streamed, finish = stream_message(
+        client, messages=ASK, **fields, extra_body={"guided_regex": written}
+    )
+    assert (content, finish) == ("Checking.\n", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
+
+
+def test_tool_choice_none_renders_the_tools_unless_the_server_excludes_them(
+    serve: Callable[..., Server], template_file: Path, server: Server
+) -> None:
+    excluding = tool_server(serve, template_file, "hermes", "--exclude-tools-when-tool-choice-none")
+    fields: dict[str, Any] = {"max_tokens": 1, "temperature": 0}
+
+    def prompt_tokens(s: Server, **more: Any) -> int:
+        status, body = post(s, **fields, **more)
+        assert status == 200, body
+        return int(body["usage"]["prompt_tokens"])
+
+    bare = prompt_tokens(server)
+    assert prompt_tokens(server, tools=TOOLS, tool_choice="none") > bare, "by default the template sees them"
+    assert prompt_tokens(excluding, tools=TOOLS, tool_choice="none") == bare
+    assert prompt_tokens(excluding, tools=TOOLS) > bare, "only tool_choice 'none' leaves them out"
+
+
 def test_auto_reads_mistral_calls_and_every_call_id_is_nine_letters_and_digits(
     serve: Callable[..., Server], template_file: Path
 ) -> None:

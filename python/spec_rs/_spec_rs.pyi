@@ -170,6 +170,7 @@ class Pipeline:
         chat_template: str | None = None,
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
+        exclude_tools_when_tool_choice_none: bool = False,
     ) -> None: ...
 
 @final

@@ -203,8 +203,10 @@ impl PyPipeline {
 
     /// Serves the OpenAI API on this pipeline until SIGINT/SIGTERM. `tool_call_parser` turns on
     /// `tool_choice: "auto"` (the CLI's `--enable-auto-tool-choice --tool-call-parser`);
-    /// `reasoning_parser` splits thinking into `reasoning_content` (`--reasoning-parser`).
-    #[pyo3(signature = (host="127.0.0.1", port=8000, served_model_name=None, api_key=None, max_pending=256, shutdown_timeout=10.0, chat_template=None, tool_call_parser=None, reasoning_parser=None))]
+    /// `reasoning_parser` splits thinking into `reasoning_content` (`--reasoning-parser`);
+    /// `exclude_tools_when_tool_choice_none` leaves tools out of the prompt of a request whose
+    /// `tool_choice` is `"none"` (`--exclude-tools-when-tool-choice-none`).
+    #[pyo3(signature = (host="127.0.0.1", port=8000, served_model_name=None, api_key=None, max_pending=256, shutdown_timeout=10.0, chat_template=None, tool_call_parser=None, reasoning_parser=None, exclude_tools_when_tool_choice_none=false))]
     #[allow(clippy::too_many_arguments)]
     fn serve(
         &self,
@@ -218,6 +220,7 @@ impl PyPipeline {
         chat_template: Option<String>,
         tool_call_parser: Option<String>,
         reasoning_parser: Option<String>,
+        exclude_tools_when_tool_choice_none: bool,
     ) -> PyResult<()> {
         let invalid = |message: String| PyValueError::new_err(message);
         let args = specrs_server::cli::ServerArgs {
@@ -236,6 +239,7 @@ impl PyPipeline {
             reasoning_parser: reasoning_parser
                 .map(|name| specrs_server::reasoning::ReasoningParser::parse(&name).map_err(invalid))
                 .transpose()?,
+            exclude_tools_when_tool_choice_none,
         };
         let name = self.info.model_path.display().to_string();
         py.detach(|| specrs_server::serve_blocking(self.handle.clone(), &name, &args))

@@ -73,6 +73,9 @@ pub struct ServerArgs {
     pub auto_tool_parser: Option<ToolCallParser>,
     /// How a reasoning model marks its thinking, split into `reasoning_content`.
     pub reasoning_parser: Option<ReasoningParser>,
+    /// Requests with `tool_choice: "none"` render no tools into the prompt
+    /// (`--exclude-tools-when-tool-choice-none`).
+    pub exclude_tools_when_tool_choice_none: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -275,11 +278,17 @@ pub fn command() -> Command {
                 .arg(Arg::new("enable-auto-tool-choice").long("enable-auto-tool-choice").action(ArgAction::SetTrue).help(
                     "Let requests with tools use tool_choice 'auto' (the model calls tools when it decides to); needs --tool-call-parser",
                 ))
+                .arg(
+                    Arg::new("exclude-tools-when-tool-choice-none")
+                        .long("exclude-tools-when-tool-choice-none")
+                        .action(ArgAction::SetTrue)
+                        .help("Leave a request's tools out of its prompt when its tool_choice is 'none' (by default the template still sees them)"),
+                )
                 .arg(Arg::new("reasoning-parser").long("reasoning-parser").value_parser(ReasoningParser::NAMES).help(
                     "Split a reasoning model's thinking into reasoning_content: deepseek_r1 (up to </think>) or qwen3 (a <think> block the output opens with)",
                 ))
                 .arg(Arg::new("tool-call-parser").long("tool-call-parser").value_parser(ToolCallParser::NAMES).help(
-                    "How the model writes tool calls, read for tool_choice 'auto': hermes (<tool_call>{...}</tool_call>, Qwen) llama3_json (<|python_tag|>{...}; {...}, Llama 3), mistral ([TOOL_CALLS][...]) or pythonic ([f(a=1), g()], Llama 3.2 / 4)",
+                    "How the model writes tool calls, read for tool_choice 'auto': hermes (<tool_call>{...}</tool_call>, Qwen) llama3_json (<|python_tag|>{...}; {...}, Llama 3), mistral ([TOOL_CALLS][...]), pythonic ([f(a=1), g()], Llama 3.2 / 4) or qwen3_coder (<function=f><parameter=a>1</parameter></function>)",
                 )),
         )
         .subcommand(
@@ -446,7 +455,7 @@ fn auto_tool_parser(m: &ArgMatches) -> Result<Option<ToolCallParser>, CliError> 
     let parser = parser.map_err(CliError::Invalid)?;
     match (m.get_flag("enable-auto-tool-choice"), parser) {
         (true, None) => Err(CliError::Invalid(
-            "--enable-auto-tool-choice needs --tool-call-parser to say how the model writes its calls (hermes, llama3_json, mistral, pythonic)".into(),
+            "--enable-auto-tool-choice needs --tool-call-parser to say how the model writes its calls (hermes, llama3_json, mistral, pythonic, qwen3_coder)".into(),
         )),
         (true, parser) => Ok(parser),
         // A parser alone serves no request: "auto" stays off until it is enabled.
@@ -482,6 +491,7 @@ where
                         .map(|name| ReasoningParser::parse(name))
                         .transpose()
                         .map_err(CliError::Invalid)?,
+                    exclude_tools_when_tool_choice_none: m.get_flag("exclude-tools-when-tool-choice-none"),
                 },
             })
         }
@@ -640,7 +650,9 @@ mod tests {
         assert_eq!(server_args(&["--tool-call-parser", "hermes"]).unwrap().auto_tool_parser, None);
         let e = server_args(&["--enable-auto-tool-choice"]).unwrap_err().to_string();
         assert!(e.contains("needs --tool-call-parser"), "{e}");
-        assert!(server_args(&["--tool-call-parser", "pythonic"]).is_err(), "not a parser spec-rs has");
+        assert!(server_args(&["--tool-call-parser", "no_such_parser"]).is_err(), "not a parser spec-rs has");
+        assert!(!both.exclude_tools_when_tool_choice_none, "vLLM's default: the tools are rendered");
+        assert!(server_args(&["--exclude-tools-when-tool-choice-none"]).unwrap().exclude_tools_when_tool_choice_none);
 
         let inline = "{% for m in messages %}{{ m.content }}{% endfor %}";
         assert_eq!(server_args(&["--chat-template", inline]).unwrap().chat_template.as_deref(), Some(inline));

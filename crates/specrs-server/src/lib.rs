@@ -85,6 +85,7 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
         chat_template: args.chat_template.clone(),
         auto_tool_parser: args.auto_tool_parser,
         reasoning_parser: args.reasoning_parser,
+        exclude_tools_when_tool_choice_none: args.exclude_tools_when_tool_choice_none,
     });
     let addr = format!("{}:{}", args.host, args.port);
     runtime.block_on(async {

@@ -39,7 +39,7 @@ use crate::openai::{
     SpecDecodeUsage, StreamUsage, Usage, running_usage,
 };
 use crate::reasoning::ReasoningParser;
-use crate::tools::{CallStream, ToolCallParser, ToolRequest};
+use crate::tools::{CallStream, ToolCallParser, ToolChoice, ToolRequest};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
@@ -61,6 +61,8 @@ pub struct AppState {
     /// How reasoning models mark their thinking (`--reasoning-parser`): split into
     /// `reasoning_content`.
     pub reasoning_parser: Option<ReasoningParser>,
+    /// Requests with `tool_choice: "none"` render no tools (`--exclude-tools-when-tool-choice-none`).
+    pub exclude_tools_when_tool_choice_none: bool,
 }
 
 /// Counts a request in flight until dropped.
@@ -685,7 +687,10 @@ async fn chat_completions(
     let conversation = Conversation {
         messages,
         ending,
-        tools: tools.as_ref().map(|t| t.tools.clone()),
+        tools: tools
+            .as_ref()
+            .filter(|t| !(state.exclude_tools_when_tool_choice_none && t.choice == ToolChoice::None))
+            .map(|t| t.tools.clone()),
         chat_template: req.chat_template.clone().or_else(|| state.chat_template.clone()),
         chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
     };

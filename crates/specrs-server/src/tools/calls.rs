@@ -1,10 +1,13 @@
 //! Reading the tool calls in a choice's text, in each format a request may get them: the
 //! named function's arguments, a `"required"` list of calls, or calls a model writes on its
-//! own (Hermes blocks, Llama 3 and Mistral JSON, Python call lists). Text is taken delta by
+//! own (Hermes blocks, Llama 3 and Mistral JSON, Python call lists; Qwen3-Coder's XML in
+//! [`super::xml_calls`]). Text is taken delta by
 //! delta and turned into [`MessageDelta`]s as soon as they are certain.
 
 use serde_json::Value;
 
+use super::Function;
+use super::xml_calls::XmlCallScanner;
 use crate::message::{MessageDelta, held_prefix_len};
 
 /// Reads a choice's output as the request's tool choice says it is written.
@@ -63,6 +66,8 @@ enum Format {
     JsonCalls(JsonCallsScanner),
     /// A Python list of calls, `[f(a=1), g()]` (`"auto"`, Llama 3.2 / 4).
     Pythonic(PythonicScanner),
+    /// Qwen3-Coder's `<function=...>` XML blocks (`"auto"`).
+    Xml(XmlCallScanner),
 }
 
 impl CallStream {
@@ -96,6 +101,11 @@ impl CallStream {
 
     pub fn pythonic() -> Self {
         Self::of(Format::Pythonic(PythonicScanner::default()))
+    }
+
+    /// Qwen3-Coder's XML calls, their values typed by `functions`' schemas.
+    pub fn qwen3_coder(functions: &[Function]) -> Self {
+        Self::of(Format::Xml(XmlCallScanner::new(functions)))
     }
 
     /// The same reader writing its calls' ids as `ids` says.
@@ -133,6 +143,7 @@ impl CallStream {
             Format::Hermes(scanner) => scanner.push(text, &mut out),
             Format::JsonCalls(scanner) => scanner.push(text, &mut out),
             Format::Pythonic(scanner) => scanner.push(text, &mut out),
+            Format::Xml(scanner) => scanner.push(text, &mut out),
         }
         self.identify(out)
     }
@@ -152,6 +163,7 @@ impl CallStream {
             Format::Hermes(scanner) => scanner.finish(&mut out),
             Format::JsonCalls(scanner) => scanner.finish(&mut out),
             Format::Pythonic(scanner) => scanner.finish(&mut out),
+            Format::Xml(scanner) => scanner.finish(&mut out),
         }
         self.identify(out)
     }

@@ -8,6 +8,7 @@
 //! model through the chat template (`tools`), as with transformers and vLLM.
 
 pub mod calls;
+pub mod xml_calls;
 
 use serde_json::{Map, Value, json};
 use specrs_core::structured::StructuredOutputs;
@@ -30,10 +31,13 @@ pub enum ToolCallParser {
     /// `[get_weather(city="Paris"), get_time()]`, arguments as Python literals (Llama 3.2 / 4,
     /// whose `<|python_start|>`/`<|python_end|>` around the list are skipped).
     Pythonic,
+    /// `<tool_call><function=name><parameter=key>value</parameter></function></tool_call>`
+    /// (Qwen3-Coder), values typed by the tool's schema.
+    Qwen3Coder,
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 4] = ["hermes", "llama3_json", "mistral", "pythonic"];
+    pub const NAMES: [&str; 5] = ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
@@ -41,6 +45,7 @@ impl ToolCallParser {
             "llama3_json" => Ok(Self::Llama3Json),
             "mistral" => Ok(Self::Mistral),
             "pythonic" => Ok(Self::Pythonic),
+            "qwen3_coder" => Ok(Self::Qwen3Coder),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -208,6 +213,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Llama3Json) => CallStream::llama_json(),
             ToolChoice::Auto(ToolCallParser::Mistral) => CallStream::mistral(),
             ToolChoice::Auto(ToolCallParser::Pythonic) => CallStream::pythonic(),
+            ToolChoice::Auto(ToolCallParser::Qwen3Coder) => CallStream::qwen3_coder(&self.functions),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };

@@ -1,0 +1,353 @@
+//! Qwen3-Coder's XML tool calls (vLLM's `qwen3_coder` parser):
+//!
+//! ```text
+//! <tool_call>
+//! <function=get_weather>
+//! <parameter=city>
+//! Paris
+//! </parameter>
+//! </function>
+//! </tool_call>
+//! ```
+//!
+//! Values are raw text (one line break trimmed at each end), turned into JSON by the type the
+//! tool's schema gives the parameter: strings stay text, numbers and booleans are parsed,
+//! objects and arrays read as JSON, `null` is null. A call starts once its `<function=...>`
+//! tag is complete, and each argument is sent once its value closes.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use super::Function;
+use crate::message::{MessageDelta, held_prefix_len};
+
+const CALL_OPEN: &str = "<tool_call>";
+const CALL_CLOSE: &str = "</tool_call>";
+const FUNCTION_OPEN: &str = "<function=";
+const FUNCTION_CLOSE: &str = "</function>";
+const PARAMETER_OPEN: &str = "<parameter=";
+const PARAMETER_CLOSE: &str = "</parameter>";
+
+/// Reads XML calls out of free text: text outside `<tool_call>` blocks is content (what could
+/// begin a block is held back until it cannot).
+#[derive(Debug)]
+pub struct XmlCallScanner {
+    /// Each offered function's `parameters` schema, by name.
+    schemas: HashMap<String, Value>,
+    buffer: String,
+    at: Place,
+    calls: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Place {
+    Text,
+    /// Inside `<tool_call>`, between functions.
+    Block,
+    /// Inside `<function=name>`, between parameters; whether an argument was sent.
+    Function {
+        name: String,
+        first: bool,
+    },
+    /// Inside `<parameter=key>`, reading its value.
+    Parameter {
+        name: String,
+        key: String,
+        first: bool,
+    },
+}
+
+/// Where the tag after `text`'s first character begins (its end if none does).
+fn next_tag(text: &str) -> usize {
+    text.char_indices().skip(1).find(|&(_, c)| c == '<').map_or(text.len(), |(i, _)| i)
+}
+
+/// Where `tag` is in `text`, or (`Err`) how much of `text`'s end could begin it.
+fn find_tag(text: &str, tag: &str) -> Result<usize, usize> {
+    text.find(tag).ok_or_else(|| held_prefix_len(text, tag))
+}
+
+impl XmlCallScanner {
+    pub fn new(functions: &[Function]) -> Self {
+        let schemas = functions.iter().map(|f| (f.name.clone(), f.parameters.clone())).collect();
+        Self { schemas, buffer: String::new(), at: Place::Text, calls: 0 }
+    }
+
+    pub fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+        self.buffer.push_str(text);
+        while self.step(out) {}
+    }
+
+    /// Reads what the buffer completes at the current place; whether it moved on.
+    fn step(&mut self, out: &mut Vec<MessageDelta>) -> bool {
+        match self.at.clone() {
+            Place::Text => match find_tag(&self.buffer, CALL_OPEN) {
+                Ok(start) => {
+                    let before: String = self.buffer.drain(..start + CALL_OPEN.len()).collect();
+                    self.send_text(&before[..start], out);
+                    self.at = Place::Block;
+                    true
+                }
+                Err(held) => {
+                    let text: String = self.buffer.drain(..self.buffer.len() - held).collect();
+                    self.send_text(&text, out);
+                    false
+                }
+            },
+            Place::Block => {
+                let rest = self.buffer.trim_start();
+                if let Some(after) = rest.strip_prefix(CALL_CLOSE) {
+                    self.buffer = after.to_string();
+                    self.at = Place::Text;
+                    return true;
+                }
+                if let Some(after) = rest.strip_prefix(FUNCTION_OPEN)
+                    && let Some(end) = after.find('>')
+                {
+                    let name = after[..end].trim().to_string();
+                    self.buffer = after[end + 1..].to_string();
+                    out.push(MessageDelta::CallStart { index: self.calls, id: String::new(), name: name.clone() });
+                    self.calls += 1;
+                    self.at = Place::Function { name, first: true };
+                    return true;
+                }
+                let could_be_tag =
+                    [CALL_CLOSE, FUNCTION_OPEN].iter().any(|t| t.starts_with(rest) || rest.starts_with(t));
+                if !rest.is_empty() && !could_be_tag {
+                    // Neither a function nor the block's end: text, up to the next tag.
+                    let end = next_tag(rest);
+                    let text = rest[..end].to_string();
+                    self.buffer = rest[end..].to_string();
+                    out.push(MessageDelta::Content(text));
+                    return true;
+                }
+                false
+            }
+            Place::Function { name, first } => {
+                let rest = self.buffer.trim_start();
+                if let Some(after) = rest.strip_prefix(FUNCTION_CLOSE) {
+                    self.buffer = after.to_string();
+                    self.send_arguments(if first { "{}" } else { "}" }, out);
+                    self.at = Place::Block;
+                    return true;
+                }
+                if let Some(after) = rest.strip_prefix(PARAMETER_OPEN)
+                    && let Some(end) = after.find('>')
+                {
+                    let key = after[..end].trim().to_string();
+                    self.buffer = after[end + 1..].to_string();
+                    self.at = Place::Parameter { name, key, first };
+                    return true;
+                }
+                let could_be_tag =
+                    [FUNCTION_CLOSE, PARAMETER_OPEN].iter().any(|t| t.starts_with(rest) || rest.starts_with(t));
+                if !rest.is_empty() && !could_be_tag {
+                    // Stray text inside the function: dropped up to the next tag, as vLLM does.
+                    let end = next_tag(rest);
+                    self.buffer = rest[end..].to_string();
+                    return true;
+                }
+                false
+            }
+            Place::Parameter { name, key, first } => {
+                // A value ends at its close tag, or (a model that forgot it) at the next
+                // parameter or the function's end.
+                let ends = [PARAMETER_CLOSE, PARAMETER_OPEN, FUNCTION_CLOSE].map(|t| (self.buffer.find(t), t));
+                let Some((end, tag)) = ends.iter().filter_map(|&(at, t)| at.map(|a| (a, t))).min_by_key(|&(a, _)| a)
+                else {
+                    return false;
+                };
+                let value: String = self.buffer.drain(..end).collect();
+                if tag == PARAMETER_CLOSE {
+                    self.buffer.drain(..PARAMETER_CLOSE.len());
+                }
+                self.send_argument(&name, &key, &value, first, out);
+                self.at = Place::Function { name, first: false };
+                true
+            }
+        }
+    }
+
+    /// What is left once the output is complete: text held back, or a value cut short.
+    pub fn finish(&mut self, out: &mut Vec<MessageDelta>) {
+        let rest = std::mem::take(&mut self.buffer);
+        match std::mem::replace(&mut self.at, Place::Text) {
+            Place::Text => self.send_text(&rest, out),
+            Place::Parameter { name, key, first } => self.send_argument(&name, &key, &rest, first, out),
+            Place::Block | Place::Function { .. } => {}
+        }
+    }
+
+    /// Text between calls is content, except the whitespace models put between blocks.
+    fn send_text(&self, text: &str, out: &mut Vec<MessageDelta>) {
+        if !text.is_empty() && (self.calls == 0 || !text.trim().is_empty()) {
+            out.push(MessageDelta::Content(text.to_string()));
+        }
+    }
+
+    fn send_arguments(&self, text: &str, out: &mut Vec<MessageDelta>) {
+        out.push(MessageDelta::Arguments { index: self.calls - 1, text: text.to_string() });
+    }
+
+    fn send_argument(&self, function: &str, key: &str, value: &str, first: bool, out: &mut Vec<MessageDelta>) {
+        let value = value.strip_prefix('\n').unwrap_or(value);
+        let value = value.strip_suffix('\n').unwrap_or(value);
+        let typed = typed_value(value, self.parameter_type(function, key).as_deref());
+        let opening = if first { "{" } else { ", " };
+        self.send_arguments(&format!("{opening}{}: {}", Value::String(key.to_string()), dumps(&typed)), out);
+    }
+
+    /// The JSON type the function's schema gives `key` (the first besides `null`, of a list).
+    fn parameter_type(&self, function: &str, key: &str) -> Option<String> {
+        let schema = self.schemas.get(function)?.get("properties")?.get(key)?;
+        let ty = match schema.get("type")? {
+            Value::Array(types) => types.iter().filter_map(Value::as_str).find(|t| *t != "null")?,
+            other => other.as_str()?,
+        };
+        Some(ty.to_ascii_lowercase())
+    }
+}
+
+/// A raw value as JSON of its parameter's type; text where it does not parse as that type,
+/// and for parameters the schema does not describe.
+fn typed_value(value: &str, ty: Option<&str>) -> Value {
+    if value.eq_ignore_ascii_case("null") {
+        return Value::Null;
+    }
+    let text = || Value::String(value.to_string());
+    let Some(ty) = ty else { return text() };
+    match ty {
+        "string" | "str" | "text" | "varchar" | "char" | "enum" => text(),
+        t if t.starts_with("int") || t.starts_with("uint") || t == "long" || t == "short" => {
+            value.trim().parse::<i64>().map_or_else(|_| text(), |n| json!(n))
+        }
+        t if t.starts_with("num") || t.starts_with("float") || t == "double" => {
+            let trimmed = value.trim();
+            match (trimmed.parse::<i64>(), trimmed.parse::<f64>()) {
+                (Ok(n), _) => json!(n),
+                (_, Ok(x)) if x.is_finite() => json!(x),
+                _ => text(),
+            }
+        }
+        "boolean" | "bool" | "binary" => match value.trim().to_ascii_lowercase().as_str() {
+            "true" => Value::Bool(true),
+            "false" => Value::Bool(false),
+            _ => text(),
+        },
+        _ => serde_json::from_str(value.trim()).unwrap_or_else(|_| text()),
+    }
+}
+
+/// JSON text in Python's `json.dumps` layout (`, ` and `: ` separators), the layout vLLM sends
+/// arguments in.
+fn dumps(value: &Value) -> String {
+    match value {
+        Value::Array(items) => format!("[{}]", items.iter().map(dumps).collect::<Vec<_>>().join(", ")),
+        Value::Object(map) => format!(
+            "{{{}}}",
+            map.iter()
+                .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), dumps(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        scalar => scalar.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn functions() -> Vec<Function> {
+        let weather = json!({"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": ["boolean", "null"]},
+            "ratio": {"type": "number"}, "hours": {"type": "array"}, "where": {"type": "object"}
+        }});
+        vec![
+            Function { name: "get_weather".into(), parameters: weather },
+            Function { name: "get_time".into(), parameters: json!({"type": "object", "properties": {}}) },
+        ]
+    }
+
+    /// Feeds `text` in pieces of `size` characters; the deltas, each list per piece, joined.
+    fn read(text: &str, size: usize) -> Vec<MessageDelta> {
+        let mut scanner = XmlCallScanner::new(&functions());
+        let chars: Vec<char> = text.chars().collect();
+        let mut out = Vec::new();
+        for piece in chars.chunks(size) {
+            scanner.push(&piece.iter().collect::<String>(), &mut out);
+        }
+        scanner.finish(&mut out);
+        out
+    }
+
+    /// Content, and each call's name and whole arguments.
+    fn message(deltas: &[MessageDelta]) -> (String, Vec<(String, String)>) {
+        let mut content = String::new();
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for d in deltas {
+            match d {
+                MessageDelta::Content(t) => content.push_str(t),
+                MessageDelta::CallStart { index, name, .. } => {
+                    assert_eq!(*index, calls.len());
+                    calls.push((name.clone(), String::new()));
+                }
+                MessageDelta::Arguments { index, text } => calls[*index].1.push_str(text),
+                other => panic!("{other:?}"),
+            }
+        }
+        (content, calls)
+    }
+
+    #[test]
+    fn calls_and_their_values_are_read_by_the_schemas_types_whatever_the_pieces() {
+        let text = "I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York, \"NY\"\n</parameter>\n\
+                    <parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n<parameter=ratio>\n0.5\n\
+                    </parameter>\n<parameter=hours>\n[1, 2]\n</parameter>\n<parameter=where>\n{\"lat\":1}\n</parameter>\n\
+                    <parameter=extra>\n42\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n\
+                    </function>\n</tool_call>";
+        let want = r#"{"city": "New York, \"NY\"", "days": 3, "metric": true, "ratio": 0.5, "hours": [1, 2], "where": {"lat": 1}, "extra": "42"}"#;
+        for size in [1, 2, 5, 1000] {
+            let (content, calls) = message(&read(text, size));
+            assert_eq!(content, "I will check.\n", "pieces of {size}");
+            assert_eq!(
+                calls,
+                vec![("get_weather".to_string(), want.to_string()), ("get_time".to_string(), "{}".to_string())],
+                "pieces of {size}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_call_starts_at_its_function_tag_and_each_argument_comes_when_its_value_closes() {
+        let mut scanner = XmlCallScanner::new(&functions());
+        let mut out = Vec::new();
+        scanner.push("<tool_call>\n<function=get_wea", &mut out);
+        assert!(out.is_empty());
+        scanner.push("ther>\n<parameter=city>\nOs", &mut out);
+        assert!(matches!(&out[..], [MessageDelta::CallStart { index: 0, name, .. }] if name == "get_weather"));
+        scanner.push("lo\n</parameter>\n", &mut out);
+        assert_eq!(out[1], MessageDelta::Arguments { index: 0, text: r#"{"city": "Oslo""#.into() });
+        scanner.push("</function>", &mut out);
+        assert_eq!(out[2], MessageDelta::Arguments { index: 0, text: "}".into() });
+    }
+
+    #[test]
+    fn unparseable_values_stay_text_null_is_null_and_a_forgotten_close_tag_is_tolerated() {
+        let text =
+            "<tool_call><function=get_weather><parameter=days>a few<parameter=metric>null</function></tool_call>";
+        let (_, calls) = message(&read(text, 3));
+        assert_eq!(calls[0].1, r#"{"days": "a few", "metric": null}"#);
+        let (content, calls) = message(&read("No call: a <tool or <b>bold</b>.", 4));
+        assert_eq!((content.as_str(), calls.len()), ("No call: a <tool or <b>bold</b>.", 0));
+        let (content, calls) = message(&read("<tool_call>\né?\n<function=get_time></function></tool_call>", 1));
+        assert_eq!((content.as_str(), calls.len()), ("é?", 1), "stray text in a block is content");
+        let (_, cut) = message(&read("<tool_call><function=get_time><parameter=zone>UT", 2));
+        assert_eq!(
+            cut[0],
+            ("get_time".to_string(), r#"{"zone": "UT""#.to_string()),
+            "a cut value is sent as far as it got"
+        );
+    }
+}
