@@ -8,6 +8,7 @@
 //! model through the chat template (`tools`), as with transformers and vLLM.
 
 pub mod calls;
+pub mod pythonic;
 pub mod xml_calls;
 
 use serde_json::{Map, Value, json};
