@@ -351,7 +351,7 @@ def test_tool_choice_none_renders_the_tools_unless_the_server_excludes_them(
     assert prompt_tokens(excluding, tools=TOOLS) > bare, "only tool_choice 'none' leaves them out"
 
 
-def test_auto_reads_mistral_calls_and_every_call_id_is_nine_letters_and_digits(
+def test_auto_reads_mistral_calls_old_and_new_and_every_call_id_is_nine_letters_and_digits(
     serve: Callable[..., Server], template_file: Path
 ) -> None:
     mistral = tool_server(serve, template_file, "mistral")
@@ -362,6 +362,11 @@ def test_auto_reads_mistral_calls_and_every_call_id_is_nine_letters_and_digits(
     assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
     (call,) = choice["message"]["tool_calls"]
     assert (call["function"]["name"], call["function"]["arguments"]) == ("get_time", '{"timezone": "UTC"}')
+    newer_text = r'\[TOOL_CALLS\]get_time\[ARGS\]\{"timezone":"UTC"\}'
+    status, body = post(mistral, tools=TOOLS, temperature=0, max_tokens=48, guided_regex=newer_text)
+    assert status == 200, body
+    (newer,) = [c["function"] for c in body["choices"][0]["message"]["tool_calls"]]
+    assert (newer["name"], newer["arguments"]) == ("get_time", '{"timezone": "UTC"}')
     named = {"type": "function", "function": {"name": "get_time"}}
     status, body = post(mistral, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=48)
     assert status == 200, body

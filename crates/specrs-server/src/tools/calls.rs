@@ -194,6 +194,55 @@ impl StringState {
     }
 }
 
+/// Re-lays one JSON value's text in the layout of Python's `json.dumps` (vLLM's) as it is
+/// read: whitespace outside strings dropped, `, ` and `: ` between items.
+#[derive(Debug, Default)]
+struct JsonLayout {
+    depth: usize,
+    string: StringState,
+}
+
+/// What one character did to a [`JsonLayout`].
+#[derive(Debug, PartialEq)]
+enum Laid {
+    More,
+    /// It closed the value.
+    Closed,
+    /// It follows a scalar value that ended before it (an enclosing separator or end), and is
+    /// not the value's.
+    Ended,
+}
+
+impl JsonLayout {
+    /// Takes the value's next character, writing it, laid out, into `out`.
+    fn push(&mut self, c: char, out: &mut String) -> Laid {
+        if self.string.inside || c == '"' {
+            let closed = self.string.step(c);
+            out.push(c);
+            return if closed && self.depth == 0 { Laid::Closed } else { Laid::More };
+        }
+        match c {
+            '{' | '[' => {
+                self.depth += 1;
+                out.push(c);
+            }
+            '}' | ']' if self.depth > 0 => {
+                self.depth -= 1;
+                out.push(c);
+                if self.depth == 0 {
+                    return Laid::Closed;
+                }
+            }
+            ',' | '}' | ']' if self.depth == 0 => return Laid::Ended,
+            ',' => out.push_str(", "),
+            ':' => out.push_str(": "),
+            c if c.is_whitespace() => {}
+            c => out.push(c),
+        }
+        Laid::More
+    }
+}
+
 /// Reads the tool calls in one JSON value as it is written: a call object
 /// `{"name": ..., "arguments" | "parameters": ...}` or a list of them. A call starts once its
 /// name is complete, and its arguments are sent as they come, in the layout of Python's
@@ -212,7 +261,8 @@ struct CallValueReader {
     key: Option<String>,
     /// After `"arguments":`, before the value's first character.
     awaiting_arguments: bool,
-    in_arguments: bool,
+    /// Reading the arguments' value.
+    arguments: Option<JsonLayout>,
     /// Inside an object at call level.
     in_object: bool,
     /// The index of the call being read, once its name came.
@@ -244,44 +294,18 @@ impl CallValueReader {
             }
             if self.awaiting_arguments && !c.is_whitespace() {
                 self.awaiting_arguments = false;
-                self.in_arguments = true;
+                self.arguments = Some(JsonLayout::default());
             }
-            if self.in_arguments {
-                if self.string.inside || c == '"' {
-                    self.string.step(c);
-                    arguments.push(c);
-                    continue;
-                }
-                match c {
-                    '{' | '[' => {
-                        self.depth += 1;
-                        arguments.push(c);
+            if let Some(layout) = &mut self.arguments {
+                match layout.push(c, &mut arguments) {
+                    Laid::More => continue,
+                    Laid::Closed => {
+                        self.end_arguments(&mut arguments, out);
                         continue;
                     }
-                    '}' | ']' if self.depth > self.call_depth => {
-                        self.depth -= 1;
-                        arguments.push(c);
-                        if self.depth == self.call_depth {
-                            self.end_arguments(&mut arguments, out);
-                        }
-                        continue;
-                    }
-                    // A scalar value ends at the call's next member or its end; that character
+                    // A scalar ended at the call's next member or its end: that character
                     // belongs to the call object, read below.
-                    ',' | '}' | ']' if self.depth == self.call_depth => self.end_arguments(&mut arguments, out),
-                    ',' => {
-                        arguments.push_str(", ");
-                        continue;
-                    }
-                    ':' => {
-                        arguments.push_str(": ");
-                        continue;
-                    }
-                    c if c.is_whitespace() => continue,
-                    c => {
-                        arguments.push(c);
-                        continue;
-                    }
+                    Laid::Ended => self.end_arguments(&mut arguments, out),
                 }
             }
             if self.string.inside || c == '"' {
@@ -334,7 +358,7 @@ impl CallValueReader {
     }
 
     fn end_arguments(&mut self, arguments: &mut String, out: &mut Vec<MessageDelta>) {
-        self.in_arguments = false;
+        self.arguments = None;
         self.key = None;
         self.send_arguments(std::mem::take(arguments), out);
     }
@@ -488,8 +512,23 @@ struct JsonCallsScanner {
     buffer: String,
     /// The value being read.
     value: Option<CallValueReader>,
+    /// Mistral's newer call being read, `name[ARGS]{...}`.
+    named: Option<NamedCall>,
     calls: usize,
 }
+
+/// Mistral's newer calls (tokenizer v11 on: Mistral Small 3.2, Magistral, Devstral):
+/// `[TOOL_CALLS]name[ARGS]{...}`, the arguments streamed once the name is complete.
+#[derive(Debug, Default)]
+struct NamedCall {
+    name: String,
+    arguments: Option<JsonLayout>,
+}
+
+/// What separates a newer Mistral call's name from its arguments.
+const ARGS_MARKER: &str = "[ARGS]";
+/// Longer than any function name: text that runs this long without `[ARGS]` is not a call.
+const MAX_NAME_CHARS: usize = 256;
 
 #[derive(Debug, Default, PartialEq)]
 enum JsonCallsMode {
@@ -501,7 +540,7 @@ enum JsonCallsMode {
 
 impl JsonCallsScanner {
     fn new(style: JsonCallsStyle) -> Self {
-        Self { style, mode: JsonCallsMode::Undecided, buffer: String::new(), value: None, calls: 0 }
+        Self { style, mode: JsonCallsMode::Undecided, buffer: String::new(), value: None, named: None, calls: 0 }
     }
 
     fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
@@ -535,12 +574,39 @@ impl JsonCallsScanner {
     fn read_calls(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
         let marker = self.style.marker();
         let mut rest = text;
+        let mut arguments = String::new();
         while let Some(c) = rest.chars().next() {
             if let Some(value) = &mut self.value {
                 rest = &rest[value.push(rest, &mut self.calls, out)..];
                 if value.done {
                     self.end_value(out);
                 }
+                continue;
+            }
+            if let Some(named) = &mut self.named {
+                match &mut named.arguments {
+                    None => {
+                        named.name.push(c);
+                        if let Some(name) = named.name.strip_suffix(ARGS_MARKER) {
+                            let name = name.trim().to_string();
+                            out.push(MessageDelta::CallStart { index: self.calls, id: String::new(), name });
+                            self.calls += 1;
+                            named.arguments = Some(JsonLayout::default());
+                        } else if named.name.chars().count() > MAX_NAME_CHARS {
+                            out.push(MessageDelta::Content(std::mem::take(&mut named.name)));
+                            self.named = None;
+                        }
+                    }
+                    Some(layout) => match layout.push(c, &mut arguments) {
+                        Laid::More => {}
+                        Laid::Closed => self.end_named(&mut arguments, out),
+                        Laid::Ended => {
+                            self.end_named(&mut arguments, out);
+                            continue;
+                        }
+                    },
+                }
+                rest = &rest[c.len_utf8()..];
                 continue;
             }
             // Between values: the marker again (a special token, so it comes whole),
@@ -554,12 +620,29 @@ impl JsonCallsScanner {
                     self.value = Some(CallValueReader::default());
                     continue;
                 }
+                c if self.style == JsonCallsStyle::Mistral && (c.is_alphabetic() || c == '_') => {
+                    self.named = Some(NamedCall::default());
+                    continue;
+                }
                 ';' | ',' => {}
                 c if c.is_whitespace() => {}
                 c => out.push(MessageDelta::Content(c.to_string())),
             }
             rest = &rest[c.len_utf8()..];
         }
+        self.send_named_arguments(&mut arguments, out);
+    }
+
+    fn send_named_arguments(&self, arguments: &mut String, out: &mut Vec<MessageDelta>) {
+        if !arguments.is_empty() {
+            out.push(MessageDelta::Arguments { index: self.calls - 1, text: std::mem::take(arguments) });
+        }
+    }
+
+    /// A newer Mistral call's arguments closed.
+    fn end_named(&mut self, arguments: &mut String, out: &mut Vec<MessageDelta>) {
+        self.send_named_arguments(arguments, out);
+        self.named = None;
     }
 
     /// A value that yielded no call is text, as it was written.
@@ -571,13 +654,17 @@ impl JsonCallsScanner {
         }
     }
 
-    /// An undecided start is text; so is a value cut before it yielded a call.
+    /// An undecided start is text; so is a value cut before it yielded a call, and a newer
+    /// Mistral call's name that never reached `[ARGS]`.
     fn finish(&mut self, out: &mut Vec<MessageDelta>) {
         let rest = std::mem::take(&mut self.buffer);
         if !rest.is_empty() {
             out.push(MessageDelta::Content(rest));
         }
         self.end_value(out);
+        if let Some(NamedCall { name, arguments: None }) = self.named.take() {
+            out.push(MessageDelta::Content(name));
+        }
     }
 }
 
@@ -820,6 +907,30 @@ mod tests {
             ]
         );
     }
+    #[test]
+    fn newer_mistral_calls_name_the_function_then_stream_its_arguments() {
+        let weather = r#"[TOOL_CALLS]get_weather[ARGS]{"city":"Lyon, FR", "days": [1,2]}"#;
+        for size in [1, 4, 1000] {
+            let message = read_in_pieces(CallStream::mistral(), weather, size);
+            assert_eq!(
+                calls(&message),
+                vec![("get_weather", r#"{"city": "Lyon, FR", "days": [1, 2]}"#)],
+                "pieces of {size}"
+            );
+            assert_eq!(message.content, "");
+        }
+        // The marker is a special token: it comes whole, before each further call.
+        let both = CallStream::mistral().read_all(&format!("{weather}[TOOL_CALLS]get_time[ARGS]{{}}"));
+        assert_eq!(calls(&both), vec![("get_weather", r#"{"city": "Lyon, FR", "days": [1, 2]}"#), ("get_time", "{}")]);
+        let streamed = deltas(CallStream::mistral(), &["[TOOL_CALLS]get_wea", "ther[ARGS]{\"city\": \"Ly", "on\"}"]);
+        assert_eq!(
+            streamed,
+            vec![vec![], vec![start(0, "get_weather"), arguments(0, r#"{"city": "Ly"#)], vec![arguments(0, r#"on"}"#)]]
+        );
+        let unnamed = CallStream::mistral().read_all("[TOOL_CALLS]sorry, no call");
+        assert_eq!((unnamed.content.as_str(), unnamed.tool_calls.len()), ("sorry, no call", 0));
+    }
+
     #[test]
     fn pythonic_calls_stream_with_python_literals_turned_into_json() {
         let text = r#"[get_weather(city='Paris, "FR"', days=[1, 2.5], opts={'metric': True, 'x': None}), get_time()]"#;

@@ -26,8 +26,9 @@ pub enum ToolCallParser {
     Hermes,
     /// `<|python_tag|>{"name": ..., "parameters": {...}}; {...}` (Llama 3.1 / 3.2 JSON).
     Llama3Json,
-    /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral 7B v0.3, Nemo, Small);
-    /// call ids of nine letters and digits, as Mistral's templates require.
+    /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral 7B v0.3, Nemo, Small), or
+    /// `[TOOL_CALLS]name[ARGS]{...}` (Mistral Small 3.2, Magistral, Devstral); call ids of nine
+    /// letters and digits, as Mistral's templates require.
     Mistral,
     /// `[get_weather(city="Paris"), get_time()]`, arguments as Python literals (Llama 3.2 / 4,
     /// whose `<|python_start|>`/`<|python_end|>` around the list are skipped).
