@@ -334,6 +334,30 @@ def test_auto_reads_qwen3_coder_xml_calls_with_values_typed_by_the_schema(
     assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
 
 
+def test_auto_reads_deepseek_calls(serve: Callable[..., Server], template_file: Path) -> None:
+    deepseek = tool_server(serve, template_file, "deepseek_v31")
+
+    def marker(words: str) -> str:
+        """DeepSeek's special tokens: fullwidth bars around words joined by lower blocks."""
+        return "<\uff5c" + words.replace(" ", "\u2581") + "\uff5c>"
+
+    written = (
+        marker("tool calls begin")
+        + marker("tool call begin")
+        + "get_time"
+        + marker("tool sep")
+        + r'\{"timezone": "(UTC|CET)"\}'
+        + marker("tool call end")
+        + marker("tool calls end")
+    )
+    status, body = post(deepseek, tools=TOOLS, temperature=0, max_tokens=200, guided_regex=written)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    (call,) = [c["function"] for c in choice["message"]["tool_calls"]]
+    assert call["name"] == "get_time" and json.loads(call["arguments"])["timezone"] in ("UTC", "CET")
+
+
 def test_tool_choice_none_renders_the_tools_unless_the_server_excludes_them(
     serve: Callable[..., Server], template_file: Path, server: Server
 ) -> None:

@@ -1,10 +1,12 @@
 //! Reading the tool calls in a choice's text, in each format a request may get them: the
 //! named function's arguments, a `"required"` list of calls, or calls a model writes on its
 //! own (Hermes blocks, Llama 3 and Mistral JSON; Python call lists in [`super::pythonic`],
-//! Qwen3-Coder's XML in [`super::xml_calls`]). Text is taken delta by delta and turned into
+//! Qwen3-Coder's XML in [`super::xml_calls`], DeepSeek's in [`super::deepseek`]). Text is taken
+//! delta by delta and turned into
 //! [`MessageDelta`]s as soon as they are certain.
 
 use super::Function;
+use super::deepseek::DeepSeekScanner;
 use super::pythonic::PythonicScanner;
 use super::xml_calls::XmlCallScanner;
 use crate::message::{MessageDelta, held_prefix_len};
@@ -67,6 +69,8 @@ enum Format {
     Pythonic(PythonicScanner),
     /// Qwen3-Coder's `<function=...>` XML blocks (`"auto"`).
     Xml(XmlCallScanner),
+    /// DeepSeek V3 / V3.1's `<｜tool▁calls▁begin｜>` calls (`"auto"`).
+    DeepSeek(DeepSeekScanner),
 }
 
 impl CallStream {
@@ -100,6 +104,10 @@ impl CallStream {
 
     pub fn pythonic() -> Self {
         Self::of(Format::Pythonic(PythonicScanner::default()))
+    }
+
+    pub fn deepseek() -> Self {
+        Self::of(Format::DeepSeek(DeepSeekScanner::default()))
     }
 
     /// Qwen3-Coder's XML calls, their values typed by `functions`' schemas.
@@ -143,6 +151,7 @@ impl CallStream {
             Format::JsonCalls(scanner) => scanner.push(text, &mut out),
             Format::Pythonic(scanner) => scanner.push(text, &mut out),
             Format::Xml(scanner) => scanner.push(text, &mut out),
+            Format::DeepSeek(scanner) => scanner.push(text, &mut out),
         }
         self.identify(out)
     }
@@ -163,6 +172,7 @@ impl CallStream {
             Format::JsonCalls(scanner) => scanner.finish(&mut out),
             Format::Pythonic(scanner) => scanner.finish(&mut out),
             Format::Xml(scanner) => scanner.finish(&mut out),
+            Format::DeepSeek(scanner) => scanner.finish(&mut out),
         }
         self.identify(out)
     }
@@ -197,14 +207,14 @@ impl StringState {
 /// Re-lays one JSON value's text in the layout of Python's `json.dumps` (vLLM's) as it is
 /// read: whitespace outside strings dropped, `, ` and `: ` between items.
 #[derive(Debug, Default)]
-struct JsonLayout {
+pub(super) struct JsonLayout {
     depth: usize,
     string: StringState,
 }
 
 /// What one character did to a [`JsonLayout`].
 #[derive(Debug, PartialEq)]
-enum Laid {
+pub(super) enum Laid {
     More,
     /// It closed the value.
     Closed,
@@ -215,7 +225,7 @@ enum Laid {
 
 impl JsonLayout {
     /// Takes the value's next character, writing it, laid out, into `out`.
-    fn push(&mut self, c: char, out: &mut String) -> Laid {
+    pub(super) fn push(&mut self, c: char, out: &mut String) -> Laid {
         if self.string.inside || c == '"' {
             let closed = self.string.step(c);
             out.push(c);
@@ -929,6 +939,39 @@ mod tests {
         );
         let unnamed = CallStream::mistral().read_all("[TOOL_CALLS]sorry, no call");
         assert_eq!((unnamed.content.as_str(), unnamed.tool_calls.len()), ("sorry, no call", 0));
+    }
+
+    #[test]
+    fn deepseek_calls_are_read_in_the_v3_and_v31_layouts_whatever_the_pieces() {
+        let v3 = "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n\
+                  {\"city\":\"Paris, FR\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n\
+                  ```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        let v31 = "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris, FR\"}\
+                   <｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        for (layout, text) in [("v3", v3), ("v3.1", v31)] {
+            for size in [1, 3, 1000] {
+                let message = read_in_pieces(CallStream::deepseek(), text, size);
+                assert_eq!(message.content, "Checking.", "{layout} in pieces of {size}");
+                assert_eq!(
+                    calls(&message),
+                    vec![("get_weather", r#"{"city": "Paris, FR"}"#), ("get_time", "{}")],
+                    "{layout} in pieces of {size}"
+                );
+            }
+        }
+        let streamed = deltas(
+            CallStream::deepseek(),
+            &[
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Pa",
+                "ris\"}<｜tool▁call▁end｜>",
+            ],
+        );
+        assert_eq!(
+            streamed,
+            vec![vec![start(0, "get_weather"), arguments(0, r#"{"city": "Pa"#)], vec![arguments(0, r#"ris"}"#)]]
+        );
+        let plain = CallStream::deepseek().read_all("No tools: a <｜ is not a call.");
+        assert_eq!((plain.content.as_str(), plain.tool_calls.len()), ("No tools: a <｜ is not a call.", 0));
     }
 
     #[test]

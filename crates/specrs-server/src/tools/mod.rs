@@ -8,6 +8,7 @@
 //! model through the chat template (`tools`), as with transformers and vLLM.
 
 pub mod calls;
+pub mod deepseek;
 pub mod pythonic;
 pub mod xml_calls;
 
@@ -36,10 +37,14 @@ pub enum ToolCallParser {
     /// `<tool_call><function=name><parameter=key>value</parameter></function></tool_call>`
     /// (Qwen3-Coder), values typed by the tool's schema.
     Qwen3Coder,
+    /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁sep｜>...` (DeepSeek V3, R1-0528 and
+    /// V3.1: `deepseek_v3` and `deepseek_v31` name the same reader, which reads both layouts).
+    DeepSeek,
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 5] = ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"];
+    pub const NAMES: [&str; 7] =
+        ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3", "deepseek_v31"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
@@ -48,6 +53,7 @@ impl ToolCallParser {
             "mistral" => Ok(Self::Mistral),
             "pythonic" => Ok(Self::Pythonic),
             "qwen3_coder" => Ok(Self::Qwen3Coder),
+            "deepseek_v3" | "deepseek_v31" => Ok(Self::DeepSeek),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -216,6 +222,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Mistral) => CallStream::mistral(),
             ToolChoice::Auto(ToolCallParser::Pythonic) => CallStream::pythonic(),
             ToolChoice::Auto(ToolCallParser::Qwen3Coder) => CallStream::qwen3_coder(&self.functions),
+            ToolChoice::Auto(ToolCallParser::DeepSeek) => CallStream::deepseek(),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };
