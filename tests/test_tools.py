@@ -334,6 +334,21 @@ def test_auto_reads_qwen3_coder_xml_calls_with_values_typed_by_the_schema(
     assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
 
 
+def test_auto_reads_kimi_calls_and_keeps_their_ids(serve: Callable[..., Server], template_file: Path) -> None:
+    kimi = tool_server(serve, template_file, "kimi_k2")
+    written = (
+        r"<\|tool_calls_section_begin\|><\|tool_call_begin\|>functions\.get_time:0<\|tool_call_argument_begin\|>"
+        r'\{"timezone": "UTC"\}<\|tool_call_end\|><\|tool_calls_section_end\|>'
+    )
+    status, body = post(kimi, tools=TOOLS, temperature=0, max_tokens=120, guided_regex=written)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["id"] == "functions.get_time:0", "the model's id, as Kimi's template wants it back"
+    assert (call["function"]["name"], call["function"]["arguments"]) == ("get_time", '{"timezone": "UTC"}')
+
+
 def test_auto_reads_deepseek_calls(serve: Callable[..., Server], template_file: Path) -> None:
     deepseek = tool_server(serve, template_file, "deepseek_v31")
 

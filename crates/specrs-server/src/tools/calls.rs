@@ -1,12 +1,11 @@
 //! Reading the tool calls in a choice's text, in each format a request may get them: the
 //! named function's arguments, a `"required"` list of calls, or calls a model writes on its
 //! own (Hermes blocks, Llama 3 and Mistral JSON; Python call lists in [`super::pythonic`],
-//! Qwen3-Coder's XML in [`super::xml_calls`], DeepSeek's in [`super::deepseek`]). Text is taken
-//! delta by delta and turned into
-//! [`MessageDelta`]s as soon as they are certain.
+//! Qwen3-Coder's XML in [`super::xml_calls`], DeepSeek's and Kimi's in [`super::marked_calls`]).
+//! Text is taken delta by delta and turned into [`MessageDelta`]s as soon as they are certain.
 
 use super::Function;
-use super::deepseek::DeepSeekScanner;
+use super::marked_calls::{DEEPSEEK, KIMI, MarkedCallScanner};
 use super::pythonic::PythonicScanner;
 use super::xml_calls::XmlCallScanner;
 use crate::message::{MessageDelta, held_prefix_len};
@@ -69,8 +68,8 @@ enum Format {
     Pythonic(PythonicScanner),
     /// Qwen3-Coder's `<function=...>` XML blocks (`"auto"`).
     Xml(XmlCallScanner),
-    /// DeepSeek V3 / V3.1's `<｜tool▁calls▁begin｜>` calls (`"auto"`).
-    DeepSeek(DeepSeekScanner),
+    /// DeepSeek V3 / V3.1's and Kimi K2's marker-delimited calls (`"auto"`).
+    Marked(MarkedCallScanner),
 }
 
 impl CallStream {
@@ -107,7 +106,11 @@ impl CallStream {
     }
 
     pub fn deepseek() -> Self {
-        Self::of(Format::DeepSeek(DeepSeekScanner::default()))
+        Self::of(Format::Marked(MarkedCallScanner::new(DEEPSEEK)))
+    }
+
+    pub fn kimi() -> Self {
+        Self::of(Format::Marked(MarkedCallScanner::new(KIMI)))
     }
 
     /// Qwen3-Coder's XML calls, their values typed by `functions`' schemas.
@@ -121,10 +124,12 @@ impl CallStream {
         self
     }
 
-    /// Gives each new call its id.
+    /// Gives each new call its id, unless the model wrote one (Kimi's).
     fn identify(&self, mut out: Vec<MessageDelta>) -> Vec<MessageDelta> {
         for delta in &mut out {
-            if let MessageDelta::CallStart { id, .. } = delta {
+            if let MessageDelta::CallStart { id, .. } = delta
+                && id.is_empty()
+            {
                 *id = self.ids.make();
             }
         }
@@ -151,7 +156,7 @@ impl CallStream {
             Format::JsonCalls(scanner) => scanner.push(text, &mut out),
             Format::Pythonic(scanner) => scanner.push(text, &mut out),
             Format::Xml(scanner) => scanner.push(text, &mut out),
-            Format::DeepSeek(scanner) => scanner.push(text, &mut out),
+            Format::Marked(scanner) => scanner.push(text, &mut out),
         }
         self.identify(out)
     }
@@ -172,7 +177,7 @@ impl CallStream {
             Format::JsonCalls(scanner) => scanner.finish(&mut out),
             Format::Pythonic(scanner) => scanner.finish(&mut out),
             Format::Xml(scanner) => scanner.finish(&mut out),
-            Format::DeepSeek(scanner) => scanner.finish(&mut out),
+            Format::Marked(scanner) => scanner.finish(&mut out),
         }
         self.identify(out)
     }
@@ -972,6 +977,20 @@ mod tests {
         );
         let plain = CallStream::deepseek().read_all("No tools: a <｜ is not a call.");
         assert_eq!((plain.content.as_str(), plain.tool_calls.len()), ("No tools: a <｜ is not a call.", 0));
+    }
+
+    #[test]
+    fn kimi_calls_keep_the_models_ids_and_name_the_function_inside_them() {
+        let text = "On it.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0\
+                    <|tool_call_argument_begin|>{\"city\":\"Paris\"}<|tool_call_end|><|tool_call_begin|>\
+                    functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>";
+        for size in [1, 5, 1000] {
+            let message = read_in_pieces(CallStream::kimi(), text, size);
+            assert_eq!(message.content, "On it.", "pieces of {size}");
+            assert_eq!(calls(&message), vec![("get_weather", r#"{"city": "Paris"}"#), ("get_time", "{}")]);
+            let ids: Vec<&str> = message.tool_calls.iter().map(|(id, _, _)| id.as_str()).collect();
+            assert_eq!(ids, ["functions.get_weather:0", "functions.get_time:1"], "Kimi's templates want them back");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! model through the chat template (`tools`), as with transformers and vLLM.
 
 pub mod calls;
-pub mod deepseek;
+pub mod marked_calls;
 pub mod pythonic;
 pub mod xml_calls;
 
@@ -40,11 +40,14 @@ pub enum ToolCallParser {
     /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁sep｜>...` (DeepSeek V3, R1-0528 and
     /// V3.1: `deepseek_v3` and `deepseek_v31` name the same reader, which reads both layouts).
     DeepSeek,
+    /// `<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}`
+    /// (Kimi K2), the model's `functions.name:0` kept as the call's id.
+    KimiK2,
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 7] =
-        ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3", "deepseek_v31"];
+    pub const NAMES: [&str; 8] =
+        ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3", "deepseek_v31", "kimi_k2"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
@@ -54,6 +57,7 @@ impl ToolCallParser {
             "pythonic" => Ok(Self::Pythonic),
             "qwen3_coder" => Ok(Self::Qwen3Coder),
             "deepseek_v3" | "deepseek_v31" => Ok(Self::DeepSeek),
+            "kimi_k2" => Ok(Self::KimiK2),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -223,6 +227,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Pythonic) => CallStream::pythonic(),
             ToolChoice::Auto(ToolCallParser::Qwen3Coder) => CallStream::qwen3_coder(&self.functions),
             ToolChoice::Auto(ToolCallParser::DeepSeek) => CallStream::deepseek(),
+            ToolChoice::Auto(ToolCallParser::KimiK2) => CallStream::kimi(),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };

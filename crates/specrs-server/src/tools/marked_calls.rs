@@ -1,5 +1,5 @@
-//! DeepSeek's tool calls (vLLM's `deepseek_v3` and `deepseek_v31` parsers), one reader for
-//! both layouts:
+//! Tool calls between special-token markers: DeepSeek's (vLLM's `deepseek_v3` and
+//! `deepseek_v31` parsers, one reader for both layouts) and Kimi K2's (`kimi_k2`):
 //!
 //! ```text
 //! V3:   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather
@@ -7,33 +7,57 @@
 //!       {"city": "Paris"}
 //!       ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 //! V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+//! Kimi: <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>
 //! ```
 //!
 //! Text before the calls is content. A call starts once its name is complete (V3: the line
-//! after the separator; V3.1: the text before it), and its arguments stream as written.
+//! after the separator; V3.1 and Kimi: the text before it, Kimi's being the call's id, whose
+//! middle is the name), and its arguments stream as written.
 
 use super::calls::{JsonLayout, Laid};
 use crate::message::{MessageDelta, held_prefix_len};
 
-const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
-const CALLS_END: &str = "<｜tool▁calls▁end｜>";
-const CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
-const CALL_END: &str = "<｜tool▁call▁end｜>";
-const SEPARATOR: &str = "<｜tool▁sep｜>";
-/// What V3 writes before the separator, with the name after it.
+/// The markers of one family's calls.
+#[derive(Debug, Clone, Copy)]
+pub struct Markers {
+    calls_begin: &'static str,
+    calls_end: &'static str,
+    call_begin: &'static str,
+    call_end: &'static str,
+    /// Between a call's head (its name or id) and its arguments.
+    separator: &'static str,
+}
+
+pub const DEEPSEEK: Markers = Markers {
+    calls_begin: "<｜tool▁calls▁begin｜>",
+    calls_end: "<｜tool▁calls▁end｜>",
+    call_begin: "<｜tool▁call▁begin｜>",
+    call_end: "<｜tool▁call▁end｜>",
+    separator: "<｜tool▁sep｜>",
+};
+
+pub const KIMI: Markers = Markers {
+    calls_begin: "<|tool_calls_section_begin|>",
+    calls_end: "<|tool_calls_section_end|>",
+    call_begin: "<|tool_call_begin|>",
+    call_end: "<|tool_call_end|>",
+    separator: "<|tool_call_argument_begin|>",
+};
+
+/// What DeepSeek V3 writes before the separator, with the name after it.
 const V3_CALL_TYPE: &str = "function";
 
-/// Reads DeepSeek calls out of free text.
-#[derive(Debug, Default)]
-pub struct DeepSeekScanner {
+/// Reads marker-delimited calls out of free text.
+#[derive(Debug)]
+pub struct MarkedCallScanner {
+    markers: Markers,
     buffer: String,
     at: Place,
     calls: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 enum Place {
-    #[default]
     Text,
     /// Inside the calls, between one call and the next.
     Calls,
@@ -50,7 +74,11 @@ enum Place {
     Done,
 }
 
-impl DeepSeekScanner {
+impl MarkedCallScanner {
+    pub fn new(markers: Markers) -> Self {
+        Self { markers, buffer: String::new(), at: Place::Text, calls: 0 }
+    }
+
     pub fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
         self.buffer.push_str(text);
         while self.step(out) {}
@@ -76,24 +104,24 @@ impl DeepSeekScanner {
     fn step(&mut self, out: &mut Vec<MessageDelta>) -> bool {
         match &mut self.at {
             Place::Text => {
-                if let Some(before) = self.take_until(CALLS_BEGIN) {
+                if let Some(before) = self.take_until(self.markers.calls_begin) {
                     content(before, out);
                     self.at = Place::Calls;
                     return true;
                 }
-                let keep = held_prefix_len(&self.buffer, CALLS_BEGIN);
+                let keep = held_prefix_len(&self.buffer, self.markers.calls_begin);
                 let text: String = self.buffer.drain(..self.buffer.len() - keep).collect();
                 content(text, out);
                 false
             }
             Place::Calls => {
                 let trimmed = self.buffer.trim_start();
-                if let Some(rest) = trimmed.strip_prefix(CALL_BEGIN) {
+                if let Some(rest) = trimmed.strip_prefix(self.markers.call_begin) {
                     self.buffer = rest.to_string();
                     self.at = Place::Head;
                     return true;
                 }
-                if let Some(rest) = trimmed.strip_prefix(CALLS_END) {
+                if let Some(rest) = trimmed.strip_prefix(self.markers.calls_end) {
                     self.buffer = rest.to_string();
                     self.at = Place::Done;
                     return true;
@@ -101,18 +129,18 @@ impl DeepSeekScanner {
                 false
             }
             Place::Head => {
-                let Some(head) = self.take_until(SEPARATOR) else { return false };
+                let Some(head) = self.take_until(self.markers.separator) else { return false };
                 let head = head.trim();
-                if head == V3_CALL_TYPE {
-                    self.at = Place::Name;
-                } else {
-                    self.start_call(head, out);
+                match kimi_call_id(head) {
+                    _ if head == V3_CALL_TYPE => self.at = Place::Name,
+                    Some(name) => self.start_call(name, head, out),
+                    None => self.start_call(head, "", out),
                 }
                 true
             }
             Place::Name => {
                 let Some(name) = self.take_until("\n") else { return false };
-                self.start_call(name.trim(), out);
+                self.start_call(name.trim(), "", out);
                 true
             }
             Place::BeforeArguments => {
@@ -143,7 +171,7 @@ impl DeepSeekScanner {
                 closed
             }
             Place::AfterArguments => {
-                if self.take_until(CALL_END).is_none() {
+                if self.take_until(self.markers.call_end).is_none() {
                     return false;
                 }
                 self.at = Place::Calls;
@@ -159,11 +187,19 @@ impl DeepSeekScanner {
         }
     }
 
-    fn start_call(&mut self, name: &str, out: &mut Vec<MessageDelta>) {
-        out.push(MessageDelta::CallStart { index: self.calls, id: String::new(), name: name.to_string() });
+    /// Starts a call; an empty `id` is given one by the stream.
+    fn start_call(&mut self, name: &str, id: &str, out: &mut Vec<MessageDelta>) {
+        out.push(MessageDelta::CallStart { index: self.calls, id: id.to_string(), name: name.to_string() });
         self.calls += 1;
         self.at = Place::BeforeArguments;
     }
+}
+
+/// The name inside a Kimi call id, `functions.<name>:<index>` (Kimi's templates want the id
+/// back as written, so it stays the call's id).
+fn kimi_call_id(head: &str) -> Option<&str> {
+    let (name, index) = head.strip_prefix("functions.")?.rsplit_once(':')?;
+    index.parse::<usize>().ok().map(|_| name)
 }
 
 fn content(text: String, out: &mut Vec<MessageDelta>) {
