@@ -546,7 +546,8 @@ class LLM:
     ``device`` names one device or several (``["cuda:0", "cuda:1"]`` or ``"cuda:0,cuda:1"``):
     one data-parallel replica per device, each with its own copy of the target and KV cache
     (``max_num_seqs`` and ``kv_cache_memory`` each), new requests going to the replica that
-    cached their prompt's start (unless it is much busier) or else the least-loaded one. ``speculative_config.draft_head_parallelism`` places the draft head.
+    cached their prompt's start (unless it is much busier) or else the least-loaded one.
+    ``speculative_config.draft_head_parallelism`` places the draft head.
 
     ``enable_prefix_caching`` (on, as in vLLM) reuses the KV blocks, the target's and the
     drafter's, of prompt prefixes earlier requests computed: shared system prompts,
