@@ -489,11 +489,24 @@ impl HermesScanner {
         }
     }
 
-    /// Text between calls is content, except the whitespace models put between blocks.
     fn send_text(&self, text: &str, out: &mut Vec<MessageDelta>) {
-        if !text.is_empty() && (self.calls == 0 || !text.trim().is_empty()) {
-            out.push(MessageDelta::Content(text.to_string()));
-        }
+        send_text_around_calls(text, self.calls, out);
+    }
+}
+
+/// Text around calls is content, except the whitespace models put between them (`calls` have
+/// been read so far).
+pub(super) fn send_text_around_calls(text: &str, calls: usize, out: &mut Vec<MessageDelta>) {
+    if calls == 0 || !text.trim().is_empty() {
+        send_content(text, out);
+    }
+}
+
+/// `text` as content, unless it is empty.
+pub(super) fn send_content(text: impl Into<String>, out: &mut Vec<MessageDelta>) {
+    let text = text.into();
+    if !text.is_empty() {
+        out.push(MessageDelta::Content(text));
     }
 }
 

@@ -14,7 +14,7 @@
 //! after the separator; V3.1 and Kimi: the text before it, Kimi's being the call's id, whose
 //! middle is the name), and its arguments stream as written.
 
-use super::calls::{JsonLayout, Laid};
+use super::calls::{JsonLayout, Laid, send_content};
 use crate::message::{MessageDelta, held_prefix_len};
 
 /// The markers of one family's calls.
@@ -87,8 +87,8 @@ impl MarkedCallScanner {
     /// What is left once the output is complete: text held back stays text.
     pub fn finish(&mut self, out: &mut Vec<MessageDelta>) {
         let rest = std::mem::take(&mut self.buffer);
-        if matches!(self.at, Place::Text | Place::Done) && !rest.is_empty() {
-            out.push(MessageDelta::Content(rest));
+        if matches!(self.at, Place::Text | Place::Done) {
+            send_content(rest, out);
         }
     }
 
@@ -105,13 +105,13 @@ impl MarkedCallScanner {
         match &mut self.at {
             Place::Text => {
                 if let Some(before) = self.take_until(self.markers.calls_begin) {
-                    content(before, out);
+                    send_content(before, out);
                     self.at = Place::Calls;
                     return true;
                 }
                 let keep = held_prefix_len(&self.buffer, self.markers.calls_begin);
                 let text: String = self.buffer.drain(..self.buffer.len() - keep).collect();
-                content(text, out);
+                send_content(text, out);
                 false
             }
             Place::Calls => {
@@ -180,7 +180,7 @@ impl MarkedCallScanner {
             Place::Done => {
                 let text = std::mem::take(&mut self.buffer);
                 if !text.trim().is_empty() {
-                    content(text, out);
+                    send_content(text, out);
                 }
                 false
             }
@@ -200,10 +200,4 @@ impl MarkedCallScanner {
 fn kimi_call_id(head: &str) -> Option<&str> {
     let (name, index) = head.strip_prefix("functions.")?.rsplit_once(':')?;
     index.parse::<usize>().ok().map(|_| name)
-}
-
-fn content(text: String, out: &mut Vec<MessageDelta>) {
-    if !text.is_empty() {
-        out.push(MessageDelta::Content(text));
-    }
 }

@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 
+use super::calls::send_content;
 use crate::message::MessageDelta;
 
 /// What Llama 4 writes around its call list.
@@ -105,14 +106,14 @@ fn is_name_char(c: char) -> bool {
 impl PythonicScanner {
     pub fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
         match &self.mode {
-            PythonicMode::Text => return content(text, out),
+            PythonicMode::Text => return send_content(text, out),
             PythonicMode::Undecided => {
                 self.held.push_str(text);
                 match list_start(&self.held) {
                     ListStart::Maybe => {}
                     ListStart::Not => {
                         self.mode = PythonicMode::Text;
-                        content(&std::mem::take(&mut self.held), out);
+                        send_content(std::mem::take(&mut self.held), out);
                     }
                     ListStart::At(at) => {
                         let list = self.held.split_off(at);
@@ -141,7 +142,7 @@ impl PythonicScanner {
                     send_arguments(index, &mut arguments, out);
                     if !rest.trim().is_empty() {
                         self.mode = PythonicMode::Text;
-                        content(rest, out);
+                        send_content(rest, out);
                     }
                     return;
                 }
@@ -213,7 +214,7 @@ impl PythonicScanner {
                     }
                     send_arguments(index, &mut arguments, out);
                     self.mode = PythonicMode::Text;
-                    content(&text[i..], out);
+                    send_content(&text[i..], out);
                     return;
                 }
             }
@@ -223,13 +224,7 @@ impl PythonicScanner {
 
     /// An undecided start is text; a call cut short keeps what was sent.
     pub fn finish(&mut self, out: &mut Vec<MessageDelta>) {
-        content(&std::mem::take(&mut self.held), out);
-    }
-}
-
-fn content(text: &str, out: &mut Vec<MessageDelta>) {
-    if !text.is_empty() {
-        out.push(MessageDelta::Content(text.to_string()));
+        send_content(std::mem::take(&mut self.held), out);
     }
 }
 

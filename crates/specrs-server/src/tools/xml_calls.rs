@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use super::Function;
+use super::calls::send_text_around_calls;
 use crate::message::{MessageDelta, held_prefix_len};
 
 const CALL_OPEN: &str = "<tool_call>";
@@ -179,11 +180,8 @@ impl XmlCallScanner {
         }
     }
 
-    /// Text between calls is content, except the whitespace models put between blocks.
     fn send_text(&self, text: &str, out: &mut Vec<MessageDelta>) {
-        if !text.is_empty() && (self.calls == 0 || !text.trim().is_empty()) {
-            out.push(MessageDelta::Content(text.to_string()));
-        }
+        send_text_around_calls(text, self.calls, out);
     }
 
     fn send_arguments(&self, text: &str, out: &mut Vec<MessageDelta>) {
