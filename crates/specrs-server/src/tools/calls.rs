@@ -990,6 +990,8 @@ mod tests {
         );
         let plain = CallStream::deepseek().read_all("No tools: a <｜ is not a call.");
         assert_eq!((plain.content.as_str(), plain.tool_calls.len()), ("No tools: a <｜ is not a call.", 0));
+        let stray = CallStream::deepseek().read_all("<｜tool▁calls▁begin｜>Sorry, no call.");
+        assert_eq!((stray.content.as_str(), stray.tool_calls.len()), ("Sorry, no call.", 0), "no text is lost");
     }
 
     #[test]

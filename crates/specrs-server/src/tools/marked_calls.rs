@@ -84,10 +84,11 @@ impl MarkedCallScanner {
         while self.step(out) {}
     }
 
-    /// What is left once the output is complete: text held back stays text.
+    /// What is left once the output is complete: text held back stays text, and so does a
+    /// call's head that never reached its separator or name line.
     pub fn finish(&mut self, out: &mut Vec<MessageDelta>) {
         let rest = std::mem::take(&mut self.buffer);
-        if matches!(self.at, Place::Text | Place::Done) {
+        if matches!(self.at, Place::Text | Place::Done | Place::Calls | Place::Head | Place::Name) {
             send_content(rest, out);
         }
     }
@@ -126,7 +127,16 @@ impl MarkedCallScanner {
                     self.at = Place::Done;
                     return true;
                 }
-                false
+                let markers = [self.markers.call_begin, self.markers.calls_end];
+                if trimmed.is_empty() || markers.iter().any(|m| m.starts_with(trimmed) || trimmed.starts_with(m)) {
+                    return false;
+                }
+                // Neither a call nor the calls' end: text, up to the next marker.
+                let end = trimmed.char_indices().skip(1).find(|&(_, c)| c == '<').map_or(trimmed.len(), |(i, _)| i);
+                let text = trimmed[..end].to_string();
+                self.buffer = trimmed[end..].to_string();
+                send_content(text, out);
+                true
             }
             Place::Head => {
                 let Some(head) = self.take_until(self.markers.separator) else { return false };
