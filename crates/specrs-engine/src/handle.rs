@@ -223,11 +223,11 @@ impl EngineHandle {
     /// holding the fewest (the first on ties). Counted up at once, so requests routed together
     /// spread out.
     fn route(&self, request: &GenerationRequest) -> usize {
+        if self.replicas.len() == 1 {
+            return 0;
+        }
         let loads: Vec<usize> = self.replicas.iter().map(|r| r.load.load(Ordering::Relaxed)).collect();
-        let chunks = match (self.replicas.len(), self.prefix_routing) {
-            (2.., Some(_)) => prefix_chunks(&request.prompt),
-            _ => Vec::new(),
-        };
+        let chunks = if self.prefix_routing.is_some() { prefix_chunks(&request.prompt) } else { Vec::new() };
         let matched: Vec<usize> = self.replicas.iter().map(|r| r.sent().matched(&chunks)).collect();
         let index = choose_replica(&loads, &matched, self.prefix_routing.unwrap_or(0));
         let replica = &self.replicas[index];
