@@ -502,6 +502,17 @@ pub(super) fn send_text_around_calls(text: &str, calls: usize, out: &mut Vec<Mes
     }
 }
 
+/// Text at the start of `text` that none of `tags` (markers the reader expects next) can begin
+/// with, up to the next `<`, and what follows it; `None` where `text` is empty or may still
+/// become one of them.
+pub(super) fn stray_text<'a>(text: &'a str, tags: &[&str]) -> Option<(&'a str, &'a str)> {
+    if text.is_empty() || tags.iter().any(|t| t.starts_with(text) || text.starts_with(t)) {
+        return None;
+    }
+    let end = text.char_indices().skip(1).find(|&(_, c)| c == '<').map_or(text.len(), |(i, _)| i);
+    Some(text.split_at(end))
+}
+
 /// `text` as content, unless it is empty.
 pub(super) fn send_content(text: impl Into<String>, out: &mut Vec<MessageDelta>) {
     let text = text.into();

@@ -14,7 +14,7 @@
 //! after the separator; V3.1 and Kimi: the text before it, Kimi's being the call's id, whose
 //! middle is the name), and its arguments stream as written.
 
-use super::calls::{JsonLayout, Laid, send_content};
+use super::calls::{JsonLayout, Laid, send_content, stray_text};
 use crate::message::{MessageDelta, held_prefix_len};
 
 /// The markers of one family's calls.
@@ -127,14 +127,11 @@ impl MarkedCallScanner {
                     self.at = Place::Done;
                     return true;
                 }
-                let markers = [self.markers.call_begin, self.markers.calls_end];
-                if trimmed.is_empty() || markers.iter().any(|m| m.starts_with(trimmed) || trimmed.starts_with(m)) {
-                    return false;
-                }
                 // Neither a call nor the calls' end: text, up to the next marker.
-                let end = trimmed.char_indices().skip(1).find(|&(_, c)| c == '<').map_or(trimmed.len(), |(i, _)| i);
-                let text = trimmed[..end].to_string();
-                self.buffer = trimmed[end..].to_string();
+                let markers = [self.markers.call_begin, self.markers.calls_end];
+                let Some((text, rest)) = stray_text(trimmed, &markers) else { return false };
+                let text = text.to_string();
+                self.buffer = rest.to_string();
                 send_content(text, out);
                 true
             }

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use super::Function;
-use super::calls::send_text_around_calls;
+use super::calls::{send_content, send_text_around_calls, stray_text};
 use crate::message::{MessageDelta, held_prefix_len};
 
 const CALL_OPEN: &str = "<tool_call>";
@@ -57,11 +57,6 @@ enum Place {
         key: String,
         first: bool,
     },
-}
-
-/// Where the tag after `text`'s first character begins (its end if none does).
-fn next_tag(text: &str) -> usize {
-    text.char_indices().skip(1).find(|&(_, c)| c == '<').map_or(text.len(), |(i, _)| i)
 }
 
 /// Where `tag` is in `text`, or (`Err`) how much of `text`'s end could begin it.
@@ -113,17 +108,12 @@ impl XmlCallScanner {
                     self.at = Place::Function { name, first: true };
                     return true;
                 }
-                let could_be_tag =
-                    [CALL_CLOSE, FUNCTION_OPEN].iter().any(|t| t.starts_with(rest) || rest.starts_with(t));
-                if !rest.is_empty() && !could_be_tag {
-                    // Neither a function nor the block's end: text, up to the next tag.
-                    let end = next_tag(rest);
-                    let text = rest[..end].to_string();
-                    self.buffer = rest[end..].to_string();
-                    out.push(MessageDelta::Content(text));
-                    return true;
-                }
-                false
+                // Neither a function nor the block's end: text, up to the next tag.
+                let Some((text, rest)) = stray_text(rest, &[CALL_CLOSE, FUNCTION_OPEN]) else { return false };
+                let text = text.to_string();
+                self.buffer = rest.to_string();
+                send_content(text, out);
+                true
             }
             Place::Function { name, first } => {
                 let rest = self.buffer.trim_start();
@@ -141,15 +131,10 @@ impl XmlCallScanner {
                     self.at = Place::Parameter { name, key, first };
                     return true;
                 }
-                let could_be_tag =
-                    [FUNCTION_CLOSE, PARAMETER_OPEN].iter().any(|t| t.starts_with(rest) || rest.starts_with(t));
-                if !rest.is_empty() && !could_be_tag {
-                    // Stray text inside the function: dropped up to the next tag, as vLLM does.
-                    let end = next_tag(rest);
-                    self.buffer = rest[end..].to_string();
-                    return true;
-                }
-                false
+                // Stray text inside the function: dropped up to the next tag, as vLLM does.
+                let Some((_, rest)) = stray_text(rest, &[FUNCTION_CLOSE, PARAMETER_OPEN]) else { return false };
+                self.buffer = rest.to_string();
+                true
             }
             Place::Parameter { name, key, first } => {
                 // A value ends at its close tag, or (a model that forgot it) at the next
