@@ -272,11 +272,8 @@ def test_auto_reads_llama3_json_calls_after_the_python_tag(
         r'<\|python_tag\|>\{"name": "get_time", "parameters": \{"timezone": "UTC"\}\}; '
         r'\{"name": "get_weather", "parameters": \{"city": "Rome", "unit": "celsius"\}\}'
     )
-    status, body = post(llama, tools=TOOLS, temperature=0, max_tokens=64, guided_regex=written)
-    assert status == 200, body
-    choice = body["choices"][0]
-    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+    calls = forced_calls(llama, written, 64)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
         ("get_time", '{"timezone": "UTC"}'),
         ("get_weather", '{"city": "Rome", "unit": "celsius"}'),
     ]
@@ -287,11 +284,7 @@ def test_auto_reads_pythonic_call_lists_whole_or_streamed(
 ) -> None:
     pythonic = tool_server(serve, template_file, "pythonic")
     written = r'\[get_weather\(city="(Rome|Oslo)", unit=\'celsius\'\), get_time\(timezone="UTC"\)\]'
-    status, body = post(pythonic, tools=TOOLS, temperature=0, max_tokens=64, guided_regex=written)
-    assert status == 200, body
-    choice = body["choices"][0]
-    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
-    whole = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]]
+    whole = [(c["function"]["name"], c["function"]["arguments"]) for c in forced_calls(pythonic, written, 64)]
     calls = [(name, json.loads(arguments)) for name, arguments in whole]
     assert calls[0][0] == "get_weather" and calls[0][1]["unit"] == "celsius", "Python literals read as JSON"
     assert calls[1] == ("get_time", {"timezone": "UTC"})
@@ -340,11 +333,7 @@ def test_auto_reads_kimi_calls_and_keeps_their_ids(serve: Callable[..., Server],
         r"<\|tool_calls_section_begin\|><\|tool_call_begin\|>functions\.get_time:0<\|tool_call_argument_begin\|>"
         r'\{"timezone": "UTC"\}<\|tool_call_end\|><\|tool_calls_section_end\|>'
     )
-    status, body = post(kimi, tools=TOOLS, temperature=0, max_tokens=120, guided_regex=written)
-    assert status == 200, body
-    choice = body["choices"][0]
-    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
-    (call,) = choice["message"]["tool_calls"]
+    (call,) = forced_calls(kimi, written, 120)
     assert call["id"] == "functions.get_time:0", "the model's id, as Kimi's template wants it back"
     assert (call["function"]["name"], call["function"]["arguments"]) == ("get_time", '{"timezone": "UTC"}')
 
@@ -365,11 +354,7 @@ def test_auto_reads_deepseek_calls(serve: Callable[..., Server], template_file: 
         + marker("tool call end")
         + marker("tool calls end")
     )
-    status, body = post(deepseek, tools=TOOLS, temperature=0, max_tokens=200, guided_regex=written)
-    assert status == 200, body
-    choice = body["choices"][0]
-    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
-    (call,) = [c["function"] for c in choice["message"]["tool_calls"]]
+    (call,) = [c["function"] for c in forced_calls(deepseek, written, 200)]
     assert call["name"] == "get_time" and json.loads(call["arguments"])["timezone"] in ("UTC", "CET")
 
 
@@ -395,16 +380,10 @@ def test_auto_reads_mistral_calls_old_and_new_and_every_call_id_is_nine_letters_
 ) -> None:
     mistral = tool_server(serve, template_file, "mistral")
     written = r'\[TOOL_CALLS\]\[\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]'
-    status, body = post(mistral, tools=TOOLS, temperature=0, max_tokens=48, guided_regex=written)
-    assert status == 200, body
-    choice = body["choices"][0]
-    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
-    (call,) = choice["message"]["tool_calls"]
+    (call,) = forced_calls(mistral, written, 48)
     assert (call["function"]["name"], call["function"]["arguments"]) == ("get_time", '{"timezone": "UTC"}')
     newer_text = r'\[TOOL_CALLS\]get_time\[ARGS\]\{"timezone":"UTC"\}'
-    status, body = post(mistral, tools=TOOLS, temperature=0, max_tokens=48, guided_regex=newer_text)
-    assert status == 200, body
-    (newer,) = [c["function"] for c in body["choices"][0]["message"]["tool_calls"]]
+    (newer,) = [c["function"] for c in forced_calls(mistral, newer_text, 48)]
     assert (newer["name"], newer["arguments"]) == ("get_time", '{"timezone": "UTC"}')
     named = {"type": "function", "function": {"name": "get_time"}}
     status, body = post(mistral, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=48)
@@ -510,6 +489,17 @@ def test_tokenize_renders_the_tools_with_the_servers_template_as_chat_does(
 
 def post(server: Server, **fields: Any) -> tuple[int, dict[str, Any]]:
     return server.post_json("/v1/chat/completions", {"model": MODEL, "messages": ASK, **fields})
+
+
+def forced_calls(server: Server, written: str, max_tokens: int) -> list[dict[str, Any]]:
+    """The tool calls of a greedy answer to ASK made certain by the regex `written` (so a test
+    is about reading them, not whether the 135M model decides to call); it holds nothing else."""
+    status, body = post(server, tools=TOOLS, temperature=0, max_tokens=max_tokens, guided_regex=written)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    calls: list[dict[str, Any]] = choice["message"]["tool_calls"]
+    return calls
 
 
 BAD_TOOL_REQUESTS = [
