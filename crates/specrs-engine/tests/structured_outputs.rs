@@ -244,17 +244,6 @@ const TINY: TinyShape =
 const THINK_OPEN: u32 = 19;
 const THINK_CLOSE: u32 = 15;
 
-/// A word-level tokenizer over `t0 .. t46` and `</s>`, with `<think>` and `</think>` in place
-/// of two of the words.
-fn write_thinking_tokenizer(dir: &Path) {
-    let word = |i: u32| match i {
-        THINK_OPEN => "<think>".to_string(),
-        THINK_CLOSE => "</think>".to_string(),
-        _ => format!("t{i}"),
-    };
-    testing::write_word_tokenizer(dir, (0..TINY.vocab as u32 - 1).map(word)).unwrap();
-}
-
 fn thinking_engine(target: &Path, draft: Option<&Path>) -> EngineHandle {
     let mut cfg = PipelineConfig::new(target.to_str().unwrap());
     cfg.dtype = ModelDType::F32;
@@ -274,7 +263,7 @@ fn a_guide_after_reasoning_lets_the_model_think_first_with_or_without_speculatio
     let target = dir.path().join("bigram");
     let config = testing::target_config(Architecture::Llama, &TINY, false);
     testing::write_checkpoint(&target, &config, &testing::bigram_target(Architecture::Llama, &TINY).unwrap()).unwrap();
-    write_thinking_tokenizer(&target);
+    testing::write_thinking_tokenizer(&target, TINY.vocab, THINK_OPEN, THINK_CLOSE).unwrap();
     let head = dir.path().join("eagle3");
     let (c, t) = testing::eagle3_oracle(&TINY, [2, 2, 3]).unwrap();
     testing::write_checkpoint(&head, &c, &t).unwrap();

@@ -192,6 +192,28 @@ pub fn write_word_tokenizer(dir: &Path, words: impl IntoIterator<Item = String>)
     Ok(())
 }
 
+/// A reasoning model's tokenizer for the tiny targets: the words of [`write_tokenizer`], but
+/// `<think>` at id `open` and `</think>` at id `close`, both also whole tokens in text (added,
+/// not special), as a reasoning model's tokenizer has them.
+pub fn write_thinking_tokenizer(dir: &Path, vocab: usize, open: u32, close: u32) -> Result<()> {
+    let word = |i: u32| match i {
+        _ if i == open => "<think>".to_string(),
+        _ if i == close => "</think>".to_string(),
+        _ => format!("t{i}"),
+    };
+    write_word_tokenizer(dir, (0..vocab as u32 - 1).map(word))?;
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer: Value = serde_json::from_str(&std::fs::read_to_string(&path)?).expect("json");
+    for (id, content) in [(open, "<think>"), (close, "</think>")] {
+        tokenizer["added_tokens"].as_array_mut().expect("a list").push(json!({
+            "id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+            "normalized": false, "special": false
+        }));
+    }
+    std::fs::write(&path, tokenizer.to_string())?;
+    Ok(())
+}
+
 /// MLP weights that map a (normed, one-hot) token `j` to a large `e_{next[j]}`:
 /// `gate[u] = 10·e_u`, `up[u] = e_u`, `down[:, u] = e_{next[u]} / 10`. Needs `intermediate >= vocab`.
 fn successor_mlp(prefix: &str, s: &TinyShape, t: &mut HashMap<String, Tensor>) -> Result<()> {

@@ -26,26 +26,12 @@ const TINY: TinyShape =
 const THINK_OPEN: u32 = 19;
 const THINK_CLOSE: u32 = 15;
 
-/// The bigram target, its words `t0` .. `t46` but for `<think>` and `</think>` (whole tokens
-/// in text too, as a reasoning model's tokenizer has them).
+/// The bigram target with a reasoning model's tokenizer (`<think>` and `</think>` in its
+/// vocabulary).
 fn write_thinker(dir: &Path) {
     let config = testing::target_config(Architecture::Llama, &TINY, false);
     testing::write_checkpoint(dir, &config, &testing::bigram_target(Architecture::Llama, &TINY).unwrap()).unwrap();
-    let word = |i: u32| match i {
-        THINK_OPEN => "<think>".to_string(),
-        THINK_CLOSE => "</think>".to_string(),
-        _ => format!("t{i}"),
-    };
-    testing::write_word_tokenizer(dir, (0..TINY.vocab as u32 - 1).map(word)).unwrap();
-    let path = dir.join("tokenizer.json");
-    let mut tokenizer: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    for (id, content) in [(THINK_OPEN, "<think>"), (THINK_CLOSE, "</think>")] {
-        tokenizer["added_tokens"].as_array_mut().unwrap().push(json!({
-            "id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
-            "normalized": false, "special": false
-        }));
-    }
-    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    testing::write_thinking_tokenizer(dir, TINY.vocab, THINK_OPEN, THINK_CLOSE).unwrap();
 }
 
 /// Serves `model` on 127.0.0.1 until the returned runtime is dropped.
