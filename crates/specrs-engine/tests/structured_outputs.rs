@@ -1,6 +1,6 @@
 //! Structured outputs on the default model: whatever the model would have said, a guided
-//! output follows its JSON schema, is a JSON object, matches its regex or is one of its
-//! choices; greedy speculation with the shipped EAGLE-3 head returns exactly the guided plain
+//! output follows its JSON schema, is a JSON object, matches its regex, is one of its
+//! choices or is a sentence of its grammar; greedy speculation with the shipped EAGLE-3 head returns exactly the guided plain
 //! text, with drafts that keep to the grammar; sampled guided outputs stay valid; bad
 //! constraints are request errors. On a tiny target whose vocabulary has `<think>`/`</think>`,
 //! a guide after reasoning lets the model think first, with and without speculation.
@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use specrs_core::SpeculativeConfig;
 use specrs_core::config::SpeculativeMethod;
 use specrs_core::sampling::SamplingParams;
+use specrs_core::structured::pushdown::PushdownGrammar;
 use specrs_core::structured::{GuideCursor, GuideState, StructuredOutputs, TokenVocabulary};
 use specrs_engine::chat_template::ChatMessage;
 use specrs_engine::{
@@ -57,6 +58,16 @@ fn person_schema() -> Value {
     })
 }
 
+/// vLLM's documentation example for `grammar`.
+const SQL_GRAMMAR: &str = r#"
+root ::= select_statement
+select_statement ::= "SELECT " column " from " table " where " condition
+column ::= "col_1 " | "col_2 "
+table ::= "table_1 " | "table_2 "
+condition ::= column "= " number
+number ::= "1 " | "2 "
+"#;
+
 /// Requests covering every kind of constraint, greedy.
 fn guided_requests() -> Vec<GenerationRequest> {
     let json = |schema: Value| StructuredOutputs { json: Some(schema), ..Default::default() };
@@ -80,6 +91,11 @@ fn guided_requests() -> Vec<GenerationRequest> {
             StructuredOutputs { regex: Some(r"\(\d{3}\) \d{3}-\d{4}".into()), ..Default::default() },
             greedy(24),
         ),
+        ask(
+            "Generate an SQL query to show the 'username' and 'email' from the 'users' table.",
+            StructuredOutputs { grammar: Some(SQL_GRAMMAR.into()), ..Default::default() },
+            greedy(40),
+        ),
     ]
 }
 
@@ -100,6 +116,9 @@ fn check_guided(outputs: &[FinalOutput]) {
     let digits: Vec<char> = phone.chars().filter(char::is_ascii_digit).collect();
     assert_eq!((phone.len(), digits.len()), (14, 10), "{phone:?}");
     assert!(phone.starts_with('(') && phone[4..6] == *") " && &phone[9..10] == "-", "{phone:?}");
+
+    let sql = &outputs[4].text;
+    assert!(PushdownGrammar::new(SQL_GRAMMAR).unwrap().matches(sql.as_bytes()), "{sql:?}");
 
     for out in outputs {
         assert_eq!(out.finish_reason, FinishReason::Stop, "a complete output ends itself: {:?}", out.text);
@@ -180,6 +199,10 @@ fn bad_constraints_are_request_errors_naming_the_problem() {
         (StructuredOutputs { regex: Some("(".into()), ..Default::default() }, "not a valid regex"),
         (StructuredOutputs { json: Some(json!({"type": "integer", "maximum": 3})), ..Default::default() }, "`maximum`"),
         (StructuredOutputs::default(), "needs one of"),
+        (
+            StructuredOutputs { grammar: Some("root ::= item\n".into()), ..Default::default() },
+            "rule `item` is used at line 1, column 10 (in `root`) but never defined",
+        ),
     ];
     for (constraint, expected) in cases {
         let err = plain.generate(vec![ask("Hi", constraint, greedy(4))]).unwrap_err().to_string();

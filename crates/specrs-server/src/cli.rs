@@ -90,7 +90,8 @@ pub struct GenerateArgs {
     pub n: usize,
     pub chat: bool,
     pub trace: bool,
-    /// `--json-schema`, `--json-object`, `--regex` or `--choice`, and the flag it came from.
+    /// `--json-schema`, `--json-object`, `--regex`, `--choice` or `--grammar`, and the flag it
+    /// came from.
     pub structured_outputs: Option<(StructuredOutputs, &'static str)>,
 }
 
@@ -110,16 +111,22 @@ impl GenerateArgs {
 }
 
 /// The output constraint of `spec-rs generate`, from whichever of its flags was given (clap
-/// allows one). `--json-schema` takes the schema's JSON text, or `@path` to a file holding it.
+/// allows one). `--json-schema` and `--grammar` take their text, or `@path` to a file holding it.
 fn generate_constraint(m: &ArgMatches) -> Result<Option<(StructuredOutputs, &'static str)>, CliError> {
+    let text_or_file = |flag: &str, value: &String| match value.strip_prefix('@') {
+        Some(path) => {
+            std::fs::read_to_string(path).map_err(|e| CliError::Invalid(format!("--{flag}: cannot read '{path}': {e}")))
+        }
+        None => Ok(value.clone()),
+    };
     if let Some(schema) = m.get_one::<String>("json-schema") {
-        let text = match schema.strip_prefix('@') {
-            Some(path) => std::fs::read_to_string(path)
-                .map_err(|e| CliError::Invalid(format!("--json-schema: cannot read '{path}': {e}")))?,
-            None => schema.clone(),
-        };
+        let text = text_or_file("json-schema", schema)?;
         let constraint = StructuredOutputs { json: Some(Value::String(text)), ..Default::default() };
         return Ok(Some((constraint, "json-schema")));
+    }
+    if let Some(grammar) = m.get_one::<String>("grammar") {
+        let constraint = StructuredOutputs { grammar: Some(text_or_file("grammar", grammar)?), ..Default::default() };
+        return Ok(Some((constraint, "grammar")));
     }
     if m.get_flag("json-object") {
         return Ok(Some((StructuredOutputs { json_object: Some(true), ..Default::default() }, "json-object")));
@@ -341,7 +348,12 @@ pub fn command() -> Command {
                         .action(ArgAction::Append)
                         .help("Structured output: one of these strings (repeat the flag)"),
                 )
-                .group(ArgGroup::new("structured-output").args(["json-schema", "json-object", "regex", "choice"])),
+                .arg(Arg::new("grammar").long("grammar").value_name("EBNF").help(
+                    "Structured output: a context-free grammar in EBNF, starting at `root ::= ...` (its text, or @file)",
+                ))
+                .group(
+                    ArgGroup::new("structured-output").args(["json-schema", "json-object", "regex", "choice", "grammar"]),
+                ),
         )
         .subcommand(crate::train_cli::command())
 }
@@ -730,11 +742,17 @@ mod tests {
         std::fs::write(f.path(), r#"{"type": "object", "properties": {"a": {"type": "integer"}}}"#).unwrap();
         let from_file = format!("@{}", f.path().display());
         assert!(constraint(&["--json-schema", &from_file]).unwrap().json.is_some());
+        let grammar = r#"root ::= "(" [a-z]* ")""#;
+        assert_eq!(constraint(&["--grammar", grammar]).unwrap().grammar.as_deref(), Some(grammar));
+        std::fs::write(f.path(), grammar).unwrap();
+        assert_eq!(constraint(&["--grammar", &from_file]).unwrap().grammar.as_deref(), Some(grammar));
         assert!(constraint(&[]).is_none());
         for (args, needle) in [
             (&["--regex", "("][..], "--regex: structured_outputs.regex is not a valid regex"),
             (&["--json-schema", r#"{"type": "integer", "maximum": 3}"#][..], "--json-schema: "),
             (&["--json-schema", "@/no/such/schema.json"][..], "--json-schema: cannot read"),
+            (&["--grammar", "root ::= item"][..], "--grammar: structured_outputs.grammar: rule `item` is used"),
+            (&["--grammar", "@/no/such/grammar.ebnf"][..], "--grammar: cannot read"),
         ] {
             match parse([&["generate", "hi"][..], args].concat()) {
                 Err(CliError::Invalid(e)) => assert!(e.contains(needle), "{e}"),

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use regex_automata::util::primitives::StateID;
 
 use super::json_grammar::{JsonGrammar, JsonState};
+use super::pushdown::{PushdownGrammar, PushdownState};
 use super::regex_dfa::RegexGrammar;
 use super::vocab::{TokenSet, TokenVocabulary};
 
@@ -21,6 +22,8 @@ pub enum Grammar {
     /// Boxed: a DFA's handle is large beside the JSON automaton's flag.
     Regex(Box<RegexGrammar>),
     Json(JsonGrammar),
+    /// A context-free grammar (EBNF).
+    Cfg(Box<PushdownGrammar>),
 }
 
 /// Where an output is in its guide's automaton.
@@ -28,6 +31,7 @@ pub enum Grammar {
 pub enum GuideState {
     Regex(StateID),
     Json(JsonState),
+    Cfg(PushdownState),
     /// The output left the grammar (only reachable by tokens the guide never allowed).
     Dead,
     /// Inside the model's reasoning: any token, until `</think>`.
@@ -44,6 +48,7 @@ impl Grammar {
         match self {
             Grammar::Regex(g) => GuideState::Regex(g.start()),
             Grammar::Json(g) => GuideState::Json(g.start()),
+            Grammar::Cfg(g) => GuideState::Cfg(g.start()),
         }
     }
 
@@ -51,6 +56,7 @@ impl Grammar {
         match (self, state) {
             (Grammar::Regex(g), GuideState::Regex(s)) => g.step(s, byte).map(GuideState::Regex),
             (Grammar::Json(g), GuideState::Json(s)) => g.step(s, byte).map(GuideState::Json),
+            (Grammar::Cfg(g), GuideState::Cfg(s)) => g.step(s, byte).map(GuideState::Cfg),
             _ => None,
         }
     }
@@ -59,6 +65,7 @@ impl Grammar {
         match (self, state) {
             (Grammar::Regex(g), GuideState::Regex(s)) => g.accepts(s),
             (Grammar::Json(g), GuideState::Json(s)) => g.accepts(s),
+            (Grammar::Cfg(g), GuideState::Cfg(s)) => g.accepts(s),
             _ => false,
         }
     }

@@ -1,17 +1,21 @@
 //! Structured outputs (vLLM's `StructuredOutputsParams`, OpenAI's `response_format`): the
-//! output follows a JSON schema, any JSON object, a regex, or one of a list of choices.
+//! output follows a JSON schema, any JSON object, a regex, one of a list of choices, or a
+//! context-free grammar.
 //!
 //! A request's constraint compiles to a byte automaton ([`json_grammar`] for any JSON,
-//! [`regex_dfa`] for regexes, schemas through [`json_schema`], choices as an alternation)
+//! [`regex_dfa`] for regexes, schemas through [`json_schema`], choices as an alternation,
+//! EBNF grammars through [`ebnf`] to [`pushdown`])
 //! bound to the vocabulary ([`vocab`]); at every position the tokens that would leave the
 //! grammar are masked before sampling ([`guide`]). Speculation needs nothing more: position
 //! `i` of a verify row is masked from the state after the drafts before it, exactly the mask
 //! plain decoding would have used after accepting them, so a draft the grammar forbids is
 //! rejected and the recovered token comes from the masked distribution.
 
+pub mod ebnf;
 pub mod guide;
 pub mod json_grammar;
 pub mod json_schema;
+pub mod pushdown;
 pub mod regex_dfa;
 pub mod vocab;
 
@@ -40,7 +44,8 @@ pub struct StructuredOutputs {
     pub choice: Option<Vec<String>>,
     /// The output is any JSON object (OpenAI's `{"type": "json_object"}`).
     pub json_object: Option<bool>,
-    /// A context-free grammar (EBNF/Lark in vLLM): refused with a message saying so.
+    /// A context-free grammar in EBNF (`root ::= ...`, the syntax of vLLM's xgrammar backend
+    /// and llama.cpp's GBNF; see [`ebnf`]).
     pub grammar: Option<String>,
     /// The constraint holds once the model's reasoning is over (`<think>` ... `</think>`), as
     /// vLLM holds it where a reasoning parser runs; set by the server that runs one, never by
@@ -65,22 +70,18 @@ impl StructuredOutputs {
             0 => {
                 return Err(ConfigError::field(
                     FIELD,
-                    "structured_outputs needs one of json, regex, choice or json_object",
+                    "structured_outputs needs one of json, regex, choice, grammar or json_object",
                 ));
             }
             _ => {
                 return Err(ConfigError::field(
                     FIELD,
-                    "structured_outputs takes exactly one of json, regex, choice or json_object",
+                    "structured_outputs takes exactly one of json, regex, choice, grammar or json_object",
                 ));
             }
         }
-        if self.grammar.is_some() {
-            return Err(ConfigError::field(
-                FIELD,
-                "context-free grammars (structured_outputs.grammar) are not supported; use json, regex, choice or \
-                 json_object",
-            ));
+        if let Some(grammar) = &self.grammar {
+            ebnf::Rules::parse(grammar).map_err(|e| grammar_error(&e))?;
         }
         if let Some(choices) = &self.choice
             && (choices.is_empty() || choices.iter().any(String::is_empty))
@@ -95,8 +96,11 @@ impl StructuredOutputs {
         Ok(())
     }
 
-    /// The grammar to build: a regex or the JSON automaton.
+    /// The grammar to build: a regex, the JSON automaton or an EBNF grammar.
     fn source(&self) -> Result<GrammarSource, ConfigError> {
+        if let Some(grammar) = &self.grammar {
+            return Ok(GrammarSource::Ebnf(grammar.clone()));
+        }
         if self.json_object == Some(true) {
             return Ok(GrammarSource::AnyJsonObject);
         }
@@ -127,6 +131,9 @@ impl StructuredOutputs {
                 regex_dfa::RegexGrammar::new(&pattern)
                     .map_err(|e| ConfigError::field(FIELD, format!("structured_outputs: {e}")))?,
             )),
+            GrammarSource::Ebnf(text) => {
+                Grammar::Cfg(Box::new(pushdown::PushdownGrammar::new(&text).map_err(|e| grammar_error(&e))?))
+            }
         };
         let guide = TokenGuide::new(grammar, vocabulary.clone());
         Ok(CompiledGuide(Arc::new(if self.after_reasoning { guide.after_reasoning() } else { guide })))
@@ -136,6 +143,11 @@ impl StructuredOutputs {
 enum GrammarSource {
     Regex(String),
     AnyJsonObject,
+    Ebnf(String),
+}
+
+fn grammar_error(error: &ebnf::EbnfError) -> ConfigError {
+    ConfigError::field(FIELD, format!("structured_outputs.grammar: {error}"))
 }
 
 /// Recently compiled guides by their constraint, so repeated requests (the same schema on
@@ -239,6 +251,27 @@ mod tests {
     }
 
     #[test]
+    fn a_grammar_guide_masks_by_nesting_and_forces_what_only_one_way_allows() {
+        // Balanced brackets around a list of `a`/`b` words, which no regex can describe.
+        let grammar = "root ::= list\nlist ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= \"a\" | \"b\" | list";
+        let (g, texts) = guide(StructuredOutputs { grammar: Some(grammar.into()), ..Default::default() });
+        assert_eq!(g.forced_bytes(g.start(), 8), b"[");
+        let ids = |text: &str| -> Vec<u32> {
+            text.chars().map(|c| texts.iter().position(|t| *t == c.to_string()).unwrap() as u32).collect()
+        };
+        let inner = ids("[[a,b").iter().fold(g.start(), |s, &t| g.advance(s, t));
+        assert_eq!(allowed_texts(&g, inner, &texts), [",", "]"], "an item ends: a comma or a close");
+        let closed_once = g.advance(inner, ids("]")[0]);
+        assert!(!g.accepts(closed_once), "one bracket is still open");
+        assert_eq!(allowed_texts(&g, closed_once, &texts), [",", "]"]);
+        let done = g.advance(closed_once, ids("]")[0]);
+        assert!(g.accepts(done));
+        assert_eq!(allowed_texts(&g, done, &texts), ["<eos>"]);
+        assert_eq!(g.forced_end(done), Some(0));
+        assert_eq!(g.advance(done, ids("]")[0]), GuideState::Dead, "nothing is left to close");
+    }
+
+    #[test]
     fn a_cursor_follows_the_output_and_masks_the_next_logits() {
         let (g, texts) = guide(StructuredOutputs { regex: Some("a+b".into()), ..Default::default() });
         let mut cursor = GuideCursor::after(&g, &[], &[7, 7]);
@@ -278,7 +311,13 @@ mod tests {
                 StructuredOutputs { regex: Some("a".into()), choice: Some(vec!["b".into()]), ..Default::default() },
                 "exactly one",
             ),
-            (StructuredOutputs { grammar: Some("root ::= \"a\"".into()), ..Default::default() }, "not supported"),
+            (
+                StructuredOutputs {
+                    grammar: Some("root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"".into()),
+                    ..Default::default()
+                },
+                "structured_outputs.grammar: rule `expr` is left-recursive",
+            ),
             (StructuredOutputs { choice: Some(vec![]), ..Default::default() }, "non-empty"),
             (StructuredOutputs { json: Some(Value::String("{".into())), ..Default::default() }, "not JSON"),
             (

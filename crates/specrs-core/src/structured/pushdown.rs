@@ -1,0 +1,282 @@
+//! A context-free grammar as a byte automaton: the recogniser behind `grammar`.
+//!
+//! The parser's configuration is the set of stacks of grammar positions it could be in (the
+//! nondeterminism of alternatives kept side by side, as llama.cpp's grammar sampler keeps
+//! them), each stack's top a byte set to read next or nothing (the root is complete).
+//! Configurations are interned: a state is a small id, `Copy` and hashable like the other
+//! automata's, so the guide caches allowed tokens per state, and each `(state, byte)` step is
+//! computed once and remembered. Configurations depend on the output's nesting, not its
+//! length (a repetition is a tail call and keeps the stack flat), so the table stays small for
+//! the outputs grammars describe.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::ebnf::{EbnfError, Rules, Symbol};
+
+/// Deepest stack of open rules a configuration may hold (the output's nesting).
+pub const MAX_STACK_DEPTH: usize = 1024;
+
+/// Most stacks one configuration may hold (the grammar's ambiguity at one point).
+pub const MAX_STACKS: usize = 1024;
+
+/// Most configurations one grammar interns; past it, new ones end the output's way on.
+pub const MAX_CONFIGURATIONS: usize = 1 << 20;
+
+/// Positions in [`Rules::symbols`], bottom first; the top is the next thing to read.
+type Stack = Box<[u32]>;
+
+/// The stacks a parser could be in, sorted and distinct.
+type Configuration = Arc<[Stack]>;
+
+/// An interned configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PushdownState(u32);
+
+#[derive(Debug)]
+pub struct PushdownGrammar {
+    rules: Rules,
+    start: PushdownState,
+    table: Mutex<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    configurations: Vec<Configuration>,
+    /// Whether each configuration may end the output (it holds an empty stack).
+    accepting: Vec<bool>,
+    ids: HashMap<Configuration, u32>,
+    /// Each step taken so far; `None` where the byte leaves the grammar.
+    steps: HashMap<(u32, u8), Option<u32>>,
+}
+
+impl PushdownGrammar {
+    pub fn new(text: &str) -> Result<Self, EbnfError> {
+        let rules = Rules::parse(text)?;
+        let mut table = Table::default();
+        let mut stacks = Vec::new();
+        expand(&rules, vec![], Symbol::Rule(rules.root), &mut stacks);
+        let start = intern(&mut table, stacks)
+            .ok_or_else(|| EbnfError("the grammar's start is too ambiguous (over 1024 parses at once)".into()))?;
+        Ok(Self { rules, start: PushdownState(start), table: Mutex::new(table) })
+    }
+
+    pub fn start(&self) -> PushdownState {
+        self.start
+    }
+
+    pub fn step(&self, state: PushdownState, byte: u8) -> Option<PushdownState> {
+        let mut table = self.lock();
+        if let Some(&next) = table.steps.get(&(state.0, byte)) {
+            return next.map(PushdownState);
+        }
+        let configuration = table.configurations[state.0 as usize].clone();
+        let mut stacks = Vec::new();
+        for stack in configuration.iter() {
+            let Some((&top, below)) = stack.split_last() else { continue };
+            let Symbol::Byte(set) = self.rules.symbols[top as usize] else { continue };
+            if self.rules.byte_sets[set as usize].contains(byte) {
+                let mut rest = below.to_vec();
+                rest.push(top + 1);
+                settle(&self.rules, rest, &mut stacks);
+            }
+        }
+        let next = if stacks.is_empty() { None } else { intern(&mut table, stacks) };
+        table.steps.insert((state.0, byte), next);
+        next.map(PushdownState)
+    }
+
+    /// Whether the bytes that led to `state` are a whole output of the grammar.
+    pub fn accepts(&self, state: PushdownState) -> bool {
+        self.lock().accepting[state.0 as usize]
+    }
+
+    /// Whether `text` as a whole is an output of the grammar.
+    pub fn matches(&self, text: &[u8]) -> bool {
+        text.iter().try_fold(self.start, |s, &b| self.step(s, b)).is_some_and(|s| self.accepts(s))
+    }
+
+    /// How many configurations the grammar has interned (they grow with nesting, not length).
+    pub fn configurations(&self) -> usize {
+        self.lock().configurations.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        // A panic while holding the lock leaves a table that is still consistent.
+        self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Brings `stack` (whose top may be any position) to stacks whose tops are byte sets or
+/// that are empty, into `out`.
+fn settle(rules: &Rules, mut stack: Vec<u32>, out: &mut Vec<Vec<u32>>) {
+    loop {
+        let Some(&top) = stack.last() else {
+            out.push(stack);
+            return;
+        };
+        match rules.symbols[top as usize] {
+            Symbol::Byte(_) => {
+                out.push(stack);
+                return;
+            }
+            Symbol::End => {
+                stack.pop();
+            }
+            rule @ Symbol::Rule(_) => {
+                // The continuation goes under the rule, unless nothing follows it (a tail
+                // call: `h ::= x h` repeats without growing the stack).
+                stack.pop();
+                if rules.symbols[top as usize + 1] != Symbol::End {
+                    stack.push(top + 1);
+                }
+                expand(rules, stack, rule, out);
+                return;
+            }
+        }
+    }
+}
+
+/// Enters `rule` on top of `below` (which already holds the continuation after it): each
+/// alternative starts a stack of its own.
+fn expand(rules: &Rules, below: Vec<u32>, rule: Symbol, out: &mut Vec<Vec<u32>>) {
+    let Symbol::Rule(rule) = rule else { unreachable!("only rules expand") };
+    if below.len() >= MAX_STACK_DEPTH || out.len() > MAX_STACKS {
+        return; // too deep or too ambiguous: this parse is dropped
+    }
+    for &alternative in &rules.alternatives[rule as usize] {
+        let mut stack = below.clone();
+        stack.push(alternative);
+        settle(rules, stack, out);
+    }
+}
+
+/// The id of the configuration of `stacks`, interned now or found; `None` where the table or
+/// the configuration is full.
+fn intern(table: &mut Table, mut stacks: Vec<Vec<u32>>) -> Option<u32> {
+    stacks.sort_unstable();
+    stacks.dedup();
+    if stacks.len() > MAX_STACKS {
+        return None;
+    }
+    let configuration: Configuration = stacks.into_iter().map(Vec::into_boxed_slice).collect();
+    if let Some(&id) = table.ids.get(&configuration) {
+        return Some(id);
+    }
+    if table.configurations.len() >= MAX_CONFIGURATIONS {
+        return None;
+    }
+    let id = table.configurations.len() as u32;
+    table.accepting.push(configuration.iter().any(|stack| stack.is_empty()));
+    table.configurations.push(configuration.clone());
+    table.ids.insert(configuration, id);
+    Some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grammar(text: &str) -> PushdownGrammar {
+        PushdownGrammar::new(text).expect("the grammar compiles")
+    }
+
+    /// vLLM's documentation example for `grammar` (xgrammar's EBNF).
+    const SQL: &str = r#"
+        root ::= select_statement
+        select_statement ::= "SELECT " column " from " table " where " condition
+        column ::= "col_1 " | "col_2 "
+        table ::= "table_1 " | "table_2 "
+        condition ::= column "= " number
+        number ::= "1 " | "2 "
+    "#;
+
+    #[test]
+    fn the_sql_example_accepts_its_sentences_and_nothing_else() {
+        let g = grammar(SQL);
+        assert!(g.matches(b"SELECT col_1  from table_2  where col_2 = 1 "));
+        assert!(!g.matches(b"SELECT col_3  from table_2  where col_2 = 1 "));
+        assert!(!g.matches(b"SELECT col_1  from table_2  where col_2 = 1"), "a prefix is not whole");
+        assert!(!g.matches(b"SELECT col_1  from table_2  where col_2 = 1 ;"));
+    }
+
+    #[test]
+    fn nesting_is_recognised_to_any_depth_a_regex_cannot_count() {
+        let g = grammar(
+            r#"root ::= expr
+               expr ::= term (("+" | "-") term)*
+               term ::= factor ("*" factor)*
+               factor ::= [0-9]+ | "(" expr ")""#,
+        );
+        assert!(g.matches(b"1+2*3"));
+        assert!(g.matches(b"((1+2)*(3-4))*5"));
+        let deep = format!("{}7{}", "(".repeat(100), ")".repeat(100));
+        assert!(g.matches(deep.as_bytes()));
+        assert!(!g.matches(b"(1+2"), "an open parenthesis must close");
+        assert!(!g.matches(b"(1+2))"), "and close only what opened");
+        assert!(!g.matches(b"1+*2"));
+    }
+
+    #[test]
+    fn repetitions_keep_their_bounds() {
+        let g = grammar(r#"root ::= "a"{2,3} "b"{2} "c"{1,} "d"{,1} "e"?"#);
+        assert!(g.matches(b"aabbc"));
+        assert!(g.matches(b"aaabbcccde"));
+        assert!(!g.matches(b"abbc"), "at least two a");
+        assert!(!g.matches(b"aaaabbc"), "at most three a");
+        assert!(!g.matches(b"aabc"), "exactly two b");
+        assert!(!g.matches(b"aabb"), "at least one c");
+        assert!(!g.matches(b"aabbcdd"), "at most one d");
+    }
+
+    #[test]
+    fn classes_match_whole_utf8_characters() {
+        let g = grammar(r#"root ::= "\"" [^"\\]* "\"" | [α-ω]+ | ."#);
+        assert!(g.matches("\"héllo wörld ✓\"".as_bytes()));
+        assert!(!g.matches(b"\"a\\\""), "a backslash is outside the class");
+        assert!(g.matches("λόγος".replace('ό', "ο").as_bytes()));
+        assert!(g.matches("✓".as_bytes()), "`.` is one whole character");
+        assert!(!g.matches(&"✓".as_bytes()[..2]), "half a character is not one");
+        assert!(!g.matches("ab".as_bytes()), "`.` is one character, not two");
+    }
+
+    #[test]
+    fn a_long_repetition_keeps_the_stack_flat_and_the_table_small() {
+        let g = grammar(
+            r#"root ::= item ("," item)*
+                           item ::= [a-z]+"#,
+        );
+        let text = vec!["abc"; 5000].join(",");
+        assert!(g.matches(text.as_bytes()));
+        assert!(g.configurations() < 10, "{} configurations for a flat list", g.configurations());
+    }
+
+    #[test]
+    fn ambiguous_grammars_keep_every_parse_until_the_bytes_decide() {
+        // Both alternatives start alike; only the last byte tells them apart.
+        let g = grammar(
+            r#"root ::= "ab" x | "a" y
+                           x ::= "c"
+                           y ::= "bd""#,
+        );
+        assert!(g.matches(b"abc"));
+        assert!(g.matches(b"abd"));
+        assert!(!g.matches(b"abe"));
+        let after_ab = g.step(g.step(g.start(), b'a').unwrap(), b'b').unwrap();
+        assert!(!g.accepts(after_ab));
+        assert!(g.step(after_ab, b'c').is_some_and(|s| g.accepts(s)));
+    }
+
+    #[test]
+    fn nesting_past_the_depth_limit_ends_the_way_on() {
+        let g = grammar(r#"root ::= "(" root ")" | "x""#);
+        let mut state = g.start();
+        let mut depth = 0;
+        while let Some(next) = g.step(state, b'(') {
+            (state, depth) = (next, depth + 1);
+            assert!(depth < 2 * MAX_STACK_DEPTH, "the depth is bounded");
+        }
+        assert!(depth >= MAX_STACK_DEPTH - 2, "refused only at the limit ({depth} levels), not a panic");
+        assert!(g.step(state, b'x').is_some(), "the output can still close what is open");
+    }
+}
