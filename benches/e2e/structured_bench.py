@@ -13,6 +13,11 @@ schema, ``max_tokens`` 128):
   "schema": ...}`` (its GBNF grammar sampler), in the peer environment
   ``.bench-cache/venvs/llama`` that ``run_benchmarks.py`` installs.
 
+With ``--constraint grammar`` each schema is first turned into a GBNF grammar by llama.cpp's
+own converter (``llama_cpp.llama_grammar.json_schema_to_gbnf``), and both systems get that
+same grammar text: spec-rs as ``structured_outputs.grammar`` (its context-free recogniser),
+llama.cpp as ``grammar=`` (its grammar sampler).
+
 Systems take turns on every repetition, so a slow stretch of the shared machine falls on all
 of them. Every guided output is checked (parsed, required keys present); the two spec-rs
 guided configurations must return the same text. Tokens per second are completion tokens over
@@ -20,6 +25,7 @@ wall time, medians over repetitions. A dated Markdown section goes to docs/BENCH
 ``--output``).
 
     python benches/e2e/structured_bench.py --repeats 3
+    python benches/e2e/structured_bench.py --repeats 3 --constraint grammar
 """
 
 from __future__ import annotations
@@ -85,22 +91,47 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 
 LLAMA_WORKER = r"""
 import json, sys, time
-from llama_cpp import Llama
+from llama_cpp import Llama, LlamaGrammar
 job = json.load(sys.stdin)
 llm = Llama(model_path=job["gguf"], n_ctx=2048, n_threads=job["threads"], verbose=False, seed=0)
 results = []
-for prompt, schema in job["cases"]:
+for i, (prompt, schema) in enumerate(job["cases"]):
+    if job["grammars"]:
+        constraint = {"grammar": LlamaGrammar.from_string(job["grammars"][i], verbose=False)}
+    else:
+        constraint = {"response_format": {"type": "json_object", "schema": schema}}
     start = time.perf_counter()
     out = llm.create_chat_completion(
         messages=[{"role": "user", "content": prompt}],
-        response_format={"type": "json_object", "schema": schema},
-        temperature=0.0, max_tokens=job["max_tokens"],
+        temperature=0.0, max_tokens=job["max_tokens"], **constraint,
     )
     wall = time.perf_counter() - start
     text = out["choices"][0]["message"]["content"]
     results.append({"text": text, "tokens": out["usage"]["completion_tokens"], "wall": wall})
 json.dump(results, sys.stdout)
 """
+
+
+GBNF_WORKER = r"""
+import json, sys
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+json.dump([json_schema_to_gbnf(json.dumps(schema)) for schema in json.load(sys.stdin)], sys.stdout)
+"""
+
+
+def gbnf_grammars() -> list[str]:
+    """Each case's schema as llama.cpp's converter writes it in GBNF."""
+    python = peers.venv_python("llama")
+    if not python.exists():
+        raise SystemExit("--constraint grammar needs the llama.cpp environment: run run_benchmarks.py once")
+    schemas = json.dumps([schema for _, schema in CASES])
+    proc = subprocess.run(
+        [str(python), "-c", GBNF_WORKER], input=schemas, capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"llama.cpp's schema converter failed: {proc.stderr[-2000:]}")
+    grammars: list[str] = json.loads(proc.stdout)
+    return grammars
 
 
 def check(text: str, schema: dict[str, Any], label: str) -> None:
@@ -114,13 +145,16 @@ def check(text: str, schema: dict[str, Any], label: str) -> None:
 ACCEPTANCE: dict[bool, tuple[int, int]] = {}
 
 
-def run_specrs(llm: Any, guided: bool) -> tuple[list[str], int, float]:
+def run_specrs(llm: Any, guided: bool, grammars: list[str] | None) -> tuple[list[str], int, float]:
     from spec_rs import SamplingParams, StructuredOutputsParams
 
     texts, tokens, wall = [], 0, 0.0
     steps = accepted = 0
-    for prompt, schema in CASES:
-        constraint = StructuredOutputsParams(json=schema) if guided else None
+    for i, (prompt, schema) in enumerate(CASES):
+        constraint = None
+        if guided:
+            by_grammar = StructuredOutputsParams(grammar=grammars[i]) if grammars else None
+            constraint = by_grammar or StructuredOutputsParams(json=schema)
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, structured_outputs=constraint)
         llm.reset_prefix_cache()
         start = time.perf_counter()
@@ -137,12 +171,12 @@ def run_specrs(llm: Any, guided: bool) -> tuple[list[str], int, float]:
     return texts, tokens, wall
 
 
-def run_llama(gguf: str, threads: int) -> tuple[list[str], int, float] | None:
+def run_llama(gguf: str, threads: int, grammars: list[str] | None) -> tuple[list[str], int, float] | None:
     python = peers.venv_python("llama")
     if not python.exists():
         print("llama.cpp skipped: run benches/e2e/run_benchmarks.py once to install its environment")
         return None
-    job = {"gguf": gguf, "threads": threads, "cases": CASES, "max_tokens": MAX_TOKENS}
+    job = {"gguf": gguf, "threads": threads, "cases": CASES, "max_tokens": MAX_TOKENS, "grammars": grammars}
     proc = subprocess.run(
         [str(python), "-c", LLAMA_WORKER], input=json.dumps(job), capture_output=True, text=True, timeout=1800
     )
@@ -161,7 +195,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=peers.nproc())
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "BENCHMARKS.md")
+    parser.add_argument(
+        "--constraint",
+        choices=["schema", "grammar"],
+        default="schema",
+        help="give each system the JSON schema, or the same GBNF grammar llama.cpp's converter writes for it",
+    )
     args = parser.parse_args()
+    grammars = gbnf_grammars() if args.constraint == "grammar" else None
 
     from spec_rs import LLM, SpeculativeConfig
     from spec_rs.models import resolve_model
@@ -182,14 +223,14 @@ def main() -> None:
         samples.setdefault(name, texts[0])
 
     for rep in range(args.repeats):
-        guided_plain = run_specrs(plain, guided=True)
-        guided_spec = run_specrs(default, guided=True)
+        guided_plain = run_specrs(plain, guided=True, grammars=grammars)
+        guided_spec = run_specrs(default, guided=True, grammars=grammars)
         if guided_plain[0] != guided_spec[0]:
             raise SystemExit("spec-rs: guided speculation changed the text")
         record("spec-rs plain, guided", guided_plain)
         record("spec-rs default, guided", guided_spec)
-        record("spec-rs default, free", run_specrs(default, guided=False))
-        record("llama.cpp, guided", run_llama(gguf, args.threads))
+        record("spec-rs default, free", run_specrs(default, guided=False, grammars=None))
+        record("llama.cpp, guided", run_llama(gguf, args.threads, grammars))
         print(
             f"repetition {rep + 1}/{args.repeats}: "
             + ", ".join(f"{k} {v[-1]:.1f}" for k, v in speeds.items())
@@ -199,10 +240,12 @@ def main() -> None:
     llama = statistics.median(speeds["llama.cpp, guided"]) if "llama.cpp, guided" in speeds else None
     stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     notes: list[str] = []
+    kind = "GBNF grammars from JSON schemas" if grammars else "JSON schemas"
     lines = [
-        f"\n## Structured outputs: {stamp}\n",
-        f"`python benches/e2e/structured_bench.py --repeats {args.repeats}` ({args.threads} threads; "
-        f"{len(CASES)} JSON-schema chats, greedy, max_tokens {MAX_TOKENS}, medians of {args.repeats}).\n",
+        f"\n## Structured outputs ({kind}): {stamp}\n",
+        f"`python benches/e2e/structured_bench.py --repeats {args.repeats} --constraint {args.constraint}` "
+        f"({args.threads} threads; {len(CASES)} guided chats, greedy, max_tokens {MAX_TOKENS}, "
+        f"medians of {args.repeats}).\n",
         "| configuration | tokens per run | tok/s | x spec-rs plain guided | x llama.cpp guided |",
         "|---|---|---|---|---|",
     ]

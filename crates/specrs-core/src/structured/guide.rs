@@ -219,10 +219,10 @@ impl TokenGuide {
             }
             _ => {}
         }
-        let mut set = if state == GuideState::Dead {
-            TokenSet::empty(self.vocabulary.vocab_size())
-        } else {
-            self.vocabulary.tokens_accepted_from(state, |s, b| self.grammar.step(s, b))
+        let mut set = match (&self.grammar, state) {
+            (_, GuideState::Dead) => TokenSet::empty(self.vocabulary.vocab_size()),
+            (Grammar::Cfg(g), GuideState::Cfg(s)) => g.tokens_accepted_from(&self.vocabulary, s),
+            _ => self.vocabulary.tokens_accepted_from(state, |s, b| self.grammar.step(s, b)),
         };
         if set.is_empty() || self.grammar.accepts(state) {
             self.vocabulary.eos_token_ids().iter().for_each(|&eos| set.insert(eos));

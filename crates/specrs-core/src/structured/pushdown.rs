@@ -5,14 +5,17 @@
 //! them), each stack's top a byte set to read next or nothing (the root is complete).
 //! Configurations are interned: a state is a small id, `Copy` and hashable like the other
 //! automata's, so the guide caches allowed tokens per state, and each `(state, byte)` step is
-//! computed once and remembered. Configurations depend on the output's nesting, not its
+//! computed once and remembered in the state's row of 256 successors, so a walk over the
+//! vocabulary's trie mostly reads arrays. Configurations depend on the output's nesting, not its
 //! length (a repetition is a tail call and keeps the stack flat), so the table stays small for
 //! the outputs grammars describe.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::ebnf::{EbnfError, Rules, Symbol};
+use super::vocab::{TokenSet, TokenVocabulary};
 
 /// Deepest stack of open rules a configuration may hold (the output's nesting).
 pub const MAX_STACK_DEPTH: usize = 1024;
@@ -21,7 +24,11 @@ pub const MAX_STACK_DEPTH: usize = 1024;
 pub const MAX_STACKS: usize = 1024;
 
 /// Most configurations one grammar interns; past it, new ones end the output's way on.
-pub const MAX_CONFIGURATIONS: usize = 1 << 20;
+pub const MAX_CONFIGURATIONS: usize = 1 << 18;
+
+/// A successor not computed yet, and a byte that leaves the grammar, in a row of steps.
+const UNKNOWN: u32 = u32::MAX;
+const REFUSED: u32 = u32::MAX - 1;
 
 /// Positions in [`Rules::symbols`], bottom first; the top is the next thing to read.
 type Stack = Box<[u32]>;
@@ -46,8 +53,9 @@ struct Table {
     /// Whether each configuration may end the output (it holds an empty stack).
     accepting: Vec<bool>,
     ids: HashMap<Configuration, u32>,
-    /// Each step taken so far; `None` where the byte leaves the grammar.
-    steps: HashMap<(u32, u8), Option<u32>>,
+    /// Each configuration's successors by byte ([`UNKNOWN`] until first taken, [`REFUSED`]
+    /// where the byte leaves the grammar); a row is allocated on the first step from it.
+    steps: Vec<Option<Box<[u32; 256]>>>,
 }
 
 impl PushdownGrammar {
@@ -66,9 +74,22 @@ impl PushdownGrammar {
     }
 
     pub fn step(&self, state: PushdownState, byte: u8) -> Option<PushdownState> {
-        let mut table = self.lock();
-        if let Some(&next) = table.steps.get(&(state.0, byte)) {
-            return next.map(PushdownState);
+        self.step_in(&mut self.lock(), state, byte)
+    }
+
+    /// The tokens whose bytes the grammar reads from `state` (a walk over the vocabulary's
+    /// trie under one hold of the table's lock).
+    pub fn tokens_accepted_from(&self, vocabulary: &TokenVocabulary, state: PushdownState) -> TokenSet {
+        let table = RefCell::new(self.lock());
+        vocabulary.tokens_accepted_from(state, |s, b| self.step_in(&mut table.borrow_mut(), s, b))
+    }
+
+    fn step_in(&self, table: &mut Table, state: PushdownState, byte: u8) -> Option<PushdownState> {
+        let row = table.steps[state.0 as usize].get_or_insert_with(|| Box::new([UNKNOWN; 256]));
+        match row[byte as usize] {
+            UNKNOWN => {}
+            REFUSED => return None,
+            next => return Some(PushdownState(next)),
         }
         let configuration = table.configurations[state.0 as usize].clone();
         let mut stacks = Vec::new();
@@ -81,8 +102,9 @@ impl PushdownGrammar {
                 settle(&self.rules, rest, &mut stacks);
             }
         }
-        let next = if stacks.is_empty() { None } else { intern(&mut table, stacks) };
-        table.steps.insert((state.0, byte), next);
+        let next = if stacks.is_empty() { None } else { intern(table, stacks) };
+        let row = table.steps[state.0 as usize].as_mut().expect("the row was allocated above");
+        row[byte as usize] = next.unwrap_or(REFUSED);
         next.map(PushdownState)
     }
 
@@ -169,6 +191,7 @@ fn intern(table: &mut Table, mut stacks: Vec<Vec<u32>>) -> Option<u32> {
     let id = table.configurations.len() as u32;
     table.accepting.push(configuration.iter().any(|stack| stack.is_empty()));
     table.configurations.push(configuration.clone());
+    table.steps.push(None);
     table.ids.insert(configuration, id);
     Some(id)
 }
