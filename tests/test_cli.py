@@ -194,7 +194,7 @@ GENERATE_BAD_SAMPLING = [
     ("top-p-above-1", ["--top-p", "1.5"], "--top-p: top_p must be in (0, 1]"),
     ("max-tokens-0", ["--max-tokens", "0"], "--max-tokens: max_tokens must be >= 1"),
     ("regex-invalid", ["--regex", "("], "--regex: structured_outputs.regex is not a valid regex"),
-    ("schema-unsupported", ["--json-schema", '{"type": "integer", "maximum": 1}'], "`maximum`"),
+    ("schema-unsupported", ["--json-schema", '{"type": "number", "maximum": 1}'], "`maximum`"),
     ("grammar-left-recursive", ["--grammar", 'root ::= root "a" | "a"'], "rule `root` is left-recursive"),
     ("two-constraints", ["--regex", "a", "--json-object"], "cannot be used with"),
 ]

@@ -902,7 +902,7 @@ PERSON_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0},
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
         "city": {"type": "string", "maxLength": 20},
     },
     "required": ["name", "age", "city"],
@@ -948,7 +948,7 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
     ]
     plain = [plain_llm.chat(p, sp)[0] for p, sp in zip(prompts, params, strict=True)]
     person = json.loads(plain[0].text)
-    assert set(person) <= {"name", "age", "city"} and isinstance(person["age"], int) and person["age"] >= 0
+    assert set(person) <= {"name", "age", "city"} and isinstance(person["age"], int) and 18 <= person["age"] <= 99
     assert isinstance(json.loads(plain[1].text), dict)
     assert plain[2].text in ("Yes", "No", "Not sure")
     assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", plain[3].text), plain[3].text
@@ -967,7 +967,8 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
 
 def test_bad_structured_outputs_raise_validation_errors_naming_the_problem() -> None:
     cases = [
-        ({"json": {"type": "integer", "maximum": 3}}, "`maximum`"),
+        ({"json": {"type": "number", "maximum": 3}}, "`maximum` is supported on integers only"),
+        ({"json": {"type": "integer", "minimum": 3, "maximum": 1}}, "leave no integer"),
         ({"regex": "("}, "not a valid regex"),
         ({"regex": "a", "choice": ["a"]}, "exactly one"),
         ({"grammar": 'root ::= "a" tail'}, "rule `tail` is used at line 1, column 14"),

@@ -679,7 +679,7 @@ BAD_REQUESTS = [
         cmpl(
             response_format={
                 "type": "json_schema",
-                "json_schema": {"schema": {"type": "integer", "maximum": 3}},
+                "json_schema": {"schema": {"type": "number", "maximum": 3}},
             }
         ),
         400,

@@ -518,12 +518,12 @@ BAD_TOOL_REQUESTS = [
             "tools": [
                 {
                     "type": "function",
-                    "function": {"name": "f", "parameters": {"type": "integer", "maximum": 2}},
+                    "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}},
                 }
             ]
         },
         "tools[0].function.parameters",
-        "`maximum` is not supported",
+        "keyword `uniqueItems` is not supported",
     ),
     ("unknown-choice", {"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "not one of"),
     (

@@ -44,7 +44,8 @@ class StructuredOutputsParams(BaseModel):
 
     - ``json``: a JSON schema (a dict, or its JSON text) the output is an instance of.
       Properties come in the schema's order; keywords whose constraint cannot be enforced
-      (``maximum``, ``uniqueItems``, ...) raise ``ValidationError`` rather than be ignored.
+      (``maximum`` on a non-integer number, ``uniqueItems``, ...) raise ``ValidationError``
+      rather than be ignored; integers take any ``minimum`` / ``maximum``.
     - ``regex``: a regex the whole output matches.
     - ``choice``: the output is exactly one of these strings.
     - ``json_object``: the output is any JSON object.

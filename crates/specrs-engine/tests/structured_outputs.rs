@@ -197,7 +197,7 @@ fn bad_constraints_are_request_errors_naming_the_problem() {
     let plain = engine(false);
     let cases = [
         (StructuredOutputs { regex: Some("(".into()), ..Default::default() }, "not a valid regex"),
-        (StructuredOutputs { json: Some(json!({"type": "integer", "maximum": 3})), ..Default::default() }, "`maximum`"),
+        (StructuredOutputs { json: Some(json!({"type": "number", "maximum": 3})), ..Default::default() }, "`maximum`"),
         (StructuredOutputs::default(), "needs one of"),
         (
             StructuredOutputs { grammar: Some("root ::= item\n".into()), ..Default::default() },

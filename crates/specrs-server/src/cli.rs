@@ -749,7 +749,7 @@ mod tests {
         assert!(constraint(&[]).is_none());
         for (args, needle) in [
             (&["--regex", "("][..], "--regex: structured_outputs.regex is not a valid regex"),
-            (&["--json-schema", r#"{"type": "integer", "maximum": 3}"#][..], "--json-schema: "),
+            (&["--json-schema", r#"{"type": "number", "maximum": 3}"#][..], "--json-schema: "),
             (&["--json-schema", "@/no/such/schema.json"][..], "--json-schema: cannot read"),
             (&["--grammar", "root ::= item"][..], "--grammar: structured_outputs.grammar: rule `item` is used"),
             (&["--grammar", "@/no/such/grammar.ebnf"][..], "--grammar: cannot read"),

@@ -14,6 +14,8 @@
 
 use serde_json::{Map, Value};
 
+use super::integer_range::integer_range_regex;
+
 /// How deep `$ref`s are expanded inside one another (recursive schemas).
 pub const MAX_REF_DEPTH: usize = 3;
 
@@ -183,6 +185,8 @@ impl Builder<'_> {
             "format",
             "minimum",
             "exclusiveMinimum",
+            "maximum",
+            "exclusiveMaximum",
         ];
         for key in map.keys() {
             if !UNDERSTOOD.contains(&key.as_str()) && !ANNOTATIONS.contains(&key.as_str()) {
@@ -202,7 +206,11 @@ impl Builder<'_> {
     fn typed(&mut self, kind: &str, map: &Map<String, Value>, path: &str) -> Result<String, SchemaError> {
         match kind {
             "string" => string_schema(map, path),
-            "integer" => Ok(if non_negative(map, path)? { NON_NEGATIVE_INTEGER } else { INTEGER }.to_string()),
+            "integer" => match integer_bounds(map, path)? {
+                (None, None) => Ok(INTEGER.to_string()),
+                (lo, hi) => integer_range_regex(lo, hi)
+                    .ok_or_else(|| error(path, "the bounds leave no integer (`minimum` is above `maximum`)")),
+            },
             "number" => {
                 let integer = if non_negative(map, path)? { NON_NEGATIVE_INTEGER } else { INTEGER };
                 Ok(format!("{integer}{FRACTION_EXPONENT}"))
@@ -344,9 +352,49 @@ fn string_with_length(map: &Map<String, Value>, path: &str) -> Result<String, Sc
     Ok(string_regex(min, max))
 }
 
-/// Whether `minimum` / `exclusiveMinimum` rule out negative numbers; other bounds cannot be
-/// written as a regex here and are refused.
+/// Largest bound an integer's `minimum` / `maximum` may name (exact as a float, and far past
+/// what a model writes).
+const MAX_INTEGER_BOUND: f64 = 1e15;
+
+/// The closed range of integers `minimum`, `maximum` and their exclusive forms allow (draft
+/// 4's boolean `exclusiveMinimum` / `exclusiveMaximum` included); fractional bounds round
+/// inwards.
+fn integer_bounds(map: &Map<String, Value>, path: &str) -> Result<(Option<i64>, Option<i64>), SchemaError> {
+    let number = |keyword: &str| -> Result<Option<f64>, SchemaError> {
+        match map.get(keyword) {
+            None | Some(Value::Bool(_)) => Ok(None),
+            Some(value) => match value.as_f64() {
+                Some(n) if n.abs() <= MAX_INTEGER_BOUND => Ok(Some(n)),
+                Some(_) => Err(error(path, format!("`{keyword}` is beyond ±10^15, which is not supported"))),
+                None => Err(error(path, format!("`{keyword}` must be a number"))),
+            },
+        }
+    };
+    let draft4_exclusive = |keyword: &str| map.get(keyword).and_then(Value::as_bool) == Some(true);
+    let tighter = |a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64| match (a, b) {
+        (Some(a), Some(b)) => Some(pick(a, b)),
+        (a, b) => a.or(b),
+    };
+    let minimum =
+        number("minimum")?.map(|m| if draft4_exclusive("exclusiveMinimum") { m.floor() + 1.0 } else { m.ceil() });
+    let maximum =
+        number("maximum")?.map(|m| if draft4_exclusive("exclusiveMaximum") { m.ceil() - 1.0 } else { m.floor() });
+    let lo = tighter(minimum, number("exclusiveMinimum")?.map(|m| m.floor() + 1.0), f64::max);
+    let hi = tighter(maximum, number("exclusiveMaximum")?.map(|m| m.ceil() - 1.0), f64::min);
+    Ok((lo.map(|v| v as i64), hi.map(|v| v as i64)))
+}
+
+/// Whether `minimum` / `exclusiveMinimum` rule out negative numbers; other bounds on a
+/// number (not an integer) cannot be written as a regex here and are refused.
 fn non_negative(map: &Map<String, Value>, path: &str) -> Result<bool, SchemaError> {
+    for keyword in ["maximum", "exclusiveMaximum"] {
+        if map.contains_key(keyword) {
+            return Err(error(
+                path,
+                format!("`{keyword}` is supported on integers only; a number takes only `minimum: 0`"),
+            ));
+        }
+    }
     let mut non_negative = false;
     for keyword in ["minimum", "exclusiveMinimum"] {
         match map.get(keyword).map(|v| v.as_f64()) {
@@ -355,7 +403,7 @@ fn non_negative(map: &Map<String, Value>, path: &str) -> Result<bool, SchemaErro
             Some(_) => {
                 return Err(error(
                     path,
-                    format!("`{keyword}` is supported only as 0 (no negative numbers); other bounds are not"),
+                    format!("on a number, `{keyword}` is supported only as 0 (integers take any bounds)"),
                 ));
             }
         }
@@ -428,6 +476,18 @@ mod tests {
         let cases = [
             (json!({"type": "number"}), vec!["0", "-1.5", "2e10", "3.25E-2"], vec!["01", ".5", "1.", "+1"]),
             (json!({"type": "integer", "minimum": 0}), vec!["0", "42"], vec!["-1"]),
+            (json!({"type": "integer", "minimum": 1, "maximum": 120}), vec!["1", "99", "120"], vec!["0", "121", "-5"]),
+            (
+                json!({"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 3}),
+                vec!["-2", "2"],
+                vec!["-3", "3"],
+            ),
+            (
+                json!({"type": "integer", "minimum": 0.5, "maximum": 10, "exclusiveMaximum": true}),
+                vec!["1", "9"],
+                vec!["0", "10"],
+            ),
+            (json!({"type": "integer", "maximum": -10}), vec!["-10", "-1234"], vec!["-9", "0"]),
             (json!({"type": "boolean"}), vec!["true", "false"], vec!["True", "1"]),
             (json!({"enum": ["red", 2, null]}), vec![r#""red""#, "2", "null"], vec![r#""blue""#]),
             (json!({"type": ["string", "null"]}), vec![r#""x""#, "null"], vec!["1"]),
@@ -476,8 +536,11 @@ mod tests {
     #[test]
     fn unsupported_or_broken_schemas_are_refused_by_name_and_place() {
         let cases = [
-            (json!({"type": "integer", "maximum": 10}), "`maximum` is not supported"),
+            (json!({"type": "number", "maximum": 10}), "`maximum` is supported on integers only"),
             (json!({"type": "object", "properties": {"a": {"type": "number", "minimum": 5}}}), "#/properties/a"),
+            (json!({"type": "integer", "minimum": 5, "maximum": 4}), "leave no integer"),
+            (json!({"type": "integer", "minimum": 1e20}), "beyond"),
+            (json!({"type": "integer", "maximum": "10"}), "`maximum` must be a number"),
             (json!({"type": "string", "pattern": "("}), "not a valid regex"),
             (json!({"type": "widget"}), "unknown type"),
             (json!({"$ref": "#/$defs/missing"}), "points at nothing"),

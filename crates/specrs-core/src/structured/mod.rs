@@ -13,6 +13,7 @@
 
 pub mod ebnf;
 pub mod guide;
+pub mod integer_range;
 pub mod json_grammar;
 pub mod json_schema;
 pub mod pushdown;
@@ -321,7 +322,7 @@ mod tests {
             (StructuredOutputs { choice: Some(vec![]), ..Default::default() }, "non-empty"),
             (StructuredOutputs { json: Some(Value::String("{".into())), ..Default::default() }, "not JSON"),
             (
-                StructuredOutputs { json: Some(json!({"type": "integer", "maximum": 3})), ..Default::default() },
+                StructuredOutputs { json: Some(json!({"type": "number", "maximum": 3})), ..Default::default() },
                 "`maximum`",
             ),
         ];

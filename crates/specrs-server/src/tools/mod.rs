@@ -353,7 +353,7 @@ mod tests {
             (json!({"type": "function", "function": {"name": "no spaces"}}), "tools[0].function.name"),
             (json!({"type": "function", "function": {"name": "f", "parameters": 3}}), "tools[0].function.parameters"),
             (
-                json!({"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "maximum": 3}}}),
+                json!({"type": "function", "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": true}}}),
                 "tools[0].function.parameters",
             ),
         ];
