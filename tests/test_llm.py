@@ -909,6 +909,13 @@ PERSON_SCHEMA: dict[str, Any] = {
 }
 
 
+# A Lark grammar: an answer of either case, then a reason.
+YES_NO_LARK = """
+start: ANSWER ", because " REASON "."
+ANSWER: "yes"i | "no"i
+REASON: /[a-z ]{1,60}/
+"""
+
 # Lists of one to three numbers or lists, nested to any depth: no regex describes them.
 NESTED_LISTS = """
 root ::= list
@@ -938,6 +945,7 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
         user("Is Paris the capital of France?"),
         user("Give me a US phone number."),
         user("Write a nested list of small numbers, like [1,[2,3]]."),
+        user("Is Paris the capital of France? Answer yes or no, then say why."),
     ]
     params = [
         guided(96, json=PERSON_SCHEMA),
@@ -945,6 +953,7 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
         guided(8, choice=["Yes", "No", "Not sure"]),
         guided(24, regex=r"\(\d{3}\) \d{3}-\d{4}"),
         guided(48, grammar=NESTED_LISTS),
+        guided(48, grammar=YES_NO_LARK),
     ]
     plain = [plain_llm.chat(p, sp)[0] for p, sp in zip(prompts, params, strict=True)]
     person = json.loads(plain[0].text)
@@ -953,6 +962,7 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
     assert plain[2].text in ("Yes", "No", "Not sure")
     assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", plain[3].text), plain[3].text
     assert widths_within(json.loads(plain[4].text), 3), plain[4].text
+    assert re.fullmatch(r"(?i:yes|no), because [a-z ]{1,60}\.", plain[5].text), plain[5].text
     assert all(out.finish_reason == "stop" for out in plain), [o.text for o in plain]
     for p, sp, want in zip(prompts, params, plain, strict=True):
         assert ngram_llm.chat(p, sp)[0].token_ids == want.token_ids
@@ -973,7 +983,8 @@ def test_bad_structured_outputs_raise_validation_errors_naming_the_problem() -> 
         ({"regex": "a", "choice": ["a"]}, "exactly one"),
         ({"grammar": 'root ::= "a" tail'}, "rule `tail` is used at line 1, column 14"),
         ({"grammar": 'root ::= root "a" | "b"'}, "rule `root` is left-recursive"),
-        ({"grammar": 'root: "a"'}, "Lark grammars"),
+        ({"grammar": 'root: "a"'}, "the grammar has no `start` rule"),
+        ({"grammar": "start: /^a/"}, "anchor or look-around"),
         ({"choice": []}, "non-empty"),
         ({}, "needs one of"),
     ]

@@ -689,6 +689,14 @@ BAD_REQUESTS = [
     ("guided-regex-invalid", CHAT, chat(guided_regex="("), 400, "guided_regex", None),
     ("guided-grammar-undefined-rule", CHAT, chat(guided_grammar="root ::= x"), 400, "guided_grammar", None),
     (
+        "structured-outputs-lark-anchor",
+        CHAT,
+        chat(structured_outputs={"grammar": "start: /^a/"}),
+        400,
+        "structured_outputs",
+        None,
+    ),
+    (
         "structured-outputs-grammar-left-recursive",
         CHAT,
         chat(structured_outputs={"grammar": 'root ::= root "a" | "a"'}),

@@ -49,10 +49,11 @@ class StructuredOutputsParams(BaseModel):
     - ``regex``: a regex the whole output matches.
     - ``choice``: the output is exactly one of these strings.
     - ``json_object``: the output is any JSON object.
-    - ``grammar``: a context-free grammar in EBNF (``root ::= ...``, the syntax of vLLM's
+    - ``grammar``: a context-free grammar, in EBNF (``root ::= ...``, the syntax of vLLM's
       xgrammar backend and llama.cpp's GBNF: literals, character classes, groups, ``*``, ``+``,
-      ``?``, ``{m,n}``); left recursion and undefined rules raise ``ValidationError`` naming
-      the rule. Lark grammars are not supported.
+      ``?``, ``{m,n}``) or in Lark (``start: ...``, with ``/regex/`` terminals, Lark's
+      ``common`` terminals and ``%ignore``); left recursion and undefined rules raise
+      ``ValidationError`` naming the rule.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True)

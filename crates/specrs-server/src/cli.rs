@@ -349,7 +349,7 @@ pub fn command() -> Command {
                         .help("Structured output: one of these strings (repeat the flag)"),
                 )
                 .arg(Arg::new("grammar").long("grammar").value_name("EBNF").help(
-                    "Structured output: a context-free grammar in EBNF, starting at `root ::= ...` (its text, or @file)",
+                    "Structured output: a context-free grammar, EBNF (`root ::= ...`) or Lark (`start: ...`) (its text, or @file)",
                 ))
                 .group(
                     ArgGroup::new("structured-output").args(["json-schema", "json-object", "regex", "choice", "grammar"]),

@@ -105,7 +105,7 @@ pub struct SamplingFields {
     pub guided_regex: Option<String>,
     /// vLLM (before `structured_outputs`): the output is one of these strings.
     pub guided_choice: Option<Vec<String>>,
-    /// vLLM (before `structured_outputs`): a context-free grammar in EBNF.
+    /// vLLM (before `structured_outputs`): a context-free grammar (EBNF or Lark).
     pub guided_grammar: Option<String>,
     /// spec-rs: record the per-step draft trace in the response.
     pub trace: Option<bool>,

@@ -13,7 +13,8 @@
 //! repetitions become helper rules (`x*` is `h ::= x h | ""`, right-recursive so the
 //! recogniser's stack stays flat). Grammars the recogniser cannot run are refused here, by
 //! name: undefined or duplicate rules, left recursion (it would expand forever), rules that
-//! can never finish, classes that match nothing.
+//! can never finish, classes that match nothing. Grammars without `::=` are read as Lark
+//! ([`super::lark`]) and lowered the same way.
 
 use std::collections::HashMap;
 
@@ -78,10 +79,15 @@ pub struct Rules {
 }
 
 impl Rules {
-    /// Parses and lowers `text`, refusing what the recogniser cannot run.
+    /// Parses and lowers `text` (EBNF where it defines a rule with `::=`, Lark otherwise),
+    /// refusing what the recogniser cannot run.
     pub fn parse(text: &str) -> Result<Self, EbnfError> {
-        let definitions = Parser::new(text).grammar()?;
-        let rules = Lowering::run(&definitions)?;
+        let (definitions, root) = if text.contains("::=") {
+            (Parser::new(text).grammar()?, ROOT_RULE)
+        } else {
+            (Parser::new(text).lark()?, super::lark::START_RULE)
+        };
+        let rules = Lowering::run(&definitions, root)?;
         rules.check()?;
         Ok(rules)
     }
@@ -216,7 +222,7 @@ fn find_cycle(rule: u32, edges: &[Vec<u32>], visiting: &mut [u8], path: &mut Vec
 
 /// A parsed right-hand side.
 #[derive(Debug, Clone)]
-enum Expr {
+pub(super) enum Expr {
     /// A literal's text (empty: the empty string).
     Literal(String),
     Class(ClassUnicode),
@@ -231,10 +237,13 @@ enum Expr {
         min: u32,
         max: Option<u32>,
     },
+    /// One lexical token written as an expression (a Lark regex): Lark's `%ignore` may come
+    /// before it, never inside it.
+    Token(Box<Expr>),
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Position {
+pub(super) struct Position {
     line: usize,
     column: usize,
 }
@@ -245,35 +254,35 @@ impl std::fmt::Display for Position {
     }
 }
 
-struct Definition {
-    name: String,
-    at: Position,
-    body: Expr,
+pub(super) struct Definition {
+    pub name: String,
+    pub at: Position,
+    pub body: Expr,
 }
 
-/// Recursive descent over the grammar's text.
-struct Parser {
-    chars: Vec<char>,
-    at: usize,
+/// Recursive descent over the grammar's text (EBNF here, Lark in [`super::lark`]).
+pub(super) struct Parser {
+    pub chars: Vec<char>,
+    pub at: usize,
 }
 
 impl Parser {
-    fn new(text: &str) -> Self {
+    pub(super) fn new(text: &str) -> Self {
         Self { chars: text.chars().collect(), at: 0 }
     }
 
-    fn position(&self) -> Position {
+    pub(super) fn position(&self) -> Position {
         let before = &self.chars[..self.at];
         let line = before.iter().filter(|&&c| c == '\n').count() + 1;
         let column = self.at - before.iter().rposition(|&c| c == '\n').map_or(0, |p| p + 1) + 1;
         Position { line, column }
     }
 
-    fn error<T>(&self, message: impl std::fmt::Display) -> Result<T, EbnfError> {
+    pub(super) fn error<T>(&self, message: impl std::fmt::Display) -> Result<T, EbnfError> {
         Err(EbnfError(format!("{message} at {}", self.position())))
     }
 
-    fn peek(&self) -> Option<char> {
+    pub(super) fn peek(&self) -> Option<char> {
         self.chars.get(self.at).copied()
     }
 
@@ -324,12 +333,7 @@ impl Parser {
             };
             self.skip_space();
             if !self.chars[self.at..].starts_with(&[':', ':', '=']) {
-                let hint = if self.peek() == Some(':') {
-                    "; Lark grammars (`name: ...`) are not supported, write EBNF (`name ::= ...`)"
-                } else {
-                    ""
-                };
-                return self.error(format_args!("expected `::=` after rule name `{name}`{hint}"));
+                return self.error(format_args!("expected `::=` after rule name `{name}`"));
             }
             self.at += 3;
             let body = self.choice(false)?;
@@ -455,7 +459,7 @@ impl Parser {
     }
 
     /// An escape after `\` (the parser is on the backslash).
-    fn escape(&mut self) -> Result<char, EbnfError> {
+    pub(super) fn escape(&mut self) -> Result<char, EbnfError> {
         self.at += 1;
         let Some(c) = self.peek() else { return self.error("unterminated escape") };
         self.at += 1;
@@ -556,7 +560,7 @@ struct Lowering {
 }
 
 impl Lowering {
-    fn run(definitions: &[Definition]) -> Result<Rules, EbnfError> {
+    fn run(definitions: &[Definition], root_name: &str) -> Result<Rules, EbnfError> {
         let mut by_name = HashMap::new();
         let mut names = Vec::new();
         for definition in definitions {
@@ -568,8 +572,8 @@ impl Lowering {
             }
             names.push(definition.name.clone());
         }
-        let Some(&root) = by_name.get(ROOT_RULE) else {
-            return Err(EbnfError(format!("the grammar has no `{ROOT_RULE}` rule, where the output starts")));
+        let Some(&root) = by_name.get(root_name) else {
+            return Err(EbnfError(format!("the grammar has no `{root_name}` rule, where the output starts")));
         };
         let rule_count = names.len();
         let mut lowering = Lowering {
@@ -626,6 +630,7 @@ impl Lowering {
                     return Err(EbnfError(format!("rule `{name}` is used at {at} (in `{owner}`) but never defined")));
                 }
             },
+            Expr::Token(inner) => self.item(inner, owner, run)?,
             Expr::Choice(alternatives) if alternatives.len() == 1 => {
                 for inner in &alternatives[0] {
                     self.item(inner, owner, run)?;
@@ -775,9 +780,8 @@ mod tests {
         assert!(error_of("root ::= \"\\q\"").contains("unknown escape `\\q`"));
         assert!(error_of("root ::= \"a\"{3,1}").contains("bounds reversed"));
         assert!(error_of("root ::= \"a\"{2000}").contains("at most 1024"));
-        assert!(error_of("root: \"a\"").contains("Lark grammars"));
         assert!(error_of("root ::= (\"a\" | \"b\"").contains("expected `)`"));
-        assert!(error_of("").contains("empty"));
+        assert!(error_of("root ::= \"a\"\nb = \"c\"").contains("unexpected `=` at line 2, column 3"));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! A request's constraint compiles to a byte automaton ([`json_grammar`] for any JSON,
 //! [`regex_dfa`] for regexes, schemas through [`json_schema`], choices as an alternation,
-//! EBNF grammars through [`ebnf`] to [`pushdown`])
+//! EBNF and Lark grammars through [`ebnf`] and [`lark`] to [`pushdown`])
 //! bound to the vocabulary ([`vocab`]); at every position the tokens that would leave the
 //! grammar are masked before sampling ([`guide`]). Speculation needs nothing more: position
 //! `i` of a verify row is masked from the state after the drafts before it, exactly the mask
@@ -16,6 +16,7 @@ pub mod guide;
 pub mod integer_range;
 pub mod json_grammar;
 pub mod json_schema;
+pub mod lark;
 pub mod pushdown;
 pub mod regex_dfa;
 pub mod vocab;
@@ -46,7 +47,7 @@ pub struct StructuredOutputs {
     /// The output is any JSON object (OpenAI's `{"type": "json_object"}`).
     pub json_object: Option<bool>,
     /// A context-free grammar in EBNF (`root ::= ...`, the syntax of vLLM's xgrammar backend
-    /// and llama.cpp's GBNF; see [`ebnf`]).
+    /// and llama.cpp's GBNF; see [`ebnf`]) or Lark (`start: ...`; see [`lark`]).
     pub grammar: Option<String>,
     /// The constraint holds once the model's reasoning is over (`<think>` ... `</think>`), as
     /// vLLM holds it where a reasoning parser runs; set by the server that runs one, never by
