@@ -957,7 +957,8 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
     ]
     plain = [plain_llm.chat(p, sp)[0] for p, sp in zip(prompts, params, strict=True)]
     person = json.loads(plain[0].text)
-    assert set(person) <= {"name", "age", "city"} and isinstance(person["age"], int) and 18 <= person["age"] <= 99
+    assert set(person) <= {"name", "age", "city"}
+    assert isinstance(person["age"], int) and 18 <= person["age"] <= 99
     assert isinstance(json.loads(plain[1].text), dict)
     assert plain[2].text in ("Yes", "No", "Not sure")
     assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", plain[3].text), plain[3].text
