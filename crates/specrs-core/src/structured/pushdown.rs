@@ -2,16 +2,17 @@
 //!
 //! The parser's configuration is the set of stacks of grammar positions it could be in (the
 //! nondeterminism of alternatives kept side by side, as llama.cpp's grammar sampler keeps
-//! them), each stack's top a byte set to read next or nothing (the root is complete).
-//! Configurations are interned: a state is a small id, `Copy` and hashable like the other
-//! automata's, so the guide caches allowed tokens per state, and each `(state, byte)` step is
-//! computed once and remembered in the state's row of 256 successors, so a walk over the
-//! vocabulary's trie mostly reads arrays. Configurations depend on the output's nesting, not its
-//! length (a repetition is a tail call and keeps the stack flat), so the table stays small for
-//! the outputs grammars describe.
+//! them), each stack's top a byte set to read next or nothing (the root is complete). Stacks
+//! are hash-consed nodes (a position on top of a parent stack), so stacks that share their
+//! bottom share its memory and compare by id, and configurations are interned sets of stack
+//! ids: a state is a small id, `Copy` and hashable like the other automata's, so the guide
+//! caches allowed tokens per state. Each `(state, byte)` step is computed once and remembered
+//! (a walk over the vocabulary's trie is mostly these lookups). Configurations depend on the
+//! output's nesting, not its length (a repetition is a tail call and keeps the stack flat).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
 use super::ebnf::{EbnfError, Rules, Symbol};
@@ -24,17 +25,27 @@ pub const MAX_STACK_DEPTH: usize = 1024;
 pub const MAX_STACKS: usize = 1024;
 
 /// Most configurations one grammar interns; past it, new ones end the output's way on.
-pub const MAX_CONFIGURATIONS: usize = 1 << 18;
+pub const MAX_CONFIGURATIONS: usize = 1 << 20;
 
-/// A successor not computed yet, and a byte that leaves the grammar, in a row of steps.
-const UNKNOWN: u32 = u32::MAX;
-const REFUSED: u32 = u32::MAX - 1;
+/// Most steps remembered before the memo starts over (~24 MiB; it is a cache: the states
+/// stay, only their steps are computed again).
+pub const MAX_REMEMBERED_STEPS: usize = 1 << 20;
 
-/// Positions in [`Rules::symbols`], bottom first; the top is the next thing to read.
-type Stack = Box<[u32]>;
+/// A remembered step whose byte leaves the grammar.
+const REFUSED: u32 = u32::MAX;
 
-/// The stacks a parser could be in, sorted and distinct.
-type Configuration = Arc<[Stack]>;
+/// The empty stack: the root is complete.
+const EMPTY: u32 = u32::MAX;
+
+/// A stack: its top position in [`Rules::symbols`] over the stack below (an id, or [`EMPTY`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Node {
+    top: u32,
+    below: u32,
+}
+
+/// The stack ids a parser could be in, sorted and distinct.
+type Configuration = Arc<[u32]>;
 
 /// An interned configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,15 +58,63 @@ pub struct PushdownGrammar {
     table: Mutex<Table>,
 }
 
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<StepHasher>>;
+
 #[derive(Debug, Default)]
 struct Table {
+    nodes: Vec<Node>,
+    depths: Vec<u32>,
+    node_ids: FastMap<Node, u32>,
     configurations: Vec<Configuration>,
-    /// Whether each configuration may end the output (it holds an empty stack).
+    /// Whether each configuration may end the output (it holds the empty stack).
     accepting: Vec<bool>,
     ids: HashMap<Configuration, u32>,
-    /// Each configuration's successors by byte ([`UNKNOWN`] until first taken, [`REFUSED`]
-    /// where the byte leaves the grammar); a row is allocated on the first step from it.
-    steps: Vec<Option<Box<[u32; 256]>>>,
+    /// Steps taken, by `state << 8 | byte` ([`REFUSED`] where the byte leaves the grammar);
+    /// the trie walks take millions over a long output, so it is bounded.
+    steps: FastMap<u64, u32>,
+}
+
+impl Table {
+    /// The stack `top` over `below`, interned.
+    fn push(&mut self, top: u32, below: u32) -> u32 {
+        let node = Node { top, below };
+        if let Some(&id) = self.node_ids.get(&node) {
+            return id;
+        }
+        let id = self.nodes.len() as u32;
+        self.nodes.push(node);
+        self.depths.push(if below == EMPTY { 1 } else { self.depths[below as usize] + 1 });
+        self.node_ids.insert(node, id);
+        id
+    }
+
+    fn depth(&self, stack: u32) -> usize {
+        if stack == EMPTY { 0 } else { self.depths[stack as usize] as usize }
+    }
+}
+
+/// Fibonacci hashing: one multiply per word, where SipHash would cost more than the step it
+/// finds.
+#[derive(Default)]
+struct StepHasher(u64);
+
+impl Hasher for StepHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        bytes.iter().for_each(|&b| self.write_u64(u64::from(b)));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        let mixed = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = mixed ^ (mixed >> 32);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 impl PushdownGrammar {
@@ -63,7 +122,7 @@ impl PushdownGrammar {
         let rules = Rules::parse(text)?;
         let mut table = Table::default();
         let mut stacks = Vec::new();
-        expand(&rules, vec![], Symbol::Rule(rules.root), &mut stacks);
+        expand(&rules, &mut table, EMPTY, rules.root, &mut stacks);
         let start = intern(&mut table, stacks)
             .ok_or_else(|| EbnfError("the grammar's start is too ambiguous (over 1024 parses at once)".into()))?;
         Ok(Self { rules, start: PushdownState(start), table: Mutex::new(table) })
@@ -85,26 +144,27 @@ impl PushdownGrammar {
     }
 
     fn step_in(&self, table: &mut Table, state: PushdownState, byte: u8) -> Option<PushdownState> {
-        let row = table.steps[state.0 as usize].get_or_insert_with(|| Box::new([UNKNOWN; 256]));
-        match row[byte as usize] {
-            UNKNOWN => {}
-            REFUSED => return None,
-            next => return Some(PushdownState(next)),
+        let key = u64::from(state.0) << 8 | u64::from(byte);
+        match table.steps.get(&key) {
+            None => {}
+            Some(&REFUSED) => return None,
+            Some(&next) => return Some(PushdownState(next)),
         }
         let configuration = table.configurations[state.0 as usize].clone();
         let mut stacks = Vec::new();
-        for stack in configuration.iter() {
-            let Some((&top, below)) = stack.split_last() else { continue };
+        for &stack in configuration.iter().filter(|&&stack| stack != EMPTY) {
+            let Node { top, below } = table.nodes[stack as usize];
             let Symbol::Byte(set) = self.rules.symbols[top as usize] else { continue };
             if self.rules.byte_sets[set as usize].contains(byte) {
-                let mut rest = below.to_vec();
-                rest.push(top + 1);
-                settle(&self.rules, rest, &mut stacks);
+                let moved = table.push(top + 1, below);
+                settle(&self.rules, table, moved, &mut stacks);
             }
         }
         let next = if stacks.is_empty() { None } else { intern(table, stacks) };
-        let row = table.steps[state.0 as usize].as_mut().expect("the row was allocated above");
-        row[byte as usize] = next.unwrap_or(REFUSED);
+        if table.steps.len() >= MAX_REMEMBERED_STEPS {
+            table.steps.clear();
+        }
+        table.steps.insert(key, next.unwrap_or(REFUSED));
         next.map(PushdownState)
     }
 
@@ -129,30 +189,29 @@ impl PushdownGrammar {
     }
 }
 
-/// Brings `stack` (whose top may be any position) to stacks whose tops are byte sets or
-/// that are empty, into `out`.
-fn settle(rules: &Rules, mut stack: Vec<u32>, out: &mut Vec<Vec<u32>>) {
+/// Brings `stack` (whose top may be any position) to stacks whose tops are byte sets, or to
+/// the empty stack, into `out`.
+fn settle(rules: &Rules, table: &mut Table, mut stack: u32, out: &mut Vec<u32>) {
     loop {
-        let Some(&top) = stack.last() else {
+        if stack == EMPTY {
             out.push(stack);
             return;
-        };
+        }
+        let Node { top, below } = table.nodes[stack as usize];
         match rules.symbols[top as usize] {
             Symbol::Byte(_) => {
                 out.push(stack);
                 return;
             }
-            Symbol::End => {
-                stack.pop();
-            }
-            rule @ Symbol::Rule(_) => {
+            Symbol::End => stack = below,
+            Symbol::Rule(rule) => {
                 // The continuation goes under the rule, unless nothing follows it (a tail
                 // call: `h ::= x h` repeats without growing the stack).
-                stack.pop();
-                if rules.symbols[top as usize + 1] != Symbol::End {
-                    stack.push(top + 1);
-                }
-                expand(rules, stack, rule, out);
+                let continuation = match rules.symbols[top as usize + 1] {
+                    Symbol::End => below,
+                    _ => table.push(top + 1, below),
+                };
+                expand(rules, table, continuation, rule, out);
                 return;
             }
         }
@@ -161,27 +220,25 @@ fn settle(rules: &Rules, mut stack: Vec<u32>, out: &mut Vec<Vec<u32>>) {
 
 /// Enters `rule` on top of `below` (which already holds the continuation after it): each
 /// alternative starts a stack of its own.
-fn expand(rules: &Rules, below: Vec<u32>, rule: Symbol, out: &mut Vec<Vec<u32>>) {
-    let Symbol::Rule(rule) = rule else { unreachable!("only rules expand") };
-    if below.len() >= MAX_STACK_DEPTH || out.len() > MAX_STACKS {
+fn expand(rules: &Rules, table: &mut Table, below: u32, rule: u32, out: &mut Vec<u32>) {
+    if table.depth(below) >= MAX_STACK_DEPTH || out.len() > MAX_STACKS {
         return; // too deep or too ambiguous: this parse is dropped
     }
     for &alternative in &rules.alternatives[rule as usize] {
-        let mut stack = below.clone();
-        stack.push(alternative);
-        settle(rules, stack, out);
+        let stack = table.push(alternative, below);
+        settle(rules, table, stack, out);
     }
 }
 
 /// The id of the configuration of `stacks`, interned now or found; `None` where the table or
 /// the configuration is full.
-fn intern(table: &mut Table, mut stacks: Vec<Vec<u32>>) -> Option<u32> {
+fn intern(table: &mut Table, mut stacks: Vec<u32>) -> Option<u32> {
     stacks.sort_unstable();
     stacks.dedup();
     if stacks.len() > MAX_STACKS {
         return None;
     }
-    let configuration: Configuration = stacks.into_iter().map(Vec::into_boxed_slice).collect();
+    let configuration: Configuration = stacks.into();
     if let Some(&id) = table.ids.get(&configuration) {
         return Some(id);
     }
@@ -189,9 +246,8 @@ fn intern(table: &mut Table, mut stacks: Vec<Vec<u32>>) -> Option<u32> {
         return None;
     }
     let id = table.configurations.len() as u32;
-    table.accepting.push(configuration.iter().any(|stack| stack.is_empty()));
+    table.accepting.push(configuration.contains(&EMPTY));
     table.configurations.push(configuration.clone());
-    table.steps.push(None);
     table.ids.insert(configuration, id);
     Some(id)
 }
