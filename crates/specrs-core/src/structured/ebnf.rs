@@ -27,6 +27,16 @@ pub const ROOT_RULE: &str = "root";
 /// Largest bound a repetition `{m,n}` may name (each repeat is a rule element).
 pub const MAX_REPEAT: u32 = 1024;
 
+/// Longest grammar text, in characters.
+pub const MAX_GRAMMAR_CHARS: usize = 1 << 17;
+
+/// Most rules a grammar lowers to (its own and the helpers of its groups, repetitions and
+/// classes): the checks run over every rule until nothing changes.
+pub const MAX_RULES: usize = 8192;
+
+/// Deepest nesting of groups in the grammar's text.
+pub const MAX_GROUP_DEPTH: usize = 128;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct EbnfError(pub String);
@@ -82,6 +92,12 @@ impl Rules {
     /// Parses and lowers `text` (EBNF where it defines a rule with `::=`, Lark otherwise),
     /// refusing what the recogniser cannot run.
     pub fn parse(text: &str) -> Result<Self, EbnfError> {
+        let length = text.chars().count();
+        if length > MAX_GRAMMAR_CHARS {
+            return Err(EbnfError(format!(
+                "the grammar is {length} characters long; at most {MAX_GRAMMAR_CHARS} are taken"
+            )));
+        }
         let (definitions, root) = if text.contains("::=") {
             (Parser::new(text).grammar()?, ROOT_RULE)
         } else {
@@ -196,27 +212,39 @@ fn is_nullable(symbol: Symbol, nullable: &[bool]) -> bool {
     }
 }
 
-/// A cycle through `rule` in the left-corner graph, as the rules along it (first repeated last).
+/// A cycle through `rule` in the left-corner graph, as the rules along it (first repeated
+/// last). Depth-first without recursion: a grammar may chain thousands of rules.
 fn find_cycle(rule: u32, edges: &[Vec<u32>], visiting: &mut [u8], path: &mut Vec<u32>) -> Option<Vec<u32>> {
-    match visiting[rule as usize] {
-        2 => return None,
-        1 => {
-            let from = path.iter().position(|&r| r == rule).unwrap_or(0);
-            let mut cycle = path[from..].to_vec();
-            cycle.push(rule);
-            return Some(cycle);
-        }
-        _ => {}
+    if visiting[rule as usize] != 0 {
+        return None;
     }
+    // (rule, index of its next edge to follow)
+    let mut frames = vec![(rule, 0usize)];
     visiting[rule as usize] = 1;
     path.push(rule);
-    for &next in &edges[rule as usize] {
-        if let Some(cycle) = find_cycle(next, edges, visiting, path) {
-            return Some(cycle);
+    while let Some(&mut (current, ref mut next_edge)) = frames.last_mut() {
+        let Some(&next) = edges[current as usize].get(*next_edge) else {
+            frames.pop();
+            path.pop();
+            visiting[current as usize] = 2;
+            continue;
+        };
+        *next_edge += 1;
+        match visiting[next as usize] {
+            0 => {
+                visiting[next as usize] = 1;
+                path.push(next);
+                frames.push((next, 0));
+            }
+            1 => {
+                let from = path.iter().position(|&r| r == next).unwrap_or(0);
+                let mut cycle = path[from..].to_vec();
+                cycle.push(next);
+                return Some(cycle);
+            }
+            _ => {}
         }
     }
-    path.pop();
-    visiting[rule as usize] = 2;
     None
 }
 
@@ -264,18 +292,33 @@ pub(super) struct Definition {
 pub(super) struct Parser {
     pub chars: Vec<char>,
     pub at: usize,
+    /// Where each line starts, for positions in messages.
+    line_starts: Vec<usize>,
+    /// Groups open around the parser.
+    pub depth: usize,
 }
 
 impl Parser {
     pub(super) fn new(text: &str) -> Self {
-        Self { chars: text.chars().collect(), at: 0 }
+        let chars: Vec<char> = text.chars().collect();
+        let line_starts = std::iter::once(0)
+            .chain(chars.iter().enumerate().filter(|&(_, &c)| c == '\n').map(|(i, _)| i + 1))
+            .collect();
+        Self { chars, at: 0, line_starts, depth: 0 }
     }
 
     pub(super) fn position(&self) -> Position {
-        let before = &self.chars[..self.at];
-        let line = before.iter().filter(|&&c| c == '\n').count() + 1;
-        let column = self.at - before.iter().rposition(|&c| c == '\n').map_or(0, |p| p + 1) + 1;
-        Position { line, column }
+        let line = self.line_starts.partition_point(|&start| start <= self.at);
+        Position { line, column: self.at - self.line_starts[line - 1] + 1 }
+    }
+
+    /// Enters a group, refusing nesting deeper than [`MAX_GROUP_DEPTH`].
+    pub(super) fn open_group(&mut self) -> Result<(), EbnfError> {
+        self.depth += 1;
+        if self.depth > MAX_GROUP_DEPTH {
+            return self.error(format_args!("groups nest deeper than {MAX_GROUP_DEPTH}"));
+        }
+        Ok(())
     }
 
     pub(super) fn error<T>(&self, message: impl std::fmt::Display) -> Result<T, EbnfError> {
@@ -301,12 +344,12 @@ impl Parser {
     }
 
     fn is_name_char(c: char) -> bool {
-        c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.'
+        c.is_ascii_alphanumeric() || c == '_' || c == '-'
     }
 
     fn name(&mut self) -> Option<String> {
         let start = self.at;
-        while self.peek().is_some_and(|c| Self::is_name_char(c) && !(c == '.' && self.at == start)) {
+        while self.peek().is_some_and(Self::is_name_char) {
             self.at += 1;
         }
         (self.at > start).then(|| self.chars[start..self.at].iter().collect())
@@ -397,14 +440,16 @@ impl Parser {
             }
             Some('(') => {
                 self.at += 1;
+                self.open_group()?;
                 let inner = self.choice(true)?;
+                self.depth -= 1;
                 if self.peek() != Some(')') {
                     return self.error("expected `)`");
                 }
                 self.at += 1;
                 Ok(inner)
             }
-            Some(c) if Self::is_name_char(c) && c != '.' => {
+            Some(c) if Self::is_name_char(c) => {
                 let name = self.name().expect("a name character starts a name");
                 Ok(Expr::Reference { name, at })
             }
@@ -561,6 +606,12 @@ struct Lowering {
 
 impl Lowering {
     fn run(definitions: &[Definition], root_name: &str) -> Result<Rules, EbnfError> {
+        if definitions.len() > MAX_RULES {
+            return Err(EbnfError(format!(
+                "the grammar defines {} rules; at most {MAX_RULES} are taken",
+                definitions.len()
+            )));
+        }
         let mut by_name = HashMap::new();
         let mut names = Vec::new();
         for definition in definitions {
@@ -623,7 +674,7 @@ impl Lowering {
                     run.push(self.byte_set(ByteSet::range(byte, byte)));
                 }
             }
-            Expr::Class(class) => run.push(self.class(class, owner)),
+            Expr::Class(class) => run.push(self.class(class, owner)?),
             Expr::Reference { name, at } => match self.by_name.get(name) {
                 Some(&rule) => run.push(Symbol::Rule(rule)),
                 None => {
@@ -637,21 +688,21 @@ impl Lowering {
                 }
             }
             Expr::Choice(_) => {
-                let helper = self.helper(owner);
+                let helper = self.helper(owner)?;
                 let alternatives = self.alternatives(item, owner)?;
                 self.rules.alternatives[helper as usize] = alternatives;
                 run.push(Symbol::Rule(helper));
             }
             Expr::Repeat { item: inner, min, max } => {
                 // The item once, as a rule, so each repeat is a single symbol.
-                let once = self.helper(owner);
+                let once = self.helper(owner)?;
                 let alternatives = self.alternatives(inner, owner)?;
                 self.rules.alternatives[once as usize] = alternatives;
                 run.extend(std::iter::repeat_n(Symbol::Rule(once), *min as usize));
                 match max {
                     // `h ::= x h | ""`: any number more, the stack kept flat by the tail call.
                     None => {
-                        let more = self.helper(owner);
+                        let more = self.helper(owner)?;
                         let again = self.write_run(&[Symbol::Rule(once), Symbol::Rule(more)]);
                         let stop = self.write_run(&[]);
                         self.rules.alternatives[more as usize] = vec![again, stop];
@@ -662,7 +713,7 @@ impl Lowering {
                     Some(max) => {
                         let mut tail: Option<u32> = None;
                         for _ in *min..*max {
-                            let level = self.helper(owner);
+                            let level = self.helper(owner)?;
                             let mut symbols = vec![Symbol::Rule(once)];
                             symbols.extend(tail.map(Symbol::Rule));
                             let again = self.write_run(&symbols);
@@ -686,12 +737,18 @@ impl Lowering {
     }
 
     /// A new rule serving `owner` (a group, a repetition, a class).
-    fn helper(&mut self, owner: &str) -> u32 {
+    fn helper(&mut self, owner: &str) -> Result<u32, EbnfError> {
+        if self.rules.alternatives.len() >= MAX_RULES {
+            return Err(EbnfError(format!(
+                "the grammar lowers to more than {MAX_RULES} rules (each group, repetition bound and character \
+                 class adds some); make it smaller"
+            )));
+        }
         let rule = self.rules.alternatives.len() as u32;
         self.rules.alternatives.push(Vec::new());
         self.rules.names.push(owner.to_string());
         self.rules.is_helper.push(true);
-        rule
+        Ok(rule)
     }
 
     fn byte_set(&mut self, set: ByteSet) -> Symbol {
@@ -707,10 +764,10 @@ impl Lowering {
 
     /// A character class: one byte set where every character is one byte, otherwise a helper
     /// rule whose alternatives are the class's UTF-8 byte sequences.
-    fn class(&mut self, class: &ClassUnicode, owner: &str) -> Symbol {
+    fn class(&mut self, class: &ClassUnicode, owner: &str) -> Result<Symbol, EbnfError> {
         let key: Vec<(char, char)> = class.ranges().iter().map(|r| (r.start(), r.end())).collect();
         if let Some(&rule) = self.classes.get(&key) {
-            return Symbol::Rule(rule);
+            return Ok(Symbol::Rule(rule));
         }
         let mut single = ByteSet::default();
         let mut sequences: Vec<Vec<ByteSet>> = Vec::new();
@@ -724,9 +781,9 @@ impl Lowering {
             }
         }
         if sequences.is_empty() {
-            return self.byte_set(single);
+            return Ok(self.byte_set(single));
         }
-        let helper = self.helper(owner);
+        let helper = self.helper(owner)?;
         let mut alternatives = Vec::new();
         if single != ByteSet::default() {
             let symbol = self.byte_set(single);
@@ -738,7 +795,7 @@ impl Lowering {
         }
         self.rules.alternatives[helper as usize] = alternatives;
         self.classes.insert(key, helper);
-        Symbol::Rule(helper)
+        Ok(Symbol::Rule(helper))
     }
 }
 

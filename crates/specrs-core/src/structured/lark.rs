@@ -286,7 +286,9 @@ impl Parser {
             }
             Some(open @ ('(' | '[')) => {
                 self.at += 1;
+                self.open_group()?;
                 let inner = self.expansions(true)?;
+                self.depth -= 1;
                 self.skip_lark_space(true);
                 let close = if open == '(' { ')' } else { ']' };
                 if self.peek() != Some(close) {

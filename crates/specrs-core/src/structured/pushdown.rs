@@ -122,7 +122,12 @@ impl PushdownGrammar {
         let rules = Rules::parse(text)?;
         let mut table = Table::default();
         let mut stacks = Vec::new();
-        expand(&rules, &mut table, EMPTY, rules.root, &mut stacks);
+        expand(&rules, &mut table, EMPTY, rules.root, 0, &mut stacks);
+        if stacks.is_empty() {
+            return Err(EbnfError(format!(
+                "the grammar enters more than {MAX_STACK_DEPTH} rules before its first character; shorten the chain"
+            )));
+        }
         let start = intern(&mut table, stacks)
             .ok_or_else(|| EbnfError("the grammar's start is too ambiguous (over 1024 parses at once)".into()))?;
         Ok(Self { rules, start: PushdownState(start), table: Mutex::new(table) })
@@ -157,7 +162,7 @@ impl PushdownGrammar {
             let Symbol::Byte(set) = self.rules.symbols[top as usize] else { continue };
             if self.rules.byte_sets[set as usize].contains(byte) {
                 let moved = table.push(top + 1, below);
-                settle(&self.rules, table, moved, &mut stacks);
+                settle(&self.rules, table, moved, 0, &mut stacks);
             }
         }
         let next = if stacks.is_empty() { None } else { intern(table, stacks) };
@@ -190,8 +195,9 @@ impl PushdownGrammar {
 }
 
 /// Brings `stack` (whose top may be any position) to stacks whose tops are byte sets, or to
-/// the empty stack, into `out`.
-fn settle(rules: &Rules, table: &mut Table, mut stack: u32, out: &mut Vec<u32>) {
+/// the empty stack, into `out`; `entered` counts the rules entered on the way without a byte
+/// read (a chain of rules that each start with the next).
+fn settle(rules: &Rules, table: &mut Table, mut stack: u32, entered: usize, out: &mut Vec<u32>) {
     loop {
         if stack == EMPTY {
             out.push(stack);
@@ -211,7 +217,7 @@ fn settle(rules: &Rules, table: &mut Table, mut stack: u32, out: &mut Vec<u32>) 
                     Symbol::End => below,
                     _ => table.push(top + 1, below),
                 };
-                expand(rules, table, continuation, rule, out);
+                expand(rules, table, continuation, rule, entered + 1, out);
                 return;
             }
         }
@@ -220,13 +226,13 @@ fn settle(rules: &Rules, table: &mut Table, mut stack: u32, out: &mut Vec<u32>) 
 
 /// Enters `rule` on top of `below` (which already holds the continuation after it): each
 /// alternative starts a stack of its own.
-fn expand(rules: &Rules, table: &mut Table, below: u32, rule: u32, out: &mut Vec<u32>) {
-    if table.depth(below) >= MAX_STACK_DEPTH || out.len() > MAX_STACKS {
+fn expand(rules: &Rules, table: &mut Table, below: u32, rule: u32, entered: usize, out: &mut Vec<u32>) {
+    if table.depth(below) >= MAX_STACK_DEPTH || entered >= MAX_STACK_DEPTH || out.len() > MAX_STACKS {
         return; // too deep or too ambiguous: this parse is dropped
     }
     for &alternative in &rules.alternatives[rule as usize] {
         let stack = table.push(alternative, below);
-        settle(rules, table, stack, out);
+        settle(rules, table, stack, entered, out);
     }
 }
 
@@ -344,6 +350,26 @@ mod tests {
         let after_ab = g.step(g.step(g.start(), b'a').unwrap(), b'b').unwrap();
         assert!(!g.accepts(after_ab));
         assert!(g.step(after_ab, b'c').is_some_and(|s| g.accepts(s)));
+    }
+
+    #[test]
+    fn oversized_grammars_are_refused_without_exhausting_the_stack_or_the_clock() {
+        // `r0 ::= r1 | "x"`, `r1 ::= r2 | "x"`, ... `r{n} ::= "y"`: each rule starts with the next.
+        let chain = |n: usize, alternative: &str| {
+            let mut text = String::from("root ::= r0\n");
+            (0..n).for_each(|i| text.push_str(&format!("r{i}::=r{}{alternative}\n", i + 1)));
+            text + &format!("r{n} ::= \"y\"\n")
+        };
+        let error = |text: &str| PushdownGrammar::new(text).err().map(|e| e.0).expect("refused");
+        assert!(grammar(&chain(500, " | \"x\"")).matches(b"y"), "a long chain of rules runs");
+        assert!(error(&chain(3000, "")).contains("enters more than 1024 rules"));
+        assert!(error(&chain(8500, "")).contains("defines 8502 rules; at most 8192"));
+        let nested = format!("root ::= {}\"a\"{}", "(".repeat(200), ")".repeat(200));
+        assert!(error(&nested).contains("groups nest deeper than 128"));
+        let long = format!("root ::= \"{}\"", "a".repeat(200_000));
+        assert!(error(&long).contains("at most 131072"));
+        let helpers = format!("root ::= {}", "[a-z]{0,1000} ".repeat(10));
+        assert!(error(&helpers).contains("more than 8192 rules"));
     }
 
     #[test]
