@@ -98,7 +98,7 @@ impl Rules {
                 "the grammar is {length} characters long; at most {MAX_GRAMMAR_CHARS} are taken"
             )));
         }
-        let (definitions, root) = if text.contains("::=") {
+        let (definitions, root) = if defines_with_walrus(text) {
             (Parser::new(text).grammar()?, ROOT_RULE)
         } else {
             (Parser::new(text).lark()?, super::lark::START_RULE)
@@ -202,6 +202,16 @@ impl Rules {
         }
         Ok(())
     }
+}
+
+/// Whether some line of `text` starts an EBNF definition (`name ::=`): EBNF, not Lark (a
+/// Lark literal may hold `::=` without making the grammar EBNF).
+fn defines_with_walrus(text: &str) -> bool {
+    text.lines().any(|line| {
+        let line = line.trim_start();
+        let name_end = line.find(|c: char| !Parser::is_name_char(c)).unwrap_or(line.len());
+        name_end > 0 && line[name_end..].trim_start().starts_with("::=")
+    })
 }
 
 fn is_nullable(symbol: Symbol, nullable: &[bool]) -> bool {

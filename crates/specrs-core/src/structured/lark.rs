@@ -471,6 +471,7 @@ mod tests {
         assert!(g.matches(b"say('hi there')"));
         assert!(g.matches(b"stop()"));
         assert!(g.matches(b"all(*)"));
+        assert!(grammar("start: \"a ::= b\"").matches(b"a ::= b"), "`::=` in a Lark literal stays Lark");
         assert!(!g.matches(b"Move(3)"), "NAME is lower case");
         assert!(!g.matches(b"move(3,,2)"));
     }
