@@ -426,23 +426,7 @@ impl Parser {
     fn primary(&mut self) -> Result<Expr, EbnfError> {
         let at = self.position();
         match self.peek() {
-            Some('"') => {
-                self.at += 1;
-                let mut text = String::new();
-                loop {
-                    match self.peek() {
-                        None => return self.error("unterminated string literal"),
-                        Some('"') => break,
-                        Some('\\') => text.push(self.escape()?),
-                        Some(c) => {
-                            self.at += 1;
-                            text.push(c);
-                        }
-                    }
-                }
-                self.at += 1;
-                Ok(Expr::Literal(text))
-            }
+            Some('"') => Ok(Expr::Literal(self.quoted('"')?)),
             Some('[') => self.class(),
             Some('.') => {
                 self.at += 1;
@@ -511,6 +495,25 @@ impl Parser {
             return self.error("the character class matches no character");
         }
         Ok(Expr::Class(class))
+    }
+
+    /// A quoted literal's text (the parser is on its opening `quote`).
+    pub(super) fn quoted(&mut self, quote: char) -> Result<String, EbnfError> {
+        self.at += 1;
+        let mut text = String::new();
+        loop {
+            match self.peek() {
+                None => return self.error("unterminated string literal"),
+                Some(c) if c == quote => break,
+                Some('\\') => text.push(self.escape()?),
+                Some(c) => {
+                    self.at += 1;
+                    text.push(c);
+                }
+            }
+        }
+        self.at += 1;
+        Ok(text)
     }
 
     /// An escape after `\` (the parser is on the backslash).

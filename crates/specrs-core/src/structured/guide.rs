@@ -22,7 +22,7 @@ pub enum Grammar {
     /// Boxed: a DFA's handle is large beside the JSON automaton's flag.
     Regex(Box<RegexGrammar>),
     Json(JsonGrammar),
-    /// A context-free grammar (EBNF).
+    /// A context-free grammar (EBNF or Lark).
     Cfg(Box<PushdownGrammar>),
 }
 

@@ -306,25 +306,6 @@ impl Parser {
         }
     }
 
-    /// A quoted literal (the parser is on its opening quote), escapes as in EBNF.
-    fn quoted(&mut self, quote: char) -> Result<String, EbnfError> {
-        self.at += 1;
-        let mut text = String::new();
-        loop {
-            match self.peek() {
-                None | Some('\n') => return self.error("unterminated string literal"),
-                Some(c) if c == quote => break,
-                Some('\\') => text.push(self.escape()?),
-                Some(c) => {
-                    self.at += 1;
-                    text.push(c);
-                }
-            }
-        }
-        self.at += 1;
-        Ok(text)
-    }
-
     fn lark_postfix(&mut self, mut item: Expr) -> Result<Expr, EbnfError> {
         loop {
             self.skip_lark_space(false);

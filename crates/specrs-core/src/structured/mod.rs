@@ -98,10 +98,10 @@ impl StructuredOutputs {
         Ok(())
     }
 
-    /// The grammar to build: a regex, the JSON automaton or an EBNF grammar.
+    /// The grammar to build: a regex, the JSON automaton or a context-free grammar.
     fn source(&self) -> Result<GrammarSource, ConfigError> {
         if let Some(grammar) = &self.grammar {
-            return Ok(GrammarSource::Ebnf(grammar.clone()));
+            return Ok(GrammarSource::ContextFree(grammar.clone()));
         }
         if self.json_object == Some(true) {
             return Ok(GrammarSource::AnyJsonObject);
@@ -133,7 +133,7 @@ impl StructuredOutputs {
                 regex_dfa::RegexGrammar::new(&pattern)
                     .map_err(|e| ConfigError::field(FIELD, format!("structured_outputs: {e}")))?,
             )),
-            GrammarSource::Ebnf(text) => {
+            GrammarSource::ContextFree(text) => {
                 Grammar::Cfg(Box::new(pushdown::PushdownGrammar::new(&text).map_err(|e| grammar_error(&e))?))
             }
         };
@@ -145,7 +145,8 @@ impl StructuredOutputs {
 enum GrammarSource {
     Regex(String),
     AnyJsonObject,
-    Ebnf(String),
+    /// EBNF or Lark text.
+    ContextFree(String),
 }
 
 fn grammar_error(error: &ebnf::EbnfError) -> ConfigError {
