@@ -279,6 +279,22 @@ def test_auto_reads_llama3_json_calls_after_the_python_tag(
     ]
 
 
+def test_auto_reads_granite_call_lists(serve: Callable[..., Server], template_file: Path) -> None:
+    granite = tool_server(serve, template_file, "granite")
+    written = (
+        r'<\|tool_call\|>\[\{"arguments": \{"city": "(Rome|Oslo)"\}, "name": "get_weather"\}, '
+        r'\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]'
+    )
+    calls = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in forced_calls(granite, written, 64)
+    ]
+    assert calls[0][0] == "get_weather" and calls[0][1]["city"] in ("Rome", "Oslo"), (
+        "arguments before the name"
+    )
+    assert calls[1] == ("get_time", {"timezone": "UTC"})
+
+
 def test_auto_reads_pythonic_call_lists_whole_or_streamed(
     serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
 ) -> None:

@@ -61,8 +61,8 @@ enum Format {
     CallList(CallListScanner),
     /// Text with `<tool_call>{"name", "arguments"}</tool_call>` blocks (`"auto"`, Hermes).
     Hermes(HermesScanner),
-    /// JSON call objects after a marker: Llama 3's `<|python_tag|>`? `{...}; {...}`, or
-    /// Mistral's `[TOOL_CALLS][{...}, ...]` (`"auto"`).
+    /// JSON call objects after a marker: Llama 3's `<|python_tag|>`? `{...}; {...}`,
+    /// Mistral's `[TOOL_CALLS][{...}, ...]` or Granite's `<|tool_call|>[{...}, ...]` (`"auto"`).
     JsonCalls(JsonCallsScanner),
     /// A Python list of calls, `[f(a=1), g()]` (`"auto"`, Llama 3.2 / 4).
     Pythonic(PythonicScanner),
@@ -99,6 +99,10 @@ impl CallStream {
 
     pub fn mistral() -> Self {
         Self::of(Format::JsonCalls(JsonCallsScanner::new(JsonCallsStyle::Mistral)))
+    }
+
+    pub fn granite() -> Self {
+        Self::of(Format::JsonCalls(JsonCallsScanner::new(JsonCallsStyle::Granite)))
     }
 
     pub fn pythonic() -> Self {
@@ -528,14 +532,23 @@ enum JsonCallsStyle {
     Llama,
     /// `[TOOL_CALLS]`, then a list of call objects (the marker may come again before more).
     Mistral,
+    /// `<|tool_call|>` (Granite 3.0) or `<tool_call>` (3.1 on), then a list of call objects.
+    Granite,
 }
 
 impl JsonCallsStyle {
-    fn marker(self) -> &'static str {
+    /// The markers an output of calls starts with (and that may come again between calls).
+    fn markers(self) -> &'static [&'static str] {
         match self {
-            Self::Llama => "<|python_tag|>",
-            Self::Mistral => "[TOOL_CALLS]",
+            Self::Llama => &["<|python_tag|>"],
+            Self::Mistral => &["[TOOL_CALLS]"],
+            Self::Granite => &["<|tool_call|>", "<tool_call>"],
         }
+    }
+
+    /// `text` without the marker it starts with, if it starts with one.
+    fn strip_marker(self, text: &str) -> Option<&str> {
+        self.markers().iter().find_map(|marker| text.strip_prefix(marker))
     }
 }
 
@@ -588,13 +601,13 @@ impl JsonCallsScanner {
             JsonCallsMode::Calls => self.read_calls(text, out),
             JsonCallsMode::Undecided => {
                 self.buffer.push_str(text);
-                let marker = self.style.marker();
                 let start = self.buffer.trim_start();
-                if start.is_empty() || (marker.starts_with(start) && start.len() < marker.len()) {
+                let may_become_marker = |m: &&str| m.starts_with(start) && start.len() < m.len();
+                if start.is_empty() || self.style.markers().iter().any(may_become_marker) {
                     return;
                 }
                 let bare = self.style == JsonCallsStyle::Llama && start.starts_with('{');
-                let calls = start.strip_prefix(marker).or_else(|| bare.then_some(start));
+                let calls = self.style.strip_marker(start).or_else(|| bare.then_some(start));
                 match calls.map(str::to_string) {
                     Some(rest) => {
                         self.mode = JsonCallsMode::Calls;
@@ -611,7 +624,6 @@ impl JsonCallsScanner {
     }
 
     fn read_calls(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
-        let marker = self.style.marker();
         let mut rest = text;
         let mut arguments = String::new();
         while let Some(c) = rest.chars().next() {
@@ -650,7 +662,7 @@ impl JsonCallsScanner {
             }
             // Between values: the marker again (a special token, so it comes whole),
             // separators, and the spaces around them.
-            if let Some(after) = rest.strip_prefix(marker) {
+            if let Some(after) = self.style.strip_marker(rest) {
                 rest = after;
                 continue;
             }
@@ -870,6 +882,24 @@ mod tests {
         assert!(answer.tool_calls.is_empty());
         let not_calls = CallStream::mistral().read_all("[TOOL_CALLS][1, 2]");
         assert_eq!((not_calls.content.as_str(), not_calls.tool_calls.len()), ("[1, 2]", 0));
+    }
+
+    #[test]
+    fn granite_calls_follow_either_marker_as_a_list_arguments_first_or_not() {
+        let text = r#"<|tool_call|>[{"arguments": {"city": "Boston"}, "name": "get_weather"}, {"name": "get_time", "arguments": {"tz": "UTC"}}]"#;
+        for size in [1, 3, 1000] {
+            let message = read_in_pieces(CallStream::granite(), text, size);
+            assert_eq!(
+                calls(&message),
+                vec![("get_weather", r#"{"city": "Boston"}"#), ("get_time", r#"{"tz": "UTC"}"#)],
+                "pieces of {size}"
+            );
+            assert_eq!(message.content, "");
+        }
+        let newer = CallStream::granite().read_all(r#"<tool_call>[{"name": "f", "arguments": {"a": 1}}]"#);
+        assert_eq!(calls(&newer), vec![("f", r#"{"a": 1}"#)]);
+        let answer = CallStream::granite().read_all("The weather in <b>Boston</b> is fine.");
+        assert_eq!((answer.content.as_str(), answer.tool_calls.len()), ("The weather in <b>Boston</b> is fine.", 0));
     }
 
     #[test]

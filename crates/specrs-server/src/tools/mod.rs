@@ -31,6 +31,9 @@ pub enum ToolCallParser {
     /// `[TOOL_CALLS]name[ARGS]{...}` (Mistral Small 3.2, Magistral, Devstral); call ids of nine
     /// letters and digits, as Mistral's templates require.
     Mistral,
+    /// `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]` (IBM Granite 3.0; `<tool_call>`
+    /// from 3.1).
+    Granite,
     /// `[get_weather(city="Paris"), get_time()]`, arguments as Python literals (Llama 3.2 / 4,
     /// whose `<|python_start|>`/`<|python_end|>` around the list are skipped).
     Pythonic,
@@ -46,14 +49,24 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 8] =
-        ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3", "deepseek_v31", "kimi_k2"];
+    pub const NAMES: [&str; 9] = [
+        "hermes",
+        "llama3_json",
+        "mistral",
+        "granite",
+        "pythonic",
+        "qwen3_coder",
+        "deepseek_v3",
+        "deepseek_v31",
+        "kimi_k2",
+    ];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "hermes" => Ok(Self::Hermes),
             "llama3_json" => Ok(Self::Llama3Json),
             "mistral" => Ok(Self::Mistral),
+            "granite" => Ok(Self::Granite),
             "pythonic" => Ok(Self::Pythonic),
             "qwen3_coder" => Ok(Self::Qwen3Coder),
             "deepseek_v3" | "deepseek_v31" => Ok(Self::DeepSeek),
@@ -224,6 +237,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Hermes) => CallStream::hermes(),
             ToolChoice::Auto(ToolCallParser::Llama3Json) => CallStream::llama_json(),
             ToolChoice::Auto(ToolCallParser::Mistral) => CallStream::mistral(),
+            ToolChoice::Auto(ToolCallParser::Granite) => CallStream::granite(),
             ToolChoice::Auto(ToolCallParser::Pythonic) => CallStream::pythonic(),
             ToolChoice::Auto(ToolCallParser::Qwen3Coder) => CallStream::qwen3_coder(&self.functions),
             ToolChoice::Auto(ToolCallParser::DeepSeek) => CallStream::deepseek(),
