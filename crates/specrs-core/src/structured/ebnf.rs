@@ -544,20 +544,30 @@ impl Parser {
 
     fn postfix(&mut self, mut item: Expr) -> Result<Expr, EbnfError> {
         loop {
-            let (min, max) = match self.peek() {
-                Some('*') => (0, None),
-                Some('+') => (1, None),
-                Some('?') => (0, Some(1)),
+            item = match self.peek() {
                 Some('{') => {
                     self.at += 1;
-                    item = self.bounded(item)?;
-                    continue;
+                    self.bounded(item)?
                 }
-                _ => return Ok(item),
+                _ => match self.repetition_operator() {
+                    Some((min, max)) => Expr::Repeat { item: Box::new(item), min, max },
+                    None => return Ok(item),
+                },
             };
-            self.at += 1;
-            item = Expr::Repeat { item: Box::new(item), min, max };
         }
+    }
+
+    /// The bounds of the `*`, `+` or `?` here (both syntaxes have them), read past; `None`
+    /// where none is.
+    pub(super) fn repetition_operator(&mut self) -> Option<(u32, Option<u32>)> {
+        let bounds = match self.peek() {
+            Some('*') => (0, None),
+            Some('+') => (1, None),
+            Some('?') => (0, Some(1)),
+            _ => return None,
+        };
+        self.at += 1;
+        Some(bounds)
     }
 
     /// `item{...}`: the bounds `m}`, `m,}`, `m,n}` or `,n}` after `{`.

@@ -309,10 +309,7 @@ impl Parser {
     fn lark_postfix(&mut self, mut item: Expr) -> Result<Expr, EbnfError> {
         loop {
             self.skip_lark_space(false);
-            let (min, max) = match self.peek() {
-                Some('*') => (0, None),
-                Some('+') => (1, None),
-                Some('?') => (0, Some(1)),
+            match self.peek() {
                 Some('~') => {
                     self.at += 1;
                     self.skip_lark_space(false);
@@ -327,12 +324,12 @@ impl Parser {
                         return self.error(format_args!("the repetition `~ {min}..{max}` has its bounds reversed"));
                     }
                     item = Expr::Repeat { item: Box::new(item), min, max: Some(max) };
-                    continue;
                 }
-                _ => return Ok(item),
-            };
-            self.at += 1;
-            item = Expr::Repeat { item: Box::new(item), min, max };
+                _ => match self.repetition_operator() {
+                    Some((min, max)) => item = Expr::Repeat { item: Box::new(item), min, max },
+                    None => return Ok(item),
+                },
+            }
         }
     }
 
