@@ -92,18 +92,14 @@ impl Rules {
     /// Parses and lowers `text` (EBNF where it defines a rule with `::=`, Lark otherwise),
     /// refusing what the recogniser cannot run.
     pub fn parse(text: &str) -> Result<Self, EbnfError> {
-        let length = text.chars().count();
-        if length > MAX_GRAMMAR_CHARS {
-            return Err(EbnfError(format!(
-                "the grammar is {length} characters long; at most {MAX_GRAMMAR_CHARS} are taken"
-            )));
-        }
-        let (definitions, root) = if defines_with_walrus(text) {
-            (Parser::new(text).grammar()?, ROOT_RULE)
-        } else {
-            (Parser::new(text).lark()?, super::lark::START_RULE)
-        };
-        let rules = Lowering::run(&definitions, root)?;
+        let (definitions, root) = definitions(text)?;
+        Self::lower(&definitions, root)
+    }
+
+    /// Lowers parsed (or generated) definitions, starting at the rule named `root`, refusing
+    /// what the recogniser cannot run.
+    pub(super) fn lower(definitions: &[Definition], root: &str) -> Result<Self, EbnfError> {
+        let rules = Lowering::run(definitions, root)?;
         rules.check()?;
         Ok(rules)
     }
@@ -204,6 +200,22 @@ impl Rules {
     }
 }
 
+/// The definitions of a grammar's text (EBNF where it defines a rule with `::=`, Lark
+/// otherwise) and the name of the rule it starts at.
+pub(super) fn definitions(text: &str) -> Result<(Vec<Definition>, &'static str), EbnfError> {
+    let length = text.chars().count();
+    if length > MAX_GRAMMAR_CHARS {
+        return Err(EbnfError(format!(
+            "the grammar is {length} characters long; at most {MAX_GRAMMAR_CHARS} are taken"
+        )));
+    }
+    if defines_with_walrus(text) {
+        Ok((Parser::new(text).grammar()?, ROOT_RULE))
+    } else {
+        Ok((Parser::new(text).lark()?, super::lark::START_RULE))
+    }
+}
+
 /// Whether some line of `text` starts an EBNF definition (`name ::=`): EBNF, not Lark (a
 /// Lark literal may hold `::=` without making the grammar EBNF).
 fn defines_with_walrus(text: &str) -> bool {
@@ -284,6 +296,13 @@ pub(super) enum Expr {
 pub(super) struct Position {
     line: usize,
     column: usize,
+}
+
+impl Position {
+    /// Where a generated definition (one no text was parsed for) stands.
+    pub(super) fn generated() -> Self {
+        Self { line: 0, column: 0 }
+    }
 }
 
 impl std::fmt::Display for Position {

@@ -376,7 +376,7 @@ fn precede_tokens(expr: &mut Expr, skip: &impl Fn() -> Expr) {
 }
 
 /// A regex (Lark's `/.../flags`) as one token.
-fn regex_expr(pattern: &str, flags: &str) -> Result<Expr, String> {
+pub(super) fn regex_expr(pattern: &str, flags: &str) -> Result<Expr, String> {
     let hir = regex_syntax::ParserBuilder::new()
         .case_insensitive(flags.contains('i'))
         .multi_line(flags.contains('m'))

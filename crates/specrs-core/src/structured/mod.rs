@@ -1,10 +1,11 @@
 //! Structured outputs (vLLM's `StructuredOutputsParams`, OpenAI's `response_format`): the
-//! output follows a JSON schema, any JSON object, a regex, one of a list of choices, or a
-//! context-free grammar.
+//! output follows a JSON schema, any JSON object, a regex, one of a list of choices, a
+//! context-free grammar, or a structural tag (free text with constrained regions).
 //!
 //! A request's constraint compiles to a byte automaton ([`json_grammar`] for any JSON,
 //! [`regex_dfa`] for regexes, schemas through [`json_schema`], choices as an alternation,
-//! EBNF and Lark grammars through [`ebnf`] and [`lark`] to [`pushdown`])
+//! EBNF and Lark grammars through [`ebnf`] and [`lark`] to [`pushdown`], structural tags
+//! through [`structural_tag`] to the same recogniser)
 //! bound to the vocabulary ([`vocab`]); at every position the tokens that would leave the
 //! grammar are masked before sampling ([`guide`]). Speculation needs nothing more: position
 //! `i` of a verify row is masked from the state after the drafts before it, exactly the mask
@@ -12,6 +13,7 @@
 //! rejected and the recovered token comes from the masked distribution.
 
 pub mod ebnf;
+mod free_text;
 pub mod guide;
 pub mod integer_range;
 pub mod json_grammar;
@@ -19,6 +21,7 @@ pub mod json_schema;
 pub mod lark;
 pub mod pushdown;
 pub mod regex_dfa;
+pub mod structural_tag;
 pub mod vocab;
 
 use std::collections::VecDeque;
@@ -49,6 +52,10 @@ pub struct StructuredOutputs {
     /// A context-free grammar in EBNF (`root ::= ...`, the syntax of vLLM's xgrammar backend
     /// and llama.cpp's GBNF; see [`ebnf`]) or Lark (`start: ...`; see [`lark`]).
     pub grammar: Option<String>,
+    /// A structural tag (an object, or its JSON text): xgrammar's `{"type":
+    /// "structural_tag", "format": {...}}` or vLLM's earlier `structures` and `triggers`
+    /// (see [`structural_tag`]).
+    pub structural_tag: Option<Value>,
     /// The constraint holds once the model's reasoning is over (`<think>` ... `</think>`), as
     /// vLLM holds it where a reasoning parser runs; set by the server that runs one, never by
     /// a request.
@@ -66,24 +73,28 @@ impl StructuredOutputs {
             self.choice.is_some(),
             self.json_object == Some(true),
             self.grammar.is_some(),
+            self.structural_tag.is_some(),
         ];
         match set.iter().filter(|&&s| s).count() {
             1 => {}
             0 => {
                 return Err(ConfigError::field(
                     FIELD,
-                    "structured_outputs needs one of json, regex, choice, grammar or json_object",
+                    "structured_outputs needs one of json, regex, choice, grammar, structural_tag or json_object",
                 ));
             }
             _ => {
                 return Err(ConfigError::field(
                     FIELD,
-                    "structured_outputs takes exactly one of json, regex, choice, grammar or json_object",
+                    "structured_outputs takes exactly one of json, regex, choice, grammar, structural_tag or json_object",
                 ));
             }
         }
         if let Some(grammar) = &self.grammar {
             ebnf::Rules::parse(grammar).map_err(|e| grammar_error(&e))?;
+        }
+        if let Some(tag) = &self.structural_tag {
+            structural_tag::rules(tag).map_err(|e| structural_tag_error(&e))?;
         }
         if let Some(choices) = &self.choice
             && (choices.is_empty() || choices.iter().any(String::is_empty))
@@ -98,8 +109,12 @@ impl StructuredOutputs {
         Ok(())
     }
 
-    /// The grammar to build: a regex, the JSON automaton or a context-free grammar.
+    /// The grammar to build: a regex, the JSON automaton, a context-free grammar or a
+    /// structural tag.
     fn source(&self) -> Result<GrammarSource, ConfigError> {
+        if let Some(tag) = &self.structural_tag {
+            return Ok(GrammarSource::StructuralTag(tag.clone()));
+        }
         if let Some(grammar) = &self.grammar {
             return Ok(GrammarSource::ContextFree(grammar.clone()));
         }
@@ -136,6 +151,16 @@ impl StructuredOutputs {
             GrammarSource::ContextFree(text) => {
                 Grammar::Cfg(Box::new(pushdown::PushdownGrammar::new(&text).map_err(|e| grammar_error(&e))?))
             }
+            GrammarSource::StructuralTag(tag) => {
+                let rules = structural_tag::rules(&tag).map_err(|e| structural_tag_error(&e))?;
+                let grammar = pushdown::PushdownGrammar::from_rules(rules).map_err(|e| {
+                    structural_tag_error(&structural_tag::StructuralTagError {
+                        path: "structural_tag".into(),
+                        message: e.0,
+                    })
+                })?;
+                Grammar::Cfg(Box::new(grammar))
+            }
         };
         let guide = TokenGuide::new(grammar, vocabulary.clone());
         Ok(CompiledGuide(Arc::new(if self.after_reasoning { guide.after_reasoning() } else { guide })))
@@ -147,10 +172,15 @@ enum GrammarSource {
     AnyJsonObject,
     /// EBNF or Lark text.
     ContextFree(String),
+    StructuralTag(Value),
 }
 
 fn grammar_error(error: &ebnf::EbnfError) -> ConfigError {
     ConfigError::field(FIELD, format!("structured_outputs.grammar: {error}"))
+}
+
+fn structural_tag_error(error: &structural_tag::StructuralTagError) -> ConfigError {
+    ConfigError::field(FIELD, format!("structured_outputs.structural_tag at {error}"))
 }
 
 /// Recently compiled guides by their constraint, so repeated requests (the same schema on

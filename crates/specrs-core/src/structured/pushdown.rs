@@ -119,7 +119,11 @@ impl Hasher for StepHasher {
 
 impl PushdownGrammar {
     pub fn new(text: &str) -> Result<Self, EbnfError> {
-        let rules = Rules::parse(text)?;
+        Self::from_rules(Rules::parse(text)?)
+    }
+
+    /// The recogniser of rules already lowered (a grammar's, or a structural tag's).
+    pub fn from_rules(rules: Rules) -> Result<Self, EbnfError> {
         let mut table = Table::default();
         let mut stacks = Vec::new();
         expand(&rules, &mut table, EMPTY, rules.root, 0, &mut stacks);
