@@ -264,3 +264,32 @@ def openai_client() -> Callable[..., Any]:
         return cls(base_url=server.base_url, api_key=api_key, max_retries=0, timeout=timeout)
 
     return make
+
+
+# Exactly one call of one of two tools, `<function=name>{...}</function>`, arguments held to
+# the tool's schema (xgrammar's structural tag).
+def function_tag(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "tag",
+        "begin": f"<function={name}>",
+        "content": {"type": "json_schema", "json_schema": parameters},
+        "end": "</function>",
+    }
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}
+DAYS = {"type": "object", "properties": {"days": {"type": "integer"}}, "required": ["days"]}
+ONE_WEATHER_CALL = {
+    "type": "structural_tag",
+    "format": {
+        "type": "triggered_tags",
+        "triggers": ["<function="],
+        "tags": [function_tag("get_weather", CITY), function_tag("get_forecast", DAYS)],
+        "at_least_one": True,
+        "stop_after_first": True,
+    },
+}
+ONE_WEATHER_CALL_RE = (
+    r'<function=get_weather>\{"city": "[^"]{0,24}"\}</function>'
+    r'|<function=get_forecast>\{"days": -?[0-9]+\}</function>'
+)

@@ -196,6 +196,11 @@ GENERATE_BAD_SAMPLING = [
     ("regex-invalid", ["--regex", "("], "--regex: structured_outputs.regex is not a valid regex"),
     ("schema-unsupported", ["--json-schema", '{"type": "number", "maximum": 1}'], "`maximum`"),
     ("grammar-left-recursive", ["--grammar", 'root ::= root "a" | "a"'], "rule `root` is left-recursive"),
+    (
+        "structural-tag-token-level",
+        ["--structural-tag", '{"type": "structural_tag", "format": {"type": "token", "token": 1}}'],
+        "--structural-tag: structured_outputs.structural_tag at format: the token-level format `token`",
+    ),
     ("two-constraints", ["--regex", "a", "--json-object"], "cannot be used with"),
 ]
 

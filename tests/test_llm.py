@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
-from conftest import IM_END, make_llm, reference_cases
+from conftest import IM_END, ONE_WEATHER_CALL, ONE_WEATHER_CALL_RE, make_llm, reference_cases
 from spec_rs import (
     LLM,
     ConfigError,
@@ -946,6 +946,7 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
         user("Give me a US phone number."),
         user("Write a nested list of small numbers, like [1,[2,3]]."),
         user("Is Paris the capital of France? Answer yes or no, then say why."),
+        user("What is the weather in Paris? Call get_weather."),
     ]
     params = [
         guided(96, json=PERSON_SCHEMA),
@@ -954,6 +955,7 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
         guided(24, regex=r"\(\d{3}\) \d{3}-\d{4}"),
         guided(48, grammar=NESTED_LISTS),
         guided(48, grammar=YES_NO_LARK),
+        guided(48, structural_tag=ONE_WEATHER_CALL),
     ]
     plain = [plain_llm.chat(p, sp)[0] for p, sp in zip(prompts, params, strict=True)]
     person = json.loads(plain[0].text)
@@ -964,6 +966,7 @@ def test_structured_outputs_follow_their_constraint_and_stay_lossless_under_spec
     assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", plain[3].text), plain[3].text
     assert widths_within(json.loads(plain[4].text), 3), plain[4].text
     assert re.fullmatch(r"(?i:yes|no), because [a-z ]{1,60}\.", plain[5].text), plain[5].text
+    assert re.fullmatch(ONE_WEATHER_CALL_RE, plain[6].text), plain[6].text
     assert all(out.finish_reason == "stop" for out in plain), [o.text for o in plain]
     for p, sp, want in zip(prompts, params, plain, strict=True):
         assert ngram_llm.chat(p, sp)[0].token_ids == want.token_ids
@@ -987,6 +990,17 @@ def test_bad_structured_outputs_raise_validation_errors_naming_the_problem() -> 
         ({"grammar": 'root: "a"'}, "the grammar has no `start` rule"),
         ({"grammar": "start: /^a/"}, "anchor or look-around"),
         ({"choice": []}, "non-empty"),
+        ({"structural_tag": {"type": "structural_tag", "format": {"type": "token", "token": 1}}}, "`token`"),
+        (
+            {
+                "structural_tag": {
+                    "structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}],
+                    "triggers": ["<b>"],
+                }
+            },
+            "structures[0]: begin",
+        ),
+        ({"structural_tag": "{not json"}, "not valid JSON"),
         ({}, "needs one of"),
     ]
     for constraint, message in cases:

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 import spec_rs
-from conftest import ARTIFACTS, Server
+from conftest import ARTIFACTS, ONE_WEATHER_CALL, ONE_WEATHER_CALL_RE, Server
 from spec_rs import LLM, SamplingParams, StructuredOutputsParams
 
 pytestmark = pytest.mark.timeout(240)
@@ -472,6 +472,32 @@ def test_structured_outputs_through_every_request_field_give_what_llm_chat_gives
         )
         assert resp.choices[0].message.content == want_sql, extra
 
+    # A structural tag: xgrammar's shape as a response_format and as JSON text in
+    # structured_outputs, and vLLM's earlier `structures` shape.
+    weather = user("What is the weather in Paris? Call get_weather.")
+    legacy = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<city>", "schema": {"type": "string", "maxLength": 12}, "end": "</city>"}],
+        "triggers": ["<city>"],
+    }
+    for tag, extra in (
+        (ONE_WEATHER_CALL, {"response_format": ONE_WEATHER_CALL}),
+        (ONE_WEATHER_CALL, {"structured_outputs": {"structural_tag": json.dumps(ONE_WEATHER_CALL)}}),
+        (legacy, {"response_format": legacy}),
+    ):
+        want_tag = ngram_llm.chat(
+            weather,
+            SamplingParams(
+                temperature=0, max_tokens=24, structured_outputs=StructuredOutputsParams(structural_tag=tag)
+            ),
+        )[0].text
+        if tag is ONE_WEATHER_CALL:
+            assert re.fullmatch(ONE_WEATHER_CALL_RE, want_tag), want_tag
+        resp = client.chat.completions.create(
+            model=MODEL, messages=weather, temperature=0, max_tokens=24, extra_body=extra
+        )
+        assert resp.choices[0].message.content == want_tag, extra
+
 
 def test_continue_final_message_continues_the_prefilled_answer_as_llm_chat_does(
     client: openai.OpenAI, server: Server, ngram_llm: LLM
@@ -684,6 +710,29 @@ BAD_REQUESTS = [
         ),
         400,
         "response_format",
+        None,
+    ),
+    (
+        "response-format-structural-tag-token-level",
+        CHAT,
+        chat(response_format={"type": "structural_tag", "format": {"type": "any_tokens"}}),
+        400,
+        "response_format",
+        None,
+    ),
+    (
+        "structured-outputs-structural-tag-trigger-opens-no-tag",
+        CHAT,
+        chat(
+            structured_outputs={
+                "structural_tag": {
+                    "structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}],
+                    "triggers": ["<b>"],
+                }
+            }
+        ),
+        400,
+        "structured_outputs",
         None,
     ),
     ("guided-regex-invalid", CHAT, chat(guided_regex="("), 400, "guided_regex", None),

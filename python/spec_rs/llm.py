@@ -54,6 +54,12 @@ class StructuredOutputsParams(BaseModel):
       ``?``, ``{m,n}``) or in Lark (``start: ...``, with ``/regex/`` terminals, Lark's
       ``common`` terminals and ``%ignore``); left recursion and undefined rules raise
       ``ValidationError`` naming the rule.
+    - ``structural_tag``: free text with constrained regions (a dict, or its JSON text), as
+      xgrammar's ``{"type": "structural_tag", "format": {...}}`` (``tag``,
+      ``triggered_tags``, ``json_schema``, ``any_text``, ``sequence``, ... nested) or vLLM's
+      earlier ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``. Free text
+      never holds a trigger or the enclosing tag's end, so a trigger always opens a tag and a
+      region closes at its first end; token-level formats raise ``ValidationError``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True)
@@ -63,6 +69,7 @@ class StructuredOutputsParams(BaseModel):
     choice: list[str] | None = None
     json_object: bool | None = None
     grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
 
 
 GuidedDecodingParams = StructuredOutputsParams

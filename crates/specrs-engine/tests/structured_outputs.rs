@@ -13,7 +13,7 @@ use specrs_core::SpeculativeConfig;
 use specrs_core::config::SpeculativeMethod;
 use specrs_core::sampling::SamplingParams;
 use specrs_core::structured::pushdown::PushdownGrammar;
-use specrs_core::structured::{GuideCursor, GuideState, StructuredOutputs, TokenVocabulary};
+use specrs_core::structured::{GuideCursor, GuideState, StructuredOutputs, TokenVocabulary, structural_tag};
 use specrs_engine::chat_template::ChatMessage;
 use specrs_engine::{
     EngineHandle, FinalOutput, FinishReason, GenerationRequest, PipelineConfig, Prompt, apply_default_draft,
@@ -68,6 +68,24 @@ condition ::= column "= " number
 number ::= "1 " | "2 "
 "#;
 
+/// A tool call in the `<function=name>{...}</function>` shape of vLLM's structural-tag
+/// example: exactly one call (`at_least_one`, `stop_after_first`), its arguments held to the
+/// tool's schema.
+fn weather_call_tag() -> Value {
+    let city =
+        json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]});
+    let days = json!({"type": "object", "properties": {"days": {"type": "integer"}}, "required": ["days"]});
+    let tag = |name: &str, schema: &Value| {
+        json!({"type": "tag", "begin": format!("<function={name}>"),
+               "content": {"type": "json_schema", "json_schema": schema}, "end": "</function>"})
+    };
+    json!({"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<function="],
+        "tags": [tag("get_weather", &city), tag("get_forecast", &days)],
+        "at_least_one": true, "stop_after_first": true,
+    }})
+}
+
 /// Requests covering every kind of constraint, greedy.
 fn guided_requests() -> Vec<GenerationRequest> {
     let json = |schema: Value| StructuredOutputs { json: Some(schema), ..Default::default() };
@@ -96,6 +114,11 @@ fn guided_requests() -> Vec<GenerationRequest> {
             StructuredOutputs { grammar: Some(SQL_GRAMMAR.into()), ..Default::default() },
             greedy(40),
         ),
+        ask(
+            "What is the weather in Paris? Call get_weather.",
+            StructuredOutputs { structural_tag: Some(weather_call_tag()), ..Default::default() },
+            greedy(48),
+        ),
     ]
 }
 
@@ -119,6 +142,13 @@ fn check_guided(outputs: &[FinalOutput]) {
 
     let sql = &outputs[4].text;
     assert!(PushdownGrammar::new(SQL_GRAMMAR).unwrap().matches(sql.as_bytes()), "{sql:?}");
+
+    let call = &outputs[5].text;
+    let tag = PushdownGrammar::from_rules(structural_tag::rules(&weather_call_tag()).unwrap()).unwrap();
+    assert!(tag.matches(call.as_bytes()), "{call:?}");
+    let arguments = call.split_once('>').and_then(|(_, rest)| rest.strip_suffix("</function>")).unwrap();
+    let arguments: Value = serde_json::from_str(arguments).unwrap_or_else(|e| panic!("{e}: {call:?}"));
+    assert!(arguments["city"].is_string() || arguments["days"].is_u64(), "{call:?}");
 
     for out in outputs {
         assert_eq!(out.finish_reason, FinishReason::Stop, "a complete output ends itself: {:?}", out.text);
@@ -202,6 +232,13 @@ fn bad_constraints_are_request_errors_naming_the_problem() {
         (
             StructuredOutputs { grammar: Some("root ::= item\n".into()), ..Default::default() },
             "rule `item` is used at line 1, column 10 (in `root`) but never defined",
+        ),
+        (
+            StructuredOutputs {
+                structural_tag: Some(json!({"type": "structural_tag", "format": {"type": "any_tokens"}})),
+                ..Default::default()
+            },
+            "structural_tag at format: the token-level format `any_tokens` is not supported",
         ),
     ];
     for (constraint, expected) in cases {

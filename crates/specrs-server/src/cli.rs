@@ -90,8 +90,8 @@ pub struct GenerateArgs {
     pub n: usize,
     pub chat: bool,
     pub trace: bool,
-    /// `--json-schema`, `--json-object`, `--regex`, `--choice` or `--grammar`, and the flag it
-    /// came from.
+    /// `--json-schema`, `--json-object`, `--regex`, `--choice`, `--grammar` or
+    /// `--structural-tag`, and the flag it came from.
     pub structured_outputs: Option<(StructuredOutputs, &'static str)>,
 }
 
@@ -111,7 +111,8 @@ impl GenerateArgs {
 }
 
 /// The output constraint of `spec-rs generate`, from whichever of its flags was given (clap
-/// allows one). `--json-schema` and `--grammar` take their text, or `@path` to a file holding it.
+/// allows one). `--json-schema`, `--grammar` and `--structural-tag` take their text, or `@path`
+/// to a file holding it.
 fn generate_constraint(m: &ArgMatches) -> Result<Option<(StructuredOutputs, &'static str)>, CliError> {
     let text_or_file = |flag: &str, value: &String| match value.strip_prefix('@') {
         Some(path) => {
@@ -127,6 +128,11 @@ fn generate_constraint(m: &ArgMatches) -> Result<Option<(StructuredOutputs, &'st
     if let Some(grammar) = m.get_one::<String>("grammar") {
         let constraint = StructuredOutputs { grammar: Some(text_or_file("grammar", grammar)?), ..Default::default() };
         return Ok(Some((constraint, "grammar")));
+    }
+    if let Some(tag) = m.get_one::<String>("structural-tag") {
+        let text = text_or_file("structural-tag", tag)?;
+        let constraint = StructuredOutputs { structural_tag: Some(Value::String(text)), ..Default::default() };
+        return Ok(Some((constraint, "structural-tag")));
     }
     if m.get_flag("json-object") {
         return Ok(Some((StructuredOutputs { json_object: Some(true), ..Default::default() }, "json-object")));
@@ -351,9 +357,17 @@ pub fn command() -> Command {
                 .arg(Arg::new("grammar").long("grammar").value_name("EBNF").help(
                     "Structured output: a context-free grammar, EBNF (`root ::= ...`) or Lark (`start: ...`) (its text, or @file)",
                 ))
-                .group(
-                    ArgGroup::new("structured-output").args(["json-schema", "json-object", "regex", "choice", "grammar"]),
-                ),
+                .arg(Arg::new("structural-tag").long("structural-tag").value_name("JSON").help(
+                    "Structured output: a structural tag, free text with constrained regions ({\"type\": \"structural_tag\", \"format\": ...}; its JSON, or @file)",
+                ))
+                .group(ArgGroup::new("structured-output").args([
+                    "json-schema",
+                    "json-object",
+                    "regex",
+                    "choice",
+                    "grammar",
+                    "structural-tag",
+                ])),
         )
         .subcommand(crate::train_cli::command())
 }
@@ -746,6 +760,8 @@ mod tests {
         assert_eq!(constraint(&["--grammar", grammar]).unwrap().grammar.as_deref(), Some(grammar));
         std::fs::write(f.path(), grammar).unwrap();
         assert_eq!(constraint(&["--grammar", &from_file]).unwrap().grammar.as_deref(), Some(grammar));
+        let tag = r#"{"type": "structural_tag", "format": {"type": "const_string", "value": "ok"}}"#;
+        assert_eq!(constraint(&["--structural-tag", tag]).unwrap().structural_tag, Some(Value::String(tag.into())));
         assert!(constraint(&[]).is_none());
         for (args, needle) in [
             (&["--regex", "("][..], "--regex: structured_outputs.regex is not a valid regex"),
@@ -753,6 +769,10 @@ mod tests {
             (&["--json-schema", "@/no/such/schema.json"][..], "--json-schema: cannot read"),
             (&["--grammar", "root ::= item"][..], "--grammar: structured_outputs.grammar: rule `item` is used"),
             (&["--grammar", "@/no/such/grammar.ebnf"][..], "--grammar: cannot read"),
+            (
+                &["--structural-tag", r#"{"type": "structural_tag", "format": {"type": "token"}}"#][..],
+                "--structural-tag: structured_outputs.structural_tag at format: the token-level format",
+            ),
         ] {
             match parse([&["generate", "hi"][..], args].concat()) {
                 Err(CliError::Invalid(e)) => assert!(e.contains(needle), "{e}"),

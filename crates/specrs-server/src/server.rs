@@ -350,7 +350,7 @@ fn sampling_params(
 }
 
 /// The request's output constraint and the field it came from: OpenAI's `response_format`
-/// (`json_object`, `json_schema`), vLLM's `structured_outputs`, or vLLM's older `guided_*`
+/// (`json_object`, `json_schema`, and vLLM's `structural_tag`), vLLM's `structured_outputs`, or vLLM's older `guided_*`
 /// fields. At most one may be given.
 fn structured_outputs(f: &SamplingFields) -> Result<Option<(StructuredOutputs, &'static str)>, ApiError> {
     let mut found: Vec<(StructuredOutputs, &'static str)> = Vec::new();
@@ -368,12 +368,22 @@ fn structured_outputs(f: &SamplingFields) -> Result<Option<(StructuredOutputs, &
                     .ok_or_else(|| bad("response_format of type json_schema needs json_schema.schema"))?;
                 found.push((StructuredOutputs { json: Some(schema.clone()), ..Default::default() }, "response_format"));
             }
+            // xgrammar's `format` or vLLM's earlier `structures` and `triggers`, read whole.
+            Some("structural_tag") => found.push((
+                StructuredOutputs { structural_tag: Some(format.clone()), ..Default::default() },
+                "response_format",
+            )),
             Some(other) => {
                 return Err(bad(&format!(
-                    "response_format type '{other}' is not supported; use 'text', 'json_object' or 'json_schema'"
+                    "response_format type '{other}' is not supported; use 'text', 'json_object', 'json_schema' or \
+                     'structural_tag'"
                 )));
             }
-            None => return Err(bad("response_format needs a type: 'text', 'json_object' or 'json_schema'")),
+            None => {
+                return Err(bad(
+                    "response_format needs a type: 'text', 'json_object', 'json_schema' or 'structural_tag'",
+                ));
+            }
         }
     }
     if let Some(constraint) = &f.structured_outputs {
