@@ -343,6 +343,37 @@ def test_auto_reads_qwen3_coder_xml_calls_with_values_typed_by_the_schema(
     assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
 
 
+def test_auto_reads_glm_calls_with_values_typed_by_the_schema(
+    serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
+) -> None:
+    glm = tool_server(serve, template_file, "glm45")
+    forecast = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    }
+    tools = [{"type": "function", "function": {"name": "get_forecast", "parameters": forecast}}]
+    written = (
+        r"<tool_call>get_forecast\n<arg_key>city</arg_key>\n<arg_value>(Rome|Oslo)</arg_value>\n"
+        r"<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    )
+    fields: dict[str, Any] = {"tools": tools, "temperature": 0, "max_tokens": 120}
+    status, body = post(glm, **fields, guided_regex=written)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    whole = (call["function"]["name"], call["function"]["arguments"])
+    arguments = json.loads(whole[1])
+    assert whole[0] == "get_forecast"
+    assert arguments["days"] == 3 and arguments["city"] in ("Rome", "Oslo"), "the integer read as one"
+    client: openai.OpenAI = openai_client(glm)
+    content, streamed, finish = stream_message(
+        client, messages=ASK, **fields, extra_body={"guided_regex": written}
+    )
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
+
+
 def test_auto_reads_kimi_calls_and_keeps_their_ids(serve: Callable[..., Server], template_file: Path) -> None:
     kimi = tool_server(serve, template_file, "kimi_k2")
     written = (

@@ -7,7 +7,7 @@
 use super::Function;
 use super::marked_calls::{DEEPSEEK, KIMI, MarkedCallScanner};
 use super::pythonic::PythonicScanner;
-use super::xml_calls::XmlCallScanner;
+use super::xml_calls::{self, XmlCallScanner};
 use crate::message::{MessageDelta, held_prefix_len};
 
 /// Reads a choice's output as the request's tool choice says it is written.
@@ -119,7 +119,11 @@ impl CallStream {
 
     /// Qwen3-Coder's XML calls, their values typed by `functions`' schemas.
     pub fn qwen3_coder(functions: &[Function]) -> Self {
-        Self::of(Format::Xml(XmlCallScanner::new(functions)))
+        Self::of(Format::Xml(XmlCallScanner::new(xml_calls::QWEN3_CODER, functions)))
+    }
+
+    pub fn glm(functions: &[Function]) -> Self {
+        Self::of(Format::Xml(XmlCallScanner::new(xml_calls::GLM, functions)))
     }
 
     /// The same reader writing its calls' ids as `ids` says.

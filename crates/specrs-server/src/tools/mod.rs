@@ -40,6 +40,10 @@ pub enum ToolCallParser {
     /// `<tool_call><function=name><parameter=key>value</parameter></function></tool_call>`
     /// (Qwen3-Coder), values typed by the tool's schema.
     Qwen3Coder,
+    /// `<tool_call>name<arg_key>key</arg_key><arg_value>value</arg_value></tool_call>` (GLM-4.5,
+    /// line breaks between the parts; GLM-4.7 without: `glm45` and `glm47` name one reader),
+    /// values typed by the tool's schema.
+    Glm,
     /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁sep｜>...` (DeepSeek V3, R1-0528 and
     /// V3.1: `deepseek_v3` and `deepseek_v31` name the same reader, which reads both layouts).
     DeepSeek,
@@ -49,13 +53,15 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 9] = [
+    pub const NAMES: [&str; 11] = [
         "hermes",
         "llama3_json",
         "mistral",
         "granite",
         "pythonic",
         "qwen3_coder",
+        "glm45",
+        "glm47",
         "deepseek_v3",
         "deepseek_v31",
         "kimi_k2",
@@ -69,6 +75,7 @@ impl ToolCallParser {
             "granite" => Ok(Self::Granite),
             "pythonic" => Ok(Self::Pythonic),
             "qwen3_coder" => Ok(Self::Qwen3Coder),
+            "glm45" | "glm47" => Ok(Self::Glm),
             "deepseek_v3" | "deepseek_v31" => Ok(Self::DeepSeek),
             "kimi_k2" => Ok(Self::KimiK2),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
@@ -240,6 +247,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Granite) => CallStream::granite(),
             ToolChoice::Auto(ToolCallParser::Pythonic) => CallStream::pythonic(),
             ToolChoice::Auto(ToolCallParser::Qwen3Coder) => CallStream::qwen3_coder(&self.functions),
+            ToolChoice::Auto(ToolCallParser::Glm) => CallStream::glm(&self.functions),
             ToolChoice::Auto(ToolCallParser::DeepSeek) => CallStream::deepseek(),
             ToolChoice::Auto(ToolCallParser::KimiK2) => CallStream::kimi(),
             ToolChoice::Required { .. } => CallStream::call_list(),

@@ -1,19 +1,23 @@
-//! Qwen3-Coder's XML tool calls (vLLM's `qwen3_coder` parser):
+//! XML tool calls whose values are raw text: Qwen3-Coder's (vLLM's `qwen3_coder` parser) and
+//! GLM-4.5's (`glm45`; GLM-4.7's layout without line breaks, `glm47`, is read by the same):
 //!
 //! ```text
-//! <tool_call>
-//! <function=get_weather>
-//! <parameter=city>
-//! Paris
+//! Qwen3-Coder:                    GLM-4.5:
+//! <tool_call>                     <tool_call>get_weather
+//! <function=get_weather>          <arg_key>city</arg_key>
+//! <parameter=city>                <arg_value>Paris</arg_value>
+//! Paris                           </tool_call>
 //! </parameter>
 //! </function>
 //! </tool_call>
 //! ```
 //!
-//! Values are raw text (one line break trimmed at each end), turned into JSON by the type the
-//! tool's schema gives the parameter: strings stay text, numbers and booleans are parsed,
-//! objects and arrays read as JSON, `null` is null. A call starts once its `<function=...>`
-//! tag is complete, and each argument is sent once its value closes.
+//! Values are raw text (Qwen3-Coder's with one line break trimmed at each end), turned into
+//! JSON by the type the tool's schema gives the parameter: strings stay text, numbers and
+//! booleans are parsed, objects and arrays read as JSON, `null` is null; a parameter the
+//! schema does not describe stays text for Qwen3-Coder and is read as JSON where it parses
+//! for GLM (as vLLM's parsers do). A call starts once its name is complete, and each argument
+//! is sent once its value closes.
 
 use std::collections::HashMap;
 
@@ -25,15 +29,55 @@ use crate::message::{MessageDelta, held_prefix_len};
 
 const CALL_OPEN: &str = "<tool_call>";
 const CALL_CLOSE: &str = "</tool_call>";
-const FUNCTION_OPEN: &str = "<function=";
-const FUNCTION_CLOSE: &str = "</function>";
-const PARAMETER_OPEN: &str = "<parameter=";
-const PARAMETER_CLOSE: &str = "</parameter>";
+
+/// The tags of one family's calls.
+#[derive(Debug, Clone, Copy)]
+pub struct Dialect {
+    /// Opens a function inside a call block, its name up to `>` (Qwen3-Coder: several per
+    /// block); `None`: the block is one call, named by its text up to a line break or the
+    /// first key (GLM).
+    function_open: Option<&'static str>,
+    /// Closes a function (GLM: the block's close).
+    function_close: &'static str,
+    /// Around a parameter's name.
+    key_open: &'static str,
+    key_close: &'static str,
+    /// Around its value (Qwen3-Coder's value starts right after its name's tag).
+    value_open: &'static str,
+    value_close: &'static str,
+    /// One line break is trimmed at each end of a value.
+    trims_line_breaks: bool,
+    /// A parameter the schema does not describe is read as JSON where it parses.
+    undescribed_as_json: bool,
+}
+
+pub const QWEN3_CODER: Dialect = Dialect {
+    function_open: Some("<function="),
+    function_close: "</function>",
+    key_open: "<parameter=",
+    key_close: ">",
+    value_open: "",
+    value_close: "</parameter>",
+    trims_line_breaks: true,
+    undescribed_as_json: false,
+};
+
+pub const GLM: Dialect = Dialect {
+    function_open: None,
+    function_close: CALL_CLOSE,
+    key_open: "<arg_key>",
+    key_close: "</arg_key>",
+    value_open: "<arg_value>",
+    value_close: "</arg_value>",
+    trims_line_breaks: false,
+    undescribed_as_json: true,
+};
 
 /// Reads XML calls out of free text: text outside `<tool_call>` blocks is content (what could
 /// begin a block is held back until it cannot).
 #[derive(Debug)]
 pub struct XmlCallScanner {
+    dialect: Dialect,
     /// Each offered function's `parameters` schema, by name.
     schemas: HashMap<String, Value>,
     buffer: String,
@@ -65,9 +109,9 @@ fn find_tag(text: &str, tag: &str) -> Result<usize, usize> {
 }
 
 impl XmlCallScanner {
-    pub fn new(functions: &[Function]) -> Self {
+    pub fn new(dialect: Dialect, functions: &[Function]) -> Self {
         let schemas = functions.iter().map(|f| (f.name.clone(), f.parameters.clone())).collect();
-        Self { schemas, buffer: String::new(), at: Place::Text, calls: 0 }
+        Self { dialect, schemas, buffer: String::new(), at: Place::Text, calls: 0 }
     }
 
     pub fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
@@ -77,6 +121,7 @@ impl XmlCallScanner {
 
     /// Reads what the buffer completes at the current place; whether it moved on.
     fn step(&mut self, out: &mut Vec<MessageDelta>) -> bool {
+        let d = self.dialect;
         match self.at.clone() {
             Place::Text => match find_tag(&self.buffer, CALL_OPEN) {
                 Ok(start) => {
@@ -93,23 +138,31 @@ impl XmlCallScanner {
             },
             Place::Block => {
                 let rest = self.buffer.trim_start();
+                let Some(function_open) = d.function_open else {
+                    // GLM: the block is the call, its name the text before a line break or
+                    // the first key (or the close, for a call without arguments).
+                    let ends = ["\n", d.key_open, d.function_close].map(|t| rest.find(t));
+                    let Some(end) = ends.into_iter().flatten().min() else { return false };
+                    let name = rest[..end].trim().to_string();
+                    self.buffer = rest[end..].to_string();
+                    self.start_call(name, out);
+                    return true;
+                };
                 if let Some(after) = rest.strip_prefix(CALL_CLOSE) {
                     self.buffer = after.to_string();
                     self.at = Place::Text;
                     return true;
                 }
-                if let Some(after) = rest.strip_prefix(FUNCTION_OPEN)
+                if let Some(after) = rest.strip_prefix(function_open)
                     && let Some(end) = after.find('>')
                 {
                     let name = after[..end].trim().to_string();
                     self.buffer = after[end + 1..].to_string();
-                    out.push(MessageDelta::CallStart { index: self.calls, id: String::new(), name: name.clone() });
-                    self.calls += 1;
-                    self.at = Place::Function { name, first: true };
+                    self.start_call(name, out);
                     return true;
                 }
                 // Neither a function nor the block's end: text, up to the next tag.
-                let Some((text, rest)) = stray_text(rest, &[CALL_CLOSE, FUNCTION_OPEN]) else { return false };
+                let Some((text, rest)) = stray_text(rest, &[CALL_CLOSE, function_open]) else { return false };
                 let text = text.to_string();
                 self.buffer = rest.to_string();
                 send_content(text, out);
@@ -117,36 +170,46 @@ impl XmlCallScanner {
             }
             Place::Function { name, first } => {
                 let rest = self.buffer.trim_start();
-                if let Some(after) = rest.strip_prefix(FUNCTION_CLOSE) {
+                if let Some(after) = rest.strip_prefix(d.function_close) {
                     self.buffer = after.to_string();
                     self.send_arguments(if first { "{}" } else { "}" }, out);
-                    self.at = Place::Block;
+                    // GLM's function close is its block's.
+                    self.at = if d.function_open.is_some() { Place::Block } else { Place::Text };
                     return true;
                 }
-                if let Some(after) = rest.strip_prefix(PARAMETER_OPEN)
-                    && let Some(end) = after.find('>')
+                if let Some(after) = rest.strip_prefix(d.key_open)
+                    && let Some(end) = after.find(d.key_close)
                 {
                     let key = after[..end].trim().to_string();
-                    self.buffer = after[end + 1..].to_string();
+                    let after_key = &after[end + d.key_close.len()..];
+                    // The value's open tag, after any whitespace; a model that left it out
+                    // starts its value right after the key.
+                    let opened = after_key.trim_start();
+                    let value = match opened.strip_prefix(d.value_open) {
+                        Some(value) => value,
+                        None if d.value_open.starts_with(opened) => return false,
+                        None => after_key,
+                    };
+                    self.buffer = value.to_string();
                     self.at = Place::Parameter { name, key, first };
                     return true;
                 }
                 // Stray text inside the function: dropped up to the next tag, as vLLM does.
-                let Some((_, rest)) = stray_text(rest, &[FUNCTION_CLOSE, PARAMETER_OPEN]) else { return false };
+                let Some((_, rest)) = stray_text(rest, &[d.function_close, d.key_open]) else { return false };
                 self.buffer = rest.to_string();
                 true
             }
             Place::Parameter { name, key, first } => {
                 // A value ends at its close tag, or (a model that forgot it) at the next
                 // parameter or the function's end.
-                let ends = [PARAMETER_CLOSE, PARAMETER_OPEN, FUNCTION_CLOSE].map(|t| (self.buffer.find(t), t));
+                let ends = [d.value_close, d.key_open, d.function_close].map(|t| (self.buffer.find(t), t));
                 let Some((end, tag)) = ends.iter().filter_map(|&(at, t)| at.map(|a| (a, t))).min_by_key(|&(a, _)| a)
                 else {
                     return false;
                 };
                 let value: String = self.buffer.drain(..end).collect();
-                if tag == PARAMETER_CLOSE {
-                    self.buffer.drain(..PARAMETER_CLOSE.len());
+                if tag == d.value_close {
+                    self.buffer.drain(..d.value_close.len());
                 }
                 self.send_argument(&name, &key, &value, first, out);
                 self.at = Place::Function { name, first: false };
@@ -165,6 +228,12 @@ impl XmlCallScanner {
         }
     }
 
+    fn start_call(&mut self, name: String, out: &mut Vec<MessageDelta>) {
+        out.push(MessageDelta::CallStart { index: self.calls, id: String::new(), name: name.clone() });
+        self.calls += 1;
+        self.at = Place::Function { name, first: true };
+    }
+
     fn send_text(&self, text: &str, out: &mut Vec<MessageDelta>) {
         send_text_around_calls(text, self.calls, out);
     }
@@ -174,9 +243,18 @@ impl XmlCallScanner {
     }
 
     fn send_argument(&self, function: &str, key: &str, value: &str, first: bool, out: &mut Vec<MessageDelta>) {
-        let value = value.strip_prefix('\n').unwrap_or(value);
-        let value = value.strip_suffix('\n').unwrap_or(value);
-        let typed = typed_value(value, self.parameter_type(function, key).as_deref());
+        let value = if self.dialect.trims_line_breaks {
+            let value = value.strip_prefix('\n').unwrap_or(value);
+            value.strip_suffix('\n').unwrap_or(value)
+        } else {
+            value
+        };
+        let typed = match self.parameter_type(function, key) {
+            None if self.dialect.undescribed_as_json => {
+                serde_json::from_str(value.trim()).unwrap_or_else(|_| Value::String(value.to_string()))
+            }
+            ty => typed_value(value, ty.as_deref()),
+        };
         let opening = if first { "{" } else { ", " };
         self.send_arguments(&format!("{opening}{}: {}", Value::String(key.to_string()), dumps(&typed)), out);
     }
@@ -255,7 +333,11 @@ mod tests {
 
     /// Feeds `text` in pieces of `size` characters; the deltas, each list per piece, joined.
     fn read(text: &str, size: usize) -> Vec<MessageDelta> {
-        let mut scanner = XmlCallScanner::new(&functions());
+        read_as(QWEN3_CODER, text, size)
+    }
+
+    fn read_as(dialect: Dialect, text: &str, size: usize) -> Vec<MessageDelta> {
+        let mut scanner = XmlCallScanner::new(dialect, &functions());
         let chars: Vec<char> = text.chars().collect();
         let mut out = Vec::new();
         for piece in chars.chunks(size) {
@@ -304,7 +386,7 @@ mod tests {
 
     #[test]
     fn a_call_starts_at_its_function_tag_and_each_argument_comes_when_its_value_closes() {
-        let mut scanner = XmlCallScanner::new(&functions());
+        let mut scanner = XmlCallScanner::new(QWEN3_CODER, &functions());
         let mut out = Vec::new();
         scanner.push("<tool_call>\n<function=get_wea", &mut out);
         assert!(out.is_empty());
@@ -332,5 +414,54 @@ mod tests {
             ("get_time".to_string(), r#"{"zone": "UT""#.to_string()),
             "a cut value is sent as far as it got"
         );
+    }
+
+    #[test]
+    fn glm_calls_in_both_layouts_read_alike_whatever_the_pieces() {
+        // GLM-4.5 puts line breaks between the parts, GLM-4.7 none; values are raw, typed by
+        // the schema, and an undescribed parameter is read as JSON where it parses.
+        let glm45 = "Let me look.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York, \"NY\"</arg_value>\n\
+                     <arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>hours</arg_key>\n<arg_value>[1, 2]</arg_value>\n\
+                     <arg_key>extra</arg_key>\n<arg_value>42</arg_value>\n<arg_key>note</arg_key>\n<arg_value>\nfree text\n</arg_value>\n\
+                     </tool_call>\n<tool_call>get_time\n</tool_call>";
+        let glm47 = glm45.replace("\n<arg", "<arg").replace(">\n<", "><").replace("get_time\n", "get_time");
+        let want = r#"{"city": "New York, \"NY\"", "days": 3, "hours": [1, 2], "extra": 42, "note": "\nfree text\n"}"#;
+        for text in [glm45, &glm47] {
+            for size in [1, 3, 7, 1000] {
+                let (content, calls) = message(&read_as(GLM, text, size));
+                assert_eq!(content, "Let me look.", "pieces of {size}: {text:?}");
+                assert_eq!(
+                    calls,
+                    vec![("get_weather".to_string(), want.to_string()), ("get_time".to_string(), "{}".to_string())],
+                    "pieces of {size}: {text:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_glm_call_starts_at_its_name_and_each_argument_comes_when_its_value_closes() {
+        let mut scanner = XmlCallScanner::new(GLM, &functions());
+        let mut out = Vec::new();
+        scanner.push("<tool_call>get_wea", &mut out);
+        assert!(out.is_empty(), "the name may go on");
+        scanner.push("ther\n<arg_key>city</arg_key>\n<arg_va", &mut out);
+        assert!(matches!(&out[..], [MessageDelta::CallStart { index: 0, name, .. }] if name == "get_weather"));
+        scanner.push("lue>Os", &mut out);
+        assert_eq!(out.len(), 1);
+        scanner.push("lo</arg_value>", &mut out);
+        assert_eq!(out[1], MessageDelta::Arguments { index: 0, text: r#"{"city": "Oslo""#.into() });
+        scanner.push("</tool_call>After.", &mut out);
+        assert_eq!(out[2], MessageDelta::Arguments { index: 0, text: "}".into() });
+        scanner.finish(&mut out);
+        assert_eq!(out[3], MessageDelta::Content("After.".into()));
+        // A value whose open tag was left out starts after its key; a missing close ends at
+        // the next key.
+        let (_, calls) = message(&read_as(
+            GLM,
+            "<tool_call>get_weather<arg_key>days</arg_key>5<arg_key>city</arg_key><arg_value>Rome</tool_call>",
+            2,
+        ));
+        assert_eq!(calls[0].1, r#"{"days": 5, "city": "Rome"}"#);
     }
 }
