@@ -374,6 +374,41 @@ def test_auto_reads_glm_calls_with_values_typed_by_the_schema(
     assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
 
 
+def test_gpt_oss_harmony_channels_split_into_reasoning_content_and_calls(
+    serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
+) -> None:
+    harmony = tool_server(serve, template_file, "openai", "--reasoning-parser", "openai_gptoss")
+    written = (
+        r"<\|channel\|>analysis<\|message\|>The user wants the weather\.<\|end\|>"
+        r"<\|start\|>assistant<\|channel\|>commentary to=functions\.get_weather <\|constrain\|>json"
+        r'<\|message\|>\{"city": "(Rome|Oslo)"\}<\|call\|>'
+    )
+    fields: dict[str, Any] = {"tools": TOOLS, "temperature": 0, "max_tokens": 200}
+    status, body = post(harmony, **fields, guided_regex=written)
+    assert status == 200, body
+    message = body["choices"][0]["message"]
+    assert message["reasoning_content"] == "The user wants the weather."
+    assert message["content"] is None and body["choices"][0]["finish_reason"] == "tool_calls"
+    (call,) = message["tool_calls"]
+    whole = (call["function"]["name"], call["function"]["arguments"])
+    assert whole[0] == "get_weather" and json.loads(whole[1])["city"] in ("Rome", "Oslo")
+    client: openai.OpenAI = openai_client(harmony)
+    content, streamed, finish = stream_message(
+        client, messages=ASK, **fields, extra_body={"guided_regex": written}
+    )
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
+    # Without tools the channels still split: the final channel is the content.
+    answer = (
+        r"<\|channel\|>analysis<\|message\|>Short\.<\|end\|>"
+        r"<\|start\|>assistant<\|channel\|>final<\|message\|>Hi!"
+    )
+    status, body = post(harmony, temperature=0, max_tokens=120, guided_regex=answer)
+    assert status == 200, body
+    message = body["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("Short.", "Hi!")
+
+
 def test_auto_reads_kimi_calls_and_keeps_their_ids(serve: Callable[..., Server], template_file: Path) -> None:
     kimi = tool_server(serve, template_file, "kimi_k2")
     written = (

@@ -41,10 +41,12 @@ impl MessageDelta {
 }
 
 /// Reads a choice's text: reasoning first (when the server splits it), then the answer
-/// through the request's tool-call reader.
+/// through the request's tool-call reader. gpt-oss's harmony output is read whole by the
+/// harmony reader, which splits its reasoning off itself.
 #[derive(Debug)]
 pub struct MessageReader {
-    reasoning: Option<ReasoningSplitter>,
+    reasoning: Option<ReasoningParser>,
+    splitter: Option<ReasoningSplitter>,
     /// Whether reasoning is sent (vLLM's `include_reasoning`); it is split off either way.
     include_reasoning: bool,
     calls: CallStream,
@@ -52,7 +54,10 @@ pub struct MessageReader {
 
 impl MessageReader {
     pub fn new(reasoning: Option<ReasoningParser>, include_reasoning: bool, calls: CallStream) -> Self {
-        Self { reasoning: reasoning.map(ReasoningSplitter::new), include_reasoning, calls }
+        let harmony = reasoning.is_some_and(ReasoningParser::reads_harmony);
+        let calls = if harmony && calls.is_text() { CallStream::harmony(false) } else { calls };
+        let splitter = reasoning.filter(|_| !harmony).map(ReasoningSplitter::new);
+        Self { reasoning, splitter, include_reasoning, calls }
     }
 
     /// Whether messages carry `reasoning_content` (null when the model did not reason).
@@ -62,7 +67,7 @@ impl MessageReader {
 
     /// The message pieces `text` (the next part of the output) completes.
     pub fn push(&mut self, text: &str) -> Vec<MessageDelta> {
-        let parts = match &mut self.reasoning {
+        let parts = match &mut self.splitter {
             Some(splitter) => splitter.push(text),
             None => vec![Part::Answer(text.to_string())],
         };
@@ -71,7 +76,7 @@ impl MessageReader {
 
     /// What is left once the output is complete.
     pub fn finish(&mut self) -> Vec<MessageDelta> {
-        let parts = self.reasoning.as_mut().map(ReasoningSplitter::finish).unwrap_or_default();
+        let parts = self.splitter.as_mut().map(ReasoningSplitter::finish).unwrap_or_default();
         self.read(parts, true)
     }
 
@@ -79,13 +84,16 @@ impl MessageReader {
         let mut out = Vec::new();
         for part in parts {
             match part {
-                Part::Reasoning(text) if self.include_reasoning => out.push(MessageDelta::Reasoning(text)),
-                Part::Reasoning(_) => {}
+                Part::Reasoning(text) => out.push(MessageDelta::Reasoning(text)),
                 Part::Answer(text) => out.extend(self.calls.push(&text)),
             }
         }
         if last {
             out.extend(self.calls.finish());
+        }
+        // Reasoning (split here, or by the harmony reader) goes out only where it is reported.
+        if !self.reports_reasoning() {
+            out.retain(|d| !matches!(d, MessageDelta::Reasoning(_)));
         }
         coalesce(out)
     }
@@ -196,6 +204,29 @@ mod tests {
         assert_eq!(plain.to_json(), json!({"role": "assistant", "content": "Hi.", "reasoning_content": null}));
         let none = MessageReader::new(None, true, CallStream::text()).read_all("Hi.");
         assert_eq!(none.to_json(), json!({"role": "assistant", "content": "Hi."}));
+    }
+
+    #[test]
+    fn gpt_oss_channels_split_with_or_without_the_tool_reader() {
+        let text = "<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant<|channel|>commentary \
+                    to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>";
+        let calls = MessageReader::new(Some(ReasoningParser::GptOss), true, CallStream::harmony(true)).read_all(text);
+        assert_eq!(calls.reasoning.as_deref(), Some("Weather needed."));
+        assert_eq!(calls.tool_calls.len(), 1);
+        assert_eq!(
+            (calls.tool_calls[0].1.as_str(), calls.tool_calls[0].2.as_str()),
+            ("get_weather", "{\"city\": \"Oslo\"}")
+        );
+        assert_eq!(calls.to_json()["content"], Value::Null);
+        // No tools: the harmony reader still splits the channels and leaves the call out.
+        let answer = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4";
+        let plain = MessageReader::new(Some(ReasoningParser::GptOss), true, CallStream::text()).read_all(answer);
+        assert_eq!((plain.reasoning.as_deref(), plain.content.as_str()), (Some("Easy."), "4"));
+        // The tool reader without the reasoning parser: reasoning is split off but not reported.
+        let unreported = MessageReader::new(None, true, CallStream::harmony(true)).read_all(answer);
+        assert_eq!((unreported.reasoning, unreported.content.as_str()), (None, "4"));
+        let hidden = MessageReader::new(Some(ReasoningParser::GptOss), false, CallStream::text()).read_all(answer);
+        assert_eq!((hidden.reasoning, hidden.content.as_str()), (None, "4"));
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Reasoning models' thinking, split from their answer (vLLM's `--reasoning-parser`): the text
 //! inside `<think>...</think>` becomes the message's `reasoning_content`, the rest its content.
+//! gpt-oss's harmony channels are read by [`crate::tools::harmony`], which splits them the same
+//! way.
 
 /// How a model marks its reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -10,15 +12,19 @@ pub enum ReasoningParser {
     /// Reasoning is there only when the output opens with `<think>` (Qwen3, whose template
     /// skips thinking with `enable_thinking: false`).
     Qwen3,
+    /// gpt-oss: the `analysis` channel of its harmony messages is reasoning, `final` the answer
+    /// (`openai_gptoss`).
+    GptOss,
 }
 
 impl ReasoningParser {
-    pub const NAMES: [&str; 2] = ["deepseek_r1", "qwen3"];
+    pub const NAMES: [&str; 3] = ["deepseek_r1", "qwen3", "openai_gptoss"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "deepseek_r1" => Ok(Self::DeepseekR1),
             "qwen3" => Ok(Self::Qwen3),
+            "openai_gptoss" => Ok(Self::GptOss),
             other => Err(format!("unknown reasoning parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -30,7 +36,18 @@ impl ReasoningParser {
     /// a `<think>` block: Qwen3's rule finds exactly that, while DeepSeek-R1's would take the
     /// whole constrained answer for unfinished thought.
     pub fn splits_constrained_output(self, thinks_first: bool) -> bool {
-        thinks_first || self == Self::Qwen3
+        match self {
+            // The harmony reader takes text that opens no header for content, so a constrained
+            // output (plain JSON) reads as content and a constraint that writes channels splits.
+            Self::GptOss => true,
+            Self::DeepseekR1 | Self::Qwen3 => thinks_first || self == Self::Qwen3,
+        }
+    }
+
+    /// Whether the output is harmony messages (gpt-oss), whose markers are special tokens the
+    /// text must keep for the reader.
+    pub fn reads_harmony(self) -> bool {
+        self == Self::GptOss
     }
 }
 
@@ -83,7 +100,7 @@ impl ReasoningSplitter {
             match (start.strip_prefix(THINK_OPEN), self.parser) {
                 (Some(rest), _) => self.buffer = rest.to_string(),
                 (None, ReasoningParser::DeepseekR1) => {}
-                (None, ReasoningParser::Qwen3) => {
+                (None, ReasoningParser::Qwen3 | ReasoningParser::GptOss) => {
                     self.phase = Phase::Answer;
                     out.push(Part::Answer(std::mem::take(&mut self.buffer)));
                     return out;
@@ -114,7 +131,9 @@ impl ReasoningSplitter {
         let rest = std::mem::take(&mut self.buffer);
         let mut out = Vec::new();
         match (self.phase, self.parser) {
-            (Phase::Answer, _) | (Phase::Start, ReasoningParser::Qwen3) => send(&mut out, Part::Answer(rest)),
+            (Phase::Answer, _) | (Phase::Start, ReasoningParser::Qwen3 | ReasoningParser::GptOss) => {
+                send(&mut out, Part::Answer(rest))
+            }
             _ => send(&mut out, Part::Reasoning(rest)),
         }
         out

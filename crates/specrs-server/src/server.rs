@@ -326,15 +326,21 @@ fn sampling_params(
         allowed_token_ids: f.allowed_token_ids.clone(),
         include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
         // A parser that reads the model's own call markers needs them in the text.
-        skip_special_tokens: f.skip_special_tokens.unwrap_or(!tools.is_some_and(ToolRequest::keeps_special_tokens)),
+        // A tool reader (or gpt-oss's harmony reader) needs the model's markers, special tokens.
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(
+            !(tools.is_some_and(ToolRequest::keeps_special_tokens)
+                || state.reasoning_parser.is_some_and(ReasoningParser::reads_harmony)),
+        ),
         truncate_prompt_tokens: f.truncate_prompt_tokens,
         bad_words: f.bad_words.clone().unwrap_or_default(),
         // Tokenized by the engine at admission.
         bad_word_ids: Vec::new(),
         // Where a reasoning parser runs, the model thinks before the constraint holds.
-        structured_outputs: constraint
-            .as_ref()
-            .map(|(c, _)| StructuredOutputs { after_reasoning: state.reasoning_parser.is_some(), ..c.clone() }),
+        structured_outputs: constraint.as_ref().map(|(c, _)| StructuredOutputs {
+            // gpt-oss's constrained output is the constrained text (no channels to wait for).
+            after_reasoning: state.reasoning_parser.is_some_and(|p| !p.reads_harmony()),
+            ..c.clone()
+        }),
         // Compiled by the engine at admission.
         guide: None,
     };

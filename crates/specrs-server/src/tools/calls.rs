@@ -5,6 +5,7 @@
 //! Text is taken delta by delta and turned into [`MessageDelta`]s as soon as they are certain.
 
 use super::Function;
+use super::harmony::HarmonyScanner;
 use super::marked_calls::{DEEPSEEK, KIMI, MarkedCallScanner};
 use super::pythonic::PythonicScanner;
 use super::xml_calls::{self, XmlCallScanner};
@@ -70,6 +71,8 @@ enum Format {
     Xml(XmlCallScanner),
     /// DeepSeek V3 / V3.1's and Kimi K2's marker-delimited calls (`"auto"`).
     Marked(MarkedCallScanner),
+    /// gpt-oss's harmony messages: reasoning, content and (`"auto"`) calls.
+    Harmony(HarmonyScanner),
 }
 
 impl CallStream {
@@ -126,6 +129,16 @@ impl CallStream {
         Self::of(Format::Xml(XmlCallScanner::new(xml_calls::GLM, functions)))
     }
 
+    /// gpt-oss's harmony messages, their calls read where `reads_calls`.
+    pub fn harmony(reads_calls: bool) -> Self {
+        Self::of(Format::Harmony(HarmonyScanner::new(reads_calls)))
+    }
+
+    /// Whether the output is read as plain text (no tool reader).
+    pub fn is_text(&self) -> bool {
+        matches!(self.format, Format::Text)
+    }
+
     /// The same reader writing its calls' ids as `ids` says.
     pub fn with_ids(mut self, ids: CallIds) -> Self {
         self.ids = ids;
@@ -165,6 +178,7 @@ impl CallStream {
             Format::Pythonic(scanner) => scanner.push(text, &mut out),
             Format::Xml(scanner) => scanner.push(text, &mut out),
             Format::Marked(scanner) => scanner.push(text, &mut out),
+            Format::Harmony(scanner) => scanner.push(text, &mut out),
         }
         self.identify(out)
     }
@@ -186,6 +200,7 @@ impl CallStream {
             Format::Pythonic(scanner) => scanner.finish(&mut out),
             Format::Xml(scanner) => scanner.finish(&mut out),
             Format::Marked(scanner) => scanner.finish(&mut out),
+            Format::Harmony(scanner) => scanner.finish(&mut out),
         }
         self.identify(out)
     }

@@ -8,6 +8,7 @@
 //! model through the chat template (`tools`), as with transformers and vLLM.
 
 pub mod calls;
+pub mod harmony;
 pub mod marked_calls;
 pub mod pythonic;
 pub mod xml_calls;
@@ -47,13 +48,16 @@ pub enum ToolCallParser {
     /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁sep｜>...` (DeepSeek V3, R1-0528 and
     /// V3.1: `deepseek_v3` and `deepseek_v31` name the same reader, which reads both layouts).
     DeepSeek,
+    /// gpt-oss's harmony messages: a `commentary` message `to=functions.name` is a call, the
+    /// `analysis` channel reasoning, `final` the answer (`openai`).
+    Openai,
     /// `<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}`
     /// (Kimi K2), the model's `functions.name:0` kept as the call's id.
     KimiK2,
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 11] = [
+    pub const NAMES: [&str; 12] = [
         "hermes",
         "llama3_json",
         "mistral",
@@ -65,6 +69,7 @@ impl ToolCallParser {
         "deepseek_v3",
         "deepseek_v31",
         "kimi_k2",
+        "openai",
     ];
 
     pub fn parse(name: &str) -> Result<Self, String> {
@@ -78,6 +83,7 @@ impl ToolCallParser {
             "glm45" | "glm47" => Ok(Self::Glm),
             "deepseek_v3" | "deepseek_v31" => Ok(Self::DeepSeek),
             "kimi_k2" => Ok(Self::KimiK2),
+            "openai" => Ok(Self::Openai),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -250,6 +256,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Glm) => CallStream::glm(&self.functions),
             ToolChoice::Auto(ToolCallParser::DeepSeek) => CallStream::deepseek(),
             ToolChoice::Auto(ToolCallParser::KimiK2) => CallStream::kimi(),
+            ToolChoice::Auto(ToolCallParser::Openai) => CallStream::harmony(true),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };
