@@ -409,6 +409,45 @@ def test_gpt_oss_harmony_channels_split_into_reasoning_content_and_calls(
     assert (message["reasoning_content"], message["content"]) == ("Short.", "Hi!")
 
 
+# Each family's block around the same two calls, as a regex the answer is forced to.
+BLOCK_FAMILIES = [
+    (
+        "jamba",
+        r'<tool_calls>\[\{"name": "get_weather", "arguments": \{"city": "(Rome|Oslo)"\}\}, '
+        r'\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]</tool_calls>',
+    ),
+    (
+        "minimax",
+        r'<tool_calls>\n\{"name": "get_weather", "arguments": \{"city": "(Rome|Oslo)"\}\}\n'
+        r'\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\n</tool_calls>',
+    ),
+    (
+        "internlm",
+        r'<\|action_start\|><\|plugin\|>\{"name": "get_weather", "parameters": \{"city": "(Rome|Oslo)"\}\}'
+        r'<\|action_end\|><\|action_start\|><\|plugin\|>\{"name": "get_time", "parameters": '
+        r'\{"timezone": "UTC"\}\}<\|action_end\|>',
+    ),
+    (
+        "phi4_mini_json",
+        r'functools\[\{"name": "get_weather", "arguments": \{"city": "(Rome|Oslo)"\}\}, '
+        r'\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]',
+    ),
+]
+
+
+@pytest.mark.parametrize(("parser", "written"), BLOCK_FAMILIES, ids=[f[0] for f in BLOCK_FAMILIES])
+def test_auto_reads_each_json_block_familys_calls(
+    serve: Callable[..., Server], template_file: Path, parser: str, written: str
+) -> None:
+    server = tool_server(serve, template_file, parser)
+    calls = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in forced_calls(server, written, 120)
+    ]
+    assert calls[0][0] == "get_weather" and calls[0][1]["city"] in ("Rome", "Oslo")
+    assert calls[1] == ("get_time", {"timezone": "UTC"})
+
+
 def test_auto_reads_kimi_calls_and_keeps_their_ids(serve: Callable[..., Server], template_file: Path) -> None:
     kimi = tool_server(serve, template_file, "kimi_k2")
     written = (

@@ -60,8 +60,9 @@ enum Format {
     Named { name: String, started: bool },
     /// The output is a JSON list of `{"name", "parameters"}` (`tool_choice: "required"`).
     CallList(CallListScanner),
-    /// Text with `<tool_call>{"name", "arguments"}</tool_call>` blocks (`"auto"`, Hermes).
-    Hermes(HermesScanner),
+    /// Text with JSON call blocks, `<tool_call>{"name", "arguments"}</tool_call>` (`"auto"`:
+    /// Hermes, and the same reader with Jamba's, MiniMax's, InternLM2's or Phi-4-mini's markers).
+    Blocks(BlockScanner),
     /// JSON call objects after a marker: Llama 3's `<|python_tag|>`? `{...}; {...}`,
     /// Mistral's `[TOOL_CALLS][{...}, ...]` or Granite's `<|tool_call|>[{...}, ...]` (`"auto"`).
     JsonCalls(JsonCallsScanner),
@@ -93,7 +94,12 @@ impl CallStream {
     }
 
     pub fn hermes() -> Self {
-        Self::of(Format::Hermes(HermesScanner::default()))
+        Self::blocks(HERMES)
+    }
+
+    /// Calls in JSON blocks between `markers` (Hermes, Jamba, MiniMax, InternLM2, Phi-4-mini).
+    pub fn blocks(markers: Block) -> Self {
+        Self::of(Format::Blocks(BlockScanner::new(markers)))
     }
 
     pub fn llama_json() -> Self {
@@ -173,7 +179,7 @@ impl CallStream {
                 }
             }
             Format::CallList(scanner) => scanner.push(text, &mut out),
-            Format::Hermes(scanner) => scanner.push(text, &mut out),
+            Format::Blocks(scanner) => scanner.push(text, &mut out),
             Format::JsonCalls(scanner) => scanner.push(text, &mut out),
             Format::Pythonic(scanner) => scanner.push(text, &mut out),
             Format::Xml(scanner) => scanner.push(text, &mut out),
@@ -195,7 +201,7 @@ impl CallStream {
                     out.push(MessageDelta::CallStart { index: 0, id: String::new(), name: name.clone() });
                 }
             }
-            Format::Hermes(scanner) => scanner.finish(&mut out),
+            Format::Blocks(scanner) => scanner.finish(&mut out),
             Format::JsonCalls(scanner) => scanner.finish(&mut out),
             Format::Pythonic(scanner) => scanner.finish(&mut out),
             Format::Xml(scanner) => scanner.finish(&mut out),
@@ -447,42 +453,75 @@ impl CallListScanner {
     }
 }
 
-const CALL_OPEN: &str = "<tool_call>";
-const CALL_CLOSE: &str = "</tool_call>";
+/// Where a family writes its JSON calls in free text: between an open marker and a close
+/// marker, one call object, a list of them, or several one after another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    open: &'static str,
+    /// `None`: the block is its one JSON value, closed by the value's end (Phi-4-mini).
+    close: Option<&'static str>,
+}
 
-/// Reads Hermes-style calls out of free text: text outside `<tool_call>` blocks is content
-/// (the longest end that could begin a block is held back until it cannot); a block's call is
-/// sent as it is written, and a block that holds no call is sent as text once it closes.
-#[derive(Debug, Default)]
-struct HermesScanner {
+/// Hermes (Qwen 2.5 / 3, NousResearch): `<tool_call>{"name", "arguments"}</tool_call>`.
+pub const HERMES: Block = Block { open: "<tool_call>", close: Some("</tool_call>") };
+/// Jamba's list and MiniMax's objects one per line: `<tool_calls>...</tool_calls>`.
+pub const TOOL_CALLS: Block = Block { open: "<tool_calls>", close: Some("</tool_calls>") };
+/// InternLM2: `<|action_start|><|plugin|>{"name", "parameters"}<|action_end|>`.
+pub const INTERNLM: Block = Block { open: "<|action_start|><|plugin|>", close: Some("<|action_end|>") };
+/// Phi-4-mini: `functools[{"name", "arguments"}, ...]`.
+pub const PHI4_MINI: Block = Block { open: "functools", close: None };
+
+/// Reads block-delimited calls out of free text: text outside blocks is content (the longest
+/// end that could begin a block is held back until it cannot); a block's calls are sent as
+/// they are written, and a block that holds no call is sent as text once it closes.
+#[derive(Debug)]
+struct BlockScanner {
+    markers: Block,
     buffer: String,
-    /// The open block's text so far, and the reader of its call.
-    block: Option<(String, CallValueReader)>,
+    /// The open block's text so far, the reader of its current value, and whether any of its
+    /// values held a call.
+    block: Option<OpenBlock>,
     calls: usize,
 }
 
-impl HermesScanner {
+#[derive(Debug, Default)]
+struct OpenBlock {
+    body: String,
+    value: Option<CallValueReader>,
+    called: bool,
+}
+
+impl BlockScanner {
+    fn new(markers: Block) -> Self {
+        Self { markers, buffer: String::new(), block: None, calls: 0 }
+    }
+
     fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
         self.buffer.push_str(text);
         loop {
-            if let Some((body, reader)) = &mut self.block {
+            if self.block.is_some() {
                 // The block's text up to its close, or up to what could begin the close.
-                let close = self.buffer.find(CALL_CLOSE);
-                let end = close.unwrap_or(self.buffer.len() - held_prefix_len(&self.buffer, CALL_CLOSE));
+                let close = self.markers.close.and_then(|c| self.buffer.find(c));
+                let held = self.markers.close.map_or(0, |c| held_prefix_len(&self.buffer, c));
+                let end = close.unwrap_or(self.buffer.len() - held);
                 let piece: String = self.buffer.drain(..end).collect();
-                body.push_str(&piece);
-                reader.push(&piece, &mut self.calls, out);
-                if close.is_none() {
-                    return;
+                let unread = self.read_block(&piece, out);
+                if let Some(rest) = unread {
+                    // A closeless block ended with its value: what follows is text again.
+                    self.buffer.insert_str(0, rest.as_str());
+                    self.end_block(false, out);
+                    continue;
                 }
-                self.buffer.drain(..CALL_CLOSE.len());
+                // The piece ran up to the close, now at the buffer's start.
+                let (Some(_), Some(marker)) = (close, self.markers.close) else { return };
+                self.buffer.drain(..marker.len());
                 self.end_block(true, out);
-            } else if let Some(start) = self.buffer.find(CALL_OPEN) {
-                let before: String = self.buffer.drain(..start + CALL_OPEN.len()).collect();
+            } else if let Some(start) = self.buffer.find(self.markers.open) {
+                let before: String = self.buffer.drain(..start + self.markers.open.len()).collect();
                 self.send_text(&before[..start], out);
-                self.block = Some(Default::default());
+                self.block = Some(OpenBlock::default());
             } else {
-                let keep = held_prefix_len(&self.buffer, CALL_OPEN);
+                let keep = held_prefix_len(&self.buffer, self.markers.open);
                 let text: String = self.buffer.drain(..self.buffer.len() - keep).collect();
                 self.send_text(&text, out);
                 return;
@@ -490,13 +529,49 @@ impl HermesScanner {
         }
     }
 
+    /// Reads `piece` of the open block: its values one after another (separators and
+    /// whitespace between them skipped). A closeless block ends with its value; what it did
+    /// not read is returned.
+    fn read_block(&mut self, piece: &str, out: &mut Vec<MessageDelta>) -> Option<String> {
+        let block = self.block.as_mut().expect("a block is open");
+        let mut rest = piece;
+        while !rest.is_empty() {
+            let value = match &mut block.value {
+                Some(value) if !value.done => value,
+                _ => {
+                    let skipped = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',' || c == ';');
+                    block.body.push_str(&rest[..rest.len() - skipped.len()]);
+                    rest = skipped;
+                    if rest.is_empty() {
+                        break;
+                    }
+                    if block.value.is_some() && self.markers.close.is_none() {
+                        return Some(rest.to_string());
+                    }
+                    block.value.insert(CallValueReader::default())
+                }
+            };
+            let read = value.push(rest, &mut self.calls, out);
+            block.body.push_str(&rest[..read]);
+            block.called |= value.started;
+            rest = &rest[read..];
+            if value.done && self.markers.close.is_none() {
+                return Some(rest.to_string());
+            }
+        }
+        None
+    }
+
     fn finish(&mut self, out: &mut Vec<MessageDelta>) {
         let rest = std::mem::take(&mut self.buffer);
-        if let Some((body, reader)) = &mut self.block {
+        if self.block.is_some() {
             // An unclosed block: the output was cut, or the model ended after the JSON.
-            body.push_str(&rest);
-            reader.push(&rest, &mut self.calls, out);
-            self.end_block(false, out);
+            if let Some(unread) = self.read_block(&rest, out) {
+                self.end_block(false, out);
+                self.send_text(&unread, out);
+            } else {
+                self.end_block(false, out);
+            }
         } else {
             self.send_text(&rest, out);
         }
@@ -504,11 +579,11 @@ impl HermesScanner {
 
     /// A block that yielded no call is text, as it was written.
     fn end_block(&mut self, closed: bool, out: &mut Vec<MessageDelta>) {
-        if let Some((body, reader)) = self.block.take()
-            && !reader.started
+        if let Some(block) = self.block.take()
+            && !block.called
         {
-            let close = if closed { CALL_CLOSE } else { "" };
-            out.push(MessageDelta::Content(format!("{CALL_OPEN}{body}{close}")));
+            let close = if closed { self.markers.close.unwrap_or("") } else { "" };
+            out.push(MessageDelta::Content(format!("{}{}{close}", self.markers.open, block.body)));
         }
     }
 
@@ -816,6 +891,50 @@ mod tests {
         assert_eq!(calls(&message), vec![("get_time", r#"{"zone": "UTC"}"#)]);
         let message = CallStream::named("get_time").read_all("");
         assert_eq!(calls(&message), vec![("get_time", "")]);
+    }
+
+    #[test]
+    fn jamba_minimax_internlm_and_phi4_blocks_read_like_hermes_whatever_the_pieces() {
+        let weather = r#"{"city": "Oslo"}"#;
+        let cases = [
+            // Jamba: a list in the block.
+            (
+                TOOL_CALLS,
+                r#"Checking.<tool_calls>[{"name": "get_weather", "arguments": {"city":"Oslo"}}, {"name": "get_time", "arguments": {}}]</tool_calls>"#,
+            ),
+            // MiniMax: one object a line.
+            (
+                TOOL_CALLS,
+                "Checking.<tool_calls>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_calls>",
+            ),
+            // InternLM2: one call a block, its arguments as `parameters`.
+            (
+                INTERNLM,
+                "Checking.<|action_start|><|plugin|>\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}<|action_end|>\n\
+                 <|action_start|><|plugin|>{\"name\": \"get_time\", \"parameters\": {}}<|action_end|>",
+            ),
+            // Phi-4-mini: the block is its list.
+            (
+                PHI4_MINI,
+                r#"Checking.functools[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]"#,
+            ),
+        ];
+        for (markers, text) in cases {
+            for size in [1, 3, 8, 1000] {
+                let message = read_in_pieces(CallStream::blocks(markers), text, size);
+                assert_eq!(message.content, "Checking.", "{markers:?}, pieces of {size}");
+                assert_eq!(
+                    calls(&message),
+                    vec![("get_weather", weather), ("get_time", "{}")],
+                    "{markers:?}, pieces of {size}"
+                );
+            }
+        }
+        // Phi-4-mini's block ends with its list: text after it is content again.
+        let after = CallStream::blocks(PHI4_MINI).read_all(r#"functools[{"name": "get_time", "arguments": {}}] Done."#);
+        assert_eq!((calls(&after), after.content.as_str()), (vec![("get_time", "{}")], " Done."));
+        let plain = CallStream::blocks(PHI4_MINI).read_all("functools are handy; no call here.");
+        assert_eq!((plain.tool_calls.len(), plain.content.as_str()), (0, "functools are handy; no call here."));
     }
 
     #[test]

@@ -48,6 +48,13 @@ pub enum ToolCallParser {
     /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁sep｜>...` (DeepSeek V3, R1-0528 and
     /// V3.1: `deepseek_v3` and `deepseek_v31` name the same reader, which reads both layouts).
     DeepSeek,
+    /// `<tool_calls>[{...}, ...]</tool_calls>` (Jamba) or one call object a line (MiniMax):
+    /// `jamba` and `minimax` name one reader.
+    ToolCallsBlock,
+    /// `<|action_start|><|plugin|>{"name", "parameters"}<|action_end|>` (InternLM2, `internlm`).
+    Internlm,
+    /// `functools[{"name", "arguments"}, ...]` (Phi-4-mini, `phi4_mini_json`).
+    Phi4Mini,
     /// gpt-oss's harmony messages: a `commentary` message `to=functions.name` is a call, the
     /// `analysis` channel reasoning, `final` the answer (`openai`).
     Openai,
@@ -57,7 +64,7 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 12] = [
+    pub const NAMES: [&str; 16] = [
         "hermes",
         "llama3_json",
         "mistral",
@@ -70,6 +77,10 @@ impl ToolCallParser {
         "deepseek_v31",
         "kimi_k2",
         "openai",
+        "jamba",
+        "minimax",
+        "internlm",
+        "phi4_mini_json",
     ];
 
     pub fn parse(name: &str) -> Result<Self, String> {
@@ -84,6 +95,9 @@ impl ToolCallParser {
             "deepseek_v3" | "deepseek_v31" => Ok(Self::DeepSeek),
             "kimi_k2" => Ok(Self::KimiK2),
             "openai" => Ok(Self::Openai),
+            "jamba" | "minimax" => Ok(Self::ToolCallsBlock),
+            "internlm" => Ok(Self::Internlm),
+            "phi4_mini_json" => Ok(Self::Phi4Mini),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -257,6 +271,9 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::DeepSeek) => CallStream::deepseek(),
             ToolChoice::Auto(ToolCallParser::KimiK2) => CallStream::kimi(),
             ToolChoice::Auto(ToolCallParser::Openai) => CallStream::harmony(true),
+            ToolChoice::Auto(ToolCallParser::ToolCallsBlock) => CallStream::blocks(calls::TOOL_CALLS),
+            ToolChoice::Auto(ToolCallParser::Internlm) => CallStream::blocks(calls::INTERNLM),
+            ToolChoice::Auto(ToolCallParser::Phi4Mini) => CallStream::blocks(calls::PHI4_MINI),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };
