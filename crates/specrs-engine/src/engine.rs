@@ -158,7 +158,14 @@ pub struct Engine {
 }
 
 /// Compiled structured-output constraints kept for reuse.
-const GUIDE_CACHE_CAPACITY: usize = 32;
+pub(crate) const GUIDE_CACHE_CAPACITY: usize = 32;
+
+/// The byte vocabulary guides are compiled against: each token's bytes, the end-of-sequence
+/// tokens, and the reasoning markers a guide may wait for.
+pub(crate) fn guide_vocabulary(tokenizer: &TextTokenizer) -> TokenVocabulary {
+    TokenVocabulary::new(tokenizer.token_bytes(), tokenizer.eos_token_ids().to_vec())
+        .with_thinking_tokens(tokenizer.thinking_token_ids())
+}
 
 /// Each row's verify output (rows without logits have none), with its logprobs and trace.
 type Verified = (Vec<Option<VerifyOutput>>, Vec<(Vec<TokenLogprob>, Option<TraceStep>)>);
@@ -423,11 +430,7 @@ impl Engine {
 
     fn guide_cache(&mut self) -> &mut GuideCache {
         let tokenizer = &self.tokenizer;
-        self.guides.get_or_insert_with(|| {
-            let vocabulary = TokenVocabulary::new(tokenizer.token_bytes(), tokenizer.eos_token_ids().to_vec())
-                .with_thinking_tokens(tokenizer.thinking_token_ids());
-            GuideCache::new(Arc::new(vocabulary), GUIDE_CACHE_CAPACITY)
-        })
+        self.guides.get_or_insert_with(|| GuideCache::new(Arc::new(guide_vocabulary(tokenizer)), GUIDE_CACHE_CAPACITY))
     }
 
     /// Publishes into `metrics` from now on, shared with other engines (data-parallel
@@ -514,7 +517,11 @@ impl Engine {
                 )
                 .into());
             }
-            params.guide = Some(self.guide_cache().get(constraint)?);
+            // The handle compiles it before the request reaches this thread; an engine driven
+            // directly compiles it here.
+            if params.guide.is_none() {
+                params.guide = Some(self.guide_cache().get(constraint)?);
+            }
         }
         let n = params.n;
         if n > self.max_num_seqs() {

@@ -2,24 +2,30 @@
 //! stream of outputs; dropping the stream cancels the request. Used by the server (async) and
 //! the Python API (blocking, with the GIL released).
 //!
+//! Before a request reaches an engine thread, the handle prepares it on the caller's thread
+//! (a blocking task for async callers): the prompt is rendered and tokenized and its output
+//! constraint compiled (a large schema's automaton takes milliseconds or more), so the engine
+//! threads only schedule and compute, and a heavy request never stalls the others' steps.
+//!
 //! With data parallelism the handle runs one engine thread per replica and sends each new
 //! request to the replica with the fewest requests (vLLM's data-parallel load balancing);
 //! the replicas share one `EngineMetrics`, so `/metrics` reads the sum.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use specrs_core::structured::GuideCache;
 use tokio::sync::oneshot;
 
 use crate::detokenizer::FinishReason;
-use crate::engine::Engine;
+use crate::engine::{Engine, GUIDE_CACHE_CAPACITY, guide_vocabulary};
 use crate::error::{EngineError, Result};
 use crate::metrics::EngineMetrics;
 use crate::pipeline::PipelineInfo;
 use crate::request::{
-    GenerationRequest, OutputStream, RequestId, RequestMetrics, RequestOutput, TokenLogprob, TraceStep,
+    GenerationRequest, OutputStream, Prompt, RequestId, RequestMetrics, RequestOutput, TokenLogprob, TraceStep,
 };
 use crate::routing::{SentPrefixes, choose_replica, prefix_chunks};
 use crate::tokenizer::TextTokenizer;
@@ -87,6 +93,7 @@ pub struct EngineHandle {
     replicas: Vec<Replica>,
     metrics: Arc<EngineMetrics>,
     tokenizer: Arc<TextTokenizer>,
+    preparation: Preparation,
     info: EngineInfo,
     next_id: AtomicU64,
     /// Where the replicas cache prefixes: how many more sequences than the lightest replica
@@ -202,7 +209,8 @@ impl EngineHandle {
                 Replica { tx, thread: Some(thread), load, sent: Default::default() }
             })
             .collect();
-        Ok(Self { replicas, metrics, tokenizer, info, next_id: AtomicU64::new(1), prefix_routing })
+        let preparation = Preparation { tokenizer: tokenizer.clone(), guides: Arc::default() };
+        Ok(Self { replicas, metrics, tokenizer, preparation, info, next_id: AtomicU64::new(1), prefix_routing })
     }
 
     pub fn metrics(&self) -> &Arc<EngineMetrics> {
@@ -255,13 +263,19 @@ impl EngineHandle {
 
     /// Submits a request from a blocking context; validation errors return here.
     pub fn submit(&self, request: GenerationRequest) -> Result<(RequestId, OutputStream)> {
+        let request = self.preparation.prepare(request)?;
         let (id, stream, admitted) = self.send_add(request)?;
         admitted.blocking_recv().map_err(|_| EngineError::Shutdown)??;
         Ok((id, stream))
     }
 
-    /// Submits a request from async code.
+    /// Submits a request from async code (in a tokio runtime: it is prepared on a blocking
+    /// task, off the runtime's workers).
     pub async fn submit_async(&self, request: GenerationRequest) -> Result<(RequestId, OutputStream)> {
+        let preparation = self.preparation.clone();
+        let request = tokio::task::spawn_blocking(move || preparation.prepare(request))
+            .await
+            .map_err(|_| EngineError::Shutdown)??;
         let (id, stream, admitted) = self.send_add(request)?;
         admitted.await.map_err(|_| EngineError::Shutdown)??;
         Ok((id, stream))
@@ -333,6 +347,7 @@ impl EngineHandle {
         let mut adds: Vec<Vec<PendingAdd>> = self.replicas.iter().map(|_| Vec::new()).collect();
         let mut placed = Vec::with_capacity(requests.len());
         let mut streams = Vec::with_capacity(requests.len());
+        let requests = requests.into_iter().map(|r| self.preparation.prepare(r)).collect::<Result<Vec<_>>>()?;
         for request in requests {
             let id = self.reserve_id(&request);
             let (sink, stream) = tokio::sync::mpsc::unbounded_channel();
@@ -412,6 +427,42 @@ impl EngineHandle {
 impl Drop for EngineHandle {
     fn drop(&mut self) {
         self.stop(Duration::ZERO);
+    }
+}
+
+/// What the handle does to a request before an engine takes it.
+#[derive(Clone)]
+struct Preparation {
+    tokenizer: Arc<TextTokenizer>,
+    /// Recently compiled constraints, shared by every caller and replica (built with the first
+    /// guided request).
+    guides: Arc<Mutex<Option<GuideCache>>>,
+}
+
+impl Preparation {
+    /// The request with its prompt as tokens and its constraint compiled; errors are the
+    /// request's (a template that fails, a constraint that cannot guide).
+    fn prepare(&self, mut request: GenerationRequest) -> Result<GenerationRequest> {
+        request.prompt = match request.prompt {
+            Prompt::Text(text) => Prompt::Tokens(self.tokenizer.encode(&text, true)?),
+            Prompt::Chat(conversation) => {
+                let text = self.tokenizer.render_conversation(&conversation)?;
+                Prompt::Tokens(self.tokenizer.encode(&text, true)?)
+            }
+            tokens @ Prompt::Tokens(_) => tokens,
+        };
+        let params = &mut request.params;
+        if let Some(constraint) = &params.structured_outputs
+            && params.guide.is_none()
+        {
+            // A panic while compiling leaves the cache as it was: still usable.
+            let mut guides = self.guides.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let cache = guides.get_or_insert_with(|| {
+                GuideCache::new(Arc::new(guide_vocabulary(&self.tokenizer)), GUIDE_CACHE_CAPACITY)
+            });
+            params.guide = Some(cache.get(constraint)?);
+        }
+        Ok(request)
     }
 }
 

@@ -174,6 +174,25 @@ fn guided_outputs_follow_their_constraints_and_speculation_returns_the_same_text
 }
 
 #[test]
+fn a_request_arrives_with_its_guide_compiled_and_is_not_compiled_again() {
+    // The handle compiles a request's constraint before the engine thread sees it (so a slow
+    // compile never stalls running sequences); a guide the request already carries is the one
+    // used, by the handle and the engine alike. Shown with a guide of other choices than the
+    // constraint names: the output keeps to the guide.
+    let plain = engine(false);
+    let tok = plain.tokenizer();
+    let vocabulary = Arc::new(TokenVocabulary::new(tok.token_bytes(), tok.eos_token_ids().to_vec()));
+    let carried = StructuredOutputs { choice: Some(vec!["Maybe".into()]), ..Default::default() };
+    let named = StructuredOutputs { choice: Some(vec!["Yes".into(), "No".into()]), ..Default::default() };
+    let mut request = ask("Is Paris the capital of France?", named.clone(), greedy(8));
+    request.params.guide = Some(carried.compile(&vocabulary).unwrap());
+    let out = plain.generate(vec![request]).unwrap().remove(0);
+    assert_eq!(out.text, "Maybe");
+    let compiled_here = plain.generate(vec![ask("Is Paris the capital of France?", named, greedy(8))]).unwrap();
+    assert!(["Yes", "No"].contains(&compiled_here[0].text.as_str()), "{:?}", compiled_here[0].text);
+}
+
+#[test]
 fn the_heads_drafts_keep_to_the_grammar_greedy_or_sampled() {
     let spec = engine(true);
     let schema = StructuredOutputs { json: Some(person_schema()), ..Default::default() };

@@ -64,9 +64,8 @@ pub struct StructuredOutputs {
 }
 
 impl StructuredOutputs {
-    /// Exactly one constraint, and each usable: a parseable schema, a valid regex, a
-    /// non-empty list of choices.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// Exactly one constraint is set (choices non-empty): what compiling needs checked first.
+    fn check_one_constraint(&self) -> Result<(), ConfigError> {
         let set = [
             self.json.is_some(),
             self.regex.is_some(),
@@ -90,16 +89,23 @@ impl StructuredOutputs {
                 ));
             }
         }
+        if let Some(choices) = &self.choice
+            && (choices.is_empty() || choices.iter().any(String::is_empty))
+        {
+            return Err(ConfigError::field(FIELD, "structured_outputs.choice must list non-empty strings"));
+        }
+        Ok(())
+    }
+
+    /// Exactly one constraint, and each usable: a parseable schema, a valid regex, a
+    /// non-empty list of choices.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_one_constraint()?;
         if let Some(grammar) = &self.grammar {
             ebnf::Rules::parse(grammar).map_err(|e| grammar_error(&e))?;
         }
         if let Some(tag) = &self.structural_tag {
             structural_tag::rules(tag).map_err(|e| structural_tag_error(&e))?;
-        }
-        if let Some(choices) = &self.choice
-            && (choices.is_empty() || choices.iter().any(String::is_empty))
-        {
-            return Err(ConfigError::field(FIELD, "structured_outputs.choice must list non-empty strings"));
         }
         if let GrammarSource::Regex(pattern) = self.source()? {
             regex_syntax::Parser::new().parse(&pattern).map_err(|e| {
@@ -142,6 +148,7 @@ impl StructuredOutputs {
 
     /// Compiles the constraint against `vocabulary`.
     pub fn compile(&self, vocabulary: &Arc<TokenVocabulary>) -> Result<CompiledGuide, ConfigError> {
+        self.check_one_constraint()?;
         let grammar = match self.source()? {
             GrammarSource::AnyJsonObject => Grammar::Json(json_grammar::JsonGrammar { object_only: true }),
             GrammarSource::Regex(pattern) => Grammar::Regex(Box::new(
