@@ -188,19 +188,7 @@ mod tests {
 
     /// Reasoning, content, and each call's name and arguments.
     fn message(deltas: &[MessageDelta]) -> (String, String, Vec<(String, String)>) {
-        let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::<(String, String)>::new());
-        for d in deltas {
-            match d {
-                MessageDelta::Reasoning(t) => reasoning.push_str(t),
-                MessageDelta::Content(t) => content.push_str(t),
-                MessageDelta::CallStart { index, name, .. } => {
-                    assert_eq!(*index, calls.len());
-                    calls.push((name.clone(), String::new()));
-                }
-                MessageDelta::Arguments { index, text } => calls[*index].1.push_str(text),
-            }
-        }
-        (reasoning, content, calls)
+        super::super::gather(deltas)
     }
 
     const CALLS: &str = "<|channel|>analysis<|message|>Need the weather, then the time.<|end|>\

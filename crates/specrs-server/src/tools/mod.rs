@@ -294,6 +294,26 @@ impl ToolRequest {
     }
 }
 
+/// Test support for the readers: the reasoning, content and calls (name, arguments) a run of
+/// deltas adds up to, each call's start checked to come in index order.
+#[cfg(test)]
+fn gather(deltas: &[crate::message::MessageDelta]) -> (String, String, Vec<(String, String)>) {
+    use crate::message::MessageDelta;
+    let (mut reasoning, mut content, mut calls) = (String::new(), String::new(), Vec::<(String, String)>::new());
+    for d in deltas {
+        match d {
+            MessageDelta::Reasoning(t) => reasoning.push_str(t),
+            MessageDelta::Content(t) => content.push_str(t),
+            MessageDelta::CallStart { index, name, .. } => {
+                assert_eq!(*index, calls.len(), "calls start in index order");
+                calls.push((name.clone(), String::new()));
+            }
+            MessageDelta::Arguments { index, text } => calls[*index].1.push_str(text),
+        }
+    }
+    (reasoning, content, calls)
+}
+
 fn bad(message: impl Into<String>, param: &str) -> ApiError {
     ApiError::bad_request(message, Some(param))
 }

@@ -349,19 +349,8 @@ mod tests {
 
     /// Content, and each call's name and whole arguments.
     fn message(deltas: &[MessageDelta]) -> (String, Vec<(String, String)>) {
-        let mut content = String::new();
-        let mut calls: Vec<(String, String)> = Vec::new();
-        for d in deltas {
-            match d {
-                MessageDelta::Content(t) => content.push_str(t),
-                MessageDelta::CallStart { index, name, .. } => {
-                    assert_eq!(*index, calls.len());
-                    calls.push((name.clone(), String::new()));
-                }
-                MessageDelta::Arguments { index, text } => calls[*index].1.push_str(text),
-                other => panic!("{other:?}"),
-            }
-        }
+        let (reasoning, content, calls) = super::super::gather(deltas);
+        assert!(reasoning.is_empty(), "no reasoning in XML calls: {reasoning:?}");
         (content, calls)
     }
 
