@@ -455,14 +455,26 @@ impl Preparation {
         if let Some(constraint) = &params.structured_outputs
             && params.guide.is_none()
         {
-            // A panic while compiling leaves the cache as it was: still usable.
-            let mut guides = self.guides.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let cache = guides.get_or_insert_with(|| {
-                GuideCache::new(Arc::new(guide_vocabulary(&self.tokenizer)), GUIDE_CACHE_CAPACITY)
+            // Compiled outside the lock: a request whose constraint is kept need not wait for
+            // another's compile (two requests bringing the same new one both compile it).
+            let (kept, vocabulary) = self.with_guides(|cache| (cache.lookup(constraint), cache.vocabulary().clone()));
+            params.guide = Some(match kept {
+                Some(guide) => guide,
+                None => {
+                    let guide = constraint.compile(&vocabulary)?;
+                    self.with_guides(|cache| cache.insert(constraint, guide.clone()));
+                    guide
+                }
             });
-            params.guide = Some(cache.get(constraint)?);
         }
         Ok(request)
+    }
+
+    fn with_guides<T>(&self, f: impl FnOnce(&mut GuideCache) -> T) -> T {
+        // A panic while the lock was held left the cache consistent: still usable.
+        let mut guides = self.guides.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(guides
+            .get_or_insert_with(|| GuideCache::new(Arc::new(guide_vocabulary(&self.tokenizer)), GUIDE_CACHE_CAPACITY)))
     }
 }
 

@@ -326,11 +326,7 @@ fn sampling_params(
         allowed_token_ids: f.allowed_token_ids.clone(),
         include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
         // A parser that reads the model's own call markers needs them in the text.
-        // A tool reader (or gpt-oss's harmony reader) needs the model's markers, special tokens.
-        skip_special_tokens: f.skip_special_tokens.unwrap_or(
-            !(tools.is_some_and(ToolRequest::keeps_special_tokens)
-                || state.reasoning_parser.is_some_and(ReasoningParser::reads_harmony)),
-        ),
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(!tools.is_some_and(ToolRequest::keeps_special_tokens)),
         truncate_prompt_tokens: f.truncate_prompt_tokens,
         bad_words: f.bad_words.clone().unwrap_or_default(),
         // Tokenized by the engine at admission.
@@ -689,7 +685,12 @@ async fn chat_completions(
         req.parallel_tool_calls,
         state.auto_tool_parser,
     )?;
-    let params = sampling_params(&req.sampling, max_tokens, field, top, &state, tools.as_ref())?;
+    let mut params = sampling_params(&req.sampling, max_tokens, field, top, &state, tools.as_ref())?;
+    // gpt-oss's harmony markers are special tokens its chat reader needs in the text.
+    if req.sampling.skip_special_tokens.is_none() && state.reasoning_parser.is_some_and(ReasoningParser::reads_harmony)
+    {
+        params.skip_special_tokens = false;
+    }
     let n = params.n;
     check_template_fields(&req)?;
     let constrained = params.structured_outputs.is_some();

@@ -210,23 +210,41 @@ impl GuideCache {
 
     /// The guide of `constraint`, compiled now or reused.
     pub fn get(&mut self, constraint: &StructuredOutputs) -> Result<CompiledGuide, ConfigError> {
-        let key = format!(
-            "{}{}",
-            if constraint.after_reasoning { "after reasoning: " } else { "" },
-            serde_json::to_string(constraint).expect("constraints serialise")
-        );
-        if let Some(at) = self.recent.iter().position(|(k, _)| *k == key) {
-            let entry = self.recent.remove(at).expect("position is in range");
-            let guide = entry.1.clone();
-            self.recent.push_back(entry);
+        if let Some(guide) = self.lookup(constraint) {
             return Ok(guide);
         }
         let guide = constraint.compile(&self.vocabulary)?;
+        self.insert(constraint, guide.clone());
+        Ok(guide)
+    }
+
+    /// The guide of `constraint` if one is kept (it becomes the most recent).
+    pub fn lookup(&mut self, constraint: &StructuredOutputs) -> Option<CompiledGuide> {
+        let key = Self::key(constraint);
+        let at = self.recent.iter().position(|(k, _)| *k == key)?;
+        let entry = self.recent.remove(at).expect("position is in range");
+        let guide = entry.1.clone();
+        self.recent.push_back(entry);
+        Some(guide)
+    }
+
+    /// Keeps `guide` (compiled elsewhere, against this cache's vocabulary) for `constraint`,
+    /// forgetting the least recently used past the capacity.
+    pub fn insert(&mut self, constraint: &StructuredOutputs, guide: CompiledGuide) {
+        let key = Self::key(constraint);
+        self.recent.retain(|(k, _)| *k != key);
         if self.recent.len() == self.capacity {
             self.recent.pop_front();
         }
-        self.recent.push_back((key, guide.clone()));
-        Ok(guide)
+        self.recent.push_back((key, guide));
+    }
+
+    fn key(constraint: &StructuredOutputs) -> String {
+        format!(
+            "{}{}",
+            if constraint.after_reasoning { "after reasoning: " } else { "" },
+            serde_json::to_string(constraint).expect("constraints serialise")
+        )
     }
 }
 
@@ -387,6 +405,22 @@ mod tests {
         assert_eq!(cache.recent.iter().map(|(k, _)| k.contains("\"a\"")).filter(|&x| x).count(), 1);
         let after_reasoning = StructuredOutputs { after_reasoning: true, ..c("a") };
         assert_ne!(cache.get(&after_reasoning).unwrap(), first, "waiting for the reasoning is another guide");
+    }
+
+    #[test]
+    fn a_guide_compiled_outside_the_cache_is_kept_once_and_found_again() {
+        let mut cache = GuideCache::new(vocabulary().0, 2);
+        let c = |r: &str| StructuredOutputs { regex: Some(r.into()), ..Default::default() };
+        assert!(cache.lookup(&c("a")).is_none());
+        let compiled = c("a").compile(cache.vocabulary()).unwrap();
+        cache.insert(&c("a"), compiled.clone());
+        cache.insert(&c("a"), compiled.clone()); // a second compile of the same constraint
+        assert_eq!(cache.recent.len(), 1, "kept once");
+        assert_eq!(cache.lookup(&c("a")), Some(compiled.clone()));
+        assert_eq!(cache.get(&c("a")).unwrap(), compiled, "`get` finds it without compiling");
+        cache.insert(&c("b"), c("b").compile(cache.vocabulary()).unwrap());
+        cache.insert(&c("c"), c("c").compile(cache.vocabulary()).unwrap()); // evicts "a"
+        assert!(cache.lookup(&c("a")).is_none());
     }
 
     #[test]
