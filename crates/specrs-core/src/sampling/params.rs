@@ -91,8 +91,8 @@ pub struct SamplingParams {
     /// The output follows a JSON schema, is any JSON object, matches a regex or is one of a
     /// list of choices (vLLM's `structured_outputs`; OpenAI's `response_format`).
     pub structured_outputs: Option<StructuredOutputs>,
-    /// `structured_outputs` compiled against the vocabulary: the engine fills it in at
-    /// admission; it is what masks the logits.
+    /// `structured_outputs` compiled against the vocabulary: the engine handle fills it in
+    /// before admission (an engine driven directly, at admission); it is what masks the logits.
     #[serde(skip)]
     pub guide: Option<CompiledGuide>,
 }
@@ -301,7 +301,11 @@ impl SamplingParams {
             ));
         }
         if let Some(constraint) = &self.structured_outputs {
-            constraint.validate()?;
+            // A compiled guide was checked when it was compiled (compiling refuses whatever
+            // validation does): a grammar is not lowered again on the engine thread.
+            if self.guide.is_none() {
+                constraint.validate()?;
+            }
             // A constraint decides where its output may end; these would overrule it.
             if self.min_tokens > 0 || self.ignore_eos {
                 return Err(ConfigError::field(
@@ -407,6 +411,22 @@ mod tests {
             assert_eq!(params.validate(8).unwrap_err().field.as_deref(), Some("structured_outputs"));
         }
         assert!(!guided.adjusts_logits(), "until the engine compiles the constraint");
+    }
+
+    #[test]
+    fn a_compiled_guide_is_not_validated_again_but_the_end_rules_still_hold() {
+        use std::sync::Arc;
+
+        use crate::structured::TokenVocabulary;
+        let vocabulary = Arc::new(TokenVocabulary::new(vec![None, Some(b"a".to_vec())], vec![0]));
+        let choice = StructuredOutputs { choice: Some(vec!["a".into()]), ..Default::default() };
+        let guide = choice.compile(&vocabulary).unwrap();
+        // A grammar that would not parse: the compiled guide stands for the constraint.
+        let unparsed = StructuredOutputs { grammar: Some("root ::= missing".into()), ..Default::default() };
+        let compiled = SamplingParams { structured_outputs: Some(unparsed), guide: Some(guide), ..Default::default() };
+        assert!(compiled.validate(8).is_ok());
+        let err = SamplingParams { ignore_eos: true, ..compiled }.validate(8).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("structured_outputs"));
     }
 
     #[test]
