@@ -512,9 +512,11 @@ def pipeline_class_name(pipeline: type) -> str:
     return getattr(pipeline, "pipeline_class_name", pipeline.__name__)
 
 
-@pytest.mark.parametrize("target", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+@pytest.mark.parametrize(
+    "target", ["LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"]
+)
 @pytest.mark.parametrize("method", sorted(DRAFT_ARCH_BY_METHOD))
-def test_builtins_run_every_method_on_llama_and_qwen3(target: str, method: str) -> None:
+def test_builtins_run_every_method_on_every_target_family(target: str, method: str) -> None:
     speculator = ARCH_LOOKUP.select_speculator(target, method, DRAFT_ARCH_BY_METHOD[method])
     assert speculator is not None
     assert (speculator.method, speculator.draft_arch) == (method, DRAFT_ARCH_BY_METHOD[method])

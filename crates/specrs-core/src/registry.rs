@@ -97,6 +97,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "MistralForCausalLM",
+        example_repo_ids: &["mistralai/Mistral-7B-Instruct-v0.3"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "Qwen2ForCausalLM",
         example_repo_ids: &["Qwen/Qwen2.5-0.5B-Instruct"],
         default_weights_format: "safetensors",
@@ -113,6 +120,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
     ArchitectureSpec {
         name: "Qwen3ForCausalLM",
         example_repo_ids: &["Qwen/Qwen3-8B"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
+        name: "Phi3ForCausalLM",
+        example_repo_ids: &["microsoft/Phi-4-mini-instruct", "microsoft/Phi-3.5-mini-instruct"],
         default_weights_format: "safetensors",
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,

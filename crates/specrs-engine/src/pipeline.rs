@@ -465,7 +465,7 @@ fn build_replica(
     let path = resolve_model_path(&cfg.model)?;
     let device = device_spec.device_for(cfg.engine.device_graph_capture)?;
     let store = WeightStore::open(&path, device, cfg.dtype)?;
-    let model_config = specrs_models::models::read_config(&store, &path)?;
+    let model_config = specrs_models::models::read_config(&store, &path)?.serve_context(cfg.engine.max_model_len);
     let architecture = target_architecture(&store, &model_config, &path);
     let target = CausalLm::load(&store, model_config)?;
     let tokenizer = Arc::new(load_tokenizer(&store, &path)?);

@@ -288,3 +288,94 @@ fn prompt_lookup_before_a_random_head_with_adaptive_widths_is_lossless_and_copie
         }
     }
 }
+
+/// A Phi-3 config over `SHAPE`: fused projections, LongRoPE past a 16-token pretrained window,
+/// half of each head rotated and a 6-key sliding window shorter than every output here.
+fn phi3_config() -> serde_json::Value {
+    let mut c = testing::target_config(Architecture::Phi3, &SHAPE, false);
+    c["partial_rotary_factor"] = json!(0.5);
+    c["original_max_position_embeddings"] = json!(16);
+    c["sliding_window"] = json!(6);
+    c["rope_scaling"] =
+        json!({"type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [2.0, 3.0, 4.0, 6.0]});
+    c
+}
+
+/// Plain greedy decoding straight on the model, one token per forward: what the engine's
+/// batched, windowed steps must reproduce.
+fn model_greedy(target: &Path, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    use specrs_models::{BatchRow, ForwardBatch};
+    let (model, _) = specrs_models::load_causal_lm(target, &candle_core::Device::Cpu, ModelDType::F32).unwrap();
+    let block = 4;
+    let kv = model.new_kv_cache((prompt.len() + max_tokens).div_ceil(block) + 1, block).unwrap();
+    let mut tokens = prompt.to_vec();
+    let mut fed = 0;
+    let mut out = Vec::new();
+    while out.len() < max_tokens {
+        let ctx = tokens.len();
+        let blocks = ctx.div_ceil(block);
+        let batch = ForwardBatch {
+            input_ids: tokens[fed..].to_vec(),
+            positions: (fed as u32..ctx as u32).collect(),
+            rows: vec![BatchRow {
+                query_start: 0,
+                query_len: ctx - fed,
+                context_len: ctx,
+                block_table_start: 0,
+                block_table_len: blocks,
+            }],
+            slot_mapping: (fed as u32..ctx as u32).collect(),
+            block_tables: (0..blocks as u32).collect(),
+            block_size: block,
+            logits_indices: vec![(ctx - fed - 1) as u32],
+            ..Default::default()
+        };
+        let logits = model.forward(&batch, &kv).unwrap().logits.unwrap().get(0).unwrap().to_vec1::<f32>().unwrap();
+        let next = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+        fed = ctx;
+        tokens.push(next);
+        out.push(next);
+        if next == SHAPE.vocab as u32 - 1 {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn a_phi3_target_decodes_as_its_model_and_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("phi3");
+    let tensors = testing::random_target(Architecture::Llama, &SHAPE, false, 21).unwrap();
+    write(&target, &phi3_config(), &testing::fused_as_phi3(tensors, &SHAPE).unwrap());
+    let lengths = [17, 5, 30, 9];
+    let plain = run(&engine(&target, None, None, 0), &lengths);
+    // `generate` answers in request order.
+    for (i, out) in plain.iter().enumerate() {
+        assert_eq!(out.token_ids, model_greedy(&target, &prompts()[i], lengths[i]), "request {i}: engine vs model");
+    }
+    let e3 = random_head(&dir.path().join("eagle3"), true, 300);
+    for (method, draft) in [(SpeculativeMethod::Eagle, Some(&e3)), (SpeculativeMethod::Ngram, None)] {
+        let spec = run(&engine(&target, draft.map(|d| d.as_path()), Some(method), 3), &lengths);
+        for (p, s) in plain.iter().zip(&spec) {
+            assert_eq!(p.token_ids, s.token_ids, "{method} on Phi-3");
+        }
+    }
+}
+
+#[test]
+fn an_oracle_eagle3_head_on_a_phi3_target_is_accepted_at_every_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("phi3-bigram");
+    let tensors = testing::bigram_target(Architecture::Llama, &SHAPE).unwrap();
+    write(&target, &phi3_config(), &testing::fused_as_phi3(tensors, &SHAPE).unwrap());
+    let head = dir.path().join("eagle3");
+    let (c, t) = testing::eagle3_oracle(&SHAPE, [2, 2, 3]).unwrap();
+    write(&head, &c, &t);
+    let spec = run(&engine(&target, Some(&head), Some(SpeculativeMethod::Eagle), 3), &[20; 4]);
+    let plain = run(&engine(&target, None, None, 0), &[20; 4]);
+    for (p, s) in plain.iter().zip(&spec) {
+        assert_eq!(p.token_ids, s.token_ids);
+        assert_eq!(s.metrics.num_accepted_tokens, s.metrics.num_draft_tokens, "taps of a fused target feed the head");
+    }
+}

@@ -1,5 +1,5 @@
-//! Runtime configuration of the Llama-family decoders (Llama, Qwen2, Qwen3), read from a
-//! Hugging Face `config.json` or from GGUF metadata.
+//! Runtime configuration of the Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3),
+//! read from a Hugging Face `config.json` or from GGUF metadata.
 
 use serde_json::Value;
 
@@ -14,6 +14,9 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: per-head RMSNorm on queries and keys, no q/k/v bias.
     Qwen3,
+    /// Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini: fused q/k/v and gate/up projections, LongRoPE,
+    /// partial rotary dims (Phi-4-mini), sliding-window attention.
+    Phi3,
 }
 
 impl Architecture {
@@ -24,11 +27,16 @@ impl Architecture {
         ("Qwen2ForCausalLM", Architecture::Qwen2),
         ("MiMoForCausalLM", Architecture::Qwen2),
         ("Qwen3ForCausalLM", Architecture::Qwen3),
+        ("Phi3ForCausalLM", Architecture::Phi3),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
-    pub const GGUF_NAMES: &'static [(&'static str, Architecture)] =
-        &[("llama", Architecture::Llama), ("qwen2", Architecture::Qwen2), ("qwen3", Architecture::Qwen3)];
+    pub const GGUF_NAMES: &'static [(&'static str, Architecture)] = &[
+        ("llama", Architecture::Llama),
+        ("qwen2", Architecture::Qwen2),
+        ("qwen3", Architecture::Qwen3),
+        ("phi3", Architecture::Phi3),
+    ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
         Self::HF_NAMES.iter().find(|(n, _)| *n == name).map(|(_, a)| *a).ok_or_else(|| {
@@ -54,6 +62,17 @@ impl Architecture {
             Self::Llama => "LlamaForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Phi3 => "Phi3ForCausalLM",
+        }
+    }
+
+    /// The Hugging Face `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Phi3 => "phi3",
         }
     }
 }
@@ -67,6 +86,28 @@ pub enum RopeScaling {
     Linear { factor: f64 },
     /// Explicit per-frequency divisors (GGUF `rope_freqs.weight`), length head_dim / 2.
     FrequencyFactors(Vec<f32>),
+    /// Phi-3's LongRoPE: per-frequency divisors for contexts within the pretrained window
+    /// (`short_factor`) and past it (`long_factor`), and cos/sin scaled by `attention_factor`.
+    /// One set serves the whole context, chosen once for the context the model serves
+    /// (`extended`, see [`DecoderConfig::serve_context`]), as llama.cpp chooses: switching sets
+    /// mid-sequence, as transformers does, would leave cached keys rotated by the other set.
+    LongRope {
+        short_factor: Vec<f32>,
+        long_factor: Vec<f32>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+        extended: bool,
+    },
+}
+
+impl RopeScaling {
+    /// The factor cos and sin are multiplied by (1 except for LongRoPE).
+    pub fn attention_factor(&self) -> f64 {
+        match self {
+            Self::LongRope { attention_factor, .. } => *attention_factor,
+            _ => 1.0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +119,9 @@ pub struct DecoderConfig {
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
     pub head_dim: usize,
+    /// Leading dims of each query and key head that RoPE rotates; the rest pass through
+    /// (`partial_rotary_factor`: 3/4 of the head on Phi-4-mini). Equal to `head_dim` mostly.
+    pub rotary_dim: usize,
     pub vocab_size: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
@@ -88,6 +132,11 @@ pub struct DecoderConfig {
     pub attention_bias: bool,
     /// Per-head RMSNorm on q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Projections stored fused: one `qkv_proj` (q rows, then k, then v) and one
+    /// `gate_up_proj` (gate rows, then up) per layer (Phi-3).
+    pub fused_projections: bool,
+    /// Each query sees only the last `sliding_window` keys, itself included (Mistral, Phi-3).
+    pub sliding_window: Option<usize>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -109,6 +158,39 @@ fn token_ids(v: Option<&Value>) -> Vec<u32> {
         Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
         _ => Vec::new(),
     }
+}
+
+/// Phi-3's LongRoPE from `config.json`, as transformers reads it: the pretrained window is
+/// the top-level `original_max_position_embeddings` (the scale then being the ratio of the
+/// context to it), or failing that the context itself with `rope_scaling.factor` as the scale;
+/// without an explicit `attention_factor`, cos and sin are scaled by
+/// `sqrt(1 + ln(scale) / ln(window))`.
+fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<RopeScaling> {
+    let factors = |key: &str| -> Result<Vec<f32>> {
+        rs.get(key)
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| ModelError::config(format!("rope_scaling.{key}"), "LongRoPE needs a list of numbers"))
+    };
+    let (short_factor, long_factor) = (factors("short_factor")?, factors("long_factor")?);
+    let (window, scale) = match v.get("original_max_position_embeddings").and_then(Value::as_u64) {
+        Some(w) => (w as usize, max_position_embeddings as f64 / w as f64),
+        None => (max_position_embeddings, opt_f64(rs, "factor").unwrap_or(1.0)),
+    };
+    if window == 0 {
+        return Err(ModelError::config("original_max_position_embeddings", "must be positive"));
+    }
+    let attention_factor = opt_f64(rs, "attention_factor")
+        .unwrap_or_else(|| if scale <= 1.0 { 1.0 } else { (1.0 + scale.ln() / (window as f64).ln()).sqrt() });
+    // Factor counts are checked with the rest of the shape (`DecoderConfig::check`); the set
+    // is chosen by `DecoderConfig::serve_context`.
+    Ok(RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings: window,
+        attention_factor,
+        extended: false,
+    })
 }
 
 impl DecoderConfig {
@@ -134,6 +216,15 @@ impl DecoderConfig {
             v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_attention_heads, |x| x as usize);
         let head_dim =
             v.get("head_dim").and_then(Value::as_u64).map_or(hidden_size / num_attention_heads.max(1), |x| x as usize);
+        let rotary_dim = match opt_f64(v, "partial_rotary_factor") {
+            None => head_dim,
+            Some(f) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
+            Some(f) => {
+                return Err(ModelError::config("partial_rotary_factor", format!("must lie in (0, 1], got {f}")));
+            }
+        };
+        let max_position_embeddings =
+            v.get("max_position_embeddings").and_then(Value::as_u64).map_or(4096, |x| x as usize);
         let rope_scaling = match v.get("rope_scaling") {
             None | Some(Value::Null) => None,
             Some(rs) => {
@@ -148,15 +239,35 @@ impl DecoderConfig {
                             .unwrap_or(8192.0),
                     }),
                     "linear" => Some(RopeScaling::Linear { factor: opt_f64(rs, "factor").unwrap_or(1.0) }),
+                    // "su" is the name Phi-3's first 128k checkpoints gave LongRoPE.
+                    "longrope" | "su" => Some(long_rope(v, rs, max_position_embeddings)?),
                     other => {
                         return Err(ModelError::config(
                             "rope_scaling",
-                            format!("rope scaling type '{other}' is not supported (supported: llama3, linear)"),
+                            format!(
+                                "rope scaling type '{other}' is not supported (supported: llama3, linear, longrope)"
+                            ),
                         ));
                     }
                 }
             }
         };
+        // Mistral and Phi-3 attend within their window; Qwen2 configs carry a `sliding_window`
+        // that only applies with `use_sliding_window`, which no supported checkpoint sets.
+        let sliding_window = match architecture {
+            Architecture::Llama | Architecture::Phi3 => v.get("sliding_window").and_then(Value::as_u64),
+            Architecture::Qwen2 | Architecture::Qwen3 => {
+                if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+                    return Err(ModelError::config(
+                        "use_sliding_window",
+                        "sliding-window attention on some Qwen layers (max_window_layers) is not supported; \
+                         set use_sliding_window to false to run every layer with full attention",
+                    ));
+                }
+                None
+            }
+        }
+        .map(|w| w as usize);
         let cfg = Self {
             architecture,
             hidden_size,
@@ -165,23 +276,24 @@ impl DecoderConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
+            rotary_dim,
             vocab_size: req_usize(v, "vocab_size")?,
             rms_norm_eps: opt_f64(v, "rms_norm_eps").unwrap_or(1e-6),
             rope_theta: opt_f64(v, "rope_theta").unwrap_or(10_000.0),
             rope_scaling,
-            max_position_embeddings: v
-                .get("max_position_embeddings")
-                .and_then(Value::as_u64)
-                .map_or(4096, |x| x as usize),
+            max_position_embeddings,
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             attention_bias: v
                 .get("attention_bias")
                 .and_then(Value::as_bool)
                 .unwrap_or(architecture == Architecture::Qwen2),
             qk_norm: architecture == Architecture::Qwen3,
+            fused_projections: architecture == Architecture::Phi3,
+            sliding_window,
             bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: token_ids(v.get("eos_token_id")),
-        };
+        }
+        .serve_context(None);
         cfg.check()?;
         Ok(cfg)
     }
@@ -206,6 +318,31 @@ impl DecoderConfig {
                 format!("head_dim must be even and positive, got {}", self.head_dim),
             ));
         }
+        if self.rotary_dim == 0 || !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
+            return Err(ModelError::config(
+                "partial_rotary_factor",
+                format!(
+                    "the rotary dims ({}) must be even, positive and at most head_dim ({})",
+                    self.rotary_dim, self.head_dim
+                ),
+            ));
+        }
+        if let Some(RopeScaling::LongRope { short_factor, long_factor, .. }) = &self.rope_scaling
+            && (short_factor.len() != self.rotary_dim / 2 || long_factor.len() != self.rotary_dim / 2)
+        {
+            return Err(ModelError::config(
+                "rope_scaling",
+                format!(
+                    "LongRoPE needs one short and one long factor per rotary frequency ({}), got {} and {}",
+                    self.rotary_dim / 2,
+                    short_factor.len(),
+                    long_factor.len()
+                ),
+            ));
+        }
+        if self.sliding_window == Some(0) {
+            return Err(ModelError::config("sliding_window", "must be positive (or null for full attention)"));
+        }
         if self.hidden_size == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {
             return Err(ModelError::config(
                 "hidden_size",
@@ -213,6 +350,17 @@ impl DecoderConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Fixes what depends on the context the model will serve (`max_model_len`, or the
+    /// model's whole context when `None`): LongRoPE's factor set, long past the pretrained
+    /// window and short within it.
+    pub fn serve_context(mut self, context: Option<usize>) -> Self {
+        let context = context.unwrap_or(self.max_position_embeddings);
+        if let Some(RopeScaling::LongRope { original_max_position_embeddings, extended, .. }) = &mut self.rope_scaling {
+            *extended = context > *original_max_position_embeddings;
+        }
+        self
     }
 
     /// Bytes of K and V one token occupies across all layers at `dtype_bytes` per element.
@@ -286,5 +434,55 @@ mod tests {
         assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 8.0));
         v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
         assert!(DecoderConfig::from_hf_json(&v).unwrap_err().to_string().contains("yarn"));
+    }
+
+    /// Phi-4-mini-instruct's config.json, factor lists shortened to their real length of 48.
+    fn phi4_mini() -> Value {
+        json!({
+            "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "intermediate_size": 8192,
+            "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+            "vocab_size": 200064, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75, "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096, "sliding_window": 262144,
+            "tie_word_embeddings": true, "bos_token_id": 199999, "eos_token_id": 199999,
+            "rope_scaling": {"type": "longrope", "short_factor": vec![1.0; 48], "long_factor": vec![2.0; 48]}
+        })
+    }
+
+    #[test]
+    fn reads_phi4_mini_long_rope_and_partial_rotary() {
+        let c = DecoderConfig::from_hf_json(&phi4_mini()).unwrap();
+        assert_eq!(c.architecture, Architecture::Phi3);
+        assert_eq!((c.head_dim, c.rotary_dim, c.sliding_window), (128, 96, Some(262144)));
+        assert!(c.fused_projections && c.tie_word_embeddings && !c.attention_bias);
+        let Some(RopeScaling::LongRope { attention_factor, original_max_position_embeddings, extended, .. }) =
+            c.rope_scaling.clone()
+        else {
+            panic!("LongRoPE expected: {:?}", c.rope_scaling);
+        };
+        // transformers: sqrt(1 + ln(131072 / 4096) / ln(4096)).
+        assert!((attention_factor - (1.0 + 32f64.ln() / 4096f64.ln()).sqrt()).abs() < 1e-12);
+        assert_eq!(original_max_position_embeddings, 4096);
+        assert!(extended, "serving the whole 128k context takes the long factors");
+        let served = |n| match c.clone().serve_context(Some(n)).rope_scaling {
+            Some(RopeScaling::LongRope { extended, .. }) => extended,
+            other => panic!("{other:?}"),
+        };
+        assert!(!served(4096) && served(4097), "short factors while the context fits the pretrained window");
+    }
+
+    #[test]
+    fn sliding_windows_are_read_for_mistral_and_phi3_only() {
+        let mut v = smollm2();
+        v["architectures"] = json!(["MistralForCausalLM"]);
+        v["sliding_window"] = json!(4096);
+        assert_eq!(DecoderConfig::from_hf_json(&v).unwrap().sliding_window, Some(4096));
+        v["sliding_window"] = Value::Null;
+        assert_eq!(DecoderConfig::from_hf_json(&v).unwrap().sliding_window, None);
+        // Qwen2 configs name a window that applies only with use_sliding_window.
+        v["architectures"] = json!(["Qwen2ForCausalLM"]);
+        v["sliding_window"] = json!(32768);
+        v["use_sliding_window"] = json!(false);
+        assert_eq!(DecoderConfig::from_hf_json(&v).unwrap().sliding_window, None);
     }
 }

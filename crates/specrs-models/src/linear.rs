@@ -195,6 +195,15 @@ pub enum FusedLinear {
 }
 
 impl FusedLinear {
+    /// A projection a checkpoint already stores fused (Phi-3's `qkv_proj`, `gate_up_proj`),
+    /// its output split into `splits` consecutive parts.
+    pub fn stacked(linear: Linear, splits: Vec<usize>) -> Result<Self> {
+        if splits.iter().sum::<usize>() != linear.out_dim() {
+            candle_core::bail!("fused projection of {} rows cannot split into {splits:?}", linear.out_dim());
+        }
+        Ok(Self::Stacked { linear, splits })
+    }
+
     pub fn new(parts: Vec<Linear>) -> Result<Self> {
         let weights: Vec<&LinearWeight> = parts.iter().map(Linear::weight).collect();
         let in_dim = parts[0].in_dim();

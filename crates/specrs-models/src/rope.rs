@@ -1,5 +1,6 @@
 //! Rotary position embeddings (Hugging Face rotate-half convention) at per-token positions,
-//! so rows of a ragged batch each sit at their own offsets.
+//! so rows of a ragged batch each sit at their own offsets. A head may rotate only its leading
+//! dims (partial rotary, Phi-4-mini); the tables are as wide as the rotated part.
 
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -7,21 +8,26 @@ use crate::config::RopeScaling;
 
 #[derive(Debug, Clone)]
 pub struct RotaryEmbedding {
-    /// `[max_positions, head_dim / 2]`.
+    /// `[max_positions, rotary_dim / 2]`.
     cos: Tensor,
     sin: Tensor,
     max_positions: usize,
 }
 
-/// Inverse frequencies `theta^(-2i/d)` with the configured scaling applied.
-pub fn inverse_frequencies(head_dim: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f64> {
-    let half = head_dim / 2;
-    let base: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)).collect();
+/// Inverse frequencies `theta^(-2i/d)` over the `rotary_dim` rotated dims, with the
+/// configured scaling applied.
+pub fn inverse_frequencies(rotary_dim: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f64> {
+    let half = rotary_dim / 2;
+    let base: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f64 / rotary_dim as f64)).collect();
+    let divided = |factors: &[f32]| -> Vec<f64> {
+        base.iter().zip(factors.iter().chain(std::iter::repeat(&1.0))).map(|(f, s)| f / *s as f64).collect()
+    };
     match scaling {
         None => base,
         Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
-        Some(RopeScaling::FrequencyFactors(factors)) => {
-            base.iter().zip(factors.iter().chain(std::iter::repeat(&1.0))).map(|(f, s)| f / *s as f64).collect()
+        Some(RopeScaling::FrequencyFactors(factors)) => divided(factors),
+        Some(RopeScaling::LongRope { short_factor, long_factor, extended, .. }) => {
+            divided(if *extended { long_factor } else { short_factor })
         }
         Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
             let low_wavelen = original_max_position_embeddings / low_freq_factor;
@@ -45,24 +51,26 @@ pub fn inverse_frequencies(head_dim: usize, theta: f64, scaling: Option<&RopeSca
 }
 
 impl RotaryEmbedding {
+    /// Tables for `max_positions` positions over the leading `rotary_dim` dims of a head.
     pub fn new(
-        head_dim: usize,
+        rotary_dim: usize,
         theta: f64,
         scaling: Option<&RopeScaling>,
         max_positions: usize,
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let inv_freq = inverse_frequencies(head_dim, theta, scaling);
-        let half = head_dim / 2;
+        let inv_freq = inverse_frequencies(rotary_dim, theta, scaling);
+        let magnitude = scaling.map_or(1.0, RopeScaling::attention_factor);
+        let half = rotary_dim / 2;
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for p in 0..max_positions {
             for f in &inv_freq {
                 // Angles in f64: at positions of tens of thousands f32 angles lose digits.
                 let angle = p as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((magnitude * angle.cos()) as f32);
+                sin.push((magnitude * angle.sin()) as f32);
             }
         }
         let cos = Tensor::from_vec(cos, (max_positions, half), device)?.to_dtype(dtype)?;
@@ -79,11 +87,19 @@ impl RotaryEmbedding {
         Ok((self.cos.index_select(positions, 0)?, self.sin.index_select(positions, 0)?))
     }
 
-    /// Rotates `x [T, heads, d]` with tables from [`Self::tables`].
+    /// Rotates `x [T, heads, d]` with tables from [`Self::tables`]; with tables narrower than
+    /// `d / 2`, only the leading `2 · width` dims of each head turn.
     pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         let (t, h, d) = x.dims3()?;
-        let x = x.contiguous()?.reshape((1, t, h, d))?;
-        candle_nn::rotary_emb::rope_thd(&x, cos, sin)?.reshape((t, h, d))
+        let rotary = 2 * cos.dim(1)?;
+        if rotary == d {
+            let x = x.contiguous()?.reshape((1, t, h, d))?;
+            return candle_nn::rotary_emb::rope_thd(&x, cos, sin)?.reshape((t, h, d));
+        }
+        // [T, h, rotary] turned, [T, h, d - rotary] passed through.
+        let turned = x.narrow(2, 0, rotary)?.contiguous()?.reshape((1, t, h, rotary))?;
+        let turned = candle_nn::rotary_emb::rope_thd(&turned, cos, sin)?.reshape((t, h, rotary))?;
+        Tensor::cat(&[&turned, &x.narrow(2, rotary, d - rotary)?], 2)
     }
 }
 
@@ -107,6 +123,67 @@ mod tests {
                 let a = xs[i] * c - xs[i + 2] * s;
                 let b = xs[i + 2] * c + xs[i] * s;
                 assert!((y[row][0][i] - a).abs() < 1e-5 && (y[row][0][i + 2] - b).abs() < 1e-5);
+            }
+        }
+    }
+
+    /// Transformers' `apply_rotary_pos_emb` on a partial-rotary head, written out: the leading
+    /// `rotary` dims rotate half against half, the rest are copied.
+    fn reference_rotation(x: &[f32], p: f64, inv: &[f64], magnitude: f64) -> Vec<f32> {
+        let half = inv.len();
+        let mut y = x.to_vec();
+        for i in 0..half {
+            let (c, s) = ((magnitude * (p * inv[i]).cos()) as f32, (magnitude * (p * inv[i]).sin()) as f32);
+            y[i] = x[i] * c - x[i + half] * s;
+            y[i + half] = x[i + half] * c + x[i] * s;
+        }
+        y
+    }
+
+    #[test]
+    fn partial_rotary_turns_the_leading_dims_and_copies_the_rest() {
+        let dev = Device::Cpu;
+        // Head of 8, rotary 6 (Phi-4-mini's 3/4).
+        let rope = RotaryEmbedding::new(6, 10_000.0, None, 32, DType::F32, &dev).unwrap();
+        let head: Vec<f32> = (0..8).map(|i| 0.3 * i as f32 - 1.0).collect();
+        let x = Tensor::from_vec([head.clone(), head.clone()].concat(), (2, 1, 8), &dev).unwrap();
+        let (c, s) = rope.tables(&Tensor::new(&[5u32, 17], &dev).unwrap()).unwrap();
+        let y = RotaryEmbedding::apply(&x, &c, &s).unwrap().to_vec3::<f32>().unwrap();
+        let inv = inverse_frequencies(6, 10_000.0, None);
+        for (row, p) in [(0, 5.0), (1, 17.0)] {
+            let want = reference_rotation(&head, p, &inv, 1.0);
+            assert_eq!(y[row][0][6..], head[6..], "the pass-through dims are copied");
+            for (got, want) in y[row][0].iter().zip(&want) {
+                assert!((got - want).abs() < 1e-5, "{:?} vs {want:?}", y[row][0]);
+            }
+        }
+    }
+
+    fn long_rope(extended: bool) -> RopeScaling {
+        RopeScaling::LongRope {
+            short_factor: vec![1.0, 2.0],
+            long_factor: vec![4.0, 8.0],
+            original_max_position_embeddings: 16,
+            attention_factor: 1.25,
+            extended,
+        }
+    }
+
+    #[test]
+    fn long_rope_divides_by_the_chosen_set_and_scales_the_magnitude() {
+        let dev = Device::Cpu;
+        let base = inverse_frequencies(4, 10_000.0, None);
+        for (extended, divisors) in [(false, [1.0, 2.0]), (true, [4.0, 8.0])] {
+            let scaling = long_rope(extended);
+            let inv = inverse_frequencies(4, 10_000.0, Some(&scaling));
+            assert_eq!(inv, vec![base[0] / divisors[0], base[1] / divisors[1]]);
+            let rope = RotaryEmbedding::new(4, 10_000.0, Some(&scaling), 64, DType::F32, &dev).unwrap();
+            let x = Tensor::new(&[[[0.5f32, -1., 2., 0.25]]], &dev).unwrap();
+            let (c, s) = rope.tables(&Tensor::new(&[40u32], &dev).unwrap()).unwrap();
+            let y = RotaryEmbedding::apply(&x, &c, &s).unwrap().to_vec3::<f32>().unwrap();
+            let want = reference_rotation(&[0.5, -1., 2., 0.25], 40.0, &inv, 1.25);
+            for (got, want) in y[0][0].iter().zip(&want) {
+                assert!((got - want).abs() < 1e-5, "extended {extended}: {:?} vs {want:?}", y[0][0]);
             }
         }
     }

@@ -53,7 +53,7 @@ impl Default for TinyShape {
 pub fn target_config(arch: Architecture, s: &TinyShape, tie: bool) -> Value {
     json!({
         "architectures": [arch.hf_name()],
-        "model_type": match arch { Architecture::Llama => "llama", Architecture::Qwen2 => "qwen2", Architecture::Qwen3 => "qwen3" },
+        "model_type": arch.model_type(),
         "hidden_size": s.hidden, "intermediate_size": s.intermediate, "num_hidden_layers": s.layers,
         "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
         "vocab_size": s.vocab, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
@@ -98,6 +98,24 @@ pub fn random_target(arch: Architecture, s: &TinyShape, tie: bool, seed: u64) ->
         }
     }
     Ok(t)
+}
+
+/// A Llama checkpoint's tensors stored as Phi-3 stores them: q/k/v rows stacked into
+/// `qkv_proj`, gate and up rows into `gate_up_proj`. With Phi-3's config and no LongRoPE,
+/// partial rotary or window, the result computes exactly what the Llama checkpoint does.
+pub fn fused_as_phi3(mut tensors: HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        let mut take = |name: &str| tensors.remove(&format!("{p}.{name}")).expect("a Llama layer tensor");
+        let qkv = Tensor::cat(
+            &[take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight")],
+            0,
+        )?;
+        let gate_up = Tensor::cat(&[take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")], 0)?;
+        tensors.insert(format!("{p}.self_attn.qkv_proj.weight"), qkv);
+        tensors.insert(format!("{p}.mlp.gate_up_proj.weight"), gate_up);
+    }
+    Ok(tensors)
 }
 
 /// The successor of each token in the bigram target: a single cycle through the vocabulary

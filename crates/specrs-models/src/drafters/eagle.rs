@@ -340,7 +340,7 @@ impl EagleDraft {
         };
         let dtype = store.compute_dtype();
         let rope = RotaryEmbedding::new(
-            cfg.layer.head_dim,
+            cfg.layer.rotary_dim,
             cfg.layer.rope_theta,
             cfg.layer.rope_scaling.as_ref(),
             cfg.layer.max_position_embeddings.max(target.config().max_position_embeddings),

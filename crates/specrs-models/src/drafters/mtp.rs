@@ -67,7 +67,7 @@ impl MtpDraft {
         let eps = layer_cfg.rms_norm_eps;
         let dtype = store.compute_dtype();
         let rope = RotaryEmbedding::new(
-            layer_cfg.head_dim,
+            layer_cfg.rotary_dim,
             layer_cfg.rope_theta,
             layer_cfg.rope_scaling.as_ref(),
             layer_cfg.max_position_embeddings,

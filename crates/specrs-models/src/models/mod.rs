@@ -1,6 +1,7 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
 pub mod llama;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod transformer;
@@ -32,6 +33,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Llama => llama::adapt(cfg),
                 Architecture::Qwen2 => qwen2::adapt(cfg),
                 Architecture::Qwen3 => qwen3::adapt(cfg),
+                Architecture::Phi3 => phi3::adapt(cfg),
             })
         }
     }

@@ -1,6 +1,6 @@
-//! The Llama-family decoder shared by Llama, Qwen2 and Qwen3: pre-norm layers of GQA
-//! attention with RoPE and a SwiGLU MLP, run over a ragged batch against paged KV storage.
-//! It returns logits only where asked, plus residual-stream taps for drafters.
+//! The Llama-family decoder shared by Llama, Mistral, Qwen2, Qwen3 and Phi-3: pre-norm layers
+//! of GQA attention with RoPE and a SwiGLU MLP, run over a ragged batch against paged KV
+//! storage. It returns logits only where asked, plus residual-stream taps for drafters.
 
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -45,9 +45,20 @@ impl SelfAttention {
         head_dim: usize,
     ) -> LoadResult<Self> {
         let bias = cfg.attention_bias;
-        let q = store.linear(&format!("{prefix}.q_proj"), q_dim, in_dim, bias)?;
-        let k = store.linear(&format!("{prefix}.k_proj"), kv_dim, in_dim, bias)?;
-        let v = store.linear(&format!("{prefix}.v_proj"), kv_dim, in_dim, bias)?;
+        // Some Phi-3 GGUF conversions split q, k and v; llama.cpp reads either.
+        let fused = cfg.fused_projections
+            && (store.contains(&format!("{prefix}.qkv_proj.weight"))
+                || !store.contains(&format!("{prefix}.q_proj.weight")));
+        let qkv = if fused {
+            // One [q + 2·kv, in] weight: q rows, then k, then v.
+            let fused = store.linear(&format!("{prefix}.qkv_proj"), q_dim + 2 * kv_dim, in_dim, bias)?;
+            FusedLinear::stacked(fused, vec![q_dim, kv_dim, kv_dim])?
+        } else {
+            let q = store.linear(&format!("{prefix}.q_proj"), q_dim, in_dim, bias)?;
+            let k = store.linear(&format!("{prefix}.k_proj"), kv_dim, in_dim, bias)?;
+            let v = store.linear(&format!("{prefix}.v_proj"), kv_dim, in_dim, bias)?;
+            FusedLinear::new(vec![q, k, v])?
+        };
         let o_proj = store.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, q_dim, false)?;
         let (q_norm, k_norm) = if cfg.qk_norm || store.contains(&format!("{prefix}.q_norm.weight")) {
             (
@@ -58,7 +69,7 @@ impl SelfAttention {
             (None, None)
         };
         Ok(Self {
-            qkv: FusedLinear::new(vec![q, k, v])?,
+            qkv,
             o_proj,
             q_norm,
             k_norm,
@@ -145,6 +156,15 @@ impl Mlp {
         })
     }
 
+    /// Loads a checkpoint's fused `gate_up_proj` (`[2·I, H]`, gate rows first).
+    pub fn load_fused(store: &WeightStore, prefix: &str, hidden: usize, intermediate: usize) -> LoadResult<Self> {
+        let gate_up = store.linear(&format!("{prefix}.gate_up_proj"), 2 * intermediate, hidden, false)?;
+        Ok(Self {
+            gate_up: FusedLinear::stacked(gate_up, vec![intermediate, intermediate])?,
+            down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, false)?,
+        })
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // [T, H] -> [T, 2·I] -> silu(gate) · up [T, I] -> [T, H].
         let hidden = match self.gate_up.forward_stacked(x)? {
@@ -184,7 +204,11 @@ impl DecoderLayer {
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
             )?,
-            mlp: Mlp::load(store, &format!("{prefix}.mlp"), cfg.hidden_size, cfg.intermediate_size)?,
+            mlp: if cfg.fused_projections {
+                Mlp::load_fused(store, &format!("{prefix}.mlp"), cfg.hidden_size, cfg.intermediate_size)?
+            } else {
+                Mlp::load(store, &format!("{prefix}.mlp"), cfg.hidden_size, cfg.intermediate_size)?
+            },
         })
     }
 
@@ -269,7 +293,7 @@ impl CausalLm {
         };
         let dtype = store.compute_dtype();
         let rope = RotaryEmbedding::new(
-            config.head_dim,
+            config.rotary_dim,
             config.rope_theta,
             config.rope_scaling.as_ref(),
             config.max_position_embeddings,
@@ -395,8 +419,17 @@ impl CausalLm {
         self.rope.max_positions()
     }
 
-    /// Runs the batch: writes its keys and values, returns what it asks for.
+    /// Runs the batch: writes its keys and values, returns what it asks for. A model with a
+    /// sliding window attends within it whatever window the batch names.
     pub fn forward(&self, batch: &ForwardBatch, kv: &PagedKvCache) -> Result<ForwardOutput> {
+        let windowed;
+        let batch = match self.config.sliding_window {
+            Some(w) if batch.sliding_window != Some(w) && batch.rows.iter().any(|r| r.context_len > w) => {
+                windowed = ForwardBatch { sliding_window: Some(w), ..batch.clone() };
+                &windowed
+            }
+            _ => batch,
+        };
         batch.validate()?;
         let t = batch.num_tokens();
         let num_layers = self.layers.len();

@@ -43,6 +43,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     let mapped = match tail {
         "input_layernorm.weight" => "attn_norm.weight",
         "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "self_attn.qkv_proj.weight" => "attn_qkv.weight",
         "self_attn.q_proj.weight" => "attn_q.weight",
         "self_attn.k_proj.weight" => "attn_k.weight",
         "self_attn.v_proj.weight" => "attn_v.weight",
@@ -54,6 +55,8 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.k_norm.weight" => "attn_k_norm.weight",
         "mlp.gate_proj.weight" => "ffn_gate.weight",
         "mlp.up_proj.weight" => "ffn_up.weight",
+        // Phi-3 keeps gate and up fused in `ffn_up` (gate rows first); only Phi-3 asks for it.
+        "mlp.gate_up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
         _ => return None,
     };
@@ -146,10 +149,15 @@ impl GgufSource {
         let hidden_size = self.meta_usize("embedding_length")?;
         let num_attention_heads = self.meta_usize("attention.head_count")?;
         let num_key_value_heads = self.meta_usize("attention.head_count_kv").unwrap_or(num_attention_heads);
-        let head_dim = self
-            .meta_usize("attention.key_length")
-            .or_else(|_| self.meta_usize("rope.dimension_count"))
-            .unwrap_or(hidden_size / num_attention_heads.max(1));
+        let phi3 = self.architecture == Architecture::Phi3;
+        // Phi-3's `rope.dimension_count` is the rotated part of a head, not the head.
+        let head_dim = match self.meta_usize("attention.key_length") {
+            Ok(d) => d,
+            Err(_) if phi3 => hidden_size / num_attention_heads.max(1),
+            Err(_) => self.meta_usize("rope.dimension_count").unwrap_or(hidden_size / num_attention_heads.max(1)),
+        };
+        let rotary_dim = if phi3 { self.meta_usize("rope.dimension_count").unwrap_or(head_dim) } else { head_dim };
+        let max_position_embeddings = self.meta_usize("context_length").unwrap_or(4096);
         let vocab_size = match self.meta_usize("vocab_size") {
             Ok(v) => v,
             Err(_) => match self.content.metadata.get("tokenizer.ggml.tokens") {
@@ -159,7 +167,9 @@ impl GgufSource {
                 }
             },
         };
-        let rope_scaling = if self.content.tensor_infos.contains_key("rope_freqs.weight") {
+        let rope_scaling = if self.content.tensor_infos.contains_key("rope_factors_long.weight") {
+            Some(self.long_rope(max_position_embeddings)?)
+        } else if self.content.tensor_infos.contains_key("rope_freqs.weight") {
             let t = self.load_qtensor_raw("rope_freqs.weight", &Device::Cpu)?;
             Some(RopeScaling::FrequencyFactors(t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?))
         } else {
@@ -179,19 +189,44 @@ impl GgufSource {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
+            rotary_dim,
             vocab_size,
             rms_norm_eps: self.meta_f64("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_theta: self.meta_f64("rope.freq_base").unwrap_or(10_000.0),
             rope_scaling,
-            max_position_embeddings: self.meta_usize("context_length").unwrap_or(4096),
+            max_position_embeddings,
             tie_word_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
             attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias"),
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
+            fused_projections: phi3,
+            sliding_window: self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         };
+        let cfg = cfg.serve_context(None);
         cfg.check()?;
         Ok(cfg)
+    }
+
+    /// Phi-3's LongRoPE as llama.cpp's converter writes it: the factor sets as tensors, the
+    /// pretrained window and the cos/sin scale as metadata (the scale computed as transformers
+    /// does when absent).
+    fn long_rope(&self, max_position_embeddings: usize) -> Result<RopeScaling> {
+        let factors = |name: &str| -> Result<Vec<f32>> {
+            Ok(self.load_qtensor_raw(name, &Device::Cpu)?.dequantize(&Device::Cpu)?.to_vec1::<f32>()?)
+        };
+        let window = self.meta_usize("rope.scaling.original_context_length").unwrap_or(max_position_embeddings);
+        let scale = max_position_embeddings as f64 / window.max(1) as f64;
+        let attention_factor = self
+            .meta_f64("rope.scaling.attn_factor")
+            .unwrap_or_else(|| if scale <= 1.0 { 1.0 } else { (1.0 + scale.ln() / (window as f64).ln()).sqrt() });
+        Ok(RopeScaling::LongRope {
+            short_factor: factors("rope_factors_short.weight")?,
+            long_factor: factors("rope_factors_long.weight")?,
+            original_max_position_embeddings: window,
+            attention_factor,
+            extended: false,
+        })
     }
 
     fn load_qtensor_raw(&self, gguf: &str, device: &Device) -> Result<QTensor> {
