@@ -513,7 +513,15 @@ def pipeline_class_name(pipeline: type) -> str:
 
 
 @pytest.mark.parametrize(
-    "target", ["LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"]
+    "target",
+    [
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Phi3ForCausalLM",
+    ],
 )
 @pytest.mark.parametrize("method", sorted(DRAFT_ARCH_BY_METHOD))
 def test_builtins_run_every_method_on_every_target_family(target: str, method: str) -> None:

@@ -379,3 +379,34 @@ fn an_oracle_eagle3_head_on_a_phi3_target_is_accepted_at_every_position() {
         assert_eq!(s.metrics.num_accepted_tokens, s.metrics.num_draft_tokens, "taps of a fused target feed the head");
     }
 }
+
+#[test]
+fn a_qwen3_moe_target_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("qwen3-moe");
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: None,
+        norm_topk_prob: true,
+        dense_layers: vec![0],
+    };
+    write(
+        &target,
+        &testing::moe_target_config(Architecture::Qwen3Moe, &SHAPE, &moe),
+        &testing::random_moe_target(Architecture::Qwen3Moe, &SHAPE, &moe, 23).unwrap(),
+    );
+    let lengths = [17, 5, 30, 9];
+    let plain = run(&engine(&target, None, None, 0), &lengths);
+    for (i, out) in plain.iter().enumerate() {
+        assert_eq!(out.token_ids, model_greedy(&target, &prompts()[i], lengths[i]), "request {i}: engine vs model");
+    }
+    let e3 = random_head(&dir.path().join("eagle3"), true, 301);
+    for (method, draft) in [(SpeculativeMethod::Eagle, Some(&e3)), (SpeculativeMethod::Ngram, None)] {
+        let spec = run(&engine(&target, draft.map(|d| d.as_path()), Some(method), 3), &lengths);
+        for (p, s) in plain.iter().zip(&spec) {
+            assert_eq!(p.token_ids, s.token_ids, "{method} on Qwen3-MoE");
+        }
+    }
+}

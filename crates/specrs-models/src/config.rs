@@ -1,5 +1,6 @@
-//! Runtime configuration of the Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3),
-//! read from a Hugging Face `config.json` or from GGUF metadata.
+//! Runtime configuration of the Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3,
+//! and the Qwen2 / Qwen3 mixtures of experts), read from a Hugging Face `config.json` or from
+//! GGUF metadata.
 
 use serde_json::Value;
 
@@ -17,6 +18,11 @@ pub enum Architecture {
     /// Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini: fused q/k/v and gate/up projections, LongRoPE,
     /// partial rotary dims (Phi-4-mini), sliding-window attention.
     Phi3,
+    /// Qwen1.5-MoE / Qwen2-MoE: Qwen2's attention, sparse experts plus a gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B): Qwen3's attention, sparse
+    /// experts.
+    Qwen3Moe,
 }
 
 impl Architecture {
@@ -28,6 +34,8 @@ impl Architecture {
         ("MiMoForCausalLM", Architecture::Qwen2),
         ("Qwen3ForCausalLM", Architecture::Qwen3),
         ("Phi3ForCausalLM", Architecture::Phi3),
+        ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
+        ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -36,6 +44,8 @@ impl Architecture {
         ("qwen2", Architecture::Qwen2),
         ("qwen3", Architecture::Qwen3),
         ("phi3", Architecture::Phi3),
+        ("qwen2moe", Architecture::Qwen2Moe),
+        ("qwen3moe", Architecture::Qwen3Moe),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
@@ -63,6 +73,8 @@ impl Architecture {
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Phi3 => "Phi3ForCausalLM",
+            Self::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Self::Qwen3Moe => "Qwen3MoeForCausalLM",
         }
     }
 
@@ -73,7 +85,19 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Phi3 => "phi3",
+            Self::Qwen2Moe => "qwen2_moe",
+            Self::Qwen3Moe => "qwen3_moe",
         }
+    }
+
+    /// Qwen2's attention: a bias on q, k and v.
+    pub fn qkv_bias_by_default(self) -> bool {
+        matches!(self, Self::Qwen2 | Self::Qwen2Moe)
+    }
+
+    /// Qwen3's attention: an RMSNorm over each head of q and k.
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe)
     }
 }
 
@@ -110,6 +134,30 @@ impl RopeScaling {
     }
 }
 
+/// The sparse feed-forward of a mixture-of-experts decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Intermediate width of each routed expert.
+    pub expert_intermediate_size: usize,
+    /// Renormalise the top-k routing weights to sum to one.
+    pub norm_topk_prob: bool,
+    /// Layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` and `i` is not in
+    /// `mlp_only_layers`; other layers keep a dense MLP of `intermediate_size`.
+    pub decoder_sparse_step: usize,
+    pub mlp_only_layers: Vec<usize>,
+    /// Qwen2-MoE's always-on expert, gated by `sigmoid(shared_expert_gate(x))`.
+    pub shared_expert_intermediate_size: Option<usize>,
+}
+
+impl MoeConfig {
+    pub fn is_sparse_layer(&self, layer: usize) -> bool {
+        !self.mlp_only_layers.contains(&layer) && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecoderConfig {
     pub architecture: Architecture,
@@ -137,6 +185,8 @@ pub struct DecoderConfig {
     pub fused_projections: bool,
     /// Each query sees only the last `sliding_window` keys, itself included (Mistral, Phi-3).
     pub sliding_window: Option<usize>,
+    /// Sparse experts in place of the MLP (Qwen2-MoE, Qwen3-MoE).
+    pub moe: Option<MoeConfig>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -190,6 +240,30 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
         original_max_position_embeddings: window,
         attention_factor,
         extended: false,
+    })
+}
+
+/// The experts of a Qwen2-MoE / Qwen3-MoE `config.json`, with transformers' defaults.
+fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
+    let shared = match architecture {
+        Architecture::Qwen2Moe => Some(req_usize(v, "shared_expert_intermediate_size")?),
+        _ => None,
+    };
+    let mlp_only_layers = match v.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(list) => list
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64().map(|i| i as usize)).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| ModelError::config("mlp_only_layers", "must be a list of layer indices"))?,
+    };
+    Ok(MoeConfig {
+        num_experts: req_usize(v, "num_experts")?,
+        top_k: req_usize(v, "num_experts_per_tok")?,
+        expert_intermediate_size: req_usize(v, "moe_intermediate_size")?,
+        norm_topk_prob: v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false),
+        decoder_sparse_step: v.get("decoder_sparse_step").and_then(Value::as_u64).map_or(1, |x| x as usize),
+        mlp_only_layers,
+        shared_expert_intermediate_size: shared,
     })
 }
 
@@ -256,7 +330,7 @@ impl DecoderConfig {
         // that only applies with `use_sliding_window`, which no supported checkpoint sets.
         let sliding_window = match architecture {
             Architecture::Llama | Architecture::Phi3 => v.get("sliding_window").and_then(Value::as_u64),
-            Architecture::Qwen2 | Architecture::Qwen3 => {
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
                     return Err(ModelError::config(
                         "use_sliding_window",
@@ -286,10 +360,14 @@ impl DecoderConfig {
             attention_bias: v
                 .get("attention_bias")
                 .and_then(Value::as_bool)
-                .unwrap_or(architecture == Architecture::Qwen2),
-            qk_norm: architecture == Architecture::Qwen3,
+                .unwrap_or(architecture.qkv_bias_by_default()),
+            qk_norm: architecture.has_qk_norm(),
             fused_projections: architecture == Architecture::Phi3,
             sliding_window,
+            moe: match architecture {
+                Architecture::Qwen2Moe | Architecture::Qwen3Moe => Some(moe_config(v, architecture)?),
+                _ => None,
+            },
             bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: token_ids(v.get("eos_token_id")),
         }
@@ -339,6 +417,23 @@ impl DecoderConfig {
                     long_factor.len()
                 ),
             ));
+        }
+        if let Some(moe) = &self.moe {
+            if moe.num_experts == 0 || moe.top_k == 0 || moe.top_k > moe.num_experts {
+                return Err(ModelError::config(
+                    "num_experts_per_tok",
+                    format!(
+                        "each token needs between 1 and num_experts ({}) experts, got {}",
+                        moe.num_experts, moe.top_k
+                    ),
+                ));
+            }
+            if moe.decoder_sparse_step == 0 || moe.expert_intermediate_size == 0 {
+                return Err(ModelError::config(
+                    "decoder_sparse_step",
+                    "decoder_sparse_step and moe_intermediate_size must be positive",
+                ));
+            }
         }
         if self.sliding_window == Some(0) {
             return Err(ModelError::config("sliding_window", "must be positive (or null for full attention)"));

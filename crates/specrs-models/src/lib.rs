@@ -17,6 +17,7 @@ pub mod host;
 pub mod kv_cache;
 pub mod linear;
 pub mod models;
+pub mod moe;
 pub mod norm;
 pub mod packed_quant;
 pub mod padded_attention;
@@ -32,7 +33,7 @@ pub mod weights;
 
 pub use batch::{AttentionMask, BatchRow, ForwardBatch};
 pub use compute::on_compute_pool;
-pub use config::{Architecture, DecoderConfig, RopeScaling};
+pub use config::{Architecture, DecoderConfig, MoeConfig, RopeScaling};
 pub use error::{ModelError, Result};
 pub use kv_cache::PagedKvCache;
 pub use models::{CausalLm, ForwardOutput, load_causal_lm};

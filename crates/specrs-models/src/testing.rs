@@ -118,6 +118,71 @@ pub fn fused_as_phi3(mut tensors: HashMap<String, Tensor>, s: &TinyShape) -> Res
     Ok(tensors)
 }
 
+/// Experts of a tiny mixture-of-experts target.
+#[derive(Debug, Clone)]
+pub struct TinyMoe {
+    pub experts: usize,
+    pub top_k: usize,
+    pub expert_intermediate: usize,
+    /// Qwen2-MoE's shared expert width.
+    pub shared_intermediate: Option<usize>,
+    pub norm_topk_prob: bool,
+    /// Layers that keep a dense MLP (`mlp_only_layers`).
+    pub dense_layers: Vec<usize>,
+}
+
+/// A Qwen2-MoE / Qwen3-MoE `config.json` for a tiny target.
+pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Value {
+    let mut c = target_config(arch, s, false);
+    c["num_experts"] = json!(m.experts);
+    c["num_experts_per_tok"] = json!(m.top_k);
+    c["moe_intermediate_size"] = json!(m.expert_intermediate);
+    c["norm_topk_prob"] = json!(m.norm_topk_prob);
+    c["decoder_sparse_step"] = json!(1);
+    c["mlp_only_layers"] = json!(m.dense_layers);
+    if let Some(w) = m.shared_intermediate {
+        c["shared_expert_intermediate_size"] = json!(w);
+    }
+    c
+}
+
+/// Random weights with Hugging Face names for a tiny mixture: the attention of Qwen2 (bias)
+/// or Qwen3 (q/k norm), and in each sparse layer a router, `experts` SwiGLU experts and, with
+/// `shared_intermediate`, Qwen2-MoE's shared expert and its gate.
+pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let base = if arch.has_qk_norm() { Architecture::Qwen3 } else { Architecture::Qwen2 };
+    let mut t = random_target(base, s, false, seed)?;
+    let mut k = seed * 1_000;
+    let mut next = || {
+        k += 1;
+        k
+    };
+    let h = s.hidden;
+    let lin = |out: usize, inp: usize, seed: u64| random_tensor(&[out, inp], (1.0 / inp as f32).sqrt(), seed);
+    for i in (0..s.layers).filter(|i| !m.dense_layers.contains(i)) {
+        let p = format!("model.layers.{i}.mlp");
+        for proj in ["gate_proj", "up_proj", "down_proj"] {
+            t.remove(&format!("{p}.{proj}.weight"));
+        }
+        // A sharp router, so that the top-k choice matters.
+        t.insert(format!("{p}.gate.weight"), random_tensor(&[m.experts, h], 1.0, next())?);
+        let mut expert = |prefix: String, width: usize| -> Result<()> {
+            t.insert(format!("{prefix}.gate_proj.weight"), lin(width, h, next())?);
+            t.insert(format!("{prefix}.up_proj.weight"), lin(width, h, next())?);
+            t.insert(format!("{prefix}.down_proj.weight"), lin(h, width, next())?);
+            Ok(())
+        };
+        for e in 0..m.experts {
+            expert(format!("{p}.experts.{e}"), m.expert_intermediate)?;
+        }
+        if let Some(w) = m.shared_intermediate {
+            expert(format!("{p}.shared_expert"), w)?;
+            t.insert(format!("{p}.shared_expert_gate.weight"), lin(1, h, next())?);
+        }
+    }
+    Ok(t)
+}
+
 /// The successor of each token in the bigram target: a single cycle through the vocabulary
 /// that never lands on the last id (the EOS of the tiny tokenizer).
 pub fn bigram_successor(vocab: usize) -> Vec<u32> {

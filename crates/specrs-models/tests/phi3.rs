@@ -1,14 +1,18 @@
 //! Phi-3 (`Phi3ForCausalLM`) on tiny checkpoints written in the real formats:
 //! - fused projections: a Llama checkpoint stored the Phi-3 way computes the same logits;
 //! - LongRoPE (both factor sets, the cos/sin scale), partial rotary dims and the sliding window
-//!   match transformers' Phi-3 forward written out here with plain loops, in one prefill and
-//!   token by token against the paged cache;
+//!   match transformers' Phi-3 forward (`common::Reference`), in one prefill and token by
+//!   token against the paged cache;
 //! - the same checkpoint as llama.cpp's converter writes it (GGUF `phi3`) loads to the same
 //!   model;
 //! - configuration errors name their key.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
+
+use common::{Reference, assert_close, logits};
 
 use candle_core::quantized::gguf_file::{self, Value as GgufValue};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -17,13 +21,10 @@ use serde_json::{Value, json};
 use specrs_models::config::RopeScaling;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::weights::gguf::gguf_name;
-use specrs_models::{
-    Architecture, BatchRow, CausalLm, DecoderConfig, ForwardBatch, ModelDType, WeightStore, load_causal_lm,
-};
+use specrs_models::{Architecture, CausalLm, DecoderConfig, ModelDType, WeightStore, load_causal_lm};
 
 const SHAPE: TinyShape =
     TinyShape { vocab: 40, hidden: 32, layers: 2, heads: 4, kv_heads: 2, head_dim: 8, intermediate: 48 };
-const BLOCK: usize = 4;
 const SHORT: [f64; 2] = [1.0, 1.5];
 const LONG: [f64; 2] = [3.0, 5.0];
 const WINDOW: usize = 5;
@@ -56,124 +57,18 @@ fn load_served(dir: &Path, context: Option<usize>) -> CausalLm {
     CausalLm::load(&store, cfg).unwrap()
 }
 
-/// One sequence on a contiguous block table: `tokens` after `cached` keys, logits everywhere.
-fn batch(tokens: &[u32], cached: usize) -> ForwardBatch {
-    let ctx = cached + tokens.len();
-    let blocks = ctx.div_ceil(BLOCK);
-    ForwardBatch {
-        input_ids: tokens.to_vec(),
-        positions: (cached as u32..ctx as u32).collect(),
-        rows: vec![BatchRow {
-            query_start: 0,
-            query_len: tokens.len(),
-            context_len: ctx,
-            block_table_start: 0,
-            block_table_len: blocks,
-        }],
-        slot_mapping: (cached as u32..ctx as u32).collect(),
-        block_tables: (0..blocks as u32).collect(),
-        block_size: BLOCK,
-        logits_indices: (0..tokens.len() as u32).collect(),
-        ..Default::default()
+/// Transformers' Phi-3 forward over `tensors` with the given LongRoPE set.
+fn reference(tensors: &HashMap<String, Tensor>, ids: &[u32], factors: [f64; 2], magnitude: f64) -> Vec<Vec<f32>> {
+    Reference {
+        tensors,
+        shape: SHAPE,
+        rotary: SHAPE.head_dim / 2,
+        factors: factors.to_vec(),
+        magnitude,
+        window: Some(WINDOW),
+        routing: None,
     }
-}
-
-/// Logits of every token: one prefill, or (`stepwise`) a prefill of the first token and then
-/// one token per step against the cache.
-fn logits(model: &CausalLm, ids: &[u32], stepwise: bool) -> Vec<Vec<f32>> {
-    let kv = model.new_kv_cache(ids.len().div_ceil(BLOCK) + 1, BLOCK).unwrap();
-    let rows = |b: &ForwardBatch| model.forward(b, &kv).unwrap().logits.unwrap().to_vec2::<f32>().unwrap();
-    if !stepwise {
-        return rows(&batch(ids, 0));
-    }
-    (0..ids.len()).flat_map(|i| rows(&batch(&ids[i..=i], i))).collect()
-}
-
-fn host(t: &Tensor) -> Vec<Vec<f32>> {
-    t.to_vec2::<f32>().unwrap()
-}
-
-fn matmul_t(x: &[Vec<f32>], w: &Tensor) -> Vec<Vec<f32>> {
-    let w = host(w);
-    x.iter().map(|row| w.iter().map(|wr| wr.iter().zip(row).map(|(a, b)| a * b).sum()).collect()).collect()
-}
-
-fn rms(x: &[Vec<f32>], w: &Tensor) -> Vec<Vec<f32>> {
-    let w = w.to_vec1::<f32>().unwrap();
-    x.iter()
-        .map(|row| {
-            let scale = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32 + 1e-5).sqrt();
-            row.iter().zip(&w).map(|(v, g)| v * scale * g).collect()
-        })
-        .collect()
-}
-
-/// Transformers' `Phi3ForCausalLM` forward on one sequence, written out: fused projections
-/// split q | k | v and gate | up, RoPE over the leading `rotary` dims of each head with inverse
-/// frequencies `1 / (factor_i · θ^(2i/rotary))` and cos/sin scaled by `magnitude`, GQA
-/// attention over the last `window` keys, SwiGLU.
-fn reference(t: &HashMap<String, Tensor>, ids: &[u32], factors: [f64; 2], magnitude: f64) -> Vec<Vec<f32>> {
-    let (nh, nkv, d, inter) = (SHAPE.heads, SHAPE.kv_heads, SHAPE.head_dim, SHAPE.intermediate);
-    let rotary = d / 2;
-    let half = rotary / 2;
-    let embed = host(&t["model.embed_tokens.weight"]);
-    let mut x: Vec<Vec<f32>> = ids.iter().map(|&i| embed[i as usize].clone()).collect();
-    let rotate = |v: &mut [f32], p: usize| {
-        for i in 0..half {
-            let inv = 1.0 / (factors[i] * 10_000f64.powf(2.0 * i as f64 / rotary as f64));
-            let (c, s) = ((magnitude * (p as f64 * inv).cos()) as f32, (magnitude * (p as f64 * inv).sin()) as f32);
-            let (a, b) = (v[i], v[i + half]);
-            v[i] = a * c - b * s;
-            v[i + half] = b * c + a * s;
-        }
-    };
-    for l in 0..SHAPE.layers {
-        let p = |n: &str| &t[&format!("model.layers.{l}.{n}")];
-        let qkv = matmul_t(&rms(&x, p("input_layernorm.weight")), p("self_attn.qkv_proj.weight"));
-        let head = |row: &[f32], at: usize| row[at * d..(at + 1) * d].to_vec();
-        let mut attended = vec![vec![0f32; nh * d]; ids.len()];
-        for (qi, out) in attended.iter_mut().enumerate() {
-            for h in 0..nh {
-                let kvh = h / (nh / nkv);
-                let mut q = head(&qkv[qi], h);
-                rotate(&mut q, qi);
-                let keys: Vec<usize> = ((qi + 1).saturating_sub(WINDOW)..=qi).collect();
-                let scores: Vec<f32> = keys
-                    .iter()
-                    .map(|&kj| {
-                        let mut k = head(&qkv[kj], nh + kvh);
-                        rotate(&mut k, kj);
-                        q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() / (d as f32).sqrt()
-                    })
-                    .collect();
-                let top = scores.iter().cloned().fold(f32::MIN, f32::max);
-                let weights: Vec<f32> = scores.iter().map(|s| (s - top).exp()).collect();
-                let total: f32 = weights.iter().sum();
-                for (&kj, w) in keys.iter().zip(&weights) {
-                    let v = head(&qkv[kj], nh + nkv + kvh);
-                    for (o, vv) in out[h * d..(h + 1) * d].iter_mut().zip(&v) {
-                        *o += w / total * vv;
-                    }
-                }
-            }
-        }
-        let o = matmul_t(&attended, p("self_attn.o_proj.weight"));
-        x = x.iter().zip(&o).map(|(a, b)| a.iter().zip(b).map(|(u, v)| u + v).collect()).collect();
-        let gate_up = matmul_t(&rms(&x, p("post_attention_layernorm.weight")), p("mlp.gate_up_proj.weight"));
-        let act: Vec<Vec<f32>> =
-            gate_up.iter().map(|r| (0..inter).map(|i| r[i] / (1.0 + (-r[i]).exp()) * r[inter + i]).collect()).collect();
-        let m = matmul_t(&act, p("mlp.down_proj.weight"));
-        x = x.iter().zip(&m).map(|(a, b)| a.iter().zip(b).map(|(u, v)| u + v).collect()).collect();
-    }
-    matmul_t(&rms(&x, &t["model.norm.weight"]), &t["lm_head.weight"])
-}
-
-fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: rows");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(diff < 2e-4, "{what}: token {i} differs by {diff}");
-    }
+    .logits(ids)
 }
 
 #[test]

@@ -31,8 +31,8 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
             let cfg = DecoderConfig::from_hf_json(&json)?;
             Ok(match cfg.architecture {
                 Architecture::Llama => llama::adapt(cfg),
-                Architecture::Qwen2 => qwen2::adapt(cfg),
-                Architecture::Qwen3 => qwen3::adapt(cfg),
+                Architecture::Qwen2 | Architecture::Qwen2Moe => qwen2::adapt(cfg),
+                Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::adapt(cfg),
                 Architecture::Phi3 => phi3::adapt(cfg),
             })
         }

@@ -11,6 +11,7 @@ use crate::error::Result as LoadResult;
 use crate::graph::StepInputs;
 use crate::kv_cache::PagedKvCache;
 use crate::linear::{FusedLinear, Linear, LinearWeight};
+use crate::moe::SparseMoe;
 use crate::norm::RmsNorm;
 use crate::rope::RotaryEmbedding;
 use crate::weights::WeightStore;
@@ -165,6 +166,10 @@ impl Mlp {
         })
     }
 
+    pub fn size_in_bytes(&self) -> usize {
+        self.gate_up.size_in_bytes() + self.down_proj.weight().size_in_bytes()
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // [T, H] -> [T, 2·I] -> silu(gate) · up [T, I] -> [T, H].
         let hidden = match self.gate_up.forward_stacked(x)? {
@@ -179,17 +184,50 @@ impl Mlp {
     }
 }
 
+/// A layer's feed-forward: a dense SwiGLU MLP, or sparse experts (`crate::moe`).
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    Dense(Mlp),
+    Sparse(SparseMoe),
+}
+
+impl FeedForward {
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            Self::Dense(mlp) => mlp.size_in_bytes(),
+            Self::Sparse(moe) => moe.size_in_bytes(),
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Dense(mlp) => mlp.forward(x),
+            Self::Sparse(moe) => moe.forward(x),
+        }
+    }
+}
+
 /// One pre-norm decoder layer.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     input_layernorm: RmsNorm,
     self_attn: SelfAttention,
     post_attention_layernorm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 impl DecoderLayer {
-    pub fn load(store: &WeightStore, prefix: &str, cfg: &DecoderConfig) -> LoadResult<Self> {
+    /// Loads layer `index` (named `prefix`), sparse where the config's experts say.
+    pub fn load(store: &WeightStore, prefix: &str, index: usize, cfg: &DecoderConfig) -> LoadResult<Self> {
+        let mlp_prefix = format!("{prefix}.mlp");
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let mlp = match &cfg.moe {
+            Some(moe) if moe.is_sparse_layer(index) => {
+                FeedForward::Sparse(SparseMoe::load(store, &mlp_prefix, h, moe)?)
+            }
+            _ if cfg.fused_projections => FeedForward::Dense(Mlp::load_fused(store, &mlp_prefix, h, i)?),
+            _ => FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?),
+        };
         Ok(Self {
             input_layernorm: RmsNorm::load(
                 store,
@@ -204,19 +242,12 @@ impl DecoderLayer {
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
             )?,
-            mlp: if cfg.fused_projections {
-                Mlp::load_fused(store, &format!("{prefix}.mlp"), cfg.hidden_size, cfg.intermediate_size)?
-            } else {
-                Mlp::load(store, &format!("{prefix}.mlp"), cfg.hidden_size, cfg.intermediate_size)?
-            },
+            mlp,
         })
     }
 
     pub fn size_in_bytes(&self) -> usize {
-        self.self_attn.qkv.size_in_bytes()
-            + self.self_attn.o_proj.weight().size_in_bytes()
-            + self.mlp.gate_up.size_in_bytes()
-            + self.mlp.down_proj.weight().size_in_bytes()
+        self.self_attn.qkv.size_in_bytes() + self.self_attn.o_proj.weight().size_in_bytes() + self.mlp.size_in_bytes()
     }
 
     pub fn forward(
@@ -283,7 +314,7 @@ impl CausalLm {
         let (h, v) = (config.hidden_size, config.vocab_size);
         let embed_tokens = store.embedding_weight("model.embed_tokens.weight", v, h)?;
         let layers = (0..config.num_hidden_layers)
-            .map(|i| DecoderLayer::load(store, &format!("model.layers.{i}"), &config))
+            .map(|i| DecoderLayer::load(store, &format!("model.layers.{i}"), i, &config))
             .collect::<LoadResult<Vec<_>>>()?;
         let norm = RmsNorm::load(store, "model.norm.weight", h, config.rms_norm_eps)?;
         let lm_head = if config.tie_word_embeddings {
@@ -332,8 +363,14 @@ impl CausalLm {
     pub fn layer_bits_per_weight(&self) -> f64 {
         let c = &self.config;
         let attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads);
-        let mlp = 3 * c.hidden_size * c.intermediate_size;
-        let params = (attention + mlp) * self.layers.len();
+        let feed_forward = |layer: usize| match &c.moe {
+            Some(moe) if moe.is_sparse_layer(layer) => {
+                let shared = moe.shared_expert_intermediate_size.map_or(0, |w| 3 * w + 1);
+                c.hidden_size * (moe.num_experts * (3 * moe.expert_intermediate_size + 1) + shared)
+            }
+            _ => 3 * c.hidden_size * c.intermediate_size,
+        };
+        let params: usize = (0..self.layers.len()).map(|i| attention + feed_forward(i)).sum();
         let bytes: usize = self.layers.iter().map(DecoderLayer::size_in_bytes).sum();
         bytes as f64 * 8.0 / params.max(1) as f64
     }

@@ -13,7 +13,7 @@ use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 
-use crate::config::{Architecture, DecoderConfig, RopeScaling};
+use crate::config::{Architecture, DecoderConfig, MoeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 
 pub struct GgufSource {
@@ -26,7 +26,27 @@ pub struct GgufSource {
     unpermute_heads: Option<(usize, usize)>,
 }
 
-/// Maps a Hugging Face tensor name to its GGUF name.
+/// Where a Hugging Face tensor lives in a GGUF file: a tensor name, and for one expert of a
+/// mixture the expert's index along the first dim of the stacked `*_exps` tensor.
+pub fn gguf_location(hf: &str) -> Option<(String, Option<usize>)> {
+    if let Some(name) = gguf_name(hf) {
+        return Some((name, None));
+    }
+    // model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight -> blk.{l}.ffn_{..}_exps.weight[e]
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, tail) = rest.split_once(".mlp.experts.")?;
+    let (expert, proj) = tail.split_once('.')?;
+    let stacked = match proj {
+        "gate_proj.weight" => "ffn_gate_exps.weight",
+        "up_proj.weight" => "ffn_up_exps.weight",
+        "down_proj.weight" => "ffn_down_exps.weight",
+        _ => return None,
+    };
+    Some((format!("blk.{}.{stacked}", layer.parse::<usize>().ok()?), Some(expert.parse().ok()?)))
+}
+
+/// Maps a Hugging Face tensor name to its GGUF name (one expert of a mixture has none of its
+/// own: see [`gguf_location`]).
 pub fn gguf_name(hf: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
@@ -58,6 +78,11 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         // Phi-3 keeps gate and up fused in `ffn_up` (gate rows first); only Phi-3 asks for it.
         "mlp.gate_up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
+        "mlp.gate.weight" => "ffn_gate_inp.weight",
+        "mlp.shared_expert.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_expert.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_expert.down_proj.weight" => "ffn_down_shexp.weight",
+        "mlp.shared_expert_gate.weight" => "ffn_gate_inp_shexp.weight",
         _ => return None,
     };
     Some(format!("blk.{layer}.{mapped}"))
@@ -115,11 +140,16 @@ impl GgufSource {
     }
 
     pub fn contains(&self, hf_name: &str) -> bool {
-        gguf_name(hf_name).is_some_and(|g| self.content.tensor_infos.contains_key(&g))
+        gguf_location(hf_name).is_some_and(|(g, expert)| {
+            self.content.tensor_infos.get(&g).is_some_and(|info| match expert {
+                Some(e) => info.shape.dims().first().is_some_and(|&n| e < n),
+                None => true,
+            })
+        })
     }
 
     pub fn stored_dtype(&self, hf_name: &str) -> Option<GgmlDType> {
-        let g = gguf_name(hf_name)?;
+        let (g, _) = gguf_location(hf_name)?;
         self.content.tensor_infos.get(&g).map(|i| i.ggml_dtype)
     }
 
@@ -184,7 +214,11 @@ impl GgufSource {
         let cfg = DecoderConfig {
             architecture: self.architecture,
             hidden_size,
-            intermediate_size: self.meta_usize("feed_forward_length")?,
+            intermediate_size: match self.meta_usize("feed_forward_length") {
+                // Mixtures with no dense layer may leave the dense width out.
+                Err(_) if self.meta("expert_count").is_some() => self.meta_usize("expert_feed_forward_length")?,
+                width => width?,
+            },
             num_hidden_layers: self.meta_usize("block_count")?,
             num_attention_heads,
             num_key_value_heads,
@@ -200,12 +234,66 @@ impl GgufSource {
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
             fused_projections: phi3,
             sliding_window: self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
+            moe: self.moe_config()?,
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         };
         let cfg = cfg.serve_context(None);
         cfg.check()?;
         Ok(cfg)
+    }
+
+    /// The experts of a `qwen2moe` / `qwen3moe` file. llama.cpp runs every layer sparse and
+    /// renormalises the top-k weights of Qwen3-MoE only, as the released configs ask.
+    fn moe_config(&self) -> Result<Option<MoeConfig>> {
+        let moe = match self.architecture {
+            Architecture::Qwen2Moe | Architecture::Qwen3Moe => MoeConfig {
+                num_experts: self.meta_usize("expert_count")?,
+                top_k: self.meta_usize("expert_used_count")?,
+                expert_intermediate_size: self.meta_usize("expert_feed_forward_length")?,
+                norm_topk_prob: self.architecture == Architecture::Qwen3Moe,
+                decoder_sparse_step: 1,
+                mlp_only_layers: Vec::new(),
+                shared_expert_intermediate_size: match self.architecture {
+                    Architecture::Qwen2Moe => Some(self.meta_usize("expert_shared_feed_forward_length")?),
+                    _ => None,
+                },
+            },
+            _ => return Ok(None),
+        };
+        Ok(Some(moe))
+    }
+
+    /// Reads expert `expert` of a stacked `[experts, rows, cols]` tensor: its bytes only, as
+    /// the experts lie one after another in the file.
+    fn load_expert_raw(&self, gguf: &str, expert: usize) -> Result<QTensor> {
+        let info = &self.content.tensor_infos[gguf];
+        let dims = info.shape.dims();
+        let [experts, rows, cols] = dims else {
+            return Err(ModelError::file(
+                &self.description,
+                format!("'{gguf}' is {dims:?}, expected [experts, rows, cols]"),
+            ));
+        };
+        if expert >= *experts {
+            return Err(ModelError::file(
+                &self.description,
+                format!("'{gguf}' holds {experts} experts, not expert {expert}"),
+            ));
+        }
+        let dtype = info.ggml_dtype;
+        let bytes = rows * cols / dtype.block_size() * dtype.type_size();
+        let start = self.content.tensor_data_offset + info.offset + (expert * bytes) as u64;
+        let mut data = vec![0u8; bytes];
+        {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut reader = self.reader.lock().map_err(|_| ModelError::Unsupported("GGUF reader poisoned".into()))?;
+            reader.seek(SeekFrom::Start(start)).and_then(|_| reader.read_exact(&mut data)).map_err(|e| {
+                ModelError::file(&self.description, format!("reading expert {expert} of '{gguf}': {e}"))
+            })?;
+        }
+        let storage = QStorage::from_data(Cow::Owned(data), &Device::Cpu, dtype)?;
+        Ok(QTensor::new(storage, (*rows, *cols))?)
     }
 
     /// Phi-3's LongRoPE as llama.cpp's converter writes it: the factor sets as tensors, the
@@ -239,11 +327,24 @@ impl GgufSource {
     /// Loads a tensor by its Hugging Face name, in the checkpoint's storage format, with
     /// llama.cpp's q/k permutation undone.
     pub fn load_qtensor(&self, hf_name: &str, device: &Device) -> Result<QTensor> {
-        let gguf = gguf_name(hf_name).filter(|g| self.content.tensor_infos.contains_key(g)).ok_or_else(|| {
-            ModelError::MissingTensor { name: hf_name.to_string(), source_desc: self.description.clone() }
-        })?;
+        let (gguf, expert) =
+            gguf_location(hf_name).filter(|(g, _)| self.content.tensor_infos.contains_key(g)).ok_or_else(|| {
+                ModelError::MissingTensor { name: hf_name.to_string(), source_desc: self.description.clone() }
+            })?;
         // Permute on the host, then move: row moves are byte copies.
-        let t = self.load_qtensor_raw(&gguf, &Device::Cpu)?;
+        let t = match expert {
+            Some(e) => self.load_expert_raw(&gguf, e)?,
+            None => self.load_qtensor_raw(&gguf, &Device::Cpu)?,
+        };
+        // llama.cpp keeps Qwen2-MoE's shared-expert gate as a vector; transformers as [1, hidden].
+        let t = match t.shape().dims() {
+            [h] if hf_name.ends_with("shared_expert_gate.weight") => {
+                let h = *h;
+                let storage = QStorage::from_data(Cow::Owned(t.data()?.into_owned()), &Device::Cpu, t.dtype())?;
+                QTensor::new(storage, (1, h))?
+            }
+            _ => t,
+        };
         let heads = match self.unpermute_heads {
             Some((q, _))
                 if hf_name.ends_with("self_attn.q_proj.weight") || hf_name.ends_with("self_attn.q_proj.bias") =>

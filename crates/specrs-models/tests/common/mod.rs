@@ -1,0 +1,262 @@
+//! Transformers' decoder forward written out with plain loops over host vectors, for one
+//! sequence: the independent reference the family tests hold the engine's model code to. It
+//! reads whatever the checkpoint holds (fused or separate projections, q/k/v biases, q/k
+//! norms, dense MLPs or routed experts with an optional shared expert); what the checkpoint
+//! cannot say (rotary dims and factors, window, routing rule) the test states explicitly.
+
+use std::collections::HashMap;
+
+use candle_core::Tensor;
+use specrs_models::testing::TinyShape;
+use specrs_models::{BatchRow, CausalLm, ForwardBatch};
+
+const BLOCK: usize = 4;
+
+/// One sequence on a contiguous block table: `tokens` after `cached` keys, logits everywhere.
+pub fn batch(tokens: &[u32], cached: usize) -> ForwardBatch {
+    let ctx = cached + tokens.len();
+    let blocks = ctx.div_ceil(BLOCK);
+    ForwardBatch {
+        input_ids: tokens.to_vec(),
+        positions: (cached as u32..ctx as u32).collect(),
+        rows: vec![BatchRow {
+            query_start: 0,
+            query_len: tokens.len(),
+            context_len: ctx,
+            block_table_start: 0,
+            block_table_len: blocks,
+        }],
+        slot_mapping: (cached as u32..ctx as u32).collect(),
+        block_tables: (0..blocks as u32).collect(),
+        block_size: BLOCK,
+        logits_indices: (0..tokens.len() as u32).collect(),
+        ..Default::default()
+    }
+}
+
+/// The model's logits of every token: one prefill, or (`stepwise`) one token per step
+/// against the paged cache.
+pub fn logits(model: &CausalLm, ids: &[u32], stepwise: bool) -> Vec<Vec<f32>> {
+    let kv = model.new_kv_cache(ids.len().div_ceil(BLOCK) + 1, BLOCK).unwrap();
+    let rows = |b: &ForwardBatch| model.forward(b, &kv).unwrap().logits.unwrap().to_vec2::<f32>().unwrap();
+    if !stepwise {
+        return rows(&batch(ids, 0));
+    }
+    (0..ids.len()).flat_map(|i| rows(&batch(&ids[i..=i], i))).collect()
+}
+
+/// Routing of a mixture: each token's `top_k` most probable experts, weights renormalised when
+/// `norm_topk_prob`.
+pub struct Routing {
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+}
+
+pub struct Reference<'a> {
+    pub tensors: &'a HashMap<String, Tensor>,
+    pub shape: TinyShape,
+    /// Leading dims of a head that rotate.
+    pub rotary: usize,
+    /// Per-frequency divisors of the inverse frequencies (all 1 for plain RoPE).
+    pub factors: Vec<f64>,
+    /// What cos and sin are multiplied by (LongRoPE's attention factor).
+    pub magnitude: f64,
+    pub window: Option<usize>,
+    pub routing: Option<Routing>,
+}
+
+type Rows = Vec<Vec<f32>>;
+
+fn host(t: &Tensor) -> Rows {
+    t.to_vec2::<f32>().unwrap()
+}
+
+fn matmul_t(x: &[Vec<f32>], w: &Tensor) -> Rows {
+    let w = host(w);
+    x.iter().map(|row| w.iter().map(|wr| wr.iter().zip(row).map(|(a, b)| a * b).sum()).collect()).collect()
+}
+
+fn rms_row(row: &[f32], w: &[f32]) -> Vec<f32> {
+    let scale = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32 + 1e-5).sqrt();
+    row.iter().zip(w).map(|(v, g)| v * scale * g).collect()
+}
+
+fn add(a: &[Vec<f32>], b: &[Vec<f32>]) -> Rows {
+    a.iter().zip(b).map(|(x, y)| x.iter().zip(y).map(|(u, v)| u + v).collect()).collect()
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+impl Reference<'_> {
+    fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.get(name)
+    }
+
+    fn rms(&self, x: &[Vec<f32>], name: &str) -> Rows {
+        let w = self.tensors[name].to_vec1::<f32>().unwrap();
+        x.iter().map(|row| rms_row(row, &w)).collect()
+    }
+
+    fn rotate(&self, v: &mut [f32], p: usize) {
+        let half = self.rotary / 2;
+        for i in 0..half {
+            let inv = 1.0 / (self.factors[i] * 10_000f64.powf(2.0 * i as f64 / self.rotary as f64));
+            let angle = p as f64 * inv;
+            let (c, s) = ((self.magnitude * angle.cos()) as f32, (self.magnitude * angle.sin()) as f32);
+            let (a, b) = (v[i], v[i + half]);
+            v[i] = a * c - b * s;
+            v[i + half] = b * c + a * s;
+        }
+    }
+
+    /// `[T, q | k | v]` projections of the normed input, biases added where the checkpoint has them.
+    fn qkv(&self, p: &str, x: &[Vec<f32>]) -> Rows {
+        if let Some(fused) = self.get(&format!("{p}.qkv_proj.weight")) {
+            return matmul_t(x, fused);
+        }
+        let part = |n: &str| {
+            let y = matmul_t(x, &self.tensors[&format!("{p}.{n}_proj.weight")]);
+            match self.get(&format!("{p}.{n}_proj.bias")) {
+                Some(b) => add(&y, &vec![b.to_vec1::<f32>().unwrap(); y.len()]),
+                None => y,
+            }
+        };
+        let (q, k, v) = (part("q"), part("k"), part("v"));
+        (0..x.len()).map(|t| [q[t].clone(), k[t].clone(), v[t].clone()].concat()).collect()
+    }
+
+    fn attention(&self, p: &str, x: &[Vec<f32>]) -> Rows {
+        let TinyShape { heads: nh, kv_heads: nkv, head_dim: d, .. } = self.shape;
+        let qkv = self.qkv(p, x);
+        let norm = |n: &str| self.get(&format!("{p}.{n}_norm.weight")).map(|w| w.to_vec1::<f32>().unwrap());
+        let (q_norm, k_norm) = (norm("q"), norm("k"));
+        // Head `at` of token `t`, normed (Qwen3) and rotated at position `t`.
+        let head = |t: usize, at: usize, norm: &Option<Vec<f32>>, turn: bool| {
+            let mut v = qkv[t][at * d..(at + 1) * d].to_vec();
+            if let Some(w) = norm {
+                v = rms_row(&v, w);
+            }
+            if turn {
+                self.rotate(&mut v, t);
+            }
+            v
+        };
+        let mut out = vec![vec![0f32; nh * d]; x.len()];
+        for (qi, row) in out.iter_mut().enumerate() {
+            let first = self.window.map_or(0, |w| (qi + 1).saturating_sub(w));
+            for h in 0..nh {
+                let kvh = h / (nh / nkv);
+                let q = head(qi, h, &q_norm, true);
+                let scores: Vec<f32> = (first..=qi)
+                    .map(|kj| {
+                        let k = head(kj, nh + kvh, &k_norm, true);
+                        q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() / (d as f32).sqrt()
+                    })
+                    .collect();
+                let top = scores.iter().cloned().fold(f32::MIN, f32::max);
+                let weights: Vec<f32> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f32 = weights.iter().sum();
+                for (kj, w) in (first..=qi).zip(&weights) {
+                    let v = head(kj, nh + nkv + kvh, &None, false);
+                    for (o, vv) in row[h * d..(h + 1) * d].iter_mut().zip(&v) {
+                        *o += w / total * vv;
+                    }
+                }
+            }
+        }
+        matmul_t(&out, &self.tensors[&format!("{p}.o_proj.weight")])
+    }
+
+    /// SwiGLU under `p` (fused `gate_up_proj` or separate).
+    fn mlp(&self, p: &str, x: &[Vec<f32>]) -> Rows {
+        let act: Rows = match self.get(&format!("{p}.gate_up_proj.weight")) {
+            Some(fused) => matmul_t(x, fused)
+                .iter()
+                .map(|r| {
+                    let i = r.len() / 2;
+                    (0..i).map(|j| silu(r[j]) * r[i + j]).collect()
+                })
+                .collect(),
+            None => {
+                let gate = matmul_t(x, &self.tensors[&format!("{p}.gate_proj.weight")]);
+                let up = matmul_t(x, &self.tensors[&format!("{p}.up_proj.weight")]);
+                gate.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(a, b)| silu(*a) * b).collect()).collect()
+            }
+        };
+        matmul_t(&act, &self.tensors[&format!("{p}.down_proj.weight")])
+    }
+
+    /// Transformers' sparse MoE block: softmax over the router logits, top-k, optional
+    /// renormalisation, the weighted sum of the chosen experts, plus a sigmoid-gated shared
+    /// expert where there is one.
+    fn experts(&self, p: &str, x: &[Vec<f32>], routing: &Routing) -> Rows {
+        let logits = matmul_t(x, &self.tensors[&format!("{p}.gate.weight")]);
+        let mut out = vec![vec![0f32; x[0].len()]; x.len()];
+        for (t, l) in logits.iter().enumerate() {
+            let top = l.iter().cloned().fold(f32::MIN, f32::max);
+            let exp: Vec<f32> = l.iter().map(|v| (v - top).exp()).collect();
+            let sum: f32 = exp.iter().sum();
+            let probs: Vec<f32> = exp.iter().map(|e| e / sum).collect();
+            let mut order: Vec<usize> = (0..probs.len()).collect();
+            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+            let chosen = &order[..routing.top_k];
+            let total: f32 = if routing.norm_topk_prob { chosen.iter().map(|&e| probs[e]).sum() } else { 1.0 };
+            for &e in chosen {
+                let y = self.mlp(&format!("{p}.experts.{e}"), &x[t..=t]);
+                for (o, v) in out[t].iter_mut().zip(&y[0]) {
+                    *o += probs[e] / total * v;
+                }
+            }
+        }
+        if self.get(&format!("{p}.shared_expert_gate.weight")).is_some() {
+            let shared = self.mlp(&format!("{p}.shared_expert"), x);
+            let gate = matmul_t(x, &self.tensors[&format!("{p}.shared_expert_gate.weight")]);
+            for t in 0..x.len() {
+                let g = 1.0 / (1.0 + (-gate[t][0]).exp());
+                for (o, v) in out[t].iter_mut().zip(&shared[t]) {
+                    *o += g * v;
+                }
+            }
+        }
+        out
+    }
+
+    /// Logits of every token of `ids`.
+    pub fn logits(&self, ids: &[u32]) -> Rows {
+        let embed = host(&self.tensors["model.embed_tokens.weight"]);
+        let mut x: Rows = ids.iter().map(|&i| embed[i as usize].clone()).collect();
+        for l in 0..self.shape.layers {
+            let p = format!("model.layers.{l}");
+            let attended =
+                self.attention(&format!("{p}.self_attn"), &self.rms(&x, &format!("{p}.input_layernorm.weight")));
+            x = add(&x, &attended);
+            let normed = self.rms(&x, &format!("{p}.post_attention_layernorm.weight"));
+            let ff = match &self.routing {
+                Some(r) if self.get(&format!("{p}.mlp.gate.weight")).is_some() => {
+                    self.experts(&format!("{p}.mlp"), &normed, r)
+                }
+                _ => self.mlp(&format!("{p}.mlp"), &normed),
+            };
+            x = add(&x, &ff);
+        }
+        let head = self.get("lm_head.weight").unwrap_or(&self.tensors["model.embed_tokens.weight"]);
+        matmul_t(&self.rms(&x, "model.norm.weight"), head)
+    }
+}
+
+/// Every row within 2e-4 of its reference row (f32 rounding).
+pub fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
+    assert_within(got, want, 2e-4, what);
+}
+
+/// Every row within `tolerance` of its reference row.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn assert_within(got: &[Vec<f32>], want: &[Vec<f32>], tolerance: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: rows");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff < tolerance, "{what}: token {i} differs by {diff}");
+    }
+}

@@ -1,0 +1,183 @@
+//! Qwen2-MoE and Qwen3-MoE on tiny checkpoints written in the real formats:
+//! - the sparse layers (router, top-k with and without renormalisation, experts, Qwen2-MoE's
+//!   gated shared expert) and the dense layers `mlp_only_layers` keeps match transformers'
+//!   forward (`common::Reference`), in one prefill and token by token against the paged cache;
+//! - the same checkpoints as llama.cpp's converter writes them (`qwen2moe` / `qwen3moe`, the
+//!   experts stacked into one tensor per projection) load to the same model, in f32 and with
+//!   Q8_0 experts read expert by expert from the stacked bytes;
+//! - configuration errors name their key.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{self, Value as GgufValue};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use common::{Reference, Routing, assert_close, assert_within, logits};
+use serde_json::json;
+use specrs_models::testing::{self, TinyMoe, TinyShape};
+use specrs_models::weights::gguf::gguf_name;
+use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
+
+const SHAPE: TinyShape =
+    TinyShape { vocab: 40, hidden: 32, layers: 3, heads: 4, kv_heads: 2, head_dim: 8, intermediate: 48 };
+
+fn qwen3_moe(dense_layers: Vec<usize>) -> TinyMoe {
+    TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: None,
+        norm_topk_prob: true,
+        dense_layers,
+    }
+}
+
+fn qwen2_moe() -> TinyMoe {
+    TinyMoe { shared_intermediate: Some(64), norm_topk_prob: false, ..qwen3_moe(Vec::new()) }
+}
+
+fn reference(tensors: &HashMap<String, Tensor>, moe: &TinyMoe, ids: &[u32]) -> Vec<Vec<f32>> {
+    Reference {
+        tensors,
+        shape: SHAPE,
+        rotary: SHAPE.head_dim,
+        factors: vec![1.0; SHAPE.head_dim / 2],
+        magnitude: 1.0,
+        window: None,
+        routing: Some(Routing { top_k: moe.top_k, norm_topk_prob: moe.norm_topk_prob }),
+    }
+    .logits(ids)
+}
+
+fn ids() -> Vec<u32> {
+    (0..11).map(|i| (i * 7 + 2) % 40).collect()
+}
+
+#[test]
+fn sparse_and_dense_layers_match_the_transformers_forward() {
+    for (arch, moe) in [(Architecture::Qwen3Moe, qwen3_moe(vec![1])), (Architecture::Qwen2Moe, qwen2_moe())] {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = testing::random_moe_target(arch, &SHAPE, &moe, 5).unwrap();
+        testing::write_checkpoint(dir.path(), &testing::moe_target_config(arch, &SHAPE, &moe), &tensors).unwrap();
+        let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+        assert_eq!(model.config().architecture, arch);
+        let want = reference(&tensors, &moe, &ids());
+        assert_close(&logits(&model, &ids(), false), &want, &format!("{arch:?}, one prefill"));
+        assert_close(&logits(&model, &ids(), true), &want, &format!("{arch:?}, token by token"));
+    }
+}
+
+/// Writes `tensors` as llama.cpp's converter writes a `qwen2moe` / `qwen3moe` GGUF: experts
+/// stacked into `ffn_{gate,up,down}_exps` (`[experts, rows, cols]`), everything in `dtype`
+/// where its rows allow, norms and biases in f32.
+fn write_moe_gguf(path: &Path, arch: Architecture, moe: &TinyMoe, tensors: &HashMap<String, Tensor>, dtype: GgmlDType) {
+    let quantize = |t: &Tensor| {
+        let dims = t.dims();
+        let matrix = dims.len() >= 2 && !dims.last().unwrap().is_multiple_of(32) || dims.len() < 2;
+        QTensor::quantize(t, if matrix { GgmlDType::F32 } else { dtype }).unwrap()
+    };
+    let mut named: Vec<(String, QTensor)> = Vec::new();
+    for (name, t) in tensors {
+        if name.contains(".experts.") {
+            continue;
+        }
+        // llama.cpp keeps the shared expert's gate as a vector.
+        let t = if name.ends_with("shared_expert_gate.weight") { t.flatten_all().unwrap() } else { t.clone() };
+        named.push((gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), quantize(&t)));
+    }
+    for l in 0..SHAPE.layers {
+        for (proj, stacked) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
+            let experts: Vec<Tensor> = (0..moe.experts)
+                .map(|e| tensors[&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")].clone())
+                .collect();
+            named.push((format!("blk.{l}.ffn_{stacked}_exps.weight"), quantize(&Tensor::stack(&experts, 0).unwrap())));
+        }
+    }
+    let key = arch.hf_name().trim_end_matches("ForCausalLM").to_lowercase();
+    let u32v = |x: usize| GgufValue::U32(x as u32);
+    let mut metadata: Vec<(String, GgufValue)> = vec![
+        ("general.architecture".into(), GgufValue::String(key.clone())),
+        (format!("{key}.embedding_length"), u32v(SHAPE.hidden)),
+        (format!("{key}.block_count"), u32v(SHAPE.layers)),
+        (format!("{key}.attention.head_count"), u32v(SHAPE.heads)),
+        (format!("{key}.attention.head_count_kv"), u32v(SHAPE.kv_heads)),
+        (format!("{key}.attention.key_length"), u32v(SHAPE.head_dim)),
+        (format!("{key}.context_length"), u32v(512)),
+        (format!("{key}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5)),
+        (format!("{key}.rope.freq_base"), GgufValue::F32(10_000.0)),
+        (format!("{key}.vocab_size"), u32v(SHAPE.vocab)),
+        (format!("{key}.expert_count"), u32v(moe.experts)),
+        (format!("{key}.expert_used_count"), u32v(moe.top_k)),
+        (format!("{key}.expert_feed_forward_length"), u32v(moe.expert_intermediate)),
+    ];
+    if let Some(w) = moe.shared_intermediate {
+        metadata.push((format!("{key}.expert_shared_feed_forward_length"), u32v(w)));
+    }
+    let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let named: Vec<(&str, &QTensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    gguf_file::write(&mut std::fs::File::create(path).unwrap(), &metadata, &named).unwrap();
+}
+
+#[test]
+fn gguf_mixtures_load_expert_by_expert_to_the_same_model() {
+    // llama.cpp runs every layer sparse, and renormalises Qwen3-MoE's weights only.
+    for (arch, moe) in [(Architecture::Qwen3Moe, qwen3_moe(Vec::new())), (Architecture::Qwen2Moe, qwen2_moe())] {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = testing::random_moe_target(arch, &SHAPE, &moe, 9).unwrap();
+        let hf = dir.path().join("hf");
+        testing::write_checkpoint(&hf, &testing::moe_target_config(arch, &SHAPE, &moe), &tensors).unwrap();
+        for (dtype, as_loaded) in [(GgmlDType::F32, ModelDType::F32), (GgmlDType::Q8_0, ModelDType::Q8_0)] {
+            let path = dir.path().join(format!("{dtype:?}.gguf"));
+            write_moe_gguf(&path, arch, &moe, &tensors, dtype);
+            let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::Auto).unwrap();
+            let cfg = gguf.config();
+            assert_eq!(cfg.architecture, arch);
+            let read = cfg.moe.as_ref().unwrap();
+            assert_eq!((read.num_experts, read.top_k, read.norm_topk_prob), (4, 2, moe.norm_topk_prob));
+            assert_eq!(read.shared_expert_intermediate_size, moe.shared_intermediate);
+            // The safetensors checkpoint quantized at load to the GGUF's format: the same blocks,
+            // but for Qwen2-MoE's shared-expert gate, a vector llama.cpp keeps in f32 while the
+            // [1, hidden] matrix is quantized at load (a 1e-2 logit difference).
+            let (hf_model, _) = load_causal_lm(&hf, &Device::Cpu, as_loaded).unwrap();
+            let what = format!("{arch:?} {dtype:?}");
+            let (got, want) = (logits(&gguf, &ids(), false), logits(&hf_model, &ids(), false));
+            if arch == Architecture::Qwen2Moe && dtype != GgmlDType::F32 {
+                assert_within(&got, &want, 3e-2, &what);
+            } else {
+                assert_close(&got, &want, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn configuration_errors_name_their_key() {
+    let cfg = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = testing::moe_target_config(Architecture::Qwen3Moe, &SHAPE, &qwen3_moe(Vec::new()));
+        edit(&mut c);
+        DecoderConfig::from_hf_json(&c)
+    };
+    let e = cfg(&|c| c["num_experts_per_tok"] = json!(5)).unwrap_err().to_string();
+    assert!(e.contains("num_experts_per_tok") && e.contains("num_experts (4)"), "{e}");
+    let e = cfg(&|c| {
+        c.as_object_mut().unwrap().remove("moe_intermediate_size");
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("moe_intermediate_size"), "{e}");
+    let e = cfg(&|c| c["mlp_only_layers"] = json!("all")).unwrap_err().to_string();
+    assert!(e.contains("mlp_only_layers"), "{e}");
+    let e = cfg(&|c| c["architectures"] = json!(["Qwen2MoeForCausalLM"])).unwrap_err().to_string();
+    assert!(e.contains("shared_expert_intermediate_size"), "{e}");
+    let sparse = cfg(&|c| {
+        c["decoder_sparse_step"] = json!(2);
+        c["mlp_only_layers"] = json!([3]);
+    })
+    .unwrap();
+    let moe = sparse.moe.unwrap();
+    let layers: Vec<bool> = (0..6).map(|i| moe.is_sparse_layer(i)).collect();
+    assert_eq!(layers, [false, true, false, false, false, true], "every second layer, layer 3 kept dense");
+}
