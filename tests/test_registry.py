@@ -520,6 +520,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
         "Qwen2MoeForCausalLM",
+        "Glm4MoeForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

@@ -391,6 +391,7 @@ fn a_qwen3_moe_target_speculates_losslessly() {
         shared_intermediate: None,
         norm_topk_prob: true,
         dense_layers: vec![0],
+        groups: (1, 1, 1.0),
     };
     write(
         &target,

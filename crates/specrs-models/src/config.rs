@@ -23,6 +23,10 @@ pub enum Architecture {
     /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B): Qwen3's attention, sparse
     /// experts.
     Qwen3Moe,
+    /// GLM-4.5 / 4.6 / 4.7 and their Air models: q/k/v bias, optional q/k norm, RoPE over half of
+    /// each head, leading dense layers, then DeepSeek-V3-style sigmoid-routed experts with a
+    /// shared expert.
+    Glm4Moe,
 }
 
 impl Architecture {
@@ -36,6 +40,7 @@ impl Architecture {
         ("Phi3ForCausalLM", Architecture::Phi3),
         ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
+        ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -75,6 +80,7 @@ impl Architecture {
             Self::Phi3 => "Phi3ForCausalLM",
             Self::Qwen2Moe => "Qwen2MoeForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Self::Glm4Moe => "Glm4MoeForCausalLM",
         }
     }
 
@@ -87,6 +93,7 @@ impl Architecture {
             Self::Phi3 => "phi3",
             Self::Qwen2Moe => "qwen2_moe",
             Self::Qwen3Moe => "qwen3_moe",
+            Self::Glm4Moe => "glm4_moe",
         }
     }
 
@@ -134,6 +141,27 @@ impl RopeScaling {
     }
 }
 
+/// How a mixture's router turns its logits into the weights of a token's experts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Router {
+    /// Qwen-MoE: softmax over all experts, the top-k of it.
+    Softmax,
+    /// DeepSeek-V3 / GLM-4.5: sigmoid scores; experts are chosen by score plus a learned
+    /// correction bias (`e_score_correction_bias`) within the `topk_group` best of `n_group`
+    /// groups (a group scored by its two best), weighted by their plain scores times
+    /// `routed_scaling_factor`.
+    GroupedSigmoid { n_group: usize, topk_group: usize, routed_scaling_factor: f64 },
+}
+
+/// An always-on expert beside the routed ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedExpertConfig {
+    pub intermediate_size: usize,
+    /// Qwen2-MoE scales it by `sigmoid(shared_expert_gate(x))` (weights under `shared_expert`);
+    /// GLM-4.5 adds it as is (weights under `shared_experts`).
+    pub gated: bool,
+}
+
 /// The sparse feed-forward of a mixture-of-experts decoder.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeConfig {
@@ -144,17 +172,21 @@ pub struct MoeConfig {
     pub expert_intermediate_size: usize,
     /// Renormalise the top-k routing weights to sum to one.
     pub norm_topk_prob: bool,
-    /// Layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` and `i` is not in
-    /// `mlp_only_layers`; other layers keep a dense MLP of `intermediate_size`.
+    pub router: Router,
+    /// Layer `i` is sparse when `i >= first_k_dense_replace`, `(i + 1) % decoder_sparse_step
+    /// == 0` and `i` is not in `mlp_only_layers`; other layers keep a dense MLP of
+    /// `intermediate_size`.
+    pub first_k_dense_replace: usize,
     pub decoder_sparse_step: usize,
     pub mlp_only_layers: Vec<usize>,
-    /// Qwen2-MoE's always-on expert, gated by `sigmoid(shared_expert_gate(x))`.
-    pub shared_expert_intermediate_size: Option<usize>,
+    pub shared_expert: Option<SharedExpertConfig>,
 }
 
 impl MoeConfig {
     pub fn is_sparse_layer(&self, layer: usize) -> bool {
-        !self.mlp_only_layers.contains(&layer) && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+        layer >= self.first_k_dense_replace
+            && !self.mlp_only_layers.contains(&layer)
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
     }
 }
 
@@ -243,12 +275,9 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
     })
 }
 
-/// The experts of a Qwen2-MoE / Qwen3-MoE `config.json`, with transformers' defaults.
+/// The experts of a Qwen2-MoE / Qwen3-MoE / GLM-4.5 `config.json`, with transformers'
+/// defaults.
 fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
-    let shared = match architecture {
-        Architecture::Qwen2Moe => Some(req_usize(v, "shared_expert_intermediate_size")?),
-        _ => None,
-    };
     let mlp_only_layers = match v.get("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
         Some(list) => list
@@ -256,14 +285,48 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
             .and_then(|a| a.iter().map(|x| x.as_u64().map(|i| i as usize)).collect::<Option<Vec<_>>>())
             .ok_or_else(|| ModelError::config("mlp_only_layers", "must be a list of layer indices"))?,
     };
+    let usize_or = |key: &str, default: usize| v.get(key).and_then(Value::as_u64).map_or(default, |x| x as usize);
+    let expert_intermediate_size = req_usize(v, "moe_intermediate_size")?;
+    let (router, shared_expert, num_experts) = match architecture {
+        Architecture::Glm4Moe => (
+            Router::GroupedSigmoid {
+                n_group: usize_or("n_group", 1),
+                topk_group: usize_or("topk_group", 1),
+                routed_scaling_factor: opt_f64(v, "routed_scaling_factor").unwrap_or(1.0),
+            },
+            Some(SharedExpertConfig {
+                intermediate_size: expert_intermediate_size * usize_or("n_shared_experts", 1),
+                gated: false,
+            }),
+            // GLM-4.5's configs name them as DeepSeek-V3 does.
+            match v.get("n_routed_experts") {
+                Some(_) => req_usize(v, "n_routed_experts")?,
+                None => req_usize(v, "num_experts")?,
+            },
+        ),
+        Architecture::Qwen2Moe => (
+            Router::Softmax,
+            Some(SharedExpertConfig {
+                intermediate_size: req_usize(v, "shared_expert_intermediate_size")?,
+                gated: true,
+            }),
+            req_usize(v, "num_experts")?,
+        ),
+        _ => (Router::Softmax, None, req_usize(v, "num_experts")?),
+    };
     Ok(MoeConfig {
-        num_experts: req_usize(v, "num_experts")?,
+        num_experts,
         top_k: req_usize(v, "num_experts_per_tok")?,
-        expert_intermediate_size: req_usize(v, "moe_intermediate_size")?,
-        norm_topk_prob: v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false),
-        decoder_sparse_step: v.get("decoder_sparse_step").and_then(Value::as_u64).map_or(1, |x| x as usize),
+        expert_intermediate_size,
+        norm_topk_prob: v
+            .get("norm_topk_prob")
+            .and_then(Value::as_bool)
+            .unwrap_or(architecture == Architecture::Glm4Moe),
+        router,
+        first_k_dense_replace: usize_or("first_k_dense_replace", 0),
+        decoder_sparse_step: usize_or("decoder_sparse_step", 1),
         mlp_only_layers,
-        shared_expert_intermediate_size: shared,
+        shared_expert,
     })
 }
 
@@ -290,7 +353,9 @@ impl DecoderConfig {
             v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_attention_heads, |x| x as usize);
         let head_dim =
             v.get("head_dim").and_then(Value::as_u64).map_or(hidden_size / num_attention_heads.max(1), |x| x as usize);
-        let rotary_dim = match opt_f64(v, "partial_rotary_factor") {
+        // GLM-4.5 rotates half of each head unless its config says otherwise.
+        let default_rotary = if architecture == Architecture::Glm4Moe { Some(0.5) } else { None };
+        let rotary_dim = match opt_f64(v, "partial_rotary_factor").or(default_rotary) {
             None => head_dim,
             Some(f) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
             Some(f) => {
@@ -330,6 +395,7 @@ impl DecoderConfig {
         // that only applies with `use_sliding_window`, which no supported checkpoint sets.
         let sliding_window = match architecture {
             Architecture::Llama | Architecture::Phi3 => v.get("sliding_window").and_then(Value::as_u64),
+            Architecture::Glm4Moe => None,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
                     return Err(ModelError::config(
@@ -361,11 +427,15 @@ impl DecoderConfig {
                 .get("attention_bias")
                 .and_then(Value::as_bool)
                 .unwrap_or(architecture.qkv_bias_by_default()),
-            qk_norm: architecture.has_qk_norm(),
+            qk_norm: architecture.has_qk_norm()
+                || (architecture == Architecture::Glm4Moe
+                    && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false)),
             fused_projections: architecture == Architecture::Phi3,
             sliding_window,
             moe: match architecture {
-                Architecture::Qwen2Moe | Architecture::Qwen3Moe => Some(moe_config(v, architecture)?),
+                Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::Glm4Moe => {
+                    Some(moe_config(v, architecture)?)
+                }
                 _ => None,
             },
             bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
@@ -425,6 +495,21 @@ impl DecoderConfig {
                     format!(
                         "each token needs between 1 and num_experts ({}) experts, got {}",
                         moe.num_experts, moe.top_k
+                    ),
+                ));
+            }
+            if let Router::GroupedSigmoid { n_group, topk_group, .. } = moe.router
+                && (n_group == 0
+                    || !moe.num_experts.is_multiple_of(n_group)
+                    || topk_group == 0
+                    || topk_group > n_group
+                    || moe.num_experts / n_group < 2.min(moe.num_experts))
+            {
+                return Err(ModelError::config(
+                    "n_group",
+                    format!(
+                        "n_group ({n_group}) must divide the {} experts, and topk_group ({topk_group}) lie in 1..=n_group",
+                        moe.num_experts
                     ),
                 ));
             }

@@ -1,8 +1,9 @@
-//! The sparse mixture-of-experts feed-forward of Qwen2-MoE and Qwen3-MoE: a linear router
-//! scores every expert for each token, the top-k of its softmax pick the token's experts, each
-//! expert (a SwiGLU MLP) runs once on the rows routed to it, and the outputs are summed back
-//! with their routing weights. Qwen2-MoE adds an always-on shared expert scaled by a sigmoid
-//! gate.
+//! The sparse mixture-of-experts feed-forward of Qwen2-MoE, Qwen3-MoE and GLM-4.5: a linear
+//! router scores every expert for each token and picks the token's experts (the top-k of a
+//! softmax, or DeepSeek-V3's group-limited sigmoid choice, see [`Router`]), each expert (a
+//! SwiGLU MLP) runs once on the rows routed to it, and the outputs are summed back with their
+//! routing weights. Qwen2-MoE adds an always-on shared expert scaled by a sigmoid gate, GLM-4.5
+//! an ungated one.
 //!
 //! The routing is read on the host (a `[T, experts]` copy per layer): free on the CPU, one
 //! small synchronising copy per layer on a GPU, which is why the MoE targets declare no
@@ -10,26 +11,28 @@
 
 use candle_core::{DType, Result, Tensor};
 
-use crate::config::MoeConfig;
+use crate::config::{MoeConfig, Router};
 use crate::error::Result as LoadResult;
 use crate::linear::Linear;
 use crate::models::transformer::Mlp;
 use crate::weights::WeightStore;
 
-/// Qwen2-MoE's shared expert and its scalar gate.
+/// An always-on expert; Qwen2-MoE scales it by a sigmoid gate.
 #[derive(Debug, Clone)]
 struct SharedExpert {
     mlp: Mlp,
-    gate: Linear,
+    gate: Option<Linear>,
 }
 
 #[derive(Debug, Clone)]
 pub struct SparseMoe {
     /// `[experts, hidden]`: one logit per expert.
     router: Linear,
+    /// `[experts]` (GLM-4.5's `e_score_correction_bias`): added to the scores to choose
+    /// experts, never to weight them.
+    choice_bias: Option<Vec<f32>>,
     experts: Vec<Mlp>,
-    top_k: usize,
-    norm_topk_prob: bool,
+    config: MoeConfig,
     shared: Option<SharedExpert>,
 }
 
@@ -40,19 +43,50 @@ pub struct Route {
     pub weights: Vec<f32>,
 }
 
+/// Indices of the `k` largest of `values` (the lower index first among equals).
+fn top_indices(values: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
+    order.truncate(k);
+    order
+}
+
+/// DeepSeek-V3's routing of one token's sigmoid `scores`: experts are chosen by `scores +
+/// choice_bias` among the `topk_group` best of `n_group` groups (a group scored by the sum of
+/// its two best), the others counting as zero; the chosen experts are weighted by their plain
+/// scores, renormalised when `norm_topk_prob`, times `scale`. Returns `(expert, weight)` pairs.
+pub fn grouped_sigmoid_choice(
+    scores: &[f32],
+    choice_bias: Option<&[f32]>,
+    top_k: usize,
+    (n_group, topk_group): (usize, usize),
+    norm_topk_prob: bool,
+    scale: f64,
+) -> Vec<(usize, f32)> {
+    let choice: Vec<f32> = match choice_bias {
+        Some(bias) => scores.iter().zip(bias).map(|(s, b)| s + b).collect(),
+        None => scores.to_vec(),
+    };
+    let per_group = choice.len() / n_group;
+    let group_scores: Vec<f32> =
+        choice.chunks(per_group).map(|g| top_indices(g, 2).iter().map(|&i| g[i]).sum()).collect();
+    let groups = top_indices(&group_scores, topk_group);
+    let masked: Vec<f32> =
+        choice.iter().enumerate().map(|(e, &c)| if groups.contains(&(e / per_group)) { c } else { 0.0 }).collect();
+    let chosen = top_indices(&masked, top_k);
+    let total: f32 = if norm_topk_prob { chosen.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20 } else { 1.0 };
+    chosen.into_iter().map(|e| (e, (scores[e] / total * scale as f32))).collect()
+}
+
 /// Routes each row of `probs [T, experts]` to its `top_k` most probable experts (the lower
 /// index first among equals), weights renormalised to sum to one when `norm_topk_prob`.
 pub fn route(probs: &[Vec<f32>], top_k: usize, norm_topk_prob: bool) -> Vec<Route> {
     let num_experts = probs.first().map_or(0, Vec::len);
     let mut routes = vec![Route::default(); num_experts];
-    let mut order: Vec<usize> = Vec::with_capacity(num_experts);
     for (token, p) in probs.iter().enumerate() {
-        order.clear();
-        order.extend(0..p.len());
-        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-        let chosen = &order[..top_k];
+        let chosen = top_indices(p, top_k);
         let total: f32 = if norm_topk_prob { chosen.iter().map(|&e| p[e]).sum() } else { 1.0 };
-        for &e in chosen {
+        for &e in &chosen {
             routes[e].tokens.push(token as u32);
             routes[e].weights.push(p[e] / total);
         }
@@ -61,38 +95,83 @@ pub fn route(probs: &[Vec<f32>], top_k: usize, norm_topk_prob: bool) -> Vec<Rout
 }
 
 impl SparseMoe {
-    /// Loads `{prefix}.gate`, `{prefix}.experts.{e}.{gate,up,down}_proj` and, for Qwen2-MoE,
-    /// `{prefix}.shared_expert.*` and `{prefix}.shared_expert_gate`.
+    /// Loads `{prefix}.gate` (with GLM-4.5's `gate.e_score_correction_bias`),
+    /// `{prefix}.experts.{e}.{gate,up,down}_proj`, and Qwen2-MoE's `shared_expert.*` with
+    /// `shared_expert_gate`, or GLM-4.5's `shared_experts.*`.
     pub fn load(store: &WeightStore, prefix: &str, hidden: usize, moe: &MoeConfig) -> LoadResult<Self> {
         let router = store.linear(&format!("{prefix}.gate"), moe.num_experts, hidden, false)?;
+        let choice_bias = match moe.router {
+            Router::GroupedSigmoid { .. } => {
+                let name = format!("{prefix}.gate.e_score_correction_bias");
+                let bias = store.tensor(&name, &[moe.num_experts])?;
+                Some(bias.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+            }
+            Router::Softmax => None,
+        };
         let experts = (0..moe.num_experts)
             .map(|e| Mlp::load(store, &format!("{prefix}.experts.{e}"), hidden, moe.expert_intermediate_size))
             .collect::<LoadResult<Vec<_>>>()?;
-        let shared = match moe.shared_expert_intermediate_size {
-            Some(width) => Some(SharedExpert {
-                mlp: Mlp::load(store, &format!("{prefix}.shared_expert"), hidden, width)?,
-                gate: store.linear(&format!("{prefix}.shared_expert_gate"), 1, hidden, false)?,
+        let shared = match &moe.shared_expert {
+            Some(s) if s.gated => Some(SharedExpert {
+                mlp: Mlp::load(store, &format!("{prefix}.shared_expert"), hidden, s.intermediate_size)?,
+                gate: Some(store.linear(&format!("{prefix}.shared_expert_gate"), 1, hidden, false)?),
+            }),
+            Some(s) => Some(SharedExpert {
+                mlp: Mlp::load(store, &format!("{prefix}.shared_experts"), hidden, s.intermediate_size)?,
+                gate: None,
             }),
             None => None,
         };
-        Ok(Self { router, experts, top_k: moe.top_k, norm_topk_prob: moe.norm_topk_prob, shared })
+        Ok(Self { router, choice_bias, experts, config: moe.clone(), shared })
+    }
+
+    /// Each token's experts and weights from the router's `logits [T, E]` (f32).
+    fn routes(&self, logits: &Tensor) -> Result<Vec<Route>> {
+        let moe = &self.config;
+        match moe.router {
+            Router::Softmax => {
+                let probs = candle_nn::ops::softmax_last_dim(logits)?.to_vec2::<f32>()?;
+                Ok(route(&probs, moe.top_k, moe.norm_topk_prob))
+            }
+            Router::GroupedSigmoid { n_group, topk_group, routed_scaling_factor } => {
+                let scores = candle_nn::ops::sigmoid(logits)?.to_vec2::<f32>()?;
+                let mut routes = vec![Route::default(); moe.num_experts];
+                for (token, s) in scores.iter().enumerate() {
+                    let choice = grouped_sigmoid_choice(
+                        s,
+                        self.choice_bias.as_deref(),
+                        moe.top_k,
+                        (n_group, topk_group),
+                        moe.norm_topk_prob,
+                        routed_scaling_factor,
+                    );
+                    for (e, w) in choice {
+                        routes[e].tokens.push(token as u32);
+                        routes[e].weights.push(w);
+                    }
+                }
+                Ok(routes)
+            }
+        }
     }
 
     pub fn size_in_bytes(&self) -> usize {
         self.router.weight().size_in_bytes()
             + self.experts.iter().map(Mlp::size_in_bytes).sum::<usize>()
-            + self.shared.as_ref().map_or(0, |s| s.mlp.size_in_bytes() + s.gate.weight().size_in_bytes())
+            + self
+                .shared
+                .as_ref()
+                .map_or(0, |s| s.mlp.size_in_bytes() + s.gate.as_ref().map_or(0, |g| g.weight().size_in_bytes()))
     }
 
     /// `x [T, H] -> [T, H]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (t, h) = x.dims2()?;
-        // 1. Router: [T, H] -> [T, E] probabilities, in f32 as transformers computes them.
+        // 1. Router: [T, H] -> [T, E] logits, routed in f32 as transformers routes them.
         let logits = self.router.forward(x)?.to_dtype(DType::F32)?;
-        let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
         // 2. Each expert once over its rows: [n, H] -> [n, H], weighted, added back into [T, H].
         let mut out = Tensor::zeros((t, h), x.dtype(), x.device())?;
-        for (expert, r) in self.experts.iter().zip(route(&probs, self.top_k, self.norm_topk_prob)) {
+        for (expert, r) in self.experts.iter().zip(self.routes(&logits)?) {
             if r.tokens.is_empty() {
                 continue;
             }
@@ -102,10 +181,13 @@ impl SparseMoe {
             let y = expert.forward(&x.index_select(&rows, 0)?)?.broadcast_mul(&weights)?;
             out = out.index_add(&rows, &y, 0)?;
         }
-        // 3. Qwen2-MoE: + sigmoid(gate(x)) · shared(x).
+        // 3. The shared expert: + shared(x), scaled by sigmoid(gate(x)) on Qwen2-MoE.
         if let Some(shared) = &self.shared {
-            let gate = candle_nn::ops::sigmoid(&shared.gate.forward(x)?)?;
-            out = (out + shared.mlp.forward(x)?.broadcast_mul(&gate)?)?;
+            let y = shared.mlp.forward(x)?;
+            out = match &shared.gate {
+                Some(gate) => (out + y.broadcast_mul(&candle_nn::ops::sigmoid(&gate.forward(x)?)?)?)?,
+                None => (out + y)?,
+            };
         }
         Ok(out)
     }
@@ -128,5 +210,22 @@ mod tests {
         assert!((renormalised[1].weights[0] - 0.6 / 0.9).abs() < 1e-6);
         assert!((renormalised[2].weights[0] - 0.3 / 0.9).abs() < 1e-6);
         assert_eq!(renormalised[0].weights, vec![0.5]);
+    }
+
+    #[test]
+    fn grouped_sigmoid_chooses_by_biased_scores_within_the_best_groups_and_weights_by_plain_scores() {
+        // Two groups of three: group 0's two best biased scores sum to 1.5, group 1's to 1.3.
+        let scores = [0.9, 0.1, 0.5, 0.2, 0.7, 0.6];
+        let bias = [0.0, 0.0, 0.1, 0.0, 0.0, 0.0];
+        let chosen = grouped_sigmoid_choice(&scores, Some(&bias), 2, (2, 1), false, 1.0);
+        assert_eq!(chosen, vec![(0, 0.9), (2, 0.5)], "experts 4 and 5 sit in the dropped group");
+        // Both groups allowed: 4 (0.7) beats 2 (0.6 biased); renormalised and scaled by 2.5.
+        let chosen = grouped_sigmoid_choice(&scores, Some(&bias), 2, (2, 2), true, 2.5);
+        let (w0, w4) = (0.9 / 1.6 * 2.5, 0.7 / 1.6 * 2.5);
+        assert_eq!(chosen.iter().map(|c| c.0).collect::<Vec<_>>(), vec![0, 4]);
+        assert!((chosen[0].1 - w0).abs() < 1e-6 && (chosen[1].1 - w4).abs() < 1e-6);
+        // The bias steers the choice only: a large bias picks expert 1 at its plain score.
+        let chosen = grouped_sigmoid_choice(&scores, Some(&[0.0, 5.0, 0.0, 0.0, 0.0, 0.0]), 1, (1, 1), false, 1.0);
+        assert_eq!(chosen, vec![(1, 0.1)]);
     }
 }

@@ -127,17 +127,32 @@ pub struct TinyMoe {
     /// Qwen2-MoE's shared expert width.
     pub shared_intermediate: Option<usize>,
     pub norm_topk_prob: bool,
-    /// Layers that keep a dense MLP (`mlp_only_layers`).
+    /// Layers that keep a dense MLP (`mlp_only_layers`; GLM-4.5 keeps the leading ones, so
+    /// there they must be `0..k`).
     pub dense_layers: Vec<usize>,
+    /// GLM-4.5's router: `n_group`, `topk_group` and `routed_scaling_factor`.
+    pub groups: (usize, usize, f64),
 }
 
-/// A Qwen2-MoE / Qwen3-MoE `config.json` for a tiny target.
+/// A Qwen2-MoE / Qwen3-MoE / GLM-4.5 `config.json` for a tiny target.
 pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Value {
     let mut c = target_config(arch, s, false);
-    c["num_experts"] = json!(m.experts);
     c["num_experts_per_tok"] = json!(m.top_k);
     c["moe_intermediate_size"] = json!(m.expert_intermediate);
     c["norm_topk_prob"] = json!(m.norm_topk_prob);
+    if arch == Architecture::Glm4Moe {
+        // GLM-4.5's names, as DeepSeek-V3 writes them.
+        assert!(m.dense_layers.iter().enumerate().all(|(i, &l)| i == l), "GLM keeps leading dense layers");
+        c["n_routed_experts"] = json!(m.experts);
+        c["n_shared_experts"] = json!(m.shared_intermediate.unwrap_or(0) / m.expert_intermediate);
+        c["first_k_dense_replace"] = json!(m.dense_layers.len());
+        (c["n_group"], c["topk_group"], c["routed_scaling_factor"]) =
+            (json!(m.groups.0), json!(m.groups.1), json!(m.groups.2));
+        c["partial_rotary_factor"] = json!(0.5);
+        c["attention_bias"] = json!(true);
+        return c;
+    }
+    c["num_experts"] = json!(m.experts);
     c["decoder_sparse_step"] = json!(1);
     c["mlp_only_layers"] = json!(m.dense_layers);
     if let Some(w) = m.shared_intermediate {
@@ -146,9 +161,10 @@ pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Valu
     c
 }
 
-/// Random weights with Hugging Face names for a tiny mixture: the attention of Qwen2 (bias)
-/// or Qwen3 (q/k norm), and in each sparse layer a router, `experts` SwiGLU experts and, with
-/// `shared_intermediate`, Qwen2-MoE's shared expert and its gate.
+/// Random weights with Hugging Face names for a tiny mixture: the attention of Qwen2 and
+/// GLM-4.5 (bias) or Qwen3 (q/k norm), and in each sparse layer a router (GLM-4.5's with its
+/// choice bias), `experts` SwiGLU experts and, with `shared_intermediate`, Qwen2-MoE's gated
+/// shared expert or GLM-4.5's ungated one.
 pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
     let base = if arch.has_qk_norm() { Architecture::Qwen3 } else { Architecture::Qwen2 };
     let mut t = random_target(base, s, false, seed)?;
@@ -166,6 +182,10 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
         }
         // A sharp router, so that the top-k choice matters.
         t.insert(format!("{p}.gate.weight"), random_tensor(&[m.experts, h], 1.0, next())?);
+        let glm = arch == Architecture::Glm4Moe;
+        if glm {
+            t.insert(format!("{p}.gate.e_score_correction_bias"), random_tensor(&[m.experts], 0.3, next())?);
+        }
         let mut expert = |prefix: String, width: usize| -> Result<()> {
             t.insert(format!("{prefix}.gate_proj.weight"), lin(width, h, next())?);
             t.insert(format!("{prefix}.up_proj.weight"), lin(width, h, next())?);
@@ -175,9 +195,13 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
         for e in 0..m.experts {
             expert(format!("{p}.experts.{e}"), m.expert_intermediate)?;
         }
-        if let Some(w) = m.shared_intermediate {
-            expert(format!("{p}.shared_expert"), w)?;
-            t.insert(format!("{p}.shared_expert_gate.weight"), lin(1, h, next())?);
+        match m.shared_intermediate {
+            Some(w) if glm => expert(format!("{p}.shared_experts"), w)?,
+            Some(w) => {
+                expert(format!("{p}.shared_expert"), w)?;
+                t.insert(format!("{p}.shared_expert_gate.weight"), lin(1, h, next())?);
+            }
+            None => {}
         }
     }
     Ok(t)

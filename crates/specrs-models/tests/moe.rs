@@ -1,7 +1,9 @@
 //! Qwen2-MoE and Qwen3-MoE on tiny checkpoints written in the real formats:
-//! - the sparse layers (router, top-k with and without renormalisation, experts, Qwen2-MoE's
-//!   gated shared expert) and the dense layers `mlp_only_layers` keeps match transformers'
-//!   forward (`common::Reference`), in one prefill and token by token against the paged cache;
+//! - the sparse layers (softmax top-k with and without renormalisation, GLM-4.5's grouped
+//!   sigmoid choice with its correction bias and scale, experts, Qwen2-MoE's gated and
+//!   GLM-4.5's ungated shared expert) and the dense layers kept (`mlp_only_layers`,
+//!   `first_k_dense_replace`) match transformers' forward (`common::Reference`), in one
+//!   prefill and token by token against the paged cache;
 //! - the same checkpoints as llama.cpp's converter writes them (`qwen2moe` / `qwen3moe`, the
 //!   experts stacked into one tensor per projection) load to the same model, in f32 and with
 //!   Q8_0 experts read expert by expert from the stacked bytes;
@@ -19,7 +21,7 @@ use common::{Reference, Routing, assert_close, assert_within, logits};
 use serde_json::json;
 use specrs_models::testing::{self, TinyMoe, TinyShape};
 use specrs_models::weights::gguf::gguf_name;
-use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
+use specrs_models::{Architecture, DecoderConfig, ModelDType, Router, SharedExpertConfig, load_causal_lm};
 
 const SHAPE: TinyShape =
     TinyShape { vocab: 40, hidden: 32, layers: 3, heads: 4, kv_heads: 2, head_dim: 8, intermediate: 48 };
@@ -32,6 +34,21 @@ fn qwen3_moe(dense_layers: Vec<usize>) -> TinyMoe {
         shared_intermediate: None,
         norm_topk_prob: true,
         dense_layers,
+        groups: (1, 1, 1.0),
+    }
+}
+
+/// GLM-4.5-Air's shape, shrunk: a leading dense layer, 8 experts in 4 groups of which each
+/// token may use 2, top-2, weights renormalised and scaled by 2.5, one shared expert.
+fn glm45() -> TinyMoe {
+    TinyMoe {
+        experts: 8,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: Some(32),
+        norm_topk_prob: true,
+        dense_layers: vec![0],
+        groups: (4, 2, 2.5),
     }
 }
 
@@ -39,15 +56,22 @@ fn qwen2_moe() -> TinyMoe {
     TinyMoe { shared_intermediate: Some(64), norm_topk_prob: false, ..qwen3_moe(Vec::new()) }
 }
 
-fn reference(tensors: &HashMap<String, Tensor>, moe: &TinyMoe, ids: &[u32]) -> Vec<Vec<f32>> {
+fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMoe, ids: &[u32]) -> Vec<Vec<f32>> {
+    let glm = arch == Architecture::Glm4Moe;
+    // GLM-4.5 rotates half of each head.
+    let rotary = if glm { SHAPE.head_dim / 2 } else { SHAPE.head_dim };
     Reference {
         tensors,
         shape: SHAPE,
-        rotary: SHAPE.head_dim,
-        factors: vec![1.0; SHAPE.head_dim / 2],
+        rotary,
+        factors: vec![1.0; rotary / 2],
         magnitude: 1.0,
         window: None,
-        routing: Some(Routing { top_k: moe.top_k, norm_topk_prob: moe.norm_topk_prob }),
+        routing: Some(Routing {
+            top_k: moe.top_k,
+            norm_topk_prob: moe.norm_topk_prob,
+            grouped: glm.then_some(moe.groups),
+        }),
     }
     .logits(ids)
 }
@@ -58,13 +82,17 @@ fn ids() -> Vec<u32> {
 
 #[test]
 fn sparse_and_dense_layers_match_the_transformers_forward() {
-    for (arch, moe) in [(Architecture::Qwen3Moe, qwen3_moe(vec![1])), (Architecture::Qwen2Moe, qwen2_moe())] {
+    for (arch, moe) in [
+        (Architecture::Qwen3Moe, qwen3_moe(vec![1])),
+        (Architecture::Qwen2Moe, qwen2_moe()),
+        (Architecture::Glm4Moe, glm45()),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let tensors = testing::random_moe_target(arch, &SHAPE, &moe, 5).unwrap();
         testing::write_checkpoint(dir.path(), &testing::moe_target_config(arch, &SHAPE, &moe), &tensors).unwrap();
         let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
         assert_eq!(model.config().architecture, arch);
-        let want = reference(&tensors, &moe, &ids());
+        let want = reference(arch, &tensors, &moe, &ids());
         assert_close(&logits(&model, &ids(), false), &want, &format!("{arch:?}, one prefill"));
         assert_close(&logits(&model, &ids(), true), &want, &format!("{arch:?}, token by token"));
     }
@@ -137,7 +165,7 @@ fn gguf_mixtures_load_expert_by_expert_to_the_same_model() {
             assert_eq!(cfg.architecture, arch);
             let read = cfg.moe.as_ref().unwrap();
             assert_eq!((read.num_experts, read.top_k, read.norm_topk_prob), (4, 2, moe.norm_topk_prob));
-            assert_eq!(read.shared_expert_intermediate_size, moe.shared_intermediate);
+            assert_eq!(read.shared_expert.as_ref().map(|s| s.intermediate_size), moe.shared_intermediate);
             // The safetensors checkpoint quantized at load to the GGUF's format: the same blocks,
             // but for Qwen2-MoE's shared-expert gate, a vector llama.cpp keeps in f32 while the
             // [1, hidden] matrix is quantized at load (a 1e-2 logit difference).
@@ -172,6 +200,22 @@ fn configuration_errors_name_their_key() {
     assert!(e.contains("mlp_only_layers"), "{e}");
     let e = cfg(&|c| c["architectures"] = json!(["Qwen2MoeForCausalLM"])).unwrap_err().to_string();
     assert!(e.contains("shared_expert_intermediate_size"), "{e}");
+    let glm = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = testing::moe_target_config(Architecture::Glm4Moe, &SHAPE, &glm45());
+        edit(&mut c);
+        DecoderConfig::from_hf_json(&c)
+    };
+    let e = glm(&|c| c["n_group"] = json!(3)).unwrap_err().to_string();
+    assert!(e.contains("n_group (3) must divide the 8 experts"), "{e}");
+    let e = glm(&|c| c["topk_group"] = json!(5)).unwrap_err().to_string();
+    assert!(e.contains("topk_group (5)"), "{e}");
+    let read = glm(&|_| {}).unwrap();
+    assert_eq!((read.rotary_dim, read.attention_bias, read.qk_norm), (4, true, false));
+    let moe = read.moe.unwrap();
+    assert_eq!(moe.shared_expert, Some(SharedExpertConfig { intermediate_size: 32, gated: false }));
+    assert_eq!(moe.router, Router::GroupedSigmoid { n_group: 4, topk_group: 2, routed_scaling_factor: 2.5 });
+    assert!(!moe.is_sparse_layer(0) && moe.is_sparse_layer(1), "first_k_dense_replace keeps layer 0 dense");
+    assert!(glm(&|c| c["use_qk_norm"] = json!(true)).unwrap().qk_norm);
     let sparse = cfg(&|c| {
         c["decoder_sparse_step"] = json!(2);
         c["mlp_only_layers"] = json!([3]);

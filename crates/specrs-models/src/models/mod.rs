@@ -1,5 +1,6 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
+pub mod glm4_moe;
 pub mod llama;
 pub mod phi3;
 pub mod qwen2;
@@ -34,6 +35,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Qwen2 | Architecture::Qwen2Moe => qwen2::adapt(cfg),
                 Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::adapt(cfg),
                 Architecture::Phi3 => phi3::adapt(cfg),
+                Architecture::Glm4Moe => glm4_moe::adapt(cfg),
             })
         }
     }

@@ -188,7 +188,7 @@ impl Mlp {
 #[derive(Debug, Clone)]
 pub enum FeedForward {
     Dense(Mlp),
-    Sparse(SparseMoe),
+    Sparse(Box<SparseMoe>),
 }
 
 impl FeedForward {
@@ -223,7 +223,7 @@ impl DecoderLayer {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let mlp = match &cfg.moe {
             Some(moe) if moe.is_sparse_layer(index) => {
-                FeedForward::Sparse(SparseMoe::load(store, &mlp_prefix, h, moe)?)
+                FeedForward::Sparse(Box::new(SparseMoe::load(store, &mlp_prefix, h, moe)?))
             }
             _ if cfg.fused_projections => FeedForward::Dense(Mlp::load_fused(store, &mlp_prefix, h, i)?),
             _ => FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?),
@@ -365,7 +365,7 @@ impl CausalLm {
         let attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads);
         let feed_forward = |layer: usize| match &c.moe {
             Some(moe) if moe.is_sparse_layer(layer) => {
-                let shared = moe.shared_expert_intermediate_size.map_or(0, |w| 3 * w + 1);
+                let shared = moe.shared_expert.as_ref().map_or(0, |s| 3 * s.intermediate_size + usize::from(s.gated));
                 c.hidden_size * (moe.num_experts * (3 * moe.expert_intermediate_size + 1) + shared)
             }
             _ => 3 * c.hidden_size * c.intermediate_size,

@@ -13,7 +13,7 @@ use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 
-use crate::config::{Architecture, DecoderConfig, MoeConfig, RopeScaling};
+use crate::config::{Architecture, DecoderConfig, MoeConfig, RopeScaling, Router, SharedExpertConfig};
 use crate::error::{ModelError, Result};
 
 pub struct GgufSource {
@@ -252,10 +252,15 @@ impl GgufSource {
                 top_k: self.meta_usize("expert_used_count")?,
                 expert_intermediate_size: self.meta_usize("expert_feed_forward_length")?,
                 norm_topk_prob: self.architecture == Architecture::Qwen3Moe,
+                router: Router::Softmax,
+                first_k_dense_replace: 0,
                 decoder_sparse_step: 1,
                 mlp_only_layers: Vec::new(),
-                shared_expert_intermediate_size: match self.architecture {
-                    Architecture::Qwen2Moe => Some(self.meta_usize("expert_shared_feed_forward_length")?),
+                shared_expert: match self.architecture {
+                    Architecture::Qwen2Moe => Some(SharedExpertConfig {
+                        intermediate_size: self.meta_usize("expert_shared_feed_forward_length")?,
+                        gated: true,
+                    }),
                     _ => None,
                 },
             },

@@ -46,10 +46,20 @@ pub fn logits(model: &CausalLm, ids: &[u32], stepwise: bool) -> Vec<Vec<f32>> {
 }
 
 /// Routing of a mixture: each token's `top_k` most probable experts, weights renormalised when
-/// `norm_topk_prob`.
+/// `norm_topk_prob`; with `grouped` (`n_group`, `topk_group`, `routed_scaling_factor`),
+/// DeepSeek-V3's sigmoid routing instead of the softmax.
 pub struct Routing {
     pub top_k: usize,
     pub norm_topk_prob: bool,
+    pub grouped: Option<(usize, usize, f64)>,
+}
+
+/// Positions of the `k` largest values, the earlier first among equals.
+fn largest(values: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
+    order.truncate(k);
+    order
 }
 
 pub struct Reference<'a> {
@@ -188,25 +198,47 @@ impl Reference<'_> {
         matmul_t(&act, &self.tensors[&format!("{p}.down_proj.weight")])
     }
 
-    /// Transformers' sparse MoE block: softmax over the router logits, top-k, optional
-    /// renormalisation, the weighted sum of the chosen experts, plus a sigmoid-gated shared
-    /// expert where there is one.
+    /// Transformers' sparse MoE block: the router's choice (softmax top-k, or DeepSeek-V3's
+    /// grouped sigmoid), the weighted sum of the chosen experts, plus a shared expert where there
+    /// is one (sigmoid-gated on Qwen2-MoE).
     fn experts(&self, p: &str, x: &[Vec<f32>], routing: &Routing) -> Rows {
         let logits = matmul_t(x, &self.tensors[&format!("{p}.gate.weight")]);
         let mut out = vec![vec![0f32; x[0].len()]; x.len()];
         for (t, l) in logits.iter().enumerate() {
-            let top = l.iter().cloned().fold(f32::MIN, f32::max);
-            let exp: Vec<f32> = l.iter().map(|v| (v - top).exp()).collect();
-            let sum: f32 = exp.iter().sum();
-            let probs: Vec<f32> = exp.iter().map(|e| e / sum).collect();
-            let mut order: Vec<usize> = (0..probs.len()).collect();
-            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
-            let chosen = &order[..routing.top_k];
-            let total: f32 = if routing.norm_topk_prob { chosen.iter().map(|&e| probs[e]).sum() } else { 1.0 };
-            for &e in chosen {
+            let (chosen, weight): (Vec<usize>, Vec<f32>) = match routing.grouped {
+                None => {
+                    let top = l.iter().cloned().fold(f32::MIN, f32::max);
+                    let exp: Vec<f32> = l.iter().map(|v| (v - top).exp()).collect();
+                    let sum: f32 = exp.iter().sum();
+                    let probs: Vec<f32> = exp.iter().map(|e| e / sum).collect();
+                    let chosen = largest(&probs, routing.top_k);
+                    let total: f32 = if routing.norm_topk_prob { chosen.iter().map(|&e| probs[e]).sum() } else { 1.0 };
+                    (chosen, probs.iter().map(|p| p / total).collect())
+                }
+                Some((n_group, topk_group, scale)) => {
+                    // transformers' DeepseekV3TopkRouter.
+                    let scores: Vec<f32> = l.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect();
+                    let bias = self.tensors[&format!("{p}.gate.e_score_correction_bias")].to_vec1::<f32>().unwrap();
+                    let biased: Vec<f32> = scores.iter().zip(&bias).map(|(s, b)| s + b).collect();
+                    let size = biased.len() / n_group;
+                    let group_scores: Vec<f32> =
+                        biased.chunks(size).map(|g| largest(g, 2).into_iter().map(|i| g[i]).sum()).collect();
+                    let kept = largest(&group_scores, topk_group);
+                    let masked: Vec<f32> =
+                        (0..biased.len()).map(|e| if kept.contains(&(e / size)) { biased[e] } else { 0.0 }).collect();
+                    let chosen = largest(&masked, routing.top_k);
+                    let total: f32 = if routing.norm_topk_prob {
+                        chosen.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20
+                    } else {
+                        1.0
+                    };
+                    (chosen, scores.iter().map(|s| s / total * scale as f32).collect())
+                }
+            };
+            for e in chosen {
                 let y = self.mlp(&format!("{p}.experts.{e}"), &x[t..=t]);
                 for (o, v) in out[t].iter_mut().zip(&y[0]) {
-                    *o += probs[e] / total * v;
+                    *o += weight[e] * v;
                 }
             }
         }
@@ -219,6 +251,9 @@ impl Reference<'_> {
                     *o += g * v;
                 }
             }
+        }
+        if self.get(&format!("{p}.shared_experts.gate_proj.weight")).is_some() {
+            out = add(&out, &self.mlp(&format!("{p}.shared_experts"), x));
         }
         out
     }
