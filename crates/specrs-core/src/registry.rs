@@ -197,9 +197,12 @@ pub fn builtin_speculators() -> Vec<SpeculatorSpec> {
     let mut out = Vec::new();
     for arch in BUILTIN_ARCHITECTURES {
         for &(method, draft_arch, pipeline) in DRAFTS {
-            // MTP heads inside the target checkpoint exist for MiMo; speculators MTP drafts
-            // attach to any target.
-            if method == SpeculativeMethod::Mtp && draft_arch.is_none() && arch.name != "MiMoForCausalLM" {
+            // MTP heads inside the target checkpoint exist for MiMo and GLM-4.5; speculators MTP
+            // drafts attach to any target.
+            if method == SpeculativeMethod::Mtp
+                && draft_arch.is_none()
+                && !matches!(arch.name, "MiMoForCausalLM" | "Glm4MoeForCausalLM")
+            {
                 continue;
             }
             out.push(SpeculatorSpec {
@@ -307,11 +310,12 @@ mod tests {
                 assert!(specs.iter().any(|s| s.base == target && s.method == m), "{target} {m}");
             }
         }
-        assert!(
-            specs
-                .iter()
-                .any(|s| s.base == "MiMoForCausalLM" && s.method == SpeculativeMethod::Mtp && s.draft_arch.is_none())
-        );
+        for target in ["MiMoForCausalLM", "Glm4MoeForCausalLM"] {
+            assert!(
+                specs.iter().any(|s| s.base == target && s.method == SpeculativeMethod::Mtp && s.draft_arch.is_none()),
+                "{target} carries its own MTP heads"
+            );
+        }
         assert!(specs.iter().filter(|s| s.method.is_block_draft()).all(|s| s.checkpoint_draft_width));
     }
 

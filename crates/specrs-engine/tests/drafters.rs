@@ -411,3 +411,69 @@ fn a_qwen3_moe_target_speculates_losslessly() {
         }
     }
 }
+
+/// A GLM-4.5 config over `SHAPE`: 8 experts in 4 groups, `dense` leading dense layers.
+fn glm45(dense: usize) -> (serde_json::Value, testing::TinyMoe) {
+    let moe = testing::TinyMoe {
+        experts: 8,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: Some(32),
+        norm_topk_prob: true,
+        dense_layers: (0..dense).collect(),
+        groups: (4, 2, 2.5),
+    };
+    let mut cfg = testing::moe_target_config(Architecture::Glm4Moe, &SHAPE, &moe);
+    cfg["num_nextn_predict_layers"] = json!(1);
+    (cfg, moe)
+}
+
+#[test]
+fn glm45_mtp_heads_inside_the_checkpoint_are_accepted_at_every_position() {
+    // A bigram target as GLM-4.5 (every layer dense, biased attention) with its MTP head at
+    // layer 4, built to predict it exactly.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("glm45-bigram");
+    let (cfg, _) = glm45(SHAPE.layers);
+    let mut tensors = testing::bigram_target(Architecture::Qwen2, &SHAPE).unwrap();
+    tensors.extend(testing::glm_mtp_layout(&SHAPE, testing::mtp_oracle(&SHAPE).unwrap().1, SHAPE.layers).unwrap());
+    write(&target, &cfg, &tensors);
+    let plain = run(&engine(&target, None, None, 0), &[20; 4]);
+    let spec = run(&engine(&target, None, Some(SpeculativeMethod::Mtp), 3), &[20; 4]);
+    for (p, s) in plain.iter().zip(&spec) {
+        assert_eq!(p.token_ids, s.token_ids);
+        assert!(s.metrics.num_draft_tokens > 0);
+        assert_eq!(s.metrics.num_accepted_tokens, s.metrics.num_draft_tokens, "the GLM MTP head predicts exactly");
+    }
+}
+
+#[test]
+fn a_glm45_target_with_its_routed_mtp_head_speculates_losslessly() {
+    // Sparse layers 1..4 and a random MTP head whose decoder layer routes to experts too (the
+    // random target's fifth layer, past num_hidden_layers).
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("glm45");
+    let (cfg, moe) = glm45(1);
+    let five = TinyShape { layers: SHAPE.layers + 1, ..SHAPE };
+    let mut tensors = testing::random_moe_target(Architecture::Glm4Moe, &five, &moe, 31).unwrap();
+    let mtp = format!("model.layers.{}", SHAPE.layers);
+    let h = SHAPE.hidden;
+    for (name, shape, seed) in
+        [("enorm.weight", vec![h], 1), ("hnorm.weight", vec![h], 2), ("shared_head.norm.weight", vec![h], 3)]
+    {
+        tensors.insert(format!("{mtp}.{name}"), (testing::random_tensor(&shape, 0.2, seed).unwrap() + 1.0).unwrap());
+    }
+    tensors.insert(format!("{mtp}.eh_proj.weight"), testing::random_tensor(&[h, 2 * h], 0.1, 4).unwrap());
+    write(&target, &cfg, &tensors);
+    let lengths = [17, 5, 30, 9];
+    let plain = run(&engine(&target, None, None, 0), &lengths);
+    for (i, out) in plain.iter().enumerate() {
+        assert_eq!(out.token_ids, model_greedy(&target, &prompts()[i], lengths[i]), "request {i}: engine vs model");
+    }
+    for k in [1, 3] {
+        let spec = run(&engine(&target, None, Some(SpeculativeMethod::Mtp), k), &lengths);
+        for (p, s) in plain.iter().zip(&spec) {
+            assert_eq!(p.token_ids, s.token_ids, "GLM-4.5 MTP K={k}");
+        }
+    }
+}

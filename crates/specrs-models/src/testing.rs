@@ -468,6 +468,36 @@ pub fn mimo_mtp_oracle(s: &TinyShape) -> Result<HashMap<String, Tensor>> {
     Ok(t)
 }
 
+/// GLM-4.5's layout of an MTP head inside the target checkpoint (DeepSeek-V3's:
+/// `model.layers.{layer}.*` with `enorm`, `hnorm`, `eh_proj` over [embedding, hidden] and
+/// `shared_head.norm`), renamed from a speculators `mtp_layers.0` head's tensors, with zero
+/// q/k/v biases for GLM's biased attention.
+pub fn glm_mtp_layout(
+    s: &TinyShape,
+    speculators: HashMap<String, Tensor>,
+    layer: usize,
+) -> Result<HashMap<String, Tensor>> {
+    let p = format!("model.layers.{layer}");
+    let mut t = HashMap::new();
+    for (name, tensor) in speculators {
+        let tail = name.strip_prefix("mtp_layers.0.").expect("a speculators MTP tensor");
+        let tail = match tail {
+            "hidden_layernorm.weight" => "hnorm.weight",
+            "token_layernorm.weight" => "enorm.weight",
+            "input_proj.weight" => "eh_proj.weight",
+            "final_layernorm.weight" => "shared_head.norm.weight",
+            other => other,
+        };
+        t.insert(format!("{p}.{tail}"), tensor);
+    }
+    for (n, d) in
+        [("q_proj", s.heads * s.head_dim), ("k_proj", s.kv_heads * s.head_dim), ("v_proj", s.kv_heads * s.head_dim)]
+    {
+        t.entry(format!("{p}.self_attn.{n}.bias")).or_insert(Tensor::zeros(d, DType::F32, &Device::Cpu)?);
+    }
+    Ok(t)
+}
+
 /// MTP head (speculators `mtp` format, `mtp_layers.0.*`) that predicts the bigram target
 /// perfectly: `input_proj` keeps the embedding half, the layer adds nothing.
 pub fn mtp_oracle(s: &TinyShape) -> Result<(Value, HashMap<String, Tensor>)> {

@@ -9,7 +9,8 @@ use crate::batch::ForwardBatch;
 use crate::config::DecoderConfig;
 use crate::error::Result as LoadResult;
 use crate::kv_cache::PagedKvCache;
-use crate::models::transformer::{Mlp, SelfAttention};
+use crate::models::transformer::{FeedForward, Mlp, SelfAttention};
+use crate::moe::SparseMoe;
 use crate::norm::RmsNorm;
 use crate::rope::RotaryEmbedding;
 use crate::weights::WeightStore;
@@ -19,12 +20,13 @@ pub struct DraftLayer {
     pub input_layernorm: Option<RmsNorm>,
     pub self_attn: SelfAttention,
     pub post_attention_layernorm: RmsNorm,
-    pub mlp: Mlp,
+    pub mlp: FeedForward,
 }
 
 impl DraftLayer {
     /// Loads `{prefix}.*` with attention inputs `attn_in` wide; `input_layernorm` only when the
-    /// checkpoint has it.
+    /// checkpoint has it; routed experts in place of the MLP where `cfg` has them and the
+    /// checkpoint a router (GLM-4.5's MTP layer).
     pub fn load(store: &WeightStore, prefix: &str, cfg: &DecoderConfig, attn_in: usize) -> LoadResult<Self> {
         let (nh, nkv, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         let ln = format!("{prefix}.input_layernorm.weight");
@@ -51,7 +53,17 @@ impl DraftLayer {
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
             )?,
-            mlp: Mlp::load(store, &format!("{prefix}.mlp"), cfg.hidden_size, cfg.intermediate_size)?,
+            mlp: match &cfg.moe {
+                Some(moe) if store.contains(&format!("{prefix}.mlp.gate.weight")) => FeedForward::Sparse(Box::new(
+                    SparseMoe::load(store, &format!("{prefix}.mlp"), cfg.hidden_size, moe)?,
+                )),
+                _ => FeedForward::Dense(Mlp::load(
+                    store,
+                    &format!("{prefix}.mlp"),
+                    cfg.hidden_size,
+                    cfg.intermediate_size,
+                )?),
+            },
         })
     }
 

@@ -6,10 +6,16 @@
 //!   (q/k/v bias), `final_layernorm`; the target's `lm_head`.
 //! - **speculators `mtp`** (`MTPDraftModel`, a separate checkpoint): `mtp_layers.0.*` with
 //!   `input_proj` over **[embedding, hidden]**, the layer type of `transformer_layer_config`.
+//! - **GLM-4.5** (`Glm4MoeForCausalLM`, inside the target checkpoint, DeepSeek-V3's layout):
+//!   `model.layers.{num_hidden_layers}.*` with `enorm` (embedding), `hnorm` (hidden),
+//!   `eh_proj` over **[embedding, hidden]**, a GLM-4.5 decoder layer (routed experts),
+//!   `shared_head.norm` and `shared_head.head` (the target's head where the checkpoint leaves
+//!   it out).
 //!
 //! One step at position `t`: `u = input_proj(concat(...hidden_layernorm(h_t),
-//! token_layernorm(embed(x_{t+1}))...))`, `y = final_layernorm(layer(u))`, logits
-//! `lm_head(y)`; `y` is the hidden state of the next step. `h_t` of the first step is the
+//! token_layernorm(embed(x_{t+1}))...))`, `y = layer(u)`, logits `lm_head(final_layernorm(y))`.
+//! The next step's hidden state is `final_layernorm(y)` for MiMo and speculators heads and `y`
+//! itself for DeepSeek-style heads (as vLLM chains them). `h_t` of the first step is the
 //! target's final normed hidden state.
 
 use std::path::Path;
@@ -35,6 +41,36 @@ pub enum MtpFormat {
     MiMo,
     /// A speculators `mtp` checkpoint; embedding first.
     Speculators,
+    /// DeepSeek-V3-style heads inside a GLM-4.5 target checkpoint; embedding first, the raw
+    /// layer output chained.
+    DeepSeek,
+}
+
+/// The tensor names of one format's fusion and head.
+struct MtpNames {
+    hidden_layernorm: &'static str,
+    token_layernorm: &'static str,
+    input_proj: &'static str,
+    final_layernorm: &'static str,
+}
+
+impl MtpFormat {
+    fn names(self) -> MtpNames {
+        match self {
+            Self::MiMo | Self::Speculators => MtpNames {
+                hidden_layernorm: "hidden_layernorm",
+                token_layernorm: "token_layernorm",
+                input_proj: "input_proj",
+                final_layernorm: "final_layernorm",
+            },
+            Self::DeepSeek => MtpNames {
+                hidden_layernorm: "hnorm",
+                token_layernorm: "enorm",
+                input_proj: "eh_proj",
+                final_layernorm: "shared_head.norm",
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -74,15 +110,29 @@ impl MtpDraft {
             dtype,
             store.device(),
         )?;
+        let names = format.names();
+        let own = |name: &str| store.contains(&format!("{prefix}.{name}.weight"));
+        let v = layer_cfg.vocab_size;
         Ok(Self {
             format,
-            hidden_layernorm: RmsNorm::load(store, &format!("{prefix}.hidden_layernorm.weight"), h, eps)?,
-            token_layernorm: RmsNorm::load(store, &format!("{prefix}.token_layernorm.weight"), h, eps)?,
-            input_proj: store.linear(&format!("{prefix}.input_proj"), h, 2 * h, false)?,
+            hidden_layernorm: RmsNorm::load(store, &format!("{prefix}.{}.weight", names.hidden_layernorm), h, eps)?,
+            token_layernorm: RmsNorm::load(store, &format!("{prefix}.{}.weight", names.token_layernorm), h, eps)?,
+            input_proj: store.linear(&format!("{prefix}.{}", names.input_proj), h, 2 * h, false)?,
             layer: DraftLayer::load(store, prefix, &layer_cfg, h)?,
-            final_layernorm: RmsNorm::load(store, &format!("{prefix}.final_layernorm.weight"), h, eps)?,
-            embed_tokens: target.embed_tokens().clone(),
-            lm_head: target.lm_head_weight().clone(),
+            final_layernorm: RmsNorm::load(store, &format!("{prefix}.{}.weight", names.final_layernorm), h, eps)?,
+            // DeepSeek-style heads may carry their own copies of the embedding and the head.
+            embed_tokens: match format {
+                MtpFormat::DeepSeek if own("embed_tokens") => {
+                    store.embedding_weight(&format!("{prefix}.embed_tokens.weight"), v, h)?
+                }
+                _ => target.embed_tokens().clone(),
+            },
+            lm_head: match format {
+                MtpFormat::DeepSeek if own("shared_head.head") => {
+                    store.linear_weight(&format!("{prefix}.shared_head.head.weight"), v, h)?
+                }
+                _ => target.lm_head_weight().clone(),
+            },
             rope,
             device: store.device().clone(),
             dtype,
@@ -91,13 +141,26 @@ impl MtpDraft {
         })
     }
 
-    /// The MTP heads stored in a MiMo target checkpoint (`num_nextn_predict_layers >= 1`).
+    /// The MTP heads stored in a MiMo or GLM-4.5 target checkpoint
+    /// (`num_nextn_predict_layers >= 1`).
     pub fn load_from_target(store: &WeightStore, target: &CausalLm) -> LoadResult<Self> {
+        // GLM-4.5 (DeepSeek-V3's layout): the first head is the layer after the last decoder layer.
+        let deepseek = format!("model.layers.{}", target.config().num_hidden_layers);
+        if store.contains(&format!("{deepseek}.eh_proj.weight")) {
+            return Self::load_prefixed(
+                store,
+                &deepseek,
+                MtpFormat::DeepSeek,
+                target.config().clone(),
+                target,
+                Some(1),
+            );
+        }
         let prefix = "model.mtp_layers.0";
         if !store.contains(&format!("{prefix}.input_proj.weight")) {
             return Err(ModelError::MissingTensor {
                 name: format!(
-                    "{prefix}.input_proj.weight (the target checkpoint has no MTP heads; use a target with num_nextn_predict_layers >= 1 or pass a speculators mtp draft)"
+                    "{prefix}.input_proj.weight or {deepseek}.eh_proj.weight (the target checkpoint has no MTP heads; use a target with num_nextn_predict_layers >= 1 or pass a speculators mtp draft)"
                 ),
                 source_desc: store.description().to_string(),
             });
@@ -150,6 +213,7 @@ impl SequentialDraftModel for MtpDraft {
         match self.format {
             MtpFormat::MiMo => "MTP (MiMo)",
             MtpFormat::Speculators => "MTP",
+            MtpFormat::DeepSeek => "MTP (GLM-4.5)",
         }
     }
 
@@ -168,10 +232,10 @@ impl SequentialDraftModel for MtpDraft {
         let ids = Tensor::from_slice(&batch.input_ids, batch.num_tokens(), &self.device)?;
         let emb = self.token_layernorm.forward(&self.embed_tokens.embed(&ids)?.to_dtype(self.dtype)?)?;
         let hid = self.hidden_layernorm.forward(&hidden.to_dtype(self.dtype)?)?;
-        // 1. Fuse: MiMo puts the hidden state first, speculators the embedding.
+        // 1. Fuse: MiMo puts the hidden state first, the others the embedding.
         let fused = match self.format {
             MtpFormat::MiMo => Tensor::cat(&[&hid, &emb], D::Minus1)?,
-            MtpFormat::Speculators => Tensor::cat(&[&emb, &hid], D::Minus1)?,
+            MtpFormat::Speculators | MtpFormat::DeepSeek => Tensor::cat(&[&emb, &hid], D::Minus1)?,
         };
         let u = self.input_proj.forward(&fused)?;
         // 2. An ordinary pre-norm decoder layer, then the final norm.
@@ -179,11 +243,13 @@ impl SequentialDraftModel for MtpDraft {
             Some(n) => n.forward(&u)?,
             None => u.clone(),
         };
-        let y = self.final_layernorm.forward(&self.layer.forward(&attn_in, &u, &self.rope, kv, batch)?)?;
-        // 3. Logits with the target's head.
+        let raw = self.layer.forward(&attn_in, &u, &self.rope, kv, batch)?;
+        let y = self.final_layernorm.forward(&raw)?;
+        // 3. Logits with the head; DeepSeek-style heads chain the un-normed output.
         let logits =
             super::logits_at(&y, &batch.logits_indices, self.layer_cfg.vocab_size, |at| self.lm_head.matmul_t(at))?;
-        Ok((y, DraftLogits { logits, draft_to_target: None }))
+        let next_hidden = if self.format == MtpFormat::DeepSeek { raw } else { y };
+        Ok((next_hidden, DraftLogits { logits, draft_to_target: None }))
     }
 
     fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
