@@ -521,6 +521,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Qwen3MoeForCausalLM",
         "Qwen2MoeForCausalLM",
         "Glm4MoeForCausalLM",
+        "InternLM2ForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

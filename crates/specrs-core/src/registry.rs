@@ -147,6 +147,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: false,
     },
     ArchitectureSpec {
+        name: "InternLM2ForCausalLM",
+        example_repo_ids: &["internlm/internlm2_5-7b-chat", "internlm/internlm2-chat-1_8b"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "Phi3ForCausalLM",
         example_repo_ids: &["microsoft/Phi-4-mini-instruct", "microsoft/Phi-3.5-mini-instruct"],
         default_weights_format: "safetensors",

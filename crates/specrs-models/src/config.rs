@@ -23,6 +23,9 @@ pub enum Architecture {
     /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B): Qwen3's attention, sparse
     /// experts.
     Qwen3Moe,
+    /// InternLM2 / InternLM2.5: Llama's layer under other names, q/k/v fused per key-value
+    /// group (`attention.wqkv`).
+    InternLm2,
     /// GLM-4.5 / 4.6 / 4.7 and their Air models: q/k/v bias, optional q/k norm, RoPE over half of
     /// each head, leading dense layers, then DeepSeek-V3-style sigmoid-routed experts with a
     /// shared expert.
@@ -41,6 +44,7 @@ impl Architecture {
         ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
+        ("InternLM2ForCausalLM", Architecture::InternLm2),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -81,6 +85,7 @@ impl Architecture {
             Self::Qwen2Moe => "Qwen2MoeForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
+            Self::InternLm2 => "InternLM2ForCausalLM",
         }
     }
 
@@ -94,6 +99,7 @@ impl Architecture {
             Self::Qwen2Moe => "qwen2_moe",
             Self::Qwen3Moe => "qwen3_moe",
             Self::Glm4Moe => "glm4_moe",
+            Self::InternLm2 => "internlm2",
         }
     }
 
@@ -330,6 +336,18 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
     })
 }
 
+/// InternLM2's `bias` puts a bias on `wqkv` and on `wo`; no released checkpoint sets it, and
+/// the output projection here has none.
+fn internlm2_bias(v: &Value, architecture: Architecture) -> Result<bool> {
+    if architecture == Architecture::InternLm2 && v.get("bias").and_then(Value::as_bool) == Some(true) {
+        return Err(ModelError::config(
+            "bias",
+            "InternLM2 with biased projections (bias: true) is not supported; released InternLM2 checkpoints set bias: false",
+        ));
+    }
+    Ok(false)
+}
+
 impl DecoderConfig {
     /// Reads a Hugging Face `config.json` value. The family comes from `architectures[0]`.
     pub fn from_hf_json(v: &Value) -> Result<Self> {
@@ -378,13 +396,16 @@ impl DecoderConfig {
                             .unwrap_or(8192.0),
                     }),
                     "linear" => Some(RopeScaling::Linear { factor: opt_f64(rs, "factor").unwrap_or(1.0) }),
+                    // Dynamic NTK changes the base only past max_position_embeddings, which
+                    // max_model_len never passes: inside the context it is plain RoPE.
+                    "dynamic" => None,
                     // "su" is the name Phi-3's first 128k checkpoints gave LongRoPE.
                     "longrope" | "su" => Some(long_rope(v, rs, max_position_embeddings)?),
                     other => {
                         return Err(ModelError::config(
                             "rope_scaling",
                             format!(
-                                "rope scaling type '{other}' is not supported (supported: llama3, linear, longrope)"
+                                "rope scaling type '{other}' is not supported (supported: llama3, linear, longrope, dynamic)"
                             ),
                         ));
                     }
@@ -395,7 +416,7 @@ impl DecoderConfig {
         // that only applies with `use_sliding_window`, which no supported checkpoint sets.
         let sliding_window = match architecture {
             Architecture::Llama | Architecture::Phi3 => v.get("sliding_window").and_then(Value::as_u64),
-            Architecture::Glm4Moe => None,
+            Architecture::Glm4Moe | Architecture::InternLm2 => None,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
                     return Err(ModelError::config(
@@ -423,10 +444,8 @@ impl DecoderConfig {
             rope_scaling,
             max_position_embeddings,
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
-            attention_bias: v
-                .get("attention_bias")
-                .and_then(Value::as_bool)
-                .unwrap_or(architecture.qkv_bias_by_default()),
+            attention_bias: internlm2_bias(v, architecture)?
+                || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(architecture.qkv_bias_by_default()),
             qk_norm: architecture.has_qk_norm()
                 || (architecture == Architecture::Glm4Moe
                     && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false)),

@@ -37,4 +37,4 @@ pub use config::{Architecture, DecoderConfig, MoeConfig, RopeScaling, Router, Sh
 pub use error::{ModelError, Result};
 pub use kv_cache::PagedKvCache;
 pub use models::{CausalLm, ForwardOutput, load_causal_lm};
-pub use weights::{ModelDType, WeightStore};
+pub use weights::{Alias, Aliases, ModelDType, WeightStore};

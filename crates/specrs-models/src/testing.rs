@@ -118,6 +118,43 @@ pub fn fused_as_phi3(mut tensors: HashMap<String, Tensor>, s: &TinyShape) -> Res
     Ok(tensors)
 }
 
+/// A Llama checkpoint's tensors stored as InternLM2 stores them: renamed, and q/k/v fused into
+/// `attention.wqkv` with each key-value head's query heads, key and value side by side.
+pub fn as_internlm2(tensors: HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {
+    let groups = s.heads / s.kv_heads;
+    let mut out = HashMap::new();
+    for (name, t) in tensors {
+        let renamed = match name.as_str() {
+            "model.embed_tokens.weight" => "model.tok_embeddings.weight".to_string(),
+            "lm_head.weight" => "output.weight".to_string(),
+            _ => name
+                .replace(".self_attn.o_proj.", ".attention.wo.")
+                .replace(".input_layernorm.", ".attention_norm.")
+                .replace(".post_attention_layernorm.", ".ffn_norm.")
+                .replace(".mlp.gate_proj.", ".feed_forward.w1.")
+                .replace(".mlp.up_proj.", ".feed_forward.w3.")
+                .replace(".mlp.down_proj.", ".feed_forward.w2."),
+        };
+        out.insert(renamed, t);
+    }
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        let mut take = |n: &str| out.remove(&format!("{p}.self_attn.{n}_proj.weight")).expect("a Llama projection");
+        let (q, k, v) = (take("q"), take("k"), take("v"));
+        let head = |t: &Tensor, h: usize| t.narrow(0, h * s.head_dim, s.head_dim);
+        let mut blocks = Vec::new();
+        for h in 0..s.kv_heads {
+            for j in 0..groups {
+                blocks.push(head(&q, h * groups + j)?);
+            }
+            blocks.push(head(&k, h)?);
+            blocks.push(head(&v, h)?);
+        }
+        out.insert(format!("{p}.attention.wqkv.weight"), Tensor::cat(&blocks, 0)?);
+    }
+    Ok(out)
+}
+
 /// Experts of a tiny mixture-of-experts target.
 #[derive(Debug, Clone)]
 pub struct TinyMoe {

@@ -1,6 +1,7 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
 pub mod glm4_moe;
+pub mod internlm2;
 pub mod llama;
 pub mod phi3;
 pub mod qwen2;
@@ -30,12 +31,16 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
             let cfg = DecoderConfig::from_hf_json(&json)?;
+            if cfg.architecture == Architecture::InternLm2 {
+                store.set_aliases(internlm2::aliases(&cfg))?;
+            }
             Ok(match cfg.architecture {
                 Architecture::Llama => llama::adapt(cfg),
                 Architecture::Qwen2 | Architecture::Qwen2Moe => qwen2::adapt(cfg),
                 Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::adapt(cfg),
                 Architecture::Phi3 => phi3::adapt(cfg),
                 Architecture::Glm4Moe => glm4_moe::adapt(cfg),
+                Architecture::InternLm2 => internlm2::adapt(cfg),
             })
         }
     }

@@ -5,8 +5,9 @@ mod dtype;
 pub mod gguf;
 pub mod safetensors;
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -23,17 +24,71 @@ pub enum WeightSource {
     Gguf(GgufSource),
 }
 
+/// A tensor a checkpoint stores under another name, or as some rows of another tensor
+/// (InternLM2's fused, head-interleaved `wqkv` read as q, k and v).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Alias {
+    pub source: String,
+    /// Rows of `source` to gather, in order; all of them when `None`.
+    pub rows: Option<Vec<u32>>,
+}
+
+/// Hugging Face (Llama) names a checkpoint stores otherwise.
+pub type Aliases = HashMap<String, Alias>;
+
 /// A checkpoint opened for loading, plus the device and dtype policy to load it with.
 pub struct WeightStore {
     source: WeightSource,
     device: Device,
     dtype: ModelDType,
+    /// Set once the architecture is known (`models::read_config`).
+    aliases: OnceLock<Aliases>,
 }
 
 impl WeightStore {
     pub fn new(source: WeightSource, device: Device, dtype: ModelDType) -> Result<Self> {
         dtype.check_device(&device)?;
-        Ok(Self { source, device, dtype })
+        Ok(Self { source, device, dtype, aliases: OnceLock::new() })
+    }
+
+    /// Reads the names in `aliases` from where the checkpoint keeps them. Set once; a second
+    /// call with the same table is a no-op.
+    pub fn set_aliases(&self, aliases: Aliases) -> Result<()> {
+        let kept = self.aliases.get_or_init(|| aliases.clone());
+        if *kept != aliases {
+            return Err(ModelError::Unsupported("a weight store's aliases cannot change once set".into()));
+        }
+        Ok(())
+    }
+
+    fn alias(&self, name: &str) -> Option<&Alias> {
+        self.aliases.get().and_then(|a| a.get(name))
+    }
+
+    /// A safetensors tensor by name, through the aliases (rows gathered on `device`).
+    fn load_safetensors(&self, s: &SafetensorsSource, name: &str, device: &Device) -> Result<Tensor> {
+        match self.alias(name) {
+            None => s.load_raw(name, device),
+            Some(Alias { source, rows: None }) => s.load_raw(source, device),
+            Some(Alias { source, rows: Some(rows) }) => {
+                let t = s.load_raw(source, device)?;
+                Ok(t.index_select(&Tensor::from_slice(rows, rows.len(), device)?, 0)?)
+            }
+        }
+    }
+
+    /// The stored shape of a safetensors tensor, through the aliases.
+    fn safetensors_shape(&self, s: &SafetensorsSource, name: &str) -> Option<Vec<usize>> {
+        match self.alias(name) {
+            None => s.shape(name),
+            Some(Alias { source, rows }) => {
+                let mut shape = s.shape(source)?;
+                if let Some(rows) = rows {
+                    shape[0] = rows.len();
+                }
+                Some(shape)
+            }
+        }
     }
 
     /// Opens a GGUF file, a safetensors file or a checkpoint directory.
@@ -80,7 +135,7 @@ impl WeightStore {
 
     pub fn contains(&self, name: &str) -> bool {
         match &self.source {
-            WeightSource::Safetensors(s) => s.contains(name),
+            WeightSource::Safetensors(s) => s.contains(self.alias(name).map_or(name, |a| a.source.as_str())),
             WeightSource::Gguf(g) => g.contains(name),
         }
     }
@@ -109,7 +164,7 @@ impl WeightStore {
         let dtype = self.compute_dtype();
         match &self.source {
             WeightSource::Safetensors(s) => {
-                let raw = s.load_raw(name, &self.device)?;
+                let raw = self.load_safetensors(s, name, &self.device)?;
                 if raw.dtype().is_float() { Ok(raw.to_dtype(dtype)?) } else { Ok(raw) }
             }
             WeightSource::Gguf(g) => {
@@ -121,7 +176,7 @@ impl WeightStore {
     /// An integer tensor as stored (e.g. EAGLE-3 `d2t` offsets), converted to i64.
     pub fn int_tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let t = match &self.source {
-            WeightSource::Safetensors(s) => s.load_raw(name, &self.device)?,
+            WeightSource::Safetensors(s) => self.load_safetensors(s, name, &self.device)?,
             WeightSource::Gguf(g) => g.load_qtensor(name, &Device::Cpu)?.dequantize(&self.device)?,
         };
         self.check_shape(name, t.dims(), shape)?;
@@ -139,10 +194,10 @@ impl WeightStore {
                 self.place_quantized(name, q)
             }
             WeightSource::Safetensors(s) => {
-                if let Some(shape) = s.shape(name) {
+                if let Some(shape) = self.safetensors_shape(s, name) {
                     self.check_shape(name, &shape, &expected)?;
                 }
-                let w = s.load_raw(name, &Device::Cpu)?;
+                let w = self.load_safetensors(s, name, &Device::Cpu)?;
                 match self.dtype.ggml() {
                     Some(target) => {
                         let q = quantize_or_fallback(&w.to_dtype(DType::F32)?, target)?;

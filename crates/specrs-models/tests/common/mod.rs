@@ -4,6 +4,9 @@
 //! norms, dense MLPs or routed experts with an optional shared expert); what the checkpoint
 //! cannot say (rotary dims and factors, window, routing rule) the test states explicitly.
 
+// Each test binary includes this module and uses a part of it.
+#![allow(dead_code)]
+
 use std::collections::HashMap;
 
 use candle_core::Tensor;
@@ -287,7 +290,6 @@ pub fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
 }
 
 /// Every row within `tolerance` of its reference row.
-#[allow(dead_code)] // not every test binary that includes this module uses it
 pub fn assert_within(got: &[Vec<f32>], want: &[Vec<f32>], tolerance: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: rows");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
