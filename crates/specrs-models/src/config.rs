@@ -135,16 +135,62 @@ pub enum RopeScaling {
         attention_factor: f64,
         extended: bool,
     },
+    /// YaRN: high frequencies kept, low ones divided by the factor, a linear ramp between
+    /// (over the dims whose wavelengths fall between `beta_fast` and `beta_slow` rotations of
+    /// the pretrained context), cos/sin scaled by `attention_factor`.
+    Yarn { params: Yarn, attention_factor: f64 },
 }
 
 impl RopeScaling {
-    /// The factor cos and sin are multiplied by (1 except for LongRoPE).
+    /// The factor cos and sin are multiplied by (1 except for LongRoPE and YaRN).
     pub fn attention_factor(&self) -> f64 {
         match self {
-            Self::LongRope { attention_factor, .. } => *attention_factor,
+            Self::LongRope { attention_factor, .. } | Self::Yarn { attention_factor, .. } => *attention_factor,
             _ => 1.0,
         }
     }
+}
+
+/// YaRN's parameters (Qwen2.5 / Qwen3 long context, DeepSeek-V3, gpt-oss), as transformers
+/// reads them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    /// The pretrained context the correction range is measured against.
+    pub original_max_position_embeddings: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// Round the correction range outwards to whole dims (gpt-oss sets false).
+    pub truncate: bool,
+}
+
+fn yarn(rs: &Value, max_position_embeddings: usize) -> Result<RopeScaling> {
+    let factor = opt_f64(rs, "factor")
+        .filter(|f| *f >= 1.0)
+        .ok_or_else(|| ModelError::config("rope_scaling.factor", "YaRN needs a factor of at least 1"))?;
+    let original = opt_f64(rs, "original_max_position_embeddings").unwrap_or(max_position_embeddings as f64);
+    // transformers: 0.1·mscale·ln(factor) + 1, or DeepSeek's ratio of two such terms.
+    let magnitude = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+    let attention_factor = match (opt_f64(rs, "attention_factor"), opt_f64(rs, "mscale"), opt_f64(rs, "mscale_all_dim"))
+    {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => magnitude(m) / magnitude(all),
+        _ => magnitude(1.0),
+    };
+    let params = Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast: opt_f64(rs, "beta_fast").unwrap_or(32.0),
+        beta_slow: opt_f64(rs, "beta_slow").unwrap_or(1.0),
+        truncate: rs.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+    };
+    if params.beta_fast < params.beta_slow {
+        return Err(ModelError::config(
+            "rope_scaling.beta_fast",
+            format!("must be at least beta_slow ({}), got {}", params.beta_slow, params.beta_fast),
+        ));
+    }
+    Ok(RopeScaling::Yarn { params, attention_factor })
 }
 
 /// How a mixture's router turns its logits into the weights of a token's experts.
@@ -396,6 +442,7 @@ impl DecoderConfig {
                             .unwrap_or(8192.0),
                     }),
                     "linear" => Some(RopeScaling::Linear { factor: opt_f64(rs, "factor").unwrap_or(1.0) }),
+                    "yarn" => Some(yarn(rs, max_position_embeddings)?),
                     // Dynamic NTK changes the base only past max_position_embeddings, which
                     // max_model_len never passes: inside the context it is plain RoPE.
                     "dynamic" => None,
@@ -405,7 +452,7 @@ impl DecoderConfig {
                         return Err(ModelError::config(
                             "rope_scaling",
                             format!(
-                                "rope scaling type '{other}' is not supported (supported: llama3, linear, longrope, dynamic)"
+                                "rope scaling type '{other}' is not supported (supported: llama3, linear, longrope, yarn, dynamic)"
                             ),
                         ));
                     }
@@ -631,8 +678,36 @@ mod tests {
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
         let c = DecoderConfig::from_hf_json(&v).unwrap();
         assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 8.0));
-        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
-        assert!(DecoderConfig::from_hf_json(&v).unwrap_err().to_string().contains("yarn"));
+        v["rope_scaling"] = json!({"rope_type": "mrope", "factor": 4.0});
+        let e = DecoderConfig::from_hf_json(&v).unwrap_err().to_string();
+        assert!(e.contains("mrope") && e.contains("yarn"), "{e}");
+    }
+
+    #[test]
+    fn reads_yarn_as_transformers_does() {
+        let mut v = smollm2();
+        // Qwen2.5's recommended long-context scaling: the default factor 0.1·ln(4) + 1.
+        v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+        let Some(RopeScaling::Yarn { params, attention_factor }) =
+            DecoderConfig::from_hf_json(&v).unwrap().rope_scaling
+        else {
+            panic!("YaRN expected")
+        };
+        assert_eq!((params.factor, params.original_max_position_embeddings, params.truncate), (4.0, 32768.0, true));
+        assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+        // DeepSeek-V3's ratio of two magnitudes (equal here, so 1), and gpt-oss's untruncated range.
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "truncate": false, "beta_fast": 32.0, "beta_slow": 1.0});
+        let Some(RopeScaling::Yarn { params, attention_factor }) =
+            DecoderConfig::from_hf_json(&v).unwrap().rope_scaling
+        else {
+            panic!("YaRN expected")
+        };
+        assert_eq!((attention_factor, params.truncate, params.original_max_position_embeddings), (1.0, false, 8192.0));
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 0.5});
+        assert!(DecoderConfig::from_hf_json(&v).unwrap_err().to_string().contains("rope_scaling.factor"));
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 2.0, "beta_fast": 0.5});
+        assert!(DecoderConfig::from_hf_json(&v).unwrap_err().to_string().contains("beta_fast"));
     }
 
     /// Phi-4-mini-instruct's config.json, factor lists shortened to their real length of 48.

@@ -29,6 +29,28 @@ pub fn inverse_frequencies(rotary_dim: usize, theta: f64, scaling: Option<&RopeS
         Some(RopeScaling::LongRope { short_factor, long_factor, extended, .. }) => {
             divided(if *extended { long_factor } else { short_factor })
         }
+        Some(RopeScaling::Yarn { params, .. }) => {
+            // The dim whose frequency turns `rotations` times over the pretrained context.
+            let dim_of = |rotations: f64| {
+                rotary_dim as f64
+                    * (params.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                    / (2.0 * theta.ln())
+            };
+            let (mut low, mut high) = (dim_of(params.beta_fast), dim_of(params.beta_slow));
+            if params.truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, high) = (low.max(0.0), high.min(rotary_dim as f64 - 1.0));
+            let span = if low == high { 0.001 } else { high - low };
+            base.iter()
+                .enumerate()
+                .map(|(i, &f)| {
+                    // 1 keeps the frequency (fast dims), 0 divides it by the factor (slow ones).
+                    let keep = 1.0 - ((i as f64 - low) / span).clamp(0.0, 1.0);
+                    f / params.factor * (1.0 - keep) + f * keep
+                })
+                .collect()
+        }
         Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
             let low_wavelen = original_max_position_embeddings / low_freq_factor;
             let high_wavelen = original_max_position_embeddings / high_freq_factor;
@@ -186,6 +208,49 @@ mod tests {
                 assert!((got - want).abs() < 1e-5, "extended {extended}: {:?} vs {want:?}", y[0][0]);
             }
         }
+    }
+
+    fn yarn(factor: f64, original: f64, truncate: bool, attention_factor: f64) -> RopeScaling {
+        let params = crate::config::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate,
+        };
+        RopeScaling::Yarn { params, attention_factor }
+    }
+
+    #[test]
+    fn yarn_keeps_fast_dims_divides_slow_ones_and_ramps_between() {
+        // Qwen2.5's recommended YaRN: factor 4 over 32,768 pretrained positions, θ = 1e6,
+        // 128-dim heads. By hand: the dim turning 32 times is 128·ln(32768 / 64π) / (2·ln 1e6)
+        // = 23.6 -> 23, the one turning once 128·ln(32768 / 2π) / (2·ln 1e6) = 39.65 -> 40.
+        let base = inverse_frequencies(128, 1e6, None);
+        let scaled = inverse_frequencies(128, 1e6, Some(&yarn(4.0, 32768.0, true, 1.0)));
+        for i in 0..=23 {
+            assert_eq!(scaled[i], base[i], "dim {i} is kept");
+        }
+        for i in 40..64 {
+            assert!((scaled[i] - base[i] / 4.0).abs() < 1e-18, "dim {i} is interpolated");
+        }
+        // Half way up the ramp (i = 31.5 between 23 and 40 is 0.5): dim 31 keeps 9/17 of its frequency.
+        let keep = 1.0 - 8.0 / 17.0;
+        assert!((scaled[31] - (base[31] / 4.0 * (1.0 - keep) + base[31] * keep)).abs() < 1e-15);
+        // gpt-oss's untruncated range moves the ramp's ends off whole dims.
+        let untruncated = inverse_frequencies(128, 1e6, Some(&yarn(4.0, 32768.0, false, 1.0)));
+        assert_eq!(untruncated[23], base[23], "23 < 23.6: still before the ramp");
+        assert_ne!(untruncated[24], scaled[24], "the ramp starts at 23.6, not 23");
+    }
+
+    #[test]
+    fn yarn_scales_cos_and_sin_by_its_attention_factor() {
+        let dev = Device::Cpu;
+        let scaling = yarn(4.0, 16.0, true, 1.5);
+        let rope = RotaryEmbedding::new(4, 10_000.0, Some(&scaling), 8, DType::F32, &dev).unwrap();
+        let (c, s) = rope.tables(&Tensor::new(&[0u32], &dev).unwrap()).unwrap();
+        assert_eq!(c.to_vec2::<f32>().unwrap()[0], vec![1.5, 1.5], "cos 0 times the factor");
+        assert_eq!(s.to_vec2::<f32>().unwrap()[0], vec![0.0, 0.0]);
     }
 
     #[test]

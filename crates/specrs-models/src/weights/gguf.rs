@@ -207,6 +207,13 @@ impl GgufSource {
                 Some(Value::String(s)) if s == "linear" => {
                     Some(RopeScaling::Linear { factor: self.meta_f64("rope.scaling.factor").unwrap_or(1.0) })
                 }
+                Some(Value::String(s)) if s == "yarn" => Some(self.yarn(max_position_embeddings)?),
+                Some(Value::String(s)) if s != "none" => {
+                    return Err(ModelError::config(
+                        format!("{}.rope.scaling.type", self.arch_key),
+                        format!("rope scaling '{s}' is not supported in GGUF files (supported: linear, yarn)"),
+                    ));
+                }
                 _ => None,
             }
         };
@@ -299,6 +306,25 @@ impl GgufSource {
         }
         let storage = QStorage::from_data(Cow::Owned(data), &Device::Cpu, dtype)?;
         Ok(QTensor::new(storage, (*rows, *cols))?)
+    }
+
+    /// YaRN as llama.cpp keeps it: the factor and pretrained context as metadata, cos/sin
+    /// scaled by `attn_factor` (1 when absent) times YaRN's own `0.1·ln(factor) + 1`, as
+    /// llama.cpp's rope scales them.
+    fn yarn(&self, max_position_embeddings: usize) -> Result<RopeScaling> {
+        let factor = self.meta_f64("rope.scaling.factor").unwrap_or(1.0).max(1.0);
+        let original = self.meta_usize("rope.scaling.original_context_length").unwrap_or(max_position_embeddings);
+        let magnitude = if factor > 1.0 { 0.1 * factor.ln() + 1.0 } else { 1.0 };
+        Ok(RopeScaling::Yarn {
+            params: crate::config::Yarn {
+                factor,
+                original_max_position_embeddings: original as f64,
+                beta_fast: self.meta_f64("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+                beta_slow: self.meta_f64("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+                truncate: true,
+            },
+            attention_factor: self.meta_f64("rope.scaling.attn_factor").unwrap_or(1.0) * magnitude,
+        })
     }
 
     /// Phi-3's LongRoPE as llama.cpp's converter writes it: the factor sets as tensors, the
@@ -434,6 +460,53 @@ mod tests {
         assert_eq!(gguf_name("model.layers.0.mlp.down_proj.weight").as_deref(), Some("blk.0.ffn_down.weight"));
         assert_eq!(gguf_name("model.layers.x.mlp.down_proj.weight"), None);
         assert_eq!(gguf_name("fc.weight"), None);
+    }
+
+    /// A llama GGUF holding only metadata and an embedding, with `extra` metadata.
+    fn metadata_only(extra: &[(&str, Value)]) -> Result<DecoderConfig> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        let mut meta: Vec<(&str, Value)> = vec![
+            ("general.architecture", Value::String("llama".into())),
+            ("llama.embedding_length", Value::U32(8)),
+            ("llama.feed_forward_length", Value::U32(16)),
+            ("llama.block_count", Value::U32(1)),
+            ("llama.attention.head_count", Value::U32(2)),
+            ("llama.vocab_size", Value::U32(4)),
+            ("llama.context_length", Value::U32(4096)),
+            ("llama.rope.freq_base", Value::F32(10_000.0)),
+        ];
+        meta.extend(extra.iter().cloned());
+        let embd =
+            QTensor::quantize(&Tensor::zeros((4, 8), candle_core::DType::F32, &Device::Cpu).unwrap(), GgmlDType::F32)
+                .unwrap();
+        let meta: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+        candle_core::quantized::gguf_file::write(
+            &mut std::fs::File::create(&path).unwrap(),
+            &meta,
+            &[("token_embd.weight", &embd)],
+        )
+        .unwrap();
+        GgufSource::open(&path)?.decoder_config()
+    }
+
+    #[test]
+    fn reads_yarn_and_refuses_unknown_rope_scaling_by_key() {
+        let cfg = metadata_only(&[
+            ("llama.rope.scaling.type", Value::String("yarn".into())),
+            ("llama.rope.scaling.factor", Value::F32(4.0)),
+            ("llama.rope.scaling.original_context_length", Value::U32(1024)),
+        ])
+        .unwrap();
+        let Some(RopeScaling::Yarn { params, attention_factor }) = cfg.rope_scaling else { panic!("YaRN expected") };
+        assert_eq!((params.factor, params.original_max_position_embeddings), (4.0, 1024.0));
+        assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-9);
+        assert!(
+            metadata_only(&[("llama.rope.scaling.type", Value::String("none".into()))]).unwrap().rope_scaling.is_none()
+        );
+        let e =
+            metadata_only(&[("llama.rope.scaling.type", Value::String("longrope2".into()))]).unwrap_err().to_string();
+        assert!(e.contains("llama.rope.scaling.type") && e.contains("longrope2"), "{e}");
     }
 
     #[test]
