@@ -155,6 +155,12 @@ impl SparseMoe {
         }
     }
 
+    /// A mixture from its parts (benchmarks, converters): the router `[E, H]`, the experts, and
+    /// for GLM-4.5's routing the correction bias. Shared experts are loaded from checkpoints only.
+    pub fn from_parts(router: Linear, experts: Vec<Mlp>, choice_bias: Option<Vec<f32>>, config: MoeConfig) -> Self {
+        Self { router, choice_bias, experts, config, shared: None }
+    }
+
     pub fn size_in_bytes(&self) -> usize {
         self.router.weight().size_in_bytes()
             + self.experts.iter().map(Mlp::size_in_bytes).sum::<usize>()

@@ -157,6 +157,11 @@ impl Mlp {
         })
     }
 
+    /// An MLP from its fused gate/up projection (`[2·I, H]`, gate rows first) and down projection.
+    pub fn new(gate_up: FusedLinear, down_proj: Linear) -> Self {
+        Self { gate_up, down_proj }
+    }
+
     /// Loads a checkpoint's fused `gate_up_proj` (`[2·I, H]`, gate rows first).
     pub fn load_fused(store: &WeightStore, prefix: &str, hidden: usize, intermediate: usize) -> LoadResult<Self> {
         let gate_up = store.linear(&format!("{prefix}.gate_up_proj"), 2 * intermediate, hidden, false)?;
