@@ -520,6 +520,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
         "Qwen2MoeForCausalLM",
+        "MixtralForCausalLM",
         "Glm4MoeForCausalLM",
         "InternLM2ForCausalLM",
         "Phi3ForCausalLM",

@@ -140,6 +140,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: false,
     },
     ArchitectureSpec {
+        name: "MixtralForCausalLM",
+        example_repo_ids: &["mistralai/Mixtral-8x7B-Instruct-v0.1"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
+    ArchitectureSpec {
         name: "Glm4MoeForCausalLM",
         example_repo_ids: &["zai-org/GLM-4.5-Air", "zai-org/GLM-4.6"],
         default_weights_format: "safetensors",

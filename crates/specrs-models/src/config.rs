@@ -23,6 +23,9 @@ pub enum Architecture {
     /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B): Qwen3's attention, sparse
     /// experts.
     Qwen3Moe,
+    /// Mixtral 8x7B / 8x22B: Llama's attention, every MLP replaced by experts under
+    /// `block_sparse_moe` (softmax top-2, renormalised).
+    Mixtral,
     /// InternLM2 / InternLM2.5: Llama's layer under other names, q/k/v fused per key-value
     /// group (`attention.wqkv`).
     InternLm2,
@@ -45,6 +48,7 @@ impl Architecture {
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
+        ("MixtralForCausalLM", Architecture::Mixtral),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -86,6 +90,7 @@ impl Architecture {
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
+            Self::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -100,6 +105,7 @@ impl Architecture {
             Self::Qwen3Moe => "qwen3_moe",
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
+            Self::Mixtral => "mixtral",
         }
     }
 
@@ -338,6 +344,20 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
             .ok_or_else(|| ModelError::config("mlp_only_layers", "must be a list of layer indices"))?,
     };
     let usize_or = |key: &str, default: usize| v.get(key).and_then(Value::as_u64).map_or(default, |x| x as usize);
+    if architecture == Architecture::Mixtral {
+        // Every layer sparse, experts as wide as `intermediate_size`, weights always renormalised.
+        return Ok(MoeConfig {
+            num_experts: req_usize(v, "num_local_experts")?,
+            top_k: req_usize(v, "num_experts_per_tok")?,
+            expert_intermediate_size: req_usize(v, "intermediate_size")?,
+            norm_topk_prob: true,
+            router: Router::Softmax,
+            first_k_dense_replace: 0,
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+            shared_expert: None,
+        });
+    }
     let expert_intermediate_size = req_usize(v, "moe_intermediate_size")?;
     let (router, shared_expert, num_experts) = match architecture {
         Architecture::Glm4Moe => (
@@ -462,7 +482,9 @@ impl DecoderConfig {
         // Mistral and Phi-3 attend within their window; Qwen2 configs carry a `sliding_window`
         // that only applies with `use_sliding_window`, which no supported checkpoint sets.
         let sliding_window = match architecture {
-            Architecture::Llama | Architecture::Phi3 => v.get("sliding_window").and_then(Value::as_u64),
+            Architecture::Llama | Architecture::Phi3 | Architecture::Mixtral => {
+                v.get("sliding_window").and_then(Value::as_u64)
+            }
             Architecture::Glm4Moe | Architecture::InternLm2 => None,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -499,7 +521,7 @@ impl DecoderConfig {
             fused_projections: architecture == Architecture::Phi3,
             sliding_window,
             moe: match architecture {
-                Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::Glm4Moe => {
+                Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::Glm4Moe | Architecture::Mixtral => {
                     Some(moe_config(v, architecture)?)
                 }
                 _ => None,

@@ -174,6 +174,13 @@ pub struct TinyMoe {
 /// A Qwen2-MoE / Qwen3-MoE / GLM-4.5 `config.json` for a tiny target.
 pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Value {
     let mut c = target_config(arch, s, false);
+    if arch == Architecture::Mixtral {
+        assert!(m.dense_layers.is_empty() && m.shared_intermediate.is_none(), "Mixtral is sparse throughout");
+        c["num_local_experts"] = json!(m.experts);
+        c["num_experts_per_tok"] = json!(m.top_k);
+        c["intermediate_size"] = json!(m.expert_intermediate);
+        return c;
+    }
     c["num_experts_per_tok"] = json!(m.top_k);
     c["moe_intermediate_size"] = json!(m.expert_intermediate);
     c["norm_topk_prob"] = json!(m.norm_topk_prob);
@@ -198,12 +205,17 @@ pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Valu
     c
 }
 
-/// Random weights with Hugging Face names for a tiny mixture: the attention of Qwen2 and
-/// GLM-4.5 (bias) or Qwen3 (q/k norm), and in each sparse layer a router (GLM-4.5's with its
+/// Random weights with the shared layer's names for a tiny mixture (write Mixtral's with
+/// [`as_mixtral`]): the attention of Llama (Mixtral), Qwen2 and GLM-4.5 (bias) or Qwen3 (q/k
+/// norm), and in each sparse layer a router (GLM-4.5's with its
 /// choice bias), `experts` SwiGLU experts and, with `shared_intermediate`, Qwen2-MoE's gated
 /// shared expert or GLM-4.5's ungated one.
 pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
-    let base = if arch.has_qk_norm() { Architecture::Qwen3 } else { Architecture::Qwen2 };
+    let base = match arch {
+        Architecture::Mixtral => Architecture::Llama,
+        _ if arch.has_qk_norm() => Architecture::Qwen3,
+        _ => Architecture::Qwen2,
+    };
     let mut t = random_target(base, s, false, seed)?;
     let mut k = seed * 1_000;
     let mut next = || {
@@ -242,6 +254,23 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
         }
     }
     Ok(t)
+}
+
+/// A mixture's tensors under Mixtral's names: `block_sparse_moe.gate`, experts' `w1` (gate),
+/// `w3` (up), `w2` (down).
+pub fn as_mixtral(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    tensors
+        .into_iter()
+        .map(|(name, t)| {
+            let name = name
+                .replace(".mlp.gate.", ".block_sparse_moe.gate.")
+                .replace(".mlp.experts.", ".block_sparse_moe.experts.")
+                .replace(".gate_proj.", ".w1.")
+                .replace(".up_proj.", ".w3.")
+                .replace(".down_proj.", ".w2.");
+            (name, t)
+        })
+        .collect()
 }
 
 /// The successor of each token in the bigram target: a single cycle through the vocabulary

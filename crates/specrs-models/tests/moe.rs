@@ -4,9 +4,10 @@
 //!   GLM-4.5's ungated shared expert) and the dense layers kept (`mlp_only_layers`,
 //!   `first_k_dense_replace`) match transformers' forward (`common::Reference`), in one
 //!   prefill and token by token against the paged cache;
-//! - the same checkpoints as llama.cpp's converter writes them (`qwen2moe` / `qwen3moe`, the
-//!   experts stacked into one tensor per projection) load to the same model, in f32 and with
-//!   Q8_0 experts read expert by expert from the stacked bytes;
+//! - the same checkpoints as llama.cpp's converter writes them (`qwen2moe` / `qwen3moe`, Mixtral
+//!   as `llama`; the experts stacked into one tensor per projection, or one tensor each in
+//!   older Mixtral files) load to the same model, in f32 and with Q8_0 experts read expert by
+//!   expert from the stacked bytes;
 //! - configuration errors name their key.
 
 mod common;
@@ -36,6 +37,16 @@ fn qwen3_moe(dense_layers: Vec<usize>) -> TinyMoe {
         dense_layers,
         groups: (1, 1, 1.0),
     }
+}
+
+/// Mixtral's routing on the tiny shape: 4 experts, top-2, renormalised, every layer sparse.
+fn mixtral() -> TinyMoe {
+    TinyMoe { norm_topk_prob: true, ..qwen3_moe(Vec::new()) }
+}
+
+/// The checkpoint as `arch` names it on disk.
+fn on_disk(arch: Architecture, tensors: &HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    if arch == Architecture::Mixtral { testing::as_mixtral(tensors.clone()) } else { tensors.clone() }
 }
 
 /// GLM-4.5-Air's shape, shrunk: a leading dense layer, 8 experts in 4 groups of which each
@@ -86,10 +97,12 @@ fn sparse_and_dense_layers_match_the_transformers_forward() {
         (Architecture::Qwen3Moe, qwen3_moe(vec![1])),
         (Architecture::Qwen2Moe, qwen2_moe()),
         (Architecture::Glm4Moe, glm45()),
+        (Architecture::Mixtral, mixtral()),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let tensors = testing::random_moe_target(arch, &SHAPE, &moe, 5).unwrap();
-        testing::write_checkpoint(dir.path(), &testing::moe_target_config(arch, &SHAPE, &moe), &tensors).unwrap();
+        let config = testing::moe_target_config(arch, &SHAPE, &moe);
+        testing::write_checkpoint(dir.path(), &config, &on_disk(arch, &tensors)).unwrap();
         let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
         assert_eq!(model.config().architecture, arch);
         let want = reference(arch, &tensors, &moe, &ids());
@@ -98,10 +111,29 @@ fn sparse_and_dense_layers_match_the_transformers_forward() {
     }
 }
 
-/// Writes `tensors` as llama.cpp's converter writes a `qwen2moe` / `qwen3moe` GGUF: experts
-/// stacked into `ffn_{gate,up,down}_exps` (`[experts, rows, cols]`), everything in `dtype`
-/// where its rows allow, norms and biases in f32.
-fn write_moe_gguf(path: &Path, arch: Architecture, moe: &TinyMoe, tensors: &HashMap<String, Tensor>, dtype: GgmlDType) {
+/// llama.cpp's row permutation of a Llama q/k projection: GGUF row `h·d + 2i + j` holds
+/// Hugging Face row `h·d + j·(d/2) + i`.
+fn llama_cpp_permuted(t: &Tensor, heads: usize) -> Tensor {
+    let d = t.dim(0).unwrap() / heads;
+    let rows: Vec<u32> = (0..heads)
+        .flat_map(|h| (0..d / 2).flat_map(move |i| (0..2).map(move |j| (h * d + j * (d / 2) + i) as u32)))
+        .collect();
+    t.index_select(&Tensor::new(rows.as_slice(), &Device::Cpu).unwrap(), 0).unwrap()
+}
+
+/// Writes `tensors` as llama.cpp's converter writes a `qwen2moe` / `qwen3moe` GGUF, or Mixtral
+/// as `llama` with permuted q/k rows: experts stacked into `ffn_{gate,up,down}_exps`
+/// (`[experts, rows, cols]`), or (`stacked: false`) one tensor per expert as files written
+/// before llama.cpp stacked them; everything in `dtype` where its rows allow, norms and biases
+/// in f32.
+fn write_moe_gguf(
+    path: &Path,
+    arch: Architecture,
+    moe: &TinyMoe,
+    tensors: &HashMap<String, Tensor>,
+    dtype: GgmlDType,
+    stacked: bool,
+) {
     let quantize = |t: &Tensor| {
         let dims = t.dims();
         let matrix = dims.len() >= 2 && !dims.last().unwrap().is_multiple_of(32) || dims.len() < 2;
@@ -112,19 +144,37 @@ fn write_moe_gguf(path: &Path, arch: Architecture, moe: &TinyMoe, tensors: &Hash
         if name.contains(".experts.") {
             continue;
         }
-        // llama.cpp keeps the shared expert's gate as a vector.
-        let t = if name.ends_with("shared_expert_gate.weight") { t.flatten_all().unwrap() } else { t.clone() };
+        // llama.cpp keeps the shared expert's gate as a vector, and permutes Llama's q and k.
+        let t = if name.ends_with("shared_expert_gate.weight") {
+            t.flatten_all().unwrap()
+        } else if arch == Architecture::Mixtral && name.ends_with("q_proj.weight") {
+            llama_cpp_permuted(t, SHAPE.heads)
+        } else if arch == Architecture::Mixtral && name.ends_with("k_proj.weight") {
+            llama_cpp_permuted(t, SHAPE.kv_heads)
+        } else {
+            t.clone()
+        };
         named.push((gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), quantize(&t)));
     }
     for l in 0..SHAPE.layers {
-        for (proj, stacked) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
+        for (proj, short) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
             let experts: Vec<Tensor> = (0..moe.experts)
                 .map(|e| tensors[&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")].clone())
                 .collect();
-            named.push((format!("blk.{l}.ffn_{stacked}_exps.weight"), quantize(&Tensor::stack(&experts, 0).unwrap())));
+            if stacked {
+                named
+                    .push((format!("blk.{l}.ffn_{short}_exps.weight"), quantize(&Tensor::stack(&experts, 0).unwrap())));
+            } else {
+                for (e, t) in experts.iter().enumerate() {
+                    named.push((format!("blk.{l}.ffn_{short}.{e}.weight"), quantize(t)));
+                }
+            }
         }
     }
-    let key = arch.hf_name().trim_end_matches("ForCausalLM").to_lowercase();
+    let key = match arch {
+        Architecture::Mixtral => "llama".to_string(),
+        _ => arch.hf_name().trim_end_matches("ForCausalLM").to_lowercase(),
+    };
     let u32v = |x: usize| GgufValue::U32(x as u32);
     let mut metadata: Vec<(String, GgufValue)> = vec![
         ("general.architecture".into(), GgufValue::String(key.clone())),
@@ -140,6 +190,7 @@ fn write_moe_gguf(path: &Path, arch: Architecture, moe: &TinyMoe, tensors: &Hash
         (format!("{key}.expert_count"), u32v(moe.experts)),
         (format!("{key}.expert_used_count"), u32v(moe.top_k)),
         (format!("{key}.expert_feed_forward_length"), u32v(moe.expert_intermediate)),
+        (format!("{key}.feed_forward_length"), u32v(moe.expert_intermediate)),
     ];
     if let Some(w) = moe.shared_intermediate {
         metadata.push((format!("{key}.expert_shared_feed_forward_length"), u32v(w)));
@@ -151,15 +202,23 @@ fn write_moe_gguf(path: &Path, arch: Architecture, moe: &TinyMoe, tensors: &Hash
 
 #[test]
 fn gguf_mixtures_load_expert_by_expert_to_the_same_model() {
-    // llama.cpp runs every layer sparse, and renormalises Qwen3-MoE's weights only.
-    for (arch, moe) in [(Architecture::Qwen3Moe, qwen3_moe(Vec::new())), (Architecture::Qwen2Moe, qwen2_moe())] {
+    // llama.cpp runs every layer sparse, and renormalises Qwen3-MoE's and Mixtral's weights.
+    for (arch, moe) in [
+        (Architecture::Qwen3Moe, qwen3_moe(Vec::new())),
+        (Architecture::Qwen2Moe, qwen2_moe()),
+        (Architecture::Mixtral, mixtral()),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let tensors = testing::random_moe_target(arch, &SHAPE, &moe, 9).unwrap();
         let hf = dir.path().join("hf");
-        testing::write_checkpoint(&hf, &testing::moe_target_config(arch, &SHAPE, &moe), &tensors).unwrap();
-        for (dtype, as_loaded) in [(GgmlDType::F32, ModelDType::F32), (GgmlDType::Q8_0, ModelDType::Q8_0)] {
-            let path = dir.path().join(format!("{dtype:?}.gguf"));
-            write_moe_gguf(&path, arch, &moe, &tensors, dtype);
+        testing::write_checkpoint(&hf, &testing::moe_target_config(arch, &SHAPE, &moe), &on_disk(arch, &tensors))
+            .unwrap();
+        let layouts = [(GgmlDType::F32, ModelDType::F32, true), (GgmlDType::Q8_0, ModelDType::Q8_0, true)];
+        // Mixtral files from before llama.cpp stacked experts keep one tensor per expert.
+        let legacy = (arch == Architecture::Mixtral).then_some((GgmlDType::Q8_0, ModelDType::Q8_0, false));
+        for (dtype, as_loaded, stacked) in layouts.into_iter().chain(legacy) {
+            let path = dir.path().join(format!("{dtype:?}-{stacked}.gguf"));
+            write_moe_gguf(&path, arch, &moe, &tensors, dtype, stacked);
             let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::Auto).unwrap();
             let cfg = gguf.config();
             assert_eq!(cfg.architecture, arch);
@@ -170,7 +229,7 @@ fn gguf_mixtures_load_expert_by_expert_to_the_same_model() {
             // but for Qwen2-MoE's shared-expert gate, a vector llama.cpp keeps in f32 while the
             // [1, hidden] matrix is quantized at load (a 1e-2 logit difference).
             let (hf_model, _) = load_causal_lm(&hf, &Device::Cpu, as_loaded).unwrap();
-            let what = format!("{arch:?} {dtype:?}");
+            let what = format!("{arch:?} {dtype:?} stacked {stacked}");
             let (got, want) = (logits(&gguf, &ids(), false), logits(&hf_model, &ids(), false));
             if arch == Architecture::Qwen2Moe && dtype != GgmlDType::F32 {
                 assert_within(&got, &want, 3e-2, &what);

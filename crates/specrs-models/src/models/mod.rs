@@ -3,6 +3,7 @@
 pub mod glm4_moe;
 pub mod internlm2;
 pub mod llama;
+pub mod mixtral;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
@@ -31,8 +32,10 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
             let cfg = DecoderConfig::from_hf_json(&json)?;
-            if cfg.architecture == Architecture::InternLm2 {
-                store.set_aliases(internlm2::aliases(&cfg))?;
+            match cfg.architecture {
+                Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
+                Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
+                _ => {}
             }
             Ok(match cfg.architecture {
                 Architecture::Llama => llama::adapt(cfg),
@@ -41,6 +44,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Phi3 => phi3::adapt(cfg),
                 Architecture::Glm4Moe => glm4_moe::adapt(cfg),
                 Architecture::InternLm2 => internlm2::adapt(cfg),
+                Architecture::Mixtral => mixtral::adapt(cfg),
             })
         }
     }

@@ -115,7 +115,11 @@ impl GgufSource {
                 return Err(ModelError::file(path, "GGUF metadata lacks general.architecture"));
             }
         };
-        let architecture = Architecture::from_gguf_name(&arch_key)?;
+        let mut architecture = Architecture::from_gguf_name(&arch_key)?;
+        // llama.cpp writes Mixtral as `llama` with experts.
+        if architecture == Architecture::Llama && content.metadata.contains_key("llama.expert_count") {
+            architecture = Architecture::Mixtral;
+        }
         let mut src = Self {
             content,
             reader: Mutex::new(reader),
@@ -124,7 +128,7 @@ impl GgufSource {
             arch_key,
             unpermute_heads: None,
         };
-        if architecture == Architecture::Llama {
+        if matches!(architecture, Architecture::Llama | Architecture::Mixtral) {
             let cfg = src.decoder_config()?;
             src.unpermute_heads = Some((cfg.num_attention_heads, cfg.num_key_value_heads));
         }
@@ -139,17 +143,27 @@ impl GgufSource {
         &self.content.metadata
     }
 
+    /// Where this file keeps `hf_name`: [`gguf_location`], or for an expert of a file written
+    /// before llama.cpp stacked them, its own `blk.{l}.ffn_{gate,up,down}.{e}.weight`.
+    fn locate(&self, hf_name: &str) -> Option<(String, Option<usize>)> {
+        let (g, expert) = gguf_location(hf_name)?;
+        match (self.content.tensor_infos.get(&g), expert) {
+            (Some(info), Some(e)) => info.shape.dims().first().is_some_and(|&n| e < n).then_some((g, expert)),
+            (Some(_), None) => Some((g, None)),
+            (None, Some(e)) => {
+                let legacy = format!("{}.{e}.weight", g.strip_suffix("_exps.weight")?);
+                self.content.tensor_infos.contains_key(&legacy).then_some((legacy, None))
+            }
+            (None, None) => None,
+        }
+    }
+
     pub fn contains(&self, hf_name: &str) -> bool {
-        gguf_location(hf_name).is_some_and(|(g, expert)| {
-            self.content.tensor_infos.get(&g).is_some_and(|info| match expert {
-                Some(e) => info.shape.dims().first().is_some_and(|&n| e < n),
-                None => true,
-            })
-        })
+        self.locate(hf_name).is_some()
     }
 
     pub fn stored_dtype(&self, hf_name: &str) -> Option<GgmlDType> {
-        let (g, _) = gguf_location(hf_name)?;
+        let (g, _) = self.locate(hf_name)?;
         self.content.tensor_infos.get(&g).map(|i| i.ggml_dtype)
     }
 
@@ -271,6 +285,17 @@ impl GgufSource {
                     _ => None,
                 },
             },
+            Architecture::Mixtral => MoeConfig {
+                num_experts: self.meta_usize("expert_count")?,
+                top_k: self.meta_usize("expert_used_count")?,
+                expert_intermediate_size: self.meta_usize("feed_forward_length")?,
+                norm_topk_prob: true,
+                router: Router::Softmax,
+                first_k_dense_replace: 0,
+                decoder_sparse_step: 1,
+                mlp_only_layers: Vec::new(),
+                shared_expert: None,
+            },
             _ => return Ok(None),
         };
         Ok(Some(moe))
@@ -358,10 +383,10 @@ impl GgufSource {
     /// Loads a tensor by its Hugging Face name, in the checkpoint's storage format, with
     /// llama.cpp's q/k permutation undone.
     pub fn load_qtensor(&self, hf_name: &str, device: &Device) -> Result<QTensor> {
-        let (gguf, expert) =
-            gguf_location(hf_name).filter(|(g, _)| self.content.tensor_infos.contains_key(g)).ok_or_else(|| {
-                ModelError::MissingTensor { name: hf_name.to_string(), source_desc: self.description.clone() }
-            })?;
+        let (gguf, expert) = self.locate(hf_name).ok_or_else(|| ModelError::MissingTensor {
+            name: hf_name.to_string(),
+            source_desc: self.description.clone(),
+        })?;
         // Permute on the host, then move: row moves are byte copies.
         let t = match expert {
             Some(e) => self.load_expert_raw(&gguf, e)?,
