@@ -160,6 +160,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,
     },
+    // Per-layer windows and RoPE: one fixed-shape step cannot serve every layer.
+    ArchitectureSpec {
+        name: "Gemma3ForCausalLM",
+        example_repo_ids: &["google/gemma-3-1b-it"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "Phi3ForCausalLM",
         example_repo_ids: &["microsoft/Phi-4-mini-instruct", "microsoft/Phi-3.5-mini-instruct"],

@@ -477,3 +477,28 @@ fn a_glm45_target_with_its_routed_mtp_head_speculates_losslessly() {
         }
     }
 }
+
+#[test]
+fn a_gemma3_target_with_local_and_global_layers_speculates_losslessly() {
+    // Layers 0, 2 and 3 attend within 5 keys (shorter than every output here) with their own
+    // RoPE, layer 1 to everything.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("gemma3");
+    write(
+        &target,
+        &testing::gemma3_config(&SHAPE, &[true, false, true, true], 5),
+        &testing::random_gemma3(&SHAPE, 41).unwrap(),
+    );
+    let lengths = [17, 5, 30, 9];
+    let plain = run(&engine(&target, None, None, 0), &lengths);
+    for (i, out) in plain.iter().enumerate() {
+        assert_eq!(out.token_ids, model_greedy(&target, &prompts()[i], lengths[i]), "request {i}: engine vs model");
+    }
+    let e3 = random_head(&dir.path().join("eagle3"), true, 302);
+    for (method, draft) in [(SpeculativeMethod::Eagle, Some(&e3)), (SpeculativeMethod::Ngram, None)] {
+        let spec = run(&engine(&target, draft.map(|d| d.as_path()), Some(method), 3), &lengths);
+        for (p, s) in plain.iter().zip(&spec) {
+            assert_eq!(p.token_ids, s.token_ids, "{method} on Gemma 3");
+        }
+    }
+}

@@ -23,6 +23,11 @@ pub enum Architecture {
     /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B): Qwen3's attention, sparse
     /// experts.
     Qwen3Moe,
+    /// Gemma 3 (text, `Gemma3ForCausalLM`): RMSNorms scaling by `1 + weight`, norms before and
+    /// after attention and MLP, q/k norms, GELU-tanh MLP, embeddings scaled by `sqrt(hidden)`,
+    /// `query_pre_attn_scalar`, and five sliding-window layers with their own RoPE base to
+    /// each full-attention one.
+    Gemma3,
     /// Mixtral 8x7B / 8x22B: Llama's attention, every MLP replaced by experts under
     /// `block_sparse_moe` (softmax top-2, renormalised).
     Mixtral,
@@ -49,6 +54,7 @@ impl Architecture {
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
         ("MixtralForCausalLM", Architecture::Mixtral),
+        ("Gemma3ForCausalLM", Architecture::Gemma3),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -91,6 +97,7 @@ impl Architecture {
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -106,6 +113,7 @@ impl Architecture {
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
             Self::Mixtral => "mixtral",
+            Self::Gemma3 => "gemma3_text",
         }
     }
 
@@ -114,9 +122,9 @@ impl Architecture {
         matches!(self, Self::Qwen2 | Self::Qwen2Moe)
     }
 
-    /// Qwen3's attention: an RMSNorm over each head of q and k.
+    /// Qwen3's (and Gemma 3's) attention: an RMSNorm over each head of q and k.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Qwen3Moe)
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3)
     }
 }
 
@@ -199,6 +207,73 @@ fn yarn(rs: &Value, max_position_embeddings: usize) -> Result<RopeScaling> {
     Ok(RopeScaling::Yarn { params, attention_factor })
 }
 
+/// What Gemma 3 adds to the shared layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GemmaConfig {
+    /// Softmax scale `query_pre_attn_scalar^-0.5` (not `head_dim^-0.5`).
+    pub attention_scale: f64,
+    /// `layer_types[i] == "sliding_attention"`: layer `i` attends within `sliding_window` with
+    /// RoPE at `local_rope_theta` (no scaling); the others attend to everything with the global
+    /// RoPE (`rope_theta`, `rope_scaling`).
+    pub sliding_layers: Vec<bool>,
+    pub sliding_window: usize,
+    pub local_rope_theta: f64,
+}
+
+/// Gemma 3's additions from its `config.json`, with transformers' defaults.
+fn gemma_config(v: &Value, num_hidden_layers: usize, head_dim: usize) -> Result<GemmaConfig> {
+    for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        if v.get(key).is_some_and(|x| !x.is_null()) {
+            return Err(ModelError::config(
+                key,
+                "logit soft-capping (Gemma 2) is not supported; Gemma 3 checkpoints set it to null",
+            ));
+        }
+    }
+    if let Some(act) = v.get("hidden_activation").and_then(Value::as_str)
+        && act != "gelu_pytorch_tanh"
+    {
+        return Err(ModelError::config(
+            "hidden_activation",
+            format!("Gemma's MLP runs gelu_pytorch_tanh, got '{act}'"),
+        ));
+    }
+    let sliding_layers = match v.get("layer_types") {
+        Some(Value::Array(types)) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(ModelError::config(
+                    "layer_types",
+                    format!("each entry is 'sliding_attention' or 'full_attention', got {t}"),
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        _ => {
+            let pattern = v.get("sliding_window_pattern").and_then(Value::as_u64).unwrap_or(6).max(1) as usize;
+            (0..num_hidden_layers).map(|i| !(i + 1).is_multiple_of(pattern)).collect()
+        }
+    };
+    if sliding_layers.len() != num_hidden_layers {
+        return Err(ModelError::config(
+            "layer_types",
+            format!("names {} layers, the model has {num_hidden_layers}", sliding_layers.len()),
+        ));
+    }
+    let scalar = opt_f64(v, "query_pre_attn_scalar").unwrap_or(head_dim as f64);
+    let sliding_window = v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096) as usize;
+    if sliding_window == 0 {
+        return Err(ModelError::config("sliding_window", "must be positive"));
+    }
+    Ok(GemmaConfig {
+        attention_scale: scalar.powf(-0.5),
+        sliding_layers,
+        sliding_window,
+        local_rope_theta: opt_f64(v, "rope_local_base_freq").unwrap_or(10_000.0),
+    })
+}
+
 /// How a mixture's router turns its logits into the weights of a token's experts.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Router {
@@ -277,6 +352,8 @@ pub struct DecoderConfig {
     pub sliding_window: Option<usize>,
     /// Sparse experts in place of the MLP (Qwen2-MoE, Qwen3-MoE).
     pub moe: Option<MoeConfig>,
+    /// Gemma's layer shape and its interleaved local / global attention.
+    pub gemma: Option<GemmaConfig>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -486,6 +563,8 @@ impl DecoderConfig {
                 v.get("sliding_window").and_then(Value::as_u64)
             }
             Architecture::Glm4Moe | Architecture::InternLm2 => None,
+            // Gemma 3's window applies to its sliding layers only (`GemmaConfig`).
+            Architecture::Gemma3 => None,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
                     return Err(ModelError::config(
@@ -512,7 +591,10 @@ impl DecoderConfig {
             rope_theta: opt_f64(v, "rope_theta").unwrap_or(10_000.0),
             rope_scaling,
             max_position_embeddings,
-            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            tie_word_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(architecture == Architecture::Gemma3),
             attention_bias: internlm2_bias(v, architecture)?
                 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(architecture.qkv_bias_by_default()),
             qk_norm: architecture.has_qk_norm()
@@ -524,6 +606,10 @@ impl DecoderConfig {
                 Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::Glm4Moe | Architecture::Mixtral => {
                     Some(moe_config(v, architecture)?)
                 }
+                _ => None,
+            },
+            gemma: match architecture {
+                Architecture::Gemma3 => Some(gemma_config(v, req_usize(v, "num_hidden_layers")?, head_dim)?),
                 _ => None,
             },
             bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
@@ -618,6 +704,20 @@ impl DecoderConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The window every layer attends within (`None` when some or all layers see everything).
+    pub fn uniform_sliding_window(&self) -> Option<usize> {
+        self.sliding_window
+    }
+
+    /// The window layer `layer` attends within.
+    pub fn layer_sliding_window(&self, layer: usize) -> Option<usize> {
+        match &self.gemma {
+            Some(g) if g.sliding_layers.get(layer).copied().unwrap_or(false) => Some(g.sliding_window),
+            Some(_) => None,
+            None => self.sliding_window,
+        }
     }
 
     /// Fixes what depends on the context the model will serve (`max_model_len`, or the

@@ -20,6 +20,16 @@ impl RmsNorm {
         Ok(Self::new(store.tensor(name, &[dim])?, eps))
     }
 
+    /// Gemma's RMSNorm, which scales by `1 + weight`: the stored weight plus one.
+    pub fn load_offset(store: &WeightStore, name: &str, dim: usize, eps: f64) -> LoadResult<Self> {
+        Ok(Self::new((store.tensor(name, &[dim])? + 1.0)?, eps))
+    }
+
+    /// [`Self::load_offset`] when `offset`, else [`Self::load`].
+    pub fn load_as(store: &WeightStore, name: &str, dim: usize, eps: f64, offset: bool) -> LoadResult<Self> {
+        if offset { Self::load_offset(store, name, dim, eps) } else { Self::load(store, name, dim, eps) }
+    }
+
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }

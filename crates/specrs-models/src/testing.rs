@@ -155,6 +155,40 @@ pub fn as_internlm2(tensors: HashMap<String, Tensor>, s: &TinyShape) -> Result<H
     Ok(out)
 }
 
+/// A tiny Gemma 3 `config.json`: `layer_types` as given, a `window`-key sliding window, local
+/// RoPE at base 500 (the global one at 10,000), `query_pre_attn_scalar` 12 (not the head dim).
+pub fn gemma3_config(s: &TinyShape, sliding: &[bool], window: usize) -> Value {
+    let mut c = target_config(Architecture::Gemma3, s, true);
+    let types: Vec<&str> = sliding.iter().map(|&w| if w { "sliding_attention" } else { "full_attention" }).collect();
+    c["layer_types"] = json!(types);
+    c["sliding_window"] = json!(window);
+    c["rope_local_base_freq"] = json!(500.0);
+    c["query_pre_attn_scalar"] = json!(12);
+    c["hidden_activation"] = json!("gelu_pytorch_tanh");
+    c["attn_logit_softcapping"] = Value::Null;
+    c["final_logit_softcapping"] = Value::Null;
+    c
+}
+
+/// Random Gemma 3 weights: Qwen3's (q/k norms) with tied embeddings, plus the two norms around
+/// the MLP; every norm weight near 0, as Gemma stores `scale - 1`.
+pub fn random_gemma3(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Qwen3, s, true, seed)?;
+    let mut k = seed * 1_000;
+    for i in 0..s.layers {
+        for n in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+            k += 1;
+            t.insert(format!("model.layers.{i}.{n}.weight"), random_tensor(&[s.hidden], 0.2, k)?);
+        }
+    }
+    for (name, w) in t.iter_mut() {
+        if name.ends_with("norm.weight") {
+            *w = (w.clone() - 1.0)?;
+        }
+    }
+    Ok(t)
+}
+
 /// Experts of a tiny mixture-of-experts target.
 #[derive(Debug, Clone)]
 pub struct TinyMoe {

@@ -83,6 +83,7 @@ fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMo
             norm_topk_prob: moe.norm_topk_prob,
             grouped: glm.then_some(moe.groups),
         }),
+        gemma: None,
     }
     .logits(ids)
 }

@@ -67,6 +67,7 @@ fn reference(tensors: &HashMap<String, Tensor>, ids: &[u32], factors: [f64; 2], 
         magnitude,
         window: Some(WINDOW),
         routing: None,
+        gemma: None,
     }
     .logits(ids)
 }

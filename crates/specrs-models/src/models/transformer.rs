@@ -61,21 +61,17 @@ impl SelfAttention {
             FusedLinear::new(vec![q, k, v])?
         };
         let o_proj = store.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, q_dim, false)?;
+        let gemma = cfg.gemma.is_some();
         let (q_norm, k_norm) = if cfg.qk_norm || store.contains(&format!("{prefix}.q_norm.weight")) {
             (
-                Some(RmsNorm::load(store, &format!("{prefix}.q_norm.weight"), head_dim, cfg.rms_norm_eps)?),
-                Some(RmsNorm::load(store, &format!("{prefix}.k_norm.weight"), head_dim, cfg.rms_norm_eps)?),
+                Some(RmsNorm::load_as(store, &format!("{prefix}.q_norm.weight"), head_dim, cfg.rms_norm_eps, gemma)?),
+                Some(RmsNorm::load_as(store, &format!("{prefix}.k_norm.weight"), head_dim, cfg.rms_norm_eps, gemma)?),
             )
         } else {
             (None, None)
         };
-        Ok(Self {
-            qkv,
-            o_proj,
-            q_norm,
-            k_norm,
-            shape: AttentionShape { num_heads, num_kv_heads, head_dim, scale: (head_dim as f32).powf(-0.5) },
-        })
+        let scale = cfg.gemma.as_ref().map_or((head_dim as f32).powf(-0.5), |g| g.attention_scale as f32);
+        Ok(Self { qkv, o_proj, q_norm, k_norm, shape: AttentionShape { num_heads, num_kv_heads, head_dim, scale } })
     }
 
     pub fn shape(&self) -> AttentionShape {
@@ -140,11 +136,22 @@ impl SelfAttention {
     }
 }
 
-/// SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+/// The gate's activation in a gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// SwiGLU (Llama, Qwen, ...).
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation (`gelu_pytorch_tanh`, Gemma).
+    GeluTanh,
+}
+
+/// Gated MLP: `down(act(gate(x)) * up(x))`, SwiGLU unless told otherwise.
 #[derive(Debug, Clone)]
 pub struct Mlp {
     gate_up: FusedLinear,
     down_proj: Linear,
+    act: Activation,
 }
 
 impl Mlp {
@@ -154,12 +161,18 @@ impl Mlp {
         Ok(Self {
             gate_up: FusedLinear::new(vec![gate, up])?,
             down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, false)?,
+            act: Activation::Silu,
         })
+    }
+
+    /// The same MLP with another gate activation.
+    pub fn with_activation(self, act: Activation) -> Self {
+        Self { act, ..self }
     }
 
     /// An MLP from its fused gate/up projection (`[2·I, H]`, gate rows first) and down projection.
     pub fn new(gate_up: FusedLinear, down_proj: Linear) -> Self {
-        Self { gate_up, down_proj }
+        Self { gate_up, down_proj, act: Activation::Silu }
     }
 
     /// Loads a checkpoint's fused `gate_up_proj` (`[2·I, H]`, gate rows first).
@@ -168,6 +181,7 @@ impl Mlp {
         Ok(Self {
             gate_up: FusedLinear::stacked(gate_up, vec![intermediate, intermediate])?,
             down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, false)?,
+            act: Activation::Silu,
         })
     }
 
@@ -176,6 +190,12 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.act == Activation::GeluTanh {
+            // [T, H] -> gelu_tanh(gate) · up [T, I] -> [T, H].
+            let mut parts = self.gate_up.forward(x)?.into_iter();
+            let (gate, up) = (parts.next().unwrap(), parts.next().unwrap());
+            return self.down_proj.forward(&(gate.gelu()? * up)?);
+        }
         // [T, H] -> [T, 2·I] -> silu(gate) · up [T, I] -> [T, H].
         let hidden = match self.gate_up.forward_stacked(x)? {
             Some(gate_up) => crate::activation::silu_mul(&gate_up, self.down_proj.in_dim())?,
@@ -212,13 +232,18 @@ impl FeedForward {
     }
 }
 
-/// One pre-norm decoder layer.
+/// One pre-norm decoder layer; Gemma's also normalises the attention's and the MLP's outputs.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     input_layernorm: RmsNorm,
     self_attn: SelfAttention,
-    post_attention_layernorm: RmsNorm,
+    /// Gemma's `post_attention_layernorm`, over the attention's output.
+    attention_out_norm: Option<RmsNorm>,
+    /// Before the MLP: `post_attention_layernorm` (Llama), `pre_feedforward_layernorm` (Gemma).
+    mlp_in_norm: RmsNorm,
     mlp: FeedForward,
+    /// Gemma's `post_feedforward_layernorm`, over the MLP's output.
+    mlp_out_norm: Option<RmsNorm>,
 }
 
 impl DecoderLayer {
@@ -226,33 +251,46 @@ impl DecoderLayer {
     pub fn load(store: &WeightStore, prefix: &str, index: usize, cfg: &DecoderConfig) -> LoadResult<Self> {
         let mlp_prefix = format!("{prefix}.mlp");
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let gemma = cfg.gemma.is_some();
         let mlp = match &cfg.moe {
             Some(moe) if moe.is_sparse_layer(index) => {
                 FeedForward::Sparse(Box::new(SparseMoe::load(store, &mlp_prefix, h, moe)?))
             }
             _ if cfg.fused_projections => FeedForward::Dense(Mlp::load_fused(store, &mlp_prefix, h, i)?),
+            _ if gemma => {
+                FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?.with_activation(Activation::GeluTanh))
+            }
             _ => FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?),
         };
+        let norm = |name: &str| RmsNorm::load_as(store, &format!("{prefix}.{name}.weight"), h, cfg.rms_norm_eps, gemma);
         Ok(Self {
-            input_layernorm: RmsNorm::load(
-                store,
-                &format!("{prefix}.input_layernorm.weight"),
-                cfg.hidden_size,
-                cfg.rms_norm_eps,
-            )?,
+            input_layernorm: norm("input_layernorm")?,
             self_attn: SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?,
-            post_attention_layernorm: RmsNorm::load(
-                store,
-                &format!("{prefix}.post_attention_layernorm.weight"),
-                cfg.hidden_size,
-                cfg.rms_norm_eps,
-            )?,
+            attention_out_norm: if gemma { Some(norm("post_attention_layernorm")?) } else { None },
+            mlp_in_norm: norm(if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" })?,
             mlp,
+            mlp_out_norm: if gemma { Some(norm("post_feedforward_layernorm")?) } else { None },
         })
     }
 
     pub fn size_in_bytes(&self) -> usize {
         self.self_attn.qkv.size_in_bytes() + self.self_attn.o_proj.weight().size_in_bytes() + self.mlp.size_in_bytes()
+    }
+
+    /// The residual updates around attention's output `attended`: `x + attended`, then the
+    /// MLP's, each output normed first where the layer normalises outputs.
+    fn finish(&self, x: &Tensor, attended: Tensor) -> Result<Tensor> {
+        let attended = match &self.attention_out_norm {
+            Some(n) => n.forward(&attended)?,
+            None => attended,
+        };
+        let x = (x + attended)?;
+        let h = self.mlp.forward(&self.mlp_in_norm.forward(&x)?)?;
+        let h = match &self.mlp_out_norm {
+            Some(n) => n.forward(&h)?,
+            None => h,
+        };
+        x + h
     }
 
     pub fn forward(
@@ -265,9 +303,7 @@ impl DecoderLayer {
         batch: &ForwardBatch,
     ) -> Result<Tensor> {
         let h = self.self_attn.forward(&self.input_layernorm.forward(x)?, cos, sin, kv, layer, batch)?;
-        let x = (x + h)?;
-        let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
-        x + h
+        self.finish(x, h)
     }
 }
 
@@ -283,9 +319,7 @@ impl DecoderLayer {
         inputs: &StepInputs,
     ) -> Result<Tensor> {
         let h = self.self_attn.forward_fixed(&self.input_layernorm.forward(x)?, cos, sin, kv, layer, inputs)?;
-        let x = (x + h)?;
-        let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
-        x + h
+        self.finish(x, h)
     }
 }
 
@@ -309,6 +343,8 @@ pub struct CausalLm {
     norm: RmsNorm,
     lm_head: LinearWeight,
     rope: RotaryEmbedding,
+    /// Gemma's sliding layers' RoPE (their own base, no scaling).
+    local_rope: Option<RotaryEmbedding>,
     device: Device,
     dtype: DType,
 }
@@ -321,7 +357,7 @@ impl CausalLm {
         let layers = (0..config.num_hidden_layers)
             .map(|i| DecoderLayer::load(store, &format!("model.layers.{i}"), i, &config))
             .collect::<LoadResult<Vec<_>>>()?;
-        let norm = RmsNorm::load(store, "model.norm.weight", h, config.rms_norm_eps)?;
+        let norm = RmsNorm::load_as(store, "model.norm.weight", h, config.rms_norm_eps, config.gemma.is_some())?;
         let lm_head = if config.tie_word_embeddings {
             embed_tokens.clone()
         } else {
@@ -336,7 +372,28 @@ impl CausalLm {
             dtype,
             store.device(),
         )?;
-        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, device: store.device().clone(), dtype })
+        let local_rope = match &config.gemma {
+            Some(g) => Some(RotaryEmbedding::new(
+                config.rotary_dim,
+                g.local_rope_theta,
+                None,
+                config.max_position_embeddings,
+                dtype,
+                store.device(),
+            )?),
+            None => None,
+        };
+        Ok(Self {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            local_rope,
+            device: store.device().clone(),
+            dtype,
+        })
     }
 
     pub fn config(&self) -> &DecoderConfig {
@@ -402,7 +459,15 @@ impl CausalLm {
 
     /// `ids [T] -> [T, hidden]`.
     pub fn embed(&self, ids: &Tensor) -> Result<Tensor> {
-        self.embed_tokens.embed(ids)?.to_dtype(self.dtype)
+        let x = self.embed_tokens.embed(ids)?.to_dtype(self.dtype)?;
+        match self.config.gemma {
+            // Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype.
+            Some(_) => {
+                let scale = Tensor::new((self.config.hidden_size as f32).sqrt(), &self.device)?.to_dtype(self.dtype)?;
+                x.broadcast_mul(&scale)
+            }
+            None => Ok(x),
+        }
     }
 
     /// Final RMSNorm: `[N, hidden] -> [N, hidden]`.
@@ -431,6 +496,9 @@ impl CausalLm {
         let num_layers = self.layers.len();
         if let Some(&bad) = taps.iter().find(|&&i| i > num_layers) {
             candle_core::bail!("hidden-state tap {bad} out of range 0..={num_layers}");
+        }
+        if self.local_rope.is_some() {
+            candle_core::bail!("fixed-shape steps take one window and one RoPE for every layer; Gemma's differ");
         }
         let (cos, sin) = self.rope.tables(&inputs.positions)?;
         // [B · (W + 1)] -> [B · (W + 1), H].
@@ -486,6 +554,14 @@ impl CausalLm {
         let ids = Tensor::from_slice(&batch.input_ids, t, &self.device)?;
         let positions = Tensor::from_slice(&batch.positions, t, &self.device)?;
         let (cos, sin) = self.rope.tables(&positions)?;
+        // Gemma's sliding layers: their own RoPE, and the batch with their window.
+        let local = match (&self.local_rope, &self.config.gemma) {
+            (Some(rope), Some(g)) => {
+                let (cos, sin) = rope.tables(&positions)?;
+                Some((cos, sin, ForwardBatch { sliding_window: Some(g.sliding_window), ..batch.clone() }))
+            }
+            _ => None,
+        };
 
         // 1. Embed: [T] -> [T, H].
         let mut x = self.embed(&ids)?;
@@ -500,7 +576,12 @@ impl CausalLm {
         // 2. Layers; tap i is the residual stream entering layer i.
         for (i, layer) in self.layers.iter().enumerate() {
             record(i, &x);
-            x = layer.forward(&x, &cos, &sin, kv, i, batch)?;
+            x = match &local {
+                Some((cos, sin, windowed)) if self.config.layer_sliding_window(i).is_some() => {
+                    layer.forward(&x, cos, sin, kv, i, windowed)?
+                }
+                _ => layer.forward(&x, &cos, &sin, kv, i, batch)?,
+            };
         }
         // 3. Final norm only where needed: HF's last hidden state, and the logit rows.
         let need_full_norm = batch.want_final_hidden || batch.taps.contains(&num_layers);

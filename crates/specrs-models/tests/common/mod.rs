@@ -65,6 +65,17 @@ fn largest(values: &[f32], k: usize) -> Vec<usize> {
     order
 }
 
+/// Gemma 3's layer as transformers runs it: norms scaling by `1 + weight`, attention and MLP
+/// outputs normed too, GeGLU, embeddings times `sqrt(hidden)`, and per-layer attention.
+pub struct GemmaLayout {
+    /// Layers that attend within `window` with RoPE at `local_theta`.
+    pub sliding: Vec<bool>,
+    pub window: usize,
+    pub local_theta: f64,
+    /// The softmax scale (`query_pre_attn_scalar^-0.5`).
+    pub scale: f32,
+}
+
 pub struct Reference<'a> {
     pub tensors: &'a HashMap<String, Tensor>,
     pub shape: TinyShape,
@@ -76,6 +87,7 @@ pub struct Reference<'a> {
     pub magnitude: f64,
     pub window: Option<usize>,
     pub routing: Option<Routing>,
+    pub gemma: Option<GemmaLayout>,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -102,20 +114,40 @@ fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
 }
 
+/// `gelu_pytorch_tanh`.
+fn gelu_tanh(v: f32) -> f32 {
+    0.5 * v * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh())
+}
+
 impl Reference<'_> {
     fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.get(name)
     }
 
-    fn rms(&self, x: &[Vec<f32>], name: &str) -> Rows {
+    /// A norm's scale: its weight, or Gemma's `1 + weight`.
+    fn norm_weight(&self, name: &str) -> Vec<f32> {
         let w = self.tensors[name].to_vec1::<f32>().unwrap();
+        if self.gemma.is_some() { w.iter().map(|v| 1.0 + v).collect() } else { w }
+    }
+
+    fn rms(&self, x: &[Vec<f32>], name: &str) -> Rows {
+        let w = self.norm_weight(name);
         x.iter().map(|row| rms_row(row, &w)).collect()
     }
 
-    fn rotate(&self, v: &mut [f32], p: usize) {
+    /// Layer `l`'s window and RoPE base.
+    fn layer_attention(&self, l: usize) -> (Option<usize>, f64) {
+        match &self.gemma {
+            Some(g) if g.sliding[l] => (Some(g.window), g.local_theta),
+            Some(_) => (None, 10_000.0),
+            None => (self.window, 10_000.0),
+        }
+    }
+
+    fn rotate(&self, v: &mut [f32], p: usize, theta: f64) {
         let half = self.rotary / 2;
         for i in 0..half {
-            let inv = 1.0 / (self.factors[i] * 10_000f64.powf(2.0 * i as f64 / self.rotary as f64));
+            let inv = 1.0 / (self.factors[i] * theta.powf(2.0 * i as f64 / self.rotary as f64));
             let angle = p as f64 * inv;
             let (c, s) = ((self.magnitude * angle.cos()) as f32, (self.magnitude * angle.sin()) as f32);
             let (a, b) = (v[i], v[i + half]);
@@ -140,10 +172,15 @@ impl Reference<'_> {
         (0..x.len()).map(|t| [q[t].clone(), k[t].clone(), v[t].clone()].concat()).collect()
     }
 
-    fn attention(&self, p: &str, x: &[Vec<f32>]) -> Rows {
+    fn attention(&self, p: &str, x: &[Vec<f32>], layer: usize) -> Rows {
         let TinyShape { heads: nh, kv_heads: nkv, head_dim: d, .. } = self.shape;
+        let (window, theta) = self.layer_attention(layer);
+        let scale = self.gemma.as_ref().map_or(1.0 / (d as f32).sqrt(), |g| g.scale);
         let qkv = self.qkv(p, x);
-        let norm = |n: &str| self.get(&format!("{p}.{n}_norm.weight")).map(|w| w.to_vec1::<f32>().unwrap());
+        let norm = |n: &str| {
+            let name = format!("{p}.{n}_norm.weight");
+            self.get(&name).map(|_| self.norm_weight(&name))
+        };
         let (q_norm, k_norm) = (norm("q"), norm("k"));
         // Head `at` of token `t`, normed (Qwen3) and rotated at position `t`.
         let head = |t: usize, at: usize, norm: &Option<Vec<f32>>, turn: bool| {
@@ -152,20 +189,20 @@ impl Reference<'_> {
                 v = rms_row(&v, w);
             }
             if turn {
-                self.rotate(&mut v, t);
+                self.rotate(&mut v, t, theta);
             }
             v
         };
         let mut out = vec![vec![0f32; nh * d]; x.len()];
         for (qi, row) in out.iter_mut().enumerate() {
-            let first = self.window.map_or(0, |w| (qi + 1).saturating_sub(w));
+            let first = window.map_or(0, |w| (qi + 1).saturating_sub(w));
             for h in 0..nh {
                 let kvh = h / (nh / nkv);
                 let q = head(qi, h, &q_norm, true);
                 let scores: Vec<f32> = (first..=qi)
                     .map(|kj| {
                         let k = head(kj, nh + kvh, &k_norm, true);
-                        q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() / (d as f32).sqrt()
+                        q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() * scale
                     })
                     .collect();
                 let top = scores.iter().cloned().fold(f32::MIN, f32::max);
@@ -184,6 +221,7 @@ impl Reference<'_> {
 
     /// SwiGLU under `p` (fused `gate_up_proj` or separate).
     fn mlp(&self, p: &str, x: &[Vec<f32>]) -> Rows {
+        let silu = |v: f32| if self.gemma.is_some() { gelu_tanh(v) } else { silu(v) };
         let act: Rows = match self.get(&format!("{p}.gate_up_proj.weight")) {
             Some(fused) => matmul_t(x, fused)
                 .iter()
@@ -264,19 +302,26 @@ impl Reference<'_> {
     /// Logits of every token of `ids`.
     pub fn logits(&self, ids: &[u32]) -> Rows {
         let embed = host(&self.tensors["model.embed_tokens.weight"]);
-        let mut x: Rows = ids.iter().map(|&i| embed[i as usize].clone()).collect();
+        let embed_scale = if self.gemma.is_some() { (self.shape.hidden as f32).sqrt() } else { 1.0 };
+        let mut x: Rows = ids.iter().map(|&i| embed[i as usize].iter().map(|v| v * embed_scale).collect()).collect();
+        let gemma = self.gemma.is_some();
         for l in 0..self.shape.layers {
             let p = format!("model.layers.{l}");
-            let attended =
-                self.attention(&format!("{p}.self_attn"), &self.rms(&x, &format!("{p}.input_layernorm.weight")));
+            let mut attended =
+                self.attention(&format!("{p}.self_attn"), &self.rms(&x, &format!("{p}.input_layernorm.weight")), l);
+            if gemma {
+                attended = self.rms(&attended, &format!("{p}.post_attention_layernorm.weight"));
+            }
             x = add(&x, &attended);
-            let normed = self.rms(&x, &format!("{p}.post_attention_layernorm.weight"));
+            let mlp_norm = if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
+            let normed = self.rms(&x, &format!("{p}.{mlp_norm}.weight"));
             let ff = match &self.routing {
                 Some(r) if self.get(&format!("{p}.mlp.gate.weight")).is_some() => {
                     self.experts(&format!("{p}.mlp"), &normed, r)
                 }
                 _ => self.mlp(&format!("{p}.mlp"), &normed),
             };
+            let ff = if gemma { self.rms(&ff, &format!("{p}.post_feedforward_layernorm.weight")) } else { ff };
             x = add(&x, &ff);
         }
         let head = self.get("lm_head.weight").unwrap_or(&self.tensors["model.embed_tokens.weight"]);
