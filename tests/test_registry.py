@@ -524,6 +524,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Glm4MoeForCausalLM",
         "InternLM2ForCausalLM",
         "Gemma3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
         "Phi3ForCausalLM",
     ],
 )

@@ -168,6 +168,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    // Its text decoder: the vision tower is not read.
+    ArchitectureSpec {
+        name: "Gemma3ForConditionalGeneration",
+        example_repo_ids: &["google/gemma-3-4b-it", "google/gemma-3-27b-it"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "Phi3ForCausalLM",
         example_repo_ids: &["microsoft/Phi-4-mini-instruct", "microsoft/Phi-3.5-mini-instruct"],

@@ -220,6 +220,26 @@ pub struct GemmaConfig {
     pub local_rope_theta: f64,
 }
 
+/// A Gemma 3 text config with `Gemma3TextConfig`'s defaults where it leaves keys out (the
+/// image-text checkpoints' `text_config` lists only what differs from them).
+fn with_gemma3_defaults(v: &Value) -> Value {
+    let defaults = serde_json::json!({
+        "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0, "max_position_embeddings": 131_072, "query_pre_attn_scalar": 256,
+        "sliding_window": 4096, "rope_local_base_freq": 10_000.0, "tie_word_embeddings": true,
+    });
+    let mut filled = v.clone();
+    if let (Some(out), Some(defaults)) = (filled.as_object_mut(), defaults.as_object()) {
+        for (k, d) in defaults {
+            if out.get(k).is_none_or(Value::is_null) {
+                out.insert(k.clone(), d.clone());
+            }
+        }
+    }
+    filled
+}
+
 /// Gemma 3's additions from its `config.json`, with transformers' defaults.
 fn gemma_config(v: &Value, num_hidden_layers: usize, head_dim: usize) -> Result<GemmaConfig> {
     for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
@@ -508,6 +528,13 @@ impl DecoderConfig {
 
     /// Reads a Hugging Face config for a known family (drafters reuse target layer shapes).
     pub fn from_hf_json_as(v: &Value, architecture: Architecture) -> Result<Self> {
+        let filled;
+        let v = if architecture == Architecture::Gemma3 {
+            filled = with_gemma3_defaults(v);
+            &filled
+        } else {
+            v
+        };
         let hidden_size = req_usize(v, "hidden_size")?;
         let num_attention_heads = req_usize(v, "num_attention_heads")?;
         let num_key_value_heads =

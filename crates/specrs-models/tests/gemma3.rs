@@ -45,6 +45,57 @@ fn local_and_global_layers_match_the_transformers_forward() {
     assert_close(&logits(&model, &ids, true), &want, "token by token");
 }
 
+#[test]
+fn the_text_decoder_of_an_image_text_checkpoint_is_the_same_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = testing::random_gemma3(&SHAPE, 5).unwrap();
+    let text = testing::gemma3_config(&SHAPE, &SLIDING, WINDOW);
+    testing::write_checkpoint(&dir.path().join("text"), &text, &tensors).unwrap();
+    let ids: Vec<u32> = (0..9).map(|i| (i * 5 + 1) % 40).collect();
+    let (text_model, _) = load_causal_lm(&dir.path().join("text"), &Device::Cpu, ModelDType::F32).unwrap();
+    let want = logits(&text_model, &ids, false);
+    // As released (`language_model.model.*`) and as transformers >= 4.52 saves it
+    // (`model.language_model.*`), each beside a vision tower that is never read.
+    for prefix in ["language_model.model", "model.language_model"] {
+        let mut text_config = text.clone();
+        text_config.as_object_mut().unwrap().remove("architectures");
+        let config = json!({
+            "architectures": ["Gemma3ForConditionalGeneration"],
+            "text_config": text_config,
+            "vision_config": {"hidden_size": 16},
+            "eos_token_id": [1, 39],
+        });
+        let mut stored: std::collections::HashMap<String, candle_core::Tensor> = tensors
+            .iter()
+            .map(|(n, t)| (format!("{prefix}.{}", n.strip_prefix("model.").unwrap()), t.clone()))
+            .collect();
+        stored.insert("vision_tower.patch_embedding.weight".into(), testing::random_tensor(&[4, 4], 1.0, 1).unwrap());
+        let path = dir.path().join(prefix);
+        testing::write_checkpoint(&path, &config, &stored).unwrap();
+        let (model, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+        assert_eq!(model.config().eos_token_ids, vec![1, 39], "token ids from the top level");
+        assert_close(&logits(&model, &ids, false), &want, prefix);
+    }
+}
+
+#[test]
+fn an_image_text_text_config_takes_gemma3s_defaults() {
+    // google/gemma-3-4b-it's text_config lists only what differs from the defaults.
+    let config = json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+            "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+    });
+    let text = specrs_models::models::gemma3::text_config(&config).unwrap();
+    let cfg = DecoderConfig::from_hf_json(&text).unwrap();
+    assert_eq!((cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size), (8, 4, 256, 262_208));
+    assert_eq!((cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings), (1e6, 1e-6, 131_072));
+    let gemma = cfg.gemma.as_ref().unwrap();
+    assert_eq!((gemma.sliding_window, gemma.local_rope_theta, gemma.attention_scale), (1024, 1e4, 1.0 / 16.0));
+    assert_eq!(gemma.sliding_layers.iter().filter(|s| !**s).count(), 5, "layers 5, 11, 17, 23, 29 are global");
+    assert!(matches!(cfg.rope_scaling, Some(specrs_models::RopeScaling::Linear { factor }) if factor == 8.0));
+}
+
 fn config_error(edit: impl Fn(&mut serde_json::Value)) -> String {
     let mut c = testing::gemma3_config(&SHAPE, &SLIDING, WINDOW);
     edit(&mut c);

@@ -32,10 +32,15 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 .map_err(|e| ModelError::file(&cfg_path, format!("cannot read the model's config.json: {e}")))?;
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
-            let cfg = DecoderConfig::from_hf_json(&json)?;
+            // Gemma 3's image-text checkpoints: their text decoder.
+            let multimodal = gemma3::text_config(&json);
+            let cfg = DecoderConfig::from_hf_json(multimodal.as_ref().unwrap_or(&json))?;
             match cfg.architecture {
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
+                Architecture::Gemma3 if multimodal.is_some() => {
+                    store.set_aliases(gemma3::multimodal_aliases(&cfg, store))?
+                }
                 _ => {}
             }
             Ok(match cfg.architecture {
