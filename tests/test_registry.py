@@ -525,6 +525,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "InternLM2ForCausalLM",
         "Gemma3ForCausalLM",
         "Gemma3ForConditionalGeneration",
+        "GraniteForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

@@ -177,6 +177,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: false,
     },
     ArchitectureSpec {
+        name: "GraniteForCausalLM",
+        example_repo_ids: &["ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "Phi3ForCausalLM",
         example_repo_ids: &["microsoft/Phi-4-mini-instruct", "microsoft/Phi-3.5-mini-instruct"],
         default_weights_format: "safetensors",

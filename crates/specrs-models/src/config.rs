@@ -23,6 +23,9 @@ pub enum Architecture {
     /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B): Qwen3's attention, sparse
     /// experts.
     Qwen3Moe,
+    /// Granite 3.x (`GraniteForCausalLM`): Llama's layer with IBM's multipliers on the
+    /// embeddings, the residual branches, the attention scores and the logits.
+    Granite,
     /// Gemma 3 (text, `Gemma3ForCausalLM`): RMSNorms scaling by `1 + weight`, norms before and
     /// after attention and MLP, q/k norms, GELU-tanh MLP, embeddings scaled by `sqrt(hidden)`,
     /// `query_pre_attn_scalar`, and five sliding-window layers with their own RoPE base to
@@ -55,6 +58,7 @@ impl Architecture {
         ("InternLM2ForCausalLM", Architecture::InternLm2),
         ("MixtralForCausalLM", Architecture::Mixtral),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
+        ("GraniteForCausalLM", Architecture::Granite),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -98,6 +102,7 @@ impl Architecture {
             Self::InternLm2 => "InternLM2ForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
+            Self::Granite => "GraniteForCausalLM",
         }
     }
 
@@ -114,6 +119,7 @@ impl Architecture {
             Self::InternLm2 => "internlm2",
             Self::Mixtral => "mixtral",
             Self::Gemma3 => "gemma3_text",
+            Self::Granite => "granite",
         }
     }
 
@@ -207,11 +213,49 @@ fn yarn(rs: &Value, max_position_embeddings: usize) -> Result<RopeScaling> {
     Ok(RopeScaling::Yarn { params, attention_factor })
 }
 
+/// Constant factors some families put on the shared layer's activations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scales {
+    /// Embeddings are multiplied by it (Granite's `embedding_multiplier`; Gemma's
+    /// `sqrt(hidden)`).
+    pub embedding: f64,
+    /// Each residual branch (attention's and the MLP's output) is multiplied by it before it
+    /// is added (Granite's `residual_multiplier`).
+    pub residual: f64,
+    /// The softmax scale of the scores, when not `head_dim^-0.5` (Granite's
+    /// `attention_multiplier`, Gemma's `query_pre_attn_scalar^-0.5`).
+    pub attention: Option<f64>,
+    /// Logits are divided by it (Granite's `logits_scaling`).
+    pub logits_divisor: f64,
+}
+
+impl Default for Scales {
+    fn default() -> Self {
+        Self { embedding: 1.0, residual: 1.0, attention: None, logits_divisor: 1.0 }
+    }
+}
+
+/// The factors a `config.json` of `architecture` sets.
+fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: usize) -> Scales {
+    match architecture {
+        Architecture::Granite => Scales {
+            embedding: opt_f64(v, "embedding_multiplier").unwrap_or(1.0),
+            residual: opt_f64(v, "residual_multiplier").unwrap_or(1.0),
+            attention: Some(opt_f64(v, "attention_multiplier").unwrap_or((head_dim as f64).powf(-0.5))),
+            logits_divisor: opt_f64(v, "logits_scaling").unwrap_or(1.0),
+        },
+        Architecture::Gemma3 => Scales {
+            embedding: (hidden_size as f64).sqrt(),
+            attention: Some(opt_f64(v, "query_pre_attn_scalar").unwrap_or(head_dim as f64).powf(-0.5)),
+            ..Scales::default()
+        },
+        _ => Scales::default(),
+    }
+}
+
 /// What Gemma 3 adds to the shared layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GemmaConfig {
-    /// Softmax scale `query_pre_attn_scalar^-0.5` (not `head_dim^-0.5`).
-    pub attention_scale: f64,
     /// `layer_types[i] == "sliding_attention"`: layer `i` attends within `sliding_window` with
     /// RoPE at `local_rope_theta` (no scaling); the others attend to everything with the global
     /// RoPE (`rope_theta`, `rope_scaling`).
@@ -241,7 +285,7 @@ fn with_gemma3_defaults(v: &Value) -> Value {
 }
 
 /// Gemma 3's additions from its `config.json`, with transformers' defaults.
-fn gemma_config(v: &Value, num_hidden_layers: usize, head_dim: usize) -> Result<GemmaConfig> {
+fn gemma_config(v: &Value, num_hidden_layers: usize) -> Result<GemmaConfig> {
     for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
         if v.get(key).is_some_and(|x| !x.is_null()) {
             return Err(ModelError::config(
@@ -281,13 +325,11 @@ fn gemma_config(v: &Value, num_hidden_layers: usize, head_dim: usize) -> Result<
             format!("names {} layers, the model has {num_hidden_layers}", sliding_layers.len()),
         ));
     }
-    let scalar = opt_f64(v, "query_pre_attn_scalar").unwrap_or(head_dim as f64);
     let sliding_window = v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096) as usize;
     if sliding_window == 0 {
         return Err(ModelError::config("sliding_window", "must be positive"));
     }
     Ok(GemmaConfig {
-        attention_scale: scalar.powf(-0.5),
         sliding_layers,
         sliding_window,
         local_rope_theta: opt_f64(v, "rope_local_base_freq").unwrap_or(10_000.0),
@@ -374,6 +416,8 @@ pub struct DecoderConfig {
     pub moe: Option<MoeConfig>,
     /// Gemma's layer shape and its interleaved local / global attention.
     pub gemma: Option<GemmaConfig>,
+    /// Constant factors on the embeddings, residual branches, scores and logits (Granite, Gemma).
+    pub scales: Scales,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -589,7 +633,7 @@ impl DecoderConfig {
             Architecture::Llama | Architecture::Phi3 | Architecture::Mixtral => {
                 v.get("sliding_window").and_then(Value::as_u64)
             }
-            Architecture::Glm4Moe | Architecture::InternLm2 => None,
+            Architecture::Glm4Moe | Architecture::InternLm2 | Architecture::Granite => None,
             // Gemma 3's window applies to its sliding layers only (`GemmaConfig`).
             Architecture::Gemma3 => None,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
@@ -636,9 +680,10 @@ impl DecoderConfig {
                 _ => None,
             },
             gemma: match architecture {
-                Architecture::Gemma3 => Some(gemma_config(v, req_usize(v, "num_hidden_layers")?, head_dim)?),
+                Architecture::Gemma3 => Some(gemma_config(v, req_usize(v, "num_hidden_layers")?)?),
                 _ => None,
             },
+            scales: scales(v, architecture, hidden_size, head_dim),
             bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: token_ids(v.get("eos_token_id")),
         }

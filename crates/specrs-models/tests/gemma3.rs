@@ -38,6 +38,7 @@ fn local_and_global_layers_match_the_transformers_forward() {
             local_theta: 500.0,
             scale: 12f32.powf(-0.5),
         }),
+        multipliers: None,
     };
     let ids: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 40).collect();
     let want = reference.logits(&ids);
@@ -91,7 +92,8 @@ fn an_image_text_text_config_takes_gemma3s_defaults() {
     assert_eq!((cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size), (8, 4, 256, 262_208));
     assert_eq!((cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings), (1e6, 1e-6, 131_072));
     let gemma = cfg.gemma.as_ref().unwrap();
-    assert_eq!((gemma.sliding_window, gemma.local_rope_theta, gemma.attention_scale), (1024, 1e4, 1.0 / 16.0));
+    assert_eq!((gemma.sliding_window, gemma.local_rope_theta), (1024, 1e4));
+    assert_eq!((cfg.scales.attention, cfg.scales.embedding), (Some(1.0 / 16.0), 2560f64.sqrt()));
     assert_eq!(gemma.sliding_layers.iter().filter(|s| !**s).count(), 5, "layers 5, 11, 17, 23, 29 are global");
     assert!(matches!(cfg.rope_scaling, Some(specrs_models::RopeScaling::Linear { factor }) if factor == 8.0));
 }

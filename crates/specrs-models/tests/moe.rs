@@ -84,6 +84,7 @@ fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMo
             grouped: glm.then_some(moe.groups),
         }),
         gemma: None,
+        multipliers: None,
     }
     .logits(ids)
 }

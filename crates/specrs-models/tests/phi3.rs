@@ -68,6 +68,7 @@ fn reference(tensors: &HashMap<String, Tensor>, ids: &[u32], factors: [f64; 2], 
         window: Some(WINDOW),
         routing: None,
         gemma: None,
+        multipliers: None,
     }
     .logits(ids)
 }

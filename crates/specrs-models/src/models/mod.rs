@@ -2,6 +2,7 @@
 
 pub mod gemma3;
 pub mod glm4_moe;
+pub mod granite;
 pub mod internlm2;
 pub mod llama;
 pub mod mixtral;
@@ -52,6 +53,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::InternLm2 => internlm2::adapt(cfg),
                 Architecture::Mixtral => mixtral::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
+                Architecture::Granite => granite::adapt(cfg),
             })
         }
     }

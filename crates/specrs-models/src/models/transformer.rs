@@ -70,7 +70,7 @@ impl SelfAttention {
         } else {
             (None, None)
         };
-        let scale = cfg.gemma.as_ref().map_or((head_dim as f32).powf(-0.5), |g| g.attention_scale as f32);
+        let scale = cfg.scales.attention.map_or((head_dim as f32).powf(-0.5), |s| s as f32);
         Ok(Self { qkv, o_proj, q_norm, k_norm, shape: AttentionShape { num_heads, num_kv_heads, head_dim, scale } })
     }
 
@@ -244,6 +244,8 @@ pub struct DecoderLayer {
     mlp: FeedForward,
     /// Gemma's `post_feedforward_layernorm`, over the MLP's output.
     mlp_out_norm: Option<RmsNorm>,
+    /// Granite's `residual_multiplier` on each branch (1 elsewhere).
+    residual_scale: f64,
 }
 
 impl DecoderLayer {
@@ -270,6 +272,7 @@ impl DecoderLayer {
             mlp_in_norm: norm(if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" })?,
             mlp,
             mlp_out_norm: if gemma { Some(norm("post_feedforward_layernorm")?) } else { None },
+            residual_scale: cfg.scales.residual,
         })
     }
 
@@ -280,17 +283,16 @@ impl DecoderLayer {
     /// The residual updates around attention's output `attended`: `x + attended`, then the
     /// MLP's, each output normed first where the layer normalises outputs.
     fn finish(&self, x: &Tensor, attended: Tensor) -> Result<Tensor> {
-        let attended = match &self.attention_out_norm {
-            Some(n) => n.forward(&attended)?,
-            None => attended,
+        let branch = |h: Tensor, norm: &Option<RmsNorm>| -> Result<Tensor> {
+            let h = match norm {
+                Some(n) => n.forward(&h)?,
+                None => h,
+            };
+            if self.residual_scale == 1.0 { Ok(h) } else { h.affine(self.residual_scale, 0.0) }
         };
-        let x = (x + attended)?;
+        let x = (x + branch(attended, &self.attention_out_norm)?)?;
         let h = self.mlp.forward(&self.mlp_in_norm.forward(&x)?)?;
-        let h = match &self.mlp_out_norm {
-            Some(n) => n.forward(&h)?,
-            None => h,
-        };
-        x + h
+        x + branch(h, &self.mlp_out_norm)?
     }
 
     pub fn forward(
@@ -460,13 +462,10 @@ impl CausalLm {
     /// `ids [T] -> [T, hidden]`.
     pub fn embed(&self, ids: &Tensor) -> Result<Tensor> {
         let x = self.embed_tokens.embed(ids)?.to_dtype(self.dtype)?;
-        match self.config.gemma {
-            // Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype.
-            Some(_) => {
-                let scale = Tensor::new((self.config.hidden_size as f32).sqrt(), &self.device)?.to_dtype(self.dtype)?;
-                x.broadcast_mul(&scale)
-            }
-            None => Ok(x),
+        match self.config.scales.embedding {
+            1.0 => Ok(x),
+            // In the activations' dtype, as Gemma rounds its sqrt(hidden).
+            scale => x.broadcast_mul(&Tensor::new(scale as f32, &self.device)?.to_dtype(self.dtype)?),
         }
     }
 
@@ -477,7 +476,11 @@ impl CausalLm {
 
     /// `normed [N, hidden] -> logits [N, vocab]` (f32).
     pub fn lm_head(&self, normed: &Tensor) -> Result<Tensor> {
-        self.lm_head.matmul_t(normed)?.to_dtype(DType::F32)
+        let logits = self.lm_head.matmul_t(normed)?.to_dtype(DType::F32)?;
+        match self.config.scales.logits_divisor {
+            1.0 => Ok(logits),
+            divisor => logits.affine(1.0 / divisor, 0.0),
+        }
     }
 
     /// A decode/verify step on fixed shapes: every token of `inputs` (padding included) runs

@@ -257,6 +257,7 @@ impl GgufSource {
             sliding_window: self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
             moe: self.moe_config()?,
             gemma: None,
+            scales: Default::default(),
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         };

@@ -76,6 +76,15 @@ pub struct GemmaLayout {
     pub scale: f32,
 }
 
+/// Granite's constants: embeddings times `embedding`, residual branches times `residual`,
+/// scores times `attention`, logits divided by `logits_divisor`.
+pub struct Multipliers {
+    pub embedding: f32,
+    pub residual: f32,
+    pub attention: f32,
+    pub logits_divisor: f32,
+}
+
 pub struct Reference<'a> {
     pub tensors: &'a HashMap<String, Tensor>,
     pub shape: TinyShape,
@@ -88,6 +97,7 @@ pub struct Reference<'a> {
     pub window: Option<usize>,
     pub routing: Option<Routing>,
     pub gemma: Option<GemmaLayout>,
+    pub multipliers: Option<Multipliers>,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -175,7 +185,11 @@ impl Reference<'_> {
     fn attention(&self, p: &str, x: &[Vec<f32>], layer: usize) -> Rows {
         let TinyShape { heads: nh, kv_heads: nkv, head_dim: d, .. } = self.shape;
         let (window, theta) = self.layer_attention(layer);
-        let scale = self.gemma.as_ref().map_or(1.0 / (d as f32).sqrt(), |g| g.scale);
+        let scale = match (&self.gemma, &self.multipliers) {
+            (Some(g), _) => g.scale,
+            (None, Some(m)) => m.attention,
+            (None, None) => 1.0 / (d as f32).sqrt(),
+        };
         let qkv = self.qkv(p, x);
         let norm = |n: &str| {
             let name = format!("{p}.{n}_norm.weight");
@@ -302,7 +316,14 @@ impl Reference<'_> {
     /// Logits of every token of `ids`.
     pub fn logits(&self, ids: &[u32]) -> Rows {
         let embed = host(&self.tensors["model.embed_tokens.weight"]);
-        let embed_scale = if self.gemma.is_some() { (self.shape.hidden as f32).sqrt() } else { 1.0 };
+        let embed_scale = match (&self.gemma, &self.multipliers) {
+            (Some(_), _) => (self.shape.hidden as f32).sqrt(),
+            (None, Some(m)) => m.embedding,
+            (None, None) => 1.0,
+        };
+        let residual = self.multipliers.as_ref().map_or(1.0, |m| m.residual);
+        let scaled =
+            |h: Rows| -> Rows { h.into_iter().map(|r| r.into_iter().map(|v| v * residual).collect()).collect() };
         let mut x: Rows = ids.iter().map(|&i| embed[i as usize].iter().map(|v| v * embed_scale).collect()).collect();
         let gemma = self.gemma.is_some();
         for l in 0..self.shape.layers {
@@ -312,7 +333,7 @@ impl Reference<'_> {
             if gemma {
                 attended = self.rms(&attended, &format!("{p}.post_attention_layernorm.weight"));
             }
-            x = add(&x, &attended);
+            x = add(&x, &scaled(attended));
             let mlp_norm = if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
             let normed = self.rms(&x, &format!("{p}.{mlp_norm}.weight"));
             let ff = match &self.routing {
@@ -322,10 +343,12 @@ impl Reference<'_> {
                 _ => self.mlp(&format!("{p}.mlp"), &normed),
             };
             let ff = if gemma { self.rms(&ff, &format!("{p}.post_feedforward_layernorm.weight")) } else { ff };
-            x = add(&x, &ff);
+            x = add(&x, &scaled(ff));
         }
         let head = self.get("lm_head.weight").unwrap_or(&self.tensors["model.embed_tokens.weight"]);
-        matmul_t(&self.rms(&x, "model.norm.weight"), head)
+        let divisor = self.multipliers.as_ref().map_or(1.0, |m| m.logits_divisor);
+        let logits = matmul_t(&self.rms(&x, "model.norm.weight"), head);
+        logits.into_iter().map(|r| r.into_iter().map(|v| v / divisor).collect()).collect()
     }
 }
 

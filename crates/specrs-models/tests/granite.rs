@@ -1,0 +1,42 @@
+//! Granite (`GraniteForCausalLM`) on a tiny checkpoint: Llama's layer with its four
+//! multipliers (embeddings, residual branches, scores, logits) matches transformers' Granite
+//! forward (`common::Reference`) in one prefill and token by token.
+
+mod common;
+
+use candle_core::Device;
+use common::{Multipliers, Reference, assert_close, logits};
+use serde_json::json;
+use specrs_models::testing::{self, TinyShape};
+use specrs_models::{Architecture, ModelDType, load_causal_lm};
+
+const SHAPE: TinyShape =
+    TinyShape { vocab: 40, hidden: 32, layers: 3, heads: 4, kv_heads: 2, head_dim: 8, intermediate: 48 };
+
+#[test]
+fn the_multipliers_match_the_transformers_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = testing::random_target(Architecture::Llama, &SHAPE, true, 8).unwrap();
+    let mut config = testing::target_config(Architecture::Granite, &SHAPE, true);
+    // Granite 3.3-2B's values, the attention multiplier rescaled to the tiny head.
+    (config["embedding_multiplier"], config["residual_multiplier"]) = (json!(12.0), json!(0.22));
+    (config["attention_multiplier"], config["logits_scaling"]) = (json!(0.0625), json!(8.0));
+    testing::write_checkpoint(dir.path(), &config, &tensors).unwrap();
+    let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(model.config().architecture, Architecture::Granite);
+    let reference = Reference {
+        tensors: &tensors,
+        shape: SHAPE,
+        rotary: SHAPE.head_dim,
+        factors: vec![1.0; SHAPE.head_dim / 2],
+        magnitude: 1.0,
+        window: None,
+        routing: None,
+        gemma: None,
+        multipliers: Some(Multipliers { embedding: 12.0, residual: 0.22, attention: 0.0625, logits_divisor: 8.0 }),
+    };
+    let ids: Vec<u32> = (0..10).map(|i| (i * 3 + 7) % 40).collect();
+    let want = reference.logits(&ids);
+    assert_close(&logits(&model, &ids, false), &want, "one prefill");
+    assert_close(&logits(&model, &ids, true), &want, "token by token");
+}
