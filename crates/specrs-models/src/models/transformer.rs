@@ -1,6 +1,9 @@
-//! The Llama-family decoder shared by Llama, Mistral, Qwen2, Qwen3 and Phi-3: pre-norm layers
-//! of GQA attention with RoPE and a SwiGLU MLP, run over a ragged batch against paged KV
-//! storage. It returns logits only where asked, plus residual-stream taps for drafters.
+//! The decoder every family shares: pre-norm layers of GQA attention with RoPE and a gated MLP
+//! (or routed experts, `crate::moe`), run over a ragged batch against paged KV storage. The
+//! families' differences are configuration read by `crate::config` (biases, q/k norms, fused
+//! projections, partial rotary dims, windows, Gemma's extra norms and per-layer attention,
+//! constant scales); see `crate::models`' family files. It returns logits only where asked,
+//! plus residual-stream taps for drafters.
 
 use candle_core::{DType, Device, Result, Tensor};
 
