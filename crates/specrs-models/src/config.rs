@@ -410,9 +410,11 @@ pub struct DecoderConfig {
     /// Projections stored fused: one `qkv_proj` (q rows, then k, then v) and one
     /// `gate_up_proj` (gate rows, then up) per layer (Phi-3).
     pub fused_projections: bool,
-    /// Each query sees only the last `sliding_window` keys, itself included (Mistral, Phi-3).
+    /// Every layer's queries see only the last `sliding_window` keys, themselves included
+    /// (Mistral, Mixtral, Phi-3). Gemma's per-layer windows are in `gemma`
+    /// ([`DecoderConfig::layer_sliding_window`]).
     pub sliding_window: Option<usize>,
-    /// Sparse experts in place of the MLP (Qwen2-MoE, Qwen3-MoE).
+    /// Sparse experts in place of the MLP (Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4.5).
     pub moe: Option<MoeConfig>,
     /// Gemma's layer shape and its interleaved local / global attention.
     pub gemma: Option<GemmaConfig>,
@@ -776,11 +778,6 @@ impl DecoderConfig {
             ));
         }
         Ok(())
-    }
-
-    /// The window every layer attends within (`None` when some or all layers see everything).
-    pub fn uniform_sliding_window(&self) -> Option<usize> {
-        self.sliding_window
     }
 
     /// The window layer `layer` attends within.

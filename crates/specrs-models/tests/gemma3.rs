@@ -115,7 +115,7 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
     for (i, w) in windows.iter().enumerate() {
         assert_eq!(*w, (!full.contains(&i)).then_some(WINDOW), "layer {i}");
     }
-    assert!(cfg.tie_word_embeddings && cfg.qk_norm && cfg.uniform_sliding_window().is_none());
+    assert!(cfg.tie_word_embeddings && cfg.qk_norm && cfg.sliding_window.is_none());
     let e = config_error(|c| c["final_logit_softcapping"] = json!(30.0));
     assert!(e.contains("final_logit_softcapping"), "{e}");
     let e = config_error(|c| c["attn_logit_softcapping"] = json!(50.0));
