@@ -1,5 +1,5 @@
 //! Text ↔ token ids: a `tokenizer.json` (+ `tokenizer_config.json`, `generation_config.json`,
-//! `chat_template.jinja`) beside a checkpoint, or the tokenizer embedded in a GGUF file
+//! `chat_template.jinja`, or a processor's `chat_template.json`) beside a checkpoint, or the tokenizer embedded in a GGUF file
 //! (llama.cpp's `gpt2` BPE: tokens, merges, token types and special ids).
 
 use std::collections::HashMap;
@@ -236,9 +236,12 @@ impl TextTokenizer {
             eos_token_ids.push(id);
         }
         let bos_token_id = bos_token.as_deref().and_then(|t| tokenizer.token_to_id(t));
+        // `chat_template.jinja`, else `tokenizer_config.json`'s, else the processor's
+        // `chat_template.json` (image-text checkpoints such as Gemma 3 4B-27B).
+        let processor = read_json("chat_template.json")?.unwrap_or(Value::Null);
         let template_text = match std::fs::read_to_string(dir.join("chat_template.jinja")) {
             Ok(t) => Some(t),
-            Err(_) => match config.get("chat_template") {
+            Err(_) => match config.get("chat_template").or_else(|| processor.get("chat_template")) {
                 Some(Value::String(s)) => Some(s.clone()),
                 // A list of named templates: use "default".
                 Some(Value::Array(list)) => list
@@ -415,5 +418,27 @@ impl TextTokenizer {
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let ending = if add_generation_prompt { ChatEnding::GenerationPrompt } else { ChatEnding::Closed };
         self.render_conversation(&Conversation { messages: messages.to_vec(), ending, ..Default::default() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chat_template_comes_from_the_jinja_file_then_the_tokenizer_config_then_the_processor() {
+        let dir = tempfile::tempdir().unwrap();
+        specrs_models::testing::write_tokenizer(dir.path(), 16).unwrap();
+        let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        let render = || {
+            let tok = TextTokenizer::from_dir(dir.path()).unwrap();
+            tok.apply_chat_template(&[ChatMessage::new("user", "hi")], false).unwrap()
+        };
+        write("chat_template.json", r#"{"chat_template": "processor {{ messages[0].content }}"}"#);
+        assert_eq!(render(), "processor hi");
+        write("tokenizer_config.json", r#"{"chat_template": "config {{ messages[0].content }}"}"#);
+        assert_eq!(render(), "config hi");
+        write("chat_template.jinja", "jinja {{ messages[0].content }}");
+        assert_eq!(render(), "jinja hi");
     }
 }
