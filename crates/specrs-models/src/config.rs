@@ -67,6 +67,7 @@ impl Architecture {
         ("qwen2", Architecture::Qwen2),
         ("qwen3", Architecture::Qwen3),
         ("phi3", Architecture::Phi3),
+        ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
         ("qwen3moe", Architecture::Qwen3Moe),
     ];
@@ -236,7 +237,7 @@ impl Default for Scales {
 }
 
 /// The factors a `config.json` of `architecture` sets.
-fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: usize) -> Scales {
+pub(crate) fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: usize) -> Scales {
     match architecture {
         Architecture::Granite => Scales {
             embedding: opt_f64(v, "embedding_multiplier").unwrap_or(1.0),
@@ -262,6 +263,9 @@ pub struct GemmaConfig {
     pub sliding_layers: Vec<bool>,
     pub sliding_window: usize,
     pub local_rope_theta: f64,
+    /// The norms' weights are stored as the scale itself (`1 + weight`), as llama.cpp's
+    /// converter writes Gemma, rather than transformers' `weight`.
+    pub norms_store_scale: bool,
 }
 
 /// A Gemma 3 text config with `Gemma3TextConfig`'s defaults where it leaves keys out (the
@@ -330,6 +334,7 @@ fn gemma_config(v: &Value, num_hidden_layers: usize) -> Result<GemmaConfig> {
         return Err(ModelError::config("sliding_window", "must be positive"));
     }
     Ok(GemmaConfig {
+        norms_store_scale: false,
         sliding_layers,
         sliding_window,
         local_rope_theta: opt_f64(v, "rope_local_base_freq").unwrap_or(10_000.0),
@@ -778,6 +783,11 @@ impl DecoderConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Gemma's safetensors).
+    pub fn norms_add_one(&self) -> bool {
+        self.gemma.as_ref().is_some_and(|g| !g.norms_store_scale)
     }
 
     /// The window layer `layer` attends within.

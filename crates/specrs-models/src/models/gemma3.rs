@@ -14,6 +14,11 @@
 //! `text_config`, its weights under `language_model.model.*` (or `model.language_model.*` as
 //! newer transformers saves them) beside a vision tower. spec-rs runs their text decoder and
 //! leaves the vision weights unread ([`text_config`], [`multimodal_aliases`]).
+//!
+//! GGUF `gemma3` files (llama.cpp's) name the norms `post_attention_norm`, `ffn_norm` and
+//! `post_ffw_norm`, store each norm's scale (`1 + weight`) rather than its weight, and leave
+//! the layer pattern (five sliding to one global), the local RoPE base (10,000) and the score
+//! scale (`head_dim^-0.5`, `hidden / heads` for the 27B) to the reader, as llama.cpp does.
 
 use serde_json::Value;
 

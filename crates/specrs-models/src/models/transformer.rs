@@ -64,7 +64,7 @@ impl SelfAttention {
             FusedLinear::new(vec![q, k, v])?
         };
         let o_proj = store.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, q_dim, false)?;
-        let gemma = cfg.gemma.is_some();
+        let gemma = cfg.norms_add_one();
         let (q_norm, k_norm) = if cfg.qk_norm || store.contains(&format!("{prefix}.q_norm.weight")) {
             (
                 Some(RmsNorm::load_as(store, &format!("{prefix}.q_norm.weight"), head_dim, cfg.rms_norm_eps, gemma)?),
@@ -257,6 +257,7 @@ impl DecoderLayer {
         let mlp_prefix = format!("{prefix}.mlp");
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let gemma = cfg.gemma.is_some();
+        let offset = cfg.norms_add_one();
         let mlp = match &cfg.moe {
             Some(moe) if moe.is_sparse_layer(index) => {
                 FeedForward::Sparse(Box::new(SparseMoe::load(store, &mlp_prefix, h, moe)?))
@@ -267,7 +268,8 @@ impl DecoderLayer {
             }
             _ => FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?),
         };
-        let norm = |name: &str| RmsNorm::load_as(store, &format!("{prefix}.{name}.weight"), h, cfg.rms_norm_eps, gemma);
+        let norm =
+            |name: &str| RmsNorm::load_as(store, &format!("{prefix}.{name}.weight"), h, cfg.rms_norm_eps, offset);
         Ok(Self {
             input_layernorm: norm("input_layernorm")?,
             self_attn: SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?,
@@ -362,7 +364,7 @@ impl CausalLm {
         let layers = (0..config.num_hidden_layers)
             .map(|i| DecoderLayer::load(store, &format!("model.layers.{i}"), i, &config))
             .collect::<LoadResult<Vec<_>>>()?;
-        let norm = RmsNorm::load_as(store, "model.norm.weight", h, config.rms_norm_eps, config.gemma.is_some())?;
+        let norm = RmsNorm::load_as(store, "model.norm.weight", h, config.rms_norm_eps, config.norms_add_one())?;
         let lm_head = if config.tie_word_embeddings {
             embed_tokens.clone()
         } else {

@@ -13,7 +13,9 @@ use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 
-use crate::config::{Architecture, DecoderConfig, MoeConfig, RopeScaling, Router, SharedExpertConfig};
+use crate::config::{
+    Architecture, DecoderConfig, GemmaConfig, MoeConfig, RopeScaling, Router, Scales, SharedExpertConfig,
+};
 use crate::error::{ModelError, Result};
 
 pub struct GgufSource {
@@ -43,6 +45,21 @@ pub fn gguf_location(hf: &str) -> Option<(String, Option<usize>)> {
         _ => return None,
     };
     Some((format!("blk.{}.{stacked}", layer.parse::<usize>().ok()?), Some(expert.parse().ok()?)))
+}
+
+/// Gemma's norms in a GGUF file: transformers' `post_attention_layernorm` (over the attention's
+/// output) is llama.cpp's `post_attention_norm`, `pre_feedforward_layernorm` its `ffn_norm`,
+/// `post_feedforward_layernorm` its `post_ffw_norm`.
+fn gemma3_name(hf: &str) -> Option<String> {
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, tail) = rest.split_once('.')?;
+    let mapped = match tail {
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
+        "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{}.{mapped}", layer.parse::<usize>().ok()?))
 }
 
 /// Maps a Hugging Face tensor name to its GGUF name (one expert of a mixture has none of its
@@ -146,7 +163,10 @@ impl GgufSource {
     /// Where this file keeps `hf_name`: [`gguf_location`], or for an expert of a file written
     /// before llama.cpp stacked them, its own `blk.{l}.ffn_{gate,up,down}.{e}.weight`.
     fn locate(&self, hf_name: &str) -> Option<(String, Option<usize>)> {
-        let (g, expert) = gguf_location(hf_name)?;
+        let (g, expert) = match self.architecture {
+            Architecture::Gemma3 => (gemma3_name(hf_name).or_else(|| gguf_name(hf_name))?, None),
+            _ => gguf_location(hf_name)?,
+        };
         match (self.content.tensor_infos.get(&g), expert) {
             (Some(info), Some(e)) => info.shape.dims().first().is_some_and(|&n| e < n).then_some((g, expert)),
             (Some(_), None) => Some((g, None)),
@@ -256,14 +276,45 @@ impl GgufSource {
             fused_projections: phi3,
             sliding_window: self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
             moe: self.moe_config()?,
-            gemma: None,
-            scales: Default::default(),
+            gemma: self.gemma_config(hidden_size, num_attention_heads, head_dim)?.map(|(g, _)| g),
+            scales: match self.gemma_config(hidden_size, num_attention_heads, head_dim)? {
+                Some((_, scales)) => scales,
+                None => Default::default(),
+            },
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         };
         let cfg = cfg.serve_context(None);
         cfg.check()?;
         Ok(cfg)
+    }
+
+    /// Gemma 3 as llama.cpp reads it: five sliding layers to each global one, local RoPE at
+    /// base 10,000, scores scaled by `head_dim^-0.5` (`hidden / heads` for the 62-layer 27B, as
+    /// its `query_pre_attn_scalar` says), norms stored as their scale.
+    fn gemma_config(
+        &self,
+        hidden_size: usize,
+        num_attention_heads: usize,
+        head_dim: usize,
+    ) -> Result<Option<(GemmaConfig, Scales)>> {
+        if self.architecture != Architecture::Gemma3 {
+            return Ok(None);
+        }
+        let layers = self.meta_usize("block_count")?;
+        let scalar = if layers == 62 { hidden_size / num_attention_heads.max(1) } else { head_dim };
+        let gemma = GemmaConfig {
+            sliding_layers: (0..layers).map(|i| !(i + 1).is_multiple_of(6)).collect(),
+            sliding_window: self.meta_usize("attention.sliding_window").unwrap_or(4096),
+            local_rope_theta: 10_000.0,
+            norms_store_scale: true,
+        };
+        let scales = Scales {
+            embedding: (hidden_size as f64).sqrt(),
+            attention: Some((scalar as f64).powf(-0.5)),
+            ..Scales::default()
+        };
+        Ok(Some((gemma, scales)))
     }
 
     /// The experts of a `qwen2moe` / `qwen3moe` file. llama.cpp runs every layer sparse and
