@@ -215,6 +215,12 @@ def test_generate_bad_sampling_flags_exit_2_naming_the_flag(args: list[str], mes
     assert "/nonexistent" not in proc.stderr, "the flags are checked before the model is looked for"
 
 
+def test_a_tokenizer_directory_without_tokenizer_json_is_a_usage_error(tmp_path: Path) -> None:
+    proc = run([*console_script(), "generate", "--tokenizer", str(tmp_path), "hi"])
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "holds no tokenizer.json" in proc.stderr
+
+
 def test_a_draft_directory_without_a_config_is_a_usage_error_naming_the_file(tmp_path: Path) -> None:
     proc = run(
         [*console_script(), "generate", "--speculative-method", "eagle", "--draft-model", str(tmp_path), "hi"]

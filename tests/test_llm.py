@@ -645,6 +645,15 @@ def test_engine_sizes_the_model_cannot_honour_raise_config_error_naming_them(
     assert excinfo.value.field == field
 
 
+def test_a_tokenizer_override_must_exist_and_hold_tokenizer_json(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="does not exist") as excinfo:
+        LLM(speculative_config=SpeculativeConfig(), tokenizer=str(tmp_path / "absent"))
+    assert excinfo.value.field == "tokenizer"
+    with pytest.raises(ConfigError, match=r"holds no tokenizer\.json") as excinfo:
+        LLM(speculative_config=SpeculativeConfig(), tokenizer=str(tmp_path))
+    assert excinfo.value.field == "tokenizer"
+
+
 def test_a_draft_directory_without_a_config_raises_model_load_error(tmp_path: Any) -> None:
     with pytest.raises(ModelLoadError) as excinfo:
         LLM(draft_model=str(tmp_path), speculative_config=SpeculativeConfig(speculative_method="eagle"))

@@ -199,6 +199,7 @@ class _PipelineClass(Pipeline):
         device_graph_capture: bool = False,
         max_seq_len_to_capture: int = 4096,
         enable_prefix_caching: bool = True,
+        tokenizer: str | None = None,
     ) -> Self: ...
 
 @final

@@ -39,6 +39,7 @@ def _build_pipeline(args_json: str) -> Any:
         device_graph_capture=args.get("device_graph_capture", False),
         max_seq_len_to_capture=args.get("max_seq_len_to_capture", 4096),
         enable_prefix_caching=args.get("enable_prefix_caching", True),
+        tokenizer=args.get("tokenizer"),
     ).pipeline
 
 

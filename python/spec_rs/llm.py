@@ -16,6 +16,7 @@ plain decoding.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -381,6 +382,7 @@ def build_pipeline(
     device_graph_capture: bool = False,
     max_seq_len_to_capture: int = 4096,
     enable_prefix_caching: bool = True,
+    tokenizer: str | None = None,
     arch_lookup: ArchLookup | None = None,
 ) -> ResolvedPipeline:
     """Selects the architecture (and speculator), resolves the draft width, builds the pipeline."""
@@ -448,8 +450,22 @@ def build_pipeline(
         device_graph_capture=device_graph_capture,
         max_seq_len_to_capture=max_seq_len_to_capture,
         enable_prefix_caching=enable_prefix_caching,
+        tokenizer=str(resolve_tokenizer(tokenizer)) if tokenizer is not None else None,
     )
     return ResolvedPipeline(target_arch, arch, spec, pipeline)
+
+
+def resolve_tokenizer(tokenizer: str | os.PathLike[str]) -> Path:
+    """The directory (or ``tokenizer.json``) a ``tokenizer=`` argument names, checked to exist."""
+    path = Path(tokenizer).expanduser()
+    if not path.exists():
+        error = ConfigError(
+            f"tokenizer {str(tokenizer)!r} does not exist: "
+            "pass a directory holding tokenizer.json or the file itself"
+        )
+        error.field = "tokenizer"
+        raise error
+    return path
 
 
 def _is_token_ids(value: Any) -> bool:
@@ -565,6 +581,10 @@ class LLM:
     drafter's, of prompt prefixes earlier requests computed: shared system prompts,
     multi-turn chats and a request's ``n`` choices skip computing them again.
     ``RequestOutput.num_cached_tokens`` says how many prompt tokens were reused.
+
+    ``tokenizer`` (as vLLM's) names a directory holding ``tokenizer.json`` (or the file) to use
+    instead of the model's: for GGUF files whose SentencePiece vocabulary spec-rs does not
+    build, and checkpoints that ship only ``tokenizer.model``.
     """
 
     def __init__(
@@ -584,6 +604,7 @@ class LLM:
         device_graph_capture: bool = False,
         max_seq_len_to_capture: int = 4096,
         enable_prefix_caching: bool = True,
+        tokenizer: str | None = None,
         custom_architectures: str | None = None,
         arch_lookup: ArchLookup | None = None,
     ) -> None:
@@ -605,6 +626,7 @@ class LLM:
             device_graph_capture=device_graph_capture,
             max_seq_len_to_capture=max_seq_len_to_capture,
             enable_prefix_caching=enable_prefix_caching,
+            tokenizer=tokenizer,
             arch_lookup=lookup,
         )
         self.model = model

@@ -133,6 +133,10 @@ pub struct PipelineConfig {
     pub model: String,
     /// Draft checkpoint for eagle/dflash/dflash2/dspark (and speculators-format mtp).
     pub draft_model: Option<String>,
+    /// A directory holding `tokenizer.json` (and its configs), or that file, whose tokenizer
+    /// replaces the model's, as vLLM's `--tokenizer`: for GGUF files whose tokenizer spec-rs
+    /// cannot build (SentencePiece vocabularies) and checkpoints that ship `tokenizer.model` only.
+    pub tokenizer: Option<String>,
     pub speculative: SpeculativeConfig,
     pub dtype: ModelDType,
     /// One device per data-parallel replica (usually one). Each replica holds the target and
@@ -147,6 +151,7 @@ impl PipelineConfig {
         Self {
             model: model.into(),
             draft_model: None,
+            tokenizer: None,
             speculative: SpeculativeConfig::default(),
             dtype: ModelDType::Auto,
             devices: vec![DeviceSpec::Cpu],
@@ -280,6 +285,23 @@ pub fn load_tokenizer(store: &WeightStore, path: &Path) -> Result<TextTokenizer>
             TextTokenizer::from_dir(dir)
         }
     }
+}
+
+/// Opens the tokenizer a pipeline was told to use instead of its model's: a directory holding
+/// `tokenizer.json`, or that file.
+pub fn load_tokenizer_from(tokenizer: &str) -> Result<TextTokenizer> {
+    let path = Path::new(tokenizer);
+    let dir = if path.is_file() { path.parent().unwrap_or(Path::new(".")) } else { path };
+    if !dir.join("tokenizer.json").is_file() {
+        return Err(EngineError::Config(ConfigError::field(
+            "tokenizer",
+            format!(
+                "'{tokenizer}' holds no tokenizer.json: pass a directory holding tokenizer.json (and its \
+                 tokenizer_config.json) or the file itself"
+            ),
+        )));
+    }
+    TextTokenizer::from_dir(dir)
 }
 
 /// Resolves the model argument to a file or directory.
@@ -468,7 +490,10 @@ fn build_replica(
     let model_config = specrs_models::models::read_config(&store, &path)?.serve_context(cfg.engine.max_model_len);
     let architecture = target_architecture(&store, &model_config, &path);
     let target = CausalLm::load(&store, model_config)?;
-    let tokenizer = Arc::new(load_tokenizer(&store, &path)?);
+    let tokenizer = Arc::new(match &cfg.tokenizer {
+        Some(t) => load_tokenizer_from(t)?,
+        None => load_tokenizer(&store, &path)?,
+    });
     let mut spec = cfg.speculative.clone().validated()?;
     spec.check_pipeline_combinations()?;
     if kind.method() != spec.speculative_method {
@@ -595,6 +620,40 @@ pub fn peek_architecture(path: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tokenizer_override_replaces_the_models_and_names_what_it_lacks() {
+        use specrs_models::config::Architecture;
+        use specrs_models::testing::{self, TinyShape};
+        let dir = tempfile::tempdir().unwrap();
+        let shape = TinyShape::default();
+        let target = dir.path().join("target");
+        testing::write_checkpoint(
+            &target,
+            &testing::target_config(Architecture::Llama, &shape, false),
+            &testing::random_target(Architecture::Llama, &shape, false, 1).unwrap(),
+        )
+        .unwrap();
+        // A checkpoint that ships no tokenizer.json (as InternLM2's ship tokenizer.model only).
+        std::fs::remove_file(target.join("tokenizer.json")).unwrap();
+        let mut cfg = PipelineConfig::new(target.to_str().unwrap());
+        cfg.dtype = ModelDType::F32;
+        cfg.engine.kv_cache_bytes = 8 << 20;
+        let Err(e) = build_engine(&cfg) else { panic!("built without a tokenizer") };
+        assert!(e.to_string().contains("tokenizer.json"), "{e}");
+        // A word tokenizer elsewhere, named by its directory or its file.
+        let words = dir.path().join("words");
+        std::fs::create_dir_all(&words).unwrap();
+        testing::write_word_tokenizer(&words, (0..shape.vocab - 1).map(|i| format!("w{i}"))).unwrap();
+        for named in [words.clone(), words.join("tokenizer.json")] {
+            cfg.tokenizer = Some(named.to_str().unwrap().to_string());
+            let (engine, _) = build_engine(&cfg).unwrap();
+            assert_eq!(engine.tokenizer().encode("w3 w7", false).unwrap(), vec![3, 7]);
+        }
+        cfg.tokenizer = Some(dir.path().join("target").to_str().unwrap().to_string());
+        let Err(e) = build_engine(&cfg) else { panic!("a directory without tokenizer.json was accepted") };
+        assert!(e.to_string().contains("tokenizer") && e.to_string().contains("holds no tokenizer.json"), "{e}");
+    }
 
     #[test]
     fn an_auto_draft_beside_a_quantized_target_is_quantized_to_its_class() {

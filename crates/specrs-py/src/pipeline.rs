@@ -97,6 +97,7 @@ fn build(
     device_graph_capture: bool,
     max_seq_len_to_capture: usize,
     enable_prefix_caching: bool,
+    tokenizer: Option<String>,
 ) -> PyResult<PyPipeline> {
     let speculative = match speculative_config {
         Some(json) => {
@@ -111,6 +112,7 @@ fn build(
     let cfg = PipelineConfig {
         model,
         draft_model,
+        tokenizer,
         speculative,
         dtype,
         devices,
@@ -315,7 +317,7 @@ macro_rules! pipeline_class {
                         max_num_seqs=64, max_model_len=None, max_num_batched_tokens=2048, kv_cache_bytes=1073741824,
                         block_size=16, enable_spec_decode_mixed_batches=false,
                         device_graph_capture=false, max_seq_len_to_capture=4096,
-                        enable_prefix_caching=true))]
+                        enable_prefix_caching=true, tokenizer=None))]
             #[allow(clippy::too_many_arguments)]
             fn new(
                 py: Python<'_>,
@@ -333,6 +335,7 @@ macro_rules! pipeline_class {
                 device_graph_capture: bool,
                 max_seq_len_to_capture: usize,
                 enable_prefix_caching: bool,
+                tokenizer: Option<String>,
             ) -> PyResult<PyClassInitializer<Self>> {
                 let base = build(
                     py,
@@ -351,6 +354,7 @@ macro_rules! pipeline_class {
                     device_graph_capture,
                     max_seq_len_to_capture,
                     enable_prefix_caching,
+                    tokenizer,
                 )?;
                 Ok(PyClassInitializer::from(base).add_subclass($rust))
             }

@@ -44,6 +44,7 @@ impl CliCommand {
 pub struct PipelineArgs {
     pub model: String,
     pub draft_model: Option<String>,
+    pub tokenizer: Option<String>,
     /// Speculative fields given on the command line (explicit values only).
     pub speculative: Map<String, Value>,
     pub config_file: Option<PathBuf>,
@@ -155,6 +156,10 @@ fn pipeline_args(cmd: Command) -> Command {
                 .long("draft-model")
                 .help("Draft checkpoint directory (eagle, dflash, dflash2, dspark; speculators mtp)"),
         )
+        .arg(Arg::new("tokenizer").long("tokenizer").value_name("PATH").help(
+            "Directory holding tokenizer.json (or the file) to use instead of the model's: for GGUF files with \
+             SentencePiece vocabularies and checkpoints without tokenizer.json",
+        ))
         .arg(
             Arg::new("no-default-draft")
                 .long("no-default-draft")
@@ -444,6 +449,7 @@ fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
     Ok(PipelineArgs {
         model: m.get_one::<String>("model").expect("default").clone(),
         draft_model: m.get_one::<String>("draft-model").cloned(),
+        tokenizer: m.get_one::<String>("tokenizer").cloned(),
         speculative: speculative_values(m)?,
         config_file: m.get_one::<PathBuf>("config-file").cloned(),
         section_name: m.get_one::<String>("section-name").cloned(),
@@ -595,6 +601,7 @@ impl PipelineArgs {
         Ok(serde_json::json!({
             "model": self.model,
             "draft_model": draft_model,
+            "tokenizer": self.tokenizer,
             "speculative_config": speculative.to_json(),
             "dtype": self.dtype.as_str(),
             "device": device,
@@ -622,6 +629,7 @@ impl PipelineArgs {
         Ok(PipelineConfig {
             model: self.model.clone(),
             draft_model,
+            tokenizer: self.tokenizer.clone(),
             speculative,
             dtype: self.dtype,
             devices: self.devices.clone(),
