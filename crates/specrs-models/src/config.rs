@@ -1,6 +1,6 @@
-//! Runtime configuration of the Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3,
-//! and the Qwen2 / Qwen3 mixtures of experts), read from a Hugging Face `config.json` or from
-//! GGUF metadata.
+//! Runtime configuration of the decoders spec-rs runs (Llama, Mistral, Qwen2, Qwen3, Phi-3,
+//! InternLM2, Gemma 3, Granite, and the Mixtral, Qwen2-MoE, Qwen3-MoE and GLM-4.5 mixtures of
+//! experts), read from a Hugging Face `config.json` or from GGUF metadata.
 
 use serde_json::Value;
 
@@ -237,7 +237,7 @@ impl Default for Scales {
 }
 
 /// The factors a `config.json` of `architecture` sets.
-pub(crate) fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: usize) -> Scales {
+fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: usize) -> Scales {
     match architecture {
         Architecture::Granite => Scales {
             embedding: opt_f64(v, "embedding_multiplier").unwrap_or(1.0),
@@ -481,8 +481,8 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
     })
 }
 
-/// The experts of a Qwen2-MoE / Qwen3-MoE / GLM-4.5 `config.json`, with transformers'
-/// defaults.
+/// The experts of a Mixtral / Qwen2-MoE / Qwen3-MoE / GLM-4.5 `config.json`, with
+/// transformers' defaults.
 fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
     let mlp_only_layers = match v.get("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
@@ -514,10 +514,10 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
                 topk_group: usize_or("topk_group", 1),
                 routed_scaling_factor: opt_f64(v, "routed_scaling_factor").unwrap_or(1.0),
             },
-            Some(SharedExpertConfig {
-                intermediate_size: expert_intermediate_size * usize_or("n_shared_experts", 1),
-                gated: false,
-            }),
+            match usize_or("n_shared_experts", 1) {
+                0 => None,
+                n => Some(SharedExpertConfig { intermediate_size: expert_intermediate_size * n, gated: false }),
+            },
             // GLM-4.5's configs name them as DeepSeek-V3 does.
             match v.get("n_routed_experts") {
                 Some(_) => req_usize(v, "n_routed_experts")?,
@@ -771,6 +771,17 @@ impl DecoderConfig {
                     "decoder_sparse_step",
                     "decoder_sparse_step and moe_intermediate_size must be positive",
                 ));
+            }
+        }
+        let Scales { embedding, residual, attention, logits_divisor } = self.scales;
+        for (key, value) in [
+            ("embedding_multiplier", embedding),
+            ("residual_multiplier", residual),
+            ("attention_multiplier", attention.unwrap_or(1.0)),
+            ("logits_scaling", logits_divisor),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(ModelError::config(key, format!("must be positive and finite, got {value}")));
             }
         }
         if self.sliding_window == Some(0) {

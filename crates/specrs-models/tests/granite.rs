@@ -8,7 +8,7 @@ use candle_core::Device;
 use common::{Multipliers, Reference, assert_close, logits};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
-use specrs_models::{Architecture, ModelDType, load_causal_lm};
+use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
 
 const SHAPE: TinyShape =
     TinyShape { vocab: 40, hidden: 32, layers: 3, heads: 4, kv_heads: 2, head_dim: 8, intermediate: 48 };
@@ -39,4 +39,15 @@ fn the_multipliers_match_the_transformers_forward() {
     let want = reference.logits(&ids);
     assert_close(&logits(&model, &ids, false), &want, "one prefill");
     assert_close(&logits(&model, &ids, true), &want, "token by token");
+}
+
+#[test]
+fn a_multiplier_that_is_not_positive_is_refused_by_key() {
+    let mut config = testing::target_config(Architecture::Granite, &SHAPE, true);
+    config["logits_scaling"] = json!(0.0);
+    let e = DecoderConfig::from_hf_json(&config).unwrap_err().to_string();
+    assert!(e.contains("logits_scaling") && e.contains("positive"), "{e}");
+    config["logits_scaling"] = json!(8.0);
+    config["residual_multiplier"] = json!(-1.0);
+    assert!(DecoderConfig::from_hf_json(&config).unwrap_err().to_string().contains("residual_multiplier"));
 }

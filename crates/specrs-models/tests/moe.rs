@@ -277,6 +277,8 @@ fn configuration_errors_name_their_key() {
     assert_eq!(moe.router, Router::GroupedSigmoid { n_group: 4, topk_group: 2, routed_scaling_factor: 2.5 });
     assert!(!moe.is_sparse_layer(0) && moe.is_sparse_layer(1), "first_k_dense_replace keeps layer 0 dense");
     assert!(glm(&|c| c["use_qk_norm"] = json!(true)).unwrap().qk_norm);
+    let unshared = glm(&|c| c["n_shared_experts"] = json!(0)).unwrap();
+    assert_eq!(unshared.moe.unwrap().shared_expert, None, "no shared expert to load");
     let sparse = cfg(&|c| {
         c["decoder_sparse_step"] = json!(2);
         c["mlp_only_layers"] = json!([3]);
