@@ -291,7 +291,14 @@ pub fn load_tokenizer(store: &WeightStore, path: &Path) -> Result<TextTokenizer>
 /// `tokenizer.json`, or that file.
 pub fn load_tokenizer_from(tokenizer: &str) -> Result<TextTokenizer> {
     let path = Path::new(tokenizer);
-    let dir = if path.is_file() { path.parent().unwrap_or(Path::new(".")) } else { path };
+    let named_file = path.is_file();
+    let dir = if named_file { path.parent().unwrap_or(Path::new(".")) } else { path };
+    if named_file && path.file_name().is_some_and(|n| n != "tokenizer.json") {
+        return Err(EngineError::Config(ConfigError::field(
+            "tokenizer",
+            format!("'{tokenizer}' is not a tokenizer.json: pass the directory holding tokenizer.json or that file"),
+        )));
+    }
     if !dir.join("tokenizer.json").is_file() {
         return Err(EngineError::Config(ConfigError::field(
             "tokenizer",
@@ -650,6 +657,9 @@ mod tests {
             let (engine, _) = build_engine(&cfg).unwrap();
             assert_eq!(engine.tokenizer().encode("w3 w7", false).unwrap(), vec![3, 7]);
         }
+        cfg.tokenizer = Some(target.join("config.json").to_str().unwrap().to_string());
+        let Err(e) = build_engine(&cfg) else { panic!("config.json was read as a tokenizer") };
+        assert!(e.to_string().contains("is not a tokenizer.json"), "{e}");
         cfg.tokenizer = Some(dir.path().join("target").to_str().unwrap().to_string());
         let Err(e) = build_engine(&cfg) else { panic!("a directory without tokenizer.json was accepted") };
         assert!(e.to_string().contains("tokenizer") && e.to_string().contains("holds no tokenizer.json"), "{e}");

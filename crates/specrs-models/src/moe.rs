@@ -1,4 +1,4 @@
-//! The sparse mixture-of-experts feed-forward of Qwen2-MoE, Qwen3-MoE and GLM-4.5: a linear
+//! The sparse mixture-of-experts feed-forward of Mixtral, Qwen2-MoE, Qwen3-MoE and GLM-4.5: a linear
 //! router scores every expert for each token and picks the token's experts (the top-k of a
 //! softmax, or DeepSeek-V3's group-limited sigmoid choice, see [`Router`]), each expert (a
 //! SwiGLU MLP) runs once on the rows routed to it, and the outputs are summed back with their
