@@ -14,10 +14,10 @@ use std::time::Duration;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use specrs_models::MoeConfig;
 use specrs_models::linear::{FusedLinear, Linear, LinearWeight};
 use specrs_models::models::transformer::Mlp;
 use specrs_models::moe::SparseMoe;
-use specrs_models::{MoeConfig, Router};
 
 const HIDDEN: usize = 2048;
 const EXPERT: usize = 768;
@@ -40,17 +40,7 @@ fn mixture() -> SparseMoe {
         })
         .collect();
     let router = Tensor::randn(0f32, 1.0, (EXPERTS, HIDDEN), &Device::Cpu).expect("router");
-    let config = MoeConfig {
-        num_experts: EXPERTS,
-        top_k: TOP_K,
-        expert_intermediate_size: EXPERT,
-        norm_topk_prob: true,
-        router: Router::Softmax,
-        first_k_dense_replace: 0,
-        decoder_sparse_step: 1,
-        mlp_only_layers: Vec::new(),
-        shared_expert: None,
-    };
+    let config = MoeConfig::softmax_everywhere(EXPERTS, TOP_K, EXPERT, true);
     SparseMoe::from_parts(Linear::new(LinearWeight::Dense(router), None, EXPERTS, HIDDEN), experts, None, config)
 }
 

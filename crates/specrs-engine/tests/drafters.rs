@@ -304,7 +304,6 @@ fn phi3_config() -> serde_json::Value {
 /// Plain greedy decoding straight on the model, one token per forward: what the engine's
 /// batched, windowed steps must reproduce.
 fn model_greedy(target: &Path, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
-    use specrs_models::{BatchRow, ForwardBatch};
     let (model, _) = specrs_models::load_causal_lm(target, &candle_core::Device::Cpu, ModelDType::F32).unwrap();
     let block = 4;
     let kv = model.new_kv_cache((prompt.len() + max_tokens).div_ceil(block) + 1, block).unwrap();
@@ -313,23 +312,7 @@ fn model_greedy(target: &Path, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
     let mut out = Vec::new();
     while out.len() < max_tokens {
         let ctx = tokens.len();
-        let blocks = ctx.div_ceil(block);
-        let batch = ForwardBatch {
-            input_ids: tokens[fed..].to_vec(),
-            positions: (fed as u32..ctx as u32).collect(),
-            rows: vec![BatchRow {
-                query_start: 0,
-                query_len: ctx - fed,
-                context_len: ctx,
-                block_table_start: 0,
-                block_table_len: blocks,
-            }],
-            slot_mapping: (fed as u32..ctx as u32).collect(),
-            block_tables: (0..blocks as u32).collect(),
-            block_size: block,
-            logits_indices: vec![(ctx - fed - 1) as u32],
-            ..Default::default()
-        };
+        let batch = testing::single_sequence_batch(&tokens[fed..], fed, block, vec![(ctx - fed - 1) as u32]);
         let logits = model.forward(&batch, &kv).unwrap().logits.unwrap().get(0).unwrap().to_vec1::<f32>().unwrap();
         let next = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
         fed = ctx;

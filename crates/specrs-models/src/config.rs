@@ -383,6 +383,26 @@ pub struct MoeConfig {
 }
 
 impl MoeConfig {
+    /// Softmax routing in every layer, no shared expert (Mixtral, Qwen3-MoE as llama.cpp runs it).
+    pub fn softmax_everywhere(
+        num_experts: usize,
+        top_k: usize,
+        expert_intermediate_size: usize,
+        norm_topk_prob: bool,
+    ) -> Self {
+        Self {
+            num_experts,
+            top_k,
+            expert_intermediate_size,
+            norm_topk_prob,
+            router: Router::Softmax,
+            first_k_dense_replace: 0,
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+            shared_expert: None,
+        }
+    }
+
     pub fn is_sparse_layer(&self, layer: usize) -> bool {
         layer >= self.first_k_dense_replace
             && !self.mlp_only_layers.contains(&layer)
@@ -494,17 +514,12 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
     let usize_or = |key: &str, default: usize| v.get(key).and_then(Value::as_u64).map_or(default, |x| x as usize);
     if architecture == Architecture::Mixtral {
         // Every layer sparse, experts as wide as `intermediate_size`, weights always renormalised.
-        return Ok(MoeConfig {
-            num_experts: req_usize(v, "num_local_experts")?,
-            top_k: req_usize(v, "num_experts_per_tok")?,
-            expert_intermediate_size: req_usize(v, "intermediate_size")?,
-            norm_topk_prob: true,
-            router: Router::Softmax,
-            first_k_dense_replace: 0,
-            decoder_sparse_step: 1,
-            mlp_only_layers: Vec::new(),
-            shared_expert: None,
-        });
+        return Ok(MoeConfig::softmax_everywhere(
+            req_usize(v, "num_local_experts")?,
+            req_usize(v, "num_experts_per_tok")?,
+            req_usize(v, "intermediate_size")?,
+            true,
+        ));
     }
     let expert_intermediate_size = req_usize(v, "moe_intermediate_size")?;
     let (router, shared_expert, num_experts) = match architecture {

@@ -9,6 +9,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Result, Tensor};
 use serde_json::{Value, json};
 
+use crate::batch::{BatchRow, ForwardBatch};
 use crate::config::Architecture;
 
 /// Largest absolute elementwise difference between two tensors of one shape, in f32.
@@ -98,6 +99,29 @@ pub fn random_target(arch: Architecture, s: &TinyShape, tie: bool, seed: u64) ->
         }
     }
     Ok(t)
+}
+
+/// One sequence on a contiguous block table (`block_size` keys a block): `tokens` fed after
+/// `cached` keys, logits at the flat indices `logits_at`.
+pub fn single_sequence_batch(tokens: &[u32], cached: usize, block_size: usize, logits_at: Vec<u32>) -> ForwardBatch {
+    let ctx = cached + tokens.len();
+    let blocks = ctx.div_ceil(block_size);
+    ForwardBatch {
+        input_ids: tokens.to_vec(),
+        positions: (cached as u32..ctx as u32).collect(),
+        rows: vec![BatchRow {
+            query_start: 0,
+            query_len: tokens.len(),
+            context_len: ctx,
+            block_table_start: 0,
+            block_table_len: blocks,
+        }],
+        slot_mapping: (cached as u32..ctx as u32).collect(),
+        block_tables: (0..blocks as u32).collect(),
+        block_size,
+        logits_indices: logits_at,
+        ..Default::default()
+    }
 }
 
 /// A Llama checkpoint's tensors stored as Phi-3 stores them: q/k/v rows stacked into

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use candle_core::{Device, Tensor};
 use serde_json::Value;
 use specrs_core::model_alias::{DEFAULT_MODEL_ALIAS, find_alias, resolve_alias};
-use specrs_models::{BatchRow, CausalLm, ForwardBatch, ModelDType, PagedKvCache, load_causal_lm};
+use specrs_models::{CausalLm, ForwardBatch, ModelDType, PagedKvCache, load_causal_lm};
 
 const BLOCK: usize = 16;
 
@@ -23,24 +23,7 @@ fn model(dtype: ModelDType) -> CausalLm {
 
 /// One sequence on a contiguous block table.
 fn batch(tokens: &[u32], cached: usize, logits_at: Vec<u32>) -> ForwardBatch {
-    let ctx = cached + tokens.len();
-    let blocks = ctx.div_ceil(BLOCK);
-    ForwardBatch {
-        input_ids: tokens.to_vec(),
-        positions: (cached as u32..ctx as u32).collect(),
-        rows: vec![BatchRow {
-            query_start: 0,
-            query_len: tokens.len(),
-            context_len: ctx,
-            block_table_start: 0,
-            block_table_len: blocks,
-        }],
-        slot_mapping: (cached as u32..ctx as u32).collect(),
-        block_tables: (0..blocks as u32).collect(),
-        block_size: BLOCK,
-        logits_indices: logits_at,
-        ..Default::default()
-    }
+    specrs_models::testing::single_sequence_batch(tokens, cached, BLOCK, logits_at)
 }
 
 fn row(logits: &Tensor, i: usize) -> Vec<f32> {

@@ -13,9 +13,7 @@ use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 
-use crate::config::{
-    Architecture, DecoderConfig, GemmaConfig, MoeConfig, RopeScaling, Router, Scales, SharedExpertConfig,
-};
+use crate::config::{Architecture, DecoderConfig, GemmaConfig, MoeConfig, RopeScaling, Scales, SharedExpertConfig};
 use crate::error::{ModelError, Result};
 
 pub struct GgufSource {
@@ -320,35 +318,27 @@ impl GgufSource {
     /// The experts of a `qwen2moe` / `qwen3moe` file. llama.cpp runs every layer sparse and
     /// renormalises the top-k weights of Qwen3-MoE only, as the released configs ask.
     fn moe_config(&self) -> Result<Option<MoeConfig>> {
+        let experts = || -> Result<(usize, usize)> {
+            Ok((self.meta_usize("expert_count")?, self.meta_usize("expert_used_count")?))
+        };
         let moe = match self.architecture {
-            Architecture::Qwen2Moe | Architecture::Qwen3Moe => MoeConfig {
-                num_experts: self.meta_usize("expert_count")?,
-                top_k: self.meta_usize("expert_used_count")?,
-                expert_intermediate_size: self.meta_usize("expert_feed_forward_length")?,
-                norm_topk_prob: self.architecture == Architecture::Qwen3Moe,
-                router: Router::Softmax,
-                first_k_dense_replace: 0,
-                decoder_sparse_step: 1,
-                mlp_only_layers: Vec::new(),
-                shared_expert: match self.architecture {
-                    Architecture::Qwen2Moe => Some(SharedExpertConfig {
+            Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
+                let (count, used) = experts()?;
+                let width = self.meta_usize("expert_feed_forward_length")?;
+                let mut moe =
+                    MoeConfig::softmax_everywhere(count, used, width, self.architecture == Architecture::Qwen3Moe);
+                if self.architecture == Architecture::Qwen2Moe {
+                    moe.shared_expert = Some(SharedExpertConfig {
                         intermediate_size: self.meta_usize("expert_shared_feed_forward_length")?,
                         gated: true,
-                    }),
-                    _ => None,
-                },
-            },
-            Architecture::Mixtral => MoeConfig {
-                num_experts: self.meta_usize("expert_count")?,
-                top_k: self.meta_usize("expert_used_count")?,
-                expert_intermediate_size: self.meta_usize("feed_forward_length")?,
-                norm_topk_prob: true,
-                router: Router::Softmax,
-                first_k_dense_replace: 0,
-                decoder_sparse_step: 1,
-                mlp_only_layers: Vec::new(),
-                shared_expert: None,
-            },
+                    });
+                }
+                moe
+            }
+            Architecture::Mixtral => {
+                let (count, used) = experts()?;
+                MoeConfig::softmax_everywhere(count, used, self.meta_usize("feed_forward_length")?, true)
+            }
             _ => return Ok(None),
         };
         Ok(Some(moe))

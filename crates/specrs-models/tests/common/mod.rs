@@ -10,31 +10,14 @@
 use std::collections::HashMap;
 
 use candle_core::Tensor;
-use specrs_models::testing::TinyShape;
-use specrs_models::{BatchRow, CausalLm, ForwardBatch};
+use specrs_models::testing::{self, TinyShape};
+use specrs_models::{CausalLm, ForwardBatch};
 
 const BLOCK: usize = 4;
 
 /// One sequence on a contiguous block table: `tokens` after `cached` keys, logits everywhere.
 pub fn batch(tokens: &[u32], cached: usize) -> ForwardBatch {
-    let ctx = cached + tokens.len();
-    let blocks = ctx.div_ceil(BLOCK);
-    ForwardBatch {
-        input_ids: tokens.to_vec(),
-        positions: (cached as u32..ctx as u32).collect(),
-        rows: vec![BatchRow {
-            query_start: 0,
-            query_len: tokens.len(),
-            context_len: ctx,
-            block_table_start: 0,
-            block_table_len: blocks,
-        }],
-        slot_mapping: (cached as u32..ctx as u32).collect(),
-        block_tables: (0..blocks as u32).collect(),
-        block_size: BLOCK,
-        logits_indices: (0..tokens.len() as u32).collect(),
-        ..Default::default()
-    }
+    testing::single_sequence_batch(tokens, cached, BLOCK, (0..tokens.len() as u32).collect())
 }
 
 /// The model's logits of every token: one prefill, or (`stepwise`) one token per step
