@@ -325,25 +325,36 @@ fn model_greedy(target: &Path, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
     out
 }
 
+/// The engine's plain greedy outputs for `prompts()` equal the model's own token-by-token loop
+/// (`model_greedy`), and a random EAGLE-3 head (written to `head` with `seed`) and n-gram
+/// lookup at K = 3, in batches of four, return them unchanged.
+fn decodes_as_its_model_and_speculates_losslessly(target: &Path, head: &Path, seed: u64, family: &str) {
+    let lengths = [17, 5, 30, 9];
+    let plain = run(&engine(target, None, None, 0), &lengths);
+    // `generate` answers in request order.
+    for (i, out) in plain.iter().enumerate() {
+        assert_eq!(
+            out.token_ids,
+            model_greedy(target, &prompts()[i], lengths[i]),
+            "{family} request {i}: engine vs model"
+        );
+    }
+    let e3 = random_head(head, true, seed);
+    for (method, draft) in [(SpeculativeMethod::Eagle, Some(&e3)), (SpeculativeMethod::Ngram, None)] {
+        let spec = run(&engine(target, draft.map(|d| d.as_path()), Some(method), 3), &lengths);
+        for (p, s) in plain.iter().zip(&spec) {
+            assert_eq!(p.token_ids, s.token_ids, "{method} on {family}");
+        }
+    }
+}
+
 #[test]
 fn a_phi3_target_decodes_as_its_model_and_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("phi3");
     let tensors = testing::random_target(Architecture::Llama, &SHAPE, false, 21).unwrap();
     write(&target, &phi3_config(), &testing::fused_as_phi3(tensors, &SHAPE).unwrap());
-    let lengths = [17, 5, 30, 9];
-    let plain = run(&engine(&target, None, None, 0), &lengths);
-    // `generate` answers in request order.
-    for (i, out) in plain.iter().enumerate() {
-        assert_eq!(out.token_ids, model_greedy(&target, &prompts()[i], lengths[i]), "request {i}: engine vs model");
-    }
-    let e3 = random_head(&dir.path().join("eagle3"), true, 300);
-    for (method, draft) in [(SpeculativeMethod::Eagle, Some(&e3)), (SpeculativeMethod::Ngram, None)] {
-        let spec = run(&engine(&target, draft.map(|d| d.as_path()), Some(method), 3), &lengths);
-        for (p, s) in plain.iter().zip(&spec) {
-            assert_eq!(p.token_ids, s.token_ids, "{method} on Phi-3");
-        }
-    }
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 300, "Phi-3");
 }
 
 #[test]
@@ -381,18 +392,7 @@ fn a_qwen3_moe_target_speculates_losslessly() {
         &testing::moe_target_config(Architecture::Qwen3Moe, &SHAPE, &moe),
         &testing::random_moe_target(Architecture::Qwen3Moe, &SHAPE, &moe, 23).unwrap(),
     );
-    let lengths = [17, 5, 30, 9];
-    let plain = run(&engine(&target, None, None, 0), &lengths);
-    for (i, out) in plain.iter().enumerate() {
-        assert_eq!(out.token_ids, model_greedy(&target, &prompts()[i], lengths[i]), "request {i}: engine vs model");
-    }
-    let e3 = random_head(&dir.path().join("eagle3"), true, 301);
-    for (method, draft) in [(SpeculativeMethod::Eagle, Some(&e3)), (SpeculativeMethod::Ngram, None)] {
-        let spec = run(&engine(&target, draft.map(|d| d.as_path()), Some(method), 3), &lengths);
-        for (p, s) in plain.iter().zip(&spec) {
-            assert_eq!(p.token_ids, s.token_ids, "{method} on Qwen3-MoE");
-        }
-    }
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 301, "Qwen3-MoE");
 }
 
 /// A GLM-4.5 config over `SHAPE`: 8 experts in 4 groups, `dense` leading dense layers.
@@ -472,16 +472,5 @@ fn a_gemma3_target_with_local_and_global_layers_speculates_losslessly() {
         &testing::gemma3_config(&SHAPE, &[true, false, true, true], 5),
         &testing::random_gemma3(&SHAPE, 41).unwrap(),
     );
-    let lengths = [17, 5, 30, 9];
-    let plain = run(&engine(&target, None, None, 0), &lengths);
-    for (i, out) in plain.iter().enumerate() {
-        assert_eq!(out.token_ids, model_greedy(&target, &prompts()[i], lengths[i]), "request {i}: engine vs model");
-    }
-    let e3 = random_head(&dir.path().join("eagle3"), true, 302);
-    for (method, draft) in [(SpeculativeMethod::Eagle, Some(&e3)), (SpeculativeMethod::Ngram, None)] {
-        let spec = run(&engine(&target, draft.map(|d| d.as_path()), Some(method), 3), &lengths);
-        for (p, s) in plain.iter().zip(&spec) {
-            assert_eq!(p.token_ids, s.token_ids, "{method} on Gemma 3");
-        }
-    }
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 302, "Gemma 3");
 }
