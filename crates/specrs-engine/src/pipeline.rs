@@ -135,7 +135,8 @@ pub struct PipelineConfig {
     pub draft_model: Option<String>,
     /// A directory holding `tokenizer.json` (and its configs), or that file, whose tokenizer
     /// replaces the model's, as vLLM's `--tokenizer`: for GGUF files whose tokenizer spec-rs
-    /// cannot build (SentencePiece vocabularies) and checkpoints that ship `tokenizer.model` only.
+    /// cannot build (neither byte-level nor SentencePiece BPE) and checkpoints that ship
+    /// `tokenizer.model` only.
     pub tokenizer: Option<String>,
     pub speculative: SpeculativeConfig,
     pub dtype: ModelDType,

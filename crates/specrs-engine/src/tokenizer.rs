@@ -1,20 +1,30 @@
 //! Text ↔ token ids: a `tokenizer.json` (+ `tokenizer_config.json`, `generation_config.json`,
 //! `chat_template.jinja`, or a processor's `chat_template.json`) beside a checkpoint, or the tokenizer embedded in a GGUF file
-//! (llama.cpp's `gpt2` BPE: tokens, merges, token types and special ids).
+//! (llama.cpp's `gpt2` byte-level BPE: tokens and merges; or its `llama` SentencePiece BPE:
+//! pieces and scores; with token types and special ids).
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
 use serde_json::Value;
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::prepend::Prepend;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::normalizers::unicode::NFC;
+use tokenizers::normalizers::utils::Sequence as NormalizerSequence;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
+};
 
 use crate::chat_template::{ChatEnding, ChatMessage, ChatTemplate, Conversation, TemplateVars, text_messages};
 use crate::error::{EngineError, Result};
@@ -123,49 +133,177 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
     })
 }
 
+/// llama.cpp's token types (`tokenizer.ggml.token_type`).
+mod token_type {
+    pub const NORMAL: i64 = 1;
+    pub const CONTROL: i64 = 3;
+    pub const USER_DEFINED: i64 = 4;
+}
+
+fn gguf_token_types(meta: &HashMap<String, GgufValue>, len: usize) -> Result<Option<Vec<i64>>> {
+    let Some(GgufValue::Array(types)) = meta.get("tokenizer.ggml.token_type") else { return Ok(None) };
+    let types: Vec<i64> = types
+        .iter()
+        .map(|t| match t {
+            GgufValue::I32(x) => Ok(*x as i64),
+            GgufValue::U32(x) => Ok(*x as i64),
+            other => {
+                Err(EngineError::Tokenizer(format!("tokenizer.ggml.token_type: expected integers, found {other:?}")))
+            }
+        })
+        .collect::<Result<_>>()?;
+    if types.len() != len {
+        return Err(EngineError::Tokenizer(format!(
+            "tokenizer.ggml.token_type has {} entries for {len} tokens",
+            types.len()
+        )));
+    }
+    Ok(Some(types))
+}
+
+/// A byte-level BPE (llama.cpp's `gpt2` model): GPT-2, Llama 3, Qwen, SmolLM vocabularies.
+fn byte_level_bpe(meta: &HashMap<String, GgufValue>, tokens: &[String]) -> Result<Tokenizer> {
+    let merges: Vec<(String, String)> = gguf_strings(meta, "tokenizer.ggml.merges")?
+        .into_iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| EngineError::Tokenizer(format!("invalid merge '{m}'")))
+        })
+        .collect::<Result<_>>()?;
+    let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let pre = gguf_str(meta, "tokenizer.ggml.pre").unwrap_or_else(|| "gpt2".into());
+    // Llama 3 takes a pre-tokenized word that is itself a token whole, before any merge.
+    let ignore_merges = matches!(pre.as_str(), "llama3" | "llama-bpe" | "smaug-bpe");
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| tok_err("building BPE", e))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    let (normalizer, pre_tokenizer) = gguf_pre_tokenizer(&pre)?;
+    if let Some(n) = normalizer {
+        tokenizer.with_normalizer(Some(n)).map_err(|e| tok_err("setting the normalizer", e))?;
+    }
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    Ok(tokenizer)
+}
+
+/// A SentencePiece BPE vocabulary (llama.cpp's `llama` model: Llama 2, Mistral, Mixtral,
+/// Phi-3, Gemma), as Hugging Face's converted `tokenizer.json` runs it: spaces written `▁` (and
+/// one put before the text unless `add_space_prefix` is false), pieces merged highest score
+/// first, characters outside the vocabulary spelled as `<0xNN>` byte tokens.
+///
+/// GGUF stores pieces and scores, not merges. SentencePiece merges the adjacent pair whose
+/// concatenation is the best-scored piece; a BPE with one merge per way of splitting each
+/// piece in two, ranked by the piece's score, makes the same choices.
+fn sentencepiece_bpe(meta: &HashMap<String, GgufValue>, tokens: &[String]) -> Result<Tokenizer> {
+    let scores: Vec<f32> = match meta.get("tokenizer.ggml.scores") {
+        Some(GgufValue::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                GgufValue::F32(x) => Ok(*x),
+                other => Err(EngineError::Tokenizer(format!("tokenizer.ggml.scores: expected f32, found {other:?}"))),
+            })
+            .collect::<Result<_>>()?,
+        _ => return Err(EngineError::Tokenizer("GGUF metadata lacks tokenizer.ggml.scores".into())),
+    };
+    if scores.len() != tokens.len() {
+        return Err(EngineError::Tokenizer(format!(
+            "tokenizer.ggml.scores has {} entries for {} tokens",
+            scores.len(),
+            tokens.len()
+        )));
+    }
+    let types = gguf_token_types(meta, tokens.len())?;
+    let mergeable = |id: usize| types.as_ref().is_none_or(|t| t[id] == token_type::NORMAL);
+    let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate().filter(|&(id, _)| mergeable(id)) {
+        for (split, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(split);
+            if let (Some(&l), Some(&r)) = (vocab.get(left), vocab.get(right))
+                && mergeable(l as usize)
+                && mergeable(r as usize)
+            {
+                ranked.push((scores[id], id as u32, l, r));
+            }
+        }
+    }
+    // Best score first; among equals, the earlier piece (SentencePiece orders by frequency).
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let merges =
+        ranked.into_iter().map(|(_, _, l, r)| (tokens[l as usize].clone(), tokens[r as usize].clone())).collect();
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true).fuse_unk(true);
+    if let Some(unk) = gguf_u32(meta, "tokenizer.ggml.unknown_token_id").and_then(|id| tokens.get(id as usize)) {
+        builder = builder.unk_token(unk.clone());
+    }
+    let bpe = builder.build().map_err(|e| tok_err("building the SentencePiece BPE", e))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    let add_space_prefix = !matches!(meta.get("tokenizer.ggml.add_space_prefix"), Some(GgufValue::Bool(false)));
+    let spaces = Replace::new(" ", "\u{2581}").map_err(|e| tok_err("space normalizer", e))?;
+    let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
+    if add_space_prefix {
+        normalizers.push(Prepend::new("\u{2581}".into()).into());
+    }
+    normalizers.push(spaces.into());
+    tokenizer
+        .with_normalizer(Some(NormalizerSequence::new(normalizers)))
+        .map_err(|e| tok_err("setting the normalizer", e))?;
+    let mut decoders: Vec<DecoderWrapper> = vec![
+        Replace::new("\u{2581}", " ").map_err(|e| tok_err("space decoder", e))?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    if add_space_prefix {
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
+    Ok(tokenizer)
+}
+
+/// Phi-3's SentencePiece vocabulary eats the whitespace after its special tokens (its
+/// `tokenizer.json` marks them `rstrip`), so `<|user|>\nHi` tokenizes as `<|user|>` `▁Hi`.
+/// GGUF does not store the flag; llama.cpp recognises the vocabulary by the model's name and
+/// exempts `<unk>`, `<s>` and `<|endoftext|>`, and so does this.
+fn phi3_strips_after(meta: &HashMap<String, GgufValue>, sentencepiece: bool) -> impl Fn(&str) -> bool {
+    let name = gguf_str(meta, "general.name").unwrap_or_default().to_lowercase();
+    let phi3 = sentencepiece && (name.contains("phi-3") || name.contains("phi3"));
+    move |token| phi3 && !matches!(token, "<unk>" | "<s>" | "<|endoftext|>")
+}
+
 impl TextTokenizer {
     /// Builds the tokenizer stored in GGUF metadata.
     pub fn from_gguf(meta: &HashMap<String, GgufValue>) -> Result<Self> {
-        let model = gguf_str(meta, "tokenizer.ggml.model").unwrap_or_default();
-        if model != "gpt2" {
-            return Err(EngineError::Tokenizer(format!(
-                "GGUF tokenizer model '{model}' is not supported (only byte-level BPE, 'gpt2'); \
-                 load the model from a directory with tokenizer.json instead"
-            )));
-        }
         let tokens = gguf_strings(meta, "tokenizer.ggml.tokens")?;
-        let merges: Vec<(String, String)> = gguf_strings(meta, "tokenizer.ggml.merges")?
-            .into_iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| EngineError::Tokenizer(format!("invalid merge '{m}'")))
-            })
-            .collect::<Result<_>>()?;
-        let vocab: tokenizers::models::bpe::Vocab =
-            tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| tok_err("building BPE", e))?;
-        let mut tokenizer = Tokenizer::new(bpe);
-        let pre = gguf_str(meta, "tokenizer.ggml.pre").unwrap_or_else(|| "gpt2".into());
-        let (normalizer, pre_tokenizer) = gguf_pre_tokenizer(&pre)?;
-        if let Some(n) = normalizer {
-            tokenizer.with_normalizer(Some(n)).map_err(|e| tok_err("setting the normalizer", e))?;
-        }
-        tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
-        tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
-        // Control and user-defined tokens are matched whole and skipped when decoding.
-        let specials: Vec<AddedToken> = match meta.get("tokenizer.ggml.token_type") {
-            Some(GgufValue::Array(types)) => types
-                .iter()
-                .enumerate()
-                .filter(|(_, t)| {
-                    matches!(t, GgufValue::I32(3) | GgufValue::I32(4) | GgufValue::U32(3) | GgufValue::U32(4))
-                })
-                .filter_map(|(i, _)| tokens.get(i))
-                .map(|t| AddedToken::from(t.clone(), true))
-                .collect(),
-            _ => Vec::new(),
+        let model = gguf_str(meta, "tokenizer.ggml.model").unwrap_or_default();
+        let sentencepiece = model == "llama";
+        let mut tokenizer = match model.as_str() {
+            "gpt2" => byte_level_bpe(meta, &tokens)?,
+            "llama" => sentencepiece_bpe(meta, &tokens)?,
+            other => {
+                return Err(EngineError::Tokenizer(format!(
+                    "GGUF tokenizer model '{other}' is not supported (supported: 'gpt2' byte-level BPE, 'llama' \
+                     SentencePiece BPE); pass the checkpoint's tokenizer.json with --tokenizer / tokenizer=, or load \
+                     the model from a directory with tokenizer.json"
+                )));
+            }
         };
+        // Control and user-defined tokens are matched whole and skipped when decoding;
+        // SentencePiece's unknown piece too, as Hugging Face's converted tokenizers list it.
+        let unknown = gguf_u32(meta, "tokenizer.ggml.unknown_token_id").filter(|_| sentencepiece);
+        let strips_after = phi3_strips_after(meta, sentencepiece);
+        let specials: Vec<AddedToken> = gguf_token_types(meta, tokens.len())?
+            .unwrap_or_default()
+            .into_iter()
+            .zip(&tokens)
+            .enumerate()
+            .filter(|&(id, (t, _))| {
+                matches!(t, token_type::CONTROL | token_type::USER_DEFINED) || unknown == Some(id as u32)
+            })
+            .map(|(_, (_, token))| AddedToken::from(token.clone(), true).rstrip(strips_after(token)))
+            .collect();
         tokenizer.add_special_tokens(specials).map_err(|e| tok_err("adding special tokens", e))?;
         let bos_token_id = gguf_u32(meta, "tokenizer.ggml.bos_token_id");
         let eos_id = gguf_u32(meta, "tokenizer.ggml.eos_token_id");
@@ -322,7 +460,6 @@ impl TextTokenizer {
     /// bytes as printable characters; SentencePiece ones write spaces as `▁` and unknown
     /// bytes as `<0xNN>` tokens.
     pub fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
-        use tokenizers::DecoderWrapper;
         let byte_level = match self.tokenizer.get_decoder() {
             Some(DecoderWrapper::ByteLevel(_)) => true,
             Some(DecoderWrapper::Sequence(seq)) => {

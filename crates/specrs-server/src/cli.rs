@@ -157,8 +157,8 @@ fn pipeline_args(cmd: Command) -> Command {
                 .help("Draft checkpoint directory (eagle, dflash, dflash2, dspark; speculators mtp)"),
         )
         .arg(Arg::new("tokenizer").long("tokenizer").value_name("PATH").help(
-            "Directory holding tokenizer.json (or the file) to use instead of the model's: for GGUF files with \
-             SentencePiece vocabularies and checkpoints without tokenizer.json",
+            "Directory holding tokenizer.json (or the file) to use instead of the model's: for checkpoints \
+             without tokenizer.json and GGUF files whose tokenizer spec-rs does not build",
         ))
         .arg(
             Arg::new("no-default-draft")

@@ -1,0 +1,125 @@
+//! The tokenizers built from GGUF metadata give, on llama.cpp's tokenizer test texts, exactly
+//! the ids Hugging Face's tokenizer gives (the `.out` files beside each `ggml-vocab-*.gguf`):
+//! SentencePiece vocabularies (Llama 2, Phi-3) and byte-level BPE ones (GPT-2, Llama 3, Qwen2,
+//! StarCoder, Refact). The fixtures come from llama-cpp-python's PyPI source release through
+//! `scripts/fetch-vocab-fixtures.py`, which `scripts/test.sh` runs.
+
+use std::path::PathBuf;
+
+use candle_core::quantized::gguf_file;
+use specrs_engine::{OutputState, TextTokenizer};
+
+fn fixture_dir() -> PathBuf {
+    let dir = match std::env::var_os("SPECRS_VOCAB_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/spec-rs/vocab-fixtures"),
+    };
+    assert!(
+        dir.join("ggml-vocab-llama-spm.gguf").is_file(),
+        "the GGUF vocabulary fixtures are not in {}: run `python3 scripts/fetch-vocab-fixtures.py`",
+        dir.display()
+    );
+    dir
+}
+
+/// The tokenizer of `ggml-vocab-<name>.gguf` and its (text, Hugging Face ids) cases.
+fn vocab(name: &str) -> (TextTokenizer, Vec<(String, Vec<u32>)>) {
+    let dir = fixture_dir();
+    let gguf = dir.join(format!("ggml-vocab-{name}.gguf"));
+    // Vocabulary-only files: their architectures need not be ones spec-rs runs.
+    let content = gguf_file::Content::read(&mut std::fs::File::open(&gguf).unwrap()).unwrap();
+    let tokenizer = TextTokenizer::from_gguf(&content.metadata).unwrap();
+    let inputs = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap();
+    let outputs = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
+    let texts: Vec<String> = inputs.split("\n__ggml_vocab_test__\n").map(str::to_string).collect();
+    let ids: Vec<Vec<u32>> =
+        outputs.lines().map(|line| line.split_whitespace().map(|id| id.parse().unwrap()).collect()).collect();
+    // The input file ends with a separator, leaving one empty piece after the last text.
+    let texts = &texts[..ids.len()];
+    assert!(ids.len() >= 30, "{name}: only {} cases", ids.len());
+    (tokenizer, texts.iter().cloned().zip(ids).collect())
+}
+
+/// Every case encodes to Hugging Face's ids, decodes back to its text, and streams as the same
+/// text token by token.
+fn check(name: &str) {
+    let (tokenizer, cases) = vocab(name);
+    let mut mismatches = Vec::new();
+    for (text, expected) in &cases {
+        let ids = tokenizer.encode(text, false).unwrap();
+        if &ids != expected {
+            mismatches.push(format!("{text:?}\n   ours: {ids:?}\n     HF: {expected:?}"));
+            continue;
+        }
+        let decoded = tokenizer.decode(&ids, false).unwrap();
+        assert_eq!(&decoded, text, "{name}: {text:?} does not decode back to itself");
+        let mut state = OutputState::new(&Default::default(), &[], usize::MAX);
+        let mut streamed = String::new();
+        for &id in &ids {
+            state.commit(&tokenizer, &[id]).unwrap();
+            streamed.push_str(&state.take_delta(false));
+        }
+        streamed.push_str(&state.take_delta(true));
+        assert_eq!(&streamed, text, "{name}: {text:?} streams differently");
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{name}: {} of {} cases differ:\n{}",
+        mismatches.len(),
+        cases.len(),
+        mismatches.join("\n")
+    );
+}
+
+#[test]
+fn llama_sentencepiece_vocabulary_tokenizes_like_hugging_face() {
+    check("llama-spm");
+}
+
+#[test]
+fn phi3_sentencepiece_vocabulary_tokenizes_like_hugging_face() {
+    check("phi-3");
+}
+
+#[test]
+fn gpt2_vocabulary_tokenizes_like_hugging_face() {
+    check("gpt-2");
+}
+
+#[test]
+fn llama3_vocabulary_tokenizes_like_hugging_face() {
+    check("llama-bpe");
+}
+
+#[test]
+fn qwen2_vocabulary_tokenizes_like_hugging_face() {
+    check("qwen2");
+}
+
+#[test]
+fn starcoder_vocabulary_tokenizes_like_hugging_face() {
+    check("starcoder");
+}
+
+#[test]
+fn refact_vocabulary_tokenizes_like_hugging_face() {
+    check("refact");
+}
+
+#[test]
+fn phi3_special_tokens_eat_the_whitespace_after_them_and_llama_2_ones_do_not() {
+    let (phi3, _) = vocab("phi-3");
+    let id = |t: &TextTokenizer, token: &str| t.token_to_id(token).unwrap();
+    let prompt = "<|user|>\nHello<|end|>\n<|assistant|>\n";
+    assert_eq!(
+        phi3.encode(prompt, false).unwrap(),
+        [id(&phi3, "<|user|>"), id(&phi3, "▁Hello"), id(&phi3, "<|end|>"), id(&phi3, "<|assistant|>")]
+    );
+    // `<s>` keeps what follows it, as in Phi-3's tokenizer.json.
+    assert_eq!(phi3.encode("<s> Hi", false).unwrap(), [id(&phi3, "<s>"), id(&phi3, "▁"), id(&phi3, "▁Hi")]);
+    let (llama2, _) = vocab("llama-spm");
+    assert_eq!(
+        llama2.encode("</s>\nHello", false).unwrap(),
+        [id(&llama2, "</s>"), id(&llama2, "▁"), id(&llama2, "<0x0A>"), id(&llama2, "Hello")]
+    );
+}
