@@ -70,6 +70,8 @@ impl Architecture {
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
         ("qwen3moe", Architecture::Qwen3Moe),
+        ("internlm2", Architecture::InternLm2),
+        ("granite", Architecture::Granite),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {

@@ -1,11 +1,13 @@
 //! Granite (`GraniteForCausalLM`) on a tiny checkpoint: Llama's layer with its four
 //! multipliers (embeddings, residual branches, scores, logits) matches transformers' Granite
-//! forward (`common::Reference`) in one prefill and token by token.
+//! forward (`common::Reference`) in one prefill and token by token, and a `granite` GGUF (the
+//! multipliers as llama.cpp's `*_scale` keys) loads to the same model.
 
 mod common;
 
 use candle_core::Device;
-use common::{Multipliers, Reference, assert_close, logits};
+use candle_core::quantized::gguf_file::Value as GgufValue;
+use common::{Multipliers, Reference, assert_close, logits, write_llama_layout_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
@@ -50,4 +52,32 @@ fn a_multiplier_that_is_not_positive_is_refused_by_key() {
     config["logits_scaling"] = json!(8.0);
     config["residual_multiplier"] = json!(-1.0);
     assert!(DecoderConfig::from_hf_json(&config).unwrap_err().to_string().contains("residual_multiplier"));
+}
+
+#[test]
+fn a_granite_gguf_loads_to_the_same_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = testing::random_target(Architecture::Llama, &SHAPE, true, 21).unwrap();
+    let mut config = testing::target_config(Architecture::Granite, &SHAPE, true);
+    (config["embedding_multiplier"], config["residual_multiplier"]) = (json!(12.0), json!(0.22));
+    (config["attention_multiplier"], config["logits_scaling"]) = (json!(0.0625), json!(8.0));
+    testing::write_checkpoint(&dir.path().join("hf"), &config, &tensors).unwrap();
+    let (hf, _) = load_causal_lm(&dir.path().join("hf"), &Device::Cpu, ModelDType::F32).unwrap();
+    let path = dir.path().join("granite.gguf");
+    let scales = [
+        ("granite.embedding_scale", GgufValue::F32(12.0)),
+        ("granite.residual_scale", GgufValue::F32(0.22)),
+        ("granite.attention.scale", GgufValue::F32(0.0625)),
+        ("granite.logit_scale", GgufValue::F32(8.0)),
+    ];
+    write_llama_layout_gguf(&path, "granite", &SHAPE, &tensors, &scales);
+    let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(gguf.config().architecture, Architecture::Granite);
+    let ids: Vec<u32> = (0..10).map(|i| (i * 7 + 3) % 40).collect();
+    assert_close(&logits(&gguf, &ids, false), &logits(&hf, &ids, false), "GGUF vs safetensors, one prefill");
+    assert_close(&logits(&gguf, &ids, true), &logits(&hf, &ids, false), "GGUF token by token");
+    // A scale that is not positive is refused by its key.
+    write_llama_layout_gguf(&path, "granite", &SHAPE, &tensors, &[("granite.logit_scale", GgufValue::F32(0.0))]);
+    let Err(e) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32) else { panic!("a zero logit scale loaded") };
+    assert!(e.to_string().contains("granite.logit_scale"), "{e}");
 }

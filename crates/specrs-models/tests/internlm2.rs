@@ -1,13 +1,14 @@
 //! InternLM2 (`InternLM2ForCausalLM`) on a tiny checkpoint written in its real layout: a Llama
 //! checkpoint renamed and with q/k/v fused per key-value group into `attention.wqkv` computes
 //! exactly what the Llama checkpoint computes (so every row of the fused projection reaches
-//! the head it belongs to), in f32 and quantized at load; its configuration errors name their
-//! key.
+//! the head it belongs to), in f32 and quantized at load; an `internlm2` GGUF (q, k and v
+//! split and permuted by llama.cpp's converter) computes the same; its configuration errors
+//! name their key.
 
 mod common;
 
 use candle_core::Device;
-use common::{assert_close, logits};
+use common::{assert_close, logits, write_llama_layout_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
@@ -62,4 +63,19 @@ fn biased_projections_are_refused_by_name() {
     assert!(e.contains("bias") && e.contains("bias: false"), "{e}");
     c["bias"] = json!(false);
     assert!(DecoderConfig::from_hf_json(&c).unwrap().rope_scaling.is_none(), "dynamic NTK is plain RoPE in context");
+}
+
+#[test]
+fn an_internlm2_gguf_computes_what_the_llama_checkpoint_computes() {
+    let dir = tempfile::tempdir().unwrap();
+    let llama = testing::random_target(Architecture::Llama, &SHAPE, false, 6).unwrap();
+    testing::write_checkpoint(dir.path(), &testing::target_config(Architecture::Llama, &SHAPE, false), &llama).unwrap();
+    let (want, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+    let path = dir.path().join("internlm2.gguf");
+    write_llama_layout_gguf(&path, "internlm2", &SHAPE, &llama, &[]);
+    let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(gguf.config().architecture, Architecture::InternLm2);
+    let ids: Vec<u32> = (0..10).map(|i| (i * 9 + 4) % 40).collect();
+    assert_close(&logits(&gguf, &ids, false), &logits(&want, &ids, false), "one prefill");
+    assert_close(&logits(&gguf, &ids, true), &logits(&want, &ids, false), "token by token");
 }

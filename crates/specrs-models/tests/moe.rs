@@ -18,7 +18,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value as GgufValue};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Reference, Routing, assert_close, assert_within, logits};
+use common::{Reference, Routing, assert_close, assert_within, llama_cpp_permuted, logits};
 use serde_json::json;
 use specrs_models::testing::{self, TinyMoe, TinyShape};
 use specrs_models::weights::gguf::gguf_name;
@@ -111,16 +111,6 @@ fn sparse_and_dense_layers_match_the_transformers_forward() {
         assert_close(&logits(&model, &ids(), false), &want, &format!("{arch:?}, one prefill"));
         assert_close(&logits(&model, &ids(), true), &want, &format!("{arch:?}, token by token"));
     }
-}
-
-/// llama.cpp's row permutation of a Llama q/k projection: GGUF row `h·d + 2i + j` holds
-/// Hugging Face row `h·d + j·(d/2) + i`.
-fn llama_cpp_permuted(t: &Tensor, heads: usize) -> Tensor {
-    let d = t.dim(0).unwrap() / heads;
-    let rows: Vec<u32> = (0..heads)
-        .flat_map(|h| (0..d / 2).flat_map(move |i| (0..2).map(move |j| (h * d + j * (d / 2) + i) as u32)))
-        .collect();
-    t.index_select(&Tensor::new(rows.as_slice(), &Device::Cpu).unwrap(), 0).unwrap()
 }
 
 /// Writes `tensors` as llama.cpp's converter writes a `qwen2moe` / `qwen3moe` GGUF, or Mixtral

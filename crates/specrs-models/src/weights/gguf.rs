@@ -143,7 +143,11 @@ impl GgufSource {
             arch_key,
             unpermute_heads: None,
         };
-        if matches!(architecture, Architecture::Llama | Architecture::Mixtral) {
+        // llama.cpp's converter permutes q and k of every Llama-derived family.
+        if matches!(
+            architecture,
+            Architecture::Llama | Architecture::Mixtral | Architecture::InternLm2 | Architecture::Granite
+        ) {
             let cfg = src.decoder_config()?;
             src.unpermute_heads = Some((cfg.num_attention_heads, cfg.num_key_value_heads));
         }
@@ -277,7 +281,7 @@ impl GgufSource {
             gemma: self.gemma_config(hidden_size, num_attention_heads, head_dim)?.map(|(g, _)| g),
             scales: match self.gemma_config(hidden_size, num_attention_heads, head_dim)? {
                 Some((_, scales)) => scales,
-                None => Default::default(),
+                None => self.granite_scales(head_dim)?,
             },
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
@@ -313,6 +317,30 @@ impl GgufSource {
             ..Scales::default()
         };
         Ok(Some((gemma, scales)))
+    }
+
+    /// Granite's four constants, which llama.cpp's converter writes as `*_scale` keys; a key
+    /// left out leaves its factor neutral (the scores at `head_dim^-0.5`).
+    fn granite_scales(&self, head_dim: usize) -> Result<Scales> {
+        if self.architecture != Architecture::Granite {
+            return Ok(Scales::default());
+        }
+        let scale = |key: &str| -> Result<Option<f64>> {
+            match self.meta_f64(key) {
+                Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+                Some(x) => Err(ModelError::config(
+                    format!("{}.{key}", self.arch_key),
+                    format!("must be positive and finite, got {x}"),
+                )),
+                None => Ok(None),
+            }
+        };
+        Ok(Scales {
+            embedding: scale("embedding_scale")?.unwrap_or(1.0),
+            residual: scale("residual_scale")?.unwrap_or(1.0),
+            attention: Some(scale("attention.scale")?.unwrap_or((head_dim as f64).powf(-0.5))),
+            logits_divisor: scale("logit_scale")?.unwrap_or(1.0),
+        })
     }
 
     /// The experts of a `qwen2moe` / `qwen3moe` file. llama.cpp runs every layer sparse and

@@ -8,9 +8,13 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::path::Path;
 
-use candle_core::Tensor;
+use candle_core::quantized::gguf_file::{self, Value as GgufValue};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
 use specrs_models::testing::{self, TinyShape};
+use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{CausalLm, ForwardBatch};
 
 const BLOCK: usize = 4;
@@ -347,4 +351,58 @@ pub fn assert_within(got: &[Vec<f32>], want: &[Vec<f32>], tolerance: f32, what: 
         let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(diff < tolerance, "{what}: token {i} differs by {diff}");
     }
+}
+
+/// llama.cpp's row permutation of a Llama q/k projection: GGUF row `h·d + 2i + j` holds
+/// Hugging Face row `h·d + j·(d/2) + i`.
+pub fn llama_cpp_permuted(t: &Tensor, heads: usize) -> Tensor {
+    let d = t.dim(0).unwrap() / heads;
+    let rows: Vec<u32> = (0..heads)
+        .flat_map(|h| (0..d / 2).flat_map(move |i| (0..2).map(move |j| (h * d + j * (d / 2) + i) as u32)))
+        .collect();
+    t.index_select(&Tensor::new(rows.as_slice(), &Device::Cpu).unwrap(), 0).unwrap()
+}
+
+/// Writes a dense Llama-layout checkpoint (Hugging Face names) as llama.cpp's converter writes
+/// a Llama-derived family `arch` (`llama`, `internlm2`, `granite`): f32 tensors under GGUF
+/// names, q and k rows permuted, the shape as metadata, and `extra` metadata.
+pub fn write_llama_layout_gguf(
+    path: &Path,
+    arch: &str,
+    shape: &TinyShape,
+    tensors: &HashMap<String, Tensor>,
+    extra: &[(&str, GgufValue)],
+) {
+    let named: Vec<(String, QTensor)> = tensors
+        .iter()
+        .map(|(name, t)| {
+            let t = if name.ends_with("q_proj.weight") {
+                llama_cpp_permuted(t, shape.heads)
+            } else if name.ends_with("k_proj.weight") {
+                llama_cpp_permuted(t, shape.kv_heads)
+            } else {
+                t.clone()
+            };
+            let gguf = gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name"));
+            (gguf, QTensor::quantize(&t, GgmlDType::F32).unwrap())
+        })
+        .collect();
+    let u32v = |x: usize| GgufValue::U32(x as u32);
+    let mut metadata: Vec<(String, GgufValue)> = vec![
+        ("general.architecture".into(), GgufValue::String(arch.into())),
+        (format!("{arch}.embedding_length"), u32v(shape.hidden)),
+        (format!("{arch}.feed_forward_length"), u32v(shape.intermediate)),
+        (format!("{arch}.block_count"), u32v(shape.layers)),
+        (format!("{arch}.attention.head_count"), u32v(shape.heads)),
+        (format!("{arch}.attention.head_count_kv"), u32v(shape.kv_heads)),
+        (format!("{arch}.rope.dimension_count"), u32v(shape.head_dim)),
+        (format!("{arch}.context_length"), u32v(512)),
+        (format!("{arch}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5)),
+        (format!("{arch}.rope.freq_base"), GgufValue::F32(10_000.0)),
+        (format!("{arch}.vocab_size"), u32v(shape.vocab)),
+    ];
+    metadata.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let named: Vec<(&str, &QTensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    gguf_file::write(&mut std::fs::File::create(path).unwrap(), &metadata, &named).unwrap();
 }
