@@ -160,7 +160,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,
     },
-    // Per-layer windows and RoPE: one fixed-shape step cannot serve every layer.
+    // Per-layer windows (and Gemma 3's RoPE): one fixed-shape step cannot serve every layer.
+    ArchitectureSpec {
+        name: "Gemma2ForCausalLM",
+        example_repo_ids: &["google/gemma-2-2b-it", "google/gemma-2-9b-it"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "Gemma3ForCausalLM",
         example_repo_ids: &["google/gemma-3-1b-it"],

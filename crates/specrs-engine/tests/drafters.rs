@@ -474,3 +474,17 @@ fn a_gemma3_target_with_local_and_global_layers_speculates_losslessly() {
     );
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 302, "Gemma 3");
 }
+
+#[test]
+fn a_gemma2_target_with_soft_caps_speculates_losslessly() {
+    // Sliding (5 keys) and full layers alternating, scores capped at 1.5 and logits at 2.0:
+    // caps that bend most scores and logits, so verification must apply them as decoding does.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("gemma2");
+    write(
+        &target,
+        &testing::gemma2_config(&SHAPE, &[true, false, true, false], 5, (1.5, 2.0)),
+        &testing::random_gemma2(&SHAPE, 43).unwrap(),
+    );
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 303, "Gemma 2");
+}

@@ -23,6 +23,23 @@ pub struct AttentionShape {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// Gemma 2's soft cap on the scaled scores, `cap · tanh(score / cap)`, before the mask.
+    pub softcap: Option<f32>,
+}
+
+impl AttentionShape {
+    /// Plain scaled dot-product attention (no soft cap).
+    pub fn new(num_heads: usize, num_kv_heads: usize, head_dim: usize, scale: f32) -> Self {
+        Self { num_heads, num_kv_heads, head_dim, scale, softcap: None }
+    }
+}
+
+/// `cap · tanh(scores / cap)` where a cap is set.
+pub(crate) fn soft_capped(scores: Tensor, cap: Option<f32>) -> Result<Tensor> {
+    match cap {
+        Some(cap) => (scores / f64::from(cap))?.tanh()? * f64::from(cap),
+        None => Ok(scores),
+    }
 }
 
 /// `q [T, heads, d]` against the cached keys/values `[slots, kv_heads * d]` of a layer, after
@@ -170,7 +187,7 @@ impl CpuPagedAttention<'_> {
     /// loads: keys and values come from the cache once per item.
     #[inline(always)]
     fn attend_item(&self, q: &[f32], k: &[f32], v: &[f32], item: &WorkItem, d: usize) -> Vec<f32> {
-        let AttentionShape { num_heads, num_kv_heads, scale, .. } = self.shape;
+        let AttentionShape { num_heads, num_kv_heads, scale, softcap, .. } = self.shape;
         let group = num_heads / num_kv_heads;
         let batch = self.batch;
         let row = &batch.rows[item.row];
@@ -203,6 +220,9 @@ impl CpuPagedAttention<'_> {
         //    query's invisible keys are scored and never read).
         let mut probs = vec![0f32; queries.len() * n_keys];
         scores(&queries, k, &offsets, d, scale, &mut probs);
+        if let Some(cap) = softcap {
+            probs.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+        }
         // 2. Softmax numerators over each query's own keys (normalised at the end).
         let sums: Vec<f32> = probs
             .chunks_exact_mut(n_keys)
@@ -484,7 +504,7 @@ fn attend_row(
     row: &BatchRow,
     shape: AttentionShape,
 ) -> Result<Tensor> {
-    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale } = shape;
+    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale, softcap } = shape;
     let group = num_heads / num_kv_heads;
     let device = q.device();
     let bs = batch.block_size;
@@ -502,7 +522,7 @@ fn attend_row(
     let v = gather(v_cache)?;
     // 2. Scores [heads, q_len, ctx] with the mask as -inf.
     let qr = q.narrow(0, row.query_start, row.query_len)?.transpose(0, 1)?.contiguous()?;
-    let scores = (qr.matmul(&k.t()?)? * scale as f64)?.to_dtype(DType::F32)?;
+    let scores = soft_capped((qr.matmul(&k.t()?)? * scale as f64)?.to_dtype(DType::F32)?, softcap)?;
     let mut mask = vec![0f32; row.query_len * ctx];
     for j in 0..row.query_len {
         let (first, last) = visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
@@ -552,7 +572,7 @@ pub fn fixed_attention(
     fixed: &FixedAttention,
     shape: AttentionShape,
 ) -> Result<Tensor> {
-    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale } = shape;
+    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale, softcap } = shape;
     let group = num_heads / num_kv_heads;
     let (b, qn, l) = (fixed.rows, fixed.queries, fixed.keys);
     // 1. Keys and values: [b · l, kv · d] -> [b, kv, l, d].
@@ -566,7 +586,7 @@ pub fn fixed_attention(
     let qg = qg.reshape((b, num_kv_heads, group * qn, d))?;
     // 3. Scores with the visibility mask [b, 1, 1, qn, l], softmax, weighted values.
     let scores = (qg.matmul(&k.t()?.contiguous()?)? * f64::from(scale))?.to_dtype(DType::F32)?;
-    let scores = scores.reshape((b, num_kv_heads, group, qn, l))?;
+    let scores = soft_capped(scores, softcap)?.reshape((b, num_kv_heads, group, qn, l))?;
     let visible = fixed
         .key_index
         .broadcast_ge(&fixed.first_key)?
@@ -607,7 +627,7 @@ mod tests {
     /// Two rows with scattered blocks: a 3-token verify row over 5 cached keys and a 6-token
     /// prefill row, GQA 4 heads over 2 kv heads.
     fn setup(mask: AttentionMask, window: Option<usize>) -> (Tensor, PagedKvCache, ForwardBatch, AttentionShape) {
-        let shape = AttentionShape { num_heads: 4, num_kv_heads: 2, head_dim: 8, scale: 8f32.powf(-0.5) };
+        let shape = AttentionShape::new(4, 2, 8, 8f32.powf(-0.5));
         let cache = PagedKvCache::new(1, 8, 4, 2, 8, DType::F32, &Device::Cpu).unwrap();
         let (kc, vc) = cache.layer(0);
         kc.slice_set(&rand(&[32, 16], 1), 0, 0).unwrap();
@@ -631,7 +651,7 @@ mod tests {
 
     /// SmolLM2's attention shape (9 heads over 3 kv heads) at head dim `d`.
     fn gqa_shape(d: usize) -> AttentionShape {
-        AttentionShape { num_heads: 9, num_kv_heads: 3, head_dim: d, scale: (d as f32).powf(-0.5) }
+        AttentionShape::new(9, 3, d, (d as f32).powf(-0.5))
     }
 
     /// A one-layer cache of `num_blocks` blocks of 16 slots for `gqa_shape(d)`, every slot
@@ -679,6 +699,25 @@ mod tests {
             let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
             let diff = crate::testing::max_abs_diff(&fast, &slow).unwrap();
             assert!(diff < 1e-5, "{mask:?} {window:?}: {diff}");
+        }
+    }
+
+    #[test]
+    fn soft_capped_scores_agree_on_every_path_and_change_the_output() {
+        // A cap of 0.3 squeezes scores of up to ~1.5 hard, so a path that skipped it would differ.
+        for (mask, window) in [(AttentionMask::Causal, None), (AttentionMask::Causal, Some(3))] {
+            let (q, cache, batch, plain) = setup(mask, window);
+            let (q, shape) = ((q * 4.0).unwrap(), AttentionShape { softcap: Some(0.3), ..plain });
+            let (kc, vc) = cache.layer(0);
+            let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
+            let fast = paged_attention(&q, kc, vc, &batch, shape).unwrap();
+            let padded = crate::padded_attention::ragged_attention(&q, kc, vc, &batch, shape).unwrap();
+            for (path, out) in [("CPU kernel", &fast), ("padded", &padded)] {
+                let diff = crate::testing::max_abs_diff(out, &slow).unwrap();
+                assert!(diff < 1e-5, "{path} {window:?}: {diff}");
+            }
+            let uncapped = reference_attention(&q, kc, vc, &batch, plain).unwrap();
+            assert!(crate::testing::max_abs_diff(&uncapped, &slow).unwrap() > 1e-2, "the cap changes the output");
         }
     }
 

@@ -26,6 +26,10 @@ pub enum Architecture {
     /// Granite 3.x (`GraniteForCausalLM`): Llama's layer with IBM's multipliers on the
     /// embeddings, the residual branches, the attention scores and the logits.
     Granite,
+    /// Gemma 2 (`Gemma2ForCausalLM`): Gemma 3's layer without q/k norms, one RoPE for every
+    /// layer, sliding and full attention alternating, and scores and logits soft-capped
+    /// (`cap · tanh(x / cap)`).
+    Gemma2,
     /// Gemma 3 (text, `Gemma3ForCausalLM`): RMSNorms scaling by `1 + weight`, norms before and
     /// after attention and MLP, q/k norms, GELU-tanh MLP, embeddings scaled by `sqrt(hidden)`,
     /// `query_pre_attn_scalar`, and five sliding-window layers with their own RoPE base to
@@ -57,6 +61,7 @@ impl Architecture {
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
         ("MixtralForCausalLM", Architecture::Mixtral),
+        ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
     ];
@@ -67,6 +72,7 @@ impl Architecture {
         ("qwen2", Architecture::Qwen2),
         ("qwen3", Architecture::Qwen3),
         ("phi3", Architecture::Phi3),
+        ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
         ("qwen3moe", Architecture::Qwen3Moe),
@@ -104,6 +110,7 @@ impl Architecture {
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
+            Self::Gemma2 => "Gemma2ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Granite => "GraniteForCausalLM",
         }
@@ -121,6 +128,7 @@ impl Architecture {
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
             Self::Mixtral => "mixtral",
+            Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3_text",
             Self::Granite => "granite",
         }
@@ -129,6 +137,11 @@ impl Architecture {
     /// Qwen2's attention: a bias on q, k and v.
     pub fn qkv_bias_by_default(self) -> bool {
         matches!(self, Self::Qwen2 | Self::Qwen2Moe)
+    }
+
+    /// Gemma's layer (`DecoderConfig::gemma`): Gemma 2 and Gemma 3.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Self::Gemma2 | Self::Gemma3)
     }
 
     /// Qwen3's (and Gemma 3's) attention: an RMSNorm over each head of q and k.
@@ -230,11 +243,22 @@ pub struct Scales {
     pub attention: Option<f64>,
     /// Logits are divided by it (Granite's `logits_scaling`).
     pub logits_divisor: f64,
+    /// Scaled scores become `cap · tanh(score / cap)` (Gemma 2's `attn_logit_softcapping`).
+    pub attention_softcap: Option<f64>,
+    /// Logits become `cap · tanh(logit / cap)` (Gemma 2's `final_logit_softcapping`).
+    pub logits_softcap: Option<f64>,
 }
 
 impl Default for Scales {
     fn default() -> Self {
-        Self { embedding: 1.0, residual: 1.0, attention: None, logits_divisor: 1.0 }
+        Self {
+            embedding: 1.0,
+            residual: 1.0,
+            attention: None,
+            logits_divisor: 1.0,
+            attention_softcap: None,
+            logits_softcap: None,
+        }
     }
 }
 
@@ -246,22 +270,34 @@ fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: u
             residual: opt_f64(v, "residual_multiplier").unwrap_or(1.0),
             attention: Some(opt_f64(v, "attention_multiplier").unwrap_or((head_dim as f64).powf(-0.5))),
             logits_divisor: opt_f64(v, "logits_scaling").unwrap_or(1.0),
-        },
-        Architecture::Gemma3 => Scales {
-            embedding: (hidden_size as f64).sqrt(),
-            attention: Some(opt_f64(v, "query_pre_attn_scalar").unwrap_or(head_dim as f64).powf(-0.5)),
             ..Scales::default()
         },
+        // Gemma 2's caps default on (50 and 30) when its config leaves them out, Gemma 3's
+        // off; `null` turns either off.
+        Architecture::Gemma2 | Architecture::Gemma3 => {
+            let gemma2 = architecture == Architecture::Gemma2;
+            let cap = |key: &str, gemma2_default: f64| match v.get(key) {
+                None => gemma2.then_some(gemma2_default),
+                Some(x) => x.as_f64(),
+            };
+            Scales {
+                embedding: (hidden_size as f64).sqrt(),
+                attention: Some(opt_f64(v, "query_pre_attn_scalar").unwrap_or(head_dim as f64).powf(-0.5)),
+                attention_softcap: cap("attn_logit_softcapping", 50.0),
+                logits_softcap: cap("final_logit_softcapping", 30.0),
+                ..Scales::default()
+            }
+        }
         _ => Scales::default(),
     }
 }
 
-/// What Gemma 3 adds to the shared layer.
+/// What Gemma 2 and 3 add to the shared layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GemmaConfig {
     /// `layer_types[i] == "sliding_attention"`: layer `i` attends within `sliding_window` with
     /// RoPE at `local_rope_theta` (no scaling); the others attend to everything with the global
-    /// RoPE (`rope_theta`, `rope_scaling`).
+    /// RoPE (`rope_theta`, `rope_scaling`). Gemma 2's two RoPEs are the same.
     pub sliding_layers: Vec<bool>,
     pub sliding_window: usize,
     pub local_rope_theta: f64,
@@ -290,16 +326,18 @@ fn with_gemma3_defaults(v: &Value) -> Value {
     filled
 }
 
-/// Gemma 3's additions from its `config.json`, with transformers' defaults.
-fn gemma_config(v: &Value, num_hidden_layers: usize) -> Result<GemmaConfig> {
+/// Gemma 2's or 3's additions from its `config.json`, with transformers' defaults: Gemma 2
+/// alternates sliding and full layers (sliding first) under one RoPE, Gemma 3 runs five
+/// sliding layers with their own RoPE base to each full one.
+fn gemma_config(v: &Value, architecture: Architecture, num_hidden_layers: usize) -> Result<GemmaConfig> {
     for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
-        if v.get(key).is_some_and(|x| !x.is_null()) {
-            return Err(ModelError::config(
-                key,
-                "logit soft-capping (Gemma 2) is not supported; Gemma 3 checkpoints set it to null",
-            ));
+        if let Some(x) = v.get(key).filter(|x| !x.is_null())
+            && x.as_f64().is_none_or(|cap| !(cap.is_finite() && cap > 0.0))
+        {
+            return Err(ModelError::config(key, format!("must be a positive number or null, got {x}")));
         }
     }
+    let gemma2 = architecture == Architecture::Gemma2;
     if let Some(act) = v.get("hidden_activation").and_then(Value::as_str)
         && act != "gelu_pytorch_tanh"
     {
@@ -321,7 +359,9 @@ fn gemma_config(v: &Value, num_hidden_layers: usize) -> Result<GemmaConfig> {
             })
             .collect::<Result<Vec<_>>>()?,
         _ => {
-            let pattern = v.get("sliding_window_pattern").and_then(Value::as_u64).unwrap_or(6).max(1) as usize;
+            let default_pattern = if gemma2 { 2 } else { 6 };
+            let pattern =
+                v.get("sliding_window_pattern").and_then(Value::as_u64).unwrap_or(default_pattern).max(1) as usize;
             (0..num_hidden_layers).map(|i| !(i + 1).is_multiple_of(pattern)).collect()
         }
     };
@@ -339,7 +379,11 @@ fn gemma_config(v: &Value, num_hidden_layers: usize) -> Result<GemmaConfig> {
         norms_store_scale: false,
         sliding_layers,
         sliding_window,
-        local_rope_theta: opt_f64(v, "rope_local_base_freq").unwrap_or(10_000.0),
+        local_rope_theta: if gemma2 {
+            opt_f64(v, "rope_theta").unwrap_or(10_000.0)
+        } else {
+            opt_f64(v, "rope_local_base_freq").unwrap_or(10_000.0)
+        },
     })
 }
 
@@ -598,6 +642,7 @@ impl DecoderConfig {
     pub fn from_hf_json_as(v: &Value, architecture: Architecture) -> Result<Self> {
         let filled;
         let v = if architecture == Architecture::Gemma3 {
+            // Gemma 2's configs list every key.
             filled = with_gemma3_defaults(v);
             &filled
         } else {
@@ -658,8 +703,8 @@ impl DecoderConfig {
                 v.get("sliding_window").and_then(Value::as_u64)
             }
             Architecture::Glm4Moe | Architecture::InternLm2 | Architecture::Granite => None,
-            // Gemma 3's window applies to its sliding layers only (`GemmaConfig`).
-            Architecture::Gemma3 => None,
+            // Gemma's window applies to its sliding layers only (`GemmaConfig`).
+            Architecture::Gemma2 | Architecture::Gemma3 => None,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
                     return Err(ModelError::config(
@@ -689,7 +734,7 @@ impl DecoderConfig {
             tie_word_embeddings: v
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
-                .unwrap_or(architecture == Architecture::Gemma3),
+                .unwrap_or(architecture.is_gemma()),
             attention_bias: internlm2_bias(v, architecture)?
                 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(architecture.qkv_bias_by_default()),
             qk_norm: architecture.has_qk_norm()
@@ -704,7 +749,9 @@ impl DecoderConfig {
                 _ => None,
             },
             gemma: match architecture {
-                Architecture::Gemma3 => Some(gemma_config(v, req_usize(v, "num_hidden_layers")?)?),
+                Architecture::Gemma2 | Architecture::Gemma3 => {
+                    Some(gemma_config(v, architecture, req_usize(v, "num_hidden_layers")?)?)
+                }
                 _ => None,
             },
             scales: scales(v, architecture, hidden_size, head_dim),
@@ -790,12 +837,14 @@ impl DecoderConfig {
                 ));
             }
         }
-        let Scales { embedding, residual, attention, logits_divisor } = self.scales;
+        let Scales { embedding, residual, attention, logits_divisor, attention_softcap, logits_softcap } = self.scales;
         for (key, value) in [
             ("embedding_multiplier", embedding),
             ("residual_multiplier", residual),
             ("attention_multiplier", attention.unwrap_or(1.0)),
             ("logits_scaling", logits_divisor),
+            ("attn_logit_softcapping", attention_softcap.unwrap_or(1.0)),
+            ("final_logit_softcapping", logits_softcap.unwrap_or(1.0)),
         ] {
             if !(value.is_finite() && value > 0.0) {
                 return Err(ModelError::config(key, format!("must be positive and finite, got {value}")));

@@ -194,6 +194,26 @@ pub fn gemma3_config(s: &TinyShape, sliding: &[bool], window: usize) -> Value {
     c
 }
 
+/// A tiny Gemma 2 config: `sliding` layers within `window`, one RoPE, both soft caps set.
+pub fn gemma2_config(s: &TinyShape, sliding: &[bool], window: usize, caps: (f64, f64)) -> Value {
+    let mut c = target_config(Architecture::Gemma2, s, true);
+    let types: Vec<&str> = sliding.iter().map(|&w| if w { "sliding_attention" } else { "full_attention" }).collect();
+    c["layer_types"] = json!(types);
+    c["sliding_window"] = json!(window);
+    c["query_pre_attn_scalar"] = json!(12);
+    c["hidden_activation"] = json!("gelu_pytorch_tanh");
+    c["attn_logit_softcapping"] = json!(caps.0);
+    c["final_logit_softcapping"] = json!(caps.1);
+    c
+}
+
+/// Random Gemma 2 weights: Gemma 3's without the q/k norms.
+pub fn random_gemma2(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_gemma3(s, seed)?;
+    t.retain(|name, _| !name.ends_with("q_norm.weight") && !name.ends_with("k_norm.weight"));
+    Ok(t)
+}
+
 /// Random Gemma 3 weights: Qwen3's (q/k norms) with tied embeddings, plus the two norms around
 /// the MLP; every norm weight near 0, as Gemma stores `scale - 1`.
 pub fn random_gemma3(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {

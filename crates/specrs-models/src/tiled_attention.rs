@@ -16,7 +16,7 @@
 
 use candle_core::{D, DType, Device, Result, Tensor};
 
-use crate::attention::{AttentionShape, visible_keys};
+use crate::attention::{AttentionShape, soft_capped, visible_keys};
 use crate::batch::{BatchRow, ForwardBatch};
 
 /// Score elements (`heads · queries · keys`, f32) one tile may hold: 64 MiB.
@@ -143,7 +143,7 @@ fn attend_query_tile(
     shape: AttentionShape,
     key_tile: usize,
 ) -> Result<Tensor> {
-    let AttentionShape { num_heads, num_kv_heads: kv, head_dim: d, scale } = shape;
+    let AttentionShape { num_heads, num_kv_heads: kv, head_dim: d, scale, softcap } = shape;
     let group = num_heads / kv;
     let n = bounds.len();
     let device = context.device;
@@ -158,7 +158,7 @@ fn attend_query_tile(
         let (k, v) = context.gather((x0, x1), kv, tile_q.dtype())?;
         // 1. Scores [kv, group, n, keys] with the tile's visibility mask.
         let scores = (qg.matmul(&k.t()?)? * f64::from(scale))?.to_dtype(DType::F32)?;
-        let scores = scores.reshape((kv, group, n, x1 - x0))?;
+        let scores = soft_capped(scores, softcap)?.reshape((kv, group, n, x1 - x0))?;
         let scores = scores.broadcast_add(&tile_mask(bounds, (x0, x1), device, &mut device_bounds)?)?;
         // [kv, group, n, keys] · [kv, keys, d] -> [kv, group, n, d], in the queries' dtype.
         let weighted = |p: &Tensor| -> Result<Tensor> {
@@ -239,7 +239,8 @@ mod tests {
     use crate::batch::AttentionMask;
     use crate::kv_cache::PagedKvCache;
 
-    const SHAPE: AttentionShape = AttentionShape { num_heads: 6, num_kv_heads: 2, head_dim: 8, scale: 0.35 };
+    const SHAPE: AttentionShape =
+        AttentionShape { num_heads: 6, num_kv_heads: 2, head_dim: 8, scale: 0.35, softcap: None };
 
     /// The device the tiles run on: `SPECRS_TEST_DEVICE=cuda` runs them on GPU 0 (CUDA builds,
     /// the `gpu-check` subset); the reference always runs on the CPU.
@@ -282,7 +283,7 @@ mod tests {
     fn tiles_of_every_size_give_the_reference_under_every_mask() {
         // A 37-token chunk over 50 cached keys: one tile, tiles that split queries only, keys
         // only, both, and single keys; causal, sliding windows shorter and longer than a key
-        // tile, and a block drafter's non-causal block.
+        // tile, and a block drafter's non-causal block; with Gemma 2's score soft cap too.
         let (cache, batch, q) = long_row(37, 87);
         let (kc, vc) = cache.layer(0);
         let row = batch.rows[0].clone();
@@ -296,12 +297,16 @@ mod tests {
             (AttentionMask::BlockNonCausal, None),
         ] {
             let batch = ForwardBatch { mask, sliding_window: window, ..batch.clone() };
-            let reference = reference_attention(&q, kc, vc, &batch, SHAPE).unwrap();
-            for (query_tile, key_tile) in [(37, 87), (5, 87), (37, 9), (4, 7), (1, 1), (16, 64)] {
-                let plan = TilePlan { query_tile, key_tile };
-                let tiled = attend_row_in_tiles(&q_dev, &kc_dev, &vc_dev, &batch, &row, SHAPE, plan).unwrap();
-                let diff = crate::testing::max_abs_diff(&tiled.to_device(&Device::Cpu).unwrap(), &reference).unwrap();
-                assert!(diff < 1e-5, "{mask:?} {window:?} tiles {query_tile}x{key_tile}: {diff}");
+            for shape in [SHAPE, AttentionShape { softcap: Some(0.5), ..SHAPE }] {
+                let reference = reference_attention(&q, kc, vc, &batch, shape).unwrap();
+                for (query_tile, key_tile) in [(37, 87), (5, 87), (37, 9), (4, 7), (1, 1), (16, 64)] {
+                    let plan = TilePlan { query_tile, key_tile };
+                    let tiled = attend_row_in_tiles(&q_dev, &kc_dev, &vc_dev, &batch, &row, shape, plan).unwrap();
+                    let diff =
+                        crate::testing::max_abs_diff(&tiled.to_device(&Device::Cpu).unwrap(), &reference).unwrap();
+                    let cap = shape.softcap;
+                    assert!(diff < 1e-5, "{mask:?} {window:?} cap {cap:?} tiles {query_tile}x{key_tile}: {diff}");
+                }
             }
         }
     }

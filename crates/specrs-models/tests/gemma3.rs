@@ -7,7 +7,8 @@
 mod common;
 
 use candle_core::Device;
-use common::{GemmaLayout, Reference, assert_close, logits};
+use candle_core::quantized::gguf_file::Value as GgufValue;
+use common::{GemmaLayout, Reference, assert_close, logits, write_gemma_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
@@ -37,6 +38,7 @@ fn local_and_global_layers_match_the_transformers_forward() {
             window: WINDOW,
             local_theta: 500.0,
             scale: 12f32.powf(-0.5),
+            softcaps: None,
         }),
         multipliers: None,
     };
@@ -100,8 +102,6 @@ fn an_image_text_text_config_takes_gemma3s_defaults() {
 
 #[test]
 fn a_gemma3_gguf_loads_to_the_same_model() {
-    use candle_core::quantized::gguf_file::{self, Value as GgufValue};
-    use candle_core::quantized::{GgmlDType, QTensor};
     // Six layers: five sliding, one global, llama.cpp's fixed pattern; its local RoPE base
     // (10,000) and score scale (head_dim^-0.5) written into the safetensors config to match.
     let shape = TinyShape { layers: 6, ..SHAPE };
@@ -111,43 +111,14 @@ fn a_gemma3_gguf_loads_to_the_same_model() {
     config.as_object_mut().unwrap().remove("layer_types");
     (config["rope_local_base_freq"], config["query_pre_attn_scalar"]) = (json!(10_000.0), json!(shape.head_dim));
     testing::write_checkpoint(&dir.path().join("hf"), &config, &tensors).unwrap();
-    // llama.cpp's names for Gemma's norms, and its norms stored as their scale (1 + weight).
-    let gguf_name = |hf: &str| -> String {
-        let renamed = hf
-            .replace(".post_attention_layernorm.", ".post_attention_NORM.")
-            .replace(".pre_feedforward_layernorm.", ".ffn_NORM.")
-            .replace(".post_feedforward_layernorm.", ".post_ffw_NORM.");
-        match renamed.split_once("_NORM.") {
-            Some((head, _)) => format!("{}_norm.weight", head.replace("model.layers.", "blk.")),
-            None => specrs_models::weights::gguf::gguf_name(hf).unwrap_or_else(|| panic!("{hf} has a GGUF name")),
-        }
-    };
-    let named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .map(|(n, t)| {
-            let t = if n.ends_with("norm.weight") { (t + 1.0).unwrap() } else { t.clone() };
-            (gguf_name(n), QTensor::quantize(&t, GgmlDType::F32).unwrap())
-        })
-        .collect();
-    let u32v = |x: usize| GgufValue::U32(x as u32);
-    let metadata = [
-        ("general.architecture", GgufValue::String("gemma3".into())),
-        ("gemma3.embedding_length", u32v(shape.hidden)),
-        ("gemma3.feed_forward_length", u32v(shape.intermediate)),
-        ("gemma3.block_count", u32v(shape.layers)),
-        ("gemma3.attention.head_count", u32v(shape.heads)),
-        ("gemma3.attention.head_count_kv", u32v(shape.kv_heads)),
-        ("gemma3.attention.key_length", u32v(shape.head_dim)),
-        ("gemma3.attention.sliding_window", u32v(WINDOW)),
-        ("gemma3.context_length", u32v(512)),
-        ("gemma3.attention.layer_norm_rms_epsilon", GgufValue::F32(1e-5)),
-        ("gemma3.rope.freq_base", GgufValue::F32(10_000.0)),
-        ("gemma3.vocab_size", u32v(shape.vocab)),
-    ];
-    let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
-    let named: Vec<(&str, &QTensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let path = dir.path().join("gemma3.gguf");
-    gguf_file::write(&mut std::fs::File::create(&path).unwrap(), &metadata, &named).unwrap();
+    write_gemma_gguf(
+        &path,
+        "gemma3",
+        &shape,
+        &tensors,
+        &[("gemma3.attention.sliding_window", GgufValue::U32(WINDOW as u32))],
+    );
     let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
     let (hf, _) = load_causal_lm(&dir.path().join("hf"), &Device::Cpu, ModelDType::F32).unwrap();
     assert_eq!(
@@ -176,9 +147,10 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
         assert_eq!(*w, (!full.contains(&i)).then_some(WINDOW), "layer {i}");
     }
     assert!(cfg.tie_word_embeddings && cfg.qk_norm && cfg.sliding_window.is_none());
-    let e = config_error(|c| c["final_logit_softcapping"] = json!(30.0));
-    assert!(e.contains("final_logit_softcapping"), "{e}");
-    let e = config_error(|c| c["attn_logit_softcapping"] = json!(50.0));
+    assert_eq!((cfg.scales.attention_softcap, cfg.scales.logits_softcap), (None, None), "null caps are off");
+    let e = config_error(|c| c["final_logit_softcapping"] = json!(0.0));
+    assert!(e.contains("final_logit_softcapping") && e.contains("positive"), "{e}");
+    let e = config_error(|c| c["attn_logit_softcapping"] = json!("high"));
     assert!(e.contains("attn_logit_softcapping"), "{e}");
     let e = config_error(|c| c["hidden_activation"] = json!("silu"));
     assert!(e.contains("hidden_activation") && e.contains("silu"), "{e}");

@@ -501,7 +501,7 @@ impl BlockAttention {
             o_proj,
             q_norm,
             k_norm,
-            shape: AttentionShape { num_heads: nh, num_kv_heads: nkv, head_dim: d, scale: (d as f32).powf(-0.5) },
+            shape: AttentionShape::new(nh, nkv, d, (d as f32).powf(-0.5)),
         })
     }
 

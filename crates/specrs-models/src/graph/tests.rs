@@ -115,7 +115,7 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 
 #[test]
 fn fixed_attention_matches_the_reference_on_a_padded_layout() {
-    let shape = AttentionShape { num_heads: 4, num_kv_heads: 2, head_dim: 8, scale: 8f32.powf(-0.5) };
+    let shape = AttentionShape::new(4, 2, 8, 8f32.powf(-0.5));
     let cache = PagedKvCache::new(1, 16, 4, 2, 8, DType::F32, &Device::Cpu).unwrap();
     let (kc, vc) = cache.layer(0);
     kc.slice_set(&testing::random_tensor(&[64, 16], 1.0, 1).unwrap(), 0, 0).unwrap();

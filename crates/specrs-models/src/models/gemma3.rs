@@ -7,8 +7,9 @@
 //! GELU); embeddings are multiplied by `sqrt(hidden)`; and five of every six layers
 //! (`layer_types`) attend within `sliding_window` keys with RoPE at `rope_local_base_freq`,
 //! the others to the whole context with the global RoPE (`rope_theta`, `rope_scaling`).
-//! Gemma 2's logit soft-capping is refused by key. Per-layer windows and RoPE mean one
-//! fixed-shape step cannot serve every layer, so Gemma 3 declares no device-graph capture.
+//! Soft caps on scores and logits (Gemma 2's) apply when a config sets them. Per-layer windows
+//! and RoPE mean one fixed-shape step cannot serve every layer, so Gemma 3 declares no
+//! device-graph capture.
 //!
 //! The 4B, 12B and 27B checkpoints are `Gemma3ForConditionalGeneration`: the same decoder in
 //! `text_config`, its weights under `language_model.model.*` (or `model.language_model.*` as

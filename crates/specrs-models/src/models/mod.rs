@@ -1,5 +1,6 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
+pub mod gemma2;
 pub mod gemma3;
 pub mod glm4_moe;
 pub mod granite;
@@ -52,6 +53,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Glm4Moe => glm4_moe::adapt(cfg),
                 Architecture::InternLm2 => internlm2::adapt(cfg),
                 Architecture::Mixtral => mixtral::adapt(cfg),
+                Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite => granite::adapt(cfg),
             })

@@ -74,7 +74,9 @@ impl SelfAttention {
             (None, None)
         };
         let scale = cfg.scales.attention.map_or((head_dim as f32).powf(-0.5), |s| s as f32);
-        Ok(Self { qkv, o_proj, q_norm, k_norm, shape: AttentionShape { num_heads, num_kv_heads, head_dim, scale } })
+        let softcap = cfg.scales.attention_softcap.map(|c| c as f32);
+        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap };
+        Ok(Self { qkv, o_proj, q_norm, k_norm, shape })
     }
 
     pub fn shape(&self) -> AttentionShape {
@@ -482,10 +484,11 @@ impl CausalLm {
     /// `normed [N, hidden] -> logits [N, vocab]` (f32).
     pub fn lm_head(&self, normed: &Tensor) -> Result<Tensor> {
         let logits = self.lm_head.matmul_t(normed)?.to_dtype(DType::F32)?;
-        match self.config.scales.logits_divisor {
-            1.0 => Ok(logits),
-            divisor => logits.affine(1.0 / divisor, 0.0),
-        }
+        let logits = match self.config.scales.logits_divisor {
+            1.0 => logits,
+            divisor => logits.affine(1.0 / divisor, 0.0)?,
+        };
+        crate::attention::soft_capped(logits, self.config.scales.logits_softcap.map(|c| c as f32))
     }
 
     /// A decode/verify step on fixed shapes: every token of `inputs` (padding included) runs

@@ -45,10 +45,10 @@ pub fn gguf_location(hf: &str) -> Option<(String, Option<usize>)> {
     Some((format!("blk.{}.{stacked}", layer.parse::<usize>().ok()?), Some(expert.parse().ok()?)))
 }
 
-/// Gemma's norms in a GGUF file: transformers' `post_attention_layernorm` (over the attention's
+/// Gemma's (2 and 3) norms in a GGUF file: transformers' `post_attention_layernorm` (over the attention's
 /// output) is llama.cpp's `post_attention_norm`, `pre_feedforward_layernorm` its `ffn_norm`,
 /// `post_feedforward_layernorm` its `post_ffw_norm`.
-fn gemma3_name(hf: &str) -> Option<String> {
+fn gemma_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, tail) = rest.split_once('.')?;
     let mapped = match tail {
@@ -166,7 +166,7 @@ impl GgufSource {
     /// before llama.cpp stacked them, its own `blk.{l}.ffn_{gate,up,down}.{e}.weight`.
     fn locate(&self, hf_name: &str) -> Option<(String, Option<usize>)> {
         let (g, expert) = match self.architecture {
-            Architecture::Gemma3 => (gemma3_name(hf_name).or_else(|| gguf_name(hf_name))?, None),
+            Architecture::Gemma2 | Architecture::Gemma3 => (gemma_name(hf_name).or_else(|| gguf_name(hf_name))?, None),
             _ => gguf_location(hf_name)?,
         };
         match (self.content.tensor_infos.get(&g), expert) {
@@ -291,29 +291,39 @@ impl GgufSource {
         Ok(cfg)
     }
 
-    /// Gemma 3 as llama.cpp reads it: five sliding layers to each global one, local RoPE at
-    /// base 10,000, scores scaled by `head_dim^-0.5` (`hidden / heads` for the 62-layer 27B, as
-    /// its `query_pre_attn_scalar` says), norms stored as their scale.
+    /// Gemma 2 and 3 as llama.cpp reads them: Gemma 2 alternates sliding and full layers
+    /// (sliding first) under one RoPE and soft-caps scores and logits by the `*_softcapping`
+    /// keys; Gemma 3 runs five sliding layers (local RoPE at base 10,000) to each global one.
+    /// Scores are scaled by `head_dim^-0.5` (`hidden / heads` for the 27B models, 46 layers in
+    /// Gemma 2 and 62 in Gemma 3, as their `query_pre_attn_scalar` says); norms are stored as
+    /// their scale.
     fn gemma_config(
         &self,
         hidden_size: usize,
         num_attention_heads: usize,
         head_dim: usize,
     ) -> Result<Option<(GemmaConfig, Scales)>> {
-        if self.architecture != Architecture::Gemma3 {
-            return Ok(None);
-        }
+        let gemma2 = match self.architecture {
+            Architecture::Gemma2 => true,
+            Architecture::Gemma3 => false,
+            _ => return Ok(None),
+        };
         let layers = self.meta_usize("block_count")?;
-        let scalar = if layers == 62 { hidden_size / num_attention_heads.max(1) } else { head_dim };
+        let scalar =
+            if layers == if gemma2 { 46 } else { 62 } { hidden_size / num_attention_heads.max(1) } else { head_dim };
+        let pattern = if gemma2 { 2 } else { 6 };
         let gemma = GemmaConfig {
-            sliding_layers: (0..layers).map(|i| !(i + 1).is_multiple_of(6)).collect(),
+            sliding_layers: (0..layers).map(|i| !(i + 1).is_multiple_of(pattern)).collect(),
             sliding_window: self.meta_usize("attention.sliding_window").unwrap_or(4096),
-            local_rope_theta: 10_000.0,
+            local_rope_theta: if gemma2 { self.meta_f64("rope.freq_base").unwrap_or(10_000.0) } else { 10_000.0 },
             norms_store_scale: true,
         };
+        let cap = |key: &str| self.meta_f64(key).filter(|_| gemma2);
         let scales = Scales {
             embedding: (hidden_size as f64).sqrt(),
             attention: Some((scalar as f64).powf(-0.5)),
+            attention_softcap: cap("attn_logit_softcapping"),
+            logits_softcap: cap("final_logit_softcapping"),
             ..Scales::default()
         };
         Ok(Some((gemma, scales)))
@@ -340,6 +350,7 @@ impl GgufSource {
             residual: scale("residual_scale")?.unwrap_or(1.0),
             attention: Some(scale("attention.scale")?.unwrap_or((head_dim as f64).powf(-0.5))),
             logits_divisor: scale("logit_scale")?.unwrap_or(1.0),
+            ..Scales::default()
         })
     }
 

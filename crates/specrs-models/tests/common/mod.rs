@@ -52,8 +52,9 @@ fn largest(values: &[f32], k: usize) -> Vec<usize> {
     order
 }
 
-/// Gemma 3's layer as transformers runs it: norms scaling by `1 + weight`, attention and MLP
-/// outputs normed too, GeGLU, embeddings times `sqrt(hidden)`, and per-layer attention.
+/// Gemma 2's and 3's layer as transformers runs it: norms scaling by `1 + weight`, attention
+/// and MLP outputs normed too, GeGLU, embeddings times `sqrt(hidden)`, per-layer attention,
+/// and Gemma 2's soft caps.
 pub struct GemmaLayout {
     /// Layers that attend within `window` with RoPE at `local_theta`.
     pub sliding: Vec<bool>,
@@ -61,6 +62,12 @@ pub struct GemmaLayout {
     pub local_theta: f64,
     /// The softmax scale (`query_pre_attn_scalar^-0.5`).
     pub scale: f32,
+    /// Gemma 2's `attn_logit_softcapping` and `final_logit_softcapping`.
+    pub softcaps: Option<(f32, f32)>,
+}
+
+fn soft_cap(x: f32, cap: f32) -> f32 {
+    cap * (x / cap).tanh()
 }
 
 /// Granite's constants: embeddings times `embedding`, residual branches times `residual`,
@@ -203,7 +210,11 @@ impl Reference<'_> {
                 let scores: Vec<f32> = (first..=qi)
                     .map(|kj| {
                         let k = head(kj, nh + kvh, &k_norm, true);
-                        q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() * scale
+                        let score = q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                        match self.gemma.as_ref().and_then(|g| g.softcaps) {
+                            Some((cap, _)) => soft_cap(score, cap),
+                            None => score,
+                        }
                     })
                     .collect();
                 let top = scores.iter().cloned().fold(f32::MIN, f32::max);
@@ -335,7 +346,9 @@ impl Reference<'_> {
         let head = self.get("lm_head.weight").unwrap_or(&self.tensors["model.embed_tokens.weight"]);
         let divisor = self.multipliers.as_ref().map_or(1.0, |m| m.logits_divisor);
         let logits = matmul_t(&self.rms(&x, "model.norm.weight"), head);
-        logits.into_iter().map(|r| r.into_iter().map(|v| v / divisor).collect()).collect()
+        let final_cap = self.gemma.as_ref().and_then(|g| g.softcaps).map(|(_, cap)| cap);
+        let finish = |v: f32| final_cap.map_or(v / divisor, |cap| soft_cap(v / divisor, cap));
+        logits.into_iter().map(|r| r.into_iter().map(finish).collect()).collect()
     }
 }
 
@@ -396,6 +409,54 @@ pub fn write_llama_layout_gguf(
         (format!("{arch}.attention.head_count"), u32v(shape.heads)),
         (format!("{arch}.attention.head_count_kv"), u32v(shape.kv_heads)),
         (format!("{arch}.rope.dimension_count"), u32v(shape.head_dim)),
+        (format!("{arch}.context_length"), u32v(512)),
+        (format!("{arch}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5)),
+        (format!("{arch}.rope.freq_base"), GgufValue::F32(10_000.0)),
+        (format!("{arch}.vocab_size"), u32v(shape.vocab)),
+    ];
+    metadata.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let named: Vec<(&str, &QTensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    gguf_file::write(&mut std::fs::File::create(path).unwrap(), &metadata, &named).unwrap();
+}
+
+/// Writes a Gemma 2 / 3 checkpoint (Hugging Face names) as llama.cpp's converter writes
+/// `arch` (`gemma2`, `gemma3`): f32 tensors, Gemma's norms under llama.cpp's names
+/// (`post_attention_norm`, `ffn_norm` before the MLP, `post_ffw_norm`) and stored as their
+/// scale (`1 + weight`), the shape as metadata, and `extra` metadata.
+pub fn write_gemma_gguf(
+    path: &Path,
+    arch: &str,
+    shape: &TinyShape,
+    tensors: &HashMap<String, Tensor>,
+    extra: &[(&str, GgufValue)],
+) {
+    let name = |hf: &str| -> String {
+        let renamed = hf
+            .replace(".post_attention_layernorm.", ".post_attention_NORM.")
+            .replace(".pre_feedforward_layernorm.", ".ffn_NORM.")
+            .replace(".post_feedforward_layernorm.", ".post_ffw_NORM.");
+        match renamed.split_once("_NORM.") {
+            Some((head, _)) => format!("{}_norm.weight", head.replace("model.layers.", "blk.")),
+            None => gguf_name(hf).unwrap_or_else(|| panic!("{hf} has a GGUF name")),
+        }
+    };
+    let named: Vec<(String, QTensor)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            let t = if n.ends_with("norm.weight") { (t + 1.0).unwrap() } else { t.clone() };
+            (name(n), QTensor::quantize(&t, GgmlDType::F32).unwrap())
+        })
+        .collect();
+    let u32v = |x: usize| GgufValue::U32(x as u32);
+    let mut metadata: Vec<(String, GgufValue)> = vec![
+        ("general.architecture".into(), GgufValue::String(arch.into())),
+        (format!("{arch}.embedding_length"), u32v(shape.hidden)),
+        (format!("{arch}.feed_forward_length"), u32v(shape.intermediate)),
+        (format!("{arch}.block_count"), u32v(shape.layers)),
+        (format!("{arch}.attention.head_count"), u32v(shape.heads)),
+        (format!("{arch}.attention.head_count_kv"), u32v(shape.kv_heads)),
+        (format!("{arch}.attention.key_length"), u32v(shape.head_dim)),
         (format!("{arch}.context_length"), u32v(512)),
         (format!("{arch}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5)),
         (format!("{arch}.rope.freq_base"), GgufValue::F32(10_000.0)),
