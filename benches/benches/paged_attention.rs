@@ -18,7 +18,7 @@ use specrs_models::{BatchRow, ForwardBatch, PagedKvCache};
 const LAYERS: usize = 30;
 const BLOCK: usize = 16;
 const SHAPE: AttentionShape =
-    AttentionShape { num_heads: 9, num_kv_heads: 3, head_dim: 64, scale: 0.125, softcap: None };
+    AttentionShape { num_heads: 9, num_kv_heads: 3, head_dim: 64, scale: 0.125, softcap: None, sinks: None };
 
 /// `rows` rows of `queries` query tokens each, every row with `context` keys (the queries
 /// included) in blocks scattered over the cache in reverse order, as a busy cache holds them.
@@ -71,7 +71,7 @@ fn paged(c: &mut Criterion) {
                     let mut layer = (0..LAYERS).cycle();
                     bench.iter(|| {
                         let (k, v) = cache.layer(layer.next().unwrap_or(0));
-                        black_box(paged_attention(q, k, v, &b, SHAPE).expect("attention"))
+                        black_box(paged_attention(q, k, v, &b, &SHAPE).expect("attention"))
                     })
                 },
             );

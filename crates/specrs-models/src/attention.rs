@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use crate::batch::{AttentionMask, BatchRow, ForwardBatch};
 
 /// Static shape of one attention layer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct AttentionShape {
     pub num_heads: usize,
     pub num_kv_heads: usize,
@@ -25,12 +25,64 @@ pub struct AttentionShape {
     pub scale: f32,
     /// Gemma 2's soft cap on the scaled scores, `cap · tanh(score / cap)`, before the mask.
     pub softcap: Option<f32>,
+    /// gpt-oss's attention sinks.
+    pub sinks: Option<AttentionSinks>,
 }
 
 impl AttentionShape {
-    /// Plain scaled dot-product attention (no soft cap).
+    /// Plain scaled dot-product attention (no soft cap, no sinks).
     pub fn new(num_heads: usize, num_kv_heads: usize, head_dim: usize, scale: f32) -> Self {
-        Self { num_heads, num_kv_heads, head_dim, scale, softcap: None }
+        Self { num_heads, num_kv_heads, head_dim, scale, softcap: None, sinks: None }
+    }
+}
+
+/// gpt-oss's learned sink logit per head: each head's softmax also counts `exp(sink)`, a key
+/// that carries no value, so a head can put weight on nothing. Kept on the host for the CPU
+/// kernel and as a `[heads]` f32 tensor for the device paths.
+#[derive(Debug, Clone)]
+pub struct AttentionSinks {
+    host: Vec<f32>,
+    device: Tensor,
+}
+
+impl AttentionSinks {
+    /// `sinks [heads]`, any float dtype, on the device the attention runs on.
+    pub fn new(sinks: &Tensor) -> Result<Self> {
+        let device = sinks.to_dtype(DType::F32)?;
+        Ok(Self { host: device.to_device(&candle_core::Device::Cpu)?.to_vec1()?, device })
+    }
+
+    pub fn host(&self) -> &[f32] {
+        &self.host
+    }
+
+    /// Softmax over the last dim of `scores` with each head's sink as one more logit, which
+    /// is then dropped: `heads_shape` places the `[heads]` sinks against `scores`' dims (its
+    /// last dim 1), broadcast to `scores` but for the last dim.
+    pub(crate) fn softmax(&self, scores: &Tensor, heads_shape: &[usize]) -> Result<Tensor> {
+        let mut column = scores.dims().to_vec();
+        let keys = column.pop().expect("scores have a key dim");
+        column.push(1);
+        let sinks = self.column(heads_shape, &column)?.to_dtype(scores.dtype())?;
+        let probs = candle_nn::ops::softmax_last_dim(&Tensor::cat(&[scores, &sinks], D::Minus1)?)?;
+        probs.narrow(D::Minus1, 0, keys)
+    }
+
+    /// The sinks placed by `heads_shape` and broadcast to `dims` (f32, contiguous).
+    pub(crate) fn column(&self, heads_shape: &[usize], dims: &[usize]) -> Result<Tensor> {
+        self.device.reshape(heads_shape)?.broadcast_as(dims)?.contiguous()
+    }
+}
+
+/// Softmax over the last dim of `scores`, with the sinks when the layer has them.
+pub(crate) fn softmax_with_sinks(
+    scores: &Tensor,
+    sinks: Option<&AttentionSinks>,
+    heads_shape: &[usize],
+) -> Result<Tensor> {
+    match sinks {
+        Some(s) => s.softmax(scores, heads_shape),
+        None => candle_nn::ops::softmax_last_dim(scores),
     }
 }
 
@@ -49,7 +101,7 @@ pub fn paged_attention(
     k_cache: &Tensor,
     v_cache: &Tensor,
     batch: &ForwardBatch,
-    shape: AttentionShape,
+    shape: &AttentionShape,
 ) -> Result<Tensor> {
     if q.device().is_cpu() && q.dtype() == DType::F32 && k_cache.dtype() == DType::F32 {
         let op = CpuPagedAttention { batch, shape };
@@ -81,7 +133,7 @@ pub(crate) fn visible_keys(
 
 struct CpuPagedAttention<'a> {
     batch: &'a ForwardBatch,
-    shape: AttentionShape,
+    shape: &'a AttentionShape,
 }
 
 /// Query tokens of one row attended together by one work item: each key and value they see is
@@ -116,7 +168,7 @@ impl CustomOp3 for CpuPagedAttention<'_> {
         let q = &q[q_l.start_offset()..];
         let k = &k[k_l.start_offset()..];
         let v = &v[v_l.start_offset()..];
-        let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
+        let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = *self.shape;
         let t = q_l.dims()[0];
         let batch = self.batch;
         let items = self.work_items();
@@ -187,7 +239,7 @@ impl CpuPagedAttention<'_> {
     /// loads: keys and values come from the cache once per item.
     #[inline(always)]
     fn attend_item(&self, q: &[f32], k: &[f32], v: &[f32], item: &WorkItem, d: usize) -> Vec<f32> {
-        let AttentionShape { num_heads, num_kv_heads, scale, softcap, .. } = self.shape;
+        let AttentionShape { num_heads, num_kv_heads, scale, softcap, .. } = *self.shape;
         let group = num_heads / num_kv_heads;
         let batch = self.batch;
         let row = &batch.rows[item.row];
@@ -223,11 +275,23 @@ impl CpuPagedAttention<'_> {
         if let Some(cap) = softcap {
             probs.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
         }
-        // 2. Softmax numerators over each query's own keys (normalised at the end).
+        // 2. Softmax numerators over each query's own keys (normalised at the end); a sink
+        //    adds `exp(sink)` to its head's denominator, shifted by the same maximum.
+        let sinks = self.shape.sinks.as_ref().map(AttentionSinks::host);
         let sums: Vec<f32> = probs
             .chunks_exact_mut(n_keys)
             .zip(&spans)
-            .map(|(p, span)| exp_shifted_by_max(&mut p[span.clone()]))
+            .enumerate()
+            .map(|(i, (p, span))| {
+                let p = &mut p[span.clone()];
+                match sinks {
+                    Some(sinks) => {
+                        let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        exp_shifted_by_max(p) + (sinks[item.kv_head * group + i % group] - max).exp()
+                    }
+                    None => exp_shifted_by_max(p),
+                }
+            })
             .collect();
         // 3. Weighted sums of values, a block of keys at a time for every query.
         let mut out = vec![0f32; queries.len() * d];
@@ -488,7 +552,7 @@ pub fn reference_attention(
     k_cache: &Tensor,
     v_cache: &Tensor,
     batch: &ForwardBatch,
-    shape: AttentionShape,
+    shape: &AttentionShape,
 ) -> Result<Tensor> {
     let outs =
         batch.rows.iter().map(|row| attend_row(q, k_cache, v_cache, batch, row, shape)).collect::<Result<Vec<_>>>()?;
@@ -502,9 +566,9 @@ fn attend_row(
     v_cache: &Tensor,
     batch: &ForwardBatch,
     row: &BatchRow,
-    shape: AttentionShape,
+    shape: &AttentionShape,
 ) -> Result<Tensor> {
-    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale, softcap } = shape;
+    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale, softcap, .. } = *shape;
     let group = num_heads / num_kv_heads;
     let device = q.device();
     let bs = batch.block_size;
@@ -533,7 +597,8 @@ fn attend_row(
         }
     }
     let mask = Tensor::from_vec(mask, (1, row.query_len, ctx), device)?;
-    let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?.to_dtype(q.dtype())?;
+    let probs = softmax_with_sinks(&scores.broadcast_add(&mask)?, shape.sinks.as_ref(), &[num_heads, 1, 1])?
+        .to_dtype(q.dtype())?;
     // 3. [heads, q_len, d] -> [q_len, heads, d].
     probs.matmul(&v)?.transpose(0, 1)
 }
@@ -570,9 +635,9 @@ pub fn fixed_attention(
     k_cache: &Tensor,
     v_cache: &Tensor,
     fixed: &FixedAttention,
-    shape: AttentionShape,
+    shape: &AttentionShape,
 ) -> Result<Tensor> {
-    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale, softcap } = shape;
+    let AttentionShape { num_heads, num_kv_heads, head_dim: d, scale, softcap, .. } = *shape;
     let group = num_heads / num_kv_heads;
     let (b, qn, l) = (fixed.rows, fixed.queries, fixed.keys);
     // 1. Keys and values: [b · l, kv · d] -> [b, kv, l, d].
@@ -593,7 +658,9 @@ pub fn fixed_attention(
         .mul(&fixed.key_index.broadcast_le(&fixed.last_key)?)?
         .to_dtype(DType::F32)?;
     let additive = ((visible - 1.0)? * MASKED)?.reshape((b, 1, 1, qn, l))?;
-    let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&additive)?)?.to_dtype(q.dtype())?;
+    let heads = [1, num_kv_heads, group, 1, 1];
+    let probs =
+        softmax_with_sinks(&scores.broadcast_add(&additive)?, shape.sinks.as_ref(), &heads)?.to_dtype(q.dtype())?;
     let out = probs.reshape((b, num_kv_heads, group * qn, l))?.matmul(&v)?;
     // 4. [b, kv, group, qn, d] -> [b · qn, heads, d].
     out.reshape((b, num_kv_heads, group, qn, d))?.permute((0, 3, 1, 2, 4))?.reshape((b * qn, num_heads, d))
@@ -695,8 +762,8 @@ mod tests {
         {
             let (q, cache, batch, shape) = setup(mask, window);
             let (kc, vc) = cache.layer(0);
-            let fast = paged_attention(&q, kc, vc, &batch, shape).unwrap();
-            let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
+            let fast = paged_attention(&q, kc, vc, &batch, &shape).unwrap();
+            let slow = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
             let diff = crate::testing::max_abs_diff(&fast, &slow).unwrap();
             assert!(diff < 1e-5, "{mask:?} {window:?}: {diff}");
         }
@@ -707,17 +774,44 @@ mod tests {
         // A cap of 0.3 squeezes scores of up to ~1.5 hard, so a path that skipped it would differ.
         for (mask, window) in [(AttentionMask::Causal, None), (AttentionMask::Causal, Some(3))] {
             let (q, cache, batch, plain) = setup(mask, window);
-            let (q, shape) = ((q * 4.0).unwrap(), AttentionShape { softcap: Some(0.3), ..plain });
+            let (q, shape) = ((q * 4.0).unwrap(), AttentionShape { softcap: Some(0.3), ..plain.clone() });
             let (kc, vc) = cache.layer(0);
-            let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
-            let fast = paged_attention(&q, kc, vc, &batch, shape).unwrap();
-            let padded = crate::padded_attention::ragged_attention(&q, kc, vc, &batch, shape).unwrap();
+            let slow = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
+            let fast = paged_attention(&q, kc, vc, &batch, &shape).unwrap();
+            let padded = crate::padded_attention::ragged_attention(&q, kc, vc, &batch, &shape).unwrap();
             for (path, out) in [("CPU kernel", &fast), ("padded", &padded)] {
                 let diff = crate::testing::max_abs_diff(out, &slow).unwrap();
                 assert!(diff < 1e-5, "{path} {window:?}: {diff}");
             }
-            let uncapped = reference_attention(&q, kc, vc, &batch, plain).unwrap();
+            let uncapped = reference_attention(&q, kc, vc, &batch, &plain).unwrap();
             assert!(crate::testing::max_abs_diff(&uncapped, &slow).unwrap() > 1e-2, "the cap changes the output");
+        }
+    }
+
+    #[test]
+    fn attention_sinks_agree_on_every_path_and_only_take_weight_from_the_keys() {
+        for (mask, window) in [(AttentionMask::Causal, None), (AttentionMask::Causal, Some(3))] {
+            let (q, cache, batch, plain) = setup(mask, window);
+            let (kc, vc) = cache.layer(0);
+            let with_sinks = |values: [f32; 4]| AttentionShape {
+                sinks: Some(AttentionSinks::new(&Tensor::new(&values, &Device::Cpu).unwrap()).unwrap()),
+                ..plain.clone()
+            };
+            let shape = with_sinks([0.5, -1.0, 2.0, 0.0]);
+            let slow = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
+            let fast = paged_attention(&q, kc, vc, &batch, &shape).unwrap();
+            let padded = crate::padded_attention::ragged_attention(&q, kc, vc, &batch, &shape).unwrap();
+            for (path, out) in [("CPU kernel", &fast), ("padded", &padded)] {
+                let diff = crate::testing::max_abs_diff(out, &slow).unwrap();
+                assert!(diff < 1e-5, "{path} {window:?}: {diff}");
+            }
+            let uncapped = reference_attention(&q, kc, vc, &batch, &plain).unwrap();
+            assert!(crate::testing::max_abs_diff(&uncapped, &slow).unwrap() > 1e-2, "the sinks change the output");
+            // A sink far below every score takes nothing; far above, it takes everything.
+            let silent = paged_attention(&q, kc, vc, &batch, &with_sinks([-1e4; 4])).unwrap();
+            assert!(crate::testing::max_abs_diff(&silent, &uncapped).unwrap() < 1e-6);
+            let absorbing = paged_attention(&q, kc, vc, &batch, &with_sinks([1e3; 4])).unwrap();
+            assert!(absorbing.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() < 1e-6);
         }
     }
 
@@ -739,8 +833,8 @@ mod tests {
             };
             let batch = step_over_blocks(vec![row(1, 301, 0, 19), row(4, 250, 20, 16)], 40);
             let q = rand(&[5, 9, d], 6);
-            let fast = paged_attention(&q, kc, vc, &batch, shape).unwrap();
-            let slow = reference_attention(&q, kc, vc, &batch, shape).unwrap();
+            let fast = paged_attention(&q, kc, vc, &batch, &shape).unwrap();
+            let slow = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
             let diff = crate::testing::max_abs_diff(&fast, &slow).unwrap();
             assert!(diff < 1e-5, "head dim {d}: {diff}");
         }
@@ -768,9 +862,9 @@ mod tests {
             for context in [1, 7, 203] {
                 // A decode row and a verify row ending at the same position, together.
                 let together = step(vec![row(1, context + 3), row(4, context + 3)]);
-                let both = paged_attention(&q, kc, vc, &together, shape).unwrap();
+                let both = paged_attention(&q, kc, vc, &together, &shape).unwrap();
                 let alone =
-                    paged_attention(&q.narrow(0, 4, 1).unwrap(), kc, vc, &step(vec![row(1, context + 3)]), shape)
+                    paged_attention(&q.narrow(0, 4, 1).unwrap(), kc, vc, &step(vec![row(1, context + 3)]), &shape)
                         .unwrap();
                 let verify_last: Vec<f32> = both.get(4).unwrap().flatten_all().unwrap().to_vec1().unwrap();
                 let decoded: Vec<f32> = alone.get(0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
@@ -778,7 +872,7 @@ mod tests {
                     verify_last.iter().zip(&decoded).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "head dim {d}, context {context}: the verify row's last query differs from decoding it alone"
                 );
-                let reference = reference_attention(&q, kc, vc, &together, shape).unwrap();
+                let reference = reference_attention(&q, kc, vc, &together, &shape).unwrap();
                 let diff = crate::testing::max_abs_diff(&both, &reference).unwrap();
                 assert!(diff < 1e-5, "head dim {d}, context {context}: {diff} from the reference");
             }
@@ -802,10 +896,10 @@ mod tests {
                 ForwardBatch { sliding_window: window, ..step_over_blocks(vec![row], 24) }
             };
             let cached = 150;
-            let whole = paged_attention(&q, kc, vc, &step(len, cached + len), shape).unwrap();
+            let whole = paged_attention(&q, kc, vc, &step(len, cached + len), &shape).unwrap();
             for j in 0..len {
                 let alone =
-                    paged_attention(&q.narrow(0, j, 1).unwrap(), kc, vc, &step(1, cached + j + 1), shape).unwrap();
+                    paged_attention(&q.narrow(0, j, 1).unwrap(), kc, vc, &step(1, cached + j + 1), &shape).unwrap();
                 let a: Vec<f32> = whole.get(j).unwrap().flatten_all().unwrap().to_vec1().unwrap();
                 let b: Vec<f32> = alone.get(0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
                 assert!(
@@ -813,7 +907,7 @@ mod tests {
                     "window {window:?}, query {j} of {len}: differs from decoding it alone"
                 );
             }
-            let reference = reference_attention(&q, kc, vc, &step(len, cached + len), shape).unwrap();
+            let reference = reference_attention(&q, kc, vc, &step(len, cached + len), &shape).unwrap();
             let diff = crate::testing::max_abs_diff(&whole, &reference).unwrap();
             assert!(diff < 1e-5, "window {window:?}: {diff} from the reference");
         }
@@ -841,7 +935,7 @@ mod tests {
     fn causal_first_prefill_token_sees_only_itself() {
         let (q, cache, batch, shape) = setup(AttentionMask::Causal, None);
         let (kc, vc) = cache.layer(0);
-        let out = paged_attention(&q, kc, vc, &batch, shape).unwrap();
+        let out = paged_attention(&q, kc, vc, &batch, &shape).unwrap();
         // Row 1, token 0: its only key is slot 12 (block 3, offset 0): output = that value.
         let v = vc.get(12).unwrap().reshape((2, 8)).unwrap();
         let got = out.get(3).unwrap();

@@ -37,7 +37,7 @@ pub fn ragged_attention(
     k_cache: &Tensor,
     v_cache: &Tensor,
     batch: &ForwardBatch,
-    shape: AttentionShape,
+    shape: &AttentionShape,
 ) -> Result<Tensor> {
     let layout = PaddedLayout::for_step(batch, shape.num_heads, q.device())?;
     let mut outs = Vec::with_capacity(layout.groups.len() + layout.long_rows.len());
@@ -226,7 +226,7 @@ mod tests {
     }
 
     const SHAPE: AttentionShape =
-        AttentionShape { num_heads: 6, num_kv_heads: 2, head_dim: 8, scale: 0.35, softcap: None };
+        AttentionShape { num_heads: 6, num_kv_heads: 2, head_dim: 8, scale: 0.35, softcap: None, sinks: None };
 
     /// A cache of 80 blocks of 4 slots, every slot filled, and a step over `rows` (query
     /// lengths and context lengths), each row's blocks taken from a shuffled pool.
@@ -260,8 +260,8 @@ mod tests {
     /// Largest difference between the padded attention of a step and the reference's.
     fn gap_to_reference(cache: &PagedKvCache, batch: &ForwardBatch, q: &Tensor) -> f32 {
         let (kc, vc) = cache.layer(0);
-        let padded = ragged_attention(q, kc, vc, batch, SHAPE).unwrap();
-        let reference = reference_attention(q, kc, vc, batch, SHAPE).unwrap();
+        let padded = ragged_attention(q, kc, vc, batch, &SHAPE).unwrap();
+        let reference = reference_attention(q, kc, vc, batch, &SHAPE).unwrap();
         assert_eq!(padded.dims(), reference.dims());
         crate::testing::max_abs_diff(&padded, &reference).unwrap()
     }

@@ -16,7 +16,7 @@
 
 use candle_core::{D, DType, Device, Result, Tensor};
 
-use crate::attention::{AttentionShape, soft_capped, visible_keys};
+use crate::attention::{AttentionShape, soft_capped, softmax_with_sinks, visible_keys};
 use crate::batch::{BatchRow, ForwardBatch};
 
 /// Score elements (`heads · queries · keys`, f32) one tile may hold: 64 MiB.
@@ -61,7 +61,7 @@ pub fn attend_row_tiled(
     v_cache: &Tensor,
     batch: &ForwardBatch,
     row: &BatchRow,
-    shape: AttentionShape,
+    shape: &AttentionShape,
 ) -> Result<Tensor> {
     let plan = TilePlan::for_row(row.query_len, row.context_len, shape.num_heads, TILE_MAX_SCORES);
     attend_row_in_tiles(q, k_cache, v_cache, batch, row, shape, plan)
@@ -74,7 +74,7 @@ pub fn attend_row_in_tiles(
     v_cache: &Tensor,
     batch: &ForwardBatch,
     row: &BatchRow,
-    shape: AttentionShape,
+    shape: &AttentionShape,
     plan: TilePlan,
 ) -> Result<Tensor> {
     let bounds: Vec<(usize, usize)> = (0..row.query_len)
@@ -140,10 +140,10 @@ fn attend_query_tile(
     tile_q: &Tensor,
     bounds: &[(usize, usize)],
     context: &RowContext,
-    shape: AttentionShape,
+    shape: &AttentionShape,
     key_tile: usize,
 ) -> Result<Tensor> {
-    let AttentionShape { num_heads, num_kv_heads: kv, head_dim: d, scale, softcap } = shape;
+    let AttentionShape { num_heads, num_kv_heads: kv, head_dim: d, scale, softcap, .. } = *shape;
     let group = num_heads / kv;
     let n = bounds.len();
     let device = context.device;
@@ -165,7 +165,7 @@ fn attend_query_tile(
             p.to_dtype(tile_q.dtype())?.reshape((kv, group * n, x1 - x0))?.matmul(&v)?.reshape((kv, group, n, d))
         };
         if single {
-            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+            let probs = softmax_with_sinks(&scores, shape.sinks.as_ref(), &[kv, group, 1, 1])?;
             return finish(&weighted(&probs)?, tile_q.dtype(), n, num_heads, d);
         }
         // Across tiles the weighted values accumulate in f32.
@@ -187,7 +187,17 @@ fn attend_query_tile(
             }
         });
     }
-    let (_, sum, acc) = state.expect("every query sees at least its own key");
+    let (max, sum, acc) = state.expect("every query sees at least its own key");
+    // 3. A sink counts once more in the denominator, at the shared maximum.
+    let (sum, acc) = match &shape.sinks {
+        Some(sinks) => {
+            let sink = sinks.column(&[kv, group, 1, 1], max.dims())?;
+            let new_max = max.maximum(&sink)?;
+            let correction = (max - &new_max)?.exp()?;
+            (((sum * &correction)? + (sink - new_max)?.exp()?)?, acc.broadcast_mul(&correction)?)
+        }
+        None => (sum, acc),
+    };
     finish(&acc.broadcast_div(&sum)?, tile_q.dtype(), n, num_heads, d)
 }
 
@@ -235,12 +245,12 @@ fn finish(out: &Tensor, dtype: DType, n: usize, heads: usize, d: usize) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::reference_attention;
+    use crate::attention::{AttentionSinks, reference_attention};
     use crate::batch::AttentionMask;
     use crate::kv_cache::PagedKvCache;
 
     const SHAPE: AttentionShape =
-        AttentionShape { num_heads: 6, num_kv_heads: 2, head_dim: 8, scale: 0.35, softcap: None };
+        AttentionShape { num_heads: 6, num_kv_heads: 2, head_dim: 8, scale: 0.35, softcap: None, sinks: None };
 
     /// The device the tiles run on: `SPECRS_TEST_DEVICE=cuda` runs them on GPU 0 (CUDA builds,
     /// the `gpu-check` subset); the reference always runs on the CPU.
@@ -283,7 +293,8 @@ mod tests {
     fn tiles_of_every_size_give_the_reference_under_every_mask() {
         // A 37-token chunk over 50 cached keys: one tile, tiles that split queries only, keys
         // only, both, and single keys; causal, sliding windows shorter and longer than a key
-        // tile, and a block drafter's non-causal block; with Gemma 2's score soft cap too.
+        // tile, and a block drafter's non-causal block; with Gemma 2's score soft cap and
+        // gpt-oss's sinks too.
         let (cache, batch, q) = long_row(37, 87);
         let (kc, vc) = cache.layer(0);
         let row = batch.rows[0].clone();
@@ -297,15 +308,21 @@ mod tests {
             (AttentionMask::BlockNonCausal, None),
         ] {
             let batch = ForwardBatch { mask, sliding_window: window, ..batch.clone() };
-            for shape in [SHAPE, AttentionShape { softcap: Some(0.5), ..SHAPE }] {
-                let reference = reference_attention(&q, kc, vc, &batch, shape).unwrap();
+            let sinks = AttentionSinks::new(&Tensor::new(&[0.5f32, -1.0, 2.0, 0.0, 1.0, -0.5], &dev).unwrap()).unwrap();
+            let (capped, sunk) =
+                (AttentionShape { softcap: Some(0.5), ..SHAPE }, AttentionShape { sinks: Some(sinks), ..SHAPE });
+            for shape in [SHAPE, capped, sunk] {
+                let reference = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
                 for (query_tile, key_tile) in [(37, 87), (5, 87), (37, 9), (4, 7), (1, 1), (16, 64)] {
                     let plan = TilePlan { query_tile, key_tile };
-                    let tiled = attend_row_in_tiles(&q_dev, &kc_dev, &vc_dev, &batch, &row, shape, plan).unwrap();
+                    let tiled = attend_row_in_tiles(&q_dev, &kc_dev, &vc_dev, &batch, &row, &shape, plan).unwrap();
                     let diff =
                         crate::testing::max_abs_diff(&tiled.to_device(&Device::Cpu).unwrap(), &reference).unwrap();
-                    let cap = shape.softcap;
-                    assert!(diff < 1e-5, "{mask:?} {window:?} cap {cap:?} tiles {query_tile}x{key_tile}: {diff}");
+                    let what = (shape.softcap, shape.sinks.is_some());
+                    assert!(
+                        diff < 1e-5,
+                        "{mask:?} {window:?} (cap, sinks) {what:?} tiles {query_tile}x{key_tile}: {diff}"
+                    );
                 }
             }
         }
@@ -318,13 +335,14 @@ mod tests {
         let dev = device();
         let (cache, batch, q) = long_row(37, 87);
         let (kc, vc) = cache.layer(0);
-        let reference = reference_attention(&q, kc, vc, &batch, SHAPE).unwrap();
+        let reference = reference_attention(&q, kc, vc, &batch, &SHAPE).unwrap();
         let dtypes: &[DType] = if dev.is_cpu() { &[DType::F16] } else { &[DType::BF16, DType::F16] };
         for &dtype in dtypes {
             let on_dev = |t: &Tensor| t.to_device(&dev).unwrap().to_dtype(dtype).unwrap();
             let plan = TilePlan { query_tile: 5, key_tile: 16 };
-            let tiled = attend_row_in_tiles(&on_dev(&q), &on_dev(kc), &on_dev(vc), &batch, &batch.rows[0], SHAPE, plan)
-                .unwrap();
+            let tiled =
+                attend_row_in_tiles(&on_dev(&q), &on_dev(kc), &on_dev(vc), &batch, &batch.rows[0], &SHAPE, plan)
+                    .unwrap();
             let tiled = tiled.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
             let diff = crate::testing::max_abs_diff(&tiled, &reference).unwrap();
             assert!(diff < 5e-3, "{dtype:?}: {diff}");
@@ -360,9 +378,9 @@ mod tests {
         );
         batch.rows[1].query_start = 3;
         let q = Tensor::cat(&[&crate::testing::random_tensor(&[3, 6, 8], 0.5, 9).unwrap(), &q], 0).unwrap();
-        let reference = reference_attention(&q, kc, vc, &batch, SHAPE).unwrap().narrow(0, 3, 12).unwrap();
+        let reference = reference_attention(&q, kc, vc, &batch, &SHAPE).unwrap().narrow(0, 3, 12).unwrap();
         let plan = TilePlan { query_tile: 5, key_tile: 6 };
-        let tiled = attend_row_in_tiles(&q, kc, vc, &batch, &batch.rows[1], SHAPE, plan).unwrap();
+        let tiled = attend_row_in_tiles(&q, kc, vc, &batch, &batch.rows[1], &SHAPE, plan).unwrap();
         let diff = crate::testing::max_abs_diff(&tiled, &reference).unwrap();
         assert!(diff < 1e-5, "{diff}");
     }

@@ -546,7 +546,7 @@ impl BlockAttention {
         let v = v.reshape((t, num_kv_heads, head_dim))?;
         kv.write(layer, &batch.slot_mapping, None, &k, &v)?;
         let (kc, vc) = kv.layer(layer);
-        let y = paged_attention(&q, kc, vc, batch, self.shape)?;
+        let y = paged_attention(&q, kc, vc, batch, &self.shape)?;
         self.o_proj.forward(&y.reshape((t, num_heads * head_dim))?)
     }
 }

@@ -123,7 +123,7 @@ fn fixed_attention_matches_the_reference_on_a_padded_layout() {
     for window in [None, Some(3)] {
         let batch = ForwardBatch { sliding_window: window, ..verify_batch() };
         let q = testing::random_tensor(&[5, 4, 8], 1.0, 3).unwrap();
-        let want = reference_attention(&q, kc, vc, &batch, shape).unwrap();
+        let want = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
         // Three rows of three queries: row 1's last query and row 2 are padding.
         let key = GraphKey { batch: 3, width: 2 };
         let inputs = StepInputs::new(key, 12, 63, &Device::Cpu).unwrap();
@@ -138,7 +138,7 @@ fn fixed_attention_matches_the_reference_on_a_padded_layout() {
                 )
                 .unwrap();
         }
-        let got = fixed_attention(&q_fixed, kc, vc, &inputs.attention, shape).unwrap();
+        let got = fixed_attention(&q_fixed, kc, vc, &inputs.attention, &shape).unwrap();
         assert!(got.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite()));
         for (flat, &(r, j)) in layout.iter().enumerate() {
             let diff = max_diff(&got.get(fixed_output_row(key, r, j)).unwrap(), &want.get(flat).unwrap());

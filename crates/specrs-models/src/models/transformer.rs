@@ -75,12 +75,12 @@ impl SelfAttention {
         };
         let scale = cfg.scales.attention.map_or((head_dim as f32).powf(-0.5), |s| s as f32);
         let softcap = cfg.scales.attention_softcap.map(|c| c as f32);
-        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap };
+        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks: None };
         Ok(Self { qkv, o_proj, q_norm, k_norm, shape })
     }
 
-    pub fn shape(&self) -> AttentionShape {
-        self.shape
+    pub fn shape(&self) -> &AttentionShape {
+        &self.shape
     }
 
     /// Projects, normalises and rotates: `x [T, in] -> (q [T, nh, d], k [T, nkv, d], v [T, nkv, d])`.
@@ -115,7 +115,7 @@ impl SelfAttention {
         let (q, k, v) = self.project(x, cos, sin)?;
         kv.write(layer, &batch.slot_mapping, None, &k, &v)?;
         let (kc, vc) = kv.layer(layer);
-        let y = paged_attention(&q, kc, vc, batch, self.shape)?;
+        let y = paged_attention(&q, kc, vc, batch, &self.shape)?;
         self.o_proj.forward(&y.reshape((t, self.shape.num_heads * self.shape.head_dim))?)
     }
 }
@@ -136,7 +136,7 @@ impl SelfAttention {
         let (q, k, v) = self.project(x, cos, sin)?;
         kv.write(layer, &[], Some(&inputs.slot_mapping), &k, &v)?;
         let (kc, vc) = kv.layer(layer);
-        let y = fixed_attention(&q, kc, vc, &inputs.attention, self.shape)?;
+        let y = fixed_attention(&q, kc, vc, &inputs.attention, &self.shape)?;
         self.o_proj.forward(&y.reshape((t, self.shape.num_heads * self.shape.head_dim))?)
     }
 }
