@@ -523,6 +523,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "MixtralForCausalLM",
         "Glm4MoeForCausalLM",
         "InternLM2ForCausalLM",
+        "GptOssForCausalLM",
         "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
         "Gemma3ForConditionalGeneration",

@@ -153,6 +153,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    // Routing read on the host, and per-layer windows.
+    ArchitectureSpec {
+        name: "GptOssForCausalLM",
+        example_repo_ids: &["openai/gpt-oss-20b", "openai/gpt-oss-120b"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "InternLM2ForCausalLM",
         example_repo_ids: &["internlm/internlm2_5-7b-chat", "internlm/internlm2-chat-1_8b"],

@@ -861,7 +861,7 @@ impl Engine {
             taps: self.taps.taps.clone(),
             want_final_hidden: self.taps.final_hidden,
             // Named here too so a captured step's inputs carry it (`StepInputs::fill`).
-            sliding_window: self.target.config().sliding_window,
+            sliding_window: self.target.config().uniform_sliding_window(),
             ..Default::default()
         };
         let mut rows = Vec::with_capacity(plan.decode.len() + plan.prefill.len());

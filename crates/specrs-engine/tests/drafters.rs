@@ -488,3 +488,14 @@ fn a_gemma2_target_with_soft_caps_speculates_losslessly() {
     );
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 303, "Gemma 2");
 }
+
+#[test]
+fn a_gpt_oss_target_with_sinks_and_mxfp4_experts_speculates_losslessly() {
+    // The released layout: MXFP4 experts (placed as Q8_0 on the CPU), sinks, sliding layers
+    // of 5 keys between full ones.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("gpt-oss");
+    let (_, mxfp4) = testing::random_gpt_oss(&SHAPE, 4, 47).unwrap();
+    write(&target, &testing::gpt_oss_config(&SHAPE, 4, 2, &[true, false, true, false], 5, 7.0), &mxfp4);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 304, "gpt-oss");
+}

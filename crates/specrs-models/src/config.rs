@@ -41,6 +41,10 @@ pub enum Architecture {
     /// InternLM2 / InternLM2.5: Llama's layer under other names, q/k/v fused per key-value
     /// group (`attention.wqkv`).
     InternLm2,
+    /// gpt-oss (20B, 120B): biased q/k/v/o, a learned attention sink per head, sliding and full
+    /// layers alternating, YaRN, and experts stored as MXFP4 with interleaved gate/up rows,
+    /// biases and a clamped SwiGLU.
+    GptOss,
     /// GLM-4.5 / 4.6 / 4.7 and their Air models: q/k/v bias, optional q/k norm, RoPE over half of
     /// each head, leading dense layers, then DeepSeek-V3-style sigmoid-routed experts with a
     /// shared expert.
@@ -64,6 +68,7 @@ impl Architecture {
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
+        ("GptOssForCausalLM", Architecture::GptOss),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -113,6 +118,7 @@ impl Architecture {
             Self::Gemma2 => "Gemma2ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Granite => "GraniteForCausalLM",
+            Self::GptOss => "GptOssForCausalLM",
         }
     }
 
@@ -131,12 +137,13 @@ impl Architecture {
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3_text",
             Self::Granite => "granite",
+            Self::GptOss => "gpt_oss",
         }
     }
 
     /// Qwen2's attention: a bias on q, k and v.
     pub fn qkv_bias_by_default(self) -> bool {
-        matches!(self, Self::Qwen2 | Self::Qwen2Moe)
+        matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss)
     }
 
     /// Gemma's layer (`DecoderConfig::gemma`): Gemma 2 and Gemma 3.
@@ -326,6 +333,37 @@ fn with_gemma3_defaults(v: &Value) -> Value {
     filled
 }
 
+/// Which layers attend within the window: `layer_types` (`sliding_attention` /
+/// `full_attention`), else every `sliding_window_pattern`-th layer (`default_pattern` when the
+/// config leaves it out) full and the others sliding.
+fn sliding_layers(v: &Value, num_hidden_layers: usize, default_pattern: u64) -> Result<Vec<bool>> {
+    let sliding_layers = match v.get("layer_types") {
+        Some(Value::Array(types)) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(ModelError::config(
+                    "layer_types",
+                    format!("each entry is 'sliding_attention' or 'full_attention', got {t}"),
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        _ => {
+            let pattern =
+                v.get("sliding_window_pattern").and_then(Value::as_u64).unwrap_or(default_pattern).max(1) as usize;
+            (0..num_hidden_layers).map(|i| !(i + 1).is_multiple_of(pattern)).collect()
+        }
+    };
+    if sliding_layers.len() != num_hidden_layers {
+        return Err(ModelError::config(
+            "layer_types",
+            format!("names {} layers, the model has {num_hidden_layers}", sliding_layers.len()),
+        ));
+    }
+    Ok(sliding_layers)
+}
+
 /// Gemma 2's or 3's additions from its `config.json`, with transformers' defaults: Gemma 2
 /// alternates sliding and full layers (sliding first) under one RoPE, Gemma 3 runs five
 /// sliding layers with their own RoPE base to each full one.
@@ -346,31 +384,7 @@ fn gemma_config(v: &Value, architecture: Architecture, num_hidden_layers: usize)
             format!("Gemma's MLP runs gelu_pytorch_tanh, got '{act}'"),
         ));
     }
-    let sliding_layers = match v.get("layer_types") {
-        Some(Value::Array(types)) => types
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("sliding_attention") => Ok(true),
-                Some("full_attention") => Ok(false),
-                _ => Err(ModelError::config(
-                    "layer_types",
-                    format!("each entry is 'sliding_attention' or 'full_attention', got {t}"),
-                )),
-            })
-            .collect::<Result<Vec<_>>>()?,
-        _ => {
-            let default_pattern = if gemma2 { 2 } else { 6 };
-            let pattern =
-                v.get("sliding_window_pattern").and_then(Value::as_u64).unwrap_or(default_pattern).max(1) as usize;
-            (0..num_hidden_layers).map(|i| !(i + 1).is_multiple_of(pattern)).collect()
-        }
-    };
-    if sliding_layers.len() != num_hidden_layers {
-        return Err(ModelError::config(
-            "layer_types",
-            format!("names {} layers, the model has {num_hidden_layers}", sliding_layers.len()),
-        ));
-    }
+    let sliding_layers = sliding_layers(v, num_hidden_layers, if gemma2 { 2 } else { 6 })?;
     let sliding_window = v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096) as usize;
     if sliding_window == 0 {
         return Err(ModelError::config("sliding_window", "must be positive"));
@@ -426,6 +440,19 @@ pub struct MoeConfig {
     pub decoder_sparse_step: usize,
     pub mlp_only_layers: Vec<usize>,
     pub shared_expert: Option<SharedExpertConfig>,
+    pub experts: ExpertKind,
+}
+
+/// How a mixture stores and computes its experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertKind {
+    /// `experts.{e}.{gate,up,down}_proj` under a `gate` router: SwiGLU, no biases (Mixtral,
+    /// Qwen-MoE, GLM-4.5).
+    SwiGlu,
+    /// gpt-oss: a biased `router`; every expert in `experts.gate_up_proj` / `experts.down_proj`
+    /// (MXFP4 `_blocks` + `_scales`, or dense), gate and up rows interleaved, with biases; the
+    /// activation `(clamp(up, ±limit) + 1) · g · σ(1.702 g)`, `g = min(gate, limit)`.
+    GptOss { swiglu_limit: f32 },
 }
 
 impl MoeConfig {
@@ -446,6 +473,7 @@ impl MoeConfig {
             decoder_sparse_step: 1,
             mlp_only_layers: Vec::new(),
             shared_expert: None,
+            experts: ExpertKind::SwiGlu,
         }
     }
 
@@ -485,6 +513,13 @@ pub struct DecoderConfig {
     /// (Mistral, Mixtral, Phi-3). Gemma's per-layer windows are in `gemma`
     /// ([`DecoderConfig::layer_sliding_window`]).
     pub sliding_window: Option<usize>,
+    /// `Some(layers)`: only `layers[i]` attend within `sliding_window`, the others to the whole
+    /// context (gpt-oss's `layer_types`).
+    pub sliding_layers: Option<Vec<bool>>,
+    /// The attention's output projection has a bias (gpt-oss).
+    pub attention_output_bias: bool,
+    /// Each attention head has a learned sink logit, `self_attn.sinks` (gpt-oss).
+    pub attention_sinks: bool,
     /// Sparse experts in place of the MLP (Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4.5).
     pub moe: Option<MoeConfig>,
     /// Gemma's layer shape and its interleaved local / global attention.
@@ -567,6 +602,26 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
             true,
         ));
     }
+    if architecture == Architecture::GptOss {
+        // A softmax over each token's top-k logits: the renormalised top-k of the full softmax.
+        let top_k = match v.get("num_experts_per_tok") {
+            Some(_) => req_usize(v, "num_experts_per_tok")?,
+            None => req_usize(v, "experts_per_token")?,
+        };
+        let swiglu_limit = opt_f64(v, "swiglu_limit").unwrap_or(7.0);
+        if !(swiglu_limit.is_finite() && swiglu_limit > 0.0) {
+            return Err(ModelError::config("swiglu_limit", format!("must be positive, got {swiglu_limit}")));
+        }
+        return Ok(MoeConfig {
+            experts: ExpertKind::GptOss { swiglu_limit: swiglu_limit as f32 },
+            ..MoeConfig::softmax_everywhere(
+                req_usize(v, "num_local_experts")?,
+                top_k,
+                req_usize(v, "intermediate_size")?,
+                true,
+            )
+        });
+    }
     let expert_intermediate_size = req_usize(v, "moe_intermediate_size")?;
     let (router, shared_expert, num_experts) = match architecture {
         Architecture::Glm4Moe => (
@@ -608,6 +663,7 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
         decoder_sparse_step: usize_or("decoder_sparse_step", 1),
         mlp_only_layers,
         shared_expert,
+        experts: ExpertKind::SwiGlu,
     })
 }
 
@@ -699,7 +755,7 @@ impl DecoderConfig {
         // Mistral and Phi-3 attend within their window; Qwen2 configs carry a `sliding_window`
         // that only applies with `use_sliding_window`, which no supported checkpoint sets.
         let sliding_window = match architecture {
-            Architecture::Llama | Architecture::Phi3 | Architecture::Mixtral => {
+            Architecture::Llama | Architecture::Phi3 | Architecture::Mixtral | Architecture::GptOss => {
                 v.get("sliding_window").and_then(Value::as_u64)
             }
             Architecture::Glm4Moe | Architecture::InternLm2 | Architecture::Granite => None,
@@ -717,6 +773,13 @@ impl DecoderConfig {
             }
         }
         .map(|w| w as usize);
+        let gpt_oss = architecture == Architecture::GptOss;
+        // gpt-oss alternates sliding and full layers, sliding first.
+        let sliding_layers =
+            if gpt_oss { Some(sliding_layers(v, req_usize(v, "num_hidden_layers")?, 2)?) } else { None };
+        if gpt_oss && sliding_window.is_none() {
+            return Err(ModelError::config("sliding_window", "gpt-oss's sliding layers need a positive window"));
+        }
         let cfg = Self {
             architecture,
             hidden_size,
@@ -742,10 +805,15 @@ impl DecoderConfig {
                     && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false)),
             fused_projections: architecture == Architecture::Phi3,
             sliding_window,
+            sliding_layers,
+            attention_output_bias: gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true),
+            attention_sinks: gpt_oss,
             moe: match architecture {
-                Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::Glm4Moe | Architecture::Mixtral => {
-                    Some(moe_config(v, architecture)?)
-                }
+                Architecture::Qwen2Moe
+                | Architecture::Qwen3Moe
+                | Architecture::Glm4Moe
+                | Architecture::Mixtral
+                | Architecture::GptOss => Some(moe_config(v, architecture)?),
                 _ => None,
             },
             gemma: match architecture {
@@ -869,10 +937,27 @@ impl DecoderConfig {
 
     /// The window layer `layer` attends within.
     pub fn layer_sliding_window(&self, layer: usize) -> Option<usize> {
-        match &self.gemma {
-            Some(g) if g.sliding_layers.get(layer).copied().unwrap_or(false) => Some(g.sliding_window),
-            Some(_) => None,
-            None => self.sliding_window,
+        let (layers, window) = match (&self.gemma, &self.sliding_layers) {
+            (Some(g), _) => (&g.sliding_layers, Some(g.sliding_window)),
+            (None, Some(layers)) => (layers, self.sliding_window),
+            (None, None) => return self.sliding_window,
+        };
+        window.filter(|_| layers.get(layer).copied().unwrap_or(false))
+    }
+
+    /// The window every layer attends within, when they all share one (Mistral, Phi-3); `None`
+    /// for full attention and for models whose layers differ ([`Self::layered_window`]).
+    pub fn uniform_sliding_window(&self) -> Option<usize> {
+        if self.layered_window().is_some() { None } else { self.sliding_window }
+    }
+
+    /// The window of the sliding layers of a model that mixes them with full-attention ones
+    /// (Gemma 2 / 3, gpt-oss).
+    pub fn layered_window(&self) -> Option<usize> {
+        match (&self.gemma, &self.sliding_layers) {
+            (Some(g), _) => Some(g.sliding_window),
+            (None, Some(_)) => self.sliding_window,
+            (None, None) => None,
         }
     }
 

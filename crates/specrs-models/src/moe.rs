@@ -1,4 +1,4 @@
-//! The sparse mixture-of-experts feed-forward of Mixtral, Qwen2-MoE, Qwen3-MoE and GLM-4.5: a linear
+//! The sparse mixture-of-experts feed-forward of Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5 and gpt-oss: a linear
 //! router scores every expert for each token and picks the token's experts (the top-k of a
 //! softmax, or DeepSeek-V3's group-limited sigmoid choice, see [`Router`]), each expert (a
 //! SwiGLU MLP) runs once on the rows routed to it, and the outputs are summed back with their
@@ -11,7 +11,7 @@
 
 use candle_core::{DType, Result, Tensor};
 
-use crate::config::{MoeConfig, Router};
+use crate::config::{ExpertKind, MoeConfig, Router};
 use crate::error::Result as LoadResult;
 use crate::linear::Linear;
 use crate::models::transformer::Mlp;
@@ -98,7 +98,15 @@ impl SparseMoe {
     /// Loads `{prefix}.gate` (with GLM-4.5's `gate.e_score_correction_bias`),
     /// `{prefix}.experts.{e}.{gate,up,down}_proj`, and Qwen2-MoE's `shared_expert.*` with
     /// `shared_expert_gate`, or GLM-4.5's `shared_experts.*`.
+    ///
+    /// gpt-oss's mixture is stored otherwise: its biased `{prefix}.router` and its experts
+    /// (`crate::models::gpt_oss::load_experts`).
     pub fn load(store: &WeightStore, prefix: &str, hidden: usize, moe: &MoeConfig) -> LoadResult<Self> {
+        if let ExpertKind::GptOss { swiglu_limit } = moe.experts {
+            let router = store.linear(&format!("{prefix}.router"), moe.num_experts, hidden, true)?;
+            let experts = crate::models::gpt_oss::load_experts(store, prefix, hidden, moe, swiglu_limit)?;
+            return Ok(Self { router, choice_bias: None, experts, config: moe.clone(), shared: None });
+        }
         let router = store.linear(&format!("{prefix}.gate"), moe.num_experts, hidden, false)?;
         let choice_bias = match moe.router {
             Router::GroupedSigmoid { .. } => {

@@ -233,6 +233,86 @@ pub fn random_gemma3(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>
     Ok(t)
 }
 
+/// A tiny gpt-oss config: `experts` experts as wide as `intermediate`, `top_k` per token, the
+/// `sliding` layers within `window`, SwiGLU clamped at `limit`, plain RoPE.
+pub fn gpt_oss_config(
+    s: &TinyShape,
+    experts: usize,
+    top_k: usize,
+    sliding: &[bool],
+    window: usize,
+    limit: f64,
+) -> Value {
+    let mut c = target_config(Architecture::GptOss, s, false);
+    let types: Vec<&str> = sliding.iter().map(|&w| if w { "sliding_attention" } else { "full_attention" }).collect();
+    c["layer_types"] = json!(types);
+    c["sliding_window"] = json!(window);
+    c["num_local_experts"] = json!(experts);
+    (c["num_experts_per_tok"], c["experts_per_token"]) = (json!(top_k), json!(top_k));
+    c["swiglu_limit"] = json!(limit);
+    c["attention_bias"] = json!(true);
+    c
+}
+
+/// Random gpt-oss weights, twice: experts stored as transformers keeps them dequantized
+/// (`experts.gate_up_proj [E, H, 2I]`, `down_proj [E, I, H]`), and the same experts as the
+/// released checkpoints store them, MXFP4 `_blocks` and `_scales` (random bytes, scales
+/// `2^-7..2^-3`); everything else shared. Widths must be multiples of 32.
+pub fn random_gpt_oss(
+    s: &TinyShape,
+    experts: usize,
+    seed: u64,
+) -> Result<(HashMap<String, Tensor>, HashMap<String, Tensor>)> {
+    let mut t = random_target(Architecture::Qwen2, s, false, seed)?;
+    t.retain(|name, _| !name.contains(".mlp."));
+    let mut k = seed * 1_000;
+    let mut next = || {
+        k += 1;
+        k
+    };
+    let (h, i) = (s.hidden, s.intermediate);
+    let mut bytes = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let mut random_bytes = |n: usize, range: std::ops::Range<u8>| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                bytes ^= bytes << 13;
+                bytes ^= bytes >> 7;
+                bytes ^= bytes << 17;
+                range.start + ((bytes >> 33) % u64::from(range.end - range.start)) as u8
+            })
+            .collect()
+    };
+    let mut mxfp4 = t.clone();
+    for l in 0..s.layers {
+        let p = format!("model.layers.{l}");
+        let shared = [
+            (format!("{p}.self_attn.o_proj.bias"), random_tensor(&[h], 0.1, next())?),
+            (format!("{p}.self_attn.sinks"), random_tensor(&[s.heads], 2.0, next())?),
+            (format!("{p}.mlp.router.weight"), random_tensor(&[experts, h], 0.5, next())?),
+            (format!("{p}.mlp.router.bias"), random_tensor(&[experts], 0.5, next())?),
+            (format!("{p}.mlp.experts.gate_up_proj_bias"), random_tensor(&[experts, 2 * i], 0.1, next())?),
+            (format!("{p}.mlp.experts.down_proj_bias"), random_tensor(&[experts, h], 0.1, next())?),
+        ];
+        for (name, tensor) in shared {
+            t.insert(name.clone(), tensor.clone());
+            mxfp4.insert(name, tensor);
+        }
+        for (proj, out, inp) in [("gate_up_proj", 2 * i, h), ("down_proj", h, i)] {
+            let groups = inp / 32;
+            let blocks = random_bytes(experts * out * groups * 16, 0..255);
+            let scales = random_bytes(experts * out * groups, 120..124);
+            let values = crate::weights::mxfp4::dequantize(&blocks, &scales).expect("16 bytes per scale");
+            // [E, out, in] -> transformers' [E, in, out].
+            let dense = Tensor::from_vec(values, (experts, out, inp), &Device::Cpu)?.transpose(1, 2)?.contiguous()?;
+            t.insert(format!("{p}.mlp.experts.{proj}"), dense);
+            let name = format!("{p}.mlp.experts.{proj}");
+            mxfp4.insert(format!("{name}_blocks"), Tensor::from_vec(blocks, (experts, out, groups, 16), &Device::Cpu)?);
+            mxfp4.insert(format!("{name}_scales"), Tensor::from_vec(scales, (experts, out, groups), &Device::Cpu)?);
+        }
+    }
+    Ok((t, mxfp4))
+}
+
 /// Experts of a tiny mixture-of-experts target.
 #[derive(Debug, Clone)]
 pub struct TinyMoe {

@@ -41,6 +41,7 @@ fn reference(
             softcaps: caps,
         }),
         multipliers: None,
+        gpt_oss: None,
     }
 }
 

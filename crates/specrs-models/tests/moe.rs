@@ -85,6 +85,7 @@ fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMo
         }),
         gemma: None,
         multipliers: None,
+        gpt_oss: None,
     }
     .logits(ids)
 }

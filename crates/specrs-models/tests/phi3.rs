@@ -69,6 +69,7 @@ fn reference(tensors: &HashMap<String, Tensor>, ids: &[u32], factors: [f64; 2], 
         routing: None,
         gemma: None,
         multipliers: None,
+        gpt_oss: None,
     }
     .logits(ids)
 }

@@ -3,6 +3,7 @@
 pub mod gemma2;
 pub mod gemma3;
 pub mod glm4_moe;
+pub mod gpt_oss;
 pub mod granite;
 pub mod internlm2;
 pub mod llama;
@@ -56,6 +57,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite => granite::adapt(cfg),
+                Architecture::GptOss => gpt_oss::adapt(cfg),
             })
         }
     }

@@ -7,7 +7,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use crate::attention::{AttentionShape, fixed_attention, paged_attention};
+use crate::attention::{AttentionShape, AttentionSinks, fixed_attention, paged_attention};
 use crate::batch::ForwardBatch;
 use crate::config::DecoderConfig;
 use crate::error::Result as LoadResult;
@@ -63,7 +63,7 @@ impl SelfAttention {
             let v = store.linear(&format!("{prefix}.v_proj"), kv_dim, in_dim, bias)?;
             FusedLinear::new(vec![q, k, v])?
         };
-        let o_proj = store.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, q_dim, false)?;
+        let o_proj = store.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, q_dim, cfg.attention_output_bias)?;
         let gemma = cfg.norms_add_one();
         let (q_norm, k_norm) = if cfg.qk_norm || store.contains(&format!("{prefix}.q_norm.weight")) {
             (
@@ -75,7 +75,11 @@ impl SelfAttention {
         };
         let scale = cfg.scales.attention.map_or((head_dim as f32).powf(-0.5), |s| s as f32);
         let softcap = cfg.scales.attention_softcap.map(|c| c as f32);
-        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks: None };
+        let sinks = match cfg.attention_sinks {
+            true => Some(AttentionSinks::new(&store.tensor(&format!("{prefix}.sinks"), &[num_heads])?)?),
+            false => None,
+        };
+        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks };
         Ok(Self { qkv, o_proj, q_norm, k_norm, shape })
     }
 
@@ -142,14 +146,19 @@ impl SelfAttention {
 }
 
 /// The gate's activation in a gated MLP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Activation {
     /// SwiGLU (Llama, Qwen, ...).
     #[default]
     Silu,
     /// GeGLU with the tanh approximation (`gelu_pytorch_tanh`, Gemma).
     GeluTanh,
+    /// gpt-oss's experts: `(clamp(up, ±limit) + 1) · g · σ(1.702 g)` with `g = min(gate, limit)`.
+    ClampedSwiGlu { limit: f32 },
 }
+
+/// gpt-oss's SwiGLU slope.
+const GPT_OSS_ALPHA: f64 = 1.702;
 
 /// Gated MLP: `down(act(gate(x)) * up(x))`, SwiGLU unless told otherwise.
 #[derive(Debug, Clone)]
@@ -195,6 +204,16 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Activation::ClampedSwiGlu { limit } = self.act {
+            // [T, H] -> (clamp(up) + 1) · g · sigmoid(1.702 g) [T, I] -> [T, H].
+            let mut parts = self.gate_up.forward(x)?.into_iter();
+            let (gate, up) = (parts.next().unwrap(), parts.next().unwrap());
+            let limit = f64::from(limit);
+            let gate = gate.minimum(limit)?;
+            let up = up.clamp(-limit, limit)?;
+            let glu = (&gate * candle_nn::ops::sigmoid(&(&gate * GPT_OSS_ALPHA)?)?)?;
+            return self.down_proj.forward(&((up + 1.0)? * glu)?);
+        }
         if self.act == Activation::GeluTanh {
             // [T, H] -> gelu_tanh(gate) · up [T, I] -> [T, H].
             let mut parts = self.gate_up.forward(x)?.into_iter();
@@ -381,16 +400,19 @@ impl CausalLm {
             dtype,
             store.device(),
         )?;
+        // Gemma 3's sliding layers turn at their own base; Gemma 2's share the global RoPE.
         let local_rope = match &config.gemma {
-            Some(g) => Some(RotaryEmbedding::new(
-                config.rotary_dim,
-                g.local_rope_theta,
-                None,
-                config.max_position_embeddings,
-                dtype,
-                store.device(),
-            )?),
-            None => None,
+            Some(g) if g.local_rope_theta != config.rope_theta || config.rope_scaling.is_some() => {
+                Some(RotaryEmbedding::new(
+                    config.rotary_dim,
+                    g.local_rope_theta,
+                    None,
+                    config.max_position_embeddings,
+                    dtype,
+                    store.device(),
+                )?)
+            }
+            _ => None,
         };
         Ok(Self {
             config,
@@ -508,8 +530,8 @@ impl CausalLm {
         if let Some(&bad) = taps.iter().find(|&&i| i > num_layers) {
             candle_core::bail!("hidden-state tap {bad} out of range 0..={num_layers}");
         }
-        if self.local_rope.is_some() {
-            candle_core::bail!("fixed-shape steps take one window and one RoPE for every layer; Gemma's differ");
+        if self.config.layered_window().is_some() {
+            candle_core::bail!("fixed-shape steps take one window and one RoPE for every layer; this model's differ");
         }
         let (cos, sin) = self.rope.tables(&inputs.positions)?;
         // [B · (W + 1)] -> [B · (W + 1), H].
@@ -544,7 +566,7 @@ impl CausalLm {
     /// sliding window attends within it whatever window the batch names.
     pub fn forward(&self, batch: &ForwardBatch, kv: &PagedKvCache) -> Result<ForwardOutput> {
         let windowed;
-        let batch = match self.config.sliding_window {
+        let batch = match self.config.uniform_sliding_window() {
             Some(w) if batch.sliding_window != Some(w) && batch.rows.iter().any(|r| r.context_len > w) => {
                 windowed = ForwardBatch { sliding_window: Some(w), ..batch.clone() };
                 &windowed
@@ -565,13 +587,17 @@ impl CausalLm {
         let ids = Tensor::from_slice(&batch.input_ids, t, &self.device)?;
         let positions = Tensor::from_slice(&batch.positions, t, &self.device)?;
         let (cos, sin) = self.rope.tables(&positions)?;
-        // Gemma's sliding layers: their own RoPE, and the batch with their window.
-        let local = match (&self.local_rope, &self.config.gemma) {
-            (Some(rope), Some(g)) => {
-                let (cos, sin) = rope.tables(&positions)?;
-                Some((cos, sin, ForwardBatch { sliding_window: Some(g.sliding_window), ..batch.clone() }))
+        // Sliding layers among full ones (Gemma, gpt-oss): the batch with their window, and
+        // Gemma 3's their own RoPE.
+        let local = match self.config.layered_window() {
+            Some(window) => {
+                let (cos, sin) = match &self.local_rope {
+                    Some(rope) => rope.tables(&positions)?,
+                    None => (cos.clone(), sin.clone()),
+                };
+                Some((cos, sin, ForwardBatch { sliding_window: Some(window), ..batch.clone() }))
             }
-            _ => None,
+            None => None,
         };
 
         // 1. Embed: [T] -> [T, H].

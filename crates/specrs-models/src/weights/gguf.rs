@@ -277,6 +277,9 @@ impl GgufSource {
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
             fused_projections: phi3,
             sliding_window: self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
+            sliding_layers: None,
+            attention_output_bias: false,
+            attention_sinks: false,
             moe: self.moe_config()?,
             gemma: self.gemma_config(hidden_size, num_attention_heads, head_dim)?.map(|(g, _)| g),
             scales: match self.gemma_config(hidden_size, num_attention_heads, head_dim)? {

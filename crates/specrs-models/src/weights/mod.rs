@@ -3,6 +3,7 @@
 
 mod dtype;
 pub mod gguf;
+pub mod mxfp4;
 pub mod safetensors;
 
 use std::collections::HashMap;
@@ -198,15 +199,23 @@ impl WeightStore {
                     self.check_shape(name, &shape, &expected)?;
                 }
                 let w = self.load_safetensors(s, name, &Device::Cpu)?;
-                match self.dtype.ggml() {
-                    Some(target) => {
-                        let q = quantize_or_fallback(&w.to_dtype(DType::F32)?, target)?;
-                        Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(move_qtensor(q, &self.device)?))?)
-                            .packed_for_cpu()?)
-                    }
-                    None => Ok(LinearWeight::Dense(w.to_dtype(self.compute_dtype())?.to_device(&self.device)?)),
-                }
+                self.place_dense(&w, None)
             }
+        }
+    }
+
+    /// Applies the dtype policy to a dense weight `[out, in]` on the host: quantized to the
+    /// asked dtype, else `auto` when the dtype is left to spec-rs on the CPU (gpt-oss's MXFP4
+    /// experts, which f32 would quadruple), else dense in the compute dtype.
+    pub fn place_dense(&self, w: &Tensor, auto: Option<GgmlDType>) -> Result<LinearWeight> {
+        let auto = auto.filter(|_| self.dtype == ModelDType::Auto && self.device.is_cpu());
+        match self.dtype.ggml().or(auto) {
+            Some(target) => {
+                let q = quantize_or_fallback(&w.to_dtype(DType::F32)?, target)?;
+                Ok(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(move_qtensor(q, &self.device)?))?)
+                    .packed_for_cpu()?)
+            }
+            None => Ok(LinearWeight::Dense(w.to_dtype(self.compute_dtype())?.to_device(&self.device)?)),
         }
     }
 

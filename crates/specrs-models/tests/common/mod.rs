@@ -79,6 +79,17 @@ pub struct Multipliers {
     pub logits_divisor: f32,
 }
 
+/// gpt-oss's layer as transformers runs it: sliding and full layers (`sliding`, `window`),
+/// biased q/k/v/o, each head's sink in its softmax, and experts stored together (dense
+/// `experts.gate_up_proj [E, H, 2I]` with gate/up interleaved, `experts.down_proj [E, I, H]`,
+/// biases) under a biased `router` whose top-k logits are softmaxed; the clamped SwiGLU.
+pub struct GptOssLayout {
+    pub sliding: Vec<bool>,
+    pub window: usize,
+    pub top_k: usize,
+    pub limit: f32,
+}
+
 pub struct Reference<'a> {
     pub tensors: &'a HashMap<String, Tensor>,
     pub shape: TinyShape,
@@ -92,6 +103,7 @@ pub struct Reference<'a> {
     pub routing: Option<Routing>,
     pub gemma: Option<GemmaLayout>,
     pub multipliers: Option<Multipliers>,
+    pub gpt_oss: Option<GptOssLayout>,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -141,10 +153,11 @@ impl Reference<'_> {
 
     /// Layer `l`'s window and RoPE base.
     fn layer_attention(&self, l: usize) -> (Option<usize>, f64) {
-        match &self.gemma {
-            Some(g) if g.sliding[l] => (Some(g.window), g.local_theta),
-            Some(_) => (None, 10_000.0),
-            None => (self.window, 10_000.0),
+        match (&self.gemma, &self.gpt_oss) {
+            (Some(g), _) if g.sliding[l] => (Some(g.window), g.local_theta),
+            (Some(_), _) => (None, 10_000.0),
+            (None, Some(o)) => (o.sliding[l].then_some(o.window), 10_000.0),
+            (None, None) => (self.window, 10_000.0),
         }
     }
 
@@ -190,6 +203,7 @@ impl Reference<'_> {
             self.get(&name).map(|_| self.norm_weight(&name))
         };
         let (q_norm, k_norm) = (norm("q"), norm("k"));
+        let sinks = self.get(&format!("{p}.sinks")).map(|s| s.to_vec1::<f32>().unwrap());
         // Head `at` of token `t`, normed (Qwen3) and rotated at position `t`.
         let head = |t: usize, at: usize, norm: &Option<Vec<f32>>, turn: bool| {
             let mut v = qkv[t][at * d..(at + 1) * d].to_vec();
@@ -217,9 +231,11 @@ impl Reference<'_> {
                         }
                     })
                     .collect();
-                let top = scores.iter().cloned().fold(f32::MIN, f32::max);
+                // gpt-oss's sink joins the softmax as one more logit with no value.
+                let sink = sinks.as_ref().map(|s| s[h]);
+                let top = scores.iter().cloned().chain(sink).fold(f32::MIN, f32::max);
                 let weights: Vec<f32> = scores.iter().map(|s| (s - top).exp()).collect();
-                let total: f32 = weights.iter().sum();
+                let total: f32 = weights.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - top).exp());
                 for (kj, w) in (first..=qi).zip(&weights) {
                     let v = head(kj, nh + nkv + kvh, &None, false);
                     for (o, vv) in row[h * d..(h + 1) * d].iter_mut().zip(&v) {
@@ -228,7 +244,53 @@ impl Reference<'_> {
                 }
             }
         }
-        matmul_t(&out, &self.tensors[&format!("{p}.o_proj.weight")])
+        let o = matmul_t(&out, &self.tensors[&format!("{p}.o_proj.weight")]);
+        match self.get(&format!("{p}.o_proj.bias")) {
+            Some(b) => add(&o, &vec![b.to_vec1::<f32>().unwrap(); o.len()]),
+            None => o,
+        }
+    }
+
+    /// gpt-oss's mixture: `softmax(top-k(router(x)))`-weighted experts, each
+    /// `((clamp(up, ±limit) + 1) · g · σ(1.702 g)) W_down + b` with `g = min(gate, limit)`.
+    fn gpt_oss_experts(&self, p: &str, x: &[Vec<f32>], layout: &GptOssLayout) -> Rows {
+        let router = add(
+            &matmul_t(x, &self.tensors[&format!("{p}.router.weight")]),
+            &vec![self.tensors[&format!("{p}.router.bias")].to_vec1::<f32>().unwrap(); x.len()],
+        );
+        let experts3 = |name: &str| self.tensors[&format!("{p}.experts.{name}")].to_vec3::<f32>().unwrap();
+        let experts2 = |name: &str| self.tensors[&format!("{p}.experts.{name}")].to_vec2::<f32>().unwrap();
+        let (gate_up, down) = (experts3("gate_up_proj"), experts3("down_proj"));
+        let (gate_up_bias, down_bias) = (experts2("gate_up_proj_bias"), experts2("down_proj_bias"));
+        let limit = layout.limit;
+        x.iter()
+            .zip(&router)
+            .map(|(row, logits)| {
+                let chosen = largest(logits, layout.top_k);
+                let top = chosen.iter().map(|&e| logits[e]).fold(f32::MIN, f32::max);
+                let total: f32 = chosen.iter().map(|&e| (logits[e] - top).exp()).sum();
+                let mut out = vec![0f32; row.len()];
+                for &e in &chosen {
+                    let weight = (logits[e] - top).exp() / total;
+                    // [H] · [H, 2I] + b: gate at even columns, up at odd ones.
+                    let gu: Vec<f32> = (0..gate_up_bias[e].len())
+                        .map(|j| row.iter().zip(&gate_up[e]).map(|(v, w)| v * w[j]).sum::<f32>() + gate_up_bias[e][j])
+                        .collect();
+                    let act: Vec<f32> = gu
+                        .chunks(2)
+                        .map(|pair| {
+                            let (g, u) = (pair[0].min(limit), pair[1].clamp(-limit, limit));
+                            (u + 1.0) * g / (1.0 + (-1.702 * g).exp())
+                        })
+                        .collect();
+                    for (h, o) in out.iter_mut().enumerate() {
+                        let y = act.iter().zip(&down[e]).map(|(a, w)| a * w[h]).sum::<f32>() + down_bias[e][h];
+                        *o += weight * y;
+                    }
+                }
+                out
+            })
+            .collect()
     }
 
     /// SwiGLU under `p` (fused `gate_up_proj` or separate).
@@ -334,8 +396,9 @@ impl Reference<'_> {
             x = add(&x, &scaled(attended));
             let mlp_norm = if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
             let normed = self.rms(&x, &format!("{p}.{mlp_norm}.weight"));
-            let ff = match &self.routing {
-                Some(r) if self.get(&format!("{p}.mlp.gate.weight")).is_some() => {
+            let ff = match (&self.routing, &self.gpt_oss) {
+                (_, Some(layout)) => self.gpt_oss_experts(&format!("{p}.mlp"), &normed, layout),
+                (Some(r), _) if self.get(&format!("{p}.mlp.gate.weight")).is_some() => {
                     self.experts(&format!("{p}.mlp"), &normed, r)
                 }
                 _ => self.mlp(&format!("{p}.mlp"), &normed),
