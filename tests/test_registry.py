@@ -521,6 +521,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Qwen3MoeForCausalLM",
         "Qwen2MoeForCausalLM",
         "MixtralForCausalLM",
+        "Glm4ForCausalLM",
         "Glm4MoeForCausalLM",
         "InternLM2ForCausalLM",
         "GptOssForCausalLM",

@@ -499,3 +499,13 @@ fn a_gpt_oss_target_with_sinks_and_mxfp4_experts_speculates_losslessly() {
     write(&target, &testing::gpt_oss_config(&SHAPE, 4, 2, &[true, false, true, false], 5, 7.0), &mxfp4);
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 304, "gpt-oss");
 }
+
+#[test]
+fn a_glm4_target_with_interleaved_rope_decodes_as_its_model_and_speculates_losslessly() {
+    // Its q/k rows are reordered at load and its norms renamed: the engine's batched steps
+    // must compute what the model does token by token.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("glm4");
+    write(&target, &testing::glm4_config(&SHAPE), &testing::random_glm4(&SHAPE, 49).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 305, "GLM-4");
+}

@@ -45,6 +45,10 @@ pub enum Architecture {
     /// layers alternating, YaRN, and experts stored as MXFP4 with interleaved gate/up rows,
     /// biases and a clamped SwiGLU.
     GptOss,
+    /// GLM-4-0414 (`Glm4ForCausalLM`: GLM-4-9B/32B-0414, GLM-Z1): q/k/v bias, norms around
+    /// attention and MLP as Gemma's (plain weights), fused `gate_up_proj`, and RoPE over half of
+    /// each head turning interleaved pairs.
+    Glm4,
     /// GLM-4.5 / 4.6 / 4.7 and their Air models: q/k/v bias, optional q/k norm, RoPE over half of
     /// each head, leading dense layers, then DeepSeek-V3-style sigmoid-routed experts with a
     /// shared expert.
@@ -62,6 +66,7 @@ impl Architecture {
         ("Phi3ForCausalLM", Architecture::Phi3),
         ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
+        ("Glm4ForCausalLM", Architecture::Glm4),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
         ("MixtralForCausalLM", Architecture::Mixtral),
@@ -112,6 +117,7 @@ impl Architecture {
             Self::Phi3 => "Phi3ForCausalLM",
             Self::Qwen2Moe => "Qwen2MoeForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Self::Glm4 => "Glm4ForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
@@ -131,6 +137,7 @@ impl Architecture {
             Self::Phi3 => "phi3",
             Self::Qwen2Moe => "qwen2_moe",
             Self::Qwen3Moe => "qwen3_moe",
+            Self::Glm4 => "glm4",
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
             Self::Mixtral => "mixtral",
@@ -143,7 +150,7 @@ impl Architecture {
 
     /// Qwen2's attention: a bias on q, k and v.
     pub fn qkv_bias_by_default(self) -> bool {
-        matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss)
+        matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss | Self::Glm4)
     }
 
     /// Gemma's layer (`DecoderConfig::gemma`): Gemma 2 and Gemma 3.
@@ -711,7 +718,8 @@ impl DecoderConfig {
         let head_dim =
             v.get("head_dim").and_then(Value::as_u64).map_or(hidden_size / num_attention_heads.max(1), |x| x as usize);
         // GLM-4.5 rotates half of each head unless its config says otherwise.
-        let default_rotary = if architecture == Architecture::Glm4Moe { Some(0.5) } else { None };
+        let default_rotary =
+            if matches!(architecture, Architecture::Glm4 | Architecture::Glm4Moe) { Some(0.5) } else { None };
         let rotary_dim = match opt_f64(v, "partial_rotary_factor").or(default_rotary) {
             None => head_dim,
             Some(f) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
@@ -758,7 +766,7 @@ impl DecoderConfig {
             Architecture::Llama | Architecture::Phi3 | Architecture::Mixtral | Architecture::GptOss => {
                 v.get("sliding_window").and_then(Value::as_u64)
             }
-            Architecture::Glm4Moe | Architecture::InternLm2 | Architecture::Granite => None,
+            Architecture::Glm4 | Architecture::Glm4Moe | Architecture::InternLm2 | Architecture::Granite => None,
             // Gemma's window applies to its sliding layers only (`GemmaConfig`).
             Architecture::Gemma2 | Architecture::Gemma3 => None,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
@@ -803,7 +811,8 @@ impl DecoderConfig {
             qk_norm: architecture.has_qk_norm()
                 || (architecture == Architecture::Glm4Moe
                     && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false)),
-            fused_projections: architecture == Architecture::Phi3,
+            // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
+            fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,
             sliding_layers,
             attention_output_bias: gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true),
@@ -928,6 +937,13 @@ impl DecoderConfig {
             ));
         }
         Ok(())
+    }
+
+    /// A layer also normalises its attention's output and its MLP's output (Gemma,
+    /// GLM-4-0414), under Gemma's names (`post_attention_layernorm` over the attention's output,
+    /// `pre_feedforward_layernorm` before the MLP, `post_feedforward_layernorm` after it).
+    pub fn sandwich_norms(&self) -> bool {
+        self.gemma.is_some() || self.architecture == Architecture::Glm4
     }
 
     /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Gemma's safetensors).

@@ -142,6 +142,38 @@ pub fn fused_as_phi3(mut tensors: HashMap<String, Tensor>, s: &TinyShape) -> Res
     Ok(tensors)
 }
 
+/// A tiny GLM-4-0414 config (RoPE over half of each head, q/k/v biases).
+pub fn glm4_config(s: &TinyShape) -> Value {
+    let mut c = target_config(Architecture::Glm4, s, false);
+    c["partial_rotary_factor"] = json!(0.5);
+    c["attention_bias"] = json!(true);
+    c
+}
+
+/// Random GLM-4-0414 weights as its checkpoints name them: Qwen2's (q/k/v biases) with
+/// `gate_up_proj` fused, and four norms a layer (`input_layernorm`, `post_self_attn_layernorm`,
+/// `post_attention_layernorm` before the MLP, `post_mlp_layernorm`).
+pub fn random_glm4(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Qwen2, s, false, seed)?;
+    let mut k = seed * 1_000;
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        let gate_up = Tensor::cat(
+            &[
+                t.remove(&format!("{p}.mlp.gate_proj.weight")).expect("gate"),
+                t.remove(&format!("{p}.mlp.up_proj.weight")).expect("up"),
+            ],
+            0,
+        )?;
+        t.insert(format!("{p}.mlp.gate_up_proj.weight"), gate_up);
+        for n in ["post_self_attn_layernorm", "post_mlp_layernorm"] {
+            k += 1;
+            t.insert(format!("{p}.{n}.weight"), (random_tensor(&[s.hidden], 0.2, k)? + 1.0)?);
+        }
+    }
+    Ok(t)
+}
+
 /// A Llama checkpoint's tensors stored as InternLM2 stores them: renamed, and q/k/v fused into
 /// `attention.wqkv` with each key-value head's query heads, key and value side by side.
 pub fn as_internlm2(tensors: HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {

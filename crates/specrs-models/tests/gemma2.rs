@@ -42,6 +42,7 @@ fn reference(
         }),
         multipliers: None,
         gpt_oss: None,
+        interleaved_rope: false,
     }
 }
 

@@ -86,6 +86,7 @@ fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMo
         gemma: None,
         multipliers: None,
         gpt_oss: None,
+        interleaved_rope: false,
     }
     .logits(ids)
 }

@@ -70,6 +70,7 @@ fn reference(tensors: &HashMap<String, Tensor>, ids: &[u32], factors: [f64; 2], 
         gemma: None,
         multipliers: None,
         gpt_oss: None,
+        interleaved_rope: false,
     }
     .logits(ids)
 }

@@ -2,6 +2,7 @@
 
 pub mod gemma2;
 pub mod gemma3;
+pub mod glm4;
 pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
@@ -41,6 +42,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
             match cfg.architecture {
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
+                Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 Architecture::Gemma3 if multimodal.is_some() => {
                     store.set_aliases(gemma3::multimodal_aliases(&cfg, store))?
                 }
@@ -58,6 +60,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite => granite::adapt(cfg),
                 Architecture::GptOss => gpt_oss::adapt(cfg),
+                Architecture::Glm4 => glm4::adapt(cfg),
             })
         }
     }

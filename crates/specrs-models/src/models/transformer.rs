@@ -278,6 +278,7 @@ impl DecoderLayer {
         let mlp_prefix = format!("{prefix}.mlp");
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let gemma = cfg.gemma.is_some();
+        let sandwich = cfg.sandwich_norms();
         let offset = cfg.norms_add_one();
         let mlp = match &cfg.moe {
             Some(moe) if moe.is_sparse_layer(index) => {
@@ -294,10 +295,10 @@ impl DecoderLayer {
         Ok(Self {
             input_layernorm: norm("input_layernorm")?,
             self_attn: SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?,
-            attention_out_norm: if gemma { Some(norm("post_attention_layernorm")?) } else { None },
-            mlp_in_norm: norm(if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" })?,
+            attention_out_norm: if sandwich { Some(norm("post_attention_layernorm")?) } else { None },
+            mlp_in_norm: norm(if sandwich { "pre_feedforward_layernorm" } else { "post_attention_layernorm" })?,
             mlp,
-            mlp_out_norm: if gemma { Some(norm("post_feedforward_layernorm")?) } else { None },
+            mlp_out_norm: if sandwich { Some(norm("post_feedforward_layernorm")?) } else { None },
             residual_scale: cfg.scales.residual,
         })
     }

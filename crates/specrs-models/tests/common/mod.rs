@@ -104,6 +104,8 @@ pub struct Reference<'a> {
     pub gemma: Option<GemmaLayout>,
     pub multipliers: Option<Multipliers>,
     pub gpt_oss: Option<GptOssLayout>,
+    /// RoPE turns interleaved pairs `(2i, 2i + 1)` (GLM) rather than halves `(i, i + r/2)`.
+    pub interleaved_rope: bool,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -167,9 +169,10 @@ impl Reference<'_> {
             let inv = 1.0 / (self.factors[i] * theta.powf(2.0 * i as f64 / self.rotary as f64));
             let angle = p as f64 * inv;
             let (c, s) = ((self.magnitude * angle.cos()) as f32, (self.magnitude * angle.sin()) as f32);
-            let (a, b) = (v[i], v[i + half]);
-            v[i] = a * c - b * s;
-            v[i + half] = b * c + a * s;
+            let (x, y) = if self.interleaved_rope { (2 * i, 2 * i + 1) } else { (i, i + half) };
+            let (a, b) = (v[x], v[y]);
+            v[x] = a * c - b * s;
+            v[y] = b * c + a * s;
         }
     }
 
@@ -385,16 +388,17 @@ impl Reference<'_> {
         let scaled =
             |h: Rows| -> Rows { h.into_iter().map(|r| r.into_iter().map(|v| v * residual).collect()).collect() };
         let mut x: Rows = ids.iter().map(|&i| embed[i as usize].iter().map(|v| v * embed_scale).collect()).collect();
-        let gemma = self.gemma.is_some();
+        // Norms around attention and MLP (Gemma, GLM-4) under Gemma's names.
+        let sandwich = self.get("model.layers.0.pre_feedforward_layernorm.weight").is_some();
         for l in 0..self.shape.layers {
             let p = format!("model.layers.{l}");
             let mut attended =
                 self.attention(&format!("{p}.self_attn"), &self.rms(&x, &format!("{p}.input_layernorm.weight")), l);
-            if gemma {
+            if sandwich {
                 attended = self.rms(&attended, &format!("{p}.post_attention_layernorm.weight"));
             }
             x = add(&x, &scaled(attended));
-            let mlp_norm = if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
+            let mlp_norm = if sandwich { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
             let normed = self.rms(&x, &format!("{p}.{mlp_norm}.weight"));
             let ff = match (&self.routing, &self.gpt_oss) {
                 (_, Some(layout)) => self.gpt_oss_experts(&format!("{p}.mlp"), &normed, layout),
@@ -403,7 +407,7 @@ impl Reference<'_> {
                 }
                 _ => self.mlp(&format!("{p}.mlp"), &normed),
             };
-            let ff = if gemma { self.rms(&ff, &format!("{p}.post_feedforward_layernorm.weight")) } else { ff };
+            let ff = if sandwich { self.rms(&ff, &format!("{p}.post_feedforward_layernorm.weight")) } else { ff };
             x = add(&x, &scaled(ff));
         }
         let head = self.get("lm_head.weight").unwrap_or(&self.tensors["model.embed_tokens.weight"]);

@@ -1,0 +1,68 @@
+//! `Glm4ForCausalLM`: GLM-4-0414 (GLM-4-9B/32B-0414, GLM-Z1). Llama's layer with q/k/v biases,
+//! a fused `gate_up_proj` (gate rows first), RMSNorms around attention and MLP as Gemma places
+//! them (`DecoderConfig::sandwich_norms`, plain weights), and RoPE over the first half of each
+//! head (`partial_rotary_factor` 0.5) turning interleaved pairs `(2i, 2i + 1)` by frequency
+//! `i`, as GLM has always rotated.
+//!
+//! The store reads the checkpoint through [`aliases`]: GLM's norm names become Gemma's
+//! (`post_self_attn_layernorm` over the attention's output, `post_attention_layernorm` before
+//! the MLP, `post_mlp_layernorm` after it), and the rotated rows of each q and k head (weights
+//! and biases) are reordered evens first, then odds. Scores are dot products over a head's
+//! dims, so one reordering of q and k leaves them unchanged, and it turns GLM's interleaved
+//! pairs into the rotate-half pairs `(i, i + r/2)` the shared RoPE turns.
+
+use crate::config::DecoderConfig;
+use crate::weights::{Alias, Aliases};
+
+pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
+    cfg
+}
+
+/// Rows of a `heads × head_dim` projection with each head's first `rotary` rows reordered from
+/// interleaved pairs to halves: evens, then odds; the rest in place.
+fn half_rotation_rows(heads: usize, head_dim: usize, rotary: usize) -> Vec<u32> {
+    (0..heads)
+        .flat_map(|h| {
+            let base = h * head_dim;
+            let evens = (0..rotary / 2).map(move |i| base + 2 * i);
+            let odds = (0..rotary / 2).map(move |i| base + 2 * i + 1);
+            evens.chain(odds).chain(base + rotary..base + head_dim).map(|r| r as u32)
+        })
+        .collect()
+}
+
+/// Where a GLM-4-0414 checkpoint keeps each tensor the shared layer asks for.
+pub fn aliases(cfg: &DecoderConfig) -> Aliases {
+    let (d, r) = (cfg.head_dim, cfg.rotary_dim);
+    let q_rows = half_rotation_rows(cfg.num_attention_heads, d, r);
+    let k_rows = half_rotation_rows(cfg.num_key_value_heads, d, r);
+    let mut table = Aliases::new();
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        for (name, source) in [
+            ("post_attention_layernorm", "post_self_attn_layernorm"),
+            ("pre_feedforward_layernorm", "post_attention_layernorm"),
+            ("post_feedforward_layernorm", "post_mlp_layernorm"),
+        ] {
+            table.insert(format!("{p}.{name}.weight"), Alias { source: format!("{p}.{source}.weight"), rows: None });
+        }
+        for (proj, rows) in [("q_proj", &q_rows), ("k_proj", &k_rows)] {
+            for part in ["weight", "bias"] {
+                let name = format!("{p}.self_attn.{proj}.{part}");
+                table.insert(name.clone(), Alias { source: name, rows: Some(rows.clone()) });
+            }
+        }
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotated_rows_go_evens_then_odds_and_the_rest_stay() {
+        // Two heads of 6 dims, 4 of them rotated.
+        assert_eq!(half_rotation_rows(2, 6, 4), [0, 2, 1, 3, 4, 5, 6, 8, 7, 9, 10, 11]);
+    }
+}
