@@ -522,6 +522,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Qwen2MoeForCausalLM",
         "MixtralForCausalLM",
         "Glm4ForCausalLM",
+        "Olmo2ForCausalLM",
         "Glm4MoeForCausalLM",
         "InternLM2ForCausalLM",
         "GptOssForCausalLM",

@@ -509,3 +509,15 @@ fn a_glm4_target_with_interleaved_rope_decodes_as_its_model_and_speculates_lossl
     write(&target, &testing::glm4_config(&SHAPE), &testing::random_glm4(&SHAPE, 49).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 305, "GLM-4");
 }
+
+#[test]
+fn an_olmo2_target_with_output_norms_decodes_as_its_model_and_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("olmo2");
+    write(
+        &target,
+        &testing::target_config(Architecture::Olmo2, &SHAPE, false),
+        &testing::random_olmo2(&SHAPE, 53).unwrap(),
+    );
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 306, "OLMo 2");
+}

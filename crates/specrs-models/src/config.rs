@@ -45,6 +45,9 @@ pub enum Architecture {
     /// layers alternating, YaRN, and experts stored as MXFP4 with interleaved gate/up rows,
     /// biases and a clamped SwiGLU.
     GptOss,
+    /// OLMo 2 (`Olmo2ForCausalLM`): Llama's layer normalising the attention's and the MLP's
+    /// outputs instead of their inputs, and q and k normed across all heads at once.
+    Olmo2,
     /// GLM-4-0414 (`Glm4ForCausalLM`: GLM-4-9B/32B-0414, GLM-Z1): q/k/v bias, norms around
     /// attention and MLP as Gemma's (plain weights), fused `gate_up_proj`, and RoPE over half of
     /// each head turning interleaved pairs.
@@ -67,6 +70,7 @@ impl Architecture {
         ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
         ("Glm4ForCausalLM", Architecture::Glm4),
+        ("Olmo2ForCausalLM", Architecture::Olmo2),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
         ("MixtralForCausalLM", Architecture::Mixtral),
@@ -118,6 +122,7 @@ impl Architecture {
             Self::Qwen2Moe => "Qwen2MoeForCausalLM",
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
+            Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
@@ -138,6 +143,7 @@ impl Architecture {
             Self::Qwen2Moe => "qwen2_moe",
             Self::Qwen3Moe => "qwen3_moe",
             Self::Glm4 => "glm4",
+            Self::Olmo2 => "olmo2",
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
             Self::Mixtral => "mixtral",
@@ -160,7 +166,7 @@ impl Architecture {
 
     /// Qwen3's (and Gemma 3's) attention: an RMSNorm over each head of q and k.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3)
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3 | Self::Olmo2)
     }
 }
 
@@ -304,6 +310,21 @@ fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: u
         }
         _ => Scales::default(),
     }
+}
+
+/// Where a decoder layer's RMSNorms sit, under transformers' names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// Before attention (`input_layernorm`) and before the MLP (`post_attention_layernorm`):
+    /// Llama and most families.
+    Pre,
+    /// Before and after each: `input_layernorm`, `post_attention_layernorm` over the
+    /// attention's output, `pre_feedforward_layernorm`, `post_feedforward_layernorm` (Gemma;
+    /// GLM-4-0414 through its aliases).
+    Sandwich,
+    /// After each only: `post_attention_layernorm` over the attention's output,
+    /// `post_feedforward_layernorm` over the MLP's (OLMo 2).
+    Post,
 }
 
 /// What Gemma 2 and 3 add to the shared layer.
@@ -766,7 +787,11 @@ impl DecoderConfig {
             Architecture::Llama | Architecture::Phi3 | Architecture::Mixtral | Architecture::GptOss => {
                 v.get("sliding_window").and_then(Value::as_u64)
             }
-            Architecture::Glm4 | Architecture::Glm4Moe | Architecture::InternLm2 | Architecture::Granite => None,
+            Architecture::Glm4
+            | Architecture::Glm4Moe
+            | Architecture::InternLm2
+            | Architecture::Granite
+            | Architecture::Olmo2 => None,
             // Gemma's window applies to its sliding layers only (`GemmaConfig`).
             Architecture::Gemma2 | Architecture::Gemma3 => None,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
@@ -939,11 +964,20 @@ impl DecoderConfig {
         Ok(())
     }
 
-    /// A layer also normalises its attention's output and its MLP's output (Gemma,
-    /// GLM-4-0414), under Gemma's names (`post_attention_layernorm` over the attention's output,
-    /// `pre_feedforward_layernorm` before the MLP, `post_feedforward_layernorm` after it).
-    pub fn sandwich_norms(&self) -> bool {
-        self.gemma.is_some() || self.architecture == Architecture::Glm4
+    /// Where a layer's RMSNorms sit.
+    pub fn norm_placement(&self) -> NormPlacement {
+        match self.architecture {
+            _ if self.gemma.is_some() => NormPlacement::Sandwich,
+            Architecture::Glm4 => NormPlacement::Sandwich,
+            Architecture::Olmo2 => NormPlacement::Post,
+            _ => NormPlacement::Pre,
+        }
+    }
+
+    /// q and k are normed across all heads at once (`[q_dim]` and `[kv_dim]` weights, OLMo 2),
+    /// not per head.
+    pub fn qk_norm_spans_heads(&self) -> bool {
+        self.architecture == Architecture::Olmo2
     }
 
     /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Gemma's safetensors).

@@ -142,6 +142,26 @@ pub fn fused_as_phi3(mut tensors: HashMap<String, Tensor>, s: &TinyShape) -> Res
     Ok(tensors)
 }
 
+/// Random OLMo 2 weights: Llama's without `input_layernorm`, `post_attention_layernorm` now over
+/// the attention's output, plus `post_feedforward_layernorm` and q/k norms across all heads
+/// (`[heads · head_dim]`, `[kv_heads · head_dim]`).
+pub fn random_olmo2(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Llama, s, false, seed)?;
+    let mut k = seed * 1_000;
+    let mut norm = |width: usize| {
+        k += 1;
+        random_tensor(&[width], 0.2, k)? + 1.0
+    };
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        t.remove(&format!("{p}.input_layernorm.weight"));
+        t.insert(format!("{p}.post_feedforward_layernorm.weight"), norm(s.hidden)?);
+        t.insert(format!("{p}.self_attn.q_norm.weight"), norm(s.heads * s.head_dim)?);
+        t.insert(format!("{p}.self_attn.k_norm.weight"), norm(s.kv_heads * s.head_dim)?);
+    }
+    Ok(t)
+}
+
 /// A tiny GLM-4-0414 config (RoPE over half of each head, q/k/v biases).
 pub fn glm4_config(s: &TinyShape) -> Value {
     let mut c = target_config(Architecture::Glm4, s, false);

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
 use common::{Reference, assert_close, logits};
+use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, ModelDType, load_causal_lm};
 
@@ -37,7 +38,7 @@ fn interleaved_half_rotation_and_sandwich_norms_match_the_transformers_forward()
     let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
     let cfg = model.config();
     assert_eq!((cfg.architecture, cfg.rotary_dim), (Architecture::Glm4, 4));
-    assert!(cfg.attention_bias && cfg.sandwich_norms() && !cfg.norms_add_one());
+    assert!(cfg.attention_bias && cfg.norm_placement() == NormPlacement::Sandwich && !cfg.norms_add_one());
     let renamed = gemma_norm_names(&tensors);
     let reference = |interleaved_rope| Reference {
         tensors: &renamed,

@@ -1,6 +1,6 @@
 //! `Glm4ForCausalLM`: GLM-4-0414 (GLM-4-9B/32B-0414, GLM-Z1). Llama's layer with q/k/v biases,
 //! a fused `gate_up_proj` (gate rows first), RMSNorms around attention and MLP as Gemma places
-//! them (`DecoderConfig::sandwich_norms`, plain weights), and RoPE over the first half of each
+//! them (`NormPlacement::Sandwich`, plain weights), and RoPE over the first half of each
 //! head (`partial_rotary_factor` 0.5) turning interleaved pairs `(2i, 2i + 1)` by frequency
 //! `i`, as GLM has always rotated.
 //!

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Result, Tensor};
 
 use crate::attention::{AttentionShape, AttentionSinks, fixed_attention, paged_attention};
 use crate::batch::ForwardBatch;
-use crate::config::DecoderConfig;
+use crate::config::{DecoderConfig, NormPlacement};
 use crate::error::Result as LoadResult;
 use crate::graph::StepInputs;
 use crate::kv_cache::PagedKvCache;
@@ -26,6 +26,8 @@ pub struct SelfAttention {
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
+    /// The q/k norms span all heads (`[q_dim]`, OLMo 2) rather than one head.
+    qk_norm_spans_heads: bool,
     shape: AttentionShape,
 }
 
@@ -65,10 +67,13 @@ impl SelfAttention {
         };
         let o_proj = store.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, q_dim, cfg.attention_output_bias)?;
         let gemma = cfg.norms_add_one();
+        let spans = cfg.qk_norm_spans_heads();
+        let (q_norm_dim, k_norm_dim) = if spans { (q_dim, kv_dim) } else { (head_dim, head_dim) };
         let (q_norm, k_norm) = if cfg.qk_norm || store.contains(&format!("{prefix}.q_norm.weight")) {
+            let eps = cfg.rms_norm_eps;
             (
-                Some(RmsNorm::load_as(store, &format!("{prefix}.q_norm.weight"), head_dim, cfg.rms_norm_eps, gemma)?),
-                Some(RmsNorm::load_as(store, &format!("{prefix}.k_norm.weight"), head_dim, cfg.rms_norm_eps, gemma)?),
+                Some(RmsNorm::load_as(store, &format!("{prefix}.q_norm.weight"), q_norm_dim, eps, gemma)?),
+                Some(RmsNorm::load_as(store, &format!("{prefix}.k_norm.weight"), k_norm_dim, eps, gemma)?),
             )
         } else {
             (None, None)
@@ -80,7 +85,7 @@ impl SelfAttention {
             false => None,
         };
         let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks };
-        Ok(Self { qkv, o_proj, q_norm, k_norm, shape })
+        Ok(Self { qkv, o_proj, q_norm, k_norm, qk_norm_spans_heads: spans, shape })
     }
 
     pub fn shape(&self) -> &AttentionShape {
@@ -92,11 +97,17 @@ impl SelfAttention {
         let t = x.dim(0)?;
         let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
         let mut parts = self.qkv.forward(x)?.into_iter();
-        let (q, k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let (mut q, mut k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let norms = self.q_norm.as_ref().zip(self.k_norm.as_ref());
+        // OLMo 2 norms [T, q_dim] and [T, kv_dim] whole, before splitting heads.
+        if let Some((qn, kn)) = norms.filter(|_| self.qk_norm_spans_heads) {
+            q = qn.forward(&q)?;
+            k = kn.forward(&k)?;
+        }
         let mut q = q.reshape((t, num_heads, head_dim))?;
         let mut k = k.reshape((t, num_kv_heads, head_dim))?;
         let v = v.reshape((t, num_kv_heads, head_dim))?;
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+        if let Some((qn, kn)) = norms.filter(|_| !self.qk_norm_spans_heads) {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
         }
@@ -256,15 +267,16 @@ impl FeedForward {
     }
 }
 
-/// One pre-norm decoder layer; Gemma's also normalises the attention's and the MLP's outputs.
+/// One decoder layer, its norms where the family puts them (`NormPlacement`): before
+/// attention and MLP (Llama), also after them (Gemma, GLM-4), or only after them (OLMo 2).
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
-    input_layernorm: RmsNorm,
+    input_layernorm: Option<RmsNorm>,
     self_attn: SelfAttention,
-    /// Gemma's `post_attention_layernorm`, over the attention's output.
+    /// Gemma's and OLMo 2's `post_attention_layernorm`, over the attention's output.
     attention_out_norm: Option<RmsNorm>,
     /// Before the MLP: `post_attention_layernorm` (Llama), `pre_feedforward_layernorm` (Gemma).
-    mlp_in_norm: RmsNorm,
+    mlp_in_norm: Option<RmsNorm>,
     mlp: FeedForward,
     /// Gemma's `post_feedforward_layernorm`, over the MLP's output.
     mlp_out_norm: Option<RmsNorm>,
@@ -278,7 +290,7 @@ impl DecoderLayer {
         let mlp_prefix = format!("{prefix}.mlp");
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let gemma = cfg.gemma.is_some();
-        let sandwich = cfg.sandwich_norms();
+        let placement = cfg.norm_placement();
         let offset = cfg.norms_add_one();
         let mlp = match &cfg.moe {
             Some(moe) if moe.is_sparse_layer(index) => {
@@ -292,13 +304,19 @@ impl DecoderLayer {
         };
         let norm =
             |name: &str| RmsNorm::load_as(store, &format!("{prefix}.{name}.weight"), h, cfg.rms_norm_eps, offset);
+        let (before, after) = match placement {
+            NormPlacement::Pre => (true, false),
+            NormPlacement::Sandwich => (true, true),
+            NormPlacement::Post => (false, true),
+        };
+        let mlp_in = if after { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
         Ok(Self {
-            input_layernorm: norm("input_layernorm")?,
+            input_layernorm: if before { Some(norm("input_layernorm")?) } else { None },
             self_attn: SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?,
-            attention_out_norm: if sandwich { Some(norm("post_attention_layernorm")?) } else { None },
-            mlp_in_norm: norm(if sandwich { "pre_feedforward_layernorm" } else { "post_attention_layernorm" })?,
+            attention_out_norm: if after { Some(norm("post_attention_layernorm")?) } else { None },
+            mlp_in_norm: if before { Some(norm(mlp_in)?) } else { None },
             mlp,
-            mlp_out_norm: if sandwich { Some(norm("post_feedforward_layernorm")?) } else { None },
+            mlp_out_norm: if after { Some(norm("post_feedforward_layernorm")?) } else { None },
             residual_scale: cfg.scales.residual,
         })
     }
@@ -318,7 +336,7 @@ impl DecoderLayer {
             if self.residual_scale == 1.0 { Ok(h) } else { h.affine(self.residual_scale, 0.0) }
         };
         let x = (x + branch(attended, &self.attention_out_norm)?)?;
-        let h = self.mlp.forward(&self.mlp_in_norm.forward(&x)?)?;
+        let h = self.mlp.forward(&normed(&self.mlp_in_norm, &x)?)?;
         x + branch(h, &self.mlp_out_norm)?
     }
 
@@ -331,7 +349,7 @@ impl DecoderLayer {
         layer: usize,
         batch: &ForwardBatch,
     ) -> Result<Tensor> {
-        let h = self.self_attn.forward(&self.input_layernorm.forward(x)?, cos, sin, kv, layer, batch)?;
+        let h = self.self_attn.forward(&normed(&self.input_layernorm, x)?, cos, sin, kv, layer, batch)?;
         self.finish(x, h)
     }
 }
@@ -347,8 +365,16 @@ impl DecoderLayer {
         layer: usize,
         inputs: &StepInputs,
     ) -> Result<Tensor> {
-        let h = self.self_attn.forward_fixed(&self.input_layernorm.forward(x)?, cos, sin, kv, layer, inputs)?;
+        let h = self.self_attn.forward_fixed(&normed(&self.input_layernorm, x)?, cos, sin, kv, layer, inputs)?;
         self.finish(x, h)
+    }
+}
+
+/// `x` through `norm`, or `x` itself where the layer has none there.
+fn normed(norm: &Option<RmsNorm>, x: &Tensor) -> Result<Tensor> {
+    match norm {
+        Some(n) => n.forward(x),
+        None => Ok(x.clone()),
     }
 }
 

@@ -206,6 +206,20 @@ impl Reference<'_> {
             self.get(&name).map(|_| self.norm_weight(&name))
         };
         let (q_norm, k_norm) = (norm("q"), norm("k"));
+        // OLMo 2 norms q and k across all heads at once, before splitting them.
+        let spans = q_norm.as_ref().is_some_and(|w| w.len() == nh * d);
+        let qkv: Rows = match (&q_norm, &k_norm) {
+            (Some(qw), Some(kw)) if spans => qkv
+                .iter()
+                .map(|row| {
+                    let (q, rest) = row.split_at(nh * d);
+                    let (k, v) = rest.split_at(nkv * d);
+                    [rms_row(q, qw), rms_row(k, kw), v.to_vec()].concat()
+                })
+                .collect(),
+            _ => qkv,
+        };
+        let (q_norm, k_norm) = if spans { (None, None) } else { (q_norm, k_norm) };
         let sinks = self.get(&format!("{p}.sinks")).map(|s| s.to_vec1::<f32>().unwrap());
         // Head `at` of token `t`, normed (Qwen3) and rotated at position `t`.
         let head = |t: usize, at: usize, norm: &Option<Vec<f32>>, turn: bool| {
@@ -388,18 +402,20 @@ impl Reference<'_> {
         let scaled =
             |h: Rows| -> Rows { h.into_iter().map(|r| r.into_iter().map(|v| v * residual).collect()).collect() };
         let mut x: Rows = ids.iter().map(|&i| embed[i as usize].iter().map(|v| v * embed_scale).collect()).collect();
-        // Norms around attention and MLP (Gemma, GLM-4) under Gemma's names.
+        // Norms around attention and MLP (Gemma, GLM-4) under Gemma's names, or after them only
+        // (OLMo 2: no input norms).
         let sandwich = self.get("model.layers.0.pre_feedforward_layernorm.weight").is_some();
+        let post_only = self.get("model.layers.0.input_layernorm.weight").is_none();
         for l in 0..self.shape.layers {
             let p = format!("model.layers.{l}");
-            let mut attended =
-                self.attention(&format!("{p}.self_attn"), &self.rms(&x, &format!("{p}.input_layernorm.weight")), l);
-            if sandwich {
+            let attention_in = if post_only { x.clone() } else { self.rms(&x, &format!("{p}.input_layernorm.weight")) };
+            let mut attended = self.attention(&format!("{p}.self_attn"), &attention_in, l);
+            if sandwich || post_only {
                 attended = self.rms(&attended, &format!("{p}.post_attention_layernorm.weight"));
             }
             x = add(&x, &scaled(attended));
             let mlp_norm = if sandwich { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
-            let normed = self.rms(&x, &format!("{p}.{mlp_norm}.weight"));
+            let normed = if post_only { x.clone() } else { self.rms(&x, &format!("{p}.{mlp_norm}.weight")) };
             let ff = match (&self.routing, &self.gpt_oss) {
                 (_, Some(layout)) => self.gpt_oss_experts(&format!("{p}.mlp"), &normed, layout),
                 (Some(r), _) if self.get(&format!("{p}.mlp.gate.weight")).is_some() => {
@@ -407,7 +423,11 @@ impl Reference<'_> {
                 }
                 _ => self.mlp(&format!("{p}.mlp"), &normed),
             };
-            let ff = if sandwich { self.rms(&ff, &format!("{p}.post_feedforward_layernorm.weight")) } else { ff };
+            let ff = if sandwich || post_only {
+                self.rms(&ff, &format!("{p}.post_feedforward_layernorm.weight"))
+            } else {
+                ff
+            };
             x = add(&x, &scaled(ff));
         }
         let head = self.get("lm_head.weight").unwrap_or(&self.tensors["model.embed_tokens.weight"]);
