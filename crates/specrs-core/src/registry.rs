@@ -147,6 +147,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: false,
     },
     ArchitectureSpec {
+        name: "SmolLM3ForCausalLM",
+        example_repo_ids: &["HuggingFaceTB/SmolLM3-3B"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "Olmo2ForCausalLM",
         example_repo_ids: &["allenai/OLMo-2-1124-7B-Instruct", "allenai/OLMo-2-0425-1B-Instruct"],
         default_weights_format: "safetensors",

@@ -521,3 +521,14 @@ fn an_olmo2_target_with_output_norms_decodes_as_its_model_and_speculates_lossles
     );
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 306, "OLMo 2");
 }
+
+#[test]
+fn a_smollm3_target_with_nope_layers_decodes_as_its_model_and_speculates_losslessly() {
+    // Layers 1 and 3 attend without RoPE: positions reach them only through the mask.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("smollm3");
+    let mut config = testing::target_config(Architecture::SmolLm3, &SHAPE, true);
+    config["no_rope_layers"] = serde_json::json!([1, 0, 1, 0]);
+    write(&target, &config, &testing::random_target(Architecture::Llama, &SHAPE, true, 59).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 307, "SmolLM3");
+}

@@ -45,6 +45,9 @@ pub enum Architecture {
     /// layers alternating, YaRN, and experts stored as MXFP4 with interleaved gate/up rows,
     /// biases and a clamped SwiGLU.
     GptOss,
+    /// SmolLM3 (`SmolLM3ForCausalLM`): Llama's layer, every fourth layer without RoPE
+    /// (`no_rope_layers`).
+    SmolLm3,
     /// OLMo 2 (`Olmo2ForCausalLM`): Llama's layer normalising the attention's and the MLP's
     /// outputs instead of their inputs, and q and k normed across all heads at once.
     Olmo2,
@@ -71,6 +74,7 @@ impl Architecture {
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
         ("Glm4ForCausalLM", Architecture::Glm4),
         ("Olmo2ForCausalLM", Architecture::Olmo2),
+        ("SmolLM3ForCausalLM", Architecture::SmolLm3),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
         ("MixtralForCausalLM", Architecture::Mixtral),
@@ -123,6 +127,7 @@ impl Architecture {
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
             Self::Olmo2 => "Olmo2ForCausalLM",
+            Self::SmolLm3 => "SmolLM3ForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
@@ -144,6 +149,7 @@ impl Architecture {
             Self::Qwen3Moe => "qwen3_moe",
             Self::Glm4 => "glm4",
             Self::Olmo2 => "olmo2",
+            Self::SmolLm3 => "smollm3",
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
             Self::Mixtral => "mixtral",
@@ -392,6 +398,32 @@ fn sliding_layers(v: &Value, num_hidden_layers: usize, default_pattern: u64) -> 
     Ok(sliding_layers)
 }
 
+/// SmolLM3's layers that apply RoPE: `no_rope_layers` (1 rotates, 0 does not), else every
+/// `no_rope_layer_interval`-th layer (4) without.
+fn rope_layers(v: &Value, num_hidden_layers: usize) -> Result<Vec<bool>> {
+    let layers = match v.get("no_rope_layers") {
+        Some(Value::Array(flags)) => flags
+            .iter()
+            .map(|f| match f.as_u64() {
+                Some(0) => Ok(false),
+                Some(1) => Ok(true),
+                _ => Err(ModelError::config("no_rope_layers", format!("each entry is 0 or 1, got {f}"))),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        _ => {
+            let interval = v.get("no_rope_layer_interval").and_then(Value::as_u64).unwrap_or(4).max(1) as usize;
+            (0..num_hidden_layers).map(|i| !(i + 1).is_multiple_of(interval)).collect()
+        }
+    };
+    if layers.len() != num_hidden_layers {
+        return Err(ModelError::config(
+            "no_rope_layers",
+            format!("names {} layers, the model has {num_hidden_layers}", layers.len()),
+        ));
+    }
+    Ok(layers)
+}
+
 /// Gemma 2's or 3's additions from its `config.json`, with transformers' defaults: Gemma 2
 /// alternates sliding and full layers (sliding first) under one RoPE, Gemma 3 runs five
 /// sliding layers with their own RoPE base to each full one.
@@ -548,6 +580,9 @@ pub struct DecoderConfig {
     pub attention_output_bias: bool,
     /// Each attention head has a learned sink logit, `self_attn.sinks` (gpt-oss).
     pub attention_sinks: bool,
+    /// `Some(layers)`: only `layers[i]` apply RoPE, the others attend without positions
+    /// (SmolLM3's `no_rope_layers`).
+    pub rope_layers: Option<Vec<bool>>,
     /// Sparse experts in place of the MLP (Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4.5).
     pub moe: Option<MoeConfig>,
     /// Gemma's layer shape and its interleaved local / global attention.
@@ -792,6 +827,16 @@ impl DecoderConfig {
             | Architecture::InternLm2
             | Architecture::Granite
             | Architecture::Olmo2 => None,
+            Architecture::SmolLm3 => {
+                if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+                    return Err(ModelError::config(
+                        "use_sliding_window",
+                        "SmolLM3 with sliding windows is not supported; released checkpoints set use_sliding_window \
+                         to false",
+                    ));
+                }
+                None
+            }
             // Gemma's window applies to its sliding layers only (`GemmaConfig`).
             Architecture::Gemma2 | Architecture::Gemma3 => None,
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
@@ -842,6 +887,10 @@ impl DecoderConfig {
             sliding_layers,
             attention_output_bias: gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true),
             attention_sinks: gpt_oss,
+            rope_layers: match architecture {
+                Architecture::SmolLm3 => Some(rope_layers(v, req_usize(v, "num_hidden_layers")?)?),
+                _ => None,
+            },
             moe: match architecture {
                 Architecture::Qwen2Moe
                 | Architecture::Qwen3Moe

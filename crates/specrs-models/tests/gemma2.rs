@@ -43,6 +43,7 @@ fn reference(
         multipliers: None,
         gpt_oss: None,
         interleaved_rope: false,
+        rope_layers: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn local_and_global_layers_match_the_transformers_forward() {
         multipliers: None,
         gpt_oss: None,
         interleaved_rope: false,
+        rope_layers: None,
     };
     let ids: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 40).collect();
     let want = reference.logits(&ids);

@@ -38,6 +38,7 @@ fn the_multipliers_match_the_transformers_forward() {
         multipliers: Some(Multipliers { embedding: 12.0, residual: 0.22, attention: 0.0625, logits_divisor: 8.0 }),
         gpt_oss: None,
         interleaved_rope: false,
+        rope_layers: None,
     };
     let ids: Vec<u32> = (0..10).map(|i| (i * 3 + 7) % 40).collect();
     let want = reference.logits(&ids);

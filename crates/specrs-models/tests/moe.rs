@@ -87,6 +87,7 @@ fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMo
         multipliers: None,
         gpt_oss: None,
         interleaved_rope: false,
+        rope_layers: None,
     }
     .logits(ids)
 }

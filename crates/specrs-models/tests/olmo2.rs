@@ -35,6 +35,7 @@ fn output_norms_and_whole_width_qk_norms_match_the_transformers_forward() {
         multipliers: None,
         gpt_oss: None,
         interleaved_rope: false,
+        rope_layers: None,
     };
     let ids: Vec<u32> = (0..10).map(|i| (i * 11 + 5) % 40).collect();
     let want = reference.logits(&ids);

@@ -71,6 +71,7 @@ fn reference(tensors: &HashMap<String, Tensor>, ids: &[u32], factors: [f64; 2], 
         multipliers: None,
         gpt_oss: None,
         interleaved_rope: false,
+        rope_layers: None,
     }
     .logits(ids)
 }

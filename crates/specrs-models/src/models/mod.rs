@@ -61,7 +61,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Granite => granite::adapt(cfg),
                 Architecture::GptOss => gpt_oss::adapt(cfg),
                 Architecture::Glm4 => glm4::adapt(cfg),
-                Architecture::Olmo2 => cfg,
+                Architecture::Olmo2 | Architecture::SmolLm3 => cfg,
             })
         }
     }

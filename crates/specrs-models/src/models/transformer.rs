@@ -28,6 +28,8 @@ pub struct SelfAttention {
     k_norm: Option<RmsNorm>,
     /// The q/k norms span all heads (`[q_dim]`, OLMo 2) rather than one head.
     qk_norm_spans_heads: bool,
+    /// RoPE turns q and k (all but SmolLM3's NoPE layers).
+    rotates: bool,
     shape: AttentionShape,
 }
 
@@ -85,11 +87,16 @@ impl SelfAttention {
             false => None,
         };
         let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks };
-        Ok(Self { qkv, o_proj, q_norm, k_norm, qk_norm_spans_heads: spans, shape })
+        Ok(Self { qkv, o_proj, q_norm, k_norm, qk_norm_spans_heads: spans, rotates: true, shape })
     }
 
     pub fn shape(&self) -> &AttentionShape {
         &self.shape
+    }
+
+    /// The same attention without RoPE: positions reach it only through the causal mask.
+    pub fn without_rope(self) -> Self {
+        Self { rotates: false, ..self }
     }
 
     /// Projects, normalises and rotates: `x [T, in] -> (q [T, nh, d], k [T, nkv, d], v [T, nkv, d])`.
@@ -110,6 +117,9 @@ impl SelfAttention {
         if let Some((qn, kn)) = norms.filter(|_| !self.qk_norm_spans_heads) {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
+        }
+        if !self.rotates {
+            return Ok((q, k, v));
         }
         let q = RotaryEmbedding::apply(&q, cos, sin)?;
         let k = RotaryEmbedding::apply(&k, cos, sin)?;
@@ -312,7 +322,12 @@ impl DecoderLayer {
         let mlp_in = if after { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
         Ok(Self {
             input_layernorm: if before { Some(norm("input_layernorm")?) } else { None },
-            self_attn: SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?,
+            self_attn: match &cfg.rope_layers {
+                Some(rotating) if !rotating.get(index).copied().unwrap_or(true) => {
+                    SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?.without_rope()
+                }
+                _ => SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?,
+            },
             attention_out_norm: if after { Some(norm("post_attention_layernorm")?) } else { None },
             mlp_in_norm: if before { Some(norm(mlp_in)?) } else { None },
             mlp,

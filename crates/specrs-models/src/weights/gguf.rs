@@ -280,6 +280,7 @@ impl GgufSource {
             sliding_layers: None,
             attention_output_bias: false,
             attention_sinks: false,
+            rope_layers: None,
             moe: self.moe_config()?,
             gemma: self.gemma_config(hidden_size, num_attention_heads, head_dim)?.map(|(g, _)| g),
             scales: match self.gemma_config(hidden_size, num_attention_heads, head_dim)? {

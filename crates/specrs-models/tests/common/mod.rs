@@ -106,6 +106,8 @@ pub struct Reference<'a> {
     pub gpt_oss: Option<GptOssLayout>,
     /// RoPE turns interleaved pairs `(2i, 2i + 1)` (GLM) rather than halves `(i, i + r/2)`.
     pub interleaved_rope: bool,
+    /// `Some(layers)`: only these layers turn q and k (SmolLM3's NoPE layers do not).
+    pub rope_layers: Option<Vec<bool>>,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -227,7 +229,7 @@ impl Reference<'_> {
             if let Some(w) = norm {
                 v = rms_row(&v, w);
             }
-            if turn {
+            if turn && self.rope_layers.as_ref().is_none_or(|r| r[layer]) {
                 self.rotate(&mut v, t, theta);
             }
             v
