@@ -530,6 +530,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
         "Gemma3ForConditionalGeneration",
+        "Mistral3ForConditionalGeneration",
         "GraniteForCausalLM",
         "Phi3ForCausalLM",
     ],

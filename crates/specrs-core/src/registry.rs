@@ -212,6 +212,17 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    // Its text decoder, a Mistral: the vision tower is not read.
+    ArchitectureSpec {
+        name: "Mistral3ForConditionalGeneration",
+        example_repo_ids: &[
+            "mistralai/Mistral-Small-3.2-24B-Instruct-2506",
+            "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+        ],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
     ArchitectureSpec {
         name: "GraniteForCausalLM",
         example_repo_ids: &["ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct"],

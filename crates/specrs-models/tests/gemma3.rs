@@ -92,7 +92,7 @@ fn an_image_text_text_config_takes_gemma3s_defaults() {
         "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
             "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
     });
-    let text = specrs_models::models::gemma3::text_config(&config).unwrap();
+    let text = specrs_models::models::image_text::text_config(&config).unwrap();
     let cfg = DecoderConfig::from_hf_json(&text).unwrap();
     assert_eq!((cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size), (8, 4, 256, 262_208));
     assert_eq!((cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings), (1e6, 1e-6, 131_072));

@@ -6,6 +6,7 @@ pub mod glm4;
 pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
+pub mod image_text;
 pub mod internlm2;
 pub mod llama;
 pub mod mixtral;
@@ -36,16 +37,14 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 .map_err(|e| ModelError::file(&cfg_path, format!("cannot read the model's config.json: {e}")))?;
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
-            // Gemma 3's image-text checkpoints: their text decoder.
-            let multimodal = gemma3::text_config(&json);
+            // Image-text checkpoints (Gemma 3, Mistral Small 3.x): their text decoder.
+            let multimodal = image_text::text_config(&json);
             let cfg = DecoderConfig::from_hf_json(multimodal.as_ref().unwrap_or(&json))?;
             match cfg.architecture {
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
-                Architecture::Gemma3 if multimodal.is_some() => {
-                    store.set_aliases(gemma3::multimodal_aliases(&cfg, store))?
-                }
+                _ if multimodal.is_some() => store.set_aliases(image_text::aliases(store))?,
                 _ => {}
             }
             Ok(match cfg.architecture {
