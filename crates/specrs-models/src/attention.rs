@@ -284,13 +284,11 @@ impl CpuPagedAttention<'_> {
             .enumerate()
             .map(|(i, (p, span))| {
                 let p = &mut p[span.clone()];
-                match sinks {
-                    Some(sinks) => {
-                        let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                        exp_shifted_by_max(p) + (sinks[item.kv_head * group + i % group] - max).exp()
-                    }
-                    None => exp_shifted_by_max(p),
-                }
+                let sink = sinks.map(|s| {
+                    let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    (s[item.kv_head * group + i % group] - max).exp()
+                });
+                exp_shifted_by_max(p) + sink.unwrap_or(0.0)
             })
             .collect();
         // 3. Weighted sums of values, a block of keys at a time for every query.
