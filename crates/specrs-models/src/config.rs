@@ -333,14 +333,12 @@ pub enum NormPlacement {
     Post,
 }
 
-/// What Gemma 2 and 3 add to the shared layer.
+/// What Gemma 2 and 3 add to the shared layer (their sliding layers are
+/// `DecoderConfig::sliding_layers`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GemmaConfig {
-    /// `layer_types[i] == "sliding_attention"`: layer `i` attends within `sliding_window` with
-    /// RoPE at `local_rope_theta` (no scaling); the others attend to everything with the global
-    /// RoPE (`rope_theta`, `rope_scaling`). Gemma 2's two RoPEs are the same.
-    pub sliding_layers: Vec<bool>,
-    pub sliding_window: usize,
+    /// The sliding layers' RoPE base (no scaling); the others turn with the global RoPE
+    /// (`rope_theta`, `rope_scaling`). Gemma 2's two RoPEs are the same.
     pub local_rope_theta: f64,
     /// The norms' weights are stored as the scale itself (`1 + weight`), as llama.cpp's
     /// converter writes Gemma, rather than transformers' `weight`.
@@ -424,10 +422,9 @@ fn rope_layers(v: &Value, num_hidden_layers: usize) -> Result<Vec<bool>> {
     Ok(layers)
 }
 
-/// Gemma 2's or 3's additions from its `config.json`, with transformers' defaults: Gemma 2
-/// alternates sliding and full layers (sliding first) under one RoPE, Gemma 3 runs five
-/// sliding layers with their own RoPE base to each full one.
-fn gemma_config(v: &Value, architecture: Architecture, num_hidden_layers: usize) -> Result<GemmaConfig> {
+/// Gemma 2's or 3's additions from its `config.json`, with transformers' defaults: Gemma 2's
+/// sliding layers share the global RoPE, Gemma 3's turn at their own base.
+fn gemma_config(v: &Value, architecture: Architecture) -> Result<GemmaConfig> {
     for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
         if let Some(x) = v.get(key).filter(|x| !x.is_null())
             && x.as_f64().is_none_or(|cap| !(cap.is_finite() && cap > 0.0))
@@ -444,15 +441,8 @@ fn gemma_config(v: &Value, architecture: Architecture, num_hidden_layers: usize)
             format!("Gemma's MLP runs gelu_pytorch_tanh, got '{act}'"),
         ));
     }
-    let sliding_layers = sliding_layers(v, num_hidden_layers, if gemma2 { 2 } else { 6 })?;
-    let sliding_window = v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096) as usize;
-    if sliding_window == 0 {
-        return Err(ModelError::config("sliding_window", "must be positive"));
-    }
     Ok(GemmaConfig {
         norms_store_scale: false,
-        sliding_layers,
-        sliding_window,
         local_rope_theta: if gemma2 {
             opt_f64(v, "rope_theta").unwrap_or(10_000.0)
         } else {
@@ -569,12 +559,11 @@ pub struct DecoderConfig {
     /// Projections stored fused: one `qkv_proj` (q rows, then k, then v) and one
     /// `gate_up_proj` (gate rows, then up) per layer (Phi-3).
     pub fused_projections: bool,
-    /// Every layer's queries see only the last `sliding_window` keys, themselves included
-    /// (Mistral, Mixtral, Phi-3). Gemma's per-layer windows are in `gemma`
-    /// ([`DecoderConfig::layer_sliding_window`]).
+    /// Queries see only the last `sliding_window` keys, themselves included: in every layer
+    /// (Mistral, Mixtral, Phi-3), or in the `sliding_layers` ([`Self::layer_sliding_window`]).
     pub sliding_window: Option<usize>,
     /// `Some(layers)`: only `layers[i]` attend within `sliding_window`, the others to the whole
-    /// context (gpt-oss's `layer_types`).
+    /// context (`layer_types` of Gemma 2 / 3 and gpt-oss).
     pub sliding_layers: Option<Vec<bool>>,
     /// The attention's output projection has a bias (gpt-oss).
     pub attention_output_bias: bool,
@@ -837,8 +826,10 @@ impl DecoderConfig {
                 }
                 None
             }
-            // Gemma's window applies to its sliding layers only (`GemmaConfig`).
-            Architecture::Gemma2 | Architecture::Gemma3 => None,
+            // Their window applies to their sliding layers only (`sliding_layers` below).
+            Architecture::Gemma2 | Architecture::Gemma3 => {
+                Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096))
+            }
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
                     return Err(ModelError::config(
@@ -852,9 +843,15 @@ impl DecoderConfig {
         }
         .map(|w| w as usize);
         let gpt_oss = architecture == Architecture::GptOss;
-        // gpt-oss alternates sliding and full layers, sliding first.
-        let sliding_layers =
-            if gpt_oss { Some(sliding_layers(v, req_usize(v, "num_hidden_layers")?, 2)?) } else { None };
+        // Sliding layers among full ones: Gemma 2 and gpt-oss alternate them (sliding first),
+        // Gemma 3 runs five to each full one.
+        let sliding_layers = match architecture {
+            Architecture::Gemma2 | Architecture::GptOss => Some(2),
+            Architecture::Gemma3 => Some(6),
+            _ => None,
+        }
+        .map(|pattern| sliding_layers(v, req_usize(v, "num_hidden_layers")?, pattern))
+        .transpose()?;
         if gpt_oss && sliding_window.is_none() {
             return Err(ModelError::config("sliding_window", "gpt-oss's sliding layers need a positive window"));
         }
@@ -900,9 +897,7 @@ impl DecoderConfig {
                 _ => None,
             },
             gemma: match architecture {
-                Architecture::Gemma2 | Architecture::Gemma3 => {
-                    Some(gemma_config(v, architecture, req_usize(v, "num_hidden_layers")?)?)
-                }
+                Architecture::Gemma2 | Architecture::Gemma3 => Some(gemma_config(v, architecture)?),
                 _ => None,
             },
             scales: scales(v, architecture, hidden_size, head_dim),
@@ -1036,12 +1031,10 @@ impl DecoderConfig {
 
     /// The window layer `layer` attends within.
     pub fn layer_sliding_window(&self, layer: usize) -> Option<usize> {
-        let (layers, window) = match (&self.gemma, &self.sliding_layers) {
-            (Some(g), _) => (&g.sliding_layers, Some(g.sliding_window)),
-            (None, Some(layers)) => (layers, self.sliding_window),
-            (None, None) => return self.sliding_window,
-        };
-        window.filter(|_| layers.get(layer).copied().unwrap_or(false))
+        match &self.sliding_layers {
+            Some(layers) => self.sliding_window.filter(|_| layers.get(layer).copied().unwrap_or(false)),
+            None => self.sliding_window,
+        }
     }
 
     /// The window every layer attends within, when they all share one (Mistral, Phi-3); `None`
@@ -1053,11 +1046,7 @@ impl DecoderConfig {
     /// The window of the sliding layers of a model that mixes them with full-attention ones
     /// (Gemma 2 / 3, gpt-oss).
     pub fn layered_window(&self) -> Option<usize> {
-        match (&self.gemma, &self.sliding_layers) {
-            (Some(g), _) => Some(g.sliding_window),
-            (None, Some(_)) => self.sliding_window,
-            (None, None) => None,
-        }
+        self.sliding_layers.as_ref().and(self.sliding_window)
     }
 
     /// Fixes what depends on the context the model will serve (`max_model_len`, or the

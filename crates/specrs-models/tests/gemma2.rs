@@ -90,6 +90,8 @@ fn a_gemma2_gguf_loads_to_the_same_model() {
         gguf.config().gemma,
         hf.config().gemma.clone().map(|g| specrs_models::config::GemmaConfig { norms_store_scale: true, ..g })
     );
+    let windows = |cfg: &specrs_models::DecoderConfig| (cfg.sliding_window, cfg.sliding_layers.clone());
+    assert_eq!(windows(gguf.config()), windows(hf.config()));
     assert_eq!(gguf.config().scales, hf.config().scales);
     let ids: Vec<u32> = (0..9).map(|i| (i * 5 + 3) % 40).collect();
     assert_close(&logits(&gguf, &ids, false), &logits(&hf, &ids, false), "GGUF vs safetensors");

@@ -97,9 +97,10 @@ fn an_image_text_text_config_takes_gemma3s_defaults() {
     assert_eq!((cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size), (8, 4, 256, 262_208));
     assert_eq!((cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings), (1e6, 1e-6, 131_072));
     let gemma = cfg.gemma.as_ref().unwrap();
-    assert_eq!((gemma.sliding_window, gemma.local_rope_theta), (1024, 1e4));
+    assert_eq!((cfg.sliding_window, gemma.local_rope_theta), (Some(1024), 1e4));
     assert_eq!((cfg.scales.attention, cfg.scales.embedding), (Some(1.0 / 16.0), 2560f64.sqrt()));
-    assert_eq!(gemma.sliding_layers.iter().filter(|s| !**s).count(), 5, "layers 5, 11, 17, 23, 29 are global");
+    let global = cfg.sliding_layers.as_ref().unwrap().iter().filter(|s| !**s).count();
+    assert_eq!(global, 5, "layers 5, 11, 17, 23, 29 are global");
     assert!(matches!(cfg.rope_scaling, Some(specrs_models::RopeScaling::Linear { factor }) if factor == 8.0));
 }
 
@@ -128,6 +129,8 @@ fn a_gemma3_gguf_loads_to_the_same_model() {
         gguf.config().gemma,
         hf.config().gemma.clone().map(|g| specrs_models::config::GemmaConfig { norms_store_scale: true, ..g })
     );
+    let windows = |cfg: &specrs_models::DecoderConfig| (cfg.sliding_window, cfg.sliding_layers.clone());
+    assert_eq!(windows(gguf.config()), windows(hf.config()));
     let ids: Vec<u32> = (0..9).map(|i| (i * 5 + 3) % 40).collect();
     assert_close(&logits(&gguf, &ids, false), &logits(&hf, &ids, false), "GGUF vs safetensors");
 }
@@ -149,7 +152,7 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
     for (i, w) in windows.iter().enumerate() {
         assert_eq!(*w, (!full.contains(&i)).then_some(WINDOW), "layer {i}");
     }
-    assert!(cfg.tie_word_embeddings && cfg.qk_norm && cfg.sliding_window.is_none());
+    assert!(cfg.tie_word_embeddings && cfg.qk_norm && cfg.uniform_sliding_window().is_none());
     assert_eq!((cfg.scales.attention_softcap, cfg.scales.logits_softcap), (None, None), "null caps are off");
     let e = config_error(|c| c["final_logit_softcapping"] = json!(0.0));
     assert!(e.contains("final_logit_softcapping") && e.contains("positive"), "{e}");

@@ -254,6 +254,7 @@ impl GgufSource {
             }
         };
         let token_id = |key: &str| self.content.metadata.get(key).and_then(value_as_u64).map(|x| x as u32);
+        let gemma = self.gemma_config(hidden_size, num_attention_heads, head_dim)?;
         let cfg = DecoderConfig {
             architecture: self.architecture,
             hidden_size,
@@ -276,17 +277,20 @@ impl GgufSource {
             attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias"),
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
             fused_projections: phi3,
-            sliding_window: self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
-            sliding_layers: None,
+            sliding_window: match &gemma {
+                Some(_) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
+                None => self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
+            },
+            sliding_layers: gemma.as_ref().map(|(_, _, layers)| layers.clone()),
             attention_output_bias: false,
             attention_sinks: false,
             rope_layers: None,
             moe: self.moe_config()?,
-            gemma: self.gemma_config(hidden_size, num_attention_heads, head_dim)?.map(|(g, _)| g),
-            scales: match self.gemma_config(hidden_size, num_attention_heads, head_dim)? {
-                Some((_, scales)) => scales,
+            scales: match &gemma {
+                Some((_, scales, _)) => scales.clone(),
                 None => self.granite_scales(head_dim)?,
             },
+            gemma: gemma.map(|(g, _, _)| g),
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         };
@@ -306,7 +310,7 @@ impl GgufSource {
         hidden_size: usize,
         num_attention_heads: usize,
         head_dim: usize,
-    ) -> Result<Option<(GemmaConfig, Scales)>> {
+    ) -> Result<Option<(GemmaConfig, Scales, Vec<bool>)>> {
         let gemma2 = match self.architecture {
             Architecture::Gemma2 => true,
             Architecture::Gemma3 => false,
@@ -316,9 +320,8 @@ impl GgufSource {
         let scalar =
             if layers == if gemma2 { 46 } else { 62 } { hidden_size / num_attention_heads.max(1) } else { head_dim };
         let pattern = if gemma2 { 2 } else { 6 };
+        let sliding_layers = (0..layers).map(|i| !(i + 1).is_multiple_of(pattern)).collect();
         let gemma = GemmaConfig {
-            sliding_layers: (0..layers).map(|i| !(i + 1).is_multiple_of(pattern)).collect(),
-            sliding_window: self.meta_usize("attention.sliding_window").unwrap_or(4096),
             local_rope_theta: if gemma2 { self.meta_f64("rope.freq_base").unwrap_or(10_000.0) } else { 10_000.0 },
             norms_store_scale: true,
         };
@@ -330,7 +333,7 @@ impl GgufSource {
             logits_softcap: cap("final_logit_softcapping"),
             ..Scales::default()
         };
-        Ok(Some((gemma, scales)))
+        Ok(Some((gemma, scales, sliding_layers)))
     }
 
     /// Granite's four constants, which llama.cpp's converter writes as `*_scale` keys; a key
