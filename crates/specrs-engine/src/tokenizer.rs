@@ -198,7 +198,7 @@ fn byte_level_bpe(meta: &HashMap<String, GgufValue>, tokens: &[String]) -> Resul
 /// GGUF stores pieces and scores, not merges. SentencePiece merges the adjacent pair whose
 /// concatenation is the best-scored piece; a BPE with one merge per way of splitting each
 /// piece in two, ranked by the piece's score, makes the same choices.
-fn sentencepiece_bpe(meta: &HashMap<String, GgufValue>, tokens: &[String]) -> Result<Tokenizer> {
+fn sentencepiece_bpe(meta: &HashMap<String, GgufValue>, tokens: &[String], types: Option<&[i64]>) -> Result<Tokenizer> {
     let scores: Vec<f32> = match meta.get("tokenizer.ggml.scores") {
         Some(GgufValue::Array(a)) => a
             .iter()
@@ -216,8 +216,7 @@ fn sentencepiece_bpe(meta: &HashMap<String, GgufValue>, tokens: &[String]) -> Re
             tokens.len()
         )));
     }
-    let types = gguf_token_types(meta, tokens.len())?;
-    let mergeable = |id: usize| types.as_ref().is_none_or(|t| t[id] == token_type::NORMAL);
+    let mergeable = |id: usize| types.is_none_or(|t| t[id] == token_type::NORMAL);
     let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
     for (id, piece) in tokens.iter().enumerate().filter(|&(id, _)| mergeable(id)) {
@@ -277,11 +276,12 @@ impl TextTokenizer {
     /// Builds the tokenizer stored in GGUF metadata.
     pub fn from_gguf(meta: &HashMap<String, GgufValue>) -> Result<Self> {
         let tokens = gguf_strings(meta, "tokenizer.ggml.tokens")?;
+        let types = gguf_token_types(meta, tokens.len())?;
         let model = gguf_str(meta, "tokenizer.ggml.model").unwrap_or_default();
         let sentencepiece = model == "llama";
         let mut tokenizer = match model.as_str() {
             "gpt2" => byte_level_bpe(meta, &tokens)?,
-            "llama" => sentencepiece_bpe(meta, &tokens)?,
+            "llama" => sentencepiece_bpe(meta, &tokens, types.as_deref())?,
             other => {
                 return Err(EngineError::Tokenizer(format!(
                     "GGUF tokenizer model '{other}' is not supported (supported: 'gpt2' byte-level BPE, 'llama' \
@@ -294,7 +294,7 @@ impl TextTokenizer {
         // SentencePiece's unknown piece too, as Hugging Face's converted tokenizers list it.
         let unknown = gguf_u32(meta, "tokenizer.ggml.unknown_token_id").filter(|_| sentencepiece);
         let strips_after = phi3_strips_after(meta, sentencepiece);
-        let specials: Vec<AddedToken> = gguf_token_types(meta, tokens.len())?
+        let specials: Vec<AddedToken> = types
             .unwrap_or_default()
             .into_iter()
             .zip(&tokens)

@@ -10,9 +10,11 @@ pub mod image_text;
 pub mod internlm2;
 pub mod llama;
 pub mod mixtral;
+pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod smollm3;
 pub mod transformer;
 
 use std::path::Path;
@@ -60,7 +62,8 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Granite => granite::adapt(cfg),
                 Architecture::GptOss => gpt_oss::adapt(cfg),
                 Architecture::Glm4 => glm4::adapt(cfg),
-                Architecture::Olmo2 | Architecture::SmolLm3 => cfg,
+                Architecture::Olmo2 => olmo2::adapt(cfg),
+                Architecture::SmolLm3 => smollm3::adapt(cfg),
             })
         }
     }

@@ -1,0 +1,12 @@
+//! `Olmo2ForCausalLM`: AI2's OLMo 2 (1B-32B). Llama's layer with its norms moved after the
+//! attention and the MLP (`NormPlacement::Post`: `post_attention_layernorm` over the
+//! attention's output, `post_feedforward_layernorm` over the MLP's, nothing before either) and
+//! q and k normed across all heads at once, before they are split into heads
+//! (`DecoderConfig::qk_norm_spans_heads`: `q_norm [heads · head_dim]`).
+
+use crate::config::DecoderConfig;
+
+/// OLMo 2 needs nothing beyond what its configuration reader sets.
+pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
+    cfg
+}
