@@ -523,6 +523,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "MixtralForCausalLM",
         "Glm4ForCausalLM",
         "Olmo2ForCausalLM",
+        "Olmo3ForCausalLM",
         "SmolLM3ForCausalLM",
         "Glm4MoeForCausalLM",
         "InternLM2ForCausalLM",

@@ -160,6 +160,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,
     },
+    // Per-layer windows and RoPE: one fixed-shape step cannot serve every layer.
+    ArchitectureSpec {
+        name: "Olmo3ForCausalLM",
+        example_repo_ids: &["allenai/Olmo-3-7B-Instruct", "allenai/Olmo-3-32B-Think"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "Glm4ForCausalLM",
         example_repo_ids: &["zai-org/GLM-4-9B-0414", "zai-org/GLM-4-32B-0414"],

@@ -532,3 +532,14 @@ fn a_smollm3_target_with_nope_layers_decodes_as_its_model_and_speculates_lossles
     write(&target, &config, &testing::random_target(Architecture::Llama, &SHAPE, true, 59).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 307, "SmolLM3");
 }
+
+#[test]
+fn an_olmo3_target_with_sliding_layers_decodes_as_its_model_and_speculates_losslessly() {
+    // Layers 0-2 attend within 5 keys (shorter than every output here), layer 3 to everything.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("olmo3");
+    let mut config = testing::target_config(Architecture::Olmo3, &SHAPE, false);
+    config["sliding_window"] = serde_json::json!(5);
+    write(&target, &config, &testing::random_olmo2(&SHAPE, 61).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 308, "OLMo 3");
+}

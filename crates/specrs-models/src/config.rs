@@ -51,6 +51,9 @@ pub enum Architecture {
     /// OLMo 2 (`Olmo2ForCausalLM`): Llama's layer normalising the attention's and the MLP's
     /// outputs instead of their inputs, and q and k normed across all heads at once.
     Olmo2,
+    /// OLMo 3 (`Olmo3ForCausalLM`): OLMo 2's layer, three sliding-window layers to each full
+    /// one, the sliding layers turning with the unscaled RoPE.
+    Olmo3,
     /// GLM-4-0414 (`Glm4ForCausalLM`: GLM-4-9B/32B-0414, GLM-Z1): q/k/v bias, norms around
     /// attention and MLP as Gemma's (plain weights), fused `gate_up_proj`, and RoPE over half of
     /// each head turning interleaved pairs.
@@ -74,6 +77,7 @@ impl Architecture {
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
         ("Glm4ForCausalLM", Architecture::Glm4),
         ("Olmo2ForCausalLM", Architecture::Olmo2),
+        ("Olmo3ForCausalLM", Architecture::Olmo3),
         ("SmolLM3ForCausalLM", Architecture::SmolLm3),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
@@ -127,6 +131,7 @@ impl Architecture {
             Self::Qwen3Moe => "Qwen3MoeForCausalLM",
             Self::Glm4 => "Glm4ForCausalLM",
             Self::Olmo2 => "Olmo2ForCausalLM",
+            Self::Olmo3 => "Olmo3ForCausalLM",
             Self::SmolLm3 => "SmolLM3ForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
@@ -149,6 +154,7 @@ impl Architecture {
             Self::Qwen3Moe => "qwen3_moe",
             Self::Glm4 => "glm4",
             Self::Olmo2 => "olmo2",
+            Self::Olmo3 => "olmo3",
             Self::SmolLm3 => "smollm3",
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
@@ -172,7 +178,7 @@ impl Architecture {
 
     /// Qwen3's (and Gemma 3's) attention: an RMSNorm over each head of q and k.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3 | Self::Olmo2)
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3 | Self::Olmo2 | Self::Olmo3)
     }
 }
 
@@ -811,6 +817,7 @@ impl DecoderConfig {
             Architecture::Llama | Architecture::Phi3 | Architecture::Mixtral | Architecture::GptOss => {
                 v.get("sliding_window").and_then(Value::as_u64)
             }
+            Architecture::Olmo3 => Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096)),
             Architecture::Glm4
             | Architecture::Glm4Moe
             | Architecture::InternLm2
@@ -844,9 +851,10 @@ impl DecoderConfig {
         .map(|w| w as usize);
         let gpt_oss = architecture == Architecture::GptOss;
         // Sliding layers among full ones: Gemma 2 and gpt-oss alternate them (sliding first),
-        // Gemma 3 runs five to each full one.
+        // OLMo 3 runs three and Gemma 3 five to each full one.
         let sliding_layers = match architecture {
             Architecture::Gemma2 | Architecture::GptOss => Some(2),
+            Architecture::Olmo3 => Some(4),
             Architecture::Gemma3 => Some(6),
             _ => None,
         }
@@ -1013,7 +1021,7 @@ impl DecoderConfig {
         match self.architecture {
             _ if self.gemma.is_some() => NormPlacement::Sandwich,
             Architecture::Glm4 => NormPlacement::Sandwich,
-            Architecture::Olmo2 => NormPlacement::Post,
+            Architecture::Olmo2 | Architecture::Olmo3 => NormPlacement::Post,
             _ => NormPlacement::Pre,
         }
     }
@@ -1021,7 +1029,19 @@ impl DecoderConfig {
     /// q and k are normed across all heads at once (`[q_dim]` and `[kv_dim]` weights, OLMo 2),
     /// not per head.
     pub fn qk_norm_spans_heads(&self) -> bool {
-        self.architecture == Architecture::Olmo2
+        matches!(self.architecture, Architecture::Olmo2 | Architecture::Olmo3)
+    }
+
+    /// The RoPE base the sliding layers turn with when it is not the full layers' RoPE: Gemma
+    /// 3's own base, or (OLMo 3, Gemma) the unscaled RoPE where the full layers' is scaled.
+    /// `None` when every layer turns alike.
+    pub fn sliding_rope_theta(&self) -> Option<f64> {
+        let base = match (&self.gemma, self.architecture) {
+            (Some(g), _) => g.local_rope_theta,
+            (None, Architecture::Olmo3) => self.rope_theta,
+            _ => return None,
+        };
+        (base != self.rope_theta || self.rope_scaling.is_some()).then_some(base)
     }
 
     /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Gemma's safetensors).

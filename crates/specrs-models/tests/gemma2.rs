@@ -44,6 +44,7 @@ fn reference(
         gpt_oss: None,
         interleaved_rope: false,
         rope_layers: None,
+        sliding: None,
     }
 }
 

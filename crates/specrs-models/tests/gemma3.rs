@@ -44,6 +44,7 @@ fn local_and_global_layers_match_the_transformers_forward() {
         gpt_oss: None,
         interleaved_rope: false,
         rope_layers: None,
+        sliding: None,
     };
     let ids: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 40).collect();
     let want = reference.logits(&ids);

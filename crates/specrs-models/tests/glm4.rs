@@ -53,6 +53,7 @@ fn interleaved_half_rotation_and_sandwich_norms_match_the_transformers_forward()
         gpt_oss: None,
         interleaved_rope,
         rope_layers: None,
+        sliding: None,
     };
     let ids: Vec<u32> = (0..10).map(|i| (i * 9 + 2) % 40).collect();
     let want = reference(true).logits(&ids);

@@ -54,6 +54,7 @@ fn sinks_windows_and_clamped_experts_match_the_transformers_forward() {
         gpt_oss: Some(GptOssLayout { sliding: SLIDING.to_vec(), window: WINDOW, top_k: TOP_K, limit: LIMIT as f32 }),
         interleaved_rope: false,
         rope_layers: None,
+        sliding: None,
     };
     let want = reference.logits(&ids());
     assert_close(&logits(&model, &ids(), false), &want, "one prefill");

@@ -39,6 +39,7 @@ fn the_multipliers_match_the_transformers_forward() {
         gpt_oss: None,
         interleaved_rope: false,
         rope_layers: None,
+        sliding: None,
     };
     let ids: Vec<u32> = (0..10).map(|i| (i * 3 + 7) % 40).collect();
     let want = reference.logits(&ids);

@@ -88,6 +88,7 @@ fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMo
         gpt_oss: None,
         interleaved_rope: false,
         rope_layers: None,
+        sliding: None,
     }
     .logits(ids)
 }

@@ -72,6 +72,7 @@ fn reference(tensors: &HashMap<String, Tensor>, ids: &[u32], factors: [f64; 2], 
         gpt_oss: None,
         interleaved_rope: false,
         rope_layers: None,
+        sliding: None,
     }
     .logits(ids)
 }

@@ -42,6 +42,7 @@ fn nope_layers_match_the_transformers_forward() {
         gpt_oss: None,
         interleaved_rope: false,
         rope_layers: Some(rope_layers.to_vec()),
+        sliding: None,
     };
     let ids: Vec<u32> = (0..10).map(|i| (i * 13 + 1) % 40).collect();
     let want = reference(ROPE_LAYERS).logits(&ids);

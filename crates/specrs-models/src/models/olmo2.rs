@@ -3,6 +3,10 @@
 //! attention's output, `post_feedforward_layernorm` over the MLP's, nothing before either) and
 //! q and k normed across all heads at once, before they are split into heads
 //! (`DecoderConfig::qk_norm_spans_heads`: `q_norm [heads · head_dim]`).
+//!
+//! `Olmo3ForCausalLM` (OLMo 3) is the same layer with three sliding-window layers to each full
+//! one (`layer_types`, `sliding_window`), the sliding layers turning with the unscaled RoPE
+//! when the full ones' is scaled (`DecoderConfig::sliding_rope_theta`).
 
 use crate::config::DecoderConfig;
 

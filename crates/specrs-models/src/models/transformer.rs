@@ -442,19 +442,17 @@ impl CausalLm {
             dtype,
             store.device(),
         )?;
-        // Gemma 3's sliding layers turn at their own base; Gemma 2's share the global RoPE.
-        let local_rope = match &config.gemma {
-            Some(g) if g.local_rope_theta != config.rope_theta || config.rope_scaling.is_some() => {
-                Some(RotaryEmbedding::new(
-                    config.rotary_dim,
-                    g.local_rope_theta,
-                    None,
-                    config.max_position_embeddings,
-                    dtype,
-                    store.device(),
-                )?)
-            }
-            _ => None,
+        // Sliding layers that turn otherwise: Gemma 3's own base, OLMo 3's unscaled RoPE.
+        let local_rope = match config.sliding_rope_theta() {
+            Some(base) => Some(RotaryEmbedding::new(
+                config.rotary_dim,
+                base,
+                None,
+                config.max_position_embeddings,
+                dtype,
+                store.device(),
+            )?),
+            None => None,
         };
         Ok(Self {
             config,

@@ -108,6 +108,9 @@ pub struct Reference<'a> {
     pub interleaved_rope: bool,
     /// `Some(layers)`: only these layers turn q and k (SmolLM3's NoPE layers do not).
     pub rope_layers: Option<Vec<bool>>,
+    /// `Some(layers)`: only these layers attend within `window`, turning with the unscaled
+    /// RoPE (OLMo 3); the others attend to everything with `factors` and `magnitude`.
+    pub sliding: Option<Vec<bool>>,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -156,21 +159,25 @@ impl Reference<'_> {
     }
 
     /// Layer `l`'s window and RoPE base.
-    fn layer_attention(&self, l: usize) -> (Option<usize>, f64) {
-        match (&self.gemma, &self.gpt_oss) {
-            (Some(g), _) if g.sliding[l] => (Some(g.window), g.local_theta),
-            (Some(_), _) => (None, 10_000.0),
-            (None, Some(o)) => (o.sliding[l].then_some(o.window), 10_000.0),
-            (None, None) => (self.window, 10_000.0),
+    /// Layer `l`'s window, RoPE base, and whether its RoPE takes the scaling.
+    fn layer_attention(&self, l: usize) -> (Option<usize>, f64, bool) {
+        match (&self.gemma, &self.gpt_oss, &self.sliding) {
+            (Some(g), _, _) if g.sliding[l] => (Some(g.window), g.local_theta, false),
+            (Some(_), _, _) => (None, 10_000.0, true),
+            (None, Some(o), _) => (o.sliding[l].then_some(o.window), 10_000.0, true),
+            (None, None, Some(s)) if s[l] => (self.window, 10_000.0, false),
+            (None, None, Some(_)) => (None, 10_000.0, true),
+            (None, None, None) => (self.window, 10_000.0, true),
         }
     }
 
-    fn rotate(&self, v: &mut [f32], p: usize, theta: f64) {
+    fn rotate(&self, v: &mut [f32], p: usize, theta: f64, scaled: bool) {
         let half = self.rotary / 2;
+        let (factors, magnitude) = if scaled { (self.factors.clone(), self.magnitude) } else { (vec![1.0; half], 1.0) };
         for i in 0..half {
-            let inv = 1.0 / (self.factors[i] * theta.powf(2.0 * i as f64 / self.rotary as f64));
+            let inv = 1.0 / (factors[i] * theta.powf(2.0 * i as f64 / self.rotary as f64));
             let angle = p as f64 * inv;
-            let (c, s) = ((self.magnitude * angle.cos()) as f32, (self.magnitude * angle.sin()) as f32);
+            let (c, s) = ((magnitude * angle.cos()) as f32, (magnitude * angle.sin()) as f32);
             let (x, y) = if self.interleaved_rope { (2 * i, 2 * i + 1) } else { (i, i + half) };
             let (a, b) = (v[x], v[y]);
             v[x] = a * c - b * s;
@@ -196,7 +203,7 @@ impl Reference<'_> {
 
     fn attention(&self, p: &str, x: &[Vec<f32>], layer: usize) -> Rows {
         let TinyShape { heads: nh, kv_heads: nkv, head_dim: d, .. } = self.shape;
-        let (window, theta) = self.layer_attention(layer);
+        let (window, theta, scaled) = self.layer_attention(layer);
         let scale = match (&self.gemma, &self.multipliers) {
             (Some(g), _) => g.scale,
             (None, Some(m)) => m.attention,
@@ -230,7 +237,7 @@ impl Reference<'_> {
                 v = rms_row(&v, w);
             }
             if turn && self.rope_layers.as_ref().is_none_or(|r| r[layer]) {
-                self.rotate(&mut v, t, theta);
+                self.rotate(&mut v, t, theta, scaled);
             }
             v
         };
