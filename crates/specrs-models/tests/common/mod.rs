@@ -173,9 +173,10 @@ impl Reference<'_> {
 
     fn rotate(&self, v: &mut [f32], p: usize, theta: f64, scaled: bool) {
         let half = self.rotary / 2;
-        let (factors, magnitude) = if scaled { (self.factors.clone(), self.magnitude) } else { (vec![1.0; half], 1.0) };
+        let magnitude = if scaled { self.magnitude } else { 1.0 };
         for i in 0..half {
-            let inv = 1.0 / (factors[i] * theta.powf(2.0 * i as f64 / self.rotary as f64));
+            let factor = if scaled { self.factors[i] } else { 1.0 };
+            let inv = 1.0 / (factor * theta.powf(2.0 * i as f64 / self.rotary as f64));
             let angle = p as f64 * inv;
             let (c, s) = ((magnitude * angle.cos()) as f32, (magnitude * angle.sin()) as f32);
             let (x, y) = if self.interleaved_rope { (2 * i, 2 * i + 1) } else { (i, i + half) };
