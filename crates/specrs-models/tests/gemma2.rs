@@ -26,13 +26,6 @@ fn reference(
     caps: Option<(f32, f32)>,
 ) -> Reference<'_> {
     Reference {
-        tensors,
-        shape: SHAPE,
-        rotary: SHAPE.head_dim,
-        factors: vec![1.0; SHAPE.head_dim / 2],
-        magnitude: 1.0,
-        window: None,
-        routing: None,
         gemma: Some(GemmaLayout {
             sliding: SLIDING.to_vec(),
             window: WINDOW,
@@ -40,11 +33,7 @@ fn reference(
             scale: 12f32.powf(-0.5),
             softcaps: caps,
         }),
-        multipliers: None,
-        gpt_oss: None,
-        interleaved_rope: false,
-        rope_layers: None,
-        sliding: None,
+        ..Reference::plain(tensors, SHAPE)
     }
 }
 

@@ -26,13 +26,6 @@ fn local_and_global_layers_match_the_transformers_forward() {
     let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
     assert_eq!(model.config().architecture, Architecture::Gemma3);
     let reference = Reference {
-        tensors: &tensors,
-        shape: SHAPE,
-        rotary: SHAPE.head_dim,
-        factors: vec![1.0; SHAPE.head_dim / 2],
-        magnitude: 1.0,
-        window: None,
-        routing: None,
         gemma: Some(GemmaLayout {
             sliding: SLIDING.to_vec(),
             window: WINDOW,
@@ -40,11 +33,7 @@ fn local_and_global_layers_match_the_transformers_forward() {
             scale: 12f32.powf(-0.5),
             softcaps: None,
         }),
-        multipliers: None,
-        gpt_oss: None,
-        interleaved_rope: false,
-        rope_layers: None,
-        sliding: None,
+        ..Reference::plain(&tensors, SHAPE)
     };
     let ids: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 40).collect();
     let want = reference.logits(&ids);

@@ -41,19 +41,10 @@ fn interleaved_half_rotation_and_sandwich_norms_match_the_transformers_forward()
     assert!(cfg.attention_bias && cfg.norm_placement() == NormPlacement::Sandwich && !cfg.norms_add_one());
     let renamed = gemma_norm_names(&tensors);
     let reference = |interleaved_rope| Reference {
-        tensors: &renamed,
-        shape: SHAPE,
         rotary: 4,
         factors: vec![1.0; 2],
-        magnitude: 1.0,
-        window: None,
-        routing: None,
-        gemma: None,
-        multipliers: None,
-        gpt_oss: None,
         interleaved_rope,
-        rope_layers: None,
-        sliding: None,
+        ..Reference::plain(&renamed, SHAPE)
     };
     let ids: Vec<u32> = (0..10).map(|i| (i * 9 + 2) % 40).collect();
     let want = reference(true).logits(&ids);

@@ -42,19 +42,8 @@ fn sinks_windows_and_clamped_experts_match_the_transformers_forward() {
     assert_eq!(cfg.architecture, Architecture::GptOss);
     assert!(cfg.attention_bias && cfg.attention_output_bias && cfg.attention_sinks && !cfg.tie_word_embeddings);
     let reference = Reference {
-        tensors: &dense,
-        shape: SHAPE,
-        rotary: SHAPE.head_dim,
-        factors: vec![1.0; SHAPE.head_dim / 2],
-        magnitude: 1.0,
-        window: None,
-        routing: None,
-        gemma: None,
-        multipliers: None,
         gpt_oss: Some(GptOssLayout { sliding: SLIDING.to_vec(), window: WINDOW, top_k: TOP_K, limit: LIMIT as f32 }),
-        interleaved_rope: false,
-        rope_layers: None,
-        sliding: None,
+        ..Reference::plain(&dense, SHAPE)
     };
     let want = reference.logits(&ids());
     assert_close(&logits(&model, &ids(), false), &want, "one prefill");

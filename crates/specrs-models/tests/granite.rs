@@ -27,19 +27,8 @@ fn the_multipliers_match_the_transformers_forward() {
     let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
     assert_eq!(model.config().architecture, Architecture::Granite);
     let reference = Reference {
-        tensors: &tensors,
-        shape: SHAPE,
-        rotary: SHAPE.head_dim,
-        factors: vec![1.0; SHAPE.head_dim / 2],
-        magnitude: 1.0,
-        window: None,
-        routing: None,
-        gemma: None,
         multipliers: Some(Multipliers { embedding: 12.0, residual: 0.22, attention: 0.0625, logits_divisor: 8.0 }),
-        gpt_oss: None,
-        interleaved_rope: false,
-        rope_layers: None,
-        sliding: None,
+        ..Reference::plain(&tensors, SHAPE)
     };
     let ids: Vec<u32> = (0..10).map(|i| (i * 3 + 7) % 40).collect();
     let want = reference.logits(&ids);

@@ -72,23 +72,14 @@ fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMo
     // GLM-4.5 rotates half of each head.
     let rotary = if glm { SHAPE.head_dim / 2 } else { SHAPE.head_dim };
     Reference {
-        tensors,
-        shape: SHAPE,
         rotary,
         factors: vec![1.0; rotary / 2],
-        magnitude: 1.0,
-        window: None,
         routing: Some(Routing {
             top_k: moe.top_k,
             norm_topk_prob: moe.norm_topk_prob,
             grouped: glm.then_some(moe.groups),
         }),
-        gemma: None,
-        multipliers: None,
-        gpt_oss: None,
-        interleaved_rope: false,
-        rope_layers: None,
-        sliding: None,
+        ..Reference::plain(tensors, SHAPE)
     }
     .logits(ids)
 }

@@ -25,21 +25,7 @@ fn output_norms_and_whole_width_qk_norms_match_the_transformers_forward() {
     let cfg = model.config();
     assert_eq!((cfg.architecture, cfg.norm_placement()), (Architecture::Olmo2, NormPlacement::Post));
     assert!(cfg.qk_norm && cfg.qk_norm_spans_heads());
-    let reference = Reference {
-        tensors: &tensors,
-        shape: SHAPE,
-        rotary: SHAPE.head_dim,
-        factors: vec![1.0; SHAPE.head_dim / 2],
-        magnitude: 1.0,
-        window: None,
-        routing: None,
-        gemma: None,
-        multipliers: None,
-        gpt_oss: None,
-        interleaved_rope: false,
-        rope_layers: None,
-        sliding: None,
-    };
+    let reference = Reference::plain(&tensors, SHAPE);
     let ids: Vec<u32> = (0..10).map(|i| (i * 11 + 5) % 40).collect();
     let want = reference.logits(&ids);
     assert_close(&logits(&model, &ids, false), &want, "one prefill");
@@ -63,20 +49,11 @@ fn olmo3_sliding_layers_turn_unscaled_within_their_window() {
     assert_eq!((cfg.architecture, cfg.norm_placement()), (Architecture::Olmo3, NormPlacement::Post));
     assert_eq!((cfg.layered_window(), cfg.sliding_rope_theta()), (Some(WINDOW), Some(10_000.0)));
     let reference = |unscaled_sliding: bool| Reference {
-        tensors: &tensors,
-        shape,
-        rotary: SHAPE.head_dim,
         // Linear scaling: every frequency divided by the factor.
         factors: vec![4.0; SHAPE.head_dim / 2],
-        magnitude: 1.0,
         window: Some(WINDOW),
-        routing: None,
-        gemma: None,
-        multipliers: None,
-        gpt_oss: None,
-        interleaved_rope: false,
-        rope_layers: None,
         sliding: unscaled_sliding.then(|| vec![true, true, true, false]),
+        ..Reference::plain(&tensors, shape)
     };
     let ids: Vec<u32> = (0..10).map(|i| (i * 11 + 5) % 40).collect();
     let want = reference(true).logits(&ids);

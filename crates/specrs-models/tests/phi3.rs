@@ -60,19 +60,11 @@ fn load_served(dir: &Path, context: Option<usize>) -> CausalLm {
 /// Transformers' Phi-3 forward over `tensors` with the given LongRoPE set.
 fn reference(tensors: &HashMap<String, Tensor>, ids: &[u32], factors: [f64; 2], magnitude: f64) -> Vec<Vec<f32>> {
     Reference {
-        tensors,
-        shape: SHAPE,
         rotary: SHAPE.head_dim / 2,
         factors: factors.to_vec(),
         magnitude,
         window: Some(WINDOW),
-        routing: None,
-        gemma: None,
-        multipliers: None,
-        gpt_oss: None,
-        interleaved_rope: false,
-        rope_layers: None,
-        sliding: None,
+        ..Reference::plain(tensors, SHAPE)
     }
     .logits(ids)
 }

@@ -30,19 +30,8 @@ fn nope_layers_match_the_transformers_forward() {
     let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
     assert_eq!(model.config().architecture, Architecture::SmolLm3);
     let reference = |rope_layers: [bool; 4]| Reference {
-        tensors: &tensors,
-        shape: SHAPE,
-        rotary: SHAPE.head_dim,
-        factors: vec![1.0; SHAPE.head_dim / 2],
-        magnitude: 1.0,
-        window: None,
-        routing: None,
-        gemma: None,
-        multipliers: None,
-        gpt_oss: None,
-        interleaved_rope: false,
         rope_layers: Some(rope_layers.to_vec()),
-        sliding: None,
+        ..Reference::plain(&tensors, SHAPE)
     };
     let ids: Vec<u32> = (0..10).map(|i| (i * 13 + 1) % 40).collect();
     let want = reference(ROPE_LAYERS).logits(&ids);

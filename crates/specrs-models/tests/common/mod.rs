@@ -142,7 +142,27 @@ fn gelu_tanh(v: f32) -> f32 {
     0.5 * v * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh())
 }
 
-impl Reference<'_> {
+impl<'a> Reference<'a> {
+    /// Llama's forward over `tensors`: full-width plain RoPE, full attention, no family options
+    /// (tests set theirs with `..Reference::plain(..)`).
+    pub fn plain(tensors: &'a HashMap<String, Tensor>, shape: TinyShape) -> Self {
+        Self {
+            tensors,
+            shape,
+            rotary: shape.head_dim,
+            factors: vec![1.0; shape.head_dim / 2],
+            magnitude: 1.0,
+            window: None,
+            routing: None,
+            gemma: None,
+            multipliers: None,
+            gpt_oss: None,
+            interleaved_rope: false,
+            rope_layers: None,
+            sliding: None,
+        }
+    }
+
     fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.get(name)
     }
@@ -497,24 +517,7 @@ pub fn write_llama_layout_gguf(
             (gguf, QTensor::quantize(&t, GgmlDType::F32).unwrap())
         })
         .collect();
-    let u32v = |x: usize| GgufValue::U32(x as u32);
-    let mut metadata: Vec<(String, GgufValue)> = vec![
-        ("general.architecture".into(), GgufValue::String(arch.into())),
-        (format!("{arch}.embedding_length"), u32v(shape.hidden)),
-        (format!("{arch}.feed_forward_length"), u32v(shape.intermediate)),
-        (format!("{arch}.block_count"), u32v(shape.layers)),
-        (format!("{arch}.attention.head_count"), u32v(shape.heads)),
-        (format!("{arch}.attention.head_count_kv"), u32v(shape.kv_heads)),
-        (format!("{arch}.rope.dimension_count"), u32v(shape.head_dim)),
-        (format!("{arch}.context_length"), u32v(512)),
-        (format!("{arch}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5)),
-        (format!("{arch}.rope.freq_base"), GgufValue::F32(10_000.0)),
-        (format!("{arch}.vocab_size"), u32v(shape.vocab)),
-    ];
-    metadata.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let named: Vec<(&str, &QTensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    gguf_file::write(&mut std::fs::File::create(path).unwrap(), &metadata, &named).unwrap();
+    write_gguf(path, arch, shape, &named, extra);
 }
 
 /// Writes a Gemma 2 / 3 checkpoint (Hugging Face names) as llama.cpp's converter writes
@@ -545,6 +548,12 @@ pub fn write_gemma_gguf(
             (name(n), QTensor::quantize(&t, GgmlDType::F32).unwrap())
         })
         .collect();
+    write_gguf(path, arch, shape, &named, extra);
+}
+
+/// Writes `named` tensors with the metadata llama.cpp's converter gives a dense `arch` of
+/// `shape` (head dims as both `attention.key_length` and `rope.dimension_count`), then `extra`.
+fn write_gguf(path: &Path, arch: &str, shape: &TinyShape, named: &[(String, QTensor)], extra: &[(&str, GgufValue)]) {
     let u32v = |x: usize| GgufValue::U32(x as u32);
     let mut metadata: Vec<(String, GgufValue)> = vec![
         ("general.architecture".into(), GgufValue::String(arch.into())),
@@ -554,6 +563,7 @@ pub fn write_gemma_gguf(
         (format!("{arch}.attention.head_count"), u32v(shape.heads)),
         (format!("{arch}.attention.head_count_kv"), u32v(shape.kv_heads)),
         (format!("{arch}.attention.key_length"), u32v(shape.head_dim)),
+        (format!("{arch}.rope.dimension_count"), u32v(shape.head_dim)),
         (format!("{arch}.context_length"), u32v(512)),
         (format!("{arch}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5)),
         (format!("{arch}.rope.freq_base"), GgufValue::F32(10_000.0)),
