@@ -38,6 +38,12 @@ VOCABS = (
     "qwen2",
     "starcoder",
     "refact",
+    "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "mpt",
+    "qwen35",
 )
 
 

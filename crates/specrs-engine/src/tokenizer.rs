@@ -20,6 +20,7 @@ use tokenizers::normalizers::unicode::NFC;
 use tokenizers::normalizers::utils::Sequence as NormalizerSequence;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::punctuation::Punctuation;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
@@ -107,30 +108,96 @@ fn gguf_strings(meta: &HashMap<String, GgufValue>, key: &str) -> Result<Vec<Stri
     }
 }
 
-/// llama.cpp's pre-tokenizer names (`tokenizer.ggml.pre`) → the Hugging Face pipeline.
+/// llama.cpp's pre-tokenizer names (`tokenizer.ggml.pre`) → the Hugging Face pipeline
+/// (normalizer, pre-tokenizer) of the `tokenizer.json` the GGUF was converted from.
 fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    // Qwen 3.5 keeps combining marks with the letters they mark.
+    const QWEN35: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-    let regex_then_bytes = |re: &str| -> Result<PreTokenizerWrapper> {
-        let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| tok_err("pre-tokenizer regex", e))?;
-        Ok(Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()]).into())
+    // DeepSeek LLM: newlines, Latin/Greek/Cyrillic/... words, ASCII and full-width
+    // punctuation, trailing spaces, CJK runs and digit runs, each split off in turn.
+    const DEEPSEEK_LLM: &[&str] = &[
+        r"[\r\n]",
+        r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\x{1F7D}ᾀ-ᾴᾶ-ᾼ\x{1FBE}ῂ-ῄῆ-ῌῐ-\x{1FD3}ῖ-\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\x{2126}ℨ\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+        r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+        r"\s+$",
+        r"[一-龥ࠀ-一가-퟿]+",
+        r"\p{N}+",
+    ];
+    const DEEPSEEK_CODER: &[&str] = &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"];
+    let isolated = |re: &str| -> Result<PreTokenizerWrapper> {
+        Ok(Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| tok_err("pre-tokenizer regex", e))?
+            .into())
     };
+    // GPT-2's byte mapping after splits of the vocabulary's own.
+    let splits_then_bytes = |regexes: &[&str]| -> Result<PreTokenizerWrapper> {
+        let mut steps = regexes.iter().map(|re| isolated(re)).collect::<Result<Vec<_>>>()?;
+        steps.push(ByteLevel::new(false, false, false).into());
+        Ok(Sequence::new(steps).into())
+    };
+    // GPT-2's own word regex with its byte mapping.
+    let gpt2_bytes = || -> PreTokenizerWrapper { ByteLevel::new(false, true, true).into() };
     Ok(match pre {
+        "gpt-2" | "gpt2" | "default" => (None, gpt2_bytes()),
+        // GPT-NeoX's vocabulary (MPT) normalises to NFC first.
+        "mpt" => (Some(NFC), gpt2_bytes()),
         // StarCoder-family vocabularies (SmolLM, SmolLM2): one digit per token, then GPT-2 bytes.
-        "smollm" | "starcoder" | "refact" => {
-            (None, Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into())
-        }
-        "qwen2" | "deepseek-r1-qwen" => (Some(NFC), regex_then_bytes(QWEN2)?),
-        "llama3" | "llama-bpe" | "smaug-bpe" => (None, regex_then_bytes(LLAMA3)?),
-        "gpt-2" | "gpt2" | "default" => (None, ByteLevel::new(false, true, true).into()),
+        "smollm" | "starcoder" | "refact" => (None, Sequence::new(vec![Digits::new(true).into(), gpt2_bytes()]).into()),
+        "command-r" => (Some(NFC), Sequence::new(vec![Digits::new(true).into(), gpt2_bytes()]).into()),
+        // Falcon: punctuation runs first, then GPT-2's split and bytes, digit runs, and digit
+        // runs cut into threes.
+        "falcon" => (
+            None,
+            Sequence::new(vec![
+                Punctuation::new(SplitDelimiterBehavior::Contiguous).into(),
+                gpt2_bytes(),
+                Digits::new(false).into(),
+                isolated("[0-9][0-9][0-9]")?,
+            ])
+            .into(),
+        ),
+        "qwen2" | "deepseek-r1-qwen" => (Some(NFC), splits_then_bytes(&[QWEN2])?),
+        "qwen35" => (None, splits_then_bytes(&[QWEN35])?),
+        "llama3" | "llama-bpe" | "smaug-bpe" => (None, splits_then_bytes(&[LLAMA3])?),
+        "deepseek-llm" => (None, splits_then_bytes(DEEPSEEK_LLM)?),
+        "deepseek-coder" => (None, splits_then_bytes(DEEPSEEK_CODER)?),
         other => {
             return Err(EngineError::Tokenizer(format!(
-                "GGUF pre-tokenizer '{other}' is not supported (supported: smollm, starcoder, qwen2, llama3, llama-bpe, gpt2); \
-                 load the model from a directory with tokenizer.json instead"
+                "GGUF pre-tokenizer '{other}' is not supported (supported: {}); \
+                 load the model from a directory with tokenizer.json instead (`--tokenizer DIR`)",
+                GGUF_PRE_TOKENIZERS.join(", ")
             )));
         }
     })
+}
+
+/// The `tokenizer.ggml.pre` names [`gguf_pre_tokenizer`] builds.
+const GGUF_PRE_TOKENIZERS: &[&str] = &[
+    "gpt2",
+    "gpt-2",
+    "default",
+    "mpt",
+    "smollm",
+    "starcoder",
+    "refact",
+    "command-r",
+    "falcon",
+    "qwen2",
+    "deepseek-r1-qwen",
+    "qwen35",
+    "llama3",
+    "llama-bpe",
+    "smaug-bpe",
+    "deepseek-llm",
+    "deepseek-coder",
+];
+
+/// Whether a user-defined token reads as a marker (`<|im_start|>`, `</s>`, `[PAD7]`) rather
+/// than text: the rule llama.cpp's converter uses to tell control tokens apart.
+fn looks_like_marker(token: &str) -> bool {
+    (token.starts_with('<') && token.ends_with('>')) || (token.starts_with('[') && token.ends_with(']'))
 }
 
 /// llama.cpp's token types (`tokenizer.ggml.token_type`).
@@ -290,21 +357,24 @@ impl TextTokenizer {
                 )));
             }
         };
-        // Control and user-defined tokens are matched whole and skipped when decoding;
-        // SentencePiece's unknown piece too, as Hugging Face's converted tokenizers list it.
+        // Control and user-defined tokens are matched whole; control tokens, marker-like
+        // user-defined ones (`<|...|>`, `[PAD1]`) and SentencePiece's unknown piece, as Hugging
+        // Face's converted tokenizers list it, are special: skipped when decoding. Other
+        // user-defined tokens are text (GPT-NeoX's runs of spaces).
         let unknown = gguf_u32(meta, "tokenizer.ggml.unknown_token_id").filter(|_| sentencepiece);
         let strips_after = phi3_strips_after(meta, sentencepiece);
-        let specials: Vec<AddedToken> = types
-            .unwrap_or_default()
-            .into_iter()
-            .zip(&tokens)
-            .enumerate()
-            .filter(|&(id, (t, _))| {
-                matches!(t, token_type::CONTROL | token_type::USER_DEFINED) || unknown == Some(id as u32)
-            })
-            .map(|(_, (_, token))| AddedToken::from(token.clone(), true).rstrip(strips_after(token)))
-            .collect();
+        let mut specials = Vec::new();
+        let mut added = Vec::new();
+        for (id, (t, token)) in types.unwrap_or_default().into_iter().zip(&tokens).enumerate() {
+            let is_unknown = unknown == Some(id as u32);
+            if t == token_type::CONTROL || is_unknown || (t == token_type::USER_DEFINED && looks_like_marker(token)) {
+                specials.push(AddedToken::from(token.clone(), true).rstrip(strips_after(token)));
+            } else if t == token_type::USER_DEFINED {
+                added.push(AddedToken::from(token.clone(), false));
+            }
+        }
         tokenizer.add_special_tokens(specials).map_err(|e| tok_err("adding special tokens", e))?;
+        tokenizer.add_tokens(added).map_err(|e| tok_err("adding user-defined tokens", e))?;
         let bos_token_id = gguf_u32(meta, "tokenizer.ggml.bos_token_id");
         let eos_id = gguf_u32(meta, "tokenizer.ggml.eos_token_id");
         let mut eos_token_ids: Vec<u32> = eos_id.into_iter().collect();

@@ -1,7 +1,7 @@
 //! The tokenizers built from GGUF metadata give, on llama.cpp's tokenizer test texts, exactly
 //! the ids Hugging Face's tokenizer gives (the `.out` files beside each `ggml-vocab-*.gguf`):
 //! SentencePiece vocabularies (Llama 2, Phi-3) and byte-level BPE ones (GPT-2, Llama 3, Qwen2,
-//! StarCoder, Refact). The fixtures come from llama-cpp-python's PyPI source release through
+//! Qwen 3.5, StarCoder, Refact, Command-R, DeepSeek LLM and Coder, Falcon, MPT). The fixtures come from llama-cpp-python's PyPI source release through
 //! `scripts/fetch-vocab-fixtures.py`, which `scripts/test.sh` runs.
 
 use std::path::PathBuf;
@@ -122,4 +122,50 @@ fn phi3_special_tokens_eat_the_whitespace_after_them_and_llama_2_ones_do_not() {
         llama2.encode("</s>\nHello", false).unwrap(),
         [id(&llama2, "</s>"), id(&llama2, "▁"), id(&llama2, "<0x0A>"), id(&llama2, "Hello")]
     );
+}
+
+#[test]
+fn command_r_vocabulary_tokenizes_like_hugging_face() {
+    check("command-r");
+}
+
+#[test]
+fn deepseek_coder_vocabulary_tokenizes_like_hugging_face() {
+    check("deepseek-coder");
+}
+
+#[test]
+fn deepseek_llm_vocabulary_tokenizes_like_hugging_face() {
+    check("deepseek-llm");
+}
+
+#[test]
+fn falcon_vocabulary_tokenizes_like_hugging_face() {
+    check("falcon");
+}
+
+#[test]
+fn mpt_vocabulary_tokenizes_like_hugging_face() {
+    check("mpt");
+}
+
+#[test]
+fn qwen35_vocabulary_tokenizes_like_hugging_face() {
+    check("qwen35");
+}
+
+#[test]
+fn user_defined_tokens_are_text_unless_they_read_as_markers() {
+    // GPT-NeoX's runs of spaces are user-defined tokens that decode to their spaces.
+    let (mpt, _) = vocab("mpt");
+    let spaces = mpt.token_to_id("    ").unwrap();
+    assert_eq!(mpt.encode("a    b", false).unwrap()[1], spaces);
+    assert_eq!(mpt.decode(&[spaces], true).unwrap(), "    ");
+    // Command-R's turn markers are user-defined too, and skipped like control tokens.
+    let (command_r, _) = vocab("command-r");
+    let turn = command_r.token_to_id("<|START_OF_TURN_TOKEN|>").unwrap();
+    let ids = command_r.encode("<|START_OF_TURN_TOKEN|>Hi", false).unwrap();
+    assert_eq!(ids[0], turn);
+    assert_eq!(command_r.decode(&ids, true).unwrap(), "Hi");
+    assert_eq!(command_r.decode(&ids, false).unwrap(), "<|START_OF_TURN_TOKEN|>Hi");
 }
