@@ -100,6 +100,10 @@ impl Architecture {
         ("qwen3moe", Architecture::Qwen3Moe),
         ("internlm2", Architecture::InternLm2),
         ("granite", Architecture::Granite),
+        ("glm4", Architecture::Glm4),
+        // OLMo 3 too, when the file sets a sliding window (`GgufSource::open`).
+        ("olmo2", Architecture::Olmo2),
+        ("smollm3", Architecture::SmolLm3),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {

@@ -125,6 +125,22 @@ impl RotaryEmbedding {
     }
 }
 
+/// Rows of a `heads × head_dim` q or k projection with each head's first `rotary` rows
+/// reordered from interleaved pairs to halves: evens, then odds; the rest in place. Scores are
+/// dot products over a head's dims, so one reordering of q and k leaves them unchanged, and it
+/// turns interleaved RoPE pairs `(2i, 2i + 1)` (GLM's checkpoints, llama.cpp's permuted Llama
+/// rows) into the rotate-half pairs `(i, i + r/2)` this module turns.
+pub fn half_rotation_rows(heads: usize, head_dim: usize, rotary: usize) -> Vec<u32> {
+    (0..heads)
+        .flat_map(|h| {
+            let base = h * head_dim;
+            let evens = (0..rotary / 2).map(move |i| base + 2 * i);
+            let odds = (0..rotary / 2).map(move |i| base + 2 * i + 1);
+            evens.chain(odds).chain(base + rotary..base + head_dim).map(|r| r as u32)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,5 +281,11 @@ mod tests {
         let scaled = inverse_frequencies(128, 500_000.0, Some(&s));
         assert_eq!(scaled[0], base[0]);
         assert!((scaled[63] - base[63] / 8.0).abs() < 1e-15);
+    }
+
+    #[test]
+    fn rotated_rows_go_evens_then_odds_and_the_rest_stay() {
+        // Two heads of 6 dims, 4 of them rotated.
+        assert_eq!(half_rotation_rows(2, 6, 4), [0, 2, 1, 3, 4, 5, 6, 8, 7, 9, 10, 11]);
     }
 }

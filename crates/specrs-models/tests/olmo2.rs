@@ -2,12 +2,14 @@
 //! and the MLP's outputs normed instead of their inputs, and q and k normed across all heads at
 //! once, matching transformers' forward (`common::Reference`) in one prefill and token by token;
 //! OLMo 3 (`Olmo3ForCausalLM`) too, its sliding layers within their window turning with the
-//! unscaled RoPE while the full layers' is scaled.
+//! unscaled RoPE while the full layers' is scaled. Their GGUF files (`olmo2`, with a window
+//! for OLMo 3) load to the same models.
 
 mod common;
 
 use candle_core::Device;
-use common::{Reference, assert_close, logits};
+use candle_core::quantized::gguf_file::Value as GgufValue;
+use common::{Reference, assert_close, logits, write_sandwich_gguf};
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, ModelDType, load_causal_lm};
@@ -63,4 +65,56 @@ fn olmo3_sliding_layers_turn_unscaled_within_their_window() {
     let uniform = reference(false).logits(&ids);
     let gap = want.iter().flatten().zip(uniform.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(gap > 1e-2, "the per-layer windows and RoPE change the logits by only {gap}");
+}
+
+/// Loads `tensors` from a safetensors checkpoint with `config` and from a GGUF file with
+/// `extra` metadata, and checks both give the same logits.
+fn gguf_matches_safetensors(
+    shape: TinyShape,
+    tensors: &std::collections::HashMap<String, candle_core::Tensor>,
+    config: &serde_json::Value,
+    extra: &[(&str, GgufValue)],
+) -> specrs_models::DecoderConfig {
+    let dir = tempfile::tempdir().unwrap();
+    testing::write_checkpoint(&dir.path().join("hf"), config, tensors).unwrap();
+    let path = dir.path().join("olmo.gguf");
+    write_sandwich_gguf(&path, "olmo2", &shape, tensors, false, extra);
+    let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    let (hf, _) = load_causal_lm(&dir.path().join("hf"), &Device::Cpu, ModelDType::F32).unwrap();
+    let (g, h) = (gguf.config(), hf.config());
+    assert_eq!((g.architecture, g.qk_norm), (h.architecture, h.qk_norm));
+    assert_eq!((g.layered_window(), g.sliding_layers.clone()), (h.layered_window(), h.sliding_layers.clone()));
+    let ids: Vec<u32> = (0..10).map(|i| (i * 11 + 5) % 40).collect();
+    assert_close(&logits(&gguf, &ids, false), &logits(&hf, &ids, false), "GGUF vs safetensors, one prefill");
+    assert_close(&logits(&gguf, &ids, true), &logits(&hf, &ids, false), "GGUF token by token");
+    g.clone()
+}
+
+#[test]
+fn olmo2_and_olmo3_ggufs_load_to_the_same_models() {
+    let tensors = testing::random_olmo2(&SHAPE, 23).unwrap();
+    let olmo2 = testing::target_config(Architecture::Olmo2, &SHAPE, false);
+    assert_eq!(gguf_matches_safetensors(SHAPE, &tensors, &olmo2, &[]).architecture, Architecture::Olmo2);
+
+    // OLMo 3: llama.cpp writes it as `olmo2` with a window and one sliding flag per layer.
+    let shape = TinyShape { layers: 4, ..SHAPE };
+    let tensors = testing::random_olmo2(&shape, 29).unwrap();
+    let mut olmo3 = testing::target_config(Architecture::Olmo3, &shape, false);
+    olmo3["layer_types"] =
+        serde_json::json!(["sliding_attention", "full_attention", "sliding_attention", "full_attention"]);
+    olmo3["sliding_window"] = serde_json::json!(3);
+    olmo3["rope_scaling"] = serde_json::json!({"rope_type": "linear", "factor": 4.0});
+    let pattern = [true, false, true, false].map(GgufValue::Bool).to_vec();
+    let scaled_with_window = [
+        ("olmo2.attention.sliding_window", GgufValue::U32(3)),
+        ("olmo2.rope.scaling.type", GgufValue::String("linear".into())),
+        ("olmo2.rope.scaling.factor", GgufValue::F32(4.0)),
+    ];
+    let mut extra = scaled_with_window.to_vec();
+    extra.push(("olmo2.attention.sliding_window_pattern", GgufValue::Array(pattern)));
+    let cfg = gguf_matches_safetensors(shape, &tensors, &olmo3, &extra);
+    assert_eq!((cfg.architecture, cfg.sliding_rope_theta()), (Architecture::Olmo3, Some(10_000.0)));
+    // Without a pattern, three sliding layers to each full one, as OLMo 3's default.
+    olmo3.as_object_mut().unwrap().remove("layer_types");
+    gguf_matches_safetensors(shape, &tensors, &olmo3, &scaled_with_window);
 }

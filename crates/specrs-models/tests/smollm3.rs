@@ -1,12 +1,13 @@
 //! SmolLM3 (`SmolLM3ForCausalLM`) on a tiny checkpoint: Llama's layer with the layers
 //! `no_rope_layers` marks 0 attending without RoPE, matching transformers' forward
 //! (`common::Reference`) in one prefill and token by token; the default NoPE pattern (every
-//! fourth layer) and bad flags are read as transformers reads them.
+//! fourth layer) and bad flags are read as transformers reads them; a GGUF file (`smollm3`,
+//! whose NoPE step llama.cpp fixes at four) loads to the same model.
 
 mod common;
 
 use candle_core::Device;
-use common::{Reference, assert_close, logits};
+use common::{Reference, assert_close, logits, write_llama_layout_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
@@ -61,4 +62,23 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
     assert!(e.contains("no_rope_layers") && e.contains("names 2 layers, the model has 4"), "{e}");
     let e = error("use_sliding_window", json!(true));
     assert!(e.contains("use_sliding_window"), "{e}");
+}
+
+#[test]
+fn a_smollm3_gguf_loads_to_the_same_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = testing::random_target(Architecture::Llama, &SHAPE, true, 31).unwrap();
+    // The default pattern: the fourth layer attends without RoPE, as llama.cpp assumes.
+    let mut hf_config = config();
+    hf_config["no_rope_layers"] = json!([1, 1, 1, 0]);
+    testing::write_checkpoint(&dir.path().join("hf"), &hf_config, &tensors).unwrap();
+    let path = dir.path().join("smollm3.gguf");
+    write_llama_layout_gguf(&path, "smollm3", &SHAPE, &tensors, &[]);
+    let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    let (hf, _) = load_causal_lm(&dir.path().join("hf"), &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(gguf.config().architecture, Architecture::SmolLm3);
+    assert_eq!(gguf.config().rope_layers, hf.config().rope_layers);
+    let ids: Vec<u32> = (0..10).map(|i| (i * 13 + 1) % 40).collect();
+    assert_close(&logits(&gguf, &ids, false), &logits(&hf, &ids, false), "GGUF vs safetensors, one prefill");
+    assert_close(&logits(&gguf, &ids, true), &logits(&hf, &ids, false), "GGUF token by token");
 }

@@ -9,26 +9,15 @@
 //! the MLP, `post_mlp_layernorm` after it), and the rotated rows of each q and k head (weights
 //! and biases) are reordered evens first, then odds. Scores are dot products over a head's
 //! dims, so one reordering of q and k leaves them unchanged, and it turns GLM's interleaved
-//! pairs into the rotate-half pairs `(i, i + r/2)` the shared RoPE turns.
+//! pairs into the rotate-half pairs `(i, i + r/2)` the shared RoPE turns. GGUF files (`glm4`)
+//! keep the same rows under llama.cpp's names; `GgufSource` reorders them the same way.
 
 use crate::config::DecoderConfig;
+use crate::rope::half_rotation_rows;
 use crate::weights::{Alias, Aliases};
 
 pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
     cfg
-}
-
-/// Rows of a `heads × head_dim` projection with each head's first `rotary` rows reordered from
-/// interleaved pairs to halves: evens, then odds; the rest in place.
-fn half_rotation_rows(heads: usize, head_dim: usize, rotary: usize) -> Vec<u32> {
-    (0..heads)
-        .flat_map(|h| {
-            let base = h * head_dim;
-            let evens = (0..rotary / 2).map(move |i| base + 2 * i);
-            let odds = (0..rotary / 2).map(move |i| base + 2 * i + 1);
-            evens.chain(odds).chain(base + rotary..base + head_dim).map(|r| r as u32)
-        })
-        .collect()
 }
 
 /// Where a GLM-4-0414 checkpoint keeps each tensor the shared layer asks for.
@@ -54,15 +43,4 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
         }
     }
     table
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rotated_rows_go_evens_then_odds_and_the_rest_stay() {
-        // Two heads of 6 dims, 4 of them rotated.
-        assert_eq!(half_rotation_rows(2, 6, 4), [0, 2, 1, 3, 4, 5, 6, 8, 7, 9, 10, 11]);
-    }
 }

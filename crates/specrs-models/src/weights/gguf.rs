@@ -15,6 +15,7 @@ use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 
 use crate::config::{Architecture, DecoderConfig, GemmaConfig, MoeConfig, RopeScaling, Scales, SharedExpertConfig};
 use crate::error::{ModelError, Result};
+use crate::rope::half_rotation_rows;
 
 pub struct GgufSource {
     content: Content,
@@ -22,8 +23,10 @@ pub struct GgufSource {
     description: String,
     architecture: Architecture,
     arch_key: String,
-    /// Heads of q and k, to undo llama.cpp's rope permutation of Llama checkpoints.
-    unpermute_heads: Option<(usize, usize)>,
+    /// Heads of q and k and the rotated dims of each: their rows are reordered from
+    /// interleaved RoPE pairs to the rotate-half pairs the shared RoPE turns (llama.cpp's
+    /// permutation of Llama-derived checkpoints undone; GLM's own interleaving).
+    rope_rows: Option<RopeRows>,
 }
 
 /// Where a Hugging Face tensor lives in a GGUF file: a tensor name, and for one expert of a
@@ -45,10 +48,11 @@ pub fn gguf_location(hf: &str) -> Option<(String, Option<usize>)> {
     Some((format!("blk.{}.{stacked}", layer.parse::<usize>().ok()?), Some(expert.parse().ok()?)))
 }
 
-/// Gemma's (2 and 3) norms in a GGUF file: transformers' `post_attention_layernorm` (over the attention's
-/// output) is llama.cpp's `post_attention_norm`, `pre_feedforward_layernorm` its `ffn_norm`,
+/// The norms around attention and MLP (Gemma 2 / 3, GLM-4-0414, OLMo 2 / 3) in a GGUF file,
+/// under Gemma's Hugging Face names: `post_attention_layernorm` (over the attention's output)
+/// is llama.cpp's `post_attention_norm`, `pre_feedforward_layernorm` its `ffn_norm`,
 /// `post_feedforward_layernorm` its `post_ffw_norm`.
-fn gemma_name(hf: &str) -> Option<String> {
+fn sandwich_norm_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, tail) = rest.split_once('.')?;
     let mapped = match tail {
@@ -131,9 +135,12 @@ impl GgufSource {
             }
         };
         let mut architecture = Architecture::from_gguf_name(&arch_key)?;
-        // llama.cpp writes Mixtral as `llama` with experts.
+        // llama.cpp writes Mixtral as `llama` with experts, and OLMo 3 as `olmo2` with windows.
         if architecture == Architecture::Llama && content.metadata.contains_key("llama.expert_count") {
             architecture = Architecture::Mixtral;
+        }
+        if architecture == Architecture::Olmo2 && content.metadata.contains_key("olmo2.attention.sliding_window") {
+            architecture = Architecture::Olmo3;
         }
         let mut src = Self {
             content,
@@ -141,15 +148,27 @@ impl GgufSource {
             description: path.display().to_string(),
             architecture,
             arch_key,
-            unpermute_heads: None,
+            rope_rows: None,
         };
-        // llama.cpp's converter permutes q and k of every Llama-derived family.
+        // llama.cpp's converter permutes q and k of every Llama-derived family into interleaved
+        // pairs over the whole head; GLM's checkpoints turn interleaved pairs over their rotated
+        // part already.
         if matches!(
             architecture,
-            Architecture::Llama | Architecture::Mixtral | Architecture::InternLm2 | Architecture::Granite
+            Architecture::Llama
+                | Architecture::Mixtral
+                | Architecture::InternLm2
+                | Architecture::Granite
+                | Architecture::SmolLm3
+                | Architecture::Glm4
         ) {
             let cfg = src.decoder_config()?;
-            src.unpermute_heads = Some((cfg.num_attention_heads, cfg.num_key_value_heads));
+            src.rope_rows = Some(RopeRows {
+                q_heads: cfg.num_attention_heads,
+                kv_heads: cfg.num_key_value_heads,
+                head_dim: cfg.head_dim,
+                rotary_dim: cfg.rotary_dim,
+            });
         }
         Ok(src)
     }
@@ -166,7 +185,11 @@ impl GgufSource {
     /// before llama.cpp stacked them, its own `blk.{l}.ffn_{gate,up,down}.{e}.weight`.
     fn locate(&self, hf_name: &str) -> Option<(String, Option<usize>)> {
         let (g, expert) = match self.architecture {
-            Architecture::Gemma2 | Architecture::Gemma3 => (gemma_name(hf_name).or_else(|| gguf_name(hf_name))?, None),
+            Architecture::Gemma2
+            | Architecture::Gemma3
+            | Architecture::Glm4
+            | Architecture::Olmo2
+            | Architecture::Olmo3 => (sandwich_norm_name(hf_name).or_else(|| gguf_name(hf_name))?, None),
             _ => gguf_location(hf_name)?,
         };
         match (self.content.tensor_infos.get(&g), expert) {
@@ -216,13 +239,16 @@ impl GgufSource {
         let num_attention_heads = self.meta_usize("attention.head_count")?;
         let num_key_value_heads = self.meta_usize("attention.head_count_kv").unwrap_or(num_attention_heads);
         let phi3 = self.architecture == Architecture::Phi3;
-        // Phi-3's `rope.dimension_count` is the rotated part of a head, not the head.
+        // Phi-3's and GLM's `rope.dimension_count` is the rotated part of a head, not the head.
+        let partial_rotary = matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4);
         let head_dim = match self.meta_usize("attention.key_length") {
             Ok(d) => d,
-            Err(_) if phi3 => hidden_size / num_attention_heads.max(1),
+            Err(_) if partial_rotary => hidden_size / num_attention_heads.max(1),
             Err(_) => self.meta_usize("rope.dimension_count").unwrap_or(hidden_size / num_attention_heads.max(1)),
         };
-        let rotary_dim = if phi3 { self.meta_usize("rope.dimension_count").unwrap_or(head_dim) } else { head_dim };
+        let rotary_dim =
+            if partial_rotary { self.meta_usize("rope.dimension_count").unwrap_or(head_dim) } else { head_dim };
+        let num_hidden_layers = self.meta_usize("block_count")?;
         let max_position_embeddings = self.meta_usize("context_length").unwrap_or(4096);
         let vocab_size = match self.meta_usize("vocab_size") {
             Ok(v) => v,
@@ -263,7 +289,7 @@ impl GgufSource {
                 Err(_) if self.meta("expert_count").is_some() => self.meta_usize("expert_feed_forward_length")?,
                 width => width?,
             },
-            num_hidden_layers: self.meta_usize("block_count")?,
+            num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
@@ -276,15 +302,23 @@ impl GgufSource {
             tie_word_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
             attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias"),
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
-            fused_projections: phi3,
-            sliding_window: match &gemma {
-                Some(_) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
-                None => self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
+            // GLM keeps gate and up fused in `ffn_up`; its q, k and v apart.
+            fused_projections: partial_rotary,
+            sliding_window: match (&gemma, self.architecture) {
+                (Some(_), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
+                (None, Architecture::Olmo3) => Some(self.meta_usize("attention.sliding_window")?),
+                (None, _) => self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
             },
-            sliding_layers: gemma.as_ref().map(|(_, _, layers)| layers.clone()),
+            sliding_layers: match &gemma {
+                Some((_, _, layers)) => Some(layers.clone()),
+                None if self.architecture == Architecture::Olmo3 => Some(self.olmo3_sliding_layers(num_hidden_layers)?),
+                None => None,
+            },
             attention_output_bias: false,
             attention_sinks: false,
-            rope_layers: None,
+            // llama.cpp fixes SmolLM3's step: every fourth layer attends without RoPE.
+            rope_layers: (self.architecture == Architecture::SmolLm3)
+                .then(|| (0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect()),
             moe: self.moe_config()?,
             scales: match &gemma {
                 Some((_, scales, _)) => scales.clone(),
@@ -297,6 +331,30 @@ impl GgufSource {
         let cfg = cfg.serve_context(None);
         cfg.check()?;
         Ok(cfg)
+    }
+
+    /// OLMo 3's sliding layers: `attention.sliding_window_pattern` (one flag per layer), else
+    /// three sliding layers to each full one, as its converter writes by default.
+    fn olmo3_sliding_layers(&self, layers: usize) -> Result<Vec<bool>> {
+        let key = format!("{}.attention.sliding_window_pattern", self.arch_key);
+        let pattern: Vec<bool> = match self.content.metadata.get(&key) {
+            None => return Ok((0..layers).map(|i| (i + 1) % 4 != 0).collect()),
+            Some(Value::Array(flags)) => flags
+                .iter()
+                .map(|f| match f {
+                    Value::Bool(b) => Some(*b),
+                    _ => None,
+                })
+                .collect::<Option<_>>()
+                .ok_or_else(|| ModelError::config(&key, "expected an array of booleans"))?,
+            Some(other) => {
+                return Err(ModelError::config(&key, format!("expected an array of booleans, got {other:?}")));
+            }
+        };
+        if pattern.len() != layers {
+            return Err(ModelError::config(&key, format!("names {} layers, the model has {layers}", pattern.len())));
+        }
+        Ok(pattern)
     }
 
     /// Gemma 2 and 3 as llama.cpp reads them: Gemma 2 alternates sliding and full layers
@@ -490,21 +548,17 @@ impl GgufSource {
             }
             _ => t,
         };
-        let heads = match self.unpermute_heads {
-            Some((q, _))
-                if hf_name.ends_with("self_attn.q_proj.weight") || hf_name.ends_with("self_attn.q_proj.bias") =>
-            {
-                Some(q)
+        let heads = match &self.rope_rows {
+            Some(r) if hf_name.ends_with("self_attn.q_proj.weight") || hf_name.ends_with("self_attn.q_proj.bias") => {
+                Some((r.q_heads, r))
             }
-            Some((_, k))
-                if hf_name.ends_with("self_attn.k_proj.weight") || hf_name.ends_with("self_attn.k_proj.bias") =>
-            {
-                Some(k)
+            Some(r) if hf_name.ends_with("self_attn.k_proj.weight") || hf_name.ends_with("self_attn.k_proj.bias") => {
+                Some((r.kv_heads, r))
             }
             _ => None,
         };
         let t = match heads {
-            Some(h) => unpermute_rows(&t, h)?,
+            Some((heads, r)) => gather_rows(&t, &half_rotation_rows(heads, r.head_dim, r.rotary_dim))?,
             None => t,
         };
         if device.is_cpu() {
@@ -531,33 +585,31 @@ fn value_as_u64(v: &Value) -> Option<u64> {
     }
 }
 
-/// Undoes llama.cpp's `permute(w, n_head)` of q/k projection rows: GGUF row
-/// `h*d + 2i + j` holds Hugging Face row `h*d + j*(d/2) + i`. Rows are independently quantized,
-/// so the permutation moves whole rows of blocks.
-fn unpermute_rows(t: &QTensor, n_head: usize) -> Result<QTensor> {
+/// The shape [`GgufSource::rope_rows`] reorders q and k rows by.
+#[derive(Debug, Clone, Copy)]
+struct RopeRows {
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    rotary_dim: usize,
+}
+
+/// Row `i` of the result is row `rows[i]` of `t`. Rows are independently quantized, so a
+/// reordering moves whole rows of blocks.
+fn gather_rows(t: &QTensor, rows: &[u32]) -> Result<QTensor> {
     let dims = t.shape().dims().to_vec();
-    let rows = dims[0];
-    let row_elems: usize = dims[1..].iter().product();
-    if !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
+    if rows.len() != dims[0] || rows.iter().any(|&r| r as usize >= dims[0]) {
         return Err(ModelError::Unsupported(format!(
-            "cannot undo the rope permutation of a {dims:?} tensor with {n_head} heads"
+            "cannot reorder the rows of a {dims:?} tensor by a {}-row RoPE layout",
+            rows.len()
         )));
     }
+    let row_elems: usize = dims[1..].iter().product();
     let dtype = t.dtype();
     let row_bytes = row_elems / dtype.block_size() * dtype.type_size();
     let data = t.data()?;
-    let mut out = vec![0u8; data.len()];
-    let d = rows / n_head;
-    for h in 0..n_head {
-        for i in 0..d / 2 {
-            for j in 0..2 {
-                let src = h * d + 2 * i + j;
-                let dst = h * d + j * (d / 2) + i;
-                out[dst * row_bytes..(dst + 1) * row_bytes]
-                    .copy_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
-            }
-        }
-    }
+    let out: Vec<u8> =
+        rows.iter().flat_map(|&r| &data[r as usize * row_bytes..(r as usize + 1) * row_bytes]).copied().collect();
     let storage = QStorage::from_data(Cow::Owned(out), &Device::Cpu, dtype)?;
     Ok(QTensor::new(storage, dims)?)
 }
@@ -624,7 +676,7 @@ mod tests {
     }
 
     #[test]
-    fn unpermute_inverts_llama_cpp_permutation() {
+    fn half_rotation_rows_undo_llama_cpp_permutation() {
         // Two heads of dim 4 over 2 input columns; llama.cpp's permute interleaves halves.
         let hf: Vec<f32> = (0..16).map(|x| x as f32).collect();
         let n_head = 2;
@@ -640,7 +692,7 @@ mod tests {
             }
         }
         let t = QTensor::quantize(&Tensor::from_vec(gguf, (8, 2), &Device::Cpu).unwrap(), GgmlDType::F32).unwrap();
-        let back = unpermute_rows(&t, n_head).unwrap().dequantize(&Device::Cpu).unwrap();
+        let back = gather_rows(&t, &half_rotation_rows(n_head, d, d)).unwrap().dequantize(&Device::Cpu).unwrap();
         assert_eq!(back.flatten_all().unwrap().to_vec1::<f32>().unwrap(), hf);
     }
 }

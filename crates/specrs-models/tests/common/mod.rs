@@ -520,15 +520,17 @@ pub fn write_llama_layout_gguf(
     write_gguf(path, arch, shape, &named, extra);
 }
 
-/// Writes a Gemma 2 / 3 checkpoint (Hugging Face names) as llama.cpp's converter writes
-/// `arch` (`gemma2`, `gemma3`): f32 tensors, Gemma's norms under llama.cpp's names
-/// (`post_attention_norm`, `ffn_norm` before the MLP, `post_ffw_norm`) and stored as their
-/// scale (`1 + weight`), the shape as metadata, and `extra` metadata.
-pub fn write_gemma_gguf(
+/// Writes a checkpoint whose norms sit around attention and MLP under Gemma's Hugging Face
+/// names (Gemma 2 / 3, GLM-4-0414 renamed, OLMo 2 / 3) as llama.cpp's converter writes `arch`:
+/// f32 tensors, the norms under llama.cpp's names (`post_attention_norm`, `ffn_norm` before the
+/// MLP, `post_ffw_norm`), stored as their scale (`1 + weight`) when `norms_as_scale` (Gemma),
+/// q and k rows as they are, the shape as metadata, and `extra` metadata.
+pub fn write_sandwich_gguf(
     path: &Path,
     arch: &str,
     shape: &TinyShape,
     tensors: &HashMap<String, Tensor>,
+    norms_as_scale: bool,
     extra: &[(&str, GgufValue)],
 ) {
     let name = |hf: &str| -> String {
@@ -544,7 +546,7 @@ pub fn write_gemma_gguf(
     let named: Vec<(String, QTensor)> = tensors
         .iter()
         .map(|(n, t)| {
-            let t = if n.ends_with("norm.weight") { (t + 1.0).unwrap() } else { t.clone() };
+            let t = if norms_as_scale && n.ends_with("norm.weight") { (t + 1.0).unwrap() } else { t.clone() };
             (name(n), QTensor::quantize(&t, GgmlDType::F32).unwrap())
         })
         .collect();
@@ -552,7 +554,8 @@ pub fn write_gemma_gguf(
 }
 
 /// Writes `named` tensors with the metadata llama.cpp's converter gives a dense `arch` of
-/// `shape` (head dims as both `attention.key_length` and `rope.dimension_count`), then `extra`.
+/// `shape` (head dims as both `attention.key_length` and `rope.dimension_count`), then `extra`
+/// (which replaces any of those keys it names).
 fn write_gguf(path: &Path, arch: &str, shape: &TinyShape, named: &[(String, QTensor)], extra: &[(&str, GgufValue)]) {
     let u32v = |x: usize| GgufValue::U32(x as u32);
     let mut metadata: Vec<(String, GgufValue)> = vec![
@@ -569,6 +572,7 @@ fn write_gguf(path: &Path, arch: &str, shape: &TinyShape, named: &[(String, QTen
         (format!("{arch}.rope.freq_base"), GgufValue::F32(10_000.0)),
         (format!("{arch}.vocab_size"), u32v(shape.vocab)),
     ];
+    metadata.retain(|(key, _)| !extra.iter().any(|(k, _)| k == key));
     metadata.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
     let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let named: Vec<(&str, &QTensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
