@@ -182,6 +182,18 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    // Routing read on the host.
+    ArchitectureSpec {
+        name: "DeepseekV3ForCausalLM",
+        example_repo_ids: &[
+            "deepseek-ai/DeepSeek-V3",
+            "deepseek-ai/DeepSeek-R1",
+            "moonshotai/Moonlight-16B-A3B-Instruct",
+        ],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     // Routing read on the host, and per-layer windows.
     ArchitectureSpec {
         name: "GptOssForCausalLM",
@@ -289,11 +301,11 @@ pub fn builtin_speculators() -> Vec<SpeculatorSpec> {
     let mut out = Vec::new();
     for arch in BUILTIN_ARCHITECTURES {
         for &(method, draft_arch, pipeline) in DRAFTS {
-            // MTP heads inside the target checkpoint exist for MiMo and GLM-4.5; speculators MTP
-            // drafts attach to any target.
+            // MTP heads inside the target checkpoint exist for MiMo, GLM-4.5 and DeepSeek-V3;
+            // speculators MTP drafts attach to any target.
             if method == SpeculativeMethod::Mtp
                 && draft_arch.is_none()
-                && !matches!(arch.name, "MiMoForCausalLM" | "Glm4MoeForCausalLM")
+                && !matches!(arch.name, "MiMoForCausalLM" | "Glm4MoeForCausalLM" | "DeepseekV3ForCausalLM")
             {
                 continue;
             }
@@ -402,7 +414,7 @@ mod tests {
                 assert!(specs.iter().any(|s| s.base == target && s.method == m), "{target} {m}");
             }
         }
-        for target in ["MiMoForCausalLM", "Glm4MoeForCausalLM"] {
+        for target in ["MiMoForCausalLM", "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM"] {
             assert!(
                 specs.iter().any(|s| s.base == target && s.method == SpeculativeMethod::Mtp && s.draft_arch.is_none()),
                 "{target} carries its own MTP heads"

@@ -301,8 +301,9 @@ fn phi3_config() -> serde_json::Value {
     c
 }
 
-/// Plain greedy decoding straight on the model, one token per forward: what the engine's
-/// batched, windowed steps must reproduce.
+/// Plain greedy decoding straight on the model, one token per forward, through EOS as the
+/// engine's requests here (`ignore_eos`): what the engine's batched, windowed steps must
+/// reproduce.
 fn model_greedy(target: &Path, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
     let (model, _) = specrs_models::load_causal_lm(target, &candle_core::Device::Cpu, ModelDType::F32).unwrap();
     let block = 4;
@@ -318,9 +319,6 @@ fn model_greedy(target: &Path, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
         fed = ctx;
         tokens.push(next);
         out.push(next);
-        if next == SHAPE.vocab as u32 - 1 {
-            break;
-        }
     }
     out
 }
@@ -542,4 +540,43 @@ fn an_olmo3_target_with_sliding_layers_decodes_as_its_model_and_speculates_lossl
     config["sliding_window"] = serde_json::json!(5);
     write(&target, &config, &testing::random_olmo2(&SHAPE, 61).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 308, "OLMo 3");
+}
+
+#[test]
+fn a_deepseek_v3_target_with_latent_attention_and_its_mtp_head_speculates_losslessly() {
+    // Latent attention (values narrower than keys, the query bottleneck), a dense first layer,
+    // grouped-sigmoid experts after it, and a random MTP head past the last layer whose layer
+    // attends and routes the same way: the engine's batched steps compute what the model does
+    // token by token, and EAGLE-3, n-gram and MTP drafts leave the greedy output unchanged.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("deepseek-v3");
+    let (_, moe) = glm45(1);
+    let mla = testing::TinyMla {
+        q_lora_rank: Some(24),
+        kv_lora_rank: 16,
+        qk_nope_head_dim: 12,
+        qk_rope_head_dim: 8,
+        v_head_dim: 10,
+    };
+    let mut cfg = testing::deepseek_v3_config(&SHAPE, &mla, &moe);
+    cfg["num_nextn_predict_layers"] = json!(1);
+    let five = TinyShape { layers: SHAPE.layers + 1, ..SHAPE };
+    let mut tensors = testing::random_deepseek_v3(&five, &mla, &moe, 67).unwrap();
+    let mtp = format!("model.layers.{}", SHAPE.layers);
+    let h = SHAPE.hidden;
+    for (name, seed) in [("enorm.weight", 1), ("hnorm.weight", 2), ("shared_head.norm.weight", 3)] {
+        tensors.insert(format!("{mtp}.{name}"), (testing::random_tensor(&[h], 0.2, seed).unwrap() + 1.0).unwrap());
+    }
+    tensors.insert(format!("{mtp}.eh_proj.weight"), testing::random_tensor(&[h, 2 * h], 0.1, 4).unwrap());
+    write(&target, &cfg, &tensors);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 309, "DeepSeek-V3");
+    let lengths = [17, 5, 30, 9];
+    let plain = run(&engine(&target, None, None, 0), &lengths);
+    for k in [1, 3] {
+        let spec = run(&engine(&target, None, Some(SpeculativeMethod::Mtp), k), &lengths);
+        for (p, s) in plain.iter().zip(&spec) {
+            assert_eq!(p.token_ids, s.token_ids, "DeepSeek-V3 MTP K={k}");
+            assert!(s.metrics.num_draft_tokens > 0, "the MTP head drafts");
+        }
+    }
 }

@@ -62,6 +62,11 @@ pub enum Architecture {
     /// each head, leading dense layers, then DeepSeek-V3-style sigmoid-routed experts with a
     /// shared expert.
     Glm4Moe,
+    /// DeepSeek-V3 / R1 and its descendants (Kimi K2, Moonlight): multi-head latent attention
+    /// (`crate::models::deepseek`), dense MLPs in the first `first_k_dense_replace` layers and
+    /// then GLM-4.5's routed experts (sigmoid, group-limited, a correction bias, a shared
+    /// expert).
+    DeepseekV3,
 }
 
 impl Architecture {
@@ -86,6 +91,7 @@ impl Architecture {
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
         ("GptOssForCausalLM", Architecture::GptOss),
+        ("DeepseekV3ForCausalLM", Architecture::DeepseekV3),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -144,6 +150,7 @@ impl Architecture {
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Granite => "GraniteForCausalLM",
             Self::GptOss => "GptOssForCausalLM",
+            Self::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
     }
 
@@ -167,6 +174,7 @@ impl Architecture {
             Self::Gemma3 => "gemma3_text",
             Self::Granite => "granite",
             Self::GptOss => "gpt_oss",
+            Self::DeepseekV3 => "deepseek_v3",
         }
     }
 
@@ -299,8 +307,8 @@ impl Default for Scales {
 }
 
 /// The factors a `config.json` of `architecture` sets.
-fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: usize) -> Scales {
-    match architecture {
+fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: usize) -> Result<Scales> {
+    Ok(match architecture {
         Architecture::Granite => Scales {
             embedding: opt_f64(v, "embedding_multiplier").unwrap_or(1.0),
             residual: opt_f64(v, "residual_multiplier").unwrap_or(1.0),
@@ -324,8 +332,53 @@ fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: u
                 ..Scales::default()
             }
         }
+        // DeepSeek scales scores by `head_dim^-0.5 · mscale²` under YaRN with `mscale_all_dim`,
+        // `mscale = 0.1 · mscale_all_dim · ln(factor) + 1`.
+        Architecture::DeepseekV3 => {
+            let yarn = v
+                .get("rope_scaling")
+                .filter(|rs| rs.get("rope_type").or_else(|| rs.get("type")).and_then(Value::as_str) == Some("yarn"));
+            let mscale = match yarn.and_then(|rs| opt_f64(rs, "mscale_all_dim").zip(opt_f64(rs, "factor"))) {
+                Some((all_dim, factor)) if all_dim != 0.0 && factor > 1.0 => 0.1 * all_dim * factor.ln() + 1.0,
+                _ => 1.0,
+            };
+            Scales { attention: Some((head_dim as f64).powf(-0.5) * mscale * mscale), ..Scales::default() }
+        }
         _ => Scales::default(),
+    })
+}
+
+/// DeepSeek's latent attention from `config.json` (transformers' DeepSeek-V3 defaults for
+/// `rope_interleave`; the dims have none and are required).
+fn mla_config(v: &Value) -> Result<MlaConfig> {
+    let dim = |key: &str| -> Result<usize> {
+        match req_usize(v, key)? {
+            0 => Err(ModelError::config(key, "must be positive")),
+            d => Ok(d),
+        }
+    };
+    let q_lora_rank = match v.get("q_lora_rank") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(dim("q_lora_rank")?),
+    };
+    let m = MlaConfig {
+        q_lora_rank,
+        kv_lora_rank: dim("kv_lora_rank")?,
+        qk_nope_head_dim: dim("qk_nope_head_dim")?,
+        qk_rope_head_dim: dim("qk_rope_head_dim")?,
+        v_head_dim: dim("v_head_dim")?,
+        rope_interleave: v.get("rope_interleave").and_then(Value::as_bool).unwrap_or(true),
+    };
+    if m.v_head_dim > m.qk_nope_head_dim + m.qk_rope_head_dim {
+        return Err(ModelError::config(
+            "v_head_dim",
+            format!(
+                "value heads ({}) wider than query/key heads ({} + {}) are not supported",
+                m.v_head_dim, m.qk_nope_head_dim, m.qk_rope_head_dim
+            ),
+        ));
     }
+    Ok(m)
 }
 
 /// Where a decoder layer's RMSNorms sit, under transformers' names.
@@ -544,6 +597,23 @@ impl MoeConfig {
     }
 }
 
+/// Multi-head latent attention (DeepSeek-V2 / V3): queries through an optional low-rank
+/// bottleneck, keys and values expanded per head from one compressed latent, and a decoupled
+/// RoPE part whose key is shared by every head. Each query and key head is `qk_nope_head_dim +
+/// qk_rope_head_dim` wide (`DecoderConfig::head_dim`, the rotated part leading as the shared
+/// RoPE turns it), each value head `v_head_dim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaConfig {
+    /// `q_a_proj` → `q_a_layernorm` → `q_b_proj` when set (V3), else one `q_proj` (V2-Lite).
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// The checkpoint's RoPE pairs are interleaved (`rope_interleave`, DeepSeek's own layout).
+    pub rope_interleave: bool,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecoderConfig {
     pub architecture: Architecture,
@@ -584,6 +654,9 @@ pub struct DecoderConfig {
     pub rope_layers: Option<Vec<bool>>,
     /// Sparse experts in place of the MLP (Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4.5).
     pub moe: Option<MoeConfig>,
+    /// Latent attention in place of grouped q/k/v projections (DeepSeek-V3); its heads are
+    /// expanded to ordinary ones, `num_key_value_heads == num_attention_heads`.
+    pub mla: Option<MlaConfig>,
     /// Gemma's layer shape and its interleaved local / global attention.
     pub gemma: Option<GemmaConfig>,
     /// Constant factors on the embeddings, residual branches, scores and logits (Granite, Gemma).
@@ -686,7 +759,7 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
     }
     let expert_intermediate_size = req_usize(v, "moe_intermediate_size")?;
     let (router, shared_expert, num_experts) = match architecture {
-        Architecture::Glm4Moe => (
+        Architecture::Glm4Moe | Architecture::DeepseekV3 => (
             Router::GroupedSigmoid {
                 n_group: usize_or("n_group", 1),
                 topk_group: usize_or("topk_group", 1),
@@ -719,7 +792,7 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
         norm_topk_prob: v
             .get("norm_topk_prob")
             .and_then(Value::as_bool)
-            .unwrap_or(architecture == Architecture::Glm4Moe),
+            .unwrap_or(matches!(architecture, Architecture::Glm4Moe | Architecture::DeepseekV3)),
         router,
         first_k_dense_replace: usize_or("first_k_dense_replace", 0),
         decoder_sparse_step: usize_or("decoder_sparse_step", 1),
@@ -768,17 +841,31 @@ impl DecoderConfig {
         };
         let hidden_size = req_usize(v, "hidden_size")?;
         let num_attention_heads = req_usize(v, "num_attention_heads")?;
-        let num_key_value_heads =
-            v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_attention_heads, |x| x as usize);
-        let head_dim =
-            v.get("head_dim").and_then(Value::as_u64).map_or(hidden_size / num_attention_heads.max(1), |x| x as usize);
+        let mla = match architecture {
+            Architecture::DeepseekV3 => Some(mla_config(v)?),
+            _ => None,
+        };
+        // Latent attention expands its keys and values to one per query head.
+        let num_key_value_heads = match mla {
+            Some(_) => num_attention_heads,
+            None => v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_attention_heads, |x| x as usize),
+        };
+        let head_dim = match mla {
+            Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+            None => v
+                .get("head_dim")
+                .and_then(Value::as_u64)
+                .map_or(hidden_size / num_attention_heads.max(1), |x| x as usize),
+        };
         // GLM-4.5 rotates half of each head unless its config says otherwise.
         let default_rotary =
             if matches!(architecture, Architecture::Glm4 | Architecture::Glm4Moe) { Some(0.5) } else { None };
-        let rotary_dim = match opt_f64(v, "partial_rotary_factor").or(default_rotary) {
-            None => head_dim,
-            Some(f) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
-            Some(f) => {
+        // Latent attention rotates its decoupled RoPE part only.
+        let rotary_dim = match (mla, opt_f64(v, "partial_rotary_factor").or(default_rotary)) {
+            (Some(m), _) => m.qk_rope_head_dim,
+            (None, None) => head_dim,
+            (None, Some(f)) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
+            (None, Some(f)) => {
                 return Err(ModelError::config("partial_rotary_factor", format!("must lie in (0, 1], got {f}")));
             }
         };
@@ -824,6 +911,7 @@ impl DecoderConfig {
             Architecture::Olmo3 => Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096)),
             Architecture::Glm4
             | Architecture::Glm4Moe
+            | Architecture::DeepseekV3
             | Architecture::InternLm2
             | Architecture::Granite
             | Architecture::Olmo2 => None,
@@ -894,7 +982,9 @@ impl DecoderConfig {
             fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,
             sliding_layers,
-            attention_output_bias: gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true),
+            // DeepSeek's `attention_bias` covers its output projection too.
+            attention_output_bias: (gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
+                || (mla.is_some() && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false)),
             attention_sinks: gpt_oss,
             rope_layers: match architecture {
                 Architecture::SmolLm3 => Some(rope_layers(v, req_usize(v, "num_hidden_layers")?)?),
@@ -904,15 +994,17 @@ impl DecoderConfig {
                 Architecture::Qwen2Moe
                 | Architecture::Qwen3Moe
                 | Architecture::Glm4Moe
+                | Architecture::DeepseekV3
                 | Architecture::Mixtral
                 | Architecture::GptOss => Some(moe_config(v, architecture)?),
                 _ => None,
             },
+            mla,
             gemma: match architecture {
                 Architecture::Gemma2 | Architecture::Gemma3 => Some(gemma_config(v, architecture)?),
                 _ => None,
             },
-            scales: scales(v, architecture, hidden_size, head_dim),
+            scales: scales(v, architecture, hidden_size, head_dim)?,
             bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: token_ids(v.get("eos_token_id")),
         }

@@ -394,7 +394,7 @@ pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Valu
     c["num_experts_per_tok"] = json!(m.top_k);
     c["moe_intermediate_size"] = json!(m.expert_intermediate);
     c["norm_topk_prob"] = json!(m.norm_topk_prob);
-    if arch == Architecture::Glm4Moe {
+    if matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV3) {
         // GLM-4.5's names, as DeepSeek-V3 writes them.
         assert!(m.dense_layers.iter().enumerate().all(|(i, &l)| i == l), "GLM keeps leading dense layers");
         c["n_routed_experts"] = json!(m.experts);
@@ -402,8 +402,10 @@ pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Valu
         c["first_k_dense_replace"] = json!(m.dense_layers.len());
         (c["n_group"], c["topk_group"], c["routed_scaling_factor"]) =
             (json!(m.groups.0), json!(m.groups.1), json!(m.groups.2));
-        c["partial_rotary_factor"] = json!(0.5);
-        c["attention_bias"] = json!(true);
+        if arch == Architecture::Glm4Moe {
+            c["partial_rotary_factor"] = json!(0.5);
+            c["attention_bias"] = json!(true);
+        }
         return c;
     }
     c["num_experts"] = json!(m.experts);
@@ -441,7 +443,7 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
         }
         // A sharp router, so that the top-k choice matters.
         t.insert(format!("{p}.gate.weight"), random_tensor(&[m.experts, h], 1.0, next())?);
-        let glm = arch == Architecture::Glm4Moe;
+        let glm = matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV3);
         if glm {
             t.insert(format!("{p}.gate.e_score_correction_bias"), random_tensor(&[m.experts], 0.3, next())?);
         }
@@ -462,6 +464,64 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
             }
             None => {}
         }
+    }
+    Ok(t)
+}
+
+/// Latent-attention dims of a tiny DeepSeek-V3 (`MlaConfig`).
+#[derive(Debug, Clone, Copy)]
+pub struct TinyMla {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+/// A DeepSeek-V3 `config.json` for a tiny target: GLM-4.5's experts (as DeepSeek names them)
+/// and latent attention (`shape.kv_heads` and `shape.head_dim` unused).
+pub fn deepseek_v3_config(s: &TinyShape, mla: &TinyMla, m: &TinyMoe) -> Value {
+    let mut c = moe_target_config(Architecture::DeepseekV3, s, m);
+    c["q_lora_rank"] = json!(mla.q_lora_rank);
+    c["kv_lora_rank"] = json!(mla.kv_lora_rank);
+    c["qk_nope_head_dim"] = json!(mla.qk_nope_head_dim);
+    c["qk_rope_head_dim"] = json!(mla.qk_rope_head_dim);
+    c["v_head_dim"] = json!(mla.v_head_dim);
+    c["attention_bias"] = json!(false);
+    c
+}
+
+/// Random weights for a tiny DeepSeek-V3: [`random_moe_target`]'s norms and experts, and latent
+/// attention (`q_a_proj`, `q_a_layernorm`, `q_b_proj` or one `q_proj`; `kv_a_proj_with_mqa`,
+/// `kv_a_layernorm`, `kv_b_proj`; `o_proj` over the heads' values).
+pub fn random_deepseek_v3(s: &TinyShape, mla: &TinyMla, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_moe_target(Architecture::DeepseekV3, s, m, seed)?;
+    let mut k = seed * 7_000;
+    let mut next = || {
+        k += 1;
+        k
+    };
+    let (h, nh) = (s.hidden, s.heads);
+    let head = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
+    let lin = |out: usize, inp: usize, seed: u64| random_tensor(&[out, inp], (1.0 / inp as f32).sqrt(), seed);
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}.self_attn");
+        t.retain(|name, _| !name.starts_with(&format!("{p}.")));
+        let mut put = |name: &str, tensor: Tensor| t.insert(format!("{p}.{name}"), tensor);
+        match mla.q_lora_rank {
+            Some(rank) => {
+                put("q_a_proj.weight", lin(rank, h, next())?);
+                put("q_a_layernorm.weight", (random_tensor(&[rank], 0.2, next())? + 1.0)?);
+                put("q_b_proj.weight", lin(nh * head, rank, next())?);
+            }
+            None => {
+                put("q_proj.weight", lin(nh * head, h, next())?);
+            }
+        }
+        put("kv_a_proj_with_mqa.weight", lin(mla.kv_lora_rank + mla.qk_rope_head_dim, h, next())?);
+        put("kv_a_layernorm.weight", (random_tensor(&[mla.kv_lora_rank], 0.2, next())? + 1.0)?);
+        put("kv_b_proj.weight", lin(nh * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, next())?);
+        put("o_proj.weight", lin(h, nh * mla.v_head_dim, next())?);
     }
     Ok(t)
 }

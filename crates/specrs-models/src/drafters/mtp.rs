@@ -6,11 +6,11 @@
 //!   (q/k/v bias), `final_layernorm`; the target's `lm_head`.
 //! - **speculators `mtp`** (`MTPDraftModel`, a separate checkpoint): `mtp_layers.0.*` with
 //!   `input_proj` over **[embedding, hidden]**, the layer type of `transformer_layer_config`.
-//! - **GLM-4.5** (`Glm4MoeForCausalLM`, inside the target checkpoint, DeepSeek-V3's layout):
-//!   `model.layers.{num_hidden_layers}.*` with `enorm` (embedding), `hnorm` (hidden),
-//!   `eh_proj` over **[embedding, hidden]**, a GLM-4.5 decoder layer (routed experts),
-//!   `shared_head.norm` and `shared_head.head` (the target's head where the checkpoint leaves
-//!   it out).
+//! - **DeepSeek-V3** and **GLM-4.5** (`DeepseekV3ForCausalLM`, `Glm4MoeForCausalLM`, inside
+//!   the target checkpoint, DeepSeek-V3's layout): `model.layers.{num_hidden_layers}.*` with
+//!   `enorm` (embedding), `hnorm` (hidden), `eh_proj` over **[embedding, hidden]**, a decoder
+//!   layer of the target's (routed experts; DeepSeek's latent attention), `shared_head.norm`
+//!   and `shared_head.head` (the target's head where the checkpoint leaves it out).
 //!
 //! One step at position `t`: `u = input_proj(concat(...hidden_layernorm(h_t),
 //! token_layernorm(embed(x_{t+1}))...))`, `y = layer(u)`, logits `lm_head(final_layernorm(y))`.
@@ -41,8 +41,8 @@ pub enum MtpFormat {
     MiMo,
     /// A speculators `mtp` checkpoint; embedding first.
     Speculators,
-    /// DeepSeek-V3-style heads inside a GLM-4.5 target checkpoint; embedding first, the raw
-    /// layer output chained.
+    /// DeepSeek-V3-style heads inside a DeepSeek-V3 or GLM-4.5 target checkpoint; embedding
+    /// first, the raw layer output chained.
     DeepSeek,
 }
 
@@ -141,10 +141,11 @@ impl MtpDraft {
         })
     }
 
-    /// The MTP heads stored in a MiMo or GLM-4.5 target checkpoint
+    /// The MTP heads stored in a MiMo, DeepSeek-V3 or GLM-4.5 target checkpoint
     /// (`num_nextn_predict_layers >= 1`).
     pub fn load_from_target(store: &WeightStore, target: &CausalLm) -> LoadResult<Self> {
-        // GLM-4.5 (DeepSeek-V3's layout): the first head is the layer after the last decoder layer.
+        // DeepSeek-V3's layout (GLM-4.5's too): the first head is the layer after the last
+        // decoder layer.
         let deepseek = format!("model.layers.{}", target.config().num_hidden_layers);
         if store.contains(&format!("{deepseek}.eh_proj.weight")) {
             return Self::load_prefixed(
@@ -213,7 +214,7 @@ impl SequentialDraftModel for MtpDraft {
         match self.format {
             MtpFormat::MiMo => "MTP (MiMo)",
             MtpFormat::Speculators => "MTP",
-            MtpFormat::DeepSeek => "MTP (GLM-4.5)",
+            MtpFormat::DeepSeek => "MTP (DeepSeek-V3 layout)",
         }
     }
 

@@ -1,5 +1,6 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
+pub mod deepseek;
 pub mod gemma2;
 pub mod gemma3;
 pub mod glm4;
@@ -46,6 +47,11 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
+                // The MTP layers past the last decoder layer attend the same way.
+                Architecture::DeepseekV3 => {
+                    let mtp = json.get("num_nextn_predict_layers").and_then(serde_json::Value::as_u64).unwrap_or(0);
+                    store.set_aliases(deepseek::aliases(&cfg, cfg.num_hidden_layers + mtp as usize))?
+                }
                 _ if multimodal.is_some() => store.set_aliases(image_text::aliases(store))?,
                 _ => {}
             }
@@ -64,6 +70,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Glm4 => glm4::adapt(cfg),
                 Architecture::Olmo2 | Architecture::Olmo3 => olmo2::adapt(cfg),
                 Architecture::SmolLm3 => smollm3::adapt(cfg),
+                Architecture::DeepseekV3 => deepseek::adapt(cfg),
             })
         }
     }

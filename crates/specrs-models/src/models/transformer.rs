@@ -14,6 +14,7 @@ use crate::error::Result as LoadResult;
 use crate::graph::StepInputs;
 use crate::kv_cache::PagedKvCache;
 use crate::linear::{FusedLinear, Linear, LinearWeight};
+use crate::models::deepseek::LatentProjection;
 use crate::moe::SparseMoe;
 use crate::norm::RmsNorm;
 use crate::rope::RotaryEmbedding;
@@ -22,15 +23,29 @@ use crate::weights::WeightStore;
 /// Attention sub-block of one decoder layer.
 #[derive(Debug, Clone)]
 pub struct SelfAttention {
-    qkv: FusedLinear,
+    projection: Projection,
     o_proj: Linear,
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    /// The q/k norms span all heads (`[q_dim]`, OLMo 2) rather than one head.
-    qk_norm_spans_heads: bool,
     /// RoPE turns q and k (all but SmolLM3's NoPE layers).
     rotates: bool,
     shape: AttentionShape,
+    /// The dims of each head's output `o_proj` reads: `head_dim`, or latent attention's
+    /// narrower values (`MlaConfig::v_head_dim`).
+    value_dim: usize,
+}
+
+/// Where an attention's queries, keys and values come from.
+#[derive(Debug, Clone)]
+enum Projection {
+    /// Grouped heads from q/k/v projections (one fused weight or three), with optional norms.
+    Grouped {
+        qkv: FusedLinear,
+        q_norm: Option<RmsNorm>,
+        k_norm: Option<RmsNorm>,
+        /// The q/k norms span all heads (`[q_dim]`, OLMo 2) rather than one head.
+        qk_norm_spans_heads: bool,
+    },
+    /// DeepSeek's multi-head latent attention, expanded to ordinary heads.
+    Latent(Box<LatentProjection>),
 }
 
 impl SelfAttention {
@@ -52,6 +67,23 @@ impl SelfAttention {
         num_kv_heads: usize,
         head_dim: usize,
     ) -> LoadResult<Self> {
+        let scale = cfg.scales.attention.map_or((head_dim as f32).powf(-0.5), |s| s as f32);
+        let softcap = cfg.scales.attention_softcap.map(|c| c as f32);
+        let sinks = match cfg.attention_sinks {
+            true => Some(AttentionSinks::new(&store.tensor(&format!("{prefix}.sinks"), &[num_heads])?)?),
+            false => None,
+        };
+        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks };
+        if let Some(m) = cfg.mla {
+            let projection = Projection::Latent(Box::new(LatentProjection::load(store, prefix, cfg, m, in_dim)?));
+            let o_proj = store.linear(
+                &format!("{prefix}.o_proj"),
+                cfg.hidden_size,
+                num_heads * m.v_head_dim,
+                cfg.attention_output_bias,
+            )?;
+            return Ok(Self { projection, o_proj, rotates: true, shape, value_dim: m.v_head_dim });
+        }
         let bias = cfg.attention_bias;
         // Some Phi-3 GGUF conversions split q, k and v; llama.cpp reads either.
         let fused = cfg.fused_projections
@@ -80,14 +112,17 @@ impl SelfAttention {
         } else {
             (None, None)
         };
-        let scale = cfg.scales.attention.map_or((head_dim as f32).powf(-0.5), |s| s as f32);
-        let softcap = cfg.scales.attention_softcap.map(|c| c as f32);
-        let sinks = match cfg.attention_sinks {
-            true => Some(AttentionSinks::new(&store.tensor(&format!("{prefix}.sinks"), &[num_heads])?)?),
-            false => None,
+        let projection = Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads: spans };
+        Ok(Self { projection, o_proj, rotates: true, shape, value_dim: head_dim })
+    }
+
+    /// Bytes of the projection weights.
+    pub fn size_in_bytes(&self) -> usize {
+        let projection = match &self.projection {
+            Projection::Grouped { qkv, .. } => qkv.size_in_bytes(),
+            Projection::Latent(latent) => latent.size_in_bytes(),
         };
-        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks };
-        Ok(Self { qkv, o_proj, q_norm, k_norm, qk_norm_spans_heads: spans, rotates: true, shape })
+        projection + self.o_proj.weight().size_in_bytes()
     }
 
     pub fn shape(&self) -> &AttentionShape {
@@ -101,23 +136,29 @@ impl SelfAttention {
 
     /// Projects, normalises and rotates: `x [T, in] -> (q [T, nh, d], k [T, nkv, d], v [T, nkv, d])`.
     pub fn project(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let t = x.dim(0)?;
-        let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
-        let mut parts = self.qkv.forward(x)?.into_iter();
-        let (mut q, mut k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
-        let norms = self.q_norm.as_ref().zip(self.k_norm.as_ref());
-        // OLMo 2 norms [T, q_dim] and [T, kv_dim] whole, before splitting heads.
-        if let Some((qn, kn)) = norms.filter(|_| self.qk_norm_spans_heads) {
-            q = qn.forward(&q)?;
-            k = kn.forward(&k)?;
-        }
-        let mut q = q.reshape((t, num_heads, head_dim))?;
-        let mut k = k.reshape((t, num_kv_heads, head_dim))?;
-        let v = v.reshape((t, num_kv_heads, head_dim))?;
-        if let Some((qn, kn)) = norms.filter(|_| !self.qk_norm_spans_heads) {
-            q = qn.forward(&q)?;
-            k = kn.forward(&k)?;
-        }
+        let (q, k, v) = match &self.projection {
+            Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads } => {
+                let t = x.dim(0)?;
+                let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
+                let mut parts = qkv.forward(x)?.into_iter();
+                let (mut q, mut k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+                let norms = q_norm.as_ref().zip(k_norm.as_ref());
+                // OLMo 2 norms [T, q_dim] and [T, kv_dim] whole, before splitting heads.
+                if let Some((qn, kn)) = norms.filter(|_| *qk_norm_spans_heads) {
+                    q = qn.forward(&q)?;
+                    k = kn.forward(&k)?;
+                }
+                let mut q = q.reshape((t, num_heads, head_dim))?;
+                let mut k = k.reshape((t, num_kv_heads, head_dim))?;
+                let v = v.reshape((t, num_kv_heads, head_dim))?;
+                if let Some((qn, kn)) = norms.filter(|_| !*qk_norm_spans_heads) {
+                    q = qn.forward(&q)?;
+                    k = kn.forward(&k)?;
+                }
+                (q, k, v)
+            }
+            Projection::Latent(latent) => latent.project(x)?,
+        };
         if !self.rotates {
             return Ok((q, k, v));
         }
@@ -141,7 +182,13 @@ impl SelfAttention {
         kv.write(layer, &batch.slot_mapping, None, &k, &v)?;
         let (kc, vc) = kv.layer(layer);
         let y = paged_attention(&q, kc, vc, batch, &self.shape)?;
-        self.o_proj.forward(&y.reshape((t, self.shape.num_heads * self.shape.head_dim))?)
+        self.output(&y, t)
+    }
+
+    /// `o_proj` over the attended heads `y [T, nh, d]`, each narrowed to its value's dims.
+    fn output(&self, y: &Tensor, t: usize) -> Result<Tensor> {
+        let y = if self.value_dim < self.shape.head_dim { &y.narrow(2, 0, self.value_dim)? } else { y };
+        self.o_proj.forward(&y.reshape((t, self.shape.num_heads * self.value_dim))?)
     }
 }
 
@@ -162,7 +209,7 @@ impl SelfAttention {
         kv.write(layer, &[], Some(&inputs.slot_mapping), &k, &v)?;
         let (kc, vc) = kv.layer(layer);
         let y = fixed_attention(&q, kc, vc, &inputs.attention, &self.shape)?;
-        self.o_proj.forward(&y.reshape((t, self.shape.num_heads * self.shape.head_dim))?)
+        self.output(&y, t)
     }
 }
 
@@ -337,7 +384,7 @@ impl DecoderLayer {
     }
 
     pub fn size_in_bytes(&self) -> usize {
-        self.self_attn.qkv.size_in_bytes() + self.self_attn.o_proj.weight().size_in_bytes() + self.mlp.size_in_bytes()
+        self.self_attn.size_in_bytes() + self.mlp.size_in_bytes()
     }
 
     /// The residual updates around attention's output `attended`: `x + attended`, then the

@@ -320,6 +320,7 @@ impl GgufSource {
             rope_layers: (self.architecture == Architecture::SmolLm3)
                 .then(|| (0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect()),
             moe: self.moe_config()?,
+            mla: None,
             scales: match &gemma {
                 Some((_, scales, _)) => scales.clone(),
                 None => self.granite_scales(head_dim)?,

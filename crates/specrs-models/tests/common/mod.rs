@@ -90,6 +90,16 @@ pub struct GptOssLayout {
     pub limit: f32,
 }
 
+/// DeepSeek's latent attention as transformers runs it (`DeepseekV3Attention`): dims, and the
+/// softmax scale.
+pub struct MlaLayout {
+    pub kv_lora_rank: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub scale: f32,
+}
+
 pub struct Reference<'a> {
     pub tensors: &'a HashMap<String, Tensor>,
     pub shape: TinyShape,
@@ -111,6 +121,9 @@ pub struct Reference<'a> {
     /// `Some(layers)`: only these layers attend within `window`, turning with the unscaled
     /// RoPE (OLMo 3); the others attend to everything with `factors` and `magnitude`.
     pub sliding: Option<Vec<bool>>,
+    /// Latent attention in place of q/k/v projections (its rope part turned by `rotary` dims,
+    /// interleaved as `interleaved_rope` says).
+    pub mla: Option<MlaLayout>,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -160,6 +173,7 @@ impl<'a> Reference<'a> {
             interleaved_rope: false,
             rope_layers: None,
             sliding: None,
+            mla: None,
         }
     }
 
@@ -222,7 +236,68 @@ impl<'a> Reference<'a> {
         (0..x.len()).map(|t| [q[t].clone(), k[t].clone(), v[t].clone()].concat()).collect()
     }
 
+    /// `x @ {p}.{name}.weight^T`.
+    fn linear(&self, p: &str, name: &str, x: &[Vec<f32>]) -> Rows {
+        matmul_t(x, &self.tensors[&format!("{p}.{name}.weight")])
+    }
+
+    /// DeepSeek-V3's attention: queries `q_b(rms(q_a(x)))` (or `q_proj(x)`) split per head into
+    /// `[nope, rope]`; `kv_a_proj_with_mqa(x)` split into the latent and one rope key shared by
+    /// the heads; `kv_b(rms(latent))` split per head into `[key nope, value]`; scores over
+    /// `[nope, rope]` with the rope parts turned; `o_proj` over the heads' values.
+    fn latent_attention(&self, p: &str, x: &[Vec<f32>], m: &MlaLayout) -> Rows {
+        let nh = self.shape.heads;
+        let (d, rank) = (m.nope + m.rope, m.kv_lora_rank);
+        let q = match self.get(&format!("{p}.q_a_proj.weight")) {
+            Some(_) => self.linear(
+                p,
+                "q_b_proj",
+                &self.rms(&self.linear(p, "q_a_proj", x), &format!("{p}.q_a_layernorm.weight")),
+            ),
+            None => self.linear(p, "q_proj", x),
+        };
+        let compressed = self.linear(p, "kv_a_proj_with_mqa", x);
+        let latent: Rows = compressed.iter().map(|r| r[..rank].to_vec()).collect();
+        let kv = self.linear(p, "kv_b_proj", &self.rms(&latent, &format!("{p}.kv_a_layernorm.weight")));
+        // Token `t`'s query and key of head `h`: `[nope, rope]`, the rope part turned at `t`.
+        let query = |t: usize, h: usize| {
+            let mut v = q[t][h * d..(h + 1) * d].to_vec();
+            self.rotate(&mut v[m.nope..], t, 10_000.0, true);
+            v
+        };
+        let key = |t: usize, h: usize| {
+            let w = m.nope + m.v;
+            let mut rope = compressed[t][rank..rank + m.rope].to_vec();
+            self.rotate(&mut rope, t, 10_000.0, true);
+            [kv[t][h * w..h * w + m.nope].to_vec(), rope].concat()
+        };
+        let value = |t: usize, h: usize| {
+            let w = m.nope + m.v;
+            kv[t][h * w + m.nope..(h + 1) * w].to_vec()
+        };
+        let mut out = vec![vec![0f32; nh * m.v]; x.len()];
+        for (qi, row) in out.iter_mut().enumerate() {
+            for h in 0..nh {
+                let qv = query(qi, h);
+                let scores: Vec<f32> =
+                    (0..=qi).map(|kj| qv.iter().zip(&key(kj, h)).map(|(a, b)| a * b).sum::<f32>() * m.scale).collect();
+                let top = scores.iter().cloned().fold(f32::MIN, f32::max);
+                let weights: Vec<f32> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f32 = weights.iter().sum();
+                for (kj, w) in weights.iter().enumerate() {
+                    for (o, vv) in row[h * m.v..(h + 1) * m.v].iter_mut().zip(&value(kj, h)) {
+                        *o += w / total * vv;
+                    }
+                }
+            }
+        }
+        self.linear(p, "o_proj", &out)
+    }
+
     fn attention(&self, p: &str, x: &[Vec<f32>], layer: usize) -> Rows {
+        if let Some(m) = &self.mla {
+            return self.latent_attention(p, x, m);
+        }
         let TinyShape { heads: nh, kv_heads: nkv, head_dim: d, .. } = self.shape;
         let (window, theta, scaled) = self.layer_attention(layer);
         let scale = match (&self.gemma, &self.multipliers) {

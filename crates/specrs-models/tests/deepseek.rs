@@ -1,0 +1,106 @@
+//! DeepSeek-V3 (`DeepseekV3ForCausalLM`) on tiny checkpoints written in its real layout:
+//! multi-head latent attention (through the query bottleneck or one `q_proj`, values narrower
+//! than keys, the shared rope key, DeepSeek's interleaved RoPE pairs), a leading dense layer and
+//! then grouped-sigmoid experts with a shared expert, matching transformers' forward
+//! (`common::Reference`) in one prefill and token by token; its configuration read as
+//! transformers reads it.
+
+mod common;
+
+use candle_core::Device;
+use common::{MlaLayout, Reference, Routing, assert_close, logits};
+use serde_json::json;
+use specrs_models::testing::{self, TinyMla, TinyMoe, TinyShape};
+use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
+
+const SHAPE: TinyShape =
+    TinyShape { vocab: 40, hidden: 32, layers: 3, heads: 4, kv_heads: 4, head_dim: 10, intermediate: 48 };
+const MLA: TinyMla =
+    TinyMla { q_lora_rank: Some(12), kv_lora_rank: 10, qk_nope_head_dim: 6, qk_rope_head_dim: 4, v_head_dim: 5 };
+
+fn moe() -> TinyMoe {
+    TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 8,
+        shared_intermediate: Some(8),
+        norm_topk_prob: true,
+        dense_layers: vec![0],
+        groups: (2, 1, 2.5),
+    }
+}
+
+/// Loads a random DeepSeek-V3 with `mla` and checks it against the reference forward; returns
+/// the reference's logits with the rope pairs taken as halves, for the caller to compare.
+fn matches_reference(mla: TinyMla, seed: u64) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = moe();
+    let tensors = testing::random_deepseek_v3(&SHAPE, &mla, &m, seed).unwrap();
+    testing::write_checkpoint(dir.path(), &testing::deepseek_v3_config(&SHAPE, &mla, &m), &tensors).unwrap();
+    let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+    let cfg = model.config();
+    let d = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
+    assert_eq!(cfg.architecture, Architecture::DeepseekV3);
+    // Expanded to ordinary heads: one key and value per query head, the rope part leading.
+    assert_eq!((cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim), (SHAPE.heads, d, mla.qk_rope_head_dim));
+    let reference = |interleaved_rope| Reference {
+        rotary: mla.qk_rope_head_dim,
+        factors: vec![1.0; mla.qk_rope_head_dim / 2],
+        interleaved_rope,
+        routing: Some(Routing { top_k: m.top_k, norm_topk_prob: m.norm_topk_prob, grouped: Some(m.groups) }),
+        mla: Some(MlaLayout {
+            kv_lora_rank: mla.kv_lora_rank,
+            nope: mla.qk_nope_head_dim,
+            rope: mla.qk_rope_head_dim,
+            v: mla.v_head_dim,
+            scale: (d as f32).powf(-0.5),
+        }),
+        ..Reference::plain(&tensors, SHAPE)
+    };
+    let ids: Vec<u32> = (0..10).map(|i| (i * 7 + 3) % 40).collect();
+    let want = reference(true).logits(&ids);
+    assert_close(&logits(&model, &ids, false), &want, "one prefill");
+    assert_close(&logits(&model, &ids, true), &want, "token by token");
+    (want, reference(false).logits(&ids))
+}
+
+#[test]
+fn latent_attention_and_grouped_experts_match_the_transformers_forward() {
+    let (interleaved, halves) = matches_reference(MLA, 5);
+    // DeepSeek's rope pairs are interleaved: taking them as halves gives other logits.
+    let gap = interleaved.iter().flatten().zip(halves.iter().flatten()).map(|(a, b)| (a - b).abs());
+    assert!(gap.fold(0f32, f32::max) > 1e-2, "interleaved and half rotation agree");
+}
+
+#[test]
+fn queries_without_the_low_rank_bottleneck_match_too() {
+    // DeepSeek-V2-Lite's shape: one q_proj; values as wide as the non-rotated keys.
+    matches_reference(TinyMla { q_lora_rank: None, v_head_dim: 6, ..MLA }, 9);
+}
+
+#[test]
+fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
+    let base = testing::deepseek_v3_config(&SHAPE, &MLA, &moe());
+    let cfg = DecoderConfig::from_hf_json(&base).unwrap();
+    let mla = cfg.mla.unwrap();
+    assert!(mla.rope_interleave && cfg.moe.as_ref().unwrap().first_k_dense_replace == 1);
+    assert!((cfg.scales.attention.unwrap() - 10f64.powf(-0.5)).abs() < 1e-12);
+    // YaRN with `mscale_all_dim` scales scores by mscale² (DeepSeek-V3's 40x: 0.1·ln 40 + 1).
+    let mut yarn = base.clone();
+    yarn["rope_scaling"] = json!({"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 128,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0});
+    let mscale = 0.1 * 40f64.ln() + 1.0;
+    let scale = DecoderConfig::from_hf_json(&yarn).unwrap().scales.attention.unwrap();
+    assert!((scale - 10f64.powf(-0.5) * mscale * mscale).abs() < 1e-12, "{scale}");
+    let error = |key: &str, value: serde_json::Value| {
+        let mut c = base.clone();
+        c[key] = value;
+        DecoderConfig::from_hf_json(&c).unwrap_err().to_string()
+    };
+    let e = error("kv_lora_rank", json!(null));
+    assert!(e.contains("kv_lora_rank"), "{e}");
+    let e = error("v_head_dim", json!(11));
+    assert!(e.contains("v_head_dim") && e.contains("wider"), "{e}");
+    let e = error("qk_rope_head_dim", json!(0));
+    assert!(e.contains("qk_rope_head_dim") && e.contains("positive"), "{e}");
+}
