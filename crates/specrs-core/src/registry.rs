@@ -184,6 +184,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
     },
     // Routing read on the host.
     ArchitectureSpec {
+        name: "DeepseekV2ForCausalLM",
+        example_repo_ids: &["deepseek-ai/DeepSeek-V2-Lite-Chat", "deepseek-ai/DeepSeek-V2.5"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
+    ArchitectureSpec {
         name: "DeepseekV3ForCausalLM",
         example_repo_ids: &[
             "deepseek-ai/DeepSeek-V3",

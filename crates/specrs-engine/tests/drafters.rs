@@ -558,10 +558,10 @@ fn a_deepseek_v3_target_with_latent_attention_and_its_mtp_head_speculates_lossle
         qk_rope_head_dim: 8,
         v_head_dim: 10,
     };
-    let mut cfg = testing::deepseek_v3_config(&SHAPE, &mla, &moe);
+    let mut cfg = testing::deepseek_config(Architecture::DeepseekV3, &SHAPE, &mla, &moe);
     cfg["num_nextn_predict_layers"] = json!(1);
     let five = TinyShape { layers: SHAPE.layers + 1, ..SHAPE };
-    let mut tensors = testing::random_deepseek_v3(&five, &mla, &moe, 67).unwrap();
+    let mut tensors = testing::random_deepseek(Architecture::DeepseekV3, &five, &mla, &moe, 67).unwrap();
     let mtp = format!("model.layers.{}", SHAPE.layers);
     let h = SHAPE.hidden;
     for (name, seed) in [("enorm.weight", 1), ("hnorm.weight", 2), ("shared_head.norm.weight", 3)] {
@@ -579,4 +579,26 @@ fn a_deepseek_v3_target_with_latent_attention_and_its_mtp_head_speculates_lossle
             assert!(s.metrics.num_draft_tokens > 0, "the MTP head drafts");
         }
     }
+}
+
+#[test]
+fn a_deepseek_v2_target_decodes_as_its_model_and_speculates_losslessly() {
+    // V2-Lite's attention (one q_proj) and V2's softmax routing within the best groups.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("deepseek-v2");
+    let (_, moe) = glm45(1);
+    let moe = testing::TinyMoe { norm_topk_prob: false, ..moe };
+    let mla = testing::TinyMla {
+        q_lora_rank: None,
+        kv_lora_rank: 16,
+        qk_nope_head_dim: 12,
+        qk_rope_head_dim: 8,
+        v_head_dim: 12,
+    };
+    write(
+        &target,
+        &testing::deepseek_config(Architecture::DeepseekV2, &SHAPE, &mla, &moe),
+        &testing::random_deepseek(Architecture::DeepseekV2, &SHAPE, &mla, &moe, 71).unwrap(),
+    );
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 310, "DeepSeek-V2");
 }

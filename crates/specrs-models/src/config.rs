@@ -62,6 +62,10 @@ pub enum Architecture {
     /// each head, leading dense layers, then DeepSeek-V3-style sigmoid-routed experts with a
     /// shared expert.
     Glm4Moe,
+    /// DeepSeek-V2 / V2.5 / V2-Lite (`DeepseekV2ForCausalLM`): DeepSeek-V3's latent attention
+    /// and layer, experts chosen from a softmax within the best groups (`Router::GroupedSoftmax`),
+    /// an ungated shared expert.
+    DeepseekV2,
     /// DeepSeek-V3 / R1 and its descendants (Kimi K2, Moonlight): multi-head latent attention
     /// (`crate::models::deepseek`), dense MLPs in the first `first_k_dense_replace` layers and
     /// then GLM-4.5's routed experts (sigmoid, group-limited, a correction bias, a shared
@@ -91,6 +95,7 @@ impl Architecture {
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
         ("GptOssForCausalLM", Architecture::GptOss),
+        ("DeepseekV2ForCausalLM", Architecture::DeepseekV2),
         ("DeepseekV3ForCausalLM", Architecture::DeepseekV3),
     ];
 
@@ -150,6 +155,7 @@ impl Architecture {
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Granite => "GraniteForCausalLM",
             Self::GptOss => "GptOssForCausalLM",
+            Self::DeepseekV2 => "DeepseekV2ForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
     }
@@ -174,6 +180,7 @@ impl Architecture {
             Self::Gemma3 => "gemma3_text",
             Self::Granite => "granite",
             Self::GptOss => "gpt_oss",
+            Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
         }
     }
@@ -334,7 +341,7 @@ fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: u
         }
         // DeepSeek scales scores by `head_dim^-0.5 · mscale²` under YaRN with `mscale_all_dim`,
         // `mscale = 0.1 · mscale_all_dim · ln(factor) + 1`.
-        Architecture::DeepseekV3 => {
+        Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
             let yarn = v
                 .get("rope_scaling")
                 .filter(|rs| rs.get("rope_type").or_else(|| rs.get("type")).and_then(Value::as_str) == Some("yarn"));
@@ -524,6 +531,10 @@ pub enum Router {
     /// groups (a group scored by its two best), weighted by their plain scores times
     /// `routed_scaling_factor`.
     GroupedSigmoid { n_group: usize, topk_group: usize, routed_scaling_factor: f64 },
+    /// DeepSeek-V2: softmax probabilities; the top-k within the `topk_group` best of `n_group`
+    /// groups (a group scored by its best expert; one group for `greedy`), weighted by their
+    /// probabilities times `routed_scaling_factor` (renormalised instead when `norm_topk_prob`).
+    GroupedSoftmax { n_group: usize, topk_group: usize, routed_scaling_factor: f64 },
 }
 
 /// An always-on expert beside the routed ones.
@@ -759,6 +770,31 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
     }
     let expert_intermediate_size = req_usize(v, "moe_intermediate_size")?;
     let (router, shared_expert, num_experts) = match architecture {
+        Architecture::DeepseekV2 => {
+            // `greedy` is one group; `group_limited_greedy` the configured ones.
+            let grouped = match v.get("topk_method").and_then(Value::as_str).unwrap_or("greedy") {
+                "greedy" => false,
+                "group_limited_greedy" => true,
+                other => {
+                    return Err(ModelError::config(
+                        "topk_method",
+                        format!("'{other}' is not DeepSeek-V2's (greedy, group_limited_greedy)"),
+                    ));
+                }
+            };
+            (
+                Router::GroupedSoftmax {
+                    n_group: if grouped { usize_or("n_group", 1) } else { 1 },
+                    topk_group: if grouped { usize_or("topk_group", 1) } else { 1 },
+                    routed_scaling_factor: opt_f64(v, "routed_scaling_factor").unwrap_or(1.0),
+                },
+                match usize_or("n_shared_experts", 0) {
+                    0 => None,
+                    n => Some(SharedExpertConfig { intermediate_size: expert_intermediate_size * n, gated: false }),
+                },
+                req_usize(v, "n_routed_experts")?,
+            )
+        }
         Architecture::Glm4Moe | Architecture::DeepseekV3 => (
             Router::GroupedSigmoid {
                 n_group: usize_or("n_group", 1),
@@ -785,6 +821,14 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
         ),
         _ => (Router::Softmax, None, req_usize(v, "num_experts")?),
     };
+    // DeepSeek's `moe_layer_freq` (every released checkpoint: 1) has no counterpart here.
+    if matches!(architecture, Architecture::DeepseekV2 | Architecture::DeepseekV3) && usize_or("moe_layer_freq", 1) != 1
+    {
+        return Err(ModelError::config(
+            "moe_layer_freq",
+            "only 1 (every layer past first_k_dense_replace sparse) is supported, as every released DeepSeek sets",
+        ));
+    }
     Ok(MoeConfig {
         num_experts,
         top_k: req_usize(v, "num_experts_per_tok")?,
@@ -842,7 +886,7 @@ impl DecoderConfig {
         let hidden_size = req_usize(v, "hidden_size")?;
         let num_attention_heads = req_usize(v, "num_attention_heads")?;
         let mla = match architecture {
-            Architecture::DeepseekV3 => Some(mla_config(v)?),
+            Architecture::DeepseekV2 | Architecture::DeepseekV3 => Some(mla_config(v)?),
             _ => None,
         };
         // Latent attention expands its keys and values to one per query head.
@@ -911,6 +955,7 @@ impl DecoderConfig {
             Architecture::Olmo3 => Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096)),
             Architecture::Glm4
             | Architecture::Glm4Moe
+            | Architecture::DeepseekV2
             | Architecture::DeepseekV3
             | Architecture::InternLm2
             | Architecture::Granite
@@ -994,6 +1039,7 @@ impl DecoderConfig {
                 Architecture::Qwen2Moe
                 | Architecture::Qwen3Moe
                 | Architecture::Glm4Moe
+                | Architecture::DeepseekV2
                 | Architecture::DeepseekV3
                 | Architecture::Mixtral
                 | Architecture::GptOss => Some(moe_config(v, architecture)?),
@@ -1065,7 +1111,8 @@ impl DecoderConfig {
                     ),
                 ));
             }
-            if let Router::GroupedSigmoid { n_group, topk_group, .. } = moe.router
+            if let Router::GroupedSigmoid { n_group, topk_group, .. }
+            | Router::GroupedSoftmax { n_group, topk_group, .. } = moe.router
                 && (n_group == 0
                     || !moe.num_experts.is_multiple_of(n_group)
                     || topk_group == 0

@@ -1,9 +1,9 @@
-//! The sparse mixture-of-experts feed-forward of Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5 and gpt-oss: a linear
-//! router scores every expert for each token and picks the token's experts (the top-k of a
-//! softmax, or DeepSeek-V3's group-limited sigmoid choice, see [`Router`]), each expert (a
-//! SwiGLU MLP) runs once on the rows routed to it, and the outputs are summed back with their
-//! routing weights. Qwen2-MoE adds an always-on shared expert scaled by a sigmoid gate, GLM-4.5
-//! an ungated one.
+//! The sparse mixture-of-experts feed-forward of Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5,
+//! DeepSeek-V2 / V3 and gpt-oss: a linear router scores every expert for each token and picks
+//! the token's experts (the top-k of a softmax, DeepSeek-V2's group-limited one or DeepSeek-V3's
+//! group-limited sigmoid choice, see [`Router`]), each expert (a SwiGLU MLP) runs once on the
+//! rows routed to it, and the outputs are summed back with their routing weights. Qwen2-MoE adds
+//! an always-on shared expert scaled by a sigmoid gate, GLM-4.5 and DeepSeek an ungated one.
 //!
 //! The routing is read on the host (a `[T, experts]` copy per layer): free on the CPU, one
 //! small synchronising copy per layer on a GPU, which is why the MoE targets declare no
@@ -67,15 +67,45 @@ pub fn grouped_sigmoid_choice(
         Some(bias) => scores.iter().zip(bias).map(|(s, b)| s + b).collect(),
         None => scores.to_vec(),
     };
-    let per_group = choice.len() / n_group;
-    let group_scores: Vec<f32> =
-        choice.chunks(per_group).map(|g| top_indices(g, 2).iter().map(|&i| g[i]).sum()).collect();
-    let groups = top_indices(&group_scores, topk_group);
-    let masked: Vec<f32> =
-        choice.iter().enumerate().map(|(e, &c)| if groups.contains(&(e / per_group)) { c } else { 0.0 }).collect();
-    let chosen = top_indices(&masked, top_k);
+    // A group scores the sum of its two best.
+    let pair_sum = |g: &[f32]| top_indices(g, 2).iter().map(|&i| g[i]).sum();
+    let chosen = top_indices(&within_best_groups(&choice, n_group, topk_group, pair_sum), top_k);
     let total: f32 = if norm_topk_prob { chosen.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20 } else { 1.0 };
     chosen.into_iter().map(|e| (e, (scores[e] / total * scale as f32))).collect()
+}
+
+/// DeepSeek-V2's routing of one token's softmax `probs`: its `top_k` experts among the
+/// `topk_group` best of `n_group` groups (a group scored by its best expert), weighted by their
+/// probabilities, renormalised when `norm_topk_prob` and otherwise times `scale`, as DeepSeek's
+/// own gate does (released configs do not renormalise). One group is plain top-k (`greedy`).
+pub fn grouped_softmax_choice(
+    probs: &[f32],
+    top_k: usize,
+    (n_group, topk_group): (usize, usize),
+    norm_topk_prob: bool,
+    scale: f64,
+) -> Vec<(usize, f32)> {
+    let best = |g: &[f32]| g.iter().copied().fold(f32::MIN, f32::max);
+    let chosen = top_indices(&within_best_groups(probs, n_group, topk_group, best), top_k);
+    let factor = match norm_topk_prob && top_k > 1 {
+        true => 1.0 / (chosen.iter().map(|&e| probs[e]).sum::<f32>() + 1e-20),
+        false => scale as f32,
+    };
+    chosen.into_iter().map(|e| (e, probs[e] * factor)).collect()
+}
+
+/// `values` with every expert outside the `topk_group` best of `n_group` equal groups (scored
+/// by `group_score`) set to zero.
+fn within_best_groups(
+    values: &[f32],
+    n_group: usize,
+    topk_group: usize,
+    group_score: impl Fn(&[f32]) -> f32,
+) -> Vec<f32> {
+    let per_group = values.len() / n_group;
+    let group_scores: Vec<f32> = values.chunks(per_group).map(group_score).collect();
+    let groups = top_indices(&group_scores, topk_group);
+    values.iter().enumerate().map(|(e, &v)| if groups.contains(&(e / per_group)) { v } else { 0.0 }).collect()
 }
 
 /// Routes each row of `probs [T, experts]` to its `top_k` most probable experts (the lower
@@ -89,6 +119,18 @@ pub fn route(probs: &[Vec<f32>], top_k: usize, norm_topk_prob: bool) -> Vec<Rout
         for &e in &chosen {
             routes[e].tokens.push(token as u32);
             routes[e].weights.push(p[e] / total);
+        }
+    }
+    routes
+}
+
+/// Each expert's tokens and weights from every token's `(expert, weight)` choice, in order.
+fn gather_routes(num_experts: usize, choices: impl Iterator<Item = Vec<(usize, f32)>>) -> Vec<Route> {
+    let mut routes = vec![Route::default(); num_experts];
+    for (token, choice) in choices.enumerate() {
+        for (e, w) in choice {
+            routes[e].tokens.push(token as u32);
+            routes[e].weights.push(w);
         }
     }
     routes
@@ -114,7 +156,7 @@ impl SparseMoe {
                 let bias = store.tensor(&name, &[moe.num_experts])?;
                 Some(bias.to_dtype(DType::F32)?.to_vec1::<f32>()?)
             }
-            Router::Softmax => None,
+            Router::Softmax | Router::GroupedSoftmax { .. } => None,
         };
         let experts = (0..moe.num_experts)
             .map(|e| Mlp::load(store, &format!("{prefix}.experts.{e}"), hidden, moe.expert_intermediate_size))
@@ -143,22 +185,34 @@ impl SparseMoe {
             }
             Router::GroupedSigmoid { n_group, topk_group, routed_scaling_factor } => {
                 let scores = candle_nn::ops::sigmoid(logits)?.to_vec2::<f32>()?;
-                let mut routes = vec![Route::default(); moe.num_experts];
-                for (token, s) in scores.iter().enumerate() {
-                    let choice = grouped_sigmoid_choice(
-                        s,
-                        self.choice_bias.as_deref(),
-                        moe.top_k,
-                        (n_group, topk_group),
-                        moe.norm_topk_prob,
-                        routed_scaling_factor,
-                    );
-                    for (e, w) in choice {
-                        routes[e].tokens.push(token as u32);
-                        routes[e].weights.push(w);
-                    }
-                }
-                Ok(routes)
+                Ok(gather_routes(
+                    moe.num_experts,
+                    scores.iter().map(|s| {
+                        grouped_sigmoid_choice(
+                            s,
+                            self.choice_bias.as_deref(),
+                            moe.top_k,
+                            (n_group, topk_group),
+                            moe.norm_topk_prob,
+                            routed_scaling_factor,
+                        )
+                    }),
+                ))
+            }
+            Router::GroupedSoftmax { n_group, topk_group, routed_scaling_factor } => {
+                let probs = candle_nn::ops::softmax_last_dim(logits)?.to_vec2::<f32>()?;
+                Ok(gather_routes(
+                    moe.num_experts,
+                    probs.iter().map(|p| {
+                        grouped_softmax_choice(
+                            p,
+                            moe.top_k,
+                            (n_group, topk_group),
+                            moe.norm_topk_prob,
+                            routed_scaling_factor,
+                        )
+                    }),
+                ))
             }
         }
     }
@@ -241,5 +295,19 @@ mod tests {
         // The bias steers the choice only: a large bias picks expert 1 at its plain score.
         let chosen = grouped_sigmoid_choice(&scores, Some(&[0.0, 5.0, 0.0, 0.0, 0.0, 0.0]), 1, (1, 1), false, 1.0);
         assert_eq!(chosen, vec![(1, 0.1)]);
+    }
+
+    #[test]
+    fn grouped_softmax_scores_a_group_by_its_best_expert_and_scales_unless_renormalising() {
+        // Group 0's best is 0.3, group 1's 0.34: only group 1 is open, though group 0 holds
+        // the next-best experts.
+        let probs = [0.3, 0.1, 0.2, 0.34, 0.04, 0.02];
+        let chosen = grouped_softmax_choice(&probs, 2, (2, 1), false, 16.0);
+        assert_eq!(chosen.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 4]);
+        assert!((chosen[0].1 - 0.34 * 16.0).abs() < 1e-5 && (chosen[1].1 - 0.04 * 16.0).abs() < 1e-5);
+        // One group (`greedy`): plain top-k; renormalised weights are not scaled.
+        let chosen = grouped_softmax_choice(&probs, 2, (1, 1), true, 16.0);
+        assert_eq!(chosen.iter().map(|c| c.0).collect::<Vec<_>>(), vec![3, 0]);
+        assert!((chosen[0].1 - 0.34 / 0.64).abs() < 1e-6 && (chosen[1].1 - 0.3 / 0.64).abs() < 1e-6);
     }
 }

@@ -394,8 +394,8 @@ pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Valu
     c["num_experts_per_tok"] = json!(m.top_k);
     c["moe_intermediate_size"] = json!(m.expert_intermediate);
     c["norm_topk_prob"] = json!(m.norm_topk_prob);
-    if matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV3) {
-        // GLM-4.5's names, as DeepSeek-V3 writes them.
+    if matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV2 | Architecture::DeepseekV3) {
+        // GLM-4.5's names, as DeepSeek writes them.
         assert!(m.dense_layers.iter().enumerate().all(|(i, &l)| i == l), "GLM keeps leading dense layers");
         c["n_routed_experts"] = json!(m.experts);
         c["n_shared_experts"] = json!(m.shared_intermediate.unwrap_or(0) / m.expert_intermediate);
@@ -443,8 +443,8 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
         }
         // A sharp router, so that the top-k choice matters.
         t.insert(format!("{p}.gate.weight"), random_tensor(&[m.experts, h], 1.0, next())?);
-        let glm = matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV3);
-        if glm {
+        let glm = matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV2 | Architecture::DeepseekV3);
+        if glm && arch != Architecture::DeepseekV2 {
             t.insert(format!("{p}.gate.e_score_correction_bias"), random_tensor(&[m.experts], 0.3, next())?);
         }
         let mut expert = |prefix: String, width: usize| -> Result<()> {
@@ -478,10 +478,14 @@ pub struct TinyMla {
     pub v_head_dim: usize,
 }
 
-/// A DeepSeek-V3 `config.json` for a tiny target: GLM-4.5's experts (as DeepSeek names them)
-/// and latent attention (`shape.kv_heads` and `shape.head_dim` unused).
-pub fn deepseek_v3_config(s: &TinyShape, mla: &TinyMla, m: &TinyMoe) -> Value {
-    let mut c = moe_target_config(Architecture::DeepseekV3, s, m);
+/// A DeepSeek-V3 (or `arch` V2, `group_limited_greedy`) `config.json` for a tiny target:
+/// GLM-4.5's experts (as DeepSeek names them) and latent attention (`shape.kv_heads` and
+/// `shape.head_dim` unused).
+pub fn deepseek_config(arch: Architecture, s: &TinyShape, mla: &TinyMla, m: &TinyMoe) -> Value {
+    let mut c = moe_target_config(arch, s, m);
+    if arch == Architecture::DeepseekV2 {
+        c["topk_method"] = json!("group_limited_greedy");
+    }
     c["q_lora_rank"] = json!(mla.q_lora_rank);
     c["kv_lora_rank"] = json!(mla.kv_lora_rank);
     c["qk_nope_head_dim"] = json!(mla.qk_nope_head_dim);
@@ -491,11 +495,18 @@ pub fn deepseek_v3_config(s: &TinyShape, mla: &TinyMla, m: &TinyMoe) -> Value {
     c
 }
 
-/// Random weights for a tiny DeepSeek-V3: [`random_moe_target`]'s norms and experts, and latent
+/// Random weights for a tiny DeepSeek-V3 (or `arch` V2, no correction bias):
+/// [`random_moe_target`]'s norms and experts, and latent
 /// attention (`q_a_proj`, `q_a_layernorm`, `q_b_proj` or one `q_proj`; `kv_a_proj_with_mqa`,
 /// `kv_a_layernorm`, `kv_b_proj`; `o_proj` over the heads' values).
-pub fn random_deepseek_v3(s: &TinyShape, mla: &TinyMla, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
-    let mut t = random_moe_target(Architecture::DeepseekV3, s, m, seed)?;
+pub fn random_deepseek(
+    arch: Architecture,
+    s: &TinyShape,
+    mla: &TinyMla,
+    m: &TinyMoe,
+    seed: u64,
+) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_moe_target(arch, s, m, seed)?;
     let mut k = seed * 7_000;
     let mut next = || {
         k += 1;

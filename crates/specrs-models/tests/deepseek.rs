@@ -1,15 +1,17 @@
-//! DeepSeek-V3 (`DeepseekV3ForCausalLM`) on tiny checkpoints written in its real layout:
-//! multi-head latent attention (through the query bottleneck or one `q_proj`, values narrower
-//! than keys, the shared rope key, DeepSeek's interleaved RoPE pairs), a leading dense layer and
-//! then grouped-sigmoid experts with a shared expert, matching transformers' forward
-//! (`common::Reference`) in one prefill and token by token; its configuration read as
-//! transformers reads it.
+//! DeepSeek-V3 (`DeepseekV3ForCausalLM`) and V2 (`DeepseekV2ForCausalLM`) on tiny checkpoints
+//! written in their real layout: multi-head latent attention (through the query bottleneck or
+//! one `q_proj`, values narrower than keys, the shared rope key, DeepSeek's interleaved RoPE
+//! pairs), a leading dense layer and then routed experts with a shared expert (V3's grouped
+//! sigmoid with its correction bias, V2's softmax within the best groups, scaled), matching
+//! transformers' forward (`common::Reference`) in one prefill and token by token; their
+//! configuration read as transformers reads it.
 
 mod common;
 
 use candle_core::Device;
-use common::{MlaLayout, Reference, Routing, assert_close, logits};
+use common::{Choice, MlaLayout, Reference, Routing, assert_close, logits};
 use serde_json::json;
+use specrs_models::config::Router;
 use specrs_models::testing::{self, TinyMla, TinyMoe, TinyShape};
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
 
@@ -30,24 +32,31 @@ fn moe() -> TinyMoe {
     }
 }
 
-/// Loads a random DeepSeek-V3 with `mla` and checks it against the reference forward; returns
-/// the reference's logits with the rope pairs taken as halves, for the caller to compare.
-fn matches_reference(mla: TinyMla, seed: u64) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+/// Loads a random DeepSeek `arch` with `mla` and `m` and checks it against the reference
+/// forward; returns the reference's logits with the rope pairs taken as halves, for the caller
+/// to compare.
+fn matches_reference(arch: Architecture, mla: TinyMla, m: TinyMoe, seed: u64) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let dir = tempfile::tempdir().unwrap();
-    let m = moe();
-    let tensors = testing::random_deepseek_v3(&SHAPE, &mla, &m, seed).unwrap();
-    testing::write_checkpoint(dir.path(), &testing::deepseek_v3_config(&SHAPE, &mla, &m), &tensors).unwrap();
+    let tensors = testing::random_deepseek(arch, &SHAPE, &mla, &m, seed).unwrap();
+    testing::write_checkpoint(dir.path(), &testing::deepseek_config(arch, &SHAPE, &mla, &m), &tensors).unwrap();
     let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
     let cfg = model.config();
     let d = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
-    assert_eq!(cfg.architecture, Architecture::DeepseekV3);
+    assert_eq!(cfg.architecture, arch);
     // Expanded to ordinary heads: one key and value per query head, the rope part leading.
     assert_eq!((cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim), (SHAPE.heads, d, mla.qk_rope_head_dim));
     let reference = |interleaved_rope| Reference {
         rotary: mla.qk_rope_head_dim,
         factors: vec![1.0; mla.qk_rope_head_dim / 2],
         interleaved_rope,
-        routing: Some(Routing { top_k: m.top_k, norm_topk_prob: m.norm_topk_prob, grouped: Some(m.groups) }),
+        routing: Some(Routing {
+            top_k: m.top_k,
+            norm_topk_prob: m.norm_topk_prob,
+            choice: match arch {
+                Architecture::DeepseekV2 => Choice::GroupedSoftmax(m.groups.0, m.groups.1, m.groups.2),
+                _ => Choice::GroupedSigmoid(m.groups.0, m.groups.1, m.groups.2),
+            },
+        }),
         mla: Some(MlaLayout {
             kv_lora_rank: mla.kv_lora_rank,
             nope: mla.qk_nope_head_dim,
@@ -66,7 +75,7 @@ fn matches_reference(mla: TinyMla, seed: u64) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) 
 
 #[test]
 fn latent_attention_and_grouped_experts_match_the_transformers_forward() {
-    let (interleaved, halves) = matches_reference(MLA, 5);
+    let (interleaved, halves) = matches_reference(Architecture::DeepseekV3, MLA, moe(), 5);
     // DeepSeek's rope pairs are interleaved: taking them as halves gives other logits.
     let gap = interleaved.iter().flatten().zip(halves.iter().flatten()).map(|(a, b)| (a - b).abs());
     assert!(gap.fold(0f32, f32::max) > 1e-2, "interleaved and half rotation agree");
@@ -75,12 +84,20 @@ fn latent_attention_and_grouped_experts_match_the_transformers_forward() {
 #[test]
 fn queries_without_the_low_rank_bottleneck_match_too() {
     // DeepSeek-V2-Lite's shape: one q_proj; values as wide as the non-rotated keys.
-    matches_reference(TinyMla { q_lora_rank: None, v_head_dim: 6, ..MLA }, 9);
+    matches_reference(Architecture::DeepseekV3, TinyMla { q_lora_rank: None, v_head_dim: 6, ..MLA }, moe(), 9);
+}
+
+#[test]
+fn deepseek_v2_routes_by_softmax_within_the_best_groups_and_scales_the_weights() {
+    // V2-Lite's attention (one q_proj), V2's router: two groups of two, one kept, weights
+    // times 2.5 without renormalising (the released configs' norm_topk_prob: false).
+    let m = TinyMoe { norm_topk_prob: false, ..moe() };
+    matches_reference(Architecture::DeepseekV2, TinyMla { q_lora_rank: None, ..MLA }, m, 13);
 }
 
 #[test]
 fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
-    let base = testing::deepseek_v3_config(&SHAPE, &MLA, &moe());
+    let base = testing::deepseek_config(Architecture::DeepseekV3, &SHAPE, &MLA, &moe());
     let cfg = DecoderConfig::from_hf_json(&base).unwrap();
     let mla = cfg.mla.unwrap();
     assert!(mla.rope_interleave && cfg.moe.as_ref().unwrap().first_k_dense_replace == 1);
@@ -103,4 +120,14 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
     assert!(e.contains("v_head_dim") && e.contains("wider"), "{e}");
     let e = error("qk_rope_head_dim", json!(0));
     assert!(e.contains("qk_rope_head_dim") && e.contains("positive"), "{e}");
+    let e = error("moe_layer_freq", json!(2));
+    assert!(e.contains("moe_layer_freq"), "{e}");
+    // V2: `greedy` is one group whatever n_group says; an unknown method is named.
+    let mut v2 = testing::deepseek_config(Architecture::DeepseekV2, &SHAPE, &MLA, &moe());
+    v2["topk_method"] = json!("greedy");
+    let router = DecoderConfig::from_hf_json(&v2).unwrap().moe.unwrap().router;
+    assert_eq!(router, Router::GroupedSoftmax { n_group: 1, topk_group: 1, routed_scaling_factor: 2.5 });
+    v2["topk_method"] = json!("noaux_tc");
+    let e = DecoderConfig::from_hf_json(&v2).unwrap_err().to_string();
+    assert!(e.contains("topk_method") && e.contains("noaux_tc"), "{e}");
 }

@@ -18,7 +18,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value as GgufValue};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Reference, Routing, assert_close, assert_within, llama_cpp_permuted, logits};
+use common::{Choice, Reference, Routing, assert_close, assert_within, llama_cpp_permuted, logits};
 use serde_json::json;
 use specrs_models::testing::{self, TinyMoe, TinyShape};
 use specrs_models::weights::gguf::gguf_name;
@@ -77,7 +77,10 @@ fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMo
         routing: Some(Routing {
             top_k: moe.top_k,
             norm_topk_prob: moe.norm_topk_prob,
-            grouped: glm.then_some(moe.groups),
+            choice: match glm {
+                true => Choice::GroupedSigmoid(moe.groups.0, moe.groups.1, moe.groups.2),
+                false => Choice::Softmax,
+            },
         }),
         ..Reference::plain(tensors, SHAPE)
     }

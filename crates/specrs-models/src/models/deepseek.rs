@@ -1,7 +1,8 @@
 //! `DeepseekV3ForCausalLM`: DeepSeek-V3 / R1 and the models built on its layer (Kimi K2,
-//! Moonlight). Multi-head latent attention, then dense MLPs in the first
-//! `first_k_dense_replace` layers and routed experts after them (sigmoid scores, group-limited
-//! top-k steered by a correction bias, a shared expert: `crate::moe`, as GLM-4.5's).
+//! Moonlight); `DeepseekV2ForCausalLM`: DeepSeek-V2 / V2.5 / V2-Lite. Multi-head latent
+//! attention, then dense MLPs in the first `first_k_dense_replace` layers and routed experts
+//! after them with a shared expert (`crate::moe`): V3's sigmoid scores with a correction bias
+//! steering a group-limited top-k, as GLM-4.5's; V2's softmax top-k within the best groups.
 //!
 //! Latent attention (`LatentProjection`) compresses each token to a `kv_lora_rank` latent plus
 //! one `qk_rope_head_dim` key part shared by every head; `kv_b_proj` expands the normed latent
@@ -27,7 +28,7 @@ use crate::norm::RmsNorm;
 use crate::rope::half_rotation_rows;
 use crate::weights::{Alias, Aliases, WeightStore};
 
-/// DeepSeek-V3 needs nothing beyond what its configuration reader sets.
+/// DeepSeek-V2 and V3 need nothing beyond what their configuration reader sets.
 pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
     cfg
 }
@@ -51,7 +52,7 @@ fn query_rows(heads: usize, m: &MlaConfig) -> Vec<u32> {
         .collect()
 }
 
-/// Where a DeepSeek-V3 checkpoint keeps each tensor the latent attention asks for.
+/// Where a DeepSeek checkpoint keeps each tensor the latent attention asks for.
 pub fn aliases(cfg: &DecoderConfig, layers: usize) -> Aliases {
     let mut table = Aliases::new();
     let Some(m) = cfg.mla else { return table };

@@ -48,7 +48,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 // The MTP layers past the last decoder layer attend the same way.
-                Architecture::DeepseekV3 => {
+                Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
                     let mtp = json.get("num_nextn_predict_layers").and_then(serde_json::Value::as_u64).unwrap_or(0);
                     store.set_aliases(deepseek::aliases(&cfg, cfg.num_hidden_layers + mtp as usize))?
                 }
@@ -70,7 +70,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Glm4 => glm4::adapt(cfg),
                 Architecture::Olmo2 | Architecture::Olmo3 => olmo2::adapt(cfg),
                 Architecture::SmolLm3 => smollm3::adapt(cfg),
-                Architecture::DeepseekV3 => deepseek::adapt(cfg),
+                Architecture::DeepseekV2 | Architecture::DeepseekV3 => deepseek::adapt(cfg),
             })
         }
     }

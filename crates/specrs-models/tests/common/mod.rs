@@ -35,13 +35,21 @@ pub fn logits(model: &CausalLm, ids: &[u32], stepwise: bool) -> Vec<Vec<f32>> {
     (0..ids.len()).flat_map(|i| rows(&batch(&ids[i..=i], i))).collect()
 }
 
-/// Routing of a mixture: each token's `top_k` most probable experts, weights renormalised when
-/// `norm_topk_prob`; with `grouped` (`n_group`, `topk_group`, `routed_scaling_factor`),
-/// DeepSeek-V3's sigmoid routing instead of the softmax.
+/// How a mixture's router chooses: softmax top-k; DeepSeek-V3's sigmoid scores within the best
+/// groups (`n_group`, `topk_group`, `routed_scaling_factor`); or DeepSeek-V2's softmax within
+/// the best groups.
+pub enum Choice {
+    Softmax,
+    GroupedSigmoid(usize, usize, f64),
+    GroupedSoftmax(usize, usize, f64),
+}
+
+/// Routing of a mixture: each token's `top_k` experts as `choice` picks them, weights
+/// renormalised when `norm_topk_prob`.
 pub struct Routing {
     pub top_k: usize,
     pub norm_topk_prob: bool,
-    pub grouped: Option<(usize, usize, f64)>,
+    pub choice: Choice,
 }
 
 /// Positions of the `k` largest values, the earlier first among equals.
@@ -442,17 +450,20 @@ impl<'a> Reference<'a> {
         let logits = matmul_t(x, &self.tensors[&format!("{p}.gate.weight")]);
         let mut out = vec![vec![0f32; x[0].len()]; x.len()];
         for (t, l) in logits.iter().enumerate() {
-            let (chosen, weight): (Vec<usize>, Vec<f32>) = match routing.grouped {
-                None => {
-                    let top = l.iter().cloned().fold(f32::MIN, f32::max);
-                    let exp: Vec<f32> = l.iter().map(|v| (v - top).exp()).collect();
-                    let sum: f32 = exp.iter().sum();
-                    let probs: Vec<f32> = exp.iter().map(|e| e / sum).collect();
+            let softmax = || {
+                let top = l.iter().cloned().fold(f32::MIN, f32::max);
+                let exp: Vec<f32> = l.iter().map(|v| (v - top).exp()).collect();
+                let sum: f32 = exp.iter().sum();
+                exp.iter().map(|e| e / sum).collect::<Vec<f32>>()
+            };
+            let (chosen, weight): (Vec<usize>, Vec<f32>) = match routing.choice {
+                Choice::Softmax => {
+                    let probs = softmax();
                     let chosen = largest(&probs, routing.top_k);
                     let total: f32 = if routing.norm_topk_prob { chosen.iter().map(|&e| probs[e]).sum() } else { 1.0 };
                     (chosen, probs.iter().map(|p| p / total).collect())
                 }
-                Some((n_group, topk_group, scale)) => {
+                Choice::GroupedSigmoid(n_group, topk_group, scale) => {
                     // transformers' DeepseekV3TopkRouter.
                     let scores: Vec<f32> = l.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect();
                     let bias = self.tensors[&format!("{p}.gate.e_score_correction_bias")].to_vec1::<f32>().unwrap();
@@ -470,6 +481,23 @@ impl<'a> Reference<'a> {
                         1.0
                     };
                     (chosen, scores.iter().map(|s| s / total * scale as f32).collect())
+                }
+                Choice::GroupedSoftmax(n_group, topk_group, scale) => {
+                    // DeepSeek-V2's MoEGate (`group_limited_greedy`): a group scores its best.
+                    let probs = softmax();
+                    let size = probs.len() / n_group;
+                    let group_scores: Vec<f32> =
+                        probs.chunks(size).map(|g| g.iter().cloned().fold(f32::MIN, f32::max)).collect();
+                    let kept = largest(&group_scores, topk_group);
+                    let masked: Vec<f32> =
+                        (0..probs.len()).map(|e| if kept.contains(&(e / size)) { probs[e] } else { 0.0 }).collect();
+                    let chosen = largest(&masked, routing.top_k);
+                    let factor = if routing.norm_topk_prob && routing.top_k > 1 {
+                        1.0 / (chosen.iter().map(|&e| probs[e]).sum::<f32>() + 1e-20)
+                    } else {
+                        scale as f32
+                    };
+                    (chosen, probs.iter().map(|p| p * factor).collect())
                 }
             };
             for e in chosen {
