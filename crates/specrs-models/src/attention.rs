@@ -753,6 +753,20 @@ mod tests {
         }
     }
 
+    /// The CPU kernel and the padded path agree with the reference on `shape`; returns the
+    /// reference output.
+    fn every_path_agrees(q: &Tensor, cache: &PagedKvCache, batch: &ForwardBatch, shape: &AttentionShape) -> Tensor {
+        let (kc, vc) = cache.layer(0);
+        let slow = reference_attention(q, kc, vc, batch, shape).unwrap();
+        let fast = paged_attention(q, kc, vc, batch, shape).unwrap();
+        let padded = crate::padded_attention::ragged_attention(q, kc, vc, batch, shape).unwrap();
+        for (path, out) in [("CPU kernel", &fast), ("padded", &padded)] {
+            let diff = crate::testing::max_abs_diff(out, &slow).unwrap();
+            assert!(diff < 1e-5, "{path} {:?}: {diff}", batch.sliding_window);
+        }
+        slow
+    }
+
     #[test]
     fn cpu_kernel_matches_reference_for_every_mask() {
         for (mask, window) in
@@ -773,14 +787,8 @@ mod tests {
         for (mask, window) in [(AttentionMask::Causal, None), (AttentionMask::Causal, Some(3))] {
             let (q, cache, batch, plain) = setup(mask, window);
             let (q, shape) = ((q * 4.0).unwrap(), AttentionShape { softcap: Some(0.3), ..plain.clone() });
+            let slow = every_path_agrees(&q, &cache, &batch, &shape);
             let (kc, vc) = cache.layer(0);
-            let slow = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
-            let fast = paged_attention(&q, kc, vc, &batch, &shape).unwrap();
-            let padded = crate::padded_attention::ragged_attention(&q, kc, vc, &batch, &shape).unwrap();
-            for (path, out) in [("CPU kernel", &fast), ("padded", &padded)] {
-                let diff = crate::testing::max_abs_diff(out, &slow).unwrap();
-                assert!(diff < 1e-5, "{path} {window:?}: {diff}");
-            }
             let uncapped = reference_attention(&q, kc, vc, &batch, &plain).unwrap();
             assert!(crate::testing::max_abs_diff(&uncapped, &slow).unwrap() > 1e-2, "the cap changes the output");
         }
@@ -795,19 +803,12 @@ mod tests {
                 sinks: Some(AttentionSinks::new(&Tensor::new(&values, &Device::Cpu).unwrap()).unwrap()),
                 ..plain.clone()
             };
-            let shape = with_sinks([0.5, -1.0, 2.0, 0.0]);
-            let slow = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
-            let fast = paged_attention(&q, kc, vc, &batch, &shape).unwrap();
-            let padded = crate::padded_attention::ragged_attention(&q, kc, vc, &batch, &shape).unwrap();
-            for (path, out) in [("CPU kernel", &fast), ("padded", &padded)] {
-                let diff = crate::testing::max_abs_diff(out, &slow).unwrap();
-                assert!(diff < 1e-5, "{path} {window:?}: {diff}");
-            }
-            let uncapped = reference_attention(&q, kc, vc, &batch, &plain).unwrap();
-            assert!(crate::testing::max_abs_diff(&uncapped, &slow).unwrap() > 1e-2, "the sinks change the output");
+            let slow = every_path_agrees(&q, &cache, &batch, &with_sinks([0.5, -1.0, 2.0, 0.0]));
+            let plain_out = reference_attention(&q, kc, vc, &batch, &plain).unwrap();
+            assert!(crate::testing::max_abs_diff(&plain_out, &slow).unwrap() > 1e-2, "the sinks change the output");
             // A sink far below every score takes nothing; far above, it takes everything.
             let silent = paged_attention(&q, kc, vc, &batch, &with_sinks([-1e4; 4])).unwrap();
-            assert!(crate::testing::max_abs_diff(&silent, &uncapped).unwrap() < 1e-6);
+            assert!(crate::testing::max_abs_diff(&silent, &plain_out).unwrap() < 1e-6);
             let absorbing = paged_attention(&q, kc, vc, &batch, &with_sinks([1e3; 4])).unwrap();
             assert!(absorbing.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() < 1e-6);
         }
