@@ -526,6 +526,8 @@ def pipeline_class_name(pipeline: type) -> str:
         "Olmo3ForCausalLM",
         "SmolLM3ForCausalLM",
         "Glm4MoeForCausalLM",
+        "CohereForCausalLM",
+        "Cohere2ForCausalLM",
         "DeepseekV2ForCausalLM",
         "DeepseekV3ForCausalLM",
         "InternLM2ForCausalLM",

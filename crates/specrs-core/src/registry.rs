@@ -182,6 +182,21 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    ArchitectureSpec {
+        name: "CohereForCausalLM",
+        example_repo_ids: &["CohereForAI/c4ai-command-r-v01", "CohereForAI/aya-23-8B"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    // Per-layer windows and RoPE: one fixed-shape step cannot serve every layer.
+    ArchitectureSpec {
+        name: "Cohere2ForCausalLM",
+        example_repo_ids: &["CohereForAI/c4ai-command-r7b-12-2024", "CohereLabs/c4ai-command-a-03-2025"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     // Routing read on the host.
     ArchitectureSpec {
         name: "DeepseekV2ForCausalLM",

@@ -602,3 +602,22 @@ fn a_deepseek_v2_target_decodes_as_its_model_and_speculates_losslessly() {
     );
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 310, "DeepSeek-V2");
 }
+
+#[test]
+fn cohere_targets_with_parallel_blocks_decode_as_their_model_and_speculate_losslessly() {
+    // Command R+'s shape (per-head q/k LayerNorms) and Command R7B's (three sliding layers with
+    // RoPE, windows of 5 keys shorter than every output here, to each full layer without).
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("cohere");
+    write(
+        &target,
+        &testing::cohere_config(Architecture::Cohere, &SHAPE, true),
+        &testing::random_cohere(&SHAPE, true, 73).unwrap(),
+    );
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 311, "Cohere");
+    let target = dir.path().join("cohere2");
+    let mut config = testing::cohere_config(Architecture::Cohere2, &SHAPE, false);
+    config["sliding_window"] = json!(5);
+    write(&target, &config, &testing::random_cohere(&SHAPE, false, 79).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3-2"), 312, "Cohere 2");
+}

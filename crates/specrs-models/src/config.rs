@@ -62,6 +62,13 @@ pub enum Architecture {
     /// each head, leading dense layers, then DeepSeek-V3-style sigmoid-routed experts with a
     /// shared expert.
     Glm4Moe,
+    /// Command-R / R+ / Aya (`CohereForCausalLM`): attention and MLP side by side from one
+    /// bias-free LayerNorm, RoPE turning interleaved pairs, logits times `logit_scale`, and
+    /// (R+) LayerNorms over each head of q and k with a weight row per head (`use_qk_norm`).
+    Cohere,
+    /// Command R7B / Command A (`Cohere2ForCausalLM`): Cohere's layer, three sliding-window
+    /// layers with RoPE to each full-attention one without.
+    Cohere2,
     /// DeepSeek-V2 / V2.5 / V2-Lite (`DeepseekV2ForCausalLM`): DeepSeek-V3's latent attention
     /// and layer, experts chosen from a softmax within the best groups (`Router::GroupedSoftmax`),
     /// an ungated shared expert.
@@ -95,6 +102,8 @@ impl Architecture {
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
         ("GptOssForCausalLM", Architecture::GptOss),
+        ("CohereForCausalLM", Architecture::Cohere),
+        ("Cohere2ForCausalLM", Architecture::Cohere2),
         ("DeepseekV2ForCausalLM", Architecture::DeepseekV2),
         ("DeepseekV3ForCausalLM", Architecture::DeepseekV3),
     ];
@@ -155,6 +164,8 @@ impl Architecture {
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Granite => "GraniteForCausalLM",
             Self::GptOss => "GptOssForCausalLM",
+            Self::Cohere => "CohereForCausalLM",
+            Self::Cohere2 => "Cohere2ForCausalLM",
             Self::DeepseekV2 => "DeepseekV2ForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
@@ -180,6 +191,8 @@ impl Architecture {
             Self::Gemma3 => "gemma3_text",
             Self::Granite => "granite",
             Self::GptOss => "gpt_oss",
+            Self::Cohere => "cohere",
+            Self::Cohere2 => "cohere2",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
         }
@@ -339,6 +352,14 @@ fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: u
                 ..Scales::default()
             }
         }
+        // Cohere multiplies its logits by `logit_scale`.
+        Architecture::Cohere | Architecture::Cohere2 => {
+            let scale = opt_f64(v, "logit_scale").unwrap_or(0.0625);
+            if !(scale.is_finite() && scale > 0.0) {
+                return Err(ModelError::config("logit_scale", format!("must be positive and finite, got {scale}")));
+            }
+            Scales { logits_divisor: 1.0 / scale, ..Scales::default() }
+        }
         // DeepSeek scales scores by `head_dim^-0.5 · mscale²` under YaRN with `mscale_all_dim`,
         // `mscale = 0.1 · mscale_all_dim · ln(factor) + 1`.
         Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
@@ -401,6 +422,9 @@ pub enum NormPlacement {
     /// After each only: `post_attention_layernorm` over the attention's output,
     /// `post_feedforward_layernorm` over the MLP's (OLMo 2).
     Post,
+    /// One `input_layernorm` feeding attention and MLP side by side, both added to the
+    /// residual (Cohere).
+    Parallel,
 }
 
 /// What Gemma 2 and 3 add to the shared layer (their sliding layers are
@@ -952,11 +976,14 @@ impl DecoderConfig {
             Architecture::Llama | Architecture::Phi3 | Architecture::Mixtral | Architecture::GptOss => {
                 v.get("sliding_window").and_then(Value::as_u64)
             }
-            Architecture::Olmo3 => Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096)),
+            Architecture::Olmo3 | Architecture::Cohere2 => {
+                Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096))
+            }
             Architecture::Glm4
             | Architecture::Glm4Moe
             | Architecture::DeepseekV2
             | Architecture::DeepseekV3
+            | Architecture::Cohere
             | Architecture::InternLm2
             | Architecture::Granite
             | Architecture::Olmo2 => None,
@@ -991,7 +1018,7 @@ impl DecoderConfig {
         // OLMo 3 runs three and Gemma 3 five to each full one.
         let sliding_layers = match architecture {
             Architecture::Gemma2 | Architecture::GptOss => Some(2),
-            Architecture::Olmo3 => Some(4),
+            Architecture::Olmo3 | Architecture::Cohere2 => Some(4),
             Architecture::Gemma3 => Some(6),
             _ => None,
         }
@@ -1010,29 +1037,33 @@ impl DecoderConfig {
             head_dim,
             rotary_dim,
             vocab_size: req_usize(v, "vocab_size")?,
-            rms_norm_eps: opt_f64(v, "rms_norm_eps").unwrap_or(1e-6),
+            rms_norm_eps: match architecture {
+                Architecture::Cohere | Architecture::Cohere2 => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
+                _ => opt_f64(v, "rms_norm_eps").unwrap_or(1e-6),
+            },
             rope_theta: opt_f64(v, "rope_theta").unwrap_or(10_000.0),
             rope_scaling,
             max_position_embeddings,
-            tie_word_embeddings: v
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(architecture.is_gemma()),
+            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(
+                architecture.is_gemma() || matches!(architecture, Architecture::Cohere | Architecture::Cohere2),
+            ),
             attention_bias: internlm2_bias(v, architecture)?
                 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(architecture.qkv_bias_by_default()),
             qk_norm: architecture.has_qk_norm()
-                || (architecture == Architecture::Glm4Moe
+                || (matches!(architecture, Architecture::Glm4Moe | Architecture::Cohere)
                     && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false)),
             // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
             fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,
-            sliding_layers,
+            sliding_layers: sliding_layers.clone(),
             // DeepSeek's `attention_bias` covers its output projection too.
             attention_output_bias: (gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || (mla.is_some() && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false)),
             attention_sinks: gpt_oss,
             rope_layers: match architecture {
                 Architecture::SmolLm3 => Some(rope_layers(v, req_usize(v, "num_hidden_layers")?)?),
+                // Command R7B's full-attention layers attend without RoPE.
+                Architecture::Cohere2 => sliding_layers,
                 _ => None,
             },
             moe: match architecture {
@@ -1165,8 +1196,19 @@ impl DecoderConfig {
             _ if self.gemma.is_some() => NormPlacement::Sandwich,
             Architecture::Glm4 => NormPlacement::Sandwich,
             Architecture::Olmo2 | Architecture::Olmo3 => NormPlacement::Post,
+            Architecture::Cohere | Architecture::Cohere2 => NormPlacement::Parallel,
             _ => NormPlacement::Pre,
         }
+    }
+
+    /// The norms are LayerNorms without bias (Cohere): centred before they are normalised.
+    pub fn centered_norms(&self) -> bool {
+        matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2)
+    }
+
+    /// The q/k norms scale each head by its own weight row (`[heads, head_dim]`, Cohere).
+    pub fn qk_norm_weights_per_head(&self) -> bool {
+        self.architecture == Architecture::Cohere
     }
 
     /// q and k are normed across all heads at once (`[q_dim]` and `[kv_dim]` weights, OLMo 2),

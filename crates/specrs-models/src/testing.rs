@@ -468,6 +468,40 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
     Ok(t)
 }
 
+/// A Cohere / Cohere 2 `config.json` for a tiny target (tied embeddings, `logit_scale` 0.25,
+/// Command R+'s per-head q/k norms when `qk_norm`).
+pub fn cohere_config(arch: Architecture, s: &TinyShape, qk_norm: bool) -> Value {
+    let mut c = target_config(arch, s, true);
+    c["layer_norm_eps"] = json!(1e-5);
+    c["logit_scale"] = json!(0.25);
+    if qk_norm {
+        c["use_qk_norm"] = json!(true);
+    }
+    c
+}
+
+/// Random weights for a tiny Cohere: Llama's without `post_attention_layernorm` (one norm feeds
+/// attention and MLP), and with `qk_norm` a `[heads, head_dim]` weight for each of q and k.
+pub fn random_cohere(s: &TinyShape, qk_norm: bool, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Llama, s, true, seed)?;
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        t.remove(&format!("{p}.post_attention_layernorm.weight"));
+        if qk_norm {
+            let seed = seed * 100 + i as u64;
+            t.insert(
+                format!("{p}.self_attn.q_norm.weight"),
+                (random_tensor(&[s.heads, s.head_dim], 0.3, seed)? + 1.0)?,
+            );
+            t.insert(
+                format!("{p}.self_attn.k_norm.weight"),
+                (random_tensor(&[s.kv_heads, s.head_dim], 0.3, seed + 50)? + 1.0)?,
+            );
+        }
+    }
+    Ok(t)
+}
+
 /// Latent-attention dims of a tiny DeepSeek-V3 (`MlaConfig`).
 #[derive(Debug, Clone, Copy)]
 pub struct TinyMla {

@@ -1,5 +1,6 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
+pub mod cohere;
 pub mod deepseek;
 pub mod gemma2;
 pub mod gemma3;
@@ -47,6 +48,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
+                Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(cohere::aliases(&cfg))?,
                 // The MTP layers past the last decoder layer attend the same way.
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
                     let mtp = json.get("num_nextn_predict_layers").and_then(serde_json::Value::as_u64).unwrap_or(0);
@@ -71,6 +73,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Olmo2 | Architecture::Olmo3 => olmo2::adapt(cfg),
                 Architecture::SmolLm3 => smollm3::adapt(cfg),
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => deepseek::adapt(cfg),
+                Architecture::Cohere | Architecture::Cohere2 => cohere::adapt(cfg),
             })
         }
     }

@@ -14,6 +14,7 @@ use crate::error::Result as LoadResult;
 use crate::graph::StepInputs;
 use crate::kv_cache::PagedKvCache;
 use crate::linear::{FusedLinear, Linear, LinearWeight};
+use crate::models::cohere;
 use crate::models::deepseek::LatentProjection;
 use crate::moe::SparseMoe;
 use crate::norm::RmsNorm;
@@ -103,11 +104,17 @@ impl SelfAttention {
         let gemma = cfg.norms_add_one();
         let spans = cfg.qk_norm_spans_heads();
         let (q_norm_dim, k_norm_dim) = if spans { (q_dim, kv_dim) } else { (head_dim, head_dim) };
-        let (q_norm, k_norm) = if cfg.qk_norm || store.contains(&format!("{prefix}.q_norm.weight")) {
+        let (q_name, k_name) = (format!("{prefix}.q_norm.weight"), format!("{prefix}.k_norm.weight"));
+        let (q_norm, k_norm) = if cfg.qk_norm_weights_per_head() && cfg.qk_norm {
+            (
+                Some(cohere::head_norm(store, &q_name, num_heads, cfg)?),
+                Some(cohere::head_norm(store, &k_name, num_kv_heads, cfg)?),
+            )
+        } else if cfg.qk_norm || store.contains(&q_name) {
             let eps = cfg.rms_norm_eps;
             (
-                Some(RmsNorm::load_as(store, &format!("{prefix}.q_norm.weight"), q_norm_dim, eps, gemma)?),
-                Some(RmsNorm::load_as(store, &format!("{prefix}.k_norm.weight"), k_norm_dim, eps, gemma)?),
+                Some(RmsNorm::load_as(store, &q_name, q_norm_dim, eps, gemma)?),
+                Some(RmsNorm::load_as(store, &k_name, k_norm_dim, eps, gemma)?),
             )
         } else {
             (None, None)
@@ -325,7 +332,8 @@ impl FeedForward {
 }
 
 /// One decoder layer, its norms where the family puts them (`NormPlacement`): before
-/// attention and MLP (Llama), also after them (Gemma, GLM-4), or only after them (OLMo 2).
+/// attention and MLP (Llama), also after them (Gemma, GLM-4), only after them (OLMo 2), or one
+/// before attention and MLP side by side (Cohere).
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     input_layernorm: Option<RmsNorm>,
@@ -339,6 +347,8 @@ pub struct DecoderLayer {
     mlp_out_norm: Option<RmsNorm>,
     /// Granite's `residual_multiplier` on each branch (1 elsewhere).
     residual_scale: f64,
+    /// Attention and MLP read the same normed input and both join the residual (Cohere).
+    parallel: bool,
 }
 
 impl DecoderLayer {
@@ -359,10 +369,15 @@ impl DecoderLayer {
             }
             _ => FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?),
         };
-        let norm =
-            |name: &str| RmsNorm::load_as(store, &format!("{prefix}.{name}.weight"), h, cfg.rms_norm_eps, offset);
+        let norm = |name: &str| {
+            Ok::<_, crate::error::ModelError>(
+                RmsNorm::load_as(store, &format!("{prefix}.{name}.weight"), h, cfg.rms_norm_eps, offset)?
+                    .centered(cfg.centered_norms()),
+            )
+        };
+        let parallel = placement == NormPlacement::Parallel;
         let (before, after) = match placement {
-            NormPlacement::Pre => (true, false),
+            NormPlacement::Pre | NormPlacement::Parallel => (true, false),
             NormPlacement::Sandwich => (true, true),
             NormPlacement::Post => (false, true),
         };
@@ -376,10 +391,11 @@ impl DecoderLayer {
                 _ => SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?,
             },
             attention_out_norm: if after { Some(norm("post_attention_layernorm")?) } else { None },
-            mlp_in_norm: if before { Some(norm(mlp_in)?) } else { None },
+            mlp_in_norm: if before && !parallel { Some(norm(mlp_in)?) } else { None },
             mlp,
             mlp_out_norm: if after { Some(norm("post_feedforward_layernorm")?) } else { None },
             residual_scale: cfg.scales.residual,
+            parallel,
         })
     }
 
@@ -387,9 +403,13 @@ impl DecoderLayer {
         self.self_attn.size_in_bytes() + self.mlp.size_in_bytes()
     }
 
-    /// The residual updates around attention's output `attended`: `x + attended`, then the
-    /// MLP's, each output normed first where the layer normalises outputs.
-    fn finish(&self, x: &Tensor, attended: Tensor) -> Result<Tensor> {
+    /// The residual updates around attention's output `attended` over the normed input
+    /// `attention_in`: `x + attended`, then the MLP's, each output normed first where the
+    /// layer normalises outputs; or, side by side, `x + attended + mlp(attention_in)`.
+    fn finish(&self, x: &Tensor, attention_in: &Tensor, attended: Tensor) -> Result<Tensor> {
+        if self.parallel {
+            return (x + attended)? + self.mlp.forward(attention_in)?;
+        }
         let branch = |h: Tensor, norm: &Option<RmsNorm>| -> Result<Tensor> {
             let h = match norm {
                 Some(n) => n.forward(&h)?,
@@ -411,8 +431,9 @@ impl DecoderLayer {
         layer: usize,
         batch: &ForwardBatch,
     ) -> Result<Tensor> {
-        let h = self.self_attn.forward(&normed(&self.input_layernorm, x)?, cos, sin, kv, layer, batch)?;
-        self.finish(x, h)
+        let attention_in = normed(&self.input_layernorm, x)?;
+        let h = self.self_attn.forward(&attention_in, cos, sin, kv, layer, batch)?;
+        self.finish(x, &attention_in, h)
     }
 }
 
@@ -427,8 +448,9 @@ impl DecoderLayer {
         layer: usize,
         inputs: &StepInputs,
     ) -> Result<Tensor> {
-        let h = self.self_attn.forward_fixed(&normed(&self.input_layernorm, x)?, cos, sin, kv, layer, inputs)?;
-        self.finish(x, h)
+        let attention_in = normed(&self.input_layernorm, x)?;
+        let h = self.self_attn.forward_fixed(&attention_in, cos, sin, kv, layer, inputs)?;
+        self.finish(x, &attention_in, h)
     }
 }
 
@@ -474,7 +496,8 @@ impl CausalLm {
         let layers = (0..config.num_hidden_layers)
             .map(|i| DecoderLayer::load(store, &format!("model.layers.{i}"), i, &config))
             .collect::<LoadResult<Vec<_>>>()?;
-        let norm = RmsNorm::load_as(store, "model.norm.weight", h, config.rms_norm_eps, config.norms_add_one())?;
+        let norm = RmsNorm::load_as(store, "model.norm.weight", h, config.rms_norm_eps, config.norms_add_one())?
+            .centered(config.centered_norms());
         let lm_head = if config.tie_word_embeddings {
             embed_tokens.clone()
         } else {

@@ -132,6 +132,10 @@ pub struct Reference<'a> {
     /// Latent attention in place of q/k/v projections (its rope part turned by `rotary` dims,
     /// interleaved as `interleaved_rope` says).
     pub mla: Option<MlaLayout>,
+    /// Norms are LayerNorms without bias: the input centred first (Cohere).
+    pub centered_norms: bool,
+    /// Attention and MLP read the same normed input and both join the residual (Cohere).
+    pub parallel: bool,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -182,6 +186,8 @@ impl<'a> Reference<'a> {
             rope_layers: None,
             sliding: None,
             mla: None,
+            centered_norms: false,
+            parallel: false,
         }
     }
 
@@ -197,7 +203,17 @@ impl<'a> Reference<'a> {
 
     fn rms(&self, x: &[Vec<f32>], name: &str) -> Rows {
         let w = self.norm_weight(name);
-        x.iter().map(|row| rms_row(row, &w)).collect()
+        x.iter().map(|row| self.norm_row(row, &w)).collect()
+    }
+
+    /// `row` normed with weight `w`: RMSNorm, or LayerNorm without bias when `centered_norms`.
+    fn norm_row(&self, row: &[f32], w: &[f32]) -> Vec<f32> {
+        if !self.centered_norms {
+            return rms_row(row, w);
+        }
+        let mean = row.iter().sum::<f32>() / row.len() as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / row.len() as f32;
+        row.iter().zip(w).map(|(v, g)| (v - mean) / (var + 1e-5).sqrt() * g).collect()
     }
 
     /// Layer `l`'s window and RoPE base.
@@ -314,13 +330,18 @@ impl<'a> Reference<'a> {
             (None, None) => 1.0 / (d as f32).sqrt(),
         };
         let qkv = self.qkv(p, x);
+        // A q/k norm's weights, flattened; `[heads, d]` ones (Cohere) scale head by head.
         let norm = |n: &str| {
             let name = format!("{p}.{n}_norm.weight");
-            self.get(&name).map(|_| self.norm_weight(&name))
+            self.get(&name).map(|t| match t.rank() {
+                2 => t.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                _ => self.norm_weight(&name),
+            })
         };
+        let per_head = self.get(&format!("{p}.q_norm.weight")).is_some_and(|t| t.rank() == 2);
         let (q_norm, k_norm) = (norm("q"), norm("k"));
         // OLMo 2 norms q and k across all heads at once, before splitting them.
-        let spans = q_norm.as_ref().is_some_and(|w| w.len() == nh * d);
+        let spans = !per_head && q_norm.as_ref().is_some_and(|w| w.len() == nh * d);
         let qkv: Rows = match (&q_norm, &k_norm) {
             (Some(qw), Some(kw)) if spans => qkv
                 .iter()
@@ -334,11 +355,13 @@ impl<'a> Reference<'a> {
         };
         let (q_norm, k_norm) = if spans { (None, None) } else { (q_norm, k_norm) };
         let sinks = self.get(&format!("{p}.sinks")).map(|s| s.to_vec1::<f32>().unwrap());
-        // Head `at` of token `t`, normed (Qwen3) and rotated at position `t`.
-        let head = |t: usize, at: usize, norm: &Option<Vec<f32>>, turn: bool| {
+        // Head `at` of token `t` (head `at - first` of its kind), normed (Qwen3; Cohere with a
+        // weight row per head) and rotated at position `t`.
+        let head = |t: usize, at: usize, first: usize, norm: &Option<Vec<f32>>, turn: bool| {
             let mut v = qkv[t][at * d..(at + 1) * d].to_vec();
             if let Some(w) = norm {
-                v = rms_row(&v, w);
+                let w = if per_head { &w[(at - first) * d..(at - first + 1) * d] } else { &w[..] };
+                v = self.norm_row(&v, w);
             }
             if turn && self.rope_layers.as_ref().is_none_or(|r| r[layer]) {
                 self.rotate(&mut v, t, theta, scaled);
@@ -350,10 +373,10 @@ impl<'a> Reference<'a> {
             let first = window.map_or(0, |w| (qi + 1).saturating_sub(w));
             for h in 0..nh {
                 let kvh = h / (nh / nkv);
-                let q = head(qi, h, &q_norm, true);
+                let q = head(qi, h, 0, &q_norm, true);
                 let scores: Vec<f32> = (first..=qi)
                     .map(|kj| {
-                        let k = head(kj, nh + kvh, &k_norm, true);
+                        let k = head(kj, nh + kvh, nh, &k_norm, true);
                         let score = q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() * scale;
                         match self.gemma.as_ref().and_then(|g| g.softcaps) {
                             Some((cap, _)) => soft_cap(score, cap),
@@ -367,7 +390,7 @@ impl<'a> Reference<'a> {
                 let weights: Vec<f32> = scores.iter().map(|s| (s - top).exp()).collect();
                 let total: f32 = weights.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - top).exp());
                 for (kj, w) in (first..=qi).zip(&weights) {
-                    let v = head(kj, nh + nkv + kvh, &None, false);
+                    let v = head(kj, nh + nkv + kvh, nh + nkv, &None, false);
                     for (o, vv) in row[h * d..(h + 1) * d].iter_mut().zip(&v) {
                         *o += w / total * vv;
                     }
@@ -543,6 +566,11 @@ impl<'a> Reference<'a> {
             let p = format!("model.layers.{l}");
             let attention_in = if post_only { x.clone() } else { self.rms(&x, &format!("{p}.input_layernorm.weight")) };
             let mut attended = self.attention(&format!("{p}.self_attn"), &attention_in, l);
+            if self.parallel {
+                let mlp = self.mlp(&format!("{p}.mlp"), &attention_in);
+                x = add(&add(&x, &attended), &mlp);
+                continue;
+            }
             if sandwich || post_only {
                 attended = self.rms(&attended, &format!("{p}.post_attention_layernorm.weight"));
             }
