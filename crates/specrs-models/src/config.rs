@@ -121,6 +121,8 @@ impl Architecture {
         ("internlm2", Architecture::InternLm2),
         ("granite", Architecture::Granite),
         ("glm4", Architecture::Glm4),
+        ("command-r", Architecture::Cohere),
+        ("cohere2", Architecture::Cohere2),
         // OLMo 3 too, when the file sets a sliding window (`GgufSource::open`).
         ("olmo2", Architecture::Olmo2),
         ("smollm3", Architecture::SmolLm3),

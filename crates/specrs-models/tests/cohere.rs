@@ -2,12 +2,14 @@
 //! written in their real layout: attention and MLP side by side from one bias-free LayerNorm,
 //! RoPE over interleaved pairs, logits times `logit_scale`, Command R+'s per-head q/k
 //! LayerNorms, and Cohere 2's sliding layers with RoPE beside full layers without, matching
-//! transformers' forward (`common::Reference`) in one prefill and token by token.
+//! transformers' forward (`common::Reference`) in one prefill and token by token; their GGUF
+//! files (`command-r`, `cohere2`) load to the same models.
 
 mod common;
 
 use candle_core::Device;
-use common::{Multipliers, Reference, assert_close, logits};
+use candle_core::quantized::gguf_file::Value as GgufValue;
+use common::{Multipliers, Reference, assert_close, logits, write_unpermuted_gguf};
 use serde_json::json;
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
@@ -106,4 +108,38 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
     let cfg = DecoderConfig::from_hf_json(&c2).unwrap();
     let full: Vec<usize> = (0..8).filter(|&i| !cfg.sliding_layers.as_ref().unwrap()[i]).collect();
     assert_eq!((full, cfg.layered_window()), (vec![3, 7], Some(4096)));
+}
+
+#[test]
+fn command_r_and_cohere2_ggufs_load_to_the_same_models() {
+    // llama.cpp keeps Cohere's q/k rows (and R+'s per-head norm weights) as they are.
+    for (arch, gguf_arch, qk_norm) in
+        [(Architecture::Cohere, "command-r", true), (Architecture::Cohere2, "cohere2", false)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = testing::random_cohere(&SHAPE, qk_norm, 11).unwrap();
+        let mut config = testing::cohere_config(arch, &SHAPE, qk_norm);
+        config["sliding_window"] = json!(3);
+        testing::write_checkpoint(&dir.path().join("hf"), &config, &tensors).unwrap();
+        let path = dir.path().join("cohere.gguf");
+        let key = |k: &str| format!("{gguf_arch}.{k}");
+        let (scale, eps, window) =
+            (key("logit_scale"), key("attention.layer_norm_epsilon"), key("attention.sliding_window"));
+        let extra = [
+            (scale.as_str(), GgufValue::F32(0.25)),
+            (eps.as_str(), GgufValue::F32(1e-5)),
+            (window.as_str(), GgufValue::U32(3)),
+        ];
+        write_unpermuted_gguf(&path, gguf_arch, &SHAPE, &tensors, false, &extra);
+        let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+        let (hf, _) = load_causal_lm(&dir.path().join("hf"), &Device::Cpu, ModelDType::F32).unwrap();
+        let (g, h) = (gguf.config(), hf.config());
+        assert_eq!((g.architecture, g.qk_norm, g.tie_word_embeddings), (arch, qk_norm, true));
+        assert_eq!(
+            (g.sliding_layers.clone(), g.rope_layers.clone()),
+            (h.sliding_layers.clone(), h.rope_layers.clone())
+        );
+        assert_close(&logits(&gguf, &ids(), false), &logits(&hf, &ids(), false), "GGUF vs safetensors, one prefill");
+        assert_close(&logits(&gguf, &ids(), true), &logits(&hf, &ids(), false), "GGUF token by token");
+    }
 }

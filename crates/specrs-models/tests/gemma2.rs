@@ -8,7 +8,7 @@ mod common;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use common::{GemmaLayout, Reference, assert_close, logits, write_sandwich_gguf};
+use common::{GemmaLayout, Reference, assert_close, logits, write_unpermuted_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
@@ -72,7 +72,7 @@ fn a_gemma2_gguf_loads_to_the_same_model() {
         ("gemma2.attn_logit_softcapping", GgufValue::F32(CAPS.0 as f32)),
         ("gemma2.final_logit_softcapping", GgufValue::F32(CAPS.1 as f32)),
     ];
-    write_sandwich_gguf(&path, "gemma2", &SHAPE, &tensors, true, &extra);
+    write_unpermuted_gguf(&path, "gemma2", &SHAPE, &tensors, true, &extra);
     let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
     let (hf, _) = load_causal_lm(&dir.path().join("hf"), &Device::Cpu, ModelDType::F32).unwrap();
     assert_eq!(gguf.config().architecture, Architecture::Gemma2);

@@ -8,7 +8,7 @@ mod common;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use common::{GemmaLayout, Reference, assert_close, logits, write_sandwich_gguf};
+use common::{GemmaLayout, Reference, assert_close, logits, write_unpermuted_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
@@ -106,7 +106,7 @@ fn a_gemma3_gguf_loads_to_the_same_model() {
     (config["rope_local_base_freq"], config["query_pre_attn_scalar"]) = (json!(10_000.0), json!(shape.head_dim));
     testing::write_checkpoint(&dir.path().join("hf"), &config, &tensors).unwrap();
     let path = dir.path().join("gemma3.gguf");
-    write_sandwich_gguf(
+    write_unpermuted_gguf(
         &path,
         "gemma3",
         &shape,

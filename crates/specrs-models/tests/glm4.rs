@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::{Device, Tensor};
-use common::{Reference, assert_close, logits, write_sandwich_gguf};
+use common::{Reference, assert_close, logits, write_unpermuted_gguf};
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, ModelDType, load_causal_lm};
@@ -65,7 +65,7 @@ fn a_glm4_gguf_loads_to_the_same_model() {
     testing::write_checkpoint(&dir.path().join("hf"), &testing::glm4_config(&SHAPE), &tensors).unwrap();
     // llama.cpp keeps GLM's q/k rows as they are and writes the rotated part of a head.
     let path = dir.path().join("glm4.gguf");
-    write_sandwich_gguf(
+    write_unpermuted_gguf(
         &path,
         "glm4",
         &SHAPE,

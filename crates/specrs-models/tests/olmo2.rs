@@ -9,7 +9,7 @@ mod common;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use common::{Reference, assert_close, logits, write_sandwich_gguf};
+use common::{Reference, assert_close, logits, write_unpermuted_gguf};
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, ModelDType, load_causal_lm};
@@ -78,7 +78,7 @@ fn gguf_matches_safetensors(
     let dir = tempfile::tempdir().unwrap();
     testing::write_checkpoint(&dir.path().join("hf"), config, tensors).unwrap();
     let path = dir.path().join("olmo.gguf");
-    write_sandwich_gguf(&path, "olmo2", &shape, tensors, false, extra);
+    write_unpermuted_gguf(&path, "olmo2", &shape, tensors, false, extra);
     let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
     let (hf, _) = load_causal_lm(&dir.path().join("hf"), &Device::Cpu, ModelDType::F32).unwrap();
     let (g, h) = (gguf.config(), hf.config());

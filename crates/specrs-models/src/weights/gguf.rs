@@ -151,8 +151,8 @@ impl GgufSource {
             rope_rows: None,
         };
         // llama.cpp's converter permutes q and k of every Llama-derived family into interleaved
-        // pairs over the whole head; GLM's checkpoints turn interleaved pairs over their rotated
-        // part already.
+        // pairs over the whole head; GLM's and Cohere's checkpoints turn interleaved pairs
+        // (over GLM's rotated part) already.
         if matches!(
             architecture,
             Architecture::Llama
@@ -161,6 +161,8 @@ impl GgufSource {
                 | Architecture::Granite
                 | Architecture::SmolLm3
                 | Architecture::Glm4
+                | Architecture::Cohere
+                | Architecture::Cohere2
         ) {
             let cfg = src.decoder_config()?;
             src.rope_rows = Some(RopeRows {
@@ -249,6 +251,10 @@ impl GgufSource {
         let rotary_dim =
             if partial_rotary { self.meta_usize("rope.dimension_count").unwrap_or(head_dim) } else { head_dim };
         let num_hidden_layers = self.meta_usize("block_count")?;
+        let cohere = matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2);
+        // Command R7B: three sliding layers with RoPE to each full one without, as llama.cpp fixes.
+        let cohere2_sliding: Option<Vec<bool>> = (self.architecture == Architecture::Cohere2)
+            .then(|| (0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect());
         let max_position_embeddings = self.meta_usize("context_length").unwrap_or(4096);
         let vocab_size = match self.meta_usize("vocab_size") {
             Ok(v) => v,
@@ -295,7 +301,10 @@ impl GgufSource {
             head_dim,
             rotary_dim,
             vocab_size,
-            rms_norm_eps: self.meta_f64("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            rms_norm_eps: match cohere {
+                true => self.meta_f64("attention.layer_norm_epsilon").unwrap_or(1e-5),
+                false => self.meta_f64("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            },
             rope_theta: self.meta_f64("rope.freq_base").unwrap_or(10_000.0),
             rope_scaling,
             max_position_embeddings,
@@ -306,23 +315,28 @@ impl GgufSource {
             fused_projections: partial_rotary,
             sliding_window: match (&gemma, self.architecture) {
                 (Some(_), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
-                (None, Architecture::Olmo3) => Some(self.meta_usize("attention.sliding_window")?),
+                (None, Architecture::Olmo3 | Architecture::Cohere2) => {
+                    Some(self.meta_usize("attention.sliding_window")?)
+                }
                 (None, _) => self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
             },
             sliding_layers: match &gemma {
                 Some((_, _, layers)) => Some(layers.clone()),
                 None if self.architecture == Architecture::Olmo3 => Some(self.olmo3_sliding_layers(num_hidden_layers)?),
-                None => None,
+                None => cohere2_sliding.clone(),
             },
             attention_output_bias: false,
             attention_sinks: false,
             // llama.cpp fixes SmolLM3's step: every fourth layer attends without RoPE.
-            rope_layers: (self.architecture == Architecture::SmolLm3)
-                .then(|| (0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect()),
+            rope_layers: match self.architecture {
+                Architecture::SmolLm3 => Some((0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect()),
+                _ => cohere2_sliding,
+            },
             moe: self.moe_config()?,
             mla: None,
             scales: match &gemma {
                 Some((_, scales, _)) => scales.clone(),
+                None if cohere => self.cohere_scales()?,
                 None => self.granite_scales(head_dim)?,
             },
             gemma: gemma.map(|(g, _, _)| g),
@@ -332,6 +346,17 @@ impl GgufSource {
         let cfg = cfg.serve_context(None);
         cfg.check()?;
         Ok(cfg)
+    }
+
+    /// Cohere's `logit_scale` on the logits.
+    fn cohere_scales(&self) -> Result<Scales> {
+        let key = format!("{}.logit_scale", self.arch_key);
+        let scale =
+            self.meta_f64("logit_scale").ok_or_else(|| ModelError::config(&key, "missing from GGUF metadata"))?;
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(ModelError::config(&key, format!("must be positive and finite, got {scale}")));
+        }
+        Ok(Scales { logits_divisor: 1.0 / scale, ..Scales::default() })
     }
 
     /// OLMo 3's sliding layers: `attention.sliding_window_pattern` (one flag per layer), else

@@ -651,12 +651,12 @@ pub fn write_llama_layout_gguf(
     write_gguf(path, arch, shape, &named, extra);
 }
 
-/// Writes a checkpoint whose norms sit around attention and MLP under Gemma's Hugging Face
-/// names (Gemma 2 / 3, GLM-4-0414 renamed, OLMo 2 / 3) as llama.cpp's converter writes `arch`:
-/// f32 tensors, the norms under llama.cpp's names (`post_attention_norm`, `ffn_norm` before the
-/// MLP, `post_ffw_norm`), stored as their scale (`1 + weight`) when `norms_as_scale` (Gemma),
-/// q and k rows as they are, the shape as metadata, and `extra` metadata.
-pub fn write_sandwich_gguf(
+/// Writes a checkpoint as llama.cpp's converter writes a family whose q/k rows it keeps as they
+/// are (`arch`: `gemma2`, `gemma3`, `glm4` renamed to Gemma's norm names, `olmo2`,
+/// `command-r`, `cohere2`): f32 tensors, Gemma's norms under llama.cpp's names
+/// (`post_attention_norm`, `ffn_norm` before the MLP, `post_ffw_norm`), stored as their scale
+/// (`1 + weight`) when `norms_as_scale` (Gemma), the shape as metadata, and `extra` metadata.
+pub fn write_unpermuted_gguf(
     path: &Path,
     arch: &str,
     shape: &TinyShape,
