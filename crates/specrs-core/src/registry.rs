@@ -182,6 +182,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    // Routing read on the host.
+    ArchitectureSpec {
+        name: "OlmoeForCausalLM",
+        example_repo_ids: &["allenai/OLMoE-1B-7B-0125-Instruct", "allenai/OLMoE-1B-7B-0924"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "CohereForCausalLM",
         example_repo_ids: &["CohereForAI/c4ai-command-r-v01", "CohereForAI/aya-23-8B"],

@@ -621,3 +621,20 @@ fn cohere_targets_with_parallel_blocks_decode_as_their_model_and_speculate_lossl
     write(&target, &config, &testing::random_cohere(&SHAPE, false, 79).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3-2"), 312, "Cohere 2");
 }
+
+#[test]
+fn an_olmoe_target_with_whole_width_qk_norms_and_experts_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("olmoe");
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: None,
+        norm_topk_prob: false,
+        dense_layers: vec![],
+        groups: (1, 1, 1.0),
+    };
+    write(&target, &testing::olmoe_config(&SHAPE, &moe), &testing::random_olmoe(&SHAPE, &moe, 83).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 313, "OLMoE");
+}

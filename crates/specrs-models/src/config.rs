@@ -62,6 +62,9 @@ pub enum Architecture {
     /// each head, leading dense layers, then DeepSeek-V3-style sigmoid-routed experts with a
     /// shared expert.
     Glm4Moe,
+    /// OLMoE (`OlmoeForCausalLM`): Llama's pre-norm layer with q and k normed across all heads
+    /// at once (OLMo 2's norms) and softmax-routed experts in every layer.
+    Olmoe,
     /// Command-R / R+ / Aya (`CohereForCausalLM`): attention and MLP side by side from one
     /// bias-free LayerNorm, RoPE turning interleaved pairs, logits times `logit_scale`, and
     /// (R+) LayerNorms over each head of q and k with a weight row per head (`use_qk_norm`).
@@ -94,6 +97,7 @@ impl Architecture {
         ("Glm4ForCausalLM", Architecture::Glm4),
         ("Olmo2ForCausalLM", Architecture::Olmo2),
         ("Olmo3ForCausalLM", Architecture::Olmo3),
+        ("OlmoeForCausalLM", Architecture::Olmoe),
         ("SmolLM3ForCausalLM", Architecture::SmolLm3),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
@@ -158,6 +162,7 @@ impl Architecture {
             Self::Glm4 => "Glm4ForCausalLM",
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
+            Self::Olmoe => "OlmoeForCausalLM",
             Self::SmolLm3 => "SmolLM3ForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
@@ -185,6 +190,7 @@ impl Architecture {
             Self::Glm4 => "glm4",
             Self::Olmo2 => "olmo2",
             Self::Olmo3 => "olmo3",
+            Self::Olmoe => "olmoe",
             Self::SmolLm3 => "smollm3",
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
@@ -212,7 +218,7 @@ impl Architecture {
 
     /// Qwen3's (and Gemma 3's) attention: an RMSNorm over each head of q and k.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3 | Self::Olmo2 | Self::Olmo3)
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3 | Self::Olmo2 | Self::Olmo3 | Self::Olmoe)
     }
 }
 
@@ -765,6 +771,21 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
             .ok_or_else(|| ModelError::config("mlp_only_layers", "must be a list of layer indices"))?,
     };
     let usize_or = |key: &str, default: usize| v.get(key).and_then(Value::as_u64).map_or(default, |x| x as usize);
+    if architecture == Architecture::Olmoe {
+        // Every layer sparse, experts as wide as `intermediate_size`, no shared expert.
+        if v.get("clip_qkv").is_some_and(|c| !c.is_null()) {
+            return Err(ModelError::config(
+                "clip_qkv",
+                "OLMoE with clipped q/k/v is not supported; released OLMoE checkpoints set clip_qkv to null",
+            ));
+        }
+        return Ok(MoeConfig::softmax_everywhere(
+            req_usize(v, "num_experts")?,
+            req_usize(v, "num_experts_per_tok")?,
+            req_usize(v, "intermediate_size")?,
+            v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false),
+        ));
+    }
     if architecture == Architecture::Mixtral {
         // Every layer sparse, experts as wide as `intermediate_size`, weights always renormalised.
         return Ok(MoeConfig::softmax_everywhere(
@@ -986,6 +1007,7 @@ impl DecoderConfig {
             | Architecture::DeepseekV2
             | Architecture::DeepseekV3
             | Architecture::Cohere
+            | Architecture::Olmoe
             | Architecture::InternLm2
             | Architecture::Granite
             | Architecture::Olmo2 => None,
@@ -1075,6 +1097,7 @@ impl DecoderConfig {
                 | Architecture::DeepseekV2
                 | Architecture::DeepseekV3
                 | Architecture::Mixtral
+                | Architecture::Olmoe
                 | Architecture::GptOss => Some(moe_config(v, architecture)?),
                 _ => None,
             },
@@ -1216,7 +1239,7 @@ impl DecoderConfig {
     /// q and k are normed across all heads at once (`[q_dim]` and `[kv_dim]` weights, OLMo 2),
     /// not per head.
     pub fn qk_norm_spans_heads(&self) -> bool {
-        matches!(self.architecture, Architecture::Olmo2 | Architecture::Olmo3)
+        matches!(self.architecture, Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Olmoe)
     }
 
     /// The RoPE base the sliding layers turn with when it is not the full layers' RoPE: Gemma

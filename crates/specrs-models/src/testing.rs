@@ -468,6 +468,31 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
     Ok(t)
 }
 
+/// An OLMoE `config.json` for a tiny target: `m.experts` experts `m.expert_intermediate` wide
+/// in every layer.
+pub fn olmoe_config(s: &TinyShape, m: &TinyMoe) -> Value {
+    let mut c = target_config(Architecture::Olmoe, s, false);
+    c["num_experts"] = json!(m.experts);
+    c["num_experts_per_tok"] = json!(m.top_k);
+    c["intermediate_size"] = json!(m.expert_intermediate);
+    c["norm_topk_prob"] = json!(m.norm_topk_prob);
+    c["clip_qkv"] = Value::Null;
+    c
+}
+
+/// Random weights for a tiny OLMoE: [`random_moe_target`]'s sparse layers (every layer) with
+/// OLMo's whole-width q/k norms.
+pub fn random_olmoe(s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_moe_target(Architecture::Qwen3Moe, s, m, seed)?;
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}.self_attn");
+        let seed = seed * 10 + i as u64;
+        t.insert(format!("{p}.q_norm.weight"), (random_tensor(&[s.heads * s.head_dim], 0.2, seed)? + 1.0)?);
+        t.insert(format!("{p}.k_norm.weight"), (random_tensor(&[s.kv_heads * s.head_dim], 0.2, seed + 5)? + 1.0)?);
+    }
+    Ok(t)
+}
+
 /// A Cohere / Cohere 2 `config.json` for a tiny target (tied embeddings, `logit_scale` 0.25,
 /// Command R+'s per-head q/k norms when `qk_norm`).
 pub fn cohere_config(arch: Architecture, s: &TinyShape, qk_norm: bool) -> Value {

@@ -3,13 +3,14 @@
 //! once, matching transformers' forward (`common::Reference`) in one prefill and token by token;
 //! OLMo 3 (`Olmo3ForCausalLM`) too, its sliding layers within their window turning with the
 //! unscaled RoPE while the full layers' is scaled. Their GGUF files (`olmo2`, with a window
-//! for OLMo 3) load to the same models.
+//! for OLMo 3) load to the same models. OLMoE (`OlmoeForCausalLM`): OLMo's whole-width q/k
+//! norms in Llama's pre-norm layer, with softmax-routed experts in every layer.
 
 mod common;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use common::{Reference, assert_close, logits, write_unpermuted_gguf};
+use common::{Choice, Reference, Routing, assert_close, logits, write_unpermuted_gguf};
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, ModelDType, load_causal_lm};
@@ -117,4 +118,36 @@ fn olmo2_and_olmo3_ggufs_load_to_the_same_models() {
     // Without a pattern, three sliding layers to each full one, as OLMo 3's default.
     olmo3.as_object_mut().unwrap().remove("layer_types");
     gguf_matches_safetensors(shape, &tensors, &olmo3, &scaled_with_window);
+}
+
+#[test]
+fn olmoe_pre_norms_whole_width_qk_norms_and_softmax_experts_match_the_transformers_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 16,
+        shared_intermediate: None,
+        norm_topk_prob: false,
+        dense_layers: vec![],
+        groups: (1, 1, 1.0),
+    };
+    let tensors = testing::random_olmoe(&SHAPE, &moe, 37).unwrap();
+    testing::write_checkpoint(dir.path(), &testing::olmoe_config(&SHAPE, &moe), &tensors).unwrap();
+    let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+    let cfg = model.config();
+    assert_eq!((cfg.architecture, cfg.norm_placement()), (Architecture::Olmoe, NormPlacement::Pre));
+    assert!(cfg.qk_norm && cfg.qk_norm_spans_heads());
+    let ids: Vec<u32> = (0..10).map(|i| (i * 11 + 5) % 40).collect();
+    let want = Reference {
+        routing: Some(Routing { top_k: moe.top_k, norm_topk_prob: false, choice: Choice::Softmax }),
+        ..Reference::plain(&tensors, SHAPE)
+    }
+    .logits(&ids);
+    assert_close(&logits(&model, &ids, false), &want, "one prefill");
+    assert_close(&logits(&model, &ids, true), &want, "token by token");
+    let mut clipped = testing::olmoe_config(&SHAPE, &moe);
+    clipped["clip_qkv"] = serde_json::json!(8.0);
+    let e = specrs_models::DecoderConfig::from_hf_json(&clipped).unwrap_err().to_string();
+    assert!(e.contains("clip_qkv"), "{e}");
 }

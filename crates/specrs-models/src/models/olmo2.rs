@@ -7,10 +7,13 @@
 //! `Olmo3ForCausalLM` (OLMo 3) is the same layer with three sliding-window layers to each full
 //! one (`layer_types`, `sliding_window`), the sliding layers turning with the unscaled RoPE
 //! when the full ones' is scaled (`DecoderConfig::sliding_rope_theta`).
+//!
+//! `OlmoeForCausalLM` (OLMoE) keeps Llama's norm placement and OLMo's whole-width q/k norms,
+//! with softmax-routed experts in every layer (`crate::moe`).
 
 use crate::config::DecoderConfig;
 
-/// OLMo 2 needs nothing beyond what its configuration reader sets.
+/// OLMo 2, OLMo 3 and OLMoE need nothing beyond what their configuration reader sets.
 pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
     cfg
 }
