@@ -125,6 +125,10 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
         r"[一-龥ࠀ-一가-퟿]+",
         r"\p{N}+",
     ];
+    // Mistral's tekken (NeMo, Small 3.x) and OpenAI's o200k (`gpt-4o`: Phi-4-mini, Llama 4) split
+    // words at case changes; o200k keeps contractions on their word and digits in threes.
+    const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const O200K: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const DEEPSEEK_CODER: &[&str] = &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"];
     let isolated = |re: &str| -> Result<PreTokenizerWrapper> {
         Ok(Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
@@ -160,7 +164,10 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
         ),
         "qwen2" | "deepseek-r1-qwen" => (Some(NFC), splits_then_bytes(&[QWEN2])?),
         "qwen35" => (None, splits_then_bytes(&[QWEN35])?),
-        "llama3" | "llama-bpe" | "smaug-bpe" => (None, splits_then_bytes(&[LLAMA3])?),
+        // GLM-4's and DBRX's (OLMo 2's) cl100k-style vocabularies split as Llama 3's.
+        "llama3" | "llama-bpe" | "smaug-bpe" | "dbrx" | "glm4" | "chatglm-bpe" => (None, splits_then_bytes(&[LLAMA3])?),
+        "tekken" => (None, splits_then_bytes(&[TEKKEN])?),
+        "gpt-4o" | "llama4" => (None, splits_then_bytes(&[O200K])?),
         "deepseek-llm" => (None, splits_then_bytes(DEEPSEEK_LLM)?),
         "deepseek-coder" => (None, splits_then_bytes(DEEPSEEK_CODER)?),
         other => {
@@ -190,6 +197,12 @@ const GGUF_PRE_TOKENIZERS: &[&str] = &[
     "llama3",
     "llama-bpe",
     "smaug-bpe",
+    "dbrx",
+    "glm4",
+    "chatglm-bpe",
+    "tekken",
+    "gpt-4o",
+    "llama4",
     "deepseek-llm",
     "deepseek-coder",
 ];
@@ -240,8 +253,9 @@ fn byte_level_bpe(meta: &HashMap<String, GgufValue>, tokens: &[String]) -> Resul
         .collect::<Result<_>>()?;
     let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let pre = gguf_str(meta, "tokenizer.ggml.pre").unwrap_or_else(|| "gpt2".into());
-    // Llama 3 takes a pre-tokenized word that is itself a token whole, before any merge.
-    let ignore_merges = matches!(pre.as_str(), "llama3" | "llama-bpe" | "smaug-bpe");
+    // Llama 3 and tekken take a pre-tokenized word that is itself a token whole, before any
+    // merge (llama.cpp's `ignore_merges` for the same names).
+    let ignore_merges = matches!(pre.as_str(), "llama3" | "llama-bpe" | "smaug-bpe" | "tekken");
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .ignore_merges(ignore_merges)
@@ -631,6 +645,37 @@ impl TextTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    /// The words `pre` splits `text` into, in GPT-2's byte alphabet (`Ġ` for a space).
+    fn words(pre: &str, text: &str) -> Vec<String> {
+        let (_, pre_tokenizer) = gguf_pre_tokenizer(pre).unwrap();
+        let mut pretokenized = PreTokenizedString::from(text);
+        pre_tokenizer.pre_tokenize(&mut pretokenized).unwrap();
+        pretokenized
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(word, _, _)| word.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn case_splitting_vocabularies_cut_words_at_capitals_and_differ_on_digits_and_contractions() {
+        // tekken (Mistral NeMo / Small 3): a capital starts a word, digits go one by one, a
+        // slash stays on the punctuation before it. No upstream fixture exists for it here, so
+        // these pin the regex llama.cpp runs.
+        assert_eq!(
+            words("tekken", "HelloWorld's 2024 a+/b\n\nOK"),
+            ["Hello", "World", "'s", "Ġ", "2", "0", "2", "4", "Ġa", "+/", "b", "ĊĊ", "OK"]
+        );
+        // o200k (`gpt-4o`): the contraction stays on its word, digits in threes.
+        assert_eq!(
+            words("gpt-4o", "HelloWorld's 2024 a+/b\n\nOK"),
+            ["Hello", "World's", "Ġ", "202", "4", "Ġa", "+/", "b", "ĊĊ", "OK"]
+        );
+        // Llama 3's regex (GLM-4, DBRX) keeps a word whole across case changes.
+        assert_eq!(words("glm4", "HelloWorld's 2024"), ["HelloWorld", "'s", "Ġ", "202", "4"]);
+    }
 
     #[test]
     fn the_chat_template_comes_from_the_jinja_file_then_the_tokenizer_config_then_the_processor() {
