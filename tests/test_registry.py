@@ -527,6 +527,8 @@ def pipeline_class_name(pipeline: type) -> str:
         "SmolLM3ForCausalLM",
         "Glm4MoeForCausalLM",
         "OlmoeForCausalLM",
+        "GraniteMoeForCausalLM",
+        "GraniteMoeSharedForCausalLM",
         "CohereForCausalLM",
         "Cohere2ForCausalLM",
         "DeepseekV2ForCausalLM",

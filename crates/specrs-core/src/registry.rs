@@ -184,6 +184,20 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
     },
     // Routing read on the host.
     ArchitectureSpec {
+        name: "GraniteMoeForCausalLM",
+        example_repo_ids: &["ibm-granite/granite-3.1-3b-a800m-instruct", "ibm-granite/granite-3.1-1b-a400m-instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
+    ArchitectureSpec {
+        name: "GraniteMoeSharedForCausalLM",
+        example_repo_ids: &["ibm-research/moe-7b-1b-active-shared-experts"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
+    ArchitectureSpec {
         name: "OlmoeForCausalLM",
         example_repo_ids: &["allenai/OLMoE-1B-7B-0125-Instruct", "allenai/OLMoE-1B-7B-0924"],
         default_weights_format: "safetensors",

@@ -638,3 +638,25 @@ fn an_olmoe_target_with_whole_width_qk_norms_and_experts_speculates_losslessly()
     write(&target, &testing::olmoe_config(&SHAPE, &moe), &testing::random_olmoe(&SHAPE, &moe, 83).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 313, "OLMoE");
 }
+
+#[test]
+fn a_granite_moe_target_with_stacked_experts_and_a_shared_mlp_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("granite-moe");
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: Some(32),
+        norm_topk_prob: true,
+        dense_layers: vec![],
+        groups: (1, 1, 1.0),
+    };
+    let tensors = testing::random_moe_target(Architecture::GraniteMoe, &SHAPE, &moe, 89).unwrap();
+    write(
+        &target,
+        &testing::granite_moe_config(&SHAPE, &moe, [12.0, 0.22, 0.125, 8.0]),
+        &testing::as_granite_moe(tensors, &SHAPE, &moe).unwrap(),
+    );
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 314, "Granite MoE");
+}

@@ -26,6 +26,11 @@ pub enum Architecture {
     /// Granite 3.x (`GraniteForCausalLM`): Llama's layer with IBM's multipliers on the
     /// embeddings, the residual branches, the attention scores and the logits.
     Granite,
+    /// Granite 3.x MoE (`GraniteMoeForCausalLM`, and `GraniteMoeSharedForCausalLM` with an
+    /// always-on shared MLP): Granite's multipliers, experts stacked per layer
+    /// (`block_sparse_moe.input_linear [E, 2I, H]`, gate rows first, and `output_linear`)
+    /// under a router whose top-k logits are softmaxed.
+    GraniteMoe,
     /// Gemma 2 (`Gemma2ForCausalLM`): Gemma 3's layer without q/k norms, one RoPE for every
     /// layer, sliding and full attention alternating, and scores and logits soft-capped
     /// (`cap · tanh(x / cap)`).
@@ -105,6 +110,8 @@ impl Architecture {
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
+        ("GraniteMoeForCausalLM", Architecture::GraniteMoe),
+        ("GraniteMoeSharedForCausalLM", Architecture::GraniteMoe),
         ("GptOssForCausalLM", Architecture::GptOss),
         ("CohereForCausalLM", Architecture::Cohere),
         ("Cohere2ForCausalLM", Architecture::Cohere2),
@@ -170,6 +177,7 @@ impl Architecture {
             Self::Gemma2 => "Gemma2ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
             Self::Granite => "GraniteForCausalLM",
+            Self::GraniteMoe => "GraniteMoeForCausalLM",
             Self::GptOss => "GptOssForCausalLM",
             Self::Cohere => "CohereForCausalLM",
             Self::Cohere2 => "Cohere2ForCausalLM",
@@ -198,6 +206,7 @@ impl Architecture {
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3_text",
             Self::Granite => "granite",
+            Self::GraniteMoe => "granitemoe",
             Self::GptOss => "gpt_oss",
             Self::Cohere => "cohere",
             Self::Cohere2 => "cohere2",
@@ -337,7 +346,7 @@ impl Default for Scales {
 /// The factors a `config.json` of `architecture` sets.
 fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: usize) -> Result<Scales> {
     Ok(match architecture {
-        Architecture::Granite => Scales {
+        Architecture::Granite | Architecture::GraniteMoe => Scales {
             embedding: opt_f64(v, "embedding_multiplier").unwrap_or(1.0),
             residual: opt_f64(v, "residual_multiplier").unwrap_or(1.0),
             attention: Some(opt_f64(v, "attention_multiplier").unwrap_or((head_dim as f64).powf(-0.5))),
@@ -605,6 +614,9 @@ pub enum ExpertKind {
     /// `experts.{e}.{gate,up,down}_proj` under a `gate` router: SwiGLU, no biases (Mixtral,
     /// Qwen-MoE, GLM-4.5).
     SwiGlu,
+    /// Granite MoE: every expert in `input_linear [E, 2I, H]` (gate rows, then up) and
+    /// `output_linear [E, H, I]`, SwiGLU, no biases.
+    Stacked,
     /// gpt-oss: a biased `router`; every expert in `experts.gate_up_proj` / `experts.down_proj`
     /// (MXFP4 `_blocks` + `_scales`, or dense), gate and up rows interleaved, with biases; the
     /// activation `(clamp(up, ±limit) + 1) · g · σ(1.702 g)`, `g = min(gate, limit)`.
@@ -771,6 +783,21 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
             .ok_or_else(|| ModelError::config("mlp_only_layers", "must be a list of layer indices"))?,
     };
     let usize_or = |key: &str, default: usize| v.get(key).and_then(Value::as_u64).map_or(default, |x| x as usize);
+    if architecture == Architecture::GraniteMoe {
+        // A softmax over each token's top-k logits: the renormalised top-k of the full softmax.
+        let shared_width = v.get("shared_intermediate_size").and_then(Value::as_u64).unwrap_or(0) as usize;
+        return Ok(MoeConfig {
+            experts: ExpertKind::Stacked,
+            shared_expert: (shared_width > 0)
+                .then_some(SharedExpertConfig { intermediate_size: shared_width, gated: false }),
+            ..MoeConfig::softmax_everywhere(
+                req_usize(v, "num_local_experts")?,
+                req_usize(v, "num_experts_per_tok")?,
+                req_usize(v, "intermediate_size")?,
+                true,
+            )
+        });
+    }
     if architecture == Architecture::Olmoe {
         // Every layer sparse, experts as wide as `intermediate_size`, no shared expert.
         if v.get("clip_qkv").is_some_and(|c| !c.is_null()) {
@@ -1010,6 +1037,7 @@ impl DecoderConfig {
             | Architecture::Olmoe
             | Architecture::InternLm2
             | Architecture::Granite
+            | Architecture::GraniteMoe
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1098,6 +1126,7 @@ impl DecoderConfig {
                 | Architecture::DeepseekV3
                 | Architecture::Mixtral
                 | Architecture::Olmoe
+                | Architecture::GraniteMoe
                 | Architecture::GptOss => Some(moe_config(v, architecture)?),
                 _ => None,
             },

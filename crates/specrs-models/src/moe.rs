@@ -158,9 +158,12 @@ impl SparseMoe {
             }
             Router::Softmax | Router::GroupedSoftmax { .. } => None,
         };
-        let experts = (0..moe.num_experts)
-            .map(|e| Mlp::load(store, &format!("{prefix}.experts.{e}"), hidden, moe.expert_intermediate_size))
-            .collect::<LoadResult<Vec<_>>>()?;
+        let experts = match moe.experts {
+            ExpertKind::Stacked => crate::models::granite::load_experts(store, prefix, hidden, moe)?,
+            _ => (0..moe.num_experts)
+                .map(|e| Mlp::load(store, &format!("{prefix}.experts.{e}"), hidden, moe.expert_intermediate_size))
+                .collect::<LoadResult<Vec<_>>>()?,
+        };
         let shared = match &moe.shared_expert {
             Some(s) if s.gated => Some(SharedExpert {
                 mlp: Mlp::load(store, &format!("{prefix}.shared_expert"), hidden, s.intermediate_size)?,

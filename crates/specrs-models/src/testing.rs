@@ -424,7 +424,7 @@ pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Valu
 /// shared expert or GLM-4.5's ungated one.
 pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
     let base = match arch {
-        Architecture::Mixtral => Architecture::Llama,
+        Architecture::Mixtral | Architecture::GraniteMoe => Architecture::Llama,
         _ if arch.has_qk_norm() => Architecture::Qwen3,
         _ => Architecture::Qwen2,
     };
@@ -443,8 +443,13 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
         }
         // A sharp router, so that the top-k choice matters.
         t.insert(format!("{p}.gate.weight"), random_tensor(&[m.experts, h], 1.0, next())?);
-        let glm = matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV2 | Architecture::DeepseekV3);
-        if glm && arch != Architecture::DeepseekV2 {
+        // DeepSeek-style mixtures add their shared expert ungated; V3's and GLM-4.5's routers
+        // carry a choice bias.
+        let glm = matches!(
+            arch,
+            Architecture::Glm4Moe | Architecture::DeepseekV2 | Architecture::DeepseekV3 | Architecture::GraniteMoe
+        );
+        if matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV3) {
             t.insert(format!("{p}.gate.e_score_correction_bias"), random_tensor(&[m.experts], 0.3, next())?);
         }
         let mut expert = |prefix: String, width: usize| -> Result<()> {
@@ -463,6 +468,61 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
                 t.insert(format!("{p}.shared_expert_gate.weight"), lin(1, h, next())?);
             }
             None => {}
+        }
+    }
+    Ok(t)
+}
+
+/// A Granite MoE `config.json` for a tiny target: every layer sparse, Granite's multipliers
+/// (`multipliers`: embedding, residual, attention, logits divisor), and with
+/// `m.shared_intermediate` GraniteMoeShared's shared MLP.
+pub fn granite_moe_config(s: &TinyShape, m: &TinyMoe, multipliers: [f64; 4]) -> Value {
+    let shared = m.shared_intermediate.is_some();
+    let arch = if shared { "GraniteMoeSharedForCausalLM" } else { "GraniteMoeForCausalLM" };
+    let mut c = target_config(Architecture::GraniteMoe, s, false);
+    c["architectures"] = json!([arch]);
+    c["num_local_experts"] = json!(m.experts);
+    c["num_experts_per_tok"] = json!(m.top_k);
+    c["intermediate_size"] = json!(m.expert_intermediate);
+    if let Some(w) = m.shared_intermediate {
+        c["shared_intermediate_size"] = json!(w);
+    }
+    let [embedding, residual, attention, logits] = multipliers;
+    (c["embedding_multiplier"], c["residual_multiplier"], c["attention_multiplier"], c["logits_scaling"]) =
+        (json!(embedding), json!(residual), json!(attention), json!(logits));
+    c
+}
+
+/// A mixture's tensors (from [`random_moe_target`] of `GraniteMoe`) in Granite MoE's layout:
+/// `block_sparse_moe.router.layer`, experts stacked into `input_linear [E, 2I, H]` (gate rows,
+/// then up) and `output_linear [E, H, I]`, the shared expert as `shared_mlp`'s fused pair.
+pub fn as_granite_moe(tensors: HashMap<String, Tensor>, s: &TinyShape, m: &TinyMoe) -> Result<HashMap<String, Tensor>> {
+    let mut t = tensors;
+    for i in 0..s.layers {
+        let (hf, own) = (format!("model.layers.{i}.mlp"), format!("model.layers.{i}.block_sparse_moe"));
+        let mut take = |name: String| t.remove(&name).expect("a mixture tensor");
+        let router = take(format!("{hf}.gate.weight"));
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        for e in 0..m.experts {
+            let p = format!("{hf}.experts.{e}");
+            let (g, u) = (take(format!("{p}.gate_proj.weight")), take(format!("{p}.up_proj.weight")));
+            gate_up.push(Tensor::cat(&[g, u], 0)?);
+            down.push(take(format!("{p}.down_proj.weight")));
+        }
+        let shared = m.shared_intermediate.map(|_| {
+            let p = format!("{hf}.shared_experts");
+            (
+                take(format!("{p}.gate_proj.weight")),
+                take(format!("{p}.up_proj.weight")),
+                take(format!("{p}.down_proj.weight")),
+            )
+        });
+        t.insert(format!("{own}.router.layer.weight"), router);
+        t.insert(format!("{own}.input_linear.weight"), Tensor::stack(&gate_up, 0)?);
+        t.insert(format!("{own}.output_linear.weight"), Tensor::stack(&down, 0)?);
+        if let Some((g, u, d)) = shared {
+            t.insert(format!("model.layers.{i}.shared_mlp.input_linear.weight"), Tensor::cat(&[g, u], 0)?);
+            t.insert(format!("model.layers.{i}.shared_mlp.output_linear.weight"), d);
         }
     }
     Ok(t)

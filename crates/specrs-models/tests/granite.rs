@@ -1,13 +1,15 @@
 //! Granite (`GraniteForCausalLM`) on a tiny checkpoint: Llama's layer with its four
 //! multipliers (embeddings, residual branches, scores, logits) matches transformers' Granite
 //! forward (`common::Reference`) in one prefill and token by token, and a `granite` GGUF (the
-//! multipliers as llama.cpp's `*_scale` keys) loads to the same model.
+//! multipliers as llama.cpp's `*_scale` keys) loads to the same model. Granite MoE
+//! (`GraniteMoeForCausalLM`, and `GraniteMoeSharedForCausalLM`): the multipliers around
+//! stacked experts under a top-k-softmax router, with and without the shared MLP.
 
 mod common;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use common::{Multipliers, Reference, assert_close, logits, write_llama_layout_gguf};
+use common::{Choice, Multipliers, Reference, Routing, assert_close, logits, write_llama_layout_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
@@ -73,4 +75,37 @@ fn a_granite_gguf_loads_to_the_same_model() {
     write_llama_layout_gguf(&path, "granite", &SHAPE, &tensors, &[("granite.logit_scale", GgufValue::F32(0.0))]);
     let Err(e) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32) else { panic!("a zero logit scale loaded") };
     assert!(e.to_string().contains("granite.logit_scale"), "{e}");
+}
+
+#[test]
+fn granite_moe_stacked_experts_and_shared_mlp_match_the_transformers_forward() {
+    for shared in [None, Some(24)] {
+        let dir = tempfile::tempdir().unwrap();
+        let moe = testing::TinyMoe {
+            experts: 4,
+            top_k: 2,
+            expert_intermediate: 16,
+            shared_intermediate: shared,
+            norm_topk_prob: true,
+            dense_layers: vec![],
+            groups: (1, 1, 1.0),
+        };
+        // The reference reads the experts one by one; the checkpoint stacks them.
+        let tensors = testing::random_moe_target(Architecture::GraniteMoe, &SHAPE, &moe, 41).unwrap();
+        let stacked = testing::as_granite_moe(tensors.clone(), &SHAPE, &moe).unwrap();
+        let config = testing::granite_moe_config(&SHAPE, &moe, [12.0, 0.22, 0.0625, 8.0]);
+        testing::write_checkpoint(dir.path(), &config, &stacked).unwrap();
+        let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+        assert_eq!(model.config().architecture, Architecture::GraniteMoe);
+        // A softmax over the top-k logits is the renormalised top-k of the full softmax.
+        let reference = Reference {
+            multipliers: Some(Multipliers { embedding: 12.0, residual: 0.22, attention: 0.0625, logits_divisor: 8.0 }),
+            routing: Some(Routing { top_k: 2, norm_topk_prob: true, choice: Choice::Softmax }),
+            ..Reference::plain(&tensors, SHAPE)
+        };
+        let ids: Vec<u32> = (0..10).map(|i| (i * 3 + 7) % 40).collect();
+        let want = reference.logits(&ids);
+        assert_close(&logits(&model, &ids, false), &want, "one prefill");
+        assert_close(&logits(&model, &ids, true), &want, "token by token");
+    }
 }

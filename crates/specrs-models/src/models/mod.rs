@@ -48,6 +48,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
+                Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(cohere::aliases(&cfg))?,
                 // The MTP layers past the last decoder layer attend the same way.
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
@@ -67,7 +68,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Mixtral => mixtral::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
-                Architecture::Granite => granite::adapt(cfg),
+                Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),
                 Architecture::GptOss => gpt_oss::adapt(cfg),
                 Architecture::Glm4 => glm4::adapt(cfg),
                 Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Olmoe => olmo2::adapt(cfg),
