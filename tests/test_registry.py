@@ -527,6 +527,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "SmolLM3ForCausalLM",
         "Glm4MoeForCausalLM",
         "OlmoeForCausalLM",
+        "SeedOssForCausalLM",
         "GraniteMoeForCausalLM",
         "GraniteMoeSharedForCausalLM",
         "CohereForCausalLM",

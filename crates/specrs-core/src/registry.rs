@@ -205,6 +205,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: false,
     },
     ArchitectureSpec {
+        name: "SeedOssForCausalLM",
+        example_repo_ids: &["ByteDance-Seed/Seed-OSS-36B-Instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "CohereForCausalLM",
         example_repo_ids: &["CohereForAI/c4ai-command-r-v01", "CohereForAI/aya-23-8B"],
         default_weights_format: "safetensors",

@@ -660,3 +660,13 @@ fn a_granite_moe_target_with_stacked_experts_and_a_shared_mlp_speculates_lossles
     );
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 314, "Granite MoE");
 }
+
+#[test]
+fn a_seed_oss_target_with_qkv_and_output_biases_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("seed-oss");
+    let mut config = testing::target_config(Architecture::SeedOss, &SHAPE, false);
+    config["attention_out_bias"] = json!(true);
+    write(&target, &config, &testing::random_target(Architecture::SeedOss, &SHAPE, false, 97).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 315, "Seed-OSS");
+}

@@ -26,6 +26,9 @@ pub enum Architecture {
     /// Granite 3.x (`GraniteForCausalLM`): Llama's layer with IBM's multipliers on the
     /// embeddings, the residual branches, the attention scores and the logits.
     Granite,
+    /// Seed-OSS (`SeedOssForCausalLM`, ByteDance Seed-OSS-36B): Llama's layer with q/k/v biases
+    /// (`attention_bias`) and an optional one on `o_proj` (`attention_out_bias`).
+    SeedOss,
     /// Granite 3.x MoE (`GraniteMoeForCausalLM`, and `GraniteMoeSharedForCausalLM` with an
     /// always-on shared MLP): Granite's multipliers, experts stacked per layer
     /// (`block_sparse_moe.input_linear [E, 2I, H]`, gate rows first, and `output_linear`)
@@ -103,6 +106,7 @@ impl Architecture {
         ("Olmo2ForCausalLM", Architecture::Olmo2),
         ("Olmo3ForCausalLM", Architecture::Olmo3),
         ("OlmoeForCausalLM", Architecture::Olmoe),
+        ("SeedOssForCausalLM", Architecture::SeedOss),
         ("SmolLM3ForCausalLM", Architecture::SmolLm3),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
@@ -170,6 +174,7 @@ impl Architecture {
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
             Self::Olmoe => "OlmoeForCausalLM",
+            Self::SeedOss => "SeedOssForCausalLM",
             Self::SmolLm3 => "SmolLM3ForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
@@ -199,6 +204,7 @@ impl Architecture {
             Self::Olmo2 => "olmo2",
             Self::Olmo3 => "olmo3",
             Self::Olmoe => "olmoe",
+            Self::SeedOss => "seed_oss",
             Self::SmolLm3 => "smollm3",
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
@@ -217,7 +223,7 @@ impl Architecture {
 
     /// Qwen2's attention: a bias on q, k and v.
     pub fn qkv_bias_by_default(self) -> bool {
-        matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss | Self::Glm4)
+        matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss | Self::Glm4 | Self::SeedOss)
     }
 
     /// Gemma's layer (`DecoderConfig::gemma`): Gemma 2 and Gemma 3.
@@ -1035,6 +1041,7 @@ impl DecoderConfig {
             | Architecture::DeepseekV3
             | Architecture::Cohere
             | Architecture::Olmoe
+            | Architecture::SeedOss
             | Architecture::InternLm2
             | Architecture::Granite
             | Architecture::GraniteMoe
@@ -1066,6 +1073,13 @@ impl DecoderConfig {
         }
         .map(|w| w as usize);
         let gpt_oss = architecture == Architecture::GptOss;
+        if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
+            return Err(ModelError::config(
+                "mlp_bias",
+                "biased MLP projections are not supported; released checkpoints of the supported families set mlp_bias \
+                 to false",
+            ));
+        }
         // Sliding layers among full ones: Gemma 2 and gpt-oss alternate them (sliding first),
         // OLMo 3 runs three and Gemma 3 five to each full one.
         let sliding_layers = match architecture {
@@ -1108,9 +1122,11 @@ impl DecoderConfig {
             fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,
             sliding_layers: sliding_layers.clone(),
-            // DeepSeek's `attention_bias` covers its output projection too.
+            // DeepSeek's `attention_bias` covers its output projection too; Seed-OSS names its own.
             attention_output_bias: (gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
-                || (mla.is_some() && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false)),
+                || (mla.is_some() && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false))
+                || (architecture == Architecture::SeedOss
+                    && v.get("attention_out_bias").and_then(Value::as_bool).unwrap_or(false)),
             attention_sinks: gpt_oss,
             rope_layers: match architecture {
                 Architecture::SmolLm3 => Some(rope_layers(v, req_usize(v, "num_hidden_layers")?)?),

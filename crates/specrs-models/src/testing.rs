@@ -88,10 +88,13 @@ pub fn random_target(arch: Architecture, s: &TinyShape, tie: bool, seed: u64) ->
         t.insert(format!("{p}.mlp.gate_proj.weight"), lin(s.intermediate, h, next())?);
         t.insert(format!("{p}.mlp.up_proj.weight"), lin(s.intermediate, h, next())?);
         t.insert(format!("{p}.mlp.down_proj.weight"), lin(h, s.intermediate, next())?);
-        if arch == Architecture::Qwen2 {
+        if matches!(arch, Architecture::Qwen2 | Architecture::SeedOss) {
             for (n, d) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
                 t.insert(format!("{p}.self_attn.{n}.bias"), random_tensor(&[d], 0.1, next())?);
             }
+        }
+        if arch == Architecture::SeedOss {
+            t.insert(format!("{p}.self_attn.o_proj.bias"), random_tensor(&[h], 0.1, next())?);
         }
         if arch == Architecture::Qwen3 {
             t.insert(format!("{p}.self_attn.q_norm.weight"), (random_tensor(&[s.head_dim], 0.2, next())? + 1.0)?);

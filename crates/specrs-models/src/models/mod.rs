@@ -16,6 +16,7 @@ pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod seed_oss;
 pub mod smollm3;
 pub mod transformer;
 
@@ -61,6 +62,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
             Ok(match cfg.architecture {
                 Architecture::Llama => llama::adapt(cfg),
                 Architecture::Qwen2 | Architecture::Qwen2Moe => qwen2::adapt(cfg),
+                Architecture::SeedOss => seed_oss::adapt(cfg),
                 Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::adapt(cfg),
                 Architecture::Phi3 => phi3::adapt(cfg),
                 Architecture::Glm4Moe => glm4_moe::adapt(cfg),

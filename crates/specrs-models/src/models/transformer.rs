@@ -370,10 +370,8 @@ impl DecoderLayer {
             _ => FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?),
         };
         let norm = |name: &str| {
-            Ok::<_, crate::error::ModelError>(
-                RmsNorm::load_as(store, &format!("{prefix}.{name}.weight"), h, cfg.rms_norm_eps, offset)?
-                    .centered(cfg.centered_norms()),
-            )
+            RmsNorm::load_as(store, &format!("{prefix}.{name}.weight"), h, cfg.rms_norm_eps, offset)
+                .map(|n| n.centered(cfg.centered_norms()))
         };
         let parallel = placement == NormPlacement::Parallel;
         let (before, after) = match placement {
