@@ -312,18 +312,24 @@ def test_auto_reads_pythonic_call_lists_whole_or_streamed(
     assert [(c["name"], c["arguments"]) for c in streamed] == whole
 
 
+@pytest.mark.parametrize(("parser", "block"), [("qwen3_coder", "tool_call"), ("seed_oss", "seed:tool_call")])
 def test_auto_reads_qwen3_coder_xml_calls_with_values_typed_by_the_schema(
-    serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
+    serve: Callable[..., Server],
+    template_file: Path,
+    openai_client: Callable[..., Any],
+    parser: str,
+    block: str,
 ) -> None:
-    coder = tool_server(serve, template_file, "qwen3_coder")
+    # Seed-OSS writes Qwen3-Coder's functions inside its own block tags.
+    coder = tool_server(serve, template_file, parser)
     forecast = {
         "type": "object",
         "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
     }
     tools = [{"type": "function", "function": {"name": "get_forecast", "parameters": forecast}}]
     written = (
-        r"Checking\.\n<tool_call>\n<function=get_forecast>\n<parameter=city>\n(Rome|Oslo)\n</parameter>\n"
-        r"<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+        rf"Checking\.\n<{block}>\n<function=get_forecast>\n<parameter=city>\n(Rome|Oslo)\n</parameter>\n"
+        rf"<parameter=days>\n3\n</parameter>\n</function>\n</{block}>"
     )
     fields: dict[str, Any] = {"tools": tools, "temperature": 0, "max_tokens": 160}
     status, body = post(coder, **fields, guided_regex=written)

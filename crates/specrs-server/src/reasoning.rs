@@ -1,5 +1,6 @@
 //! Reasoning models' thinking, split from their answer (vLLM's `--reasoning-parser`): the text
-//! inside `<think>...</think>` becomes the message's `reasoning_content`, the rest its content.
+//! inside `<think>...</think>` (Seed-OSS: `<seed:think>...</seed:think>`) becomes the message's
+//! `reasoning_content`, the rest its content.
 //! gpt-oss's harmony channels are read by [`crate::tools::harmony`], which splits them the same
 //! way.
 
@@ -15,16 +16,19 @@ pub enum ReasoningParser {
     /// gpt-oss: the `analysis` channel of its harmony messages is reasoning, `final` the answer
     /// (`openai_gptoss`).
     GptOss,
+    /// Seed-OSS: DeepSeek-R1's rule over `<seed:think>` and `</seed:think>` (`seed_oss`).
+    SeedOss,
 }
 
 impl ReasoningParser {
-    pub const NAMES: [&str; 3] = ["deepseek_r1", "qwen3", "openai_gptoss"];
+    pub const NAMES: [&str; 4] = ["deepseek_r1", "qwen3", "openai_gptoss", "seed_oss"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "deepseek_r1" => Ok(Self::DeepseekR1),
             "qwen3" => Ok(Self::Qwen3),
             "openai_gptoss" => Ok(Self::GptOss),
+            "seed_oss" => Ok(Self::SeedOss),
             other => Err(format!("unknown reasoning parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -40,7 +44,15 @@ impl ReasoningParser {
             // The harmony reader takes text that opens no header for content, so a constrained
             // output (plain JSON) reads as content and a constraint that writes channels splits.
             Self::GptOss => true,
-            Self::DeepseekR1 | Self::Qwen3 => thinks_first || self == Self::Qwen3,
+            Self::DeepseekR1 | Self::SeedOss | Self::Qwen3 => thinks_first || self == Self::Qwen3,
+        }
+    }
+
+    /// The tags that open and close a thought.
+    fn markers(self) -> (&'static str, &'static str) {
+        match self {
+            Self::SeedOss => ("<seed:think>", "</seed:think>"),
+            Self::DeepseekR1 | Self::Qwen3 | Self::GptOss => ("<think>", "</think>"),
         }
     }
 
@@ -50,9 +62,6 @@ impl ReasoningParser {
         self == Self::GptOss
     }
 }
-
-const THINK_OPEN: &str = "<think>";
-const THINK_CLOSE: &str = "</think>";
 
 /// A piece of output text: reasoning or answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,14 +101,15 @@ impl ReasoningSplitter {
             return out;
         }
         self.buffer.push_str(text);
+        let (open, close) = self.parser.markers();
         if self.phase == Phase::Start {
             let start = self.buffer.trim_start();
-            if THINK_OPEN.starts_with(start) && start.len() < THINK_OPEN.len() {
+            if open.starts_with(start) && start.len() < open.len() {
                 return out;
             }
-            match (start.strip_prefix(THINK_OPEN), self.parser) {
+            match (start.strip_prefix(open), self.parser) {
                 (Some(rest), _) => self.buffer = rest.to_string(),
-                (None, ReasoningParser::DeepseekR1) => {}
+                (None, ReasoningParser::DeepseekR1 | ReasoningParser::SeedOss) => {}
                 (None, ReasoningParser::Qwen3 | ReasoningParser::GptOss) => {
                     self.phase = Phase::Answer;
                     out.push(Part::Answer(std::mem::take(&mut self.buffer)));
@@ -108,16 +118,16 @@ impl ReasoningSplitter {
             }
             self.phase = Phase::Reasoning;
         }
-        match self.buffer.find(THINK_CLOSE) {
+        match self.buffer.find(close) {
             Some(end) => {
-                let rest = self.buffer.split_off(end + THINK_CLOSE.len());
+                let rest = self.buffer.split_off(end + close.len());
                 self.buffer.truncate(end);
                 send(&mut out, Part::Reasoning(std::mem::take(&mut self.buffer)));
                 self.phase = Phase::Answer;
                 send(&mut out, Part::Answer(rest));
             }
             None => {
-                let keep = crate::message::held_prefix_len(&self.buffer, THINK_CLOSE);
+                let keep = crate::message::held_prefix_len(&self.buffer, close);
                 let thought: String = self.buffer.drain(..self.buffer.len() - keep).collect();
                 send(&mut out, Part::Reasoning(thought));
             }
@@ -191,6 +201,17 @@ mod tests {
             assert_eq!(opened_by_model, ("Compare.".into(), "Nine.".into()));
         }
         assert_eq!(split(ReasoningParser::DeepseekR1, "never closed", 4), ("never closed".into(), String::new()));
+    }
+
+    #[test]
+    fn seed_oss_reasons_as_deepseek_r1_between_its_own_tags() {
+        for size in [1, 4, 1000] {
+            let opened = split(ReasoningParser::SeedOss, "<seed:think>Budget: 512.</seed:think>Nine.", size);
+            assert_eq!(opened, ("Budget: 512.".into(), "Nine.".into()), "pieces of {size}");
+            // DeepSeek-R1's tags are text to Seed-OSS.
+            let other = split(ReasoningParser::SeedOss, "a</think>b</seed:think>c", size);
+            assert_eq!(other, ("a</think>b".into(), "c".into()));
+        }
     }
 
     #[test]

@@ -131,6 +131,10 @@ impl CallStream {
         Self::of(Format::Xml(XmlCallScanner::new(xml_calls::QWEN3_CODER, functions)))
     }
 
+    pub fn seed_oss(functions: &[Function]) -> Self {
+        Self::of(Format::Xml(XmlCallScanner::new(xml_calls::SEED_OSS, functions)))
+    }
+
     pub fn glm(functions: &[Function]) -> Self {
         Self::of(Format::Xml(XmlCallScanner::new(xml_calls::GLM, functions)))
     }

@@ -41,6 +41,8 @@ pub enum ToolCallParser {
     /// `<tool_call><function=name><parameter=key>value</parameter></function></tool_call>`
     /// (Qwen3-Coder), values typed by the tool's schema.
     Qwen3Coder,
+    /// Qwen3-Coder's functions inside `<seed:tool_call>...</seed:tool_call>` (Seed-OSS).
+    SeedOss,
     /// `<tool_call>name<arg_key>key</arg_key><arg_value>value</arg_value></tool_call>` (GLM-4.5,
     /// line breaks between the parts; GLM-4.7 without: `glm45` and `glm47` name one reader),
     /// values typed by the tool's schema.
@@ -64,13 +66,14 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 16] = [
+    pub const NAMES: [&str; 17] = [
         "hermes",
         "llama3_json",
         "mistral",
         "granite",
         "pythonic",
         "qwen3_coder",
+        "seed_oss",
         "glm45",
         "glm47",
         "deepseek_v3",
@@ -91,6 +94,7 @@ impl ToolCallParser {
             "granite" => Ok(Self::Granite),
             "pythonic" => Ok(Self::Pythonic),
             "qwen3_coder" => Ok(Self::Qwen3Coder),
+            "seed_oss" => Ok(Self::SeedOss),
             "glm45" | "glm47" => Ok(Self::Glm),
             "deepseek_v3" | "deepseek_v31" => Ok(Self::DeepSeek),
             "kimi_k2" => Ok(Self::KimiK2),
@@ -267,6 +271,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Granite) => CallStream::granite(),
             ToolChoice::Auto(ToolCallParser::Pythonic) => CallStream::pythonic(),
             ToolChoice::Auto(ToolCallParser::Qwen3Coder) => CallStream::qwen3_coder(&self.functions),
+            ToolChoice::Auto(ToolCallParser::SeedOss) => CallStream::seed_oss(&self.functions),
             ToolChoice::Auto(ToolCallParser::Glm) => CallStream::glm(&self.functions),
             ToolChoice::Auto(ToolCallParser::DeepSeek) => CallStream::deepseek(),
             ToolChoice::Auto(ToolCallParser::KimiK2) => CallStream::kimi(),

@@ -1,5 +1,6 @@
-//! XML tool calls whose values are raw text: Qwen3-Coder's (vLLM's `qwen3_coder` parser) and
-//! GLM-4.5's (`glm45`; GLM-4.7's layout without line breaks, `glm47`, is read by the same):
+//! XML tool calls whose values are raw text: Qwen3-Coder's (vLLM's `qwen3_coder` parser; Seed-OSS
+//! writes the same inside `<seed:tool_call>` blocks, `seed_oss`) and GLM-4.5's (`glm45`; GLM-4.7's
+//! layout without line breaks, `glm47`, is read by the same):
 //!
 //! ```text
 //! Qwen3-Coder:                    GLM-4.5:
@@ -33,6 +34,9 @@ const CALL_CLOSE: &str = "</tool_call>";
 /// The tags of one family's calls.
 #[derive(Debug, Clone, Copy)]
 pub struct Dialect {
+    /// Around a block of calls.
+    call_open: &'static str,
+    call_close: &'static str,
     /// Opens a function inside a call block, its name up to `>` (Qwen3-Coder: several per
     /// block); `None`: the block is one call, named by its text up to a line break or the
     /// first key (GLM).
@@ -52,6 +56,8 @@ pub struct Dialect {
 }
 
 pub const QWEN3_CODER: Dialect = Dialect {
+    call_open: CALL_OPEN,
+    call_close: CALL_CLOSE,
     function_open: Some("<function="),
     function_close: "</function>",
     key_open: "<parameter=",
@@ -62,7 +68,12 @@ pub const QWEN3_CODER: Dialect = Dialect {
     undescribed_as_json: false,
 };
 
+/// Qwen3-Coder's functions inside Seed-OSS's own block tags.
+pub const SEED_OSS: Dialect = Dialect { call_open: "<seed:tool_call>", call_close: "</seed:tool_call>", ..QWEN3_CODER };
+
 pub const GLM: Dialect = Dialect {
+    call_open: CALL_OPEN,
+    call_close: CALL_CLOSE,
     function_open: None,
     function_close: CALL_CLOSE,
     key_open: "<arg_key>",
@@ -123,9 +134,9 @@ impl XmlCallScanner {
     fn step(&mut self, out: &mut Vec<MessageDelta>) -> bool {
         let d = self.dialect;
         match self.at.clone() {
-            Place::Text => match find_tag(&self.buffer, CALL_OPEN) {
+            Place::Text => match find_tag(&self.buffer, d.call_open) {
                 Ok(start) => {
-                    let before: String = self.buffer.drain(..start + CALL_OPEN.len()).collect();
+                    let before: String = self.buffer.drain(..start + d.call_open.len()).collect();
                     self.send_text(&before[..start], out);
                     self.at = Place::Block;
                     true
@@ -148,7 +159,7 @@ impl XmlCallScanner {
                     self.start_call(name, out);
                     return true;
                 };
-                if let Some(after) = rest.strip_prefix(CALL_CLOSE) {
+                if let Some(after) = rest.strip_prefix(d.call_close) {
                     self.buffer = after.to_string();
                     self.at = Place::Text;
                     return true;
@@ -162,7 +173,7 @@ impl XmlCallScanner {
                     return true;
                 }
                 // Neither a function nor the block's end: text, up to the next tag.
-                let Some((text, rest)) = stray_text(rest, &[CALL_CLOSE, function_open]) else { return false };
+                let Some((text, rest)) = stray_text(rest, &[d.call_close, function_open]) else { return false };
                 let text = text.to_string();
                 self.buffer = rest.to_string();
                 send_content(text, out);
@@ -371,6 +382,20 @@ mod tests {
                 "pieces of {size}"
             );
         }
+    }
+
+    #[test]
+    fn seed_oss_calls_are_qwen3_coders_inside_their_own_block_tags() {
+        let text = "Checking.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n\
+                    <parameter=days>\n2\n</parameter>\n</function>\n</seed:tool_call>";
+        for size in [1, 3, 1000] {
+            let (content, calls) = message(&read_as(SEED_OSS, text, size));
+            assert_eq!(content, "Checking.\n", "pieces of {size}");
+            assert_eq!(calls, vec![("get_weather".to_string(), r#"{"city": "Oslo", "days": 2}"#.to_string())]);
+        }
+        // Qwen3-Coder's own block is text to Seed-OSS.
+        let (content, calls) = message(&read_as(SEED_OSS, "<tool_call><function=get_time></function></tool_call>", 4));
+        assert_eq!((content.as_str(), calls.len()), ("<tool_call><function=get_time></function></tool_call>", 0));
     }
 
     #[test]
