@@ -528,6 +528,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Glm4MoeForCausalLM",
         "OlmoeForCausalLM",
         "SeedOssForCausalLM",
+        "Ernie4_5ForCausalLM",
         "GraniteMoeForCausalLM",
         "GraniteMoeSharedForCausalLM",
         "CohereForCausalLM",

@@ -205,6 +205,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: false,
     },
     ArchitectureSpec {
+        name: "Ernie4_5ForCausalLM",
+        example_repo_ids: &["baidu/ERNIE-4.5-0.3B-PT"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "SeedOssForCausalLM",
         example_repo_ids: &["ByteDance-Seed/Seed-OSS-36B-Instruct"],
         default_weights_format: "safetensors",

@@ -670,3 +670,15 @@ fn a_seed_oss_target_with_qkv_and_output_biases_speculates_losslessly() {
     write(&target, &config, &testing::random_target(Architecture::SeedOss, &SHAPE, false, 97).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 315, "Seed-OSS");
 }
+
+#[test]
+fn an_ernie45_target_with_interleaved_rope_decodes_as_its_model_and_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("ernie4_5");
+    write(
+        &target,
+        &testing::target_config(Architecture::Ernie4_5, &SHAPE, true),
+        &testing::random_target(Architecture::Llama, &SHAPE, true, 101).unwrap(),
+    );
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 316, "ERNIE 4.5");
+}

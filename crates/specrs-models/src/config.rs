@@ -26,6 +26,9 @@ pub enum Architecture {
     /// Granite 3.x (`GraniteForCausalLM`): Llama's layer with IBM's multipliers on the
     /// embeddings, the residual branches, the attention scores and the logits.
     Granite,
+    /// ERNIE 4.5 dense (`Ernie4_5ForCausalLM`, Baidu's 0.3B): Llama's layer with RoPE turning
+    /// interleaved pairs of the whole head.
+    Ernie4_5,
     /// Seed-OSS (`SeedOssForCausalLM`, ByteDance Seed-OSS-36B): Llama's layer with q/k/v biases
     /// (`attention_bias`) and an optional one on `o_proj` (`attention_out_bias`).
     SeedOss,
@@ -107,6 +110,7 @@ impl Architecture {
         ("Olmo3ForCausalLM", Architecture::Olmo3),
         ("OlmoeForCausalLM", Architecture::Olmoe),
         ("SeedOssForCausalLM", Architecture::SeedOss),
+        ("Ernie4_5ForCausalLM", Architecture::Ernie4_5),
         ("SmolLM3ForCausalLM", Architecture::SmolLm3),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
@@ -175,6 +179,7 @@ impl Architecture {
             Self::Olmo3 => "Olmo3ForCausalLM",
             Self::Olmoe => "OlmoeForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
+            Self::Ernie4_5 => "Ernie4_5ForCausalLM",
             Self::SmolLm3 => "SmolLM3ForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
@@ -205,6 +210,7 @@ impl Architecture {
             Self::Olmo3 => "olmo3",
             Self::Olmoe => "olmoe",
             Self::SeedOss => "seed_oss",
+            Self::Ernie4_5 => "ernie4_5",
             Self::SmolLm3 => "smollm3",
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
@@ -1042,6 +1048,7 @@ impl DecoderConfig {
             | Architecture::Cohere
             | Architecture::Olmoe
             | Architecture::SeedOss
+            | Architecture::Ernie4_5
             | Architecture::InternLm2
             | Architecture::Granite
             | Architecture::GraniteMoe
@@ -1073,6 +1080,12 @@ impl DecoderConfig {
         }
         .map(|w| w as usize);
         let gpt_oss = architecture == Architecture::GptOss;
+        if architecture == Architecture::Ernie4_5 && v.get("use_bias").and_then(Value::as_bool) == Some(true) {
+            return Err(ModelError::config(
+                "use_bias",
+                "ERNIE 4.5 with biased projections is not supported; released ERNIE 4.5 checkpoints set use_bias to false",
+            ));
+        }
         if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(ModelError::config(
                 "mlp_bias",

@@ -6,9 +6,10 @@
 //! its own (`use_qk_norm`). Cohere 2 runs three sliding-window layers with RoPE to each
 //! full-attention layer without (`DecoderConfig::rope_layers`).
 //!
-//! The store reads q and k through [`aliases`], each head's rows reordered evens first, then
-//! odds (`crate::rope::half_rotation_rows`): one reordering of q and k leaves the scores
-//! unchanged and turns the interleaved pairs into the rotate-half pairs the shared RoPE turns.
+//! The store reads q and k through `super::interleaved_rope_aliases`, each head's rows
+//! reordered evens first, then odds (`crate::rope::half_rotation_rows`): one reordering of q
+//! and k leaves the scores unchanged and turns the interleaved pairs into the rotate-half pairs
+//! the shared RoPE turns.
 //! The per-head q/k norm weights are reordered the same way along a head ([`head_norm`]).
 
 use candle_core::Tensor;
@@ -17,28 +18,11 @@ use crate::config::DecoderConfig;
 use crate::error::Result as LoadResult;
 use crate::norm::RmsNorm;
 use crate::rope::half_rotation_rows;
-use crate::weights::{Alias, Aliases, WeightStore};
+use crate::weights::WeightStore;
 
 /// Cohere needs nothing beyond what its configuration reader sets.
 pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
     cfg
-}
-
-/// Where a Cohere checkpoint keeps each q and k row the shared layer asks for.
-pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let d = cfg.head_dim;
-    let q_rows = half_rotation_rows(cfg.num_attention_heads, d, d);
-    let k_rows = half_rotation_rows(cfg.num_key_value_heads, d, d);
-    let mut table = Aliases::new();
-    for i in 0..cfg.num_hidden_layers {
-        for (proj, rows) in [("q_proj", &q_rows), ("k_proj", &k_rows)] {
-            for part in ["weight", "bias"] {
-                let name = format!("model.layers.{i}.self_attn.{proj}.{part}");
-                table.insert(name.clone(), Alias { source: name, rows: Some(rows.clone()) });
-            }
-        }
-    }
-    table
 }
 
 /// Command R+'s LayerNorm over each of `heads` heads of q or k: `name` holds `[heads, head_dim]`

@@ -2,6 +2,7 @@
 
 pub mod cohere;
 pub mod deepseek;
+pub mod ernie4_5;
 pub mod gemma2;
 pub mod gemma3;
 pub mod glm4;
@@ -28,7 +29,8 @@ pub use transformer::{CausalLm, ForwardOutput};
 
 use crate::config::{Architecture, DecoderConfig};
 use crate::error::{ModelError, Result};
-use crate::weights::{ModelDType, WeightSource, WeightStore};
+use crate::rope::half_rotation_rows;
+use crate::weights::{Alias, Aliases, ModelDType, WeightSource, WeightStore};
 
 /// Reads the decoder configuration of a checkpoint: GGUF metadata, or the `config.json` beside
 /// (or inside) a safetensors checkpoint.
@@ -50,7 +52,9 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
-                Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(cohere::aliases(&cfg))?,
+                Architecture::Cohere | Architecture::Cohere2 | Architecture::Ernie4_5 => {
+                    store.set_aliases(interleaved_rope_aliases(&cfg))?
+                }
                 // The MTP layers past the last decoder layer attend the same way.
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
                     let mtp = json.get("num_nextn_predict_layers").and_then(serde_json::Value::as_u64).unwrap_or(0);
@@ -77,9 +81,30 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::SmolLm3 => smollm3::adapt(cfg),
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => deepseek::adapt(cfg),
                 Architecture::Cohere | Architecture::Cohere2 => cohere::adapt(cfg),
+                Architecture::Ernie4_5 => ernie4_5::adapt(cfg),
             })
         }
     }
+}
+
+/// Where a checkpoint whose RoPE turns interleaved pairs of the whole head (Cohere, ERNIE 4.5)
+/// keeps each q and k row the shared layer asks for: each head's rows (weights and biases)
+/// evens first, then odds. One reordering of q and k leaves the scores unchanged and turns the
+/// interleaved pairs into the rotate-half pairs the shared RoPE turns.
+fn interleaved_rope_aliases(cfg: &DecoderConfig) -> Aliases {
+    let d = cfg.head_dim;
+    let q_rows = half_rotation_rows(cfg.num_attention_heads, d, d);
+    let k_rows = half_rotation_rows(cfg.num_key_value_heads, d, d);
+    let mut table = Aliases::new();
+    for i in 0..cfg.num_hidden_layers {
+        for (proj, rows) in [("q_proj", &q_rows), ("k_proj", &k_rows)] {
+            for part in ["weight", "bias"] {
+                let name = format!("model.layers.{i}.self_attn.{proj}.{part}");
+                table.insert(name.clone(), Alias { source: name, rows: Some(rows.clone()) });
+            }
+        }
+    }
+    table
 }
 
 /// Opens a checkpoint (GGUF file, safetensors file or directory) and loads its decoder.
