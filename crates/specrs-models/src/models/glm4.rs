@@ -13,19 +13,16 @@
 //! keep the same rows under llama.cpp's names; `GgufSource` reorders them the same way.
 
 use crate::config::DecoderConfig;
-use crate::rope::half_rotation_rows;
 use crate::weights::{Alias, Aliases};
 
 pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
     cfg
 }
 
-/// Where a GLM-4-0414 checkpoint keeps each tensor the shared layer asks for.
+/// Where a GLM-4-0414 checkpoint keeps each tensor the shared layer asks for: its rotated q/k
+/// rows reordered (`super::interleaved_rope_aliases`) and its norms under Gemma's names.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let (d, r) = (cfg.head_dim, cfg.rotary_dim);
-    let q_rows = half_rotation_rows(cfg.num_attention_heads, d, r);
-    let k_rows = half_rotation_rows(cfg.num_key_value_heads, d, r);
-    let mut table = Aliases::new();
+    let mut table = super::interleaved_rope_aliases(cfg);
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
         for (name, source) in [
@@ -34,12 +31,6 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
             ("post_feedforward_layernorm", "post_mlp_layernorm"),
         ] {
             table.insert(format!("{p}.{name}.weight"), Alias { source: format!("{p}.{source}.weight"), rows: None });
-        }
-        for (proj, rows) in [("q_proj", &q_rows), ("k_proj", &k_rows)] {
-            for part in ["weight", "bias"] {
-                let name = format!("{p}.self_attn.{proj}.{part}");
-                table.insert(name.clone(), Alias { source: name, rows: Some(rows.clone()) });
-            }
         }
     }
     table

@@ -87,14 +87,15 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
     }
 }
 
-/// Where a checkpoint whose RoPE turns interleaved pairs of the whole head (Cohere, ERNIE 4.5)
-/// keeps each q and k row the shared layer asks for: each head's rows (weights and biases)
-/// evens first, then odds. One reordering of q and k leaves the scores unchanged and turns the
-/// interleaved pairs into the rotate-half pairs the shared RoPE turns.
-fn interleaved_rope_aliases(cfg: &DecoderConfig) -> Aliases {
-    let d = cfg.head_dim;
-    let q_rows = half_rotation_rows(cfg.num_attention_heads, d, d);
-    let k_rows = half_rotation_rows(cfg.num_key_value_heads, d, d);
+/// Where a checkpoint whose RoPE turns interleaved pairs (Cohere and ERNIE 4.5 over the whole
+/// head, GLM-4 over its rotated half) keeps each q and k row the shared layer asks for: each
+/// head's rotated rows (weights and biases) evens first, then odds. One reordering of q and k
+/// leaves the scores unchanged and turns the interleaved pairs into the rotate-half pairs the
+/// shared RoPE turns.
+pub(crate) fn interleaved_rope_aliases(cfg: &DecoderConfig) -> Aliases {
+    let (d, r) = (cfg.head_dim, cfg.rotary_dim);
+    let q_rows = half_rotation_rows(cfg.num_attention_heads, d, r);
+    let k_rows = half_rotation_rows(cfg.num_key_value_heads, d, r);
     let mut table = Aliases::new();
     for i in 0..cfg.num_hidden_layers {
         for (proj, rows) in [("q_proj", &q_rows), ("k_proj", &k_rows)] {
