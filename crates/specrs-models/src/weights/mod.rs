@@ -277,7 +277,9 @@ fn quantize_or_fallback(w: &Tensor, target: GgmlDType) -> Result<QTensor> {
     } else {
         GgmlDType::F32
     };
-    Ok(QTensor::quantize(&w.to_device(&Device::Cpu)?.to_dtype(DType::F32)?, target)?)
+    // candle quantizes a tensor's storage from its start: a slice of a stacked tensor (one
+    // expert of a mixture) is copied out first.
+    Ok(QTensor::quantize(&w.to_device(&Device::Cpu)?.to_dtype(DType::F32)?.force_contiguous()?, target)?)
 }
 
 fn move_qtensor(q: QTensor, device: &Device) -> Result<QTensor> {
@@ -287,4 +289,19 @@ fn move_qtensor(q: QTensor, device: &Device) -> Result<QTensor> {
     let data = q.data()?;
     let storage = candle_core::quantized::QStorage::from_data(std::borrow::Cow::Borrowed(&data), device, q.dtype())?;
     Ok(QTensor::new(storage, q.shape().clone())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slice_of_a_stacked_tensor_quantizes_as_its_own_values() {
+        // One expert of three: its values sit at an offset in the stacked storage.
+        let stacked = crate::testing::random_tensor(&[3, 4, 64], 1.0, 5).unwrap();
+        let second = stacked.get(1).unwrap();
+        let q = quantize_or_fallback(&second, GgmlDType::Q8_0).unwrap().dequantize(&Device::Cpu).unwrap();
+        let diff = crate::testing::max_abs_diff(&q, &second).unwrap();
+        assert!(diff < 2e-2, "expert 1 quantized to other values: {diff}");
+    }
 }
