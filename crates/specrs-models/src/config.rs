@@ -139,6 +139,7 @@ impl Architecture {
         ("qwen3moe", Architecture::Qwen3Moe),
         ("internlm2", Architecture::InternLm2),
         ("granite", Architecture::Granite),
+        ("granitemoe", Architecture::GraniteMoe),
         ("glm4", Architecture::Glm4),
         ("command-r", Architecture::Cohere),
         ("cohere2", Architecture::Cohere2),

@@ -45,9 +45,16 @@ fn mixtral() -> TinyMoe {
 }
 
 /// The checkpoint as `arch` names it on disk.
-fn on_disk(arch: Architecture, tensors: &HashMap<String, Tensor>) -> HashMap<String, Tensor> {
-    if arch == Architecture::Mixtral { testing::as_mixtral(tensors.clone()) } else { tensors.clone() }
+fn on_disk(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMoe) -> HashMap<String, Tensor> {
+    match arch {
+        Architecture::Mixtral => testing::as_mixtral(tensors.clone()),
+        Architecture::GraniteMoe => testing::as_granite_moe(tensors.clone(), &SHAPE, moe).unwrap(),
+        _ => tensors.clone(),
+    }
 }
+
+/// Granite MoE's multipliers in these tests: embedding, residual, attention, logits divisor.
+const GRANITE_MULTIPLIERS: [f64; 4] = [2.0, 0.5, 0.125, 4.0];
 
 /// GLM-4.5-Air's shape, shrunk: a leading dense layer, 8 experts in 4 groups of which each
 /// token may use 2, top-2, weights renormalised and scaled by 2.5, one shared expert.
@@ -102,7 +109,7 @@ fn sparse_and_dense_layers_match_the_transformers_forward() {
         let dir = tempfile::tempdir().unwrap();
         let tensors = testing::random_moe_target(arch, &SHAPE, &moe, 5).unwrap();
         let config = testing::moe_target_config(arch, &SHAPE, &moe);
-        testing::write_checkpoint(dir.path(), &config, &on_disk(arch, &tensors)).unwrap();
+        testing::write_checkpoint(dir.path(), &config, &on_disk(arch, &tensors, &moe)).unwrap();
         let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
         assert_eq!(model.config().architecture, arch);
         let want = reference(arch, &tensors, &moe, &ids());
@@ -130,6 +137,7 @@ fn write_moe_gguf(
         QTensor::quantize(t, if matrix { GgmlDType::F32 } else { dtype }).unwrap()
     };
     let mut named: Vec<(String, QTensor)> = Vec::new();
+    let permuted = matches!(arch, Architecture::Mixtral | Architecture::GraniteMoe);
     for (name, t) in tensors {
         if name.contains(".experts.") {
             continue;
@@ -137,9 +145,9 @@ fn write_moe_gguf(
         // llama.cpp keeps the shared expert's gate as a vector, and permutes Llama's q and k.
         let t = if name.ends_with("shared_expert_gate.weight") {
             t.flatten_all().unwrap()
-        } else if arch == Architecture::Mixtral && name.ends_with("q_proj.weight") {
+        } else if permuted && name.ends_with("q_proj.weight") {
             llama_cpp_permuted(t, SHAPE.heads)
-        } else if arch == Architecture::Mixtral && name.ends_with("k_proj.weight") {
+        } else if permuted && name.ends_with("k_proj.weight") {
             llama_cpp_permuted(t, SHAPE.kv_heads)
         } else {
             t.clone()
@@ -185,6 +193,17 @@ fn write_moe_gguf(
     if let Some(w) = moe.shared_intermediate {
         metadata.push((format!("{key}.expert_shared_feed_forward_length"), u32v(w)));
     }
+    if arch == Architecture::GraniteMoe {
+        let [embedding, residual, attention, logits] = GRANITE_MULTIPLIERS.map(|m| GgufValue::F32(m as f32));
+        for (name, value) in [
+            ("embedding_scale", embedding),
+            ("residual_scale", residual),
+            ("attention.scale", attention),
+            ("logit_scale", logits),
+        ] {
+            metadata.push((format!("{key}.{name}"), value));
+        }
+    }
     let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let named: Vec<(&str, &QTensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
     gguf_file::write(&mut std::fs::File::create(path).unwrap(), &metadata, &named).unwrap();
@@ -197,12 +216,16 @@ fn gguf_mixtures_load_expert_by_expert_to_the_same_model() {
         (Architecture::Qwen3Moe, qwen3_moe(Vec::new())),
         (Architecture::Qwen2Moe, qwen2_moe()),
         (Architecture::Mixtral, mixtral()),
+        (Architecture::GraniteMoe, TinyMoe { shared_intermediate: Some(32), ..mixtral() }),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let tensors = testing::random_moe_target(arch, &SHAPE, &moe, 9).unwrap();
         let hf = dir.path().join("hf");
-        testing::write_checkpoint(&hf, &testing::moe_target_config(arch, &SHAPE, &moe), &on_disk(arch, &tensors))
-            .unwrap();
+        let config = match arch {
+            Architecture::GraniteMoe => testing::granite_moe_config(&SHAPE, &moe, GRANITE_MULTIPLIERS),
+            _ => testing::moe_target_config(arch, &SHAPE, &moe),
+        };
+        testing::write_checkpoint(&hf, &config, &on_disk(arch, &tensors, &moe)).unwrap();
         let layouts = [(GgmlDType::F32, ModelDType::F32, true), (GgmlDType::Q8_0, ModelDType::Q8_0, true)];
         // Mixtral files from before llama.cpp stacked experts keep one tensor per expert.
         let legacy = (arch == Architecture::Mixtral).then_some((GgmlDType::Q8_0, ModelDType::Q8_0, false));

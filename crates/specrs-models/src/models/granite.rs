@@ -65,7 +65,7 @@ pub fn load_experts(store: &WeightStore, prefix: &str, hidden: usize, moe: &MoeC
     let output = host("output_linear", &[experts, hidden, width])?;
     let linear = |w: Tensor| -> Result<Linear> {
         let (out, inp) = w.dims2()?;
-        Ok(Linear::new(store.place_dense(&w.contiguous()?, None)?, None, out, inp))
+        Ok(Linear::new(store.place_dense(&w, None)?, None, out, inp))
     };
     (0..experts)
         .map(|e| {

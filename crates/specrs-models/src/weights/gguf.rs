@@ -102,6 +102,10 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "mlp.shared_expert.up_proj.weight" => "ffn_up_shexp.weight",
         "mlp.shared_expert.down_proj.weight" => "ffn_down_shexp.weight",
         "mlp.shared_expert_gate.weight" => "ffn_gate_inp_shexp.weight",
+        // An ungated shared expert (DeepSeek's names; Granite MoE's shared MLP).
+        "mlp.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_experts.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_experts.down_proj.weight" => "ffn_down_shexp.weight",
         _ => return None,
     };
     Some(format!("blk.{layer}.{mapped}"))
@@ -159,6 +163,7 @@ impl GgufSource {
                 | Architecture::Mixtral
                 | Architecture::InternLm2
                 | Architecture::Granite
+                | Architecture::GraniteMoe
                 | Architecture::SmolLm3
                 | Architecture::Glm4
                 | Architecture::Cohere
@@ -423,7 +428,7 @@ impl GgufSource {
     /// Granite's four constants, which llama.cpp's converter writes as `*_scale` keys; a key
     /// left out leaves its factor neutral (the scores at `head_dim^-0.5`).
     fn granite_scales(&self, head_dim: usize) -> Result<Scales> {
-        if self.architecture != Architecture::Granite {
+        if !matches!(self.architecture, Architecture::Granite | Architecture::GraniteMoe) {
             return Ok(Scales::default());
         }
         let scale = |key: &str| -> Result<Option<f64>> {
@@ -445,8 +450,9 @@ impl GgufSource {
         })
     }
 
-    /// The experts of a `qwen2moe` / `qwen3moe` file. llama.cpp runs every layer sparse and
-    /// renormalises the top-k weights of Qwen3-MoE only, as the released configs ask.
+    /// The experts of a `qwen2moe` / `qwen3moe` / Mixtral / `granitemoe` file. llama.cpp runs
+    /// every layer sparse and renormalises the top-k weights of all but Qwen2-MoE, as the
+    /// released configs ask.
     fn moe_config(&self) -> Result<Option<MoeConfig>> {
         let experts = || -> Result<(usize, usize)> {
             Ok((self.meta_usize("expert_count")?, self.meta_usize("expert_used_count")?))
@@ -468,6 +474,23 @@ impl GgufSource {
             Architecture::Mixtral => {
                 let (count, used) = experts()?;
                 MoeConfig::softmax_everywhere(count, used, self.meta_usize("feed_forward_length")?, true)
+            }
+            // Granite MoE: llama.cpp splits the stacked experts into `ffn_{gate,up,down}_exps`
+            // and GraniteMoeShared's shared MLP into `ffn_*_shexp` (added ungated).
+            Architecture::GraniteMoe => {
+                let (count, used) = experts()?;
+                let width = match self.meta_usize("expert_feed_forward_length") {
+                    Ok(w) => w,
+                    Err(_) => self.meta_usize("feed_forward_length")?,
+                };
+                MoeConfig {
+                    shared_expert: self
+                        .meta_usize("expert_shared_feed_forward_length")
+                        .ok()
+                        .filter(|&w| w > 0)
+                        .map(|w| SharedExpertConfig { intermediate_size: w, gated: false }),
+                    ..MoeConfig::softmax_everywhere(count, used, width, true)
+                }
             }
             _ => return Ok(None),
         };
