@@ -400,7 +400,9 @@ fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: u
                 Some((all_dim, factor)) if all_dim != 0.0 && factor > 1.0 => 0.1 * all_dim * factor.ln() + 1.0,
                 _ => 1.0,
             };
-            Scales { attention: Some((head_dim as f64).powf(-0.5) * mscale * mscale), ..Scales::default() }
+            // The expanded head's width, not the cached entry's (`head_dim` here).
+            let qk_head_dim = req_usize(v, "qk_nope_head_dim")? + req_usize(v, "qk_rope_head_dim")?;
+            Scales { attention: Some((qk_head_dim as f64).powf(-0.5) * mscale * mscale), ..Scales::default() }
         }
         _ => Scales::default(),
     })
@@ -667,9 +669,10 @@ impl MoeConfig {
 
 /// Multi-head latent attention (DeepSeek-V2 / V3): queries through an optional low-rank
 /// bottleneck, keys and values expanded per head from one compressed latent, and a decoupled
-/// RoPE part whose key is shared by every head. Each query and key head is `qk_nope_head_dim +
-/// qk_rope_head_dim` wide (`DecoderConfig::head_dim`, the rotated part leading as the shared
-/// RoPE turns it), each value head `v_head_dim`.
+/// RoPE part whose key is shared by every head. Attention runs absorbed
+/// (`crate::models::deepseek`): one KV head (`DecoderConfig::num_key_value_heads` = 1) whose
+/// entry is `qk_rope_head_dim + kv_lora_rank` wide (`DecoderConfig::head_dim`, the rotated
+/// part leading as the shared RoPE turns it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MlaConfig {
     /// `q_a_proj` → `q_a_layernorm` → `q_b_proj` when set (V3), else one `q_proj` (V2-Lite).
@@ -976,13 +979,13 @@ impl DecoderConfig {
             Architecture::DeepseekV2 | Architecture::DeepseekV3 => Some(mla_config(v)?),
             _ => None,
         };
-        // Latent attention expands its keys and values to one per query head.
+        // Latent attention caches one entry per token that every query head attends.
         let num_key_value_heads = match mla {
-            Some(_) => num_attention_heads,
+            Some(_) => 1,
             None => v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_attention_heads, |x| x as usize),
         };
         let head_dim = match mla {
-            Some(m) => m.qk_nope_head_dim + m.qk_rope_head_dim,
+            Some(m) => m.qk_rope_head_dim + m.kv_lora_rank,
             None => v
                 .get("head_dim")
                 .and_then(Value::as_u64)
@@ -1349,9 +1352,30 @@ impl DecoderConfig {
         self
     }
 
+    /// Weights of one layer's attention projections (biases aside).
+    pub fn attention_params(&self) -> usize {
+        let (h, nh) = (self.hidden_size, self.num_attention_heads);
+        match self.mla {
+            Some(m) => {
+                let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+                let query = m.q_lora_rank.map_or(h * nh * qk, |r| h * r + r * nh * qk);
+                let kv = h * (m.kv_lora_rank + m.qk_rope_head_dim)
+                    + m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim);
+                query + kv + nh * m.v_head_dim * h
+            }
+            None => h * self.head_dim * (2 * nh + 2 * self.num_key_value_heads),
+        }
+    }
+
     /// Bytes of K and V one token occupies across all layers at `dtype_bytes` per element.
     pub fn kv_bytes_per_token(&self, dtype_bytes: usize) -> u64 {
-        (2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes) as u64
+        self.num_hidden_layers as u64 * self.kv_bytes_per_token_per_layer(dtype_bytes)
+    }
+
+    /// Bytes one token's K and V occupy in one layer: one shared entry under latent attention.
+    pub fn kv_bytes_per_token_per_layer(&self, dtype_bytes: usize) -> u64 {
+        let tensors = if self.mla.is_some() { 1 } else { 2 };
+        (tensors * self.num_key_value_heads * self.head_dim * dtype_bytes) as u64
     }
 
     /// Hugging Face `hidden_states` indices of the EAGLE-3 default taps {2, L/2, L-3}.

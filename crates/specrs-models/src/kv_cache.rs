@@ -1,9 +1,12 @@
 //! Paged KV storage: per layer one K and one V tensor of `[num_blocks * block_size,
-//! kv_heads * head_dim]` rows, addressed by slot. Which slots belong to which sequence is
-//! bookkept by `specrs_core::kv_blocks`; rolling back rejected drafts never touches this
-//! storage, it only shortens the sequence's length there.
+//! kv_heads * head_dim]` rows, addressed by slot (or one tensor serving as both, for latent
+//! attention's entries). Which slots belong to which sequence is bookkept by
+//! `specrs_core::kv_blocks`; rolling back rejected drafts never touches this storage, it only
+//! shortens the sequence's length there.
 
 use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Result, Tensor};
+
+use crate::config::DecoderConfig;
 
 #[derive(Debug, Clone)]
 pub struct PagedKvCache {
@@ -12,6 +15,8 @@ pub struct PagedKvCache {
     block_size: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Each layer's V is its K tensor (`Self::shared`): writes store keys only.
+    values_are_keys: bool,
 }
 
 impl PagedKvCache {
@@ -33,7 +38,40 @@ impl PagedKvCache {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { layers, num_blocks, block_size, kv_heads, head_dim })
+        Ok(Self { layers, num_blocks, block_size, kv_heads, head_dim, values_are_keys: false })
+    }
+
+    /// One `[slots, head_dim]` tensor per layer read as both K and V: latent attention caches
+    /// a single entry per token that its heads score against and average.
+    pub fn shared(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        head_dim: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let rows = num_blocks * block_size;
+        let layers = (0..num_layers)
+            .map(|_| Tensor::zeros((rows, head_dim), dtype, device).map(|kv| (kv.clone(), kv)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { layers, num_blocks, block_size, kv_heads: 1, head_dim, values_are_keys: true })
+    }
+
+    /// The cache `num_layers` layers of `cfg`'s attention read: shared entries under latent
+    /// attention, K and V otherwise.
+    pub fn for_config(
+        cfg: &DecoderConfig,
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        match cfg.mla {
+            Some(_) => Self::shared(num_layers, num_blocks, block_size, cfg.head_dim, dtype, device),
+            None => Self::new(num_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, device),
+        }
     }
 
     pub fn num_layers(&self) -> usize {
@@ -62,7 +100,8 @@ impl PagedKvCache {
         (k, v)
     }
 
-    /// Writes `k, v [T, kv_heads, head_dim]` of this step's tokens to their slots: `slots`
+    /// Writes `k, v [T, kv_heads, head_dim]` of this step's tokens to their slots (`k` alone
+    /// when the values are the keys): `slots`
     /// on the host, or `slot_tensor [T]` (u32) on the cache's device. Off the CPU a given
     /// `slot_tensor` is used as is (no upload, so the write can be captured in a device graph);
     /// on the CPU the host slots are used, read from `slot_tensor` when `slots` is empty.
@@ -93,7 +132,9 @@ impl PagedKvCache {
             }
             let op = WriteSlots { slots };
             kc.inplace_op2(&k.contiguous()?, &op)?;
-            vc.inplace_op2(&v.contiguous()?, &op)?;
+            if !self.values_are_keys {
+                vc.inplace_op2(&v.contiguous()?, &op)?;
+            }
         } else {
             let idx = match slot_tensor {
                 Some(s) => s.clone(),
@@ -101,7 +142,9 @@ impl PagedKvCache {
             };
             let idx = idx.to_dtype(DType::U32)?.reshape((t, 1))?.broadcast_as((t, width))?.contiguous()?;
             kc.scatter_set(&idx, &k, 0)?;
-            vc.scatter_set(&idx, &v, 0)?;
+            if !self.values_are_keys {
+                vc.scatter_set(&idx, &v, 0)?;
+            }
         }
         Ok(())
     }
@@ -168,5 +211,19 @@ mod tests {
         assert_eq!(kc[0], vec![0.; 4]);
         assert_eq!(vc.to_vec2::<f32>().unwrap()[1], vec![40., 50., 60., 70.]);
         assert!(cache.write(0, &[8], None, &k.narrow(0, 0, 1).unwrap(), &v.narrow(0, 0, 1).unwrap()).is_err());
+    }
+
+    #[test]
+    fn a_shared_cache_reads_its_keys_as_values() {
+        let dev = Device::Cpu;
+        let cache = PagedKvCache::shared(2, 2, 4, 3, DType::F32, &dev).unwrap();
+        assert_eq!((cache.kv_heads(), cache.head_dim(), cache.num_layers()), (1, 3, 2));
+        let k = Tensor::arange(0f32, 6., &dev).unwrap().reshape((2, 1, 3)).unwrap();
+        // Values passed alongside are not stored: V is the K tensor.
+        cache.write(1, &[6, 2], None, &k, &(&k * 10.).unwrap()).unwrap();
+        let (kc, vc) = cache.layer(1);
+        assert_eq!(kc.to_vec2::<f32>().unwrap()[6], vec![0., 1., 2.]);
+        assert_eq!(vc.to_vec2::<f32>().unwrap()[2], vec![3., 4., 5.]);
+        assert_eq!(cache.layer(0).0.to_vec2::<f32>().unwrap()[6], vec![0.; 3]);
     }
 }

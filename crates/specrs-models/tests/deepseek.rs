@@ -43,8 +43,12 @@ fn matches_reference(arch: Architecture, mla: TinyMla, m: TinyMoe, seed: u64) ->
     let cfg = model.config();
     let d = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
     assert_eq!(cfg.architecture, arch);
-    // Expanded to ordinary heads: one key and value per query head, the rope part leading.
-    assert_eq!((cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim), (SHAPE.heads, d, mla.qk_rope_head_dim));
+    // Absorbed: one cached entry per token, `[rope key, latent]`, serving as key and value.
+    let entry = mla.qk_rope_head_dim + mla.kv_lora_rank;
+    assert_eq!((cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim), (1, entry, mla.qk_rope_head_dim));
+    assert_eq!(cfg.kv_bytes_per_token(4), (SHAPE.layers * entry * 4) as u64);
+    let cache = model.new_kv_cache(2, 4).unwrap();
+    assert_eq!((cache.kv_heads(), cache.head_dim()), (1, entry));
     let reference = |interleaved_rope| Reference {
         rotary: mla.qk_rope_head_dim,
         factors: vec![1.0; mla.qk_rope_head_dim / 2],

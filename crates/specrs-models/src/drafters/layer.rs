@@ -100,6 +100,6 @@ impl DraftLayer {
     }
 
     pub fn kv_bytes_per_token(cfg: &DecoderConfig, dtype_bytes: usize) -> u64 {
-        (2 * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes) as u64
+        cfg.kv_bytes_per_token_per_layer(dtype_bytes)
     }
 }

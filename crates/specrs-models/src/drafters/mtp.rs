@@ -254,15 +254,7 @@ impl SequentialDraftModel for MtpDraft {
     }
 
     fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
-        PagedKvCache::new(
-            1,
-            num_blocks,
-            block_size,
-            self.layer_cfg.num_key_value_heads,
-            self.layer_cfg.head_dim,
-            self.dtype,
-            &self.device,
-        )
+        PagedKvCache::for_config(&self.layer_cfg, 1, num_blocks, block_size, self.dtype, &self.device)
     }
 
     fn kv_bytes_per_token(&self) -> u64 {

@@ -7,12 +7,15 @@
 //! Latent attention (`LatentProjection`) compresses each token to a `kv_lora_rank` latent plus
 //! one `qk_rope_head_dim` key part shared by every head; `kv_b_proj` expands the normed latent
 //! into each head's non-rotated key and its value. Queries come through the `q_lora_rank`
-//! bottleneck (`q_a_proj`, `q_a_layernorm`, `q_b_proj`), or one `q_proj`. Here the heads are
-//! expanded and attended as ordinary ones: a head is `[rope part, non-rotated part]` wide (the
-//! leading dims the shared RoPE turns), its value padded with zeros to that width so every
-//! attention path and the paged cache serve it unchanged, and only the value's dims reach
-//! `o_proj`. (Caching the latent instead, as vLLM's absorbed kernels do, would store
-//! `kv_lora_rank + qk_rope_head_dim` numbers per token rather than `2 · heads · head_dim`.)
+//! bottleneck (`q_a_proj`, `q_a_layernorm`, `q_b_proj`), or one `q_proj`.
+//!
+//! The expansion is never run: it is absorbed, as vLLM's and SGLang's MLA kernels absorb it.
+//! Each token caches one entry `[rope key, latent]` (`kv_lora_rank + qk_rope_head_dim`
+//! numbers for every head, in one tensor that serves as keys and values,
+//! `PagedKvCache::shared`); each query's non-rotated part is multiplied into latent space by
+//! its head's key rows of `kv_b_proj`, so all heads attend the one entry as grouped-query
+//! attention with a single KV head, and each head's attended latent goes through its value
+//! rows before `o_proj`. Scores keep the expanded head's scale, `(nope + rope)^-0.5`.
 //!
 //! The store reads the checkpoint through [`aliases`]: each query head's rows are reordered
 //! rope part first, and the rope rows of queries and of the shared key from DeepSeek's
@@ -84,13 +87,18 @@ enum QueryPath {
     Direct(Linear),
 }
 
-/// The query, key and value projections of multi-head latent attention, expanded per head.
+/// The query, key and value projections of multi-head latent attention in its absorbed form:
+/// one cached entry per token, attended by every head.
 #[derive(Debug, Clone)]
 pub struct LatentProjection {
     query: QueryPath,
     kv_a_proj_with_mqa: Linear,
     kv_a_layernorm: RmsNorm,
-    kv_b_proj: Linear,
+    /// `kv_b_proj`'s key rows per head, `[nh, nope, latent]`: folded into the queries.
+    key_up: Tensor,
+    /// `kv_b_proj`'s value rows per head, transposed `[nh, latent, v]`: applied to what each
+    /// head attended.
+    value_up: Tensor,
     num_heads: usize,
     dims: MlaConfig,
 }
@@ -115,6 +123,10 @@ impl LatentProjection {
             None => QueryPath::Direct(store.linear(&format!("{prefix}.q_proj"), nh * head, in_dim, bias)?),
         };
         let latent = m.kv_lora_rank;
+        // [nh · (nope + v), latent] -> per head [nope + v, latent]: key rows, then value rows.
+        let kv_b = store
+            .tensor(&format!("{prefix}.kv_b_proj.weight"), &[nh * (m.qk_nope_head_dim + m.v_head_dim), latent])?
+            .reshape((nh, m.qk_nope_head_dim + m.v_head_dim, latent))?;
         Ok(Self {
             query,
             kv_a_proj_with_mqa: store.linear(
@@ -124,12 +136,8 @@ impl LatentProjection {
                 bias,
             )?,
             kv_a_layernorm: RmsNorm::load(store, &format!("{prefix}.kv_a_layernorm.weight"), latent, eps)?,
-            kv_b_proj: store.linear(
-                &format!("{prefix}.kv_b_proj"),
-                nh * (m.qk_nope_head_dim + m.v_head_dim),
-                latent,
-                false,
-            )?,
+            key_up: kv_b.narrow(1, 0, m.qk_nope_head_dim)?.contiguous()?,
+            value_up: kv_b.narrow(1, m.qk_nope_head_dim, m.v_head_dim)?.transpose(1, 2)?.contiguous()?,
             num_heads: nh,
             dims: m,
         })
@@ -142,31 +150,43 @@ impl LatentProjection {
             }
             QueryPath::Direct(q) => q.weight().size_in_bytes(),
         };
-        query + self.kv_a_proj_with_mqa.weight().size_in_bytes() + self.kv_b_proj.weight().size_in_bytes()
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        query + self.kv_a_proj_with_mqa.weight().size_in_bytes() + bytes(&self.key_up) + bytes(&self.value_up)
     }
 
-    /// `x [T, in] -> (q [T, nh, d], k [T, nh, d], v [T, nh, d])`, before RoPE: heads laid out
-    /// `[rope part, non-rotated part]`, each value zero-padded from `v_head_dim` to `d`.
-    pub fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    /// `x [T, in] -> (q [T, nh, rope + latent], entry [T, 1, rope + latent])`, before RoPE.
+    /// The entry is what the cache keeps: the shared key's rope part, then the normed latent.
+    /// Each query's non-rotated part is folded through its head's key rows of `kv_b_proj`, so
+    /// `q · entry` is the score the expanded head would give.
+    pub fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         let t = x.dim(0)?;
-        let MlaConfig { kv_lora_rank, qk_nope_head_dim: nope, qk_rope_head_dim: rope, v_head_dim, .. } = self.dims;
-        let (nh, d) = (self.num_heads, nope + rope);
+        let MlaConfig { kv_lora_rank, qk_nope_head_dim: nope, qk_rope_head_dim: rope, .. } = self.dims;
         let q = match &self.query {
             QueryPath::LowRank { q_a_proj, q_a_layernorm, q_b_proj } => {
                 q_b_proj.forward(&q_a_layernorm.forward(&q_a_proj.forward(x)?)?)?
             }
             QueryPath::Direct(q_proj) => q_proj.forward(x)?,
         };
-        let q = q.reshape((t, nh, d))?;
+        // [T, nh, rope + nope]: the rope part leads (`aliases`).
+        let q = q.reshape((t, self.num_heads, rope + nope))?;
+        // [nh, T, nope] @ [nh, nope, latent] -> [T, nh, latent].
+        let q_latent = q.narrow(2, rope, nope)?.transpose(0, 1)?.contiguous()?.matmul(&self.key_up)?.transpose(0, 1)?;
+        let q = Tensor::cat(&[&q.narrow(2, 0, rope)?, &q_latent], 2)?;
         // [T, latent + rope]: the compressed latent, then the key's shared rope part.
         let compressed = self.kv_a_proj_with_mqa.forward(x)?;
         let latent = self.kv_a_layernorm.forward(&compressed.narrow(1, 0, kv_lora_rank)?)?;
-        let k_rope = compressed.narrow(1, kv_lora_rank, rope)?.unsqueeze(1)?.broadcast_as((t, nh, rope))?;
-        // [T, nh, nope + v]: each head's non-rotated key, then its value.
-        let kv = self.kv_b_proj.forward(&latent)?.reshape((t, nh, nope + v_head_dim))?;
-        let k = Tensor::cat(&[&k_rope, &kv.narrow(2, 0, nope)?], 2)?;
-        let v = kv.narrow(2, nope, v_head_dim)?.pad_with_zeros(2, 0, d - v_head_dim)?;
-        Ok((q, k, v))
+        let entry = Tensor::cat(&[&compressed.narrow(1, kv_lora_rank, rope)?, &latent], 1)?.unsqueeze(1)?;
+        Ok((q, entry))
+    }
+
+    /// `attended [T, nh, rope + latent] -> [T, nh · v]`: each head's attended latent (the
+    /// entries' latent dims averaged by its scores) expanded through its value rows.
+    pub fn values(&self, attended: &Tensor) -> Result<Tensor> {
+        let t = attended.dim(0)?;
+        let MlaConfig { kv_lora_rank, qk_rope_head_dim: rope, v_head_dim, .. } = self.dims;
+        // [nh, T, latent] @ [nh, latent, v] -> [T, nh · v].
+        let latent = attended.narrow(2, rope, kv_lora_rank)?.transpose(0, 1)?.contiguous()?;
+        latent.matmul(&self.value_up)?.transpose(0, 1)?.reshape((t, self.num_heads * v_head_dim))
     }
 }
 

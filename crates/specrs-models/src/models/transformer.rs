@@ -29,9 +29,6 @@ pub struct SelfAttention {
     /// RoPE turns q and k (all but SmolLM3's NoPE layers).
     rotates: bool,
     shape: AttentionShape,
-    /// The dims of each head's output `o_proj` reads: `head_dim`, or latent attention's
-    /// narrower values (`MlaConfig::v_head_dim`).
-    value_dim: usize,
 }
 
 /// Where an attention's queries, keys and values come from.
@@ -45,7 +42,7 @@ enum Projection {
         /// The q/k norms span all heads (`[q_dim]`, OLMo 2) rather than one head.
         qk_norm_spans_heads: bool,
     },
-    /// DeepSeek's multi-head latent attention, expanded to ordinary heads.
+    /// DeepSeek's multi-head latent attention: every head attends one latent entry per token.
     Latent(Box<LatentProjection>),
 }
 
@@ -83,7 +80,7 @@ impl SelfAttention {
                 num_heads * m.v_head_dim,
                 cfg.attention_output_bias,
             )?;
-            return Ok(Self { projection, o_proj, rotates: true, shape, value_dim: m.v_head_dim });
+            return Ok(Self { projection, o_proj, rotates: true, shape });
         }
         let bias = cfg.attention_bias;
         // Some Phi-3 GGUF conversions split q, k and v; llama.cpp reads either.
@@ -120,7 +117,7 @@ impl SelfAttention {
             (None, None)
         };
         let projection = Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads: spans };
-        Ok(Self { projection, o_proj, rotates: true, shape, value_dim: head_dim })
+        Ok(Self { projection, o_proj, rotates: true, shape })
     }
 
     /// Bytes of the projection weights.
@@ -164,7 +161,11 @@ impl SelfAttention {
                 }
                 (q, k, v)
             }
-            Projection::Latent(latent) => latent.project(x)?,
+            Projection::Latent(latent) => {
+                // The entry serves as key and value (`PagedKvCache::shared` writes keys only).
+                let (q, entry) = latent.project(x)?;
+                (q, entry.clone(), entry)
+            }
         };
         if !self.rotates {
             return Ok((q, k, v));
@@ -192,10 +193,14 @@ impl SelfAttention {
         self.output(&y, t)
     }
 
-    /// `o_proj` over the attended heads `y [T, nh, d]`, each narrowed to its value's dims.
+    /// `o_proj` over the attended heads `y [T, nh, d]` (latent attention's expanded to values).
     fn output(&self, y: &Tensor, t: usize) -> Result<Tensor> {
-        let y = if self.value_dim < self.shape.head_dim { &y.narrow(2, 0, self.value_dim)? } else { y };
-        self.o_proj.forward(&y.reshape((t, self.shape.num_heads * self.value_dim))?)
+        match &self.projection {
+            Projection::Latent(latent) => self.o_proj.forward(&latent.values(y)?),
+            Projection::Grouped { .. } => {
+                self.o_proj.forward(&y.reshape((t, self.shape.num_heads * self.shape.head_dim))?)
+            }
+        }
     }
 }
 
@@ -563,7 +568,7 @@ impl CausalLm {
     /// precision the checkpoint was quantized to, which a tied or kept-precise head would hide.
     pub fn layer_bits_per_weight(&self) -> f64 {
         let c = &self.config;
-        let attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads);
+        let attention = c.attention_params();
         let feed_forward = |layer: usize| match &c.moe {
             Some(moe) if moe.is_sparse_layer(layer) => {
                 let shared = moe.shared_expert.as_ref().map_or(0, |s| 3 * s.intermediate_size + usize::from(s.gated));
@@ -585,12 +590,11 @@ impl CausalLm {
 
     /// A paged KV cache shaped for this model.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
-        PagedKvCache::new(
+        PagedKvCache::for_config(
+            &self.config,
             self.config.num_hidden_layers,
             num_blocks,
             block_size,
-            self.config.num_key_value_heads,
-            self.config.head_dim,
             self.dtype,
             &self.device,
         )
