@@ -131,6 +131,13 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
     const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const O200K: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const DEEPSEEK_CODER: &[&str] = &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"];
+    // DeepSeek-V3 / R1: digits in threes, then CJK and kana runs, then words (an ASCII
+    // punctuation mark leading a Latin run keeps it), punctuation and space runs.
+    const DEEPSEEK_V3: &[&str] = &[
+        r"\p{N}{1,3}",
+        r"[一-龥぀-ゟ゠-ヿ]+",
+        r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+    ];
     let isolated = |re: &str| -> Result<PreTokenizerWrapper> {
         Ok(Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
             .map_err(|e| tok_err("pre-tokenizer regex", e))?
@@ -171,6 +178,7 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
         "gpt-4o" | "llama4" => (None, splits_then_bytes(&[O200K])?),
         "deepseek-llm" => (None, splits_then_bytes(DEEPSEEK_LLM)?),
         "deepseek-coder" => (None, splits_then_bytes(DEEPSEEK_CODER)?),
+        "deepseek-v3" | "hunyuan-dense" => (None, splits_then_bytes(DEEPSEEK_V3)?),
         other => {
             return Err(EngineError::Tokenizer(format!(
                 "GGUF pre-tokenizer '{other}' is not supported (supported: {}); \
@@ -206,6 +214,8 @@ const GGUF_PRE_TOKENIZERS: &[&str] = &[
     "llama4",
     "deepseek-llm",
     "deepseek-coder",
+    "deepseek-v3",
+    "hunyuan-dense",
 ];
 
 /// Whether a user-defined token reads as a marker (`<|im_start|>`, `</s>`, `[PAD7]`) rather
@@ -676,6 +686,17 @@ mod tests {
         );
         // Llama 3's regex (GLM-4, DBRX) keeps a word whole across case changes.
         assert_eq!(words("glm4", "HelloWorld's 2024"), ["HelloWorld", "'s", "Ġ", "202", "4"]);
+    }
+
+    #[test]
+    fn deepseek_v3_splits_digits_in_threes_then_cjk_runs_then_words() {
+        // DeepSeek-V3's regexes as llama.cpp runs them (no upstream fixture here): digits in
+        // threes, the CJK / kana run isolated before words, an ASCII mark kept on the Latin
+        // run after it, a punctuation run taking the newlines after it.
+        assert_eq!(
+            words("deepseek-v3", "Hello 2024年の東京 a+b!\n\nOK"),
+            ["Hello", "Ġ", "202", "4", "å¹´ãģ®æĿ±äº¬", "Ġa", "+b", "!ĊĊ", "OK"]
+        );
     }
 
     #[test]
