@@ -146,6 +146,8 @@ impl Architecture {
         // OLMo 3 too, when the file sets a sliding window (`GgufSource::open`).
         ("olmo2", Architecture::Olmo2),
         ("smollm3", Architecture::SmolLm3),
+        // DeepSeek-V2 when the file routes by softmax (`GgufSource::open`).
+        ("deepseek2", Architecture::DeepseekV3),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {

@@ -4,16 +4,24 @@
 //! pairs), a leading dense layer and then routed experts with a shared expert (V3's grouped
 //! sigmoid with its correction bias, V2's softmax within the best groups, scaled), matching
 //! transformers' forward (`common::Reference`) in one prefill and token by token; their
-//! configuration read as transformers reads it.
+//! configuration read as transformers reads it; and `deepseek2` GGUF files (`kv_b_proj` whole,
+//! or split into `k_b` / `v_b` as llama.cpp writes it since it runs latent attention absorbed)
+//! loading to the same model.
 
 mod common;
 
-use candle_core::Device;
-use common::{Choice, MlaLayout, Reference, Routing, assert_close, logits};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::Value as GgufValue;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use common::{Choice, MlaLayout, Reference, Routing, assert_close, logits, write_gguf};
 use serde_json::json;
 use specrs_models::config::Router;
 use specrs_models::testing::{self, TinyMla, TinyMoe, TinyShape};
-use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
+use specrs_models::weights::gguf::gguf_name;
+use specrs_models::{Architecture, DecoderConfig, ModelDType, RopeScaling, load_causal_lm};
 
 const SHAPE: TinyShape =
     TinyShape { vocab: 40, hidden: 32, layers: 3, heads: 4, kv_heads: 4, head_dim: 10, intermediate: 48 };
@@ -134,4 +142,126 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
     v2["topk_method"] = json!("noaux_tc");
     let e = DecoderConfig::from_hf_json(&v2).unwrap_err().to_string();
     assert!(e.contains("topk_method") && e.contains("noaux_tc"), "{e}");
+}
+
+/// Writes `tensors` as llama.cpp's converter writes a `deepseek2` file: experts stacked into
+/// `ffn_*_exps`, rows as the checkpoint has them, and either `kv_b_proj` split per head into
+/// `attn_k_b [heads, latent, nope]` and `attn_v_b [heads, v, latent]` with the absorbed
+/// dims as metadata (`split`), or whole with the expanded head's dims (older files).
+fn write_deepseek2_gguf(
+    path: &Path,
+    arch: Architecture,
+    tensors: &HashMap<String, Tensor>,
+    split: bool,
+    extra: &[(&str, GgufValue)],
+) {
+    let (m, mla) = (moe(), MLA);
+    let (nope, rope, v, latent) = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank);
+    let f32 = |t: &Tensor| QTensor::quantize(&t.contiguous().unwrap(), GgmlDType::F32).unwrap();
+    let mut named = Vec::new();
+    let mut experts: BTreeMap<String, BTreeMap<usize, Tensor>> = BTreeMap::new();
+    for (name, t) in tensors {
+        let layer = name.strip_prefix("model.layers.").and_then(|r| r.split_once('.')).map(|(l, _)| l);
+        if let (Some(l), Some((_, tail))) = (layer, name.split_once(".mlp.experts.")) {
+            let (e, proj) = tail.split_once('.').unwrap();
+            let stacked = format!("blk.{l}.ffn_{}_exps.weight", proj.trim_end_matches("_proj.weight"));
+            experts.entry(stacked).or_default().insert(e.parse().unwrap(), t.clone());
+        } else if let (Some(l), true) = (layer, split && name.ends_with("kv_b_proj.weight")) {
+            let kv_b = t.reshape((SHAPE.heads, nope + v, latent)).unwrap();
+            named.push((
+                format!("blk.{l}.attn_k_b.weight"),
+                f32(&kv_b.narrow(1, 0, nope).unwrap().transpose(1, 2).unwrap()),
+            ));
+            named.push((format!("blk.{l}.attn_v_b.weight"), f32(&kv_b.narrow(1, nope, v).unwrap())));
+        } else {
+            named.push((gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), f32(t)));
+        }
+    }
+    for (name, by_expert) in experts {
+        let stacked = Tensor::stack(&by_expert.into_values().collect::<Vec<_>>(), 0).unwrap();
+        named.push((name, f32(&stacked)));
+    }
+    let u32v = |x: usize| GgufValue::U32(x as u32);
+    let (key, value) = if split { (latent + rope, latent) } else { (nope + rope, v) };
+    let mut metadata = vec![
+        ("deepseek2.attention.head_count_kv", u32v(if split { 1 } else { SHAPE.heads })),
+        ("deepseek2.attention.key_length", u32v(key)),
+        ("deepseek2.attention.value_length", u32v(value)),
+        ("deepseek2.rope.dimension_count", u32v(rope)),
+        ("deepseek2.attention.kv_lora_rank", u32v(latent)),
+        ("deepseek2.leading_dense_block_count", u32v(m.dense_layers.len())),
+        ("deepseek2.expert_feed_forward_length", u32v(m.expert_intermediate)),
+        ("deepseek2.expert_count", u32v(m.experts)),
+        ("deepseek2.expert_used_count", u32v(m.top_k)),
+        ("deepseek2.expert_shared_count", u32v(m.shared_intermediate.unwrap() / m.expert_intermediate)),
+        ("deepseek2.expert_weights_scale", GgufValue::F32(m.groups.2 as f32)),
+        ("deepseek2.expert_group_count", u32v(m.groups.0)),
+        ("deepseek2.expert_group_used_count", u32v(m.groups.1)),
+    ];
+    if split {
+        metadata.push(("deepseek2.attention.key_length_mla", u32v(nope + rope)));
+        metadata.push(("deepseek2.attention.value_length_mla", u32v(v)));
+    }
+    if let Some(rank) = mla.q_lora_rank {
+        metadata.push(("deepseek2.attention.q_lora_rank", u32v(rank)));
+    }
+    if m.norm_topk_prob {
+        metadata.push(("deepseek2.expert_weights_norm", GgufValue::Bool(true)));
+    }
+    if arch == Architecture::DeepseekV3 {
+        metadata.push(("deepseek2.expert_gating_func", u32v(2)));
+    }
+    metadata.extend(extra.iter().cloned());
+    write_gguf(path, "deepseek2", &SHAPE, &named, &metadata);
+}
+
+#[test]
+fn deepseek2_gguf_files_load_to_the_same_model_with_kv_b_whole_or_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u32> = (0..9).map(|i| (i * 5 + 2) % 40).collect();
+    for (arch, seed) in [(Architecture::DeepseekV3, 21), (Architecture::DeepseekV2, 23)] {
+        let m = moe();
+        let tensors = testing::random_deepseek(arch, &SHAPE, &MLA, &m, seed).unwrap();
+        let hf_dir = dir.path().join(format!("hf-{seed}"));
+        testing::write_checkpoint(&hf_dir, &testing::deepseek_config(arch, &SHAPE, &MLA, &m), &tensors).unwrap();
+        let (hf, _) = load_causal_lm(&hf_dir, &Device::Cpu, ModelDType::F32).unwrap();
+        let want = logits(&hf, &ids, false);
+        for split in [true, false] {
+            let path = dir.path().join(format!("{seed}-{split}.gguf"));
+            write_deepseek2_gguf(&path, arch, &tensors, split, &[]);
+            let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+            let cfg = gguf.config();
+            // V2 and V3 share `deepseek2`; the gating function tells them apart.
+            assert_eq!(cfg.architecture, arch, "split: {split}");
+            assert_eq!(cfg.mla, hf.config().mla, "split: {split}");
+            assert_eq!(cfg.moe, hf.config().moe, "split: {split}");
+            assert_eq!((cfg.num_key_value_heads, cfg.head_dim), (1, MLA.qk_rope_head_dim + MLA.kv_lora_rank));
+            assert_eq!(cfg.scales, hf.config().scales);
+            let what = format!("{arch:?} GGUF (kv_b split: {split}) vs safetensors");
+            assert_close(&logits(&gguf, &ids, false), &want, &format!("{what}, one prefill"));
+            assert_close(&logits(&gguf, &ids, true), &want, &format!("{what}, token by token"));
+        }
+    }
+}
+
+#[test]
+fn deepseek2_gguf_yarn_scales_scores_by_mscale_squared_and_leaves_cos_sin_unscaled() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("yarn.gguf");
+    let tensors = testing::random_deepseek(Architecture::DeepseekV3, &SHAPE, &MLA, &moe(), 3).unwrap();
+    // DeepSeek-V3's YaRN: factor 40, mscale_all_dim 1 written as a log multiplier of 0.1.
+    let yarn = [
+        ("deepseek2.rope.scaling.type", GgufValue::String("yarn".into())),
+        ("deepseek2.rope.scaling.factor", GgufValue::F32(40.0)),
+        ("deepseek2.rope.scaling.original_context_length", GgufValue::U32(128)),
+        ("deepseek2.rope.scaling.yarn_log_multiplier", GgufValue::F32(0.1)),
+    ];
+    write_deepseek2_gguf(&path, Architecture::DeepseekV3, &tensors, true, &yarn);
+    let (model, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    let cfg = model.config();
+    let mscale = 0.1 * 40f64.ln() + 1.0;
+    let scale = cfg.scales.attention.unwrap();
+    assert!((scale - 10f64.powf(-0.5) * mscale * mscale).abs() < 1e-6, "{scale}");
+    let Some(RopeScaling::Yarn { params, attention_factor }) = &cfg.rope_scaling else { panic!("YaRN expected") };
+    assert_eq!((params.factor, params.original_max_position_embeddings, *attention_factor), (40.0, 128.0, 1.0));
 }

@@ -75,6 +75,22 @@ pub fn aliases(cfg: &DecoderConfig, layers: usize) -> Aliases {
     table
 }
 
+/// `kv_b_proj`'s key rows `[nh, nope, latent]` and value rows transposed `[nh, latent, v]`:
+/// from the checkpoint's one `[nh · (nope + v), latent]` weight, or from llama.cpp's split
+/// `k_b_proj [nh, latent, nope]` and `v_b_proj [nh, v, latent]`.
+fn up_projections(store: &WeightStore, prefix: &str, nh: usize, m: &MlaConfig) -> LoadResult<(Tensor, Tensor)> {
+    let (latent, nope, v) = (m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim);
+    let kv_b = format!("{prefix}.kv_b_proj.weight");
+    if store.contains(&kv_b) || !store.contains(&format!("{prefix}.k_b_proj.weight")) {
+        // [nh · (nope + v), latent] -> per head [nope + v, latent]: key rows, then value rows.
+        let kv_b = store.tensor(&kv_b, &[nh * (nope + v), latent])?.reshape((nh, nope + v, latent))?;
+        return Ok((kv_b.narrow(1, 0, nope)?.contiguous()?, kv_b.narrow(1, nope, v)?.transpose(1, 2)?.contiguous()?));
+    }
+    let k_b = store.tensor(&format!("{prefix}.k_b_proj.weight"), &[nh, latent, nope])?;
+    let v_b = store.tensor(&format!("{prefix}.v_b_proj.weight"), &[nh, v, latent])?;
+    Ok((k_b.transpose(1, 2)?.contiguous()?, v_b.transpose(1, 2)?.contiguous()?))
+}
+
 /// How a latent attention projects its queries.
 #[derive(Debug, Clone)]
 enum QueryPath {
@@ -122,11 +138,8 @@ impl LatentProjection {
             },
             None => QueryPath::Direct(store.linear(&format!("{prefix}.q_proj"), nh * head, in_dim, bias)?),
         };
+        let (key_up, value_up) = up_projections(store, prefix, nh, &m)?;
         let latent = m.kv_lora_rank;
-        // [nh · (nope + v), latent] -> per head [nope + v, latent]: key rows, then value rows.
-        let kv_b = store
-            .tensor(&format!("{prefix}.kv_b_proj.weight"), &[nh * (m.qk_nope_head_dim + m.v_head_dim), latent])?
-            .reshape((nh, m.qk_nope_head_dim + m.v_head_dim, latent))?;
         Ok(Self {
             query,
             kv_a_proj_with_mqa: store.linear(
@@ -136,8 +149,8 @@ impl LatentProjection {
                 bias,
             )?,
             kv_a_layernorm: RmsNorm::load(store, &format!("{prefix}.kv_a_layernorm.weight"), latent, eps)?,
-            key_up: kv_b.narrow(1, 0, m.qk_nope_head_dim)?.contiguous()?,
-            value_up: kv_b.narrow(1, m.qk_nope_head_dim, m.v_head_dim)?.transpose(1, 2)?.contiguous()?,
+            key_up,
+            value_up,
             num_heads: nh,
             dims: m,
         })

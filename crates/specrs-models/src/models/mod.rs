@@ -36,7 +36,14 @@ use crate::weights::{Alias, Aliases, ModelDType, WeightSource, WeightStore};
 /// (or inside) a safetensors checkpoint.
 pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
     match store.source() {
-        WeightSource::Gguf(g) => g.decoder_config(),
+        WeightSource::Gguf(g) => {
+            let cfg = g.decoder_config()?;
+            // llama.cpp keeps DeepSeek's rows as the checkpoint has them (its MTP layers left out).
+            if cfg.mla.is_some() {
+                store.set_aliases(deepseek::aliases(&cfg, cfg.num_hidden_layers))?;
+            }
+            Ok(cfg)
+        }
         WeightSource::Safetensors(_) => {
             let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
             let cfg_path = dir.join("config.json");

@@ -13,7 +13,9 @@ use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 
-use crate::config::{Architecture, DecoderConfig, GemmaConfig, MoeConfig, RopeScaling, Scales, SharedExpertConfig};
+use crate::config::{
+    Architecture, DecoderConfig, GemmaConfig, MlaConfig, MoeConfig, RopeScaling, Router, Scales, SharedExpertConfig,
+};
 use crate::error::{ModelError, Result};
 use crate::rope::half_rotation_rows;
 
@@ -92,12 +94,23 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.v_proj.bias" => "attn_v.bias",
         "self_attn.q_norm.weight" => "attn_q_norm.weight",
         "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        // DeepSeek's latent attention; llama.cpp splits `kv_b_proj` into `k_b` and `v_b` in
+        // files written since mid 2025 (`crate::models::deepseek` reads either).
+        "self_attn.q_a_proj.weight" => "attn_q_a.weight",
+        "self_attn.q_a_layernorm.weight" => "attn_q_a_norm.weight",
+        "self_attn.q_b_proj.weight" => "attn_q_b.weight",
+        "self_attn.kv_a_proj_with_mqa.weight" => "attn_kv_a_mqa.weight",
+        "self_attn.kv_a_layernorm.weight" => "attn_kv_a_norm.weight",
+        "self_attn.kv_b_proj.weight" => "attn_kv_b.weight",
+        "self_attn.k_b_proj.weight" => "attn_k_b.weight",
+        "self_attn.v_b_proj.weight" => "attn_v_b.weight",
         "mlp.gate_proj.weight" => "ffn_gate.weight",
         "mlp.up_proj.weight" => "ffn_up.weight",
         // Phi-3 keeps gate and up fused in `ffn_up` (gate rows first); only Phi-3 asks for it.
         "mlp.gate_up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
         "mlp.gate.weight" => "ffn_gate_inp.weight",
+        "mlp.gate.e_score_correction_bias" => "exp_probs_b.bias",
         "mlp.shared_expert.gate_proj.weight" => "ffn_gate_shexp.weight",
         "mlp.shared_expert.up_proj.weight" => "ffn_up_shexp.weight",
         "mlp.shared_expert.down_proj.weight" => "ffn_down_shexp.weight",
@@ -145,6 +158,12 @@ impl GgufSource {
         }
         if architecture == Architecture::Olmo2 && content.metadata.contains_key("olmo2.attention.sliding_window") {
             architecture = Architecture::Olmo3;
+        }
+        // DeepSeek-V2 and V3 are both `deepseek2`: V3 routes by sigmoid scores (gating func 2).
+        if architecture == Architecture::DeepseekV3
+            && content.metadata.get("deepseek2.expert_gating_func").and_then(value_as_u64) != Some(2)
+        {
+            architecture = Architecture::DeepseekV2;
         }
         let mut src = Self {
             content,
@@ -248,13 +267,22 @@ impl GgufSource {
         let phi3 = self.architecture == Architecture::Phi3;
         // Phi-3's and GLM's `rope.dimension_count` is the rotated part of a head, not the head.
         let partial_rotary = matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4);
-        let head_dim = match self.meta_usize("attention.key_length") {
-            Ok(d) => d,
-            Err(_) if partial_rotary => hidden_size / num_attention_heads.max(1),
-            Err(_) => self.meta_usize("rope.dimension_count").unwrap_or(hidden_size / num_attention_heads.max(1)),
+        let mla = self.mla_config()?;
+        let head_dim = match (mla, self.meta_usize("attention.key_length")) {
+            (Some(m), _) => m.qk_rope_head_dim + m.kv_lora_rank,
+            (None, Ok(d)) => d,
+            (None, Err(_)) if partial_rotary => hidden_size / num_attention_heads.max(1),
+            (None, Err(_)) => {
+                self.meta_usize("rope.dimension_count").unwrap_or(hidden_size / num_attention_heads.max(1))
+            }
         };
-        let rotary_dim =
-            if partial_rotary { self.meta_usize("rope.dimension_count").unwrap_or(head_dim) } else { head_dim };
+        let rotary_dim = match mla {
+            Some(m) => m.qk_rope_head_dim,
+            None if partial_rotary => self.meta_usize("rope.dimension_count").unwrap_or(head_dim),
+            None => head_dim,
+        };
+        // Latent attention caches one entry per token (older files say one KV head per head).
+        let num_key_value_heads = if mla.is_some() { 1 } else { num_key_value_heads };
         let num_hidden_layers = self.meta_usize("block_count")?;
         let cohere = matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2);
         // Command R7B: three sliding layers with RoPE to each full one without, as llama.cpp fixes.
@@ -280,7 +308,7 @@ impl GgufSource {
                 Some(Value::String(s)) if s == "linear" => {
                     Some(RopeScaling::Linear { factor: self.meta_f64("rope.scaling.factor").unwrap_or(1.0) })
                 }
-                Some(Value::String(s)) if s == "yarn" => Some(self.yarn(max_position_embeddings)?),
+                Some(Value::String(s)) if s == "yarn" => Some(self.yarn(max_position_embeddings, mla.is_some())?),
                 Some(Value::String(s)) if s != "none" => {
                     return Err(ModelError::config(
                         format!("{}.rope.scaling.type", self.arch_key),
@@ -338,11 +366,12 @@ impl GgufSource {
                 _ => cohere2_sliding,
             },
             moe: self.moe_config()?,
-            mla: None,
-            scales: match &gemma {
-                Some((_, scales, _)) => scales.clone(),
-                None if cohere => self.cohere_scales()?,
-                None => self.granite_scales(head_dim)?,
+            mla,
+            scales: match (&gemma, mla) {
+                (Some((_, scales, _)), _) => scales.clone(),
+                (None, Some(m)) => self.deepseek_scales(&m),
+                (None, None) if cohere => self.cohere_scales()?,
+                (None, None) => self.granite_scales(head_dim)?,
             },
             gemma: gemma.map(|(g, _, _)| g),
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
@@ -351,6 +380,54 @@ impl GgufSource {
         let cfg = cfg.serve_context(None);
         cfg.check()?;
         Ok(cfg)
+    }
+
+    /// DeepSeek's latent attention dims. Files written since llama.cpp runs it absorbed give
+    /// `key_length = kv_lora_rank + rope` and the expanded head's dims as `*_mla`; older ones
+    /// give the expanded head's dims as `key_length` / `value_length`.
+    fn mla_config(&self) -> Result<Option<MlaConfig>> {
+        if !matches!(self.architecture, Architecture::DeepseekV2 | Architecture::DeepseekV3) {
+            return Ok(None);
+        }
+        let rope = self.meta_usize("rope.dimension_count")?;
+        let key = match self.meta_usize("attention.key_length_mla") {
+            Ok(k) => k,
+            Err(_) => self.meta_usize("attention.key_length")?,
+        };
+        let v_head_dim = match self.meta_usize("attention.value_length_mla") {
+            Ok(v) => v,
+            Err(_) => self.meta_usize("attention.value_length")?,
+        };
+        if key <= rope || v_head_dim > key {
+            return Err(ModelError::config(
+                format!("{}.attention.key_length_mla", self.arch_key),
+                format!(
+                    "a {key}-wide head with {rope} rotated dims and {v_head_dim}-wide values is not latent attention"
+                ),
+            ));
+        }
+        Ok(Some(MlaConfig {
+            // 0 (or absent) is V2-Lite's single `attn_q`.
+            q_lora_rank: self.meta_usize("attention.q_lora_rank").ok().filter(|&r| r > 0),
+            kv_lora_rank: self.meta_usize("attention.kv_lora_rank")?,
+            qk_nope_head_dim: key - rope,
+            qk_rope_head_dim: rope,
+            v_head_dim,
+            // llama.cpp keeps DeepSeek's interleaved pairs (its `deepseek2` rope is GPT-J style).
+            rope_interleave: true,
+        }))
+    }
+
+    /// DeepSeek's score scale: the expanded head's `(nope + rope)^-0.5` times `mscale²` under
+    /// YaRN, `mscale = 1 + yarn_log_multiplier · ln(factor)` (the file's multiplier is
+    /// `0.1 · mscale_all_dim`), as llama.cpp's `deepseek2` graph scales them.
+    fn deepseek_scales(&self, m: &MlaConfig) -> Scales {
+        let factor = self.meta_f64("rope.scaling.factor").unwrap_or(1.0);
+        let log_multiplier = self.meta_f64("rope.scaling.yarn_log_multiplier").unwrap_or(0.0);
+        let yarn = matches!(self.meta("rope.scaling.type"), Some(Value::String(s)) if s == "yarn");
+        let mscale = if yarn && factor > 1.0 { 1.0 + log_multiplier * factor.ln() } else { 1.0 };
+        let head = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
+        Scales { attention: Some(head.powf(-0.5) * mscale * mscale), ..Scales::default() }
     }
 
     /// Cohere's `logit_scale` on the logits.
@@ -492,6 +569,31 @@ impl GgufSource {
                     ..MoeConfig::softmax_everywhere(count, used, width, true)
                 }
             }
+            // DeepSeek: sigmoid scores with a correction bias (V3) or softmax (V2), within the
+            // best groups, a shared expert `expert_shared_count` experts wide, added ungated.
+            Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
+                let (count, used) = experts()?;
+                let width = self.meta_usize("expert_feed_forward_length")?;
+                let (n_group, topk_group) = (
+                    self.meta_usize("expert_group_count").unwrap_or(1),
+                    self.meta_usize("expert_group_used_count").unwrap_or(1),
+                );
+                let routed_scaling_factor = self.meta_f64("expert_weights_scale").unwrap_or(1.0);
+                let router = match self.architecture {
+                    Architecture::DeepseekV3 => Router::GroupedSigmoid { n_group, topk_group, routed_scaling_factor },
+                    _ => Router::GroupedSoftmax { n_group, topk_group, routed_scaling_factor },
+                };
+                let norm = matches!(self.meta("expert_weights_norm"), Some(Value::Bool(true)));
+                MoeConfig {
+                    router,
+                    first_k_dense_replace: self.meta_usize("leading_dense_block_count").unwrap_or(0),
+                    shared_expert: match self.meta_usize("expert_shared_count").unwrap_or(0) {
+                        0 => None,
+                        n => Some(SharedExpertConfig { intermediate_size: n * width, gated: false }),
+                    },
+                    ..MoeConfig::softmax_everywhere(count, used, width, norm)
+                }
+            }
             _ => return Ok(None),
         };
         Ok(Some(moe))
@@ -531,11 +633,12 @@ impl GgufSource {
 
     /// YaRN as llama.cpp keeps it: the factor and pretrained context as metadata, cos/sin
     /// scaled by `attn_factor` (1 when absent) times YaRN's own `0.1·ln(factor) + 1`, as
-    /// llama.cpp's rope scales them.
-    fn yarn(&self, max_position_embeddings: usize) -> Result<RopeScaling> {
+    /// llama.cpp's rope scales them; DeepSeek's cos/sin unscaled (its graph cancels the
+    /// magnitude, which its scores take instead: `deepseek_scales`).
+    fn yarn(&self, max_position_embeddings: usize, deepseek: bool) -> Result<RopeScaling> {
         let factor = self.meta_f64("rope.scaling.factor").unwrap_or(1.0).max(1.0);
         let original = self.meta_usize("rope.scaling.original_context_length").unwrap_or(max_position_embeddings);
-        let magnitude = if factor > 1.0 { 0.1 * factor.ln() + 1.0 } else { 1.0 };
+        let magnitude = if factor > 1.0 && !deepseek { 0.1 * factor.ln() + 1.0 } else { 1.0 };
         Ok(RopeScaling::Yarn {
             params: crate::config::Yarn {
                 factor,
@@ -645,7 +748,7 @@ struct RopeRows {
 
 /// Row `i` of the result is row `rows[i]` of `t`. Rows are independently quantized, so a
 /// reordering moves whole rows of blocks.
-fn gather_rows(t: &QTensor, rows: &[u32]) -> Result<QTensor> {
+pub(crate) fn gather_rows(t: &QTensor, rows: &[u32]) -> Result<QTensor> {
     let dims = t.shape().dims().to_vec();
     if rows.len() != dims[0] || rows.iter().any(|&r| r as usize >= dims[0]) {
         return Err(ModelError::Unsupported(format!(

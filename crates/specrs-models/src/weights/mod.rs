@@ -137,7 +137,16 @@ impl WeightStore {
     pub fn contains(&self, name: &str) -> bool {
         match &self.source {
             WeightSource::Safetensors(s) => s.contains(self.alias(name).map_or(name, |a| a.source.as_str())),
-            WeightSource::Gguf(g) => g.contains(name),
+            WeightSource::Gguf(g) => g.contains(self.alias(name).map_or(name, |a| a.source.as_str())),
+        }
+    }
+
+    /// A GGUF tensor by Hugging Face name, through the aliases (rows gathered on the host).
+    fn load_gguf(&self, g: &GgufSource, name: &str) -> Result<QTensor> {
+        match self.alias(name) {
+            None => g.load_qtensor(name, &Device::Cpu),
+            Some(Alias { source, rows: None }) => g.load_qtensor(source, &Device::Cpu),
+            Some(Alias { source, rows: Some(rows) }) => gguf::gather_rows(&g.load_qtensor(source, &Device::Cpu)?, rows),
         }
     }
 
@@ -168,9 +177,7 @@ impl WeightStore {
                 let raw = self.load_safetensors(s, name, &self.device)?;
                 if raw.dtype().is_float() { Ok(raw.to_dtype(dtype)?) } else { Ok(raw) }
             }
-            WeightSource::Gguf(g) => {
-                Ok(g.load_qtensor(name, &Device::Cpu)?.dequantize(&self.device)?.to_dtype(dtype)?)
-            }
+            WeightSource::Gguf(g) => Ok(self.load_gguf(g, name)?.dequantize(&self.device)?.to_dtype(dtype)?),
         }
     }
 
@@ -178,7 +185,7 @@ impl WeightStore {
     pub fn int_tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let t = match &self.source {
             WeightSource::Safetensors(s) => self.load_safetensors(s, name, &self.device)?,
-            WeightSource::Gguf(g) => g.load_qtensor(name, &Device::Cpu)?.dequantize(&self.device)?,
+            WeightSource::Gguf(g) => self.load_gguf(g, name)?.dequantize(&self.device)?,
         };
         self.check_shape(name, t.dims(), shape)?;
         Ok(t.to_dtype(DType::I64)?)
@@ -190,7 +197,7 @@ impl WeightStore {
         let expected = [out_dim, in_dim];
         match &self.source {
             WeightSource::Gguf(g) => {
-                let q = g.load_qtensor(name, &Device::Cpu)?;
+                let q = self.load_gguf(g, name)?;
                 self.check_shape(name, q.shape().dims(), &expected)?;
                 self.place_quantized(name, q)
             }

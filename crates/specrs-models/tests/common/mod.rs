@@ -687,7 +687,13 @@ pub fn write_unpermuted_gguf(
 /// Writes `named` tensors with the metadata llama.cpp's converter gives a dense `arch` of
 /// `shape` (head dims as both `attention.key_length` and `rope.dimension_count`), then `extra`
 /// (which replaces any of those keys it names).
-fn write_gguf(path: &Path, arch: &str, shape: &TinyShape, named: &[(String, QTensor)], extra: &[(&str, GgufValue)]) {
+pub fn write_gguf(
+    path: &Path,
+    arch: &str,
+    shape: &TinyShape,
+    named: &[(String, QTensor)],
+    extra: &[(&str, GgufValue)],
+) {
     let u32v = |x: usize| GgufValue::U32(x as u32);
     let mut metadata: Vec<(String, GgufValue)> = vec![
         ("general.architecture".into(), GgufValue::String(arch.into())),
