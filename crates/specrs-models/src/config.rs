@@ -148,6 +148,10 @@ impl Architecture {
         ("smollm3", Architecture::SmolLm3),
         // DeepSeek-V2 when the file routes by softmax (`GgufSource::open`).
         ("deepseek2", Architecture::DeepseekV3),
+        ("glm4moe", Architecture::Glm4Moe),
+        ("olmoe", Architecture::Olmoe),
+        ("seed_oss", Architecture::SeedOss),
+        ("ernie4_5", Architecture::Ernie4_5),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {

@@ -4,8 +4,8 @@
 //!   GLM-4.5's ungated shared expert) and the dense layers kept (`mlp_only_layers`,
 //!   `first_k_dense_replace`) match transformers' forward (`common::Reference`), in one
 //!   prefill and token by token against the paged cache;
-//! - the same checkpoints as llama.cpp's converter writes them (`qwen2moe` / `qwen3moe`, Mixtral
-//!   as `llama`; the experts stacked into one tensor per projection, or one tensor each in
+//! - the same checkpoints as llama.cpp's converter writes them (`qwen2moe` / `qwen3moe`,
+//!   `olmoe`, `glm4moe`, Mixtral as `llama`; the experts stacked into one tensor per projection, or one tensor each in
 //!   older Mixtral files) load to the same model, in f32 and with Q8_0 experts read expert by
 //!   expert from the stacked bytes;
 //! - configuration errors name their key.
@@ -18,8 +18,10 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value as GgufValue};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Choice, Reference, Routing, assert_close, assert_within, llama_cpp_permuted, logits};
+use common::{Choice, Reference, Routing, assert_close, assert_within, batch, llama_cpp_permuted, logits};
 use serde_json::json;
+use specrs_models::drafters::SequentialDraftModel;
+use specrs_models::drafters::mtp::MtpDraft;
 use specrs_models::testing::{self, TinyMoe, TinyShape};
 use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, DecoderConfig, ModelDType, Router, SharedExpertConfig, load_causal_lm};
@@ -42,6 +44,11 @@ fn qwen3_moe(dense_layers: Vec<usize>) -> TinyMoe {
 /// Mixtral's routing on the tiny shape: 4 experts, top-2, renormalised, every layer sparse.
 fn mixtral() -> TinyMoe {
     TinyMoe { norm_topk_prob: true, ..qwen3_moe(Vec::new()) }
+}
+
+/// OLMoE on the tiny shape: every layer sparse, the routed weights as they are.
+fn olmoe() -> TinyMoe {
+    TinyMoe { norm_topk_prob: false, ..qwen3_moe(Vec::new()) }
 }
 
 /// The checkpoint as `arch` names it on disk.
@@ -118,14 +125,16 @@ fn sparse_and_dense_layers_match_the_transformers_forward() {
     }
 }
 
-/// Writes `tensors` as llama.cpp's converter writes a `qwen2moe` / `qwen3moe` GGUF, or Mixtral
-/// as `llama` with permuted q/k rows: experts stacked into `ffn_{gate,up,down}_exps`
+/// Writes `tensors` as llama.cpp's converter writes a `qwen2moe` / `qwen3moe` / `olmoe` /
+/// `glm4moe` GGUF (GLM-4.5's pre-MLP norm as `post_attention_norm`, its router as metadata),
+/// or Mixtral as `llama` with permuted q/k rows: experts stacked into `ffn_{gate,up,down}_exps`
 /// (`[experts, rows, cols]`), or (`stacked: false`) one tensor per expert as files written
 /// before llama.cpp stacked them; everything in `dtype` where its rows allow, norms and biases
-/// in f32.
+/// in f32. GLM-4.5's layers of `shape` past those of `SHAPE` are its MTP (`nextn`) layers.
 fn write_moe_gguf(
     path: &Path,
     arch: Architecture,
+    shape: &TinyShape,
     moe: &TinyMoe,
     tensors: &HashMap<String, Tensor>,
     dtype: GgmlDType,
@@ -146,15 +155,21 @@ fn write_moe_gguf(
         let t = if name.ends_with("shared_expert_gate.weight") {
             t.flatten_all().unwrap()
         } else if permuted && name.ends_with("q_proj.weight") {
-            llama_cpp_permuted(t, SHAPE.heads)
+            llama_cpp_permuted(t, shape.heads)
         } else if permuted && name.ends_with("k_proj.weight") {
-            llama_cpp_permuted(t, SHAPE.kv_heads)
+            llama_cpp_permuted(t, shape.kv_heads)
         } else {
             t.clone()
         };
-        named.push((gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), quantize(&t)));
+        let gguf = match name.strip_suffix(".post_attention_layernorm.weight") {
+            Some(layer) if arch == Architecture::Glm4Moe => {
+                format!("{}.post_attention_norm.weight", layer.replace("model.layers.", "blk."))
+            }
+            _ => gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")),
+        };
+        named.push((gguf, quantize(&t)));
     }
-    for l in 0..SHAPE.layers {
+    for l in (0..shape.layers).filter(|l| !moe.dense_layers.contains(l)) {
         for (proj, short) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
             let experts: Vec<Tensor> = (0..moe.experts)
                 .map(|e| tensors[&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")].clone())
@@ -176,21 +191,35 @@ fn write_moe_gguf(
     let u32v = |x: usize| GgufValue::U32(x as u32);
     let mut metadata: Vec<(String, GgufValue)> = vec![
         ("general.architecture".into(), GgufValue::String(key.clone())),
-        (format!("{key}.embedding_length"), u32v(SHAPE.hidden)),
-        (format!("{key}.block_count"), u32v(SHAPE.layers)),
-        (format!("{key}.attention.head_count"), u32v(SHAPE.heads)),
-        (format!("{key}.attention.head_count_kv"), u32v(SHAPE.kv_heads)),
-        (format!("{key}.attention.key_length"), u32v(SHAPE.head_dim)),
+        (format!("{key}.embedding_length"), u32v(shape.hidden)),
+        (format!("{key}.block_count"), u32v(shape.layers)),
+        (format!("{key}.attention.head_count"), u32v(shape.heads)),
+        (format!("{key}.attention.head_count_kv"), u32v(shape.kv_heads)),
+        (format!("{key}.attention.key_length"), u32v(shape.head_dim)),
         (format!("{key}.context_length"), u32v(512)),
         (format!("{key}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5)),
         (format!("{key}.rope.freq_base"), GgufValue::F32(10_000.0)),
-        (format!("{key}.vocab_size"), u32v(SHAPE.vocab)),
+        (format!("{key}.vocab_size"), u32v(shape.vocab)),
         (format!("{key}.expert_count"), u32v(moe.experts)),
         (format!("{key}.expert_used_count"), u32v(moe.top_k)),
         (format!("{key}.expert_feed_forward_length"), u32v(moe.expert_intermediate)),
-        (format!("{key}.feed_forward_length"), u32v(moe.expert_intermediate)),
     ];
-    if let Some(w) = moe.shared_intermediate {
+    let dense_width = if moe.dense_layers.is_empty() { moe.expert_intermediate } else { shape.intermediate };
+    metadata.push((format!("{key}.feed_forward_length"), u32v(dense_width)));
+    if arch == Architecture::Glm4Moe {
+        let (n_group, topk_group, scale) = moe.groups;
+        metadata.extend([
+            (format!("{key}.rope.dimension_count"), u32v(shape.head_dim / 2)),
+            (format!("{key}.leading_dense_block_count"), u32v(moe.dense_layers.len())),
+            (format!("{key}.nextn_predict_layers"), u32v(shape.layers - SHAPE.layers)),
+            (format!("{key}.expert_shared_count"), u32v(moe.shared_intermediate.unwrap() / moe.expert_intermediate)),
+            (format!("{key}.expert_weights_scale"), GgufValue::F32(scale as f32)),
+            (format!("{key}.expert_weights_norm"), GgufValue::Bool(moe.norm_topk_prob)),
+            (format!("{key}.expert_group_count"), u32v(n_group)),
+            (format!("{key}.expert_group_used_count"), u32v(topk_group)),
+            (format!("{key}.expert_gating_func"), u32v(2)),
+        ]);
+    } else if let Some(w) = moe.shared_intermediate {
         metadata.push((format!("{key}.expert_shared_feed_forward_length"), u32v(w)));
     }
     if arch == Architecture::GraniteMoe {
@@ -217,12 +246,18 @@ fn gguf_mixtures_load_expert_by_expert_to_the_same_model() {
         (Architecture::Qwen2Moe, qwen2_moe()),
         (Architecture::Mixtral, mixtral()),
         (Architecture::GraniteMoe, TinyMoe { shared_intermediate: Some(32), ..mixtral() }),
+        (Architecture::Olmoe, olmoe()),
+        (Architecture::Glm4Moe, glm45()),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let tensors = testing::random_moe_target(arch, &SHAPE, &moe, 9).unwrap();
+        let tensors = match arch {
+            Architecture::Olmoe => testing::random_olmoe(&SHAPE, &moe, 9).unwrap(),
+            _ => testing::random_moe_target(arch, &SHAPE, &moe, 9).unwrap(),
+        };
         let hf = dir.path().join("hf");
         let config = match arch {
             Architecture::GraniteMoe => testing::granite_moe_config(&SHAPE, &moe, GRANITE_MULTIPLIERS),
+            Architecture::Olmoe => testing::olmoe_config(&SHAPE, &moe),
             _ => testing::moe_target_config(arch, &SHAPE, &moe),
         };
         testing::write_checkpoint(&hf, &config, &on_disk(arch, &tensors, &moe)).unwrap();
@@ -231,13 +266,19 @@ fn gguf_mixtures_load_expert_by_expert_to_the_same_model() {
         let legacy = (arch == Architecture::Mixtral).then_some((GgmlDType::Q8_0, ModelDType::Q8_0, false));
         for (dtype, as_loaded, stacked) in layouts.into_iter().chain(legacy) {
             let path = dir.path().join(format!("{dtype:?}-{stacked}.gguf"));
-            write_moe_gguf(&path, arch, &moe, &tensors, dtype, stacked);
+            write_moe_gguf(&path, arch, &SHAPE, &moe, &tensors, dtype, stacked);
             let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::Auto).unwrap();
             let cfg = gguf.config();
             assert_eq!(cfg.architecture, arch);
             let read = cfg.moe.as_ref().unwrap();
-            assert_eq!((read.num_experts, read.top_k, read.norm_topk_prob), (4, 2, moe.norm_topk_prob));
+            assert_eq!((read.num_experts, read.top_k, read.norm_topk_prob), (moe.experts, 2, moe.norm_topk_prob));
             assert_eq!(read.shared_expert.as_ref().map(|s| s.intermediate_size), moe.shared_intermediate);
+            let (hf_cfg, _) = load_causal_lm(&hf, &Device::Cpu, ModelDType::F32).unwrap();
+            assert_eq!(
+                (&read.router, read.first_k_dense_replace, cfg.rotary_dim),
+                (&hf_cfg.config().moe.as_ref().unwrap().router, moe.dense_layers.len(), hf_cfg.config().rotary_dim),
+                "{arch:?}"
+            );
             // The safetensors checkpoint quantized at load to the GGUF's format: the same blocks,
             // but for Qwen2-MoE's shared-expert gate, a vector llama.cpp keeps in f32 while the
             // [1, hidden] matrix is quantized at load (a 1e-2 logit difference).
@@ -251,6 +292,40 @@ fn gguf_mixtures_load_expert_by_expert_to_the_same_model() {
             }
         }
     }
+}
+
+#[test]
+fn a_glm45_gguf_carries_its_mtp_layer_past_the_decoder_layers() {
+    // llama.cpp counts GLM-4.5's MTP layer in `block_count` and names its own parts `nextn.*`;
+    // the target and its MTP head load from the file as from the checkpoint.
+    let dir = tempfile::tempdir().unwrap();
+    let moe = glm45();
+    let with_mtp = TinyShape { layers: SHAPE.layers + 1, ..SHAPE };
+    let mut tensors = testing::random_moe_target(Architecture::Glm4Moe, &with_mtp, &moe, 19).unwrap();
+    let (h, mtp) = (SHAPE.hidden, format!("model.layers.{}", SHAPE.layers));
+    for (name, seed) in [("enorm.weight", 1), ("hnorm.weight", 2), ("shared_head.norm.weight", 3)] {
+        tensors.insert(format!("{mtp}.{name}"), (testing::random_tensor(&[h], 0.2, seed).unwrap() + 1.0).unwrap());
+    }
+    tensors.insert(format!("{mtp}.eh_proj.weight"), testing::random_tensor(&[h, 2 * h], 0.1, 4).unwrap());
+    let hf_dir = dir.path().join("hf");
+    let mut config = testing::moe_target_config(Architecture::Glm4Moe, &SHAPE, &moe);
+    config["num_nextn_predict_layers"] = json!(1);
+    testing::write_checkpoint(&hf_dir, &config, &tensors).unwrap();
+    let path = dir.path().join("glm45.gguf");
+    write_moe_gguf(&path, Architecture::Glm4Moe, &with_mtp, &moe, &tensors, GgmlDType::F32, true);
+    let (hf, hf_store) = load_causal_lm(&hf_dir, &Device::Cpu, ModelDType::F32).unwrap();
+    let (gguf, gguf_store) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(gguf.config().num_hidden_layers, SHAPE.layers);
+    assert_close(&logits(&gguf, &ids(), false), &logits(&hf, &ids(), false), "GLM-4.5 GGUF vs safetensors");
+    // One MTP step from the same hidden states, through each head's own cache.
+    let draft_logits = |store, target| {
+        let draft = MtpDraft::load_from_target(store, target).unwrap();
+        let kv = draft.new_kv_cache(4, 4).unwrap();
+        let hidden = testing::random_tensor(&[ids().len(), h], 1.0, 7).unwrap();
+        let (_, out) = draft.forward(&hidden, &batch(&ids(), 0), &kv).unwrap();
+        out.logits.to_vec2::<f32>().unwrap()
+    };
+    assert_close(&draft_logits(&gguf_store, &gguf), &draft_logits(&hf_store, &hf), "the GGUF's MTP head");
 }
 
 #[test]

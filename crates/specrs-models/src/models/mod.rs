@@ -38,9 +38,14 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
     match store.source() {
         WeightSource::Gguf(g) => {
             let cfg = g.decoder_config()?;
-            // llama.cpp keeps DeepSeek's rows as the checkpoint has them (its MTP layers left out).
-            if cfg.mla.is_some() {
-                store.set_aliases(deepseek::aliases(&cfg, cfg.num_hidden_layers))?;
+            // llama.cpp keeps DeepSeek's and ERNIE 4.5's interleaved RoPE rows as the checkpoint
+            // has them (DeepSeek's MTP layers left out).
+            match cfg.architecture {
+                Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
+                    store.set_aliases(deepseek::aliases(&cfg, cfg.num_hidden_layers))?
+                }
+                Architecture::Ernie4_5 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
+                _ => {}
             }
             Ok(cfg)
         }

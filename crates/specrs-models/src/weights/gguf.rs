@@ -66,6 +66,13 @@ fn sandwich_norm_name(hf: &str) -> Option<String> {
     Some(format!("blk.{}.{mapped}", layer.parse::<usize>().ok()?))
 }
 
+/// The norm before the MLP under llama.cpp's `post_attention_norm` (Seed-OSS, GLM-4.5), where
+/// other Llama-style families keep it as `ffn_norm`.
+fn pre_mlp_norm_name(hf: &str) -> Option<String> {
+    let layer = hf.strip_prefix("model.layers.")?.strip_suffix(".post_attention_layernorm.weight")?;
+    Some(format!("blk.{}.post_attention_norm.weight", layer.parse::<usize>().ok()?))
+}
+
 /// Maps a Hugging Face tensor name to its GGUF name (one expert of a mixture has none of its
 /// own: see [`gguf_location`]).
 pub fn gguf_name(hf: &str) -> Option<String> {
@@ -92,6 +99,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.q_proj.bias" => "attn_q.bias",
         "self_attn.k_proj.bias" => "attn_k.bias",
         "self_attn.v_proj.bias" => "attn_v.bias",
+        "self_attn.o_proj.bias" => "attn_output.bias",
         "self_attn.q_norm.weight" => "attn_q_norm.weight",
         "self_attn.k_norm.weight" => "attn_k_norm.weight",
         // DeepSeek's latent attention; llama.cpp splits `kv_b_proj` into `k_b` and `v_b` in
@@ -119,6 +127,13 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "mlp.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
         "mlp.shared_experts.up_proj.weight" => "ffn_up_shexp.weight",
         "mlp.shared_experts.down_proj.weight" => "ffn_down_shexp.weight",
+        // A DeepSeek-style MTP layer's own parts (GLM-4.5's `nextn` layers past the last).
+        "eh_proj.weight" => "nextn.eh_proj.weight",
+        "enorm.weight" => "nextn.enorm.weight",
+        "hnorm.weight" => "nextn.hnorm.weight",
+        "embed_tokens.weight" => "nextn.embed_tokens.weight",
+        "shared_head.head.weight" => "nextn.shared_head_head.weight",
+        "shared_head.norm.weight" => "nextn.shared_head_norm.weight",
         _ => return None,
     };
     Some(format!("blk.{layer}.{mapped}"))
@@ -216,6 +231,10 @@ impl GgufSource {
             | Architecture::Glm4
             | Architecture::Olmo2
             | Architecture::Olmo3 => (sandwich_norm_name(hf_name).or_else(|| gguf_name(hf_name))?, None),
+            Architecture::SeedOss | Architecture::Glm4Moe => match pre_mlp_norm_name(hf_name) {
+                Some(name) => (name, None),
+                None => gguf_location(hf_name)?,
+            },
             _ => gguf_location(hf_name)?,
         };
         match (self.content.tensor_infos.get(&g), expert) {
@@ -266,7 +285,8 @@ impl GgufSource {
         let num_key_value_heads = self.meta_usize("attention.head_count_kv").unwrap_or(num_attention_heads);
         let phi3 = self.architecture == Architecture::Phi3;
         // Phi-3's and GLM's `rope.dimension_count` is the rotated part of a head, not the head.
-        let partial_rotary = matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4);
+        let partial_rotary =
+            matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm4Moe);
         let mla = self.mla_config()?;
         let head_dim = match (mla, self.meta_usize("attention.key_length")) {
             (Some(m), _) => m.qk_rope_head_dim + m.kv_lora_rank,
@@ -283,7 +303,9 @@ impl GgufSource {
         };
         // Latent attention caches one entry per token (older files say one KV head per head).
         let num_key_value_heads = if mla.is_some() { 1 } else { num_key_value_heads };
-        let num_hidden_layers = self.meta_usize("block_count")?;
+        // GLM-4.5's count includes its MTP (`nextn`) layers past the last decoder layer.
+        let num_hidden_layers =
+            self.meta_usize("block_count")?.saturating_sub(self.meta_usize("nextn_predict_layers").unwrap_or(0));
         let cohere = matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2);
         // Command R7B: three sliding layers with RoPE to each full one without, as llama.cpp fixes.
         let cohere2_sliding: Option<Vec<bool>> = (self.architecture == Architecture::Cohere2)
@@ -344,8 +366,8 @@ impl GgufSource {
             tie_word_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
             attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias"),
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
-            // GLM keeps gate and up fused in `ffn_up`; its q, k and v apart.
-            fused_projections: partial_rotary,
+            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart.
+            fused_projections: matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window: match (&gemma, self.architecture) {
                 (Some(_), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
                 (None, Architecture::Olmo3 | Architecture::Cohere2) => {
@@ -358,7 +380,7 @@ impl GgufSource {
                 None if self.architecture == Architecture::Olmo3 => Some(self.olmo3_sliding_layers(num_hidden_layers)?),
                 None => cohere2_sliding.clone(),
             },
-            attention_output_bias: false,
+            attention_output_bias: self.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
             attention_sinks: false,
             // llama.cpp fixes SmolLM3's step: every fourth layer attends without RoPE.
             rope_layers: match self.architecture {
@@ -552,6 +574,17 @@ impl GgufSource {
                 let (count, used) = experts()?;
                 MoeConfig::softmax_everywhere(count, used, self.meta_usize("feed_forward_length")?, true)
             }
+            // OLMoE: softmax over its experts, the routed weights as they are; the experts as
+            // wide as `feed_forward_length` (its config has no separate expert width).
+            Architecture::Olmoe => {
+                let (count, used) = experts()?;
+                let width = match self.meta_usize("expert_feed_forward_length") {
+                    Ok(w) => w,
+                    Err(_) => self.meta_usize("feed_forward_length")?,
+                };
+                let norm = matches!(self.meta("expert_weights_norm"), Some(Value::Bool(true)));
+                MoeConfig::softmax_everywhere(count, used, width, norm)
+            }
             // Granite MoE: llama.cpp splits the stacked experts into `ffn_{gate,up,down}_exps`
             // and GraniteMoeShared's shared MLP into `ffn_*_shexp` (added ungated).
             Architecture::GraniteMoe => {
@@ -569,9 +602,10 @@ impl GgufSource {
                     ..MoeConfig::softmax_everywhere(count, used, width, true)
                 }
             }
-            // DeepSeek: sigmoid scores with a correction bias (V3) or softmax (V2), within the
-            // best groups, a shared expert `expert_shared_count` experts wide, added ungated.
-            Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
+            // DeepSeek: sigmoid scores with a correction bias (V3, GLM-4.5) or softmax (V2),
+            // within the best groups, a shared expert `expert_shared_count` experts wide, added
+            // ungated.
+            Architecture::DeepseekV2 | Architecture::DeepseekV3 | Architecture::Glm4Moe => {
                 let (count, used) = experts()?;
                 let width = self.meta_usize("expert_feed_forward_length")?;
                 let (n_group, topk_group) = (
@@ -580,8 +614,8 @@ impl GgufSource {
                 );
                 let routed_scaling_factor = self.meta_f64("expert_weights_scale").unwrap_or(1.0);
                 let router = match self.architecture {
-                    Architecture::DeepseekV3 => Router::GroupedSigmoid { n_group, topk_group, routed_scaling_factor },
-                    _ => Router::GroupedSoftmax { n_group, topk_group, routed_scaling_factor },
+                    Architecture::DeepseekV2 => Router::GroupedSoftmax { n_group, topk_group, routed_scaling_factor },
+                    _ => Router::GroupedSigmoid { n_group, topk_group, routed_scaling_factor },
                 };
                 let norm = matches!(self.meta("expert_weights_norm"), Some(Value::Bool(true)));
                 MoeConfig {
