@@ -535,6 +535,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Cohere2ForCausalLM",
         "DeepseekV2ForCausalLM",
         "DeepseekV3ForCausalLM",
+        "Glm4MoeLiteForCausalLM",
         "InternLM2ForCausalLM",
         "GptOssForCausalLM",
         "Gemma2ForCausalLM",

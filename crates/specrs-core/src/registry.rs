@@ -252,6 +252,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    // GLM-4.7-Flash: DeepSeek-V3's layer; routing read on the host.
+    ArchitectureSpec {
+        name: "Glm4MoeLiteForCausalLM",
+        example_repo_ids: &["zai-org/GLM-4.7-Flash"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     // Routing read on the host, and per-layer windows.
     ArchitectureSpec {
         name: "GptOssForCausalLM",
@@ -359,11 +367,14 @@ pub fn builtin_speculators() -> Vec<SpeculatorSpec> {
     let mut out = Vec::new();
     for arch in BUILTIN_ARCHITECTURES {
         for &(method, draft_arch, pipeline) in DRAFTS {
-            // MTP heads inside the target checkpoint exist for MiMo, GLM-4.5 and DeepSeek-V3;
-            // speculators MTP drafts attach to any target.
+            // MTP heads inside the target checkpoint exist for MiMo, GLM-4.5, GLM-4.7-Flash and
+            // DeepSeek-V3; speculators MTP drafts attach to any target.
             if method == SpeculativeMethod::Mtp
                 && draft_arch.is_none()
-                && !matches!(arch.name, "MiMoForCausalLM" | "Glm4MoeForCausalLM" | "DeepseekV3ForCausalLM")
+                && !matches!(
+                    arch.name,
+                    "MiMoForCausalLM" | "Glm4MoeForCausalLM" | "Glm4MoeLiteForCausalLM" | "DeepseekV3ForCausalLM"
+                )
             {
                 continue;
             }
@@ -472,7 +483,7 @@ mod tests {
                 assert!(specs.iter().any(|s| s.base == target && s.method == m), "{target} {m}");
             }
         }
-        for target in ["MiMoForCausalLM", "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM"] {
+        for target in ["MiMoForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "DeepseekV3ForCausalLM"] {
             assert!(
                 specs.iter().any(|s| s.base == target && s.method == SpeculativeMethod::Mtp && s.draft_arch.is_none()),
                 "{target} carries its own MTP heads"

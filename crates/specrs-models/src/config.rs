@@ -125,6 +125,8 @@ impl Architecture {
         ("Cohere2ForCausalLM", Architecture::Cohere2),
         ("DeepseekV2ForCausalLM", Architecture::DeepseekV2),
         ("DeepseekV3ForCausalLM", Architecture::DeepseekV3),
+        // GLM-4.7-Flash: DeepSeek-V3's latent attention and GLM-4.5's (= DeepSeek-V3's) router.
+        ("Glm4MoeLiteForCausalLM", Architecture::DeepseekV3),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -435,15 +437,6 @@ fn mla_config(v: &Value) -> Result<MlaConfig> {
         v_head_dim: dim("v_head_dim")?,
         rope_interleave: v.get("rope_interleave").and_then(Value::as_bool).unwrap_or(true),
     };
-    if m.v_head_dim > m.qk_nope_head_dim + m.qk_rope_head_dim {
-        return Err(ModelError::config(
-            "v_head_dim",
-            format!(
-                "value heads ({}) wider than query/key heads ({} + {}) are not supported",
-                m.v_head_dim, m.qk_nope_head_dim, m.qk_rope_head_dim
-            ),
-        ));
-    }
     Ok(m)
 }
 
@@ -794,16 +787,40 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
     })
 }
 
+/// `mlp_layer_types` (`"dense"` / `"sparse"` per layer) as whether each layer is sparse, when
+/// the config lists them.
+fn mlp_layer_types(v: &Value) -> Result<Option<Vec<bool>>> {
+    let Some(list) = v.get("mlp_layer_types").filter(|l| !l.is_null()) else { return Ok(None) };
+    let layers = req_usize(v, "num_hidden_layers")?;
+    let types = list.as_array().filter(|a| a.len() == layers).ok_or_else(|| {
+        ModelError::config("mlp_layer_types", format!("must list 'dense' or 'sparse' for each of the {layers} layers"))
+    })?;
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("dense") => Ok(false),
+            Some("sparse") => Ok(true),
+            _ => Err(ModelError::config("mlp_layer_types", format!("{t} is neither 'dense' nor 'sparse'"))),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
 /// The experts of a Mixtral / Qwen2-MoE / Qwen3-MoE / GLM-4.5 `config.json`, with
 /// transformers' defaults.
 fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
-    let mlp_only_layers = match v.get("mlp_only_layers") {
+    let mut mlp_only_layers = match v.get("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
         Some(list) => list
             .as_array()
             .and_then(|a| a.iter().map(|x| x.as_u64().map(|i| i as usize)).collect::<Option<Vec<_>>>())
             .ok_or_else(|| ModelError::config("mlp_only_layers", "must be a list of layer indices"))?,
     };
+    // GLM-4.7-Flash names each layer's MLP `dense` or `sparse` instead of counting leading dense ones.
+    let layer_types = mlp_layer_types(v)?;
+    if let Some(types) = &layer_types {
+        mlp_only_layers = types.iter().enumerate().filter(|(_, sparse)| !**sparse).map(|(i, _)| i).collect();
+    }
     let usize_or = |key: &str, default: usize| v.get(key).and_then(Value::as_u64).map_or(default, |x| x as usize);
     if architecture == Architecture::GraniteMoe {
         // A softmax over each token's top-k logits: the renormalised top-k of the full softmax.
@@ -934,7 +951,7 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
             .and_then(Value::as_bool)
             .unwrap_or(matches!(architecture, Architecture::Glm4Moe | Architecture::DeepseekV3)),
         router,
-        first_k_dense_replace: usize_or("first_k_dense_replace", 0),
+        first_k_dense_replace: if layer_types.is_some() { 0 } else { usize_or("first_k_dense_replace", 0) },
         decoder_sparse_step: usize_or("decoder_sparse_step", 1),
         mlp_only_layers,
         shared_expert,

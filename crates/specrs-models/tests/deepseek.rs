@@ -44,9 +44,21 @@ fn moe() -> TinyMoe {
 /// forward; returns the reference's logits with the rope pairs taken as halves, for the caller
 /// to compare.
 fn matches_reference(arch: Architecture, mla: TinyMla, m: TinyMoe, seed: u64) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    matches_reference_as(testing::deepseek_config(arch, &SHAPE, &mla, &m), arch, mla, m, seed)
+}
+
+/// [`matches_reference`] for the checkpoint `config` describes (its `mlp_layer_types` may
+/// place dense layers where `m` puts them).
+fn matches_reference_as(
+    config: serde_json::Value,
+    arch: Architecture,
+    mla: TinyMla,
+    m: TinyMoe,
+    seed: u64,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let dir = tempfile::tempdir().unwrap();
     let tensors = testing::random_deepseek(arch, &SHAPE, &mla, &m, seed).unwrap();
-    testing::write_checkpoint(dir.path(), &testing::deepseek_config(arch, &SHAPE, &mla, &m), &tensors).unwrap();
+    testing::write_checkpoint(dir.path(), &config, &tensors).unwrap();
     let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
     let cfg = model.config();
     let d = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
@@ -108,6 +120,24 @@ fn deepseek_v2_routes_by_softmax_within_the_best_groups_and_scales_the_weights()
 }
 
 #[test]
+fn glm47_flash_loads_as_deepseek_v3_with_its_listed_dense_layers_and_values_wider_than_keys() {
+    // GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`): DeepSeek-V3's attention and router; its
+    // `mlp_layer_types` list puts dense MLPs anywhere (layers 0 and 2 here), and latent
+    // attention, absorbed, takes value heads wider than the query/key heads.
+    let mla = TinyMla { v_head_dim: MLA.qk_nope_head_dim + MLA.qk_rope_head_dim + 2, ..MLA };
+    let mut config = testing::deepseek_config(Architecture::DeepseekV3, &SHAPE, &mla, &moe());
+    config["architectures"] = json!(["Glm4MoeLiteForCausalLM"]);
+    config["model_type"] = json!("glm4_moe_lite");
+    config["mlp_layer_types"] = json!(["dense", "sparse", "dense"]);
+    let m = TinyMoe { dense_layers: vec![0, 2], ..moe() };
+    let cfg = DecoderConfig::from_hf_json(&config).unwrap();
+    assert_eq!(cfg.architecture, Architecture::DeepseekV3);
+    let experts = cfg.moe.as_ref().unwrap();
+    assert_eq!((0..3).map(|l| experts.is_sparse_layer(l)).collect::<Vec<_>>(), [false, true, false]);
+    matches_reference_as(config, Architecture::DeepseekV3, mla, m, 29);
+}
+
+#[test]
 fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
     let base = testing::deepseek_config(Architecture::DeepseekV3, &SHAPE, &MLA, &moe());
     let cfg = DecoderConfig::from_hf_json(&base).unwrap();
@@ -128,8 +158,10 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
     };
     let e = error("kv_lora_rank", json!(null));
     assert!(e.contains("kv_lora_rank"), "{e}");
-    let e = error("v_head_dim", json!(11));
-    assert!(e.contains("v_head_dim") && e.contains("wider"), "{e}");
+    let e = error("mlp_layer_types", json!(["dense", "sparse"]));
+    assert!(e.contains("mlp_layer_types") && e.contains("3 layers"), "{e}");
+    let e = error("mlp_layer_types", json!(["dense", "moe", "sparse"]));
+    assert!(e.contains("mlp_layer_types") && e.contains("moe"), "{e}");
     let e = error("qk_rope_head_dim", json!(0));
     assert!(e.contains("qk_rope_head_dim") && e.contains("positive"), "{e}");
     let e = error("moe_layer_freq", json!(2));
@@ -147,12 +179,14 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
 /// Writes `tensors` as llama.cpp's converter writes a `deepseek2` file: experts stacked into
 /// `ffn_*_exps`, rows as the checkpoint has them, and either `kv_b_proj` split per head into
 /// `attn_k_b [heads, latent, nope]` and `attn_v_b [heads, v, latent]` with the absorbed
-/// dims as metadata (`split`), or whole with the expanded head's dims (older files).
+/// dims as metadata (`split`), or whole with the expanded head's dims (older files); V3's
+/// sigmoid gating named unless `gating_key` is false.
 fn write_deepseek2_gguf(
     path: &Path,
     arch: Architecture,
     tensors: &HashMap<String, Tensor>,
     split: bool,
+    gating_key: bool,
     extra: &[(&str, GgufValue)],
 ) {
     let (m, mla) = (moe(), MLA);
@@ -208,7 +242,8 @@ fn write_deepseek2_gguf(
     if m.norm_topk_prob {
         metadata.push(("deepseek2.expert_weights_norm", GgufValue::Bool(true)));
     }
-    if arch == Architecture::DeepseekV3 {
+    // Files converted from checkpoints without `scoring_func` (GLM-4.7-Flash) have no gating key.
+    if arch == Architecture::DeepseekV3 && gating_key {
         metadata.push(("deepseek2.expert_gating_func", u32v(2)));
     }
     metadata.extend(extra.iter().cloned());
@@ -228,7 +263,7 @@ fn deepseek2_gguf_files_load_to_the_same_model_with_kv_b_whole_or_split() {
         let want = logits(&hf, &ids, false);
         for split in [true, false] {
             let path = dir.path().join(format!("{seed}-{split}.gguf"));
-            write_deepseek2_gguf(&path, arch, &tensors, split, &[]);
+            write_deepseek2_gguf(&path, arch, &tensors, split, true, &[]);
             let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
             let cfg = gguf.config();
             // V2 and V3 share `deepseek2`; the gating function tells them apart.
@@ -256,9 +291,11 @@ fn deepseek2_gguf_yarn_scales_scores_by_mscale_squared_and_leaves_cos_sin_unscal
         ("deepseek2.rope.scaling.original_context_length", GgufValue::U32(128)),
         ("deepseek2.rope.scaling.yarn_log_multiplier", GgufValue::F32(0.1)),
     ];
-    write_deepseek2_gguf(&path, Architecture::DeepseekV3, &tensors, true, &yarn);
+    write_deepseek2_gguf(&path, Architecture::DeepseekV3, &tensors, true, false, &yarn);
     let (model, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
     let cfg = model.config();
+    // No gating key: the correction bias tells V3's sigmoid router apart.
+    assert_eq!(cfg.architecture, Architecture::DeepseekV3);
     let mscale = 0.1 * 40f64.ln() + 1.0;
     let scale = cfg.scales.attention.unwrap();
     assert!((scale - 10f64.powf(-0.5) * mscale * mscale).abs() < 1e-6, "{scale}");

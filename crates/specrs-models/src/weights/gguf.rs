@@ -174,11 +174,16 @@ impl GgufSource {
         if architecture == Architecture::Olmo2 && content.metadata.contains_key("olmo2.attention.sliding_window") {
             architecture = Architecture::Olmo3;
         }
-        // DeepSeek-V2 and V3 are both `deepseek2`: V3 routes by sigmoid scores (gating func 2).
-        if architecture == Architecture::DeepseekV3
-            && content.metadata.get("deepseek2.expert_gating_func").and_then(value_as_u64) != Some(2)
-        {
-            architecture = Architecture::DeepseekV2;
+        // DeepSeek-V2 and V3 (GLM-4.7-Flash too) are all `deepseek2`: V3 routes by sigmoid
+        // scores (gating func 2; without the key, by the correction bias only V3's router has).
+        if architecture == Architecture::DeepseekV3 {
+            let sigmoid = match content.metadata.get("deepseek2.expert_gating_func").and_then(value_as_u64) {
+                Some(gating) => gating == 2,
+                None => content.tensor_infos.keys().any(|name| name.ends_with(".exp_probs_b.bias")),
+            };
+            if !sigmoid {
+                architecture = Architecture::DeepseekV2;
+            }
         }
         let mut src = Self {
             content,
@@ -420,12 +425,10 @@ impl GgufSource {
             Ok(v) => v,
             Err(_) => self.meta_usize("attention.value_length")?,
         };
-        if key <= rope || v_head_dim > key {
+        if key <= rope {
             return Err(ModelError::config(
                 format!("{}.attention.key_length_mla", self.arch_key),
-                format!(
-                    "a {key}-wide head with {rope} rotated dims and {v_head_dim}-wide values is not latent attention"
-                ),
+                format!("a {key}-wide head with {rope} rotated dims has no latent part"),
             ));
         }
         Ok(Some(MlaConfig {
