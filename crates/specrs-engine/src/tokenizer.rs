@@ -138,6 +138,9 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
         r"[一-龥぀-ゟ゠-ヿ]+",
         r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
     ];
+    // Kimi K2 (tiktoken): Han runs apart, then o200k's case-split words over letters other
+    // than Han, digits in threes, punctuation and space runs.
+    const KIMI_K2: &str = r"\p{Han}+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     let isolated = |re: &str| -> Result<PreTokenizerWrapper> {
         Ok(Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
             .map_err(|e| tok_err("pre-tokenizer regex", e))?
@@ -179,6 +182,7 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
         "deepseek-llm" => (None, splits_then_bytes(DEEPSEEK_LLM)?),
         "deepseek-coder" => (None, splits_then_bytes(DEEPSEEK_CODER)?),
         "deepseek-v3" | "hunyuan-dense" => (None, splits_then_bytes(DEEPSEEK_V3)?),
+        "kimi-k2" => (None, splits_then_bytes(&[KIMI_K2])?),
         other => {
             return Err(EngineError::Tokenizer(format!(
                 "GGUF pre-tokenizer '{other}' is not supported (supported: {}); \
@@ -216,6 +220,7 @@ const GGUF_PRE_TOKENIZERS: &[&str] = &[
     "deepseek-coder",
     "deepseek-v3",
     "hunyuan-dense",
+    "kimi-k2",
 ];
 
 /// Whether a user-defined token reads as a marker (`<|im_start|>`, `</s>`, `[PAD7]`) rather
@@ -686,6 +691,16 @@ mod tests {
         );
         // Llama 3's regex (GLM-4, DBRX) keeps a word whole across case changes.
         assert_eq!(words("glm4", "HelloWorld's 2024"), ["HelloWorld", "'s", "Ġ", "202", "4"]);
+    }
+
+    #[test]
+    fn kimi_k2_keeps_han_runs_apart_and_cuts_other_words_at_capitals() {
+        // Kimi K2's tiktoken pattern (llama.cpp implements it by hand; no fixture here): a Han
+        // run ends the Latin word before it, capitals start words, the contraction stays.
+        assert_eq!(
+            words("kimi-k2", "Hello世界WORLD's 12345 x!\n"),
+            ["Hello", "ä¸ĸçķĮ", "WORLD's", "Ġ", "123", "45", "Ġx", "!Ċ"]
+        );
     }
 
     #[test]
