@@ -380,6 +380,37 @@ def test_auto_reads_glm_calls_with_values_typed_by_the_schema(
     assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
 
 
+def test_auto_reads_minimax_m2_invokes_with_quoted_names_and_values_typed_by_the_schema(
+    serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
+) -> None:
+    minimax = tool_server(serve, template_file, "minimax_m2")
+    forecast = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    }
+    tools = [{"type": "function", "function": {"name": "get_forecast", "parameters": forecast}}]
+    written = (
+        r'Checking\.\n<minimax:tool_call>\n<invoke name="get_forecast">\n<parameter name="city">(Rome|Oslo)'
+        r'</parameter>\n<parameter name="days"> 3 </parameter>\n</invoke>\n</minimax:tool_call>'
+    )
+    fields: dict[str, Any] = {"tools": tools, "temperature": 0, "max_tokens": 160}
+    status, body = post(minimax, **fields, guided_regex=written)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == "Checking.\n" and choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    whole = (call["function"]["name"], call["function"]["arguments"])
+    arguments = json.loads(whole[1])
+    assert whole[0] == "get_forecast", "the quoted name read without its quotes"
+    assert arguments["days"] == 3 and arguments["city"] in ("Rome", "Oslo"), "the trimmed integer read as one"
+    client: openai.OpenAI = openai_client(minimax)
+    content, streamed, finish = stream_message(
+        client, messages=ASK, **fields, extra_body={"guided_regex": written}
+    )
+    assert (content, finish) == ("Checking.\n", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
+
+
 def test_gpt_oss_harmony_channels_split_into_reasoning_content_and_calls(
     serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
 ) -> None:

@@ -135,6 +135,10 @@ impl CallStream {
         Self::of(Format::Xml(XmlCallScanner::new(xml_calls::SEED_OSS, functions)))
     }
 
+    pub fn minimax_m2(functions: &[Function]) -> Self {
+        Self::of(Format::Xml(XmlCallScanner::new(xml_calls::MINIMAX_M2, functions)))
+    }
+
     pub fn glm(functions: &[Function]) -> Self {
         Self::of(Format::Xml(XmlCallScanner::new(xml_calls::GLM, functions)))
     }

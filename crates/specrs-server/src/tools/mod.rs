@@ -43,6 +43,9 @@ pub enum ToolCallParser {
     Qwen3Coder,
     /// Qwen3-Coder's functions inside `<seed:tool_call>...</seed:tool_call>` (Seed-OSS).
     SeedOss,
+    /// `<minimax:tool_call><invoke name="f"><parameter name="k">v</parameter></invoke>...`
+    /// (MiniMax-M2), values typed by the tool's schema.
+    MinimaxM2,
     /// `<tool_call>name<arg_key>key</arg_key><arg_value>value</arg_value></tool_call>` (GLM-4.5,
     /// line breaks between the parts; GLM-4.7 without: `glm45` and `glm47` name one reader),
     /// values typed by the tool's schema.
@@ -66,7 +69,7 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 17] = [
+    pub const NAMES: [&str; 18] = [
         "hermes",
         "llama3_json",
         "mistral",
@@ -74,6 +77,7 @@ impl ToolCallParser {
         "pythonic",
         "qwen3_coder",
         "seed_oss",
+        "minimax_m2",
         "glm45",
         "glm47",
         "deepseek_v3",
@@ -95,6 +99,7 @@ impl ToolCallParser {
             "pythonic" => Ok(Self::Pythonic),
             "qwen3_coder" => Ok(Self::Qwen3Coder),
             "seed_oss" => Ok(Self::SeedOss),
+            "minimax_m2" => Ok(Self::MinimaxM2),
             "glm45" | "glm47" => Ok(Self::Glm),
             "deepseek_v3" | "deepseek_v31" => Ok(Self::DeepSeek),
             "kimi_k2" => Ok(Self::KimiK2),
@@ -272,6 +277,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Pythonic) => CallStream::pythonic(),
             ToolChoice::Auto(ToolCallParser::Qwen3Coder) => CallStream::qwen3_coder(&self.functions),
             ToolChoice::Auto(ToolCallParser::SeedOss) => CallStream::seed_oss(&self.functions),
+            ToolChoice::Auto(ToolCallParser::MinimaxM2) => CallStream::minimax_m2(&self.functions),
             ToolChoice::Auto(ToolCallParser::Glm) => CallStream::glm(&self.functions),
             ToolChoice::Auto(ToolCallParser::DeepSeek) => CallStream::deepseek(),
             ToolChoice::Auto(ToolCallParser::KimiK2) => CallStream::kimi(),

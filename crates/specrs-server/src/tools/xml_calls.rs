@@ -1,24 +1,26 @@
 //! XML tool calls whose values are raw text: Qwen3-Coder's (vLLM's `qwen3_coder` parser; Seed-OSS
-//! writes the same inside `<seed:tool_call>` blocks, `seed_oss`) and GLM-4.5's (`glm45`; GLM-4.7's
-//! layout without line breaks, `glm47`, is read by the same):
+//! writes the same inside `<seed:tool_call>` blocks, `seed_oss`), GLM-4.5's (`glm45`; GLM-4.7's
+//! layout without line breaks, `glm47`, is read by the same) and MiniMax-M2's (`minimax_m2`):
 //!
 //! ```text
-//! Qwen3-Coder:                    GLM-4.5:
-//! <tool_call>                     <tool_call>get_weather
-//! <function=get_weather>          <arg_key>city</arg_key>
-//! <parameter=city>                <arg_value>Paris</arg_value>
-//! Paris                           </tool_call>
-//! </parameter>
+//! Qwen3-Coder:              GLM-4.5:                          MiniMax-M2:
+//! <tool_call>               <tool_call>get_weather            <minimax:tool_call>
+//! <function=get_weather>    <arg_key>city</arg_key>           <invoke name="get_weather">
+//! <parameter=city>          <arg_value>Paris</arg_value>      <parameter name="city">Paris</parameter>
+//! Paris                     </tool_call>                      </invoke>
+//! </parameter>                                                </minimax:tool_call>
 //! </function>
 //! </tool_call>
 //! ```
 //!
-//! Values are raw text (Qwen3-Coder's with one line break trimmed at each end), turned into
-//! JSON by the type the tool's schema gives the parameter: strings stay text, numbers and
-//! booleans are parsed, objects and arrays read as JSON, `null` is null; a parameter the
-//! schema does not describe stays text for Qwen3-Coder and is read as JSON where it parses
-//! for GLM (as vLLM's parsers do). A call starts once its name is complete, and each argument
-//! is sent once its value closes.
+//! Values are raw text (Qwen3-Coder's with one line break trimmed at each end, MiniMax's with
+//! all surrounding whitespace), turned into JSON by the type the tool's schema gives the
+//! parameter: strings stay text, numbers and booleans are parsed, objects and arrays read as
+//! JSON, `null` is null (MiniMax also takes `none` / `nil`, and `yes` / `no`, `on` / `off`,
+//! `1` / `0` as booleans); a parameter the schema does not describe stays text for
+//! Qwen3-Coder and is read as JSON where it parses for GLM and MiniMax (as vLLM's parsers
+//! do). A call starts once its name is complete, and each argument is sent once its value
+//! closes.
 
 use std::collections::HashMap;
 
@@ -49,10 +51,23 @@ pub struct Dialect {
     /// Around its value (Qwen3-Coder's value starts right after its name's tag).
     value_open: &'static str,
     value_close: &'static str,
-    /// One line break is trimmed at each end of a value.
-    trims_line_breaks: bool,
+    /// What is trimmed from each end of a value.
+    trim: ValueTrim,
     /// A parameter the schema does not describe is read as JSON where it parses.
     undescribed_as_json: bool,
+    /// Function and parameter names may be quoted (`name="city"`, MiniMax-M2), and MiniMax's
+    /// looser literals are read (`none` / `nil` as null, `yes` / `on` / `1` as true).
+    minimax: bool,
+}
+
+/// What a dialect trims from the ends of a raw value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueTrim {
+    Nothing,
+    /// One line break at each end (Qwen3-Coder).
+    OneLineBreak,
+    /// All whitespace (MiniMax-M2).
+    Whitespace,
 }
 
 pub const QWEN3_CODER: Dialect = Dialect {
@@ -64,8 +79,9 @@ pub const QWEN3_CODER: Dialect = Dialect {
     key_close: ">",
     value_open: "",
     value_close: "</parameter>",
-    trims_line_breaks: true,
+    trim: ValueTrim::OneLineBreak,
     undescribed_as_json: false,
+    minimax: false,
 };
 
 /// Qwen3-Coder's functions inside Seed-OSS's own block tags.
@@ -80,8 +96,23 @@ pub const GLM: Dialect = Dialect {
     key_close: "</arg_key>",
     value_open: "<arg_value>",
     value_close: "</arg_value>",
-    trims_line_breaks: false,
+    trim: ValueTrim::Nothing,
     undescribed_as_json: true,
+    minimax: false,
+};
+
+pub const MINIMAX_M2: Dialect = Dialect {
+    call_open: "<minimax:tool_call>",
+    call_close: "</minimax:tool_call>",
+    function_open: Some("<invoke name="),
+    function_close: "</invoke>",
+    key_open: "<parameter name=",
+    key_close: ">",
+    value_open: "",
+    value_close: "</parameter>",
+    trim: ValueTrim::Whitespace,
+    undescribed_as_json: true,
+    minimax: true,
 };
 
 /// Reads XML calls out of free text: text outside `<tool_call>` blocks is content (what could
@@ -167,7 +198,7 @@ impl XmlCallScanner {
                 if let Some(after) = rest.strip_prefix(function_open)
                     && let Some(end) = after.find('>')
                 {
-                    let name = after[..end].trim().to_string();
+                    let name = self.name(&after[..end]);
                     self.buffer = after[end + 1..].to_string();
                     self.start_call(name, out);
                     return true;
@@ -191,7 +222,7 @@ impl XmlCallScanner {
                 if let Some(after) = rest.strip_prefix(d.key_open)
                     && let Some(end) = after.find(d.key_close)
                 {
-                    let key = after[..end].trim().to_string();
+                    let key = self.name(&after[..end]);
                     let after_key = &after[end + d.key_close.len()..];
                     // The value's open tag, after any whitespace; a model that left it out
                     // starts its value right after the key.
@@ -253,18 +284,33 @@ impl XmlCallScanner {
         out.push(MessageDelta::Arguments { index: self.calls - 1, text: text.to_string() });
     }
 
+    /// A function's or parameter's name as written in its tag: trimmed, and unquoted where the
+    /// dialect quotes names.
+    fn name(&self, written: &str) -> String {
+        let name = written.trim();
+        let quoted = |q: char| name.len() >= 2 && name.starts_with(q) && name.ends_with(q);
+        match self.dialect.minimax && (quoted('"') || quoted('\'')) {
+            true => name[1..name.len() - 1].to_string(),
+            false => name.to_string(),
+        }
+    }
+
     fn send_argument(&self, function: &str, key: &str, value: &str, first: bool, out: &mut Vec<MessageDelta>) {
-        let value = if self.dialect.trims_line_breaks {
-            let value = value.strip_prefix('\n').unwrap_or(value);
-            value.strip_suffix('\n').unwrap_or(value)
-        } else {
-            value
+        let value = match self.dialect.trim {
+            ValueTrim::Nothing => value,
+            ValueTrim::OneLineBreak => {
+                let value = value.strip_prefix('\n').unwrap_or(value);
+                value.strip_suffix('\n').unwrap_or(value)
+            }
+            ValueTrim::Whitespace => value.trim(),
         };
-        let typed = match self.parameter_type(function, key) {
-            None if self.dialect.undescribed_as_json => {
+        let ty = self.parameter_type(function, key);
+        let typed = match minimax_literal(value, ty.as_deref()).filter(|_| self.dialect.minimax) {
+            Some(literal) => literal,
+            None if ty.is_none() && self.dialect.undescribed_as_json => {
                 serde_json::from_str(value.trim()).unwrap_or_else(|_| Value::String(value.to_string()))
             }
-            ty => typed_value(value, ty.as_deref()),
+            None => typed_value(value, ty.as_deref()),
         };
         let opening = if first { "{" } else { ", " };
         self.send_arguments(&format!("{opening}{}: {}", Value::String(key.to_string()), dumps(&typed)), out);
@@ -278,6 +324,20 @@ impl XmlCallScanner {
             other => other.as_str()?,
         };
         Some(ty.to_ascii_lowercase())
+    }
+}
+
+/// MiniMax-M2's looser literals: `none` / `nil` (any case) as null whatever the type, and
+/// `yes` / `on` / `1` and `no` / `off` / `0` for booleans.
+fn minimax_literal(value: &str, ty: Option<&str>) -> Option<Value> {
+    let lower = value.trim().to_ascii_lowercase();
+    if matches!(lower.as_str(), "none" | "nil") {
+        return Some(Value::Null);
+    }
+    match (ty, lower.as_str()) {
+        (Some("boolean" | "bool"), "yes" | "on" | "1") => Some(Value::Bool(true)),
+        (Some("boolean" | "bool"), "no" | "off" | "0") => Some(Value::Bool(false)),
+        _ => None,
     }
 }
 
@@ -428,6 +488,31 @@ mod tests {
             ("get_time".to_string(), r#"{"zone": "UT""#.to_string()),
             "a cut value is sent as far as it got"
         );
+    }
+
+    #[test]
+    fn minimax_m2_calls_read_quoted_names_trimmed_values_and_its_literals_whatever_the_pieces() {
+        let text = "Let me check.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n\
+                    <parameter name=\"city\">\n  New York, \"NY\"  \n</parameter>\n<parameter name='days'>3</parameter>\n\
+                    <parameter name=\"metric\">yes</parameter>\n<parameter name=\"where\">nil</parameter>\n\
+                    <parameter name=\"extra\">[1, 2]</parameter>\n<parameter name=\"note\">free text</parameter>\n\
+                    </invoke>\n<invoke name=get_time>\n</invoke>\n</minimax:tool_call>";
+        let want = r#"{"city": "New York, \"NY\"", "days": 3, "metric": true, "where": null, "extra": [1, 2], "note": "free text"}"#;
+        for size in [1, 3, 7, 1000] {
+            let (content, calls) = message(&read_as(MINIMAX_M2, text, size));
+            assert_eq!(content, "Let me check.\n", "pieces of {size}");
+            assert_eq!(
+                calls,
+                vec![("get_weather".to_string(), want.to_string()), ("get_time".to_string(), "{}".to_string())],
+                "pieces of {size}"
+            );
+        }
+        // Qwen3-Coder's looser literals stay text: `none` for an integer is no number.
+        let (_, calls) = message(&read(
+            "<tool_call><function=get_weather><parameter=days>none</parameter></function></tool_call>",
+            4,
+        ));
+        assert_eq!(calls[0].1, r#"{"days": "none"}"#);
     }
 
     #[test]
