@@ -459,6 +459,17 @@ BLOCK_FAMILIES = [
         r'\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\n</tool_calls>',
     ),
     (
+        "hunyuan_a13b",
+        r'<tool_calls>\[\{"name": "get_weather", "arguments": \{"city": "(Rome|Oslo)"\}\}, '
+        r'\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]</tool_calls>',
+    ),
+    (
+        "longcat",
+        r'<longcat_tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Rome|Oslo)"\}\}\n'
+        r'</longcat_tool_call>\n<longcat_tool_call>\n\{"name": "get_time", "arguments": '
+        r'\{"timezone": "UTC"\}\}\n</longcat_tool_call>',
+    ),
+    (
         "internlm",
         r'<\|action_start\|><\|plugin\|>\{"name": "get_weather", "parameters": \{"city": "(Rome|Oslo)"\}\}'
         r'<\|action_end\|><\|action_start\|><\|plugin\|>\{"name": "get_time", "parameters": '

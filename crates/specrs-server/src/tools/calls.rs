@@ -472,7 +472,9 @@ pub struct Block {
 
 /// Hermes (Qwen 2.5 / 3, NousResearch): `<tool_call>{"name", "arguments"}</tool_call>`.
 pub const HERMES: Block = Block { open: "<tool_call>", close: Some("</tool_call>") };
-/// Jamba's list and MiniMax's objects one per line: `<tool_calls>...</tool_calls>`.
+/// LongCat-Flash: Hermes's calls in `<longcat_tool_call>...</longcat_tool_call>`.
+pub const LONGCAT: Block = Block { open: "<longcat_tool_call>", close: Some("</longcat_tool_call>") };
+/// Jamba's and Hunyuan-A13B's list, MiniMax's objects one per line: `<tool_calls>...</tool_calls>`.
 pub const TOOL_CALLS: Block = Block { open: "<tool_calls>", close: Some("</tool_calls>") };
 /// InternLM2: `<|action_start|><|plugin|>{"name", "parameters"}<|action_end|>`.
 pub const INTERNLM: Block = Block { open: "<|action_start|><|plugin|>", close: Some("<|action_end|>") };
@@ -902,7 +904,7 @@ mod tests {
     }
 
     #[test]
-    fn jamba_minimax_internlm_and_phi4_blocks_read_like_hermes_whatever_the_pieces() {
+    fn jamba_minimax_internlm_longcat_and_phi4_blocks_read_like_hermes_whatever_the_pieces() {
         let weather = r#"{"city": "Oslo"}"#;
         let cases = [
             // Jamba: a list in the block.
@@ -920,6 +922,12 @@ mod tests {
                 INTERNLM,
                 "Checking.<|action_start|><|plugin|>\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}<|action_end|>\n\
                  <|action_start|><|plugin|>{\"name\": \"get_time\", \"parameters\": {}}<|action_end|>",
+            ),
+            // LongCat-Flash: Hermes's layout under its own tags.
+            (
+                LONGCAT,
+                "Checking.<longcat_tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</longcat_tool_call>\n\
+                 <longcat_tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</longcat_tool_call>",
             ),
             // Phi-4-mini: the block is its list.
             (

@@ -53,9 +53,11 @@ pub enum ToolCallParser {
     /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁sep｜>...` (DeepSeek V3, R1-0528 and
     /// V3.1: `deepseek_v3` and `deepseek_v31` name the same reader, which reads both layouts).
     DeepSeek,
-    /// `<tool_calls>[{...}, ...]</tool_calls>` (Jamba) or one call object a line (MiniMax):
-    /// `jamba` and `minimax` name one reader.
+    /// `<tool_calls>[{...}, ...]</tool_calls>` (Jamba, Hunyuan-A13B) or one call object a line
+    /// (MiniMax): `jamba`, `hunyuan_a13b` and `minimax` name one reader.
     ToolCallsBlock,
+    /// `<longcat_tool_call>{"name": ..., "arguments": {...}}</longcat_tool_call>` (LongCat-Flash).
+    Longcat,
     /// `<|action_start|><|plugin|>{"name", "parameters"}<|action_end|>` (InternLM2, `internlm`).
     Internlm,
     /// `functools[{"name", "arguments"}, ...]` (Phi-4-mini, `phi4_mini_json`).
@@ -69,7 +71,7 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 18] = [
+    pub const NAMES: [&str; 20] = [
         "hermes",
         "llama3_json",
         "mistral",
@@ -85,7 +87,9 @@ impl ToolCallParser {
         "kimi_k2",
         "openai",
         "jamba",
+        "hunyuan_a13b",
         "minimax",
+        "longcat",
         "internlm",
         "phi4_mini_json",
     ];
@@ -104,7 +108,8 @@ impl ToolCallParser {
             "deepseek_v3" | "deepseek_v31" => Ok(Self::DeepSeek),
             "kimi_k2" => Ok(Self::KimiK2),
             "openai" => Ok(Self::Openai),
-            "jamba" | "minimax" => Ok(Self::ToolCallsBlock),
+            "jamba" | "hunyuan_a13b" | "minimax" => Ok(Self::ToolCallsBlock),
+            "longcat" => Ok(Self::Longcat),
             "internlm" => Ok(Self::Internlm),
             "phi4_mini_json" => Ok(Self::Phi4Mini),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
@@ -283,6 +288,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::KimiK2) => CallStream::kimi(),
             ToolChoice::Auto(ToolCallParser::Openai) => CallStream::harmony(true),
             ToolChoice::Auto(ToolCallParser::ToolCallsBlock) => CallStream::blocks(calls::TOOL_CALLS),
+            ToolChoice::Auto(ToolCallParser::Longcat) => CallStream::blocks(calls::LONGCAT),
             ToolChoice::Auto(ToolCallParser::Internlm) => CallStream::blocks(calls::INTERNLM),
             ToolChoice::Auto(ToolCallParser::Phi4Mini) => CallStream::blocks(calls::PHI4_MINI),
             ToolChoice::Required { .. } => CallStream::call_list(),
