@@ -536,6 +536,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "DeepseekV2ForCausalLM",
         "DeepseekV3ForCausalLM",
         "Glm4MoeLiteForCausalLM",
+        "MiniMaxM2ForCausalLM",
         "InternLM2ForCausalLM",
         "GptOssForCausalLM",
         "Gemma2ForCausalLM",

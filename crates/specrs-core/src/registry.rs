@@ -252,6 +252,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    // Routing read on the host.
+    ArchitectureSpec {
+        name: "MiniMaxM2ForCausalLM",
+        example_repo_ids: &["MiniMaxAI/MiniMax-M2", "MiniMaxAI/MiniMax-M2.5"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     // GLM-4.7-Flash: DeepSeek-V3's layer; routing read on the host.
     ArchitectureSpec {
         name: "Glm4MoeLiteForCausalLM",

@@ -126,8 +126,8 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
         r"[一-龥ࠀ-一가-퟿]+",
         r"\p{N}+",
     ];
-    // Mistral's tekken (NeMo, Small 3.x) and OpenAI's o200k (`gpt-4o`: Phi-4-mini, Llama 4) split
-    // words at case changes; o200k keeps contractions on their word and digits in threes.
+    // Mistral's tekken (NeMo, Small 3.x) and OpenAI's o200k (`gpt-4o`: Phi-4-mini, Llama 4,
+    // MiniMax-M2) split words at case changes; o200k keeps contractions on their word and digits in threes.
     const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const O200K: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const DEEPSEEK_CODER: &[&str] = &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"];
@@ -178,7 +178,7 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
         // GLM-4's and DBRX's (OLMo 2's) cl100k-style vocabularies split as Llama 3's.
         "llama3" | "llama-bpe" | "smaug-bpe" | "dbrx" | "glm4" | "chatglm-bpe" => (None, splits_then_bytes(&[LLAMA3])?),
         "tekken" => (None, splits_then_bytes(&[TEKKEN])?),
-        "gpt-4o" | "llama4" => (None, splits_then_bytes(&[O200K])?),
+        "gpt-4o" | "llama4" | "minimax-m2" => (None, splits_then_bytes(&[O200K])?),
         "deepseek-llm" => (None, splits_then_bytes(DEEPSEEK_LLM)?),
         "deepseek-coder" => (None, splits_then_bytes(DEEPSEEK_CODER)?),
         "deepseek-v3" | "hunyuan-dense" => (None, splits_then_bytes(DEEPSEEK_V3)?),
@@ -216,6 +216,7 @@ const GGUF_PRE_TOKENIZERS: &[&str] = &[
     "tekken",
     "gpt-4o",
     "llama4",
+    "minimax-m2",
     "deepseek-llm",
     "deepseek-coder",
     "deepseek-v3",

@@ -640,6 +640,24 @@ fn an_olmoe_target_with_whole_width_qk_norms_and_experts_speculates_losslessly()
 }
 
 #[test]
+fn a_minimax_m2_target_with_biased_sigmoid_experts_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("minimax-m2");
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: None,
+        norm_topk_prob: true,
+        dense_layers: vec![],
+        groups: (1, 1, 1.0),
+    };
+    let tensors = testing::as_minimax_m2(testing::random_minimax_m2(&SHAPE, &moe, 97).unwrap());
+    write(&target, &testing::minimax_m2_config(&SHAPE, &moe, SHAPE.head_dim / 2), &tensors);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 331, "MiniMax-M2");
+}
+
+#[test]
 fn a_granite_moe_target_with_stacked_experts_and_a_shared_mlp_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("granite-moe");

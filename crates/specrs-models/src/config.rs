@@ -87,6 +87,11 @@ pub enum Architecture {
     /// and layer, experts chosen from a softmax within the best groups (`Router::GroupedSoftmax`),
     /// an ungated shared expert.
     DeepseekV2,
+    /// MiniMax-M2 / M2.1 / M2.5 (`MiniMaxM2ForCausalLM`): Llama's attention with q and k normed
+    /// across all heads at once and RoPE over `rotary_dim` of each head, and in every layer
+    /// sigmoid-routed experts under Mixtral's names with a correction bias (DeepSeek-V3's router
+    /// in one group), no shared expert.
+    MiniMaxM2,
     /// DeepSeek-V3 / R1 and its descendants (Kimi K2, Moonlight): multi-head latent attention
     /// (`crate::models::deepseek`), dense MLPs in the first `first_k_dense_replace` layers and
     /// then GLM-4.5's routed experts (sigmoid, group-limited, a correction bias, a shared
@@ -127,6 +132,7 @@ impl Architecture {
         ("DeepseekV3ForCausalLM", Architecture::DeepseekV3),
         // GLM-4.7-Flash: DeepSeek-V3's latent attention and GLM-4.5's (= DeepSeek-V3's) router.
         ("Glm4MoeLiteForCausalLM", Architecture::DeepseekV3),
+        ("MiniMaxM2ForCausalLM", Architecture::MiniMaxM2),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -154,6 +160,7 @@ impl Architecture {
         ("olmoe", Architecture::Olmoe),
         ("seed_oss", Architecture::SeedOss),
         ("ernie4_5", Architecture::Ernie4_5),
+        ("minimax-m2", Architecture::MiniMaxM2),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
@@ -202,6 +209,7 @@ impl Architecture {
             Self::Cohere2 => "Cohere2ForCausalLM",
             Self::DeepseekV2 => "DeepseekV2ForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
         }
     }
 
@@ -233,6 +241,7 @@ impl Architecture {
             Self::Cohere2 => "cohere2",
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
+            Self::MiniMaxM2 => "minimax_m2",
         }
     }
 
@@ -787,6 +796,67 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
     })
 }
 
+/// MiniMax-M2's q/k norms (`use_qk_norm`, default on): across all heads at once
+/// (`qk_norm_type: per_layer`, every released checkpoint's); every layer must attend fully.
+fn minimax_qk_norm(v: &Value, architecture: Architecture) -> Result<bool> {
+    if architecture != Architecture::MiniMaxM2 {
+        return Ok(false);
+    }
+    if let Some(types) = v.get("attn_type_list").and_then(Value::as_array)
+        && types.iter().any(|t| t.as_u64() != Some(1))
+    {
+        return Err(ModelError::config(
+            "attn_type_list",
+            "only full attention (1) in every layer is supported; lightning attention (0) is MiniMax-Text-01's",
+        ));
+    }
+    if v.get("attn_window_size").is_some_and(|w| !w.is_null() && w.as_i64().is_none_or(|w| w > 0)) {
+        return Err(ModelError::config("attn_window_size", "MiniMax-M2 with windowed layers is not supported"));
+    }
+    let on = v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(true);
+    match v.get("qk_norm_type").and_then(Value::as_str) {
+        Some("per_layer") | None => Ok(on),
+        Some(other) => Err(ModelError::config(
+            "qk_norm_type",
+            format!("'{other}' is not supported (MiniMax-M2 norms q and k per layer: 'per_layer')"),
+        )),
+    }
+}
+
+/// MiniMax-M2's experts: `num_local_experts` SwiGLU experts as wide as `intermediate_size`,
+/// chosen by sigmoid score plus `e_score_correction_bias`, weighted by their scores
+/// renormalised (times `routed_scaling_factor`), no shared expert.
+fn minimax_m2_experts(v: &Value) -> Result<MoeConfig> {
+    match v.get("scoring_func").and_then(Value::as_str).unwrap_or("sigmoid") {
+        "sigmoid" => {}
+        other => {
+            return Err(ModelError::config(
+                "scoring_func",
+                format!("'{other}' is not supported (MiniMax-M2 routes by sigmoid scores)"),
+            ));
+        }
+    }
+    if !v.get("use_routing_bias").and_then(Value::as_bool).unwrap_or(true) {
+        return Err(ModelError::config("use_routing_bias", "MiniMax-M2 without its routing bias is not supported"));
+    }
+    if v.get("shared_intermediate_size").and_then(Value::as_u64).unwrap_or(0) != 0 {
+        return Err(ModelError::config("shared_intermediate_size", "MiniMax-M2 with a shared expert is not supported"));
+    }
+    Ok(MoeConfig {
+        router: Router::GroupedSigmoid {
+            n_group: 1,
+            topk_group: 1,
+            routed_scaling_factor: opt_f64(v, "routed_scaling_factor").unwrap_or(1.0),
+        },
+        ..MoeConfig::softmax_everywhere(
+            req_usize(v, "num_local_experts")?,
+            req_usize(v, "num_experts_per_tok")?,
+            req_usize(v, "intermediate_size")?,
+            true,
+        )
+    })
+}
+
 /// `mlp_layer_types` (`"dense"` / `"sparse"` per layer) as whether each layer is sparse, when
 /// the config lists them.
 fn mlp_layer_types(v: &Value) -> Result<Option<Vec<bool>>> {
@@ -836,6 +906,9 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
                 true,
             )
         });
+    }
+    if architecture == Architecture::MiniMaxM2 {
+        return minimax_m2_experts(v);
     }
     if architecture == Architecture::Olmoe {
         // Every layer sparse, experts as wide as `intermediate_size`, no shared expert.
@@ -1017,8 +1090,13 @@ impl DecoderConfig {
         // GLM-4.5 rotates half of each head unless its config says otherwise.
         let default_rotary =
             if matches!(architecture, Architecture::Glm4 | Architecture::Glm4Moe) { Some(0.5) } else { None };
+        // MiniMax-M2 names its rotated dims.
+        let minimax_rotary = match architecture {
+            Architecture::MiniMaxM2 => v.get("rotary_dim").and_then(Value::as_u64).map(|d| d as f64 / head_dim as f64),
+            _ => None,
+        };
         // Latent attention rotates its decoupled RoPE part only.
-        let rotary_dim = match (mla, opt_f64(v, "partial_rotary_factor").or(default_rotary)) {
+        let rotary_dim = match (mla, minimax_rotary.or(opt_f64(v, "partial_rotary_factor")).or(default_rotary)) {
             (Some(m), _) => m.qk_rope_head_dim,
             (None, None) => head_dim,
             (None, Some(f)) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
@@ -1079,6 +1157,7 @@ impl DecoderConfig {
             | Architecture::InternLm2
             | Architecture::Granite
             | Architecture::GraniteMoe
+            | Architecture::MiniMaxM2
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1157,7 +1236,8 @@ impl DecoderConfig {
                 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(architecture.qkv_bias_by_default()),
             qk_norm: architecture.has_qk_norm()
                 || (matches!(architecture, Architecture::Glm4Moe | Architecture::Cohere)
-                    && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false)),
+                    && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false))
+                || minimax_qk_norm(v, architecture)?,
             // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
             fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,
@@ -1183,6 +1263,7 @@ impl DecoderConfig {
                 | Architecture::Mixtral
                 | Architecture::Olmoe
                 | Architecture::GraniteMoe
+                | Architecture::MiniMaxM2
                 | Architecture::GptOss => Some(moe_config(v, architecture)?),
                 _ => None,
             },
@@ -1324,7 +1405,10 @@ impl DecoderConfig {
     /// q and k are normed across all heads at once (`[q_dim]` and `[kv_dim]` weights, OLMo 2),
     /// not per head.
     pub fn qk_norm_spans_heads(&self) -> bool {
-        matches!(self.architecture, Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Olmoe)
+        matches!(
+            self.architecture,
+            Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Olmoe | Architecture::MiniMaxM2
+        )
     }
 
     /// The RoPE base the sliding layers turn with when it is not the full layers' RoPE: Gemma

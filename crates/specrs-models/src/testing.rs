@@ -556,6 +556,48 @@ pub fn random_olmoe(s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<Str
     Ok(t)
 }
 
+/// A MiniMax-M2 `config.json` for a tiny target: `m`'s experts (every layer sparse), RoPE over
+/// `rotary` dims of each head, whole-width q/k norms, sigmoid routing with its bias.
+pub fn minimax_m2_config(s: &TinyShape, m: &TinyMoe, rotary: usize) -> Value {
+    let mut c = target_config(Architecture::MiniMaxM2, s, false);
+    c["intermediate_size"] = json!(m.expert_intermediate);
+    c["num_local_experts"] = json!(m.experts);
+    c["num_experts_per_tok"] = json!(m.top_k);
+    c["rotary_dim"] = json!(rotary);
+    c["use_qk_norm"] = json!(true);
+    c["qk_norm_type"] = json!("per_layer");
+    c["scoring_func"] = json!("sigmoid");
+    c["use_routing_bias"] = json!(true);
+    c["shared_intermediate_size"] = json!(0);
+    c["attn_type_list"] = json!(vec![1; s.layers]);
+    c["use_mtp"] = json!(false);
+    c
+}
+
+/// Random weights for a tiny MiniMax-M2 under the shared layer's names (write them with
+/// [`as_minimax_m2`]): OLMoE's whole-width q/k norms and experts, and each router's correction
+/// bias.
+pub fn random_minimax_m2(s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_olmoe(s, m, seed)?;
+    for i in 0..s.layers {
+        let bias = random_tensor(&[m.experts], 0.5, seed + 100 + i as u64)?;
+        t.insert(format!("model.layers.{i}.mlp.gate.e_score_correction_bias"), bias);
+    }
+    Ok(t)
+}
+
+/// A mixture's tensors as MiniMax-M2 names them: Mixtral's router and experts, the correction
+/// bias beside the router.
+pub fn as_minimax_m2(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    as_mixtral(tensors)
+        .into_iter()
+        .map(|(name, t)| {
+            let bias = ".block_sparse_moe.gate.e_score_correction_bias";
+            (name.replace(bias, ".block_sparse_moe.e_score_correction_bias"), t)
+        })
+        .collect()
+}
+
 /// A Cohere / Cohere 2 `config.json` for a tiny target (tied embeddings, `logit_scale` 0.25,
 /// Command R+'s per-head q/k norms when `qk_norm`).
 pub fn cohere_config(arch: Architecture, s: &TinyShape, qk_norm: bool) -> Value {

@@ -12,6 +12,7 @@ pub mod granite;
 pub mod image_text;
 pub mod internlm2;
 pub mod llama;
+pub mod minimax_m2;
 pub mod mixtral;
 pub mod olmo2;
 pub mod phi3;
@@ -62,6 +63,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
             match cfg.architecture {
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
+                Architecture::MiniMaxM2 => store.set_aliases(minimax_m2::aliases(&cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 | Architecture::Ernie4_5 => {
@@ -94,6 +96,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => deepseek::adapt(cfg),
                 Architecture::Cohere | Architecture::Cohere2 => cohere::adapt(cfg),
                 Architecture::Ernie4_5 => ernie4_5::adapt(cfg),
+                Architecture::MiniMaxM2 => minimax_m2::adapt(cfg),
             })
         }
     }

@@ -290,8 +290,10 @@ impl GgufSource {
         let num_key_value_heads = self.meta_usize("attention.head_count_kv").unwrap_or(num_attention_heads);
         let phi3 = self.architecture == Architecture::Phi3;
         // Phi-3's and GLM's `rope.dimension_count` is the rotated part of a head, not the head.
-        let partial_rotary =
-            matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm4Moe);
+        let partial_rotary = matches!(
+            self.architecture,
+            Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm4Moe | Architecture::MiniMaxM2
+        );
         let mla = self.mla_config()?;
         let head_dim = match (mla, self.meta_usize("attention.key_length")) {
             (Some(m), _) => m.qk_rope_head_dim + m.kv_lora_rank,
@@ -605,10 +607,10 @@ impl GgufSource {
                     ..MoeConfig::softmax_everywhere(count, used, width, true)
                 }
             }
-            // DeepSeek: sigmoid scores with a correction bias (V3, GLM-4.5) or softmax (V2),
+            // DeepSeek: sigmoid scores with a correction bias (V3, GLM-4.5, MiniMax-M2) or softmax (V2),
             // within the best groups, a shared expert `expert_shared_count` experts wide, added
             // ungated.
-            Architecture::DeepseekV2 | Architecture::DeepseekV3 | Architecture::Glm4Moe => {
+            Architecture::DeepseekV2 | Architecture::DeepseekV3 | Architecture::Glm4Moe | Architecture::MiniMaxM2 => {
                 let (count, used) = experts()?;
                 let width = self.meta_usize("expert_feed_forward_length")?;
                 let (n_group, topk_group) = (
@@ -620,7 +622,11 @@ impl GgufSource {
                     Architecture::DeepseekV2 => Router::GroupedSoftmax { n_group, topk_group, routed_scaling_factor },
                     _ => Router::GroupedSigmoid { n_group, topk_group, routed_scaling_factor },
                 };
-                let norm = matches!(self.meta("expert_weights_norm"), Some(Value::Bool(true)));
+                // llama.cpp renormalises MiniMax-M2's weights without saying so in the file.
+                let norm = match self.meta("expert_weights_norm") {
+                    Some(Value::Bool(norm)) => *norm,
+                    _ => self.architecture == Architecture::MiniMaxM2,
+                };
                 MoeConfig {
                     router,
                     first_k_dense_replace: self.meta_usize("leading_dense_block_count").unwrap_or(0),
