@@ -8,7 +8,8 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningParser {
     /// Reasoning is the output up to `</think>`; the chat template opened `<think>` in the
-    /// prompt, so the model may not write it (DeepSeek-R1, QwQ, Qwen3 2507 thinking models).
+    /// prompt, so the model may not write it (DeepSeek-R1, QwQ, Qwen3 2507 thinking models;
+    /// MiniMax-M2 under vLLM's name `minimax_m2`).
     DeepseekR1,
     /// Reasoning is there only when the output opens with `<think>` (Qwen3, whose template
     /// skips thinking with `enable_thinking: false`).
@@ -21,11 +22,11 @@ pub enum ReasoningParser {
 }
 
 impl ReasoningParser {
-    pub const NAMES: [&str; 4] = ["deepseek_r1", "qwen3", "openai_gptoss", "seed_oss"];
+    pub const NAMES: [&str; 5] = ["deepseek_r1", "minimax_m2", "qwen3", "openai_gptoss", "seed_oss"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
-            "deepseek_r1" => Ok(Self::DeepseekR1),
+            "deepseek_r1" | "minimax_m2" => Ok(Self::DeepseekR1),
             "qwen3" => Ok(Self::Qwen3),
             "openai_gptoss" => Ok(Self::GptOss),
             "seed_oss" => Ok(Self::SeedOss),
@@ -193,6 +194,12 @@ mod tests {
     }
 
     #[test]
+    fn minimax_m2_names_deepseek_r1s_rule() {
+        assert_eq!(ReasoningParser::parse("minimax_m2"), Ok(ReasoningParser::DeepseekR1));
+        assert!(ReasoningParser::parse("minimax").unwrap_err().contains("minimax_m2"));
+    }
+
+    #[test]
     fn deepseek_r1_reasons_from_the_start_until_the_closing_tag() {
         for size in [1, 3, 1000] {
             let opened_in_prompt = split(ReasoningParser::DeepseekR1, "Compare.\n</think>\n\nNine.", size);
@@ -220,6 +227,6 @@ mod tests {
         assert_eq!(splitter.push("a </th"), vec![Part::Reasoning("a ".into())]);
         assert_eq!(splitter.push("ing"), vec![Part::Reasoning("</thing".into())]);
         assert_eq!(splitter.push("</think>b"), vec![Part::Answer("b".into())]);
-        assert!(ReasoningParser::parse("o1").unwrap_err().contains("deepseek_r1, qwen3"));
+        assert!(ReasoningParser::parse("o1").unwrap_err().contains("deepseek_r1, minimax_m2, qwen3"));
     }
 }
