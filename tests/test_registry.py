@@ -529,6 +529,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "OlmoeForCausalLM",
         "SeedOssForCausalLM",
         "Ernie4_5ForCausalLM",
+        "Ernie4_5_MoeForCausalLM",
         "GraniteMoeForCausalLM",
         "GraniteMoeSharedForCausalLM",
         "CohereForCausalLM",

@@ -658,6 +658,24 @@ fn a_minimax_m2_target_with_biased_sigmoid_experts_speculates_losslessly() {
 }
 
 #[test]
+fn an_ernie4_5_moe_target_with_biased_softmax_experts_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("ernie4_5-moe");
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: Some(32),
+        norm_topk_prob: true,
+        dense_layers: vec![0],
+        groups: (1, 1, 1.0),
+    };
+    let tensors = testing::as_ernie4_5_moe(testing::random_ernie4_5_moe(&SHAPE, &moe, 101).unwrap()).unwrap();
+    write(&target, &testing::ernie4_5_moe_config(&SHAPE, &moe), &tensors);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 337, "ERNIE 4.5 MoE");
+}
+
+#[test]
 fn a_granite_moe_target_with_stacked_experts_and_a_shared_mlp_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("granite-moe");

@@ -29,6 +29,10 @@ pub enum Architecture {
     /// ERNIE 4.5 dense (`Ernie4_5ForCausalLM`, Baidu's 0.3B): Llama's layer with RoPE turning
     /// interleaved pairs of the whole head.
     Ernie4_5,
+    /// ERNIE 4.5 MoE (`Ernie4_5_MoeForCausalLM`: 21B-A3B, 300B-A47B): ERNIE 4.5's layer with
+    /// experts from `moe_layer_start_index` on, chosen from a softmax plus a correction bias
+    /// (`Router::BiasedSoftmax`), and `moe_num_shared_experts` shared experts added ungated.
+    Ernie4_5Moe,
     /// Seed-OSS (`SeedOssForCausalLM`, ByteDance Seed-OSS-36B): Llama's layer with q/k/v biases
     /// (`attention_bias`) and an optional one on `o_proj` (`attention_out_bias`).
     SeedOss,
@@ -116,6 +120,7 @@ impl Architecture {
         ("OlmoeForCausalLM", Architecture::Olmoe),
         ("SeedOssForCausalLM", Architecture::SeedOss),
         ("Ernie4_5ForCausalLM", Architecture::Ernie4_5),
+        ("Ernie4_5_MoeForCausalLM", Architecture::Ernie4_5Moe),
         ("SmolLM3ForCausalLM", Architecture::SmolLm3),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
@@ -160,6 +165,7 @@ impl Architecture {
         ("olmoe", Architecture::Olmoe),
         ("seed_oss", Architecture::SeedOss),
         ("ernie4_5", Architecture::Ernie4_5),
+        ("ernie4_5-moe", Architecture::Ernie4_5Moe),
         ("minimax-m2", Architecture::MiniMaxM2),
     ];
 
@@ -196,6 +202,7 @@ impl Architecture {
             Self::Olmoe => "OlmoeForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Ernie4_5 => "Ernie4_5ForCausalLM",
+            Self::Ernie4_5Moe => "Ernie4_5_MoeForCausalLM",
             Self::SmolLm3 => "SmolLM3ForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
@@ -228,6 +235,7 @@ impl Architecture {
             Self::Olmoe => "olmoe",
             Self::SeedOss => "seed_oss",
             Self::Ernie4_5 => "ernie4_5",
+            Self::Ernie4_5Moe => "ernie4_5_moe",
             Self::SmolLm3 => "smollm3",
             Self::Glm4Moe => "glm4_moe",
             Self::InternLm2 => "internlm2",
@@ -595,6 +603,10 @@ pub enum Router {
     /// groups (a group scored by its two best), weighted by their plain scores times
     /// `routed_scaling_factor`.
     GroupedSigmoid { n_group: usize, topk_group: usize, routed_scaling_factor: f64 },
+    /// ERNIE 4.5 MoE: softmax probabilities; experts chosen by probability plus a correction
+    /// bias (`moe_statics.e_score_correction_bias`), weighted by their probabilities
+    /// renormalised.
+    BiasedSoftmax,
     /// DeepSeek-V2: softmax probabilities; the top-k within the `topk_group` best of `n_group`
     /// groups (a group scored by its best expert; one group for `greedy`), weighted by their
     /// probabilities times `routed_scaling_factor` (renormalised instead when `norm_topk_prob`).
@@ -823,6 +835,48 @@ fn minimax_qk_norm(v: &Value, architecture: Architecture) -> Result<bool> {
     }
 }
 
+/// ERNIE 4.5 MoE's experts: `moe_num_experts` SwiGLU experts `moe_intermediate_size` wide in
+/// the layers `moe_layer_start_index..=moe_layer_end_index` (-1: the last) at every
+/// `moe_layer_interval`-th, chosen by softmax probability plus the correction bias, weighted by
+/// their probabilities renormalised, and `moe_num_shared_experts` as one ungated shared MLP.
+fn ernie4_5_experts(v: &Value) -> Result<MoeConfig> {
+    let layers = req_usize(v, "num_hidden_layers")?;
+    let usize_or = |key: &str, default: usize| v.get(key).and_then(Value::as_u64).map_or(default, |x| x as usize);
+    if let Some(act) = v.get("moe_gate_act").and_then(Value::as_str).filter(|a| *a != "softmax") {
+        return Err(ModelError::config(
+            "moe_gate_act",
+            format!("'{act}' is not supported (ERNIE 4.5 MoE routes by softmax)"),
+        ));
+    }
+    let width = match v.get("moe_intermediate_size") {
+        Some(Value::Array(_)) => {
+            return Err(ModelError::config(
+                "moe_intermediate_size",
+                "per-modality expert widths (ERNIE 4.5 VL) are not supported; the text models give one width",
+            ));
+        }
+        Some(_) => req_usize(v, "moe_intermediate_size")?,
+        None => req_usize(v, "intermediate_size")?,
+    };
+    let start = usize_or("moe_layer_start_index", 1);
+    let end = match v.get("moe_layer_end_index").and_then(Value::as_i64) {
+        None | Some(-1) => layers.saturating_sub(1),
+        Some(e) if e >= 0 => e as usize,
+        Some(e) => return Err(ModelError::config("moe_layer_end_index", format!("must be -1 or a layer, got {e}"))),
+    };
+    Ok(MoeConfig {
+        router: Router::BiasedSoftmax,
+        first_k_dense_replace: start,
+        decoder_sparse_step: usize_or("moe_layer_interval", 1).max(1),
+        mlp_only_layers: (end + 1..layers).collect(),
+        shared_expert: match usize_or("moe_num_shared_experts", 0) {
+            0 => None,
+            n => Some(SharedExpertConfig { intermediate_size: n * width, gated: false }),
+        },
+        ..MoeConfig::softmax_everywhere(req_usize(v, "moe_num_experts")?, req_usize(v, "moe_k")?, width, true)
+    })
+}
+
 /// MiniMax-M2's experts: `num_local_experts` SwiGLU experts as wide as `intermediate_size`,
 /// chosen by sigmoid score plus `e_score_correction_bias`, weighted by their scores
 /// renormalised (times `routed_scaling_factor`), no shared expert.
@@ -909,6 +963,9 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
     }
     if architecture == Architecture::MiniMaxM2 {
         return minimax_m2_experts(v);
+    }
+    if architecture == Architecture::Ernie4_5Moe {
+        return ernie4_5_experts(v);
     }
     if architecture == Architecture::Olmoe {
         // Every layer sparse, experts as wide as `intermediate_size`, no shared expert.
@@ -1154,6 +1211,7 @@ impl DecoderConfig {
             | Architecture::Olmoe
             | Architecture::SeedOss
             | Architecture::Ernie4_5
+            | Architecture::Ernie4_5Moe
             | Architecture::InternLm2
             | Architecture::Granite
             | Architecture::GraniteMoe
@@ -1186,7 +1244,9 @@ impl DecoderConfig {
         }
         .map(|w| w as usize);
         let gpt_oss = architecture == Architecture::GptOss;
-        if architecture == Architecture::Ernie4_5 && v.get("use_bias").and_then(Value::as_bool) == Some(true) {
+        if matches!(architecture, Architecture::Ernie4_5 | Architecture::Ernie4_5Moe)
+            && v.get("use_bias").and_then(Value::as_bool) == Some(true)
+        {
             return Err(ModelError::config(
                 "use_bias",
                 "ERNIE 4.5 with biased projections is not supported; released ERNIE 4.5 checkpoints set use_bias to false",
@@ -1264,6 +1324,7 @@ impl DecoderConfig {
                 | Architecture::Olmoe
                 | Architecture::GraniteMoe
                 | Architecture::MiniMaxM2
+                | Architecture::Ernie4_5Moe
                 | Architecture::GptOss => Some(moe_config(v, architecture)?),
                 _ => None,
             },

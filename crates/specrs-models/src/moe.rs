@@ -51,11 +51,12 @@ fn top_indices(values: &[f32], k: usize) -> Vec<usize> {
     order
 }
 
-/// DeepSeek-V3's routing of one token's sigmoid `scores`: experts are chosen by `scores +
-/// choice_bias` among the `topk_group` best of `n_group` groups (a group scored by the sum of
-/// its two best), the others counting as zero; the chosen experts are weighted by their plain
-/// scores, renormalised when `norm_topk_prob`, times `scale`. Returns `(expert, weight)` pairs.
-pub fn grouped_sigmoid_choice(
+/// DeepSeek-V3's routing of one token's `scores` (sigmoid; ERNIE 4.5's softmax probabilities
+/// in one group): experts are chosen by `scores + choice_bias` among the `topk_group` best of
+/// `n_group` groups (a group scored by the sum of its two best), the others counting as zero;
+/// the chosen experts are weighted by their plain scores, renormalised when `norm_topk_prob`,
+/// times `scale`. Returns `(expert, weight)` pairs.
+pub fn biased_grouped_choice(
     scores: &[f32],
     choice_bias: Option<&[f32]>,
     top_k: usize,
@@ -136,6 +137,22 @@ fn gather_routes(num_experts: usize, choices: impl Iterator<Item = Vec<(usize, f
     routes
 }
 
+/// The router's `[experts]` correction bias, `{prefix}.gate.e_score_correction_bias` (ERNIE
+/// 4.5 stores it as `[1, experts]`).
+fn choice_bias(store: &WeightStore, prefix: &str, experts: usize) -> LoadResult<Vec<f32>> {
+    let name = format!("{prefix}.gate.e_score_correction_bias");
+    let bias = store.tensor_any_shape(&name)?;
+    match bias.dims() {
+        [e] | [1, e] if *e == experts => Ok(bias.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+        dims => Err(crate::error::ModelError::ShapeMismatch {
+            name,
+            source_desc: store.description().to_string(),
+            expected: vec![experts],
+            got: dims.to_vec(),
+        }),
+    }
+}
+
 impl SparseMoe {
     /// Loads `{prefix}.gate` (with GLM-4.5's `gate.e_score_correction_bias`),
     /// `{prefix}.experts.{e}.{gate,up,down}_proj`, and Qwen2-MoE's `shared_expert.*` with
@@ -151,11 +168,7 @@ impl SparseMoe {
         }
         let router = store.linear(&format!("{prefix}.gate"), moe.num_experts, hidden, false)?;
         let choice_bias = match moe.router {
-            Router::GroupedSigmoid { .. } => {
-                let name = format!("{prefix}.gate.e_score_correction_bias");
-                let bias = store.tensor(&name, &[moe.num_experts])?;
-                Some(bias.to_dtype(DType::F32)?.to_vec1::<f32>()?)
-            }
+            Router::GroupedSigmoid { .. } | Router::BiasedSoftmax => Some(choice_bias(store, prefix, moe.num_experts)?),
             Router::Softmax | Router::GroupedSoftmax { .. } => None,
         };
         let experts = match moe.experts {
@@ -186,12 +199,21 @@ impl SparseMoe {
                 let probs = candle_nn::ops::softmax_last_dim(logits)?.to_vec2::<f32>()?;
                 Ok(route(&probs, moe.top_k, moe.norm_topk_prob))
             }
+            Router::BiasedSoftmax => {
+                let probs = candle_nn::ops::softmax_last_dim(logits)?.to_vec2::<f32>()?;
+                Ok(gather_routes(
+                    moe.num_experts,
+                    probs
+                        .iter()
+                        .map(|p| biased_grouped_choice(p, self.choice_bias.as_deref(), moe.top_k, (1, 1), true, 1.0)),
+                ))
+            }
             Router::GroupedSigmoid { n_group, topk_group, routed_scaling_factor } => {
                 let scores = candle_nn::ops::sigmoid(logits)?.to_vec2::<f32>()?;
                 Ok(gather_routes(
                     moe.num_experts,
                     scores.iter().map(|s| {
-                        grouped_sigmoid_choice(
+                        biased_grouped_choice(
                             s,
                             self.choice_bias.as_deref(),
                             moe.top_k,
@@ -288,15 +310,15 @@ mod tests {
         // Two groups of three: group 0's two best biased scores sum to 1.5, group 1's to 1.3.
         let scores = [0.9, 0.1, 0.5, 0.2, 0.7, 0.6];
         let bias = [0.0, 0.0, 0.1, 0.0, 0.0, 0.0];
-        let chosen = grouped_sigmoid_choice(&scores, Some(&bias), 2, (2, 1), false, 1.0);
+        let chosen = biased_grouped_choice(&scores, Some(&bias), 2, (2, 1), false, 1.0);
         assert_eq!(chosen, vec![(0, 0.9), (2, 0.5)], "experts 4 and 5 sit in the dropped group");
         // Both groups allowed: 4 (0.7) beats 2 (0.6 biased); renormalised and scaled by 2.5.
-        let chosen = grouped_sigmoid_choice(&scores, Some(&bias), 2, (2, 2), true, 2.5);
+        let chosen = biased_grouped_choice(&scores, Some(&bias), 2, (2, 2), true, 2.5);
         let (w0, w4) = (0.9 / 1.6 * 2.5, 0.7 / 1.6 * 2.5);
         assert_eq!(chosen.iter().map(|c| c.0).collect::<Vec<_>>(), vec![0, 4]);
         assert!((chosen[0].1 - w0).abs() < 1e-6 && (chosen[1].1 - w4).abs() < 1e-6);
         // The bias steers the choice only: a large bias picks expert 1 at its plain score.
-        let chosen = grouped_sigmoid_choice(&scores, Some(&[0.0, 5.0, 0.0, 0.0, 0.0, 0.0]), 1, (1, 1), false, 1.0);
+        let chosen = biased_grouped_choice(&scores, Some(&[0.0, 5.0, 0.0, 0.0, 0.0, 0.0]), 1, (1, 1), false, 1.0);
         assert_eq!(chosen, vec![(1, 0.1)]);
     }
 

@@ -556,6 +556,45 @@ pub fn random_olmoe(s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<Str
     Ok(t)
 }
 
+/// An ERNIE 4.5 MoE `config.json` for a tiny target: `m`'s experts after its leading dense
+/// layers (`moe_layer_start_index`), its shared width as whole experts, no biases.
+pub fn ernie4_5_moe_config(s: &TinyShape, m: &TinyMoe) -> Value {
+    assert!(m.dense_layers.iter().enumerate().all(|(i, &l)| i == l), "ERNIE keeps leading dense layers");
+    let mut c = target_config(Architecture::Ernie4_5Moe, s, true);
+    c["use_bias"] = json!(false);
+    c["moe_num_experts"] = json!(m.experts);
+    c["moe_k"] = json!(m.top_k);
+    c["moe_intermediate_size"] = json!(m.expert_intermediate);
+    c["moe_num_shared_experts"] = json!(m.shared_intermediate.unwrap_or(0) / m.expert_intermediate);
+    c["moe_layer_start_index"] = json!(m.dense_layers.len());
+    c["moe_layer_end_index"] = json!(-1);
+    c["moe_layer_interval"] = json!(1);
+    c["moe_gate_act"] = json!("softmax");
+    c["moe_norm_min"] = json!(1e-12);
+    c
+}
+
+/// Random weights for a tiny ERNIE 4.5 MoE under the shared layer's names (write them with
+/// [`as_ernie4_5_moe`]): Llama's attention without biases, tied embeddings, and in each sparse
+/// layer a router with its correction bias, the experts and the ungated shared expert.
+pub fn random_ernie4_5_moe(s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_moe_target(Architecture::DeepseekV3, s, m, seed)?;
+    t.retain(|name, _| !name.ends_with("_proj.bias") && name != "lm_head.weight");
+    Ok(t)
+}
+
+/// A mixture's tensors as ERNIE 4.5 MoE stores them: each correction bias `[1, experts]` in
+/// `mlp.moe_statics`.
+pub fn as_ernie4_5_moe(tensors: HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>> {
+    tensors
+        .into_iter()
+        .map(|(name, t)| match name.strip_suffix(".gate.e_score_correction_bias") {
+            Some(mlp) => Ok((format!("{mlp}.moe_statics.e_score_correction_bias"), t.unsqueeze(0)?)),
+            None => Ok((name, t)),
+        })
+        .collect()
+}
+
 /// A MiniMax-M2 `config.json` for a tiny target: `m`'s experts (every layer sparse), RoPE over
 /// `rotary` dims of each head, whole-width q/k norms, sigmoid routing with its bias.
 pub fn minimax_m2_config(s: &TinyShape, m: &TinyMoe, rotary: usize) -> Value {

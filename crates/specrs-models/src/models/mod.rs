@@ -45,7 +45,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
                     store.set_aliases(deepseek::aliases(&cfg, cfg.num_hidden_layers))?
                 }
-                Architecture::Ernie4_5 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
+                Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
                 _ => {}
             }
             Ok(cfg)
@@ -66,9 +66,8 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::MiniMaxM2 => store.set_aliases(minimax_m2::aliases(&cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
-                Architecture::Cohere | Architecture::Cohere2 | Architecture::Ernie4_5 => {
-                    store.set_aliases(interleaved_rope_aliases(&cfg))?
-                }
+                Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
+                Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
                 // The MTP layers past the last decoder layer attend the same way.
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => {
                     let mtp = json.get("num_nextn_predict_layers").and_then(serde_json::Value::as_u64).unwrap_or(0);
@@ -95,7 +94,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::SmolLm3 => smollm3::adapt(cfg),
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => deepseek::adapt(cfg),
                 Architecture::Cohere | Architecture::Cohere2 => cohere::adapt(cfg),
-                Architecture::Ernie4_5 => ernie4_5::adapt(cfg),
+                Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => ernie4_5::adapt(cfg),
                 Architecture::MiniMaxM2 => minimax_m2::adapt(cfg),
             })
         }

@@ -119,6 +119,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "mlp.down_proj.weight" => "ffn_down.weight",
         "mlp.gate.weight" => "ffn_gate_inp.weight",
         "mlp.gate.e_score_correction_bias" => "exp_probs_b.bias",
+        "mlp.moe_statics.e_score_correction_bias" => "exp_probs_b.bias",
         "mlp.shared_expert.gate_proj.weight" => "ffn_gate_shexp.weight",
         "mlp.shared_expert.up_proj.weight" => "ffn_up_shexp.weight",
         "mlp.shared_expert.down_proj.weight" => "ffn_down_shexp.weight",
@@ -578,6 +579,22 @@ impl GgufSource {
             Architecture::Mixtral => {
                 let (count, used) = experts()?;
                 MoeConfig::softmax_everywhere(count, used, self.meta_usize("feed_forward_length")?, true)
+            }
+            // ERNIE 4.5 MoE: softmax plus the correction bias, leading dense layers, shared
+            // experts `expert_shared_count` experts wide.
+            Architecture::Ernie4_5Moe => {
+                let (count, used) = experts()?;
+                let width = self.meta_usize("expert_feed_forward_length")?;
+                MoeConfig {
+                    router: Router::BiasedSoftmax,
+                    first_k_dense_replace: self.meta_usize("leading_dense_block_count").unwrap_or(1),
+                    decoder_sparse_step: self.meta_usize("interleave_moe_layer_step").unwrap_or(1).max(1),
+                    shared_expert: match self.meta_usize("expert_shared_count").unwrap_or(0) {
+                        0 => None,
+                        n => Some(SharedExpertConfig { intermediate_size: n * width, gated: false }),
+                    },
+                    ..MoeConfig::softmax_everywhere(count, used, width, true)
+                }
             }
             // OLMoE: softmax over its experts, the routed weights as they are; the experts as
             // wide as `feed_forward_length` (its config has no separate expert width).

@@ -40,6 +40,9 @@ pub fn logits(model: &CausalLm, ids: &[u32], stepwise: bool) -> Vec<Vec<f32>> {
 /// the best groups.
 pub enum Choice {
     Softmax,
+    /// ERNIE 4.5 MoE: softmax probabilities plus the correction bias choose, the
+    /// probabilities renormalised weigh.
+    BiasedSoftmax,
     GroupedSigmoid(usize, usize, f64),
     GroupedSoftmax(usize, usize, f64),
 }
@@ -484,6 +487,15 @@ impl<'a> Reference<'a> {
                     let probs = softmax();
                     let chosen = largest(&probs, routing.top_k);
                     let total: f32 = if routing.norm_topk_prob { chosen.iter().map(|&e| probs[e]).sum() } else { 1.0 };
+                    (chosen, probs.iter().map(|p| p / total).collect())
+                }
+                Choice::BiasedSoftmax => {
+                    // transformers' Ernie4_5_MoeSparseMoeBlock (its `moe_norm_min` floor never binds).
+                    let probs = softmax();
+                    let bias = self.tensors[&format!("{p}.gate.e_score_correction_bias")].to_vec1::<f32>().unwrap();
+                    let biased: Vec<f32> = probs.iter().zip(&bias).map(|(s, b)| s + b).collect();
+                    let chosen = largest(&biased, routing.top_k);
+                    let total: f32 = chosen.iter().map(|&e| probs[e]).sum::<f32>().max(1e-12);
                     (chosen, probs.iter().map(|p| p / total).collect())
                 }
                 Choice::GroupedSigmoid(n_group, topk_group, scale) => {
