@@ -547,6 +547,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Qwen2VLForConditionalGeneration",
         "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration",
+        "Qwen3VLMoeForConditionalGeneration",
         "GraniteForCausalLM",
         "Phi3ForCausalLM",
     ],

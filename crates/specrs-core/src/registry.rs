@@ -347,6 +347,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,
     },
+    // Routing read on the host.
+    ArchitectureSpec {
+        name: "Qwen3VLMoeForConditionalGeneration",
+        example_repo_ids: &["Qwen/Qwen3-VL-30B-A3B-Instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "GraniteForCausalLM",
         example_repo_ids: &["ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct"],

@@ -13,7 +13,7 @@ use candle_core::{DType, Result, Tensor};
 
 use crate::config::{ExpertKind, MoeConfig, Router};
 use crate::error::Result as LoadResult;
-use crate::linear::Linear;
+use crate::linear::{FusedLinear, Linear};
 use crate::models::transformer::Mlp;
 use crate::weights::WeightStore;
 
@@ -137,6 +137,51 @@ fn gather_routes(num_experts: usize, choices: impl Iterator<Item = Vec<(usize, f
     routes
 }
 
+/// SwiGLU experts stored fused: `gate_up_proj` holding each expert's gate then up projection
+/// and `down_proj`, either as linear weights (`[E, 2I, H]`, `[E, H, I]`: transformers 5) or
+/// as right-hand matrices (`[E, H, 2I]`, `[E, I, H]`: Qwen3-VL-MoE), told apart by shape.
+fn load_fused_experts(store: &WeightStore, prefix: &str, hidden: usize, moe: &MoeConfig) -> LoadResult<Vec<Mlp>> {
+    let (experts, width) = (moe.num_experts, moe.expert_intermediate_size);
+    let host = |name: &str| -> LoadResult<Tensor> {
+        Ok(store
+            .tensor_any_shape(&format!("{prefix}.{name}"))?
+            .to_dtype(DType::F32)?
+            .to_device(&candle_core::Device::Cpu)?)
+    };
+    let (gate_up, down) = (host("gate_up_proj")?, host("down_proj")?);
+    // Linear weights, or right-hand matrices; where hidden = 2I the down projection decides.
+    let linear = ([experts, 2 * width, hidden], [experts, hidden, width]);
+    let right_hand = ([experts, hidden, 2 * width], [experts, width, hidden]);
+    let fits = |(g, d): ([usize; 3], [usize; 3])| gate_up.dims() == g && down.dims() == d;
+    let transposed = match (fits(linear), fits(right_hand)) {
+        (true, false) => false,
+        (false, true) => true,
+        _ => {
+            return Err(crate::error::ModelError::ShapeMismatch {
+                name: format!("{prefix}.gate_up_proj and {prefix}.down_proj"),
+                source_desc: store.description().to_string(),
+                expected: [linear.0, linear.1].concat(),
+                got: [gate_up.dims(), down.dims()].concat(),
+            });
+        }
+    };
+    // Each expert's weights as `[out, in]` linear weights.
+    let as_linear = |w: Tensor| -> LoadResult<Linear> {
+        let w = if transposed { w.t()?.contiguous()? } else { w };
+        let (out, inp) = w.dims2()?;
+        Ok(Linear::new(store.place_dense(&w, None)?, None, out, inp))
+    };
+    let out_dim = if transposed { 1 } else { 0 };
+    (0..experts)
+        .map(|e| {
+            let fused = gate_up.get(e)?;
+            let gate = as_linear(fused.narrow(out_dim, 0, width)?.contiguous()?)?;
+            let up = as_linear(fused.narrow(out_dim, width, width)?.contiguous()?)?;
+            Ok(Mlp::new(FusedLinear::new(vec![gate, up])?, as_linear(down.get(e)?)?))
+        })
+        .collect()
+}
+
 /// The router's `[experts]` correction bias, `{prefix}.gate.e_score_correction_bias` (ERNIE
 /// 4.5 stores it as `[1, experts]`).
 fn choice_bias(store: &WeightStore, prefix: &str, experts: usize) -> LoadResult<Vec<f32>> {
@@ -173,6 +218,9 @@ impl SparseMoe {
         };
         let experts = match moe.experts {
             ExpertKind::Stacked => crate::models::granite::load_experts(store, prefix, hidden, moe)?,
+            _ if store.contains(&format!("{prefix}.experts.gate_up_proj")) => {
+                load_fused_experts(store, &format!("{prefix}.experts"), hidden, moe)?
+            }
             _ => (0..moe.num_experts)
                 .map(|e| Mlp::load(store, &format!("{prefix}.experts.{e}"), hidden, moe.expert_intermediate_size))
                 .collect::<LoadResult<Vec<_>>>()?,

@@ -328,6 +328,51 @@ fn a_glm45_gguf_carries_its_mtp_layer_past_the_decoder_layers() {
     assert_close(&draft_logits(&gguf_store, &gguf), &draft_logits(&hf_store, &hf), "the GGUF's MTP head");
 }
 
+/// Each sparse layer's experts fused as transformers 5 saves them (`experts.gate_up_proj
+/// [E, 2I, H]`, `experts.down_proj [E, H, I]`) or, `columns`, as Qwen3-VL-MoE does
+/// (`[E, H, 2I]`, `[E, I, H]`).
+fn fused_experts(tensors: &HashMap<String, Tensor>, moe: &TinyMoe, columns: bool) -> HashMap<String, Tensor> {
+    let mut out: HashMap<String, Tensor> =
+        tensors.iter().filter(|(n, _)| !n.contains(".experts.")).map(|(n, t)| (n.clone(), t.clone())).collect();
+    for l in (0..SHAPE.layers).filter(|l| !moe.dense_layers.contains(l)) {
+        let p = format!("model.layers.{l}.mlp.experts");
+        let each = |e: usize, proj: &str| tensors[&format!("{p}.{e}.{proj}.weight")].clone();
+        let gate_up: Vec<Tensor> =
+            (0..moe.experts).map(|e| Tensor::cat(&[each(e, "gate_proj"), each(e, "up_proj")], 0).unwrap()).collect();
+        let down: Vec<Tensor> = (0..moe.experts).map(|e| each(e, "down_proj")).collect();
+        let stack = |ts: Vec<Tensor>| {
+            let ts: Vec<Tensor> =
+                ts.into_iter().map(|t| if columns { t.t().unwrap().contiguous().unwrap() } else { t }).collect();
+            Tensor::stack(&ts, 0).unwrap()
+        };
+        out.insert(format!("{p}.gate_up_proj"), stack(gate_up));
+        out.insert(format!("{p}.down_proj"), stack(down));
+    }
+    out
+}
+
+#[test]
+fn experts_stored_fused_in_either_orientation_load_to_the_same_model() {
+    let moe = qwen3_moe(vec![1]);
+    let tensors = testing::random_moe_target(Architecture::Qwen3Moe, &SHAPE, &moe, 23).unwrap();
+    let config = testing::moe_target_config(Architecture::Qwen3Moe, &SHAPE, &moe);
+    let want = reference(Architecture::Qwen3Moe, &tensors, &moe, &ids());
+    for columns in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        testing::write_checkpoint(dir.path(), &config, &fused_experts(&tensors, &moe, columns)).unwrap();
+        let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+        assert_close(&logits(&model, &ids(), false), &want, &format!("fused experts, columns: {columns}"));
+    }
+    // A gate_up_proj of neither shape is named with what it should be.
+    let dir = tempfile::tempdir().unwrap();
+    let mut bad = fused_experts(&tensors, &moe, false);
+    let name = "model.layers.0.mlp.experts.gate_up_proj";
+    bad.insert(name.into(), bad[name].narrow(1, 0, 2).unwrap().contiguous().unwrap());
+    testing::write_checkpoint(dir.path(), &config, &bad).unwrap();
+    let e = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).err().unwrap().to_string();
+    assert!(e.contains("gate_up_proj"), "{e}");
+}
+
 #[test]
 fn configuration_errors_name_their_key() {
     let cfg = |edit: &dyn Fn(&mut serde_json::Value)| {

@@ -1,8 +1,9 @@
 //! Qwen2-VL / Qwen2.5-VL and Qwen3-VL: the text decoder of the image-text checkpoint (a Qwen2
 //! or Qwen3 decoder; Qwen2.5-VL's config at the top level and its weights under `model.*`,
 //! Qwen3-VL's in `text_config` and under `model.language_model.*`, its head tied at the top
-//! level) computes what the same weights compute as a plain Qwen checkpoint: the multimodal
-//! RoPE of a text token is plain RoPE, and the vision tower is never read.
+//! level; Qwen3-VL-MoE's experts fused as `[E, H, 2I]` / `[E, I, H]` right-hand matrices)
+//! computes what the same weights compute as a plain Qwen checkpoint: the multimodal RoPE of a
+//! text token is plain RoPE, and the vision tower is never read.
 
 mod common;
 
@@ -87,4 +88,56 @@ fn qwen3_vl_is_its_qwen3_decoder_under_language_model_with_its_head_tied_at_the_
         (Architecture::Qwen3, true, true)
     );
     assert_close(&logits(&model, &ids(), false), &want, "Qwen3-VL's text decoder");
+}
+
+#[test]
+fn qwen3_vl_moe_is_its_qwen3_moe_decoder_with_experts_fused_as_right_hand_matrices() {
+    let dir = tempfile::tempdir().unwrap();
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        // hidden 32 = 2I: the down projection's shape tells the fused layout apart.
+        expert_intermediate: 16,
+        shared_intermediate: None,
+        norm_topk_prob: true,
+        dense_layers: vec![],
+        groups: (1, 1, 1.0),
+    };
+    let tensors = testing::random_moe_target(Architecture::Qwen3Moe, &SHAPE, &moe, 41).unwrap();
+    let plain = testing::moe_target_config(Architecture::Qwen3Moe, &SHAPE, &moe);
+    testing::write_checkpoint(&dir.path().join("qwen3-moe"), &plain, &tensors).unwrap();
+    let (qwen3_moe, _) = load_causal_lm(&dir.path().join("qwen3-moe"), &Device::Cpu, ModelDType::F32).unwrap();
+    let want = logits(&qwen3_moe, &ids(), false);
+    let mut text = plain.clone();
+    text.as_object_mut().unwrap().remove("architectures");
+    text["model_type"] = json!("qwen3_vl_moe_text");
+    text["rope_scaling"] = json!({"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": true});
+    let config = json!({
+        "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"hidden_size": 16},
+    });
+    // Qwen3-VL-MoE's layout: per layer `experts.gate_up_proj [E, H, 2I]` (gate columns first)
+    // and `experts.down_proj [E, I, H]`, all under `model.language_model`.
+    let mut stored: HashMap<String, Tensor> = HashMap::new();
+    for (name, t) in &tensors {
+        if !name.contains(".experts.") {
+            stored.insert(name.replace("model.", "model.language_model."), t.clone());
+        }
+    }
+    for l in 0..SHAPE.layers {
+        let p = format!("model.layers.{l}.mlp.experts");
+        let each = |e: usize, proj: &str| tensors[&format!("{p}.{e}.{proj}.weight")].t().unwrap();
+        let gate_up: Vec<Tensor> =
+            (0..moe.experts).map(|e| Tensor::cat(&[each(e, "gate_proj"), each(e, "up_proj")], 1).unwrap()).collect();
+        let down: Vec<Tensor> = (0..moe.experts).map(|e| each(e, "down_proj")).collect();
+        let fused = format!("model.language_model.layers.{l}.mlp.experts");
+        stored.insert(format!("{fused}.gate_up_proj"), Tensor::stack(&gate_up, 0).unwrap().contiguous().unwrap());
+        stored.insert(format!("{fused}.down_proj"), Tensor::stack(&down, 0).unwrap().contiguous().unwrap());
+    }
+    let path = dir.path().join("qwen3-vl-moe");
+    testing::write_checkpoint(&path, &config, &stored).unwrap();
+    let (model, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(model.config().architecture, Architecture::Qwen3Moe);
+    assert_close(&logits(&model, &ids(), false), &want, "Qwen3-VL-MoE's text decoder");
 }

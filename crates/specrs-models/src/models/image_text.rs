@@ -1,7 +1,7 @@
 //! The text decoder of an image-text checkpoint: Gemma 3's 4B-27B models
 //! (`Gemma3ForConditionalGeneration`), Mistral Small 3.1 / 3.2
 //! (`Mistral3ForConditionalGeneration`), Qwen2-VL / Qwen2.5-VL (a Qwen2 decoder) and Qwen3-VL
-//! (a Qwen3 decoder) keep a text decoder spec-rs runs in `text_config` (Qwen2-VL's at the top
+//! (a Qwen3 decoder, or Qwen3-MoE with its experts fused: `crate::moe`) keep a text decoder spec-rs runs in `text_config` (Qwen2-VL's at the top
 //! level), its weights under `language_model.model.*` and `language_model.lm_head.*` as
 //! released, `model.language_model.*` and `lm_head.*` as transformers 4.52 and later save them,
 //! or plain `model.*` (Qwen2-VL), beside a vision tower and projector that stay unread. The
@@ -23,6 +23,7 @@ const DECODERS: &[(&str, &str)] = &[
     ("Qwen2VLForConditionalGeneration", "Qwen2ForCausalLM"),
     ("Qwen2_5_VLForConditionalGeneration", "Qwen2ForCausalLM"),
     ("Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM"),
+    ("Qwen3VLMoeForConditionalGeneration", "Qwen3MoeForCausalLM"),
 ];
 
 /// Where the text decoder's `model.*` tensors live, released layout first.
