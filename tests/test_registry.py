@@ -526,6 +526,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Olmo3ForCausalLM",
         "SmolLM3ForCausalLM",
         "Glm4MoeForCausalLM",
+        "Dots1ForCausalLM",
         "OlmoeForCausalLM",
         "SeedOssForCausalLM",
         "Ernie4_5ForCausalLM",

@@ -254,6 +254,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
     },
     // Routing read on the host.
     ArchitectureSpec {
+        name: "Dots1ForCausalLM",
+        example_repo_ids: &["rednote-hilab/dots.llm1.inst"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
+    // Routing read on the host.
+    ArchitectureSpec {
         name: "Ernie4_5_MoeForCausalLM",
         example_repo_ids: &["baidu/ERNIE-4.5-21B-A3B-PT", "baidu/ERNIE-4.5-300B-A47B-PT"],
         default_weights_format: "safetensors",

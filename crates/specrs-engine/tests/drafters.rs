@@ -640,6 +640,24 @@ fn an_olmoe_target_with_whole_width_qk_norms_and_experts_speculates_losslessly()
 }
 
 #[test]
+fn a_dots1_target_with_qwen3_attention_and_deepseek_v3_experts_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("dots1");
+    let moe = testing::TinyMoe {
+        experts: 8,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: Some(32),
+        norm_topk_prob: true,
+        dense_layers: vec![0],
+        groups: (4, 2, 2.5),
+    };
+    let tensors = testing::random_moe_target(Architecture::Dots1, &SHAPE, &moe, 103).unwrap();
+    write(&target, &testing::moe_target_config(Architecture::Dots1, &SHAPE, &moe), &tensors);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 347, "dots.llm1");
+}
+
+#[test]
 fn a_minimax_m2_target_with_biased_sigmoid_experts_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("minimax-m2");

@@ -77,6 +77,10 @@ pub enum Architecture {
     /// each head, leading dense layers, then DeepSeek-V3-style sigmoid-routed experts with a
     /// shared expert.
     Glm4Moe,
+    /// dots.llm1 (`Dots1ForCausalLM`): Qwen3's attention (per-head q/k norms) with DeepSeek-V3's
+    /// leading dense layers and sigmoid-routed experts (a correction bias, groups, shared
+    /// experts).
+    Dots1,
     /// OLMoE (`OlmoeForCausalLM`): Llama's pre-norm layer with q and k normed across all heads
     /// at once (OLMo 2's norms) and softmax-routed experts in every layer.
     Olmoe,
@@ -123,6 +127,7 @@ impl Architecture {
         ("Ernie4_5_MoeForCausalLM", Architecture::Ernie4_5Moe),
         ("SmolLM3ForCausalLM", Architecture::SmolLm3),
         ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
+        ("Dots1ForCausalLM", Architecture::Dots1),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
         ("MixtralForCausalLM", Architecture::Mixtral),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
@@ -162,6 +167,7 @@ impl Architecture {
         // DeepSeek-V2 when the file routes by softmax (`GgufSource::open`).
         ("deepseek2", Architecture::DeepseekV3),
         ("glm4moe", Architecture::Glm4Moe),
+        ("dots1", Architecture::Dots1),
         ("olmoe", Architecture::Olmoe),
         ("seed_oss", Architecture::SeedOss),
         ("ernie4_5", Architecture::Ernie4_5),
@@ -205,6 +211,7 @@ impl Architecture {
             Self::Ernie4_5Moe => "Ernie4_5_MoeForCausalLM",
             Self::SmolLm3 => "SmolLM3ForCausalLM",
             Self::Glm4Moe => "Glm4MoeForCausalLM",
+            Self::Dots1 => "Dots1ForCausalLM",
             Self::InternLm2 => "InternLM2ForCausalLM",
             Self::Mixtral => "MixtralForCausalLM",
             Self::Gemma2 => "Gemma2ForCausalLM",
@@ -238,6 +245,7 @@ impl Architecture {
             Self::Ernie4_5Moe => "ernie4_5_moe",
             Self::SmolLm3 => "smollm3",
             Self::Glm4Moe => "glm4_moe",
+            Self::Dots1 => "dots1",
             Self::InternLm2 => "internlm2",
             Self::Mixtral => "mixtral",
             Self::Gemma2 => "gemma2",
@@ -265,7 +273,10 @@ impl Architecture {
 
     /// Qwen3's (and Gemma 3's) attention: an RMSNorm over each head of q and k.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3 | Self::Olmo2 | Self::Olmo3 | Self::Olmoe)
+        matches!(
+            self,
+            Self::Qwen3 | Self::Qwen3Moe | Self::Dots1 | Self::Gemma3 | Self::Olmo2 | Self::Olmo3 | Self::Olmoe
+        )
     }
 }
 
@@ -1038,13 +1049,14 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
                 req_usize(v, "n_routed_experts")?,
             )
         }
-        Architecture::Glm4Moe | Architecture::DeepseekV3 => (
+        Architecture::Glm4Moe | Architecture::DeepseekV3 | Architecture::Dots1 => (
             Router::GroupedSigmoid {
                 n_group: usize_or("n_group", 1),
                 topk_group: usize_or("topk_group", 1),
                 routed_scaling_factor: opt_f64(v, "routed_scaling_factor").unwrap_or(1.0),
             },
-            match usize_or("n_shared_experts", 1) {
+            // dots.llm1's default is none; GLM-4.5's one.
+            match usize_or("n_shared_experts", usize::from(architecture != Architecture::Dots1)) {
                 0 => None,
                 n => Some(SharedExpertConfig { intermediate_size: expert_intermediate_size * n, gated: false }),
             },
@@ -1065,7 +1077,8 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
         _ => (Router::Softmax, None, req_usize(v, "num_experts")?),
     };
     // DeepSeek's `moe_layer_freq` (every released checkpoint: 1) has no counterpart here.
-    if matches!(architecture, Architecture::DeepseekV2 | Architecture::DeepseekV3) && usize_or("moe_layer_freq", 1) != 1
+    if matches!(architecture, Architecture::DeepseekV2 | Architecture::DeepseekV3 | Architecture::Dots1)
+        && usize_or("moe_layer_freq", 1) != 1
     {
         return Err(ModelError::config(
             "moe_layer_freq",
@@ -1231,7 +1244,11 @@ impl DecoderConfig {
             Architecture::Gemma2 | Architecture::Gemma3 => {
                 Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096))
             }
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
+            Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Qwen2Moe
+            | Architecture::Qwen3Moe
+            | Architecture::Dots1 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
                     return Err(ModelError::config(
                         "use_sliding_window",
@@ -1318,6 +1335,7 @@ impl DecoderConfig {
                 Architecture::Qwen2Moe
                 | Architecture::Qwen3Moe
                 | Architecture::Glm4Moe
+                | Architecture::Dots1
                 | Architecture::DeepseekV2
                 | Architecture::DeepseekV3
                 | Architecture::Mixtral

@@ -397,8 +397,9 @@ pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Valu
     c["num_experts_per_tok"] = json!(m.top_k);
     c["moe_intermediate_size"] = json!(m.expert_intermediate);
     c["norm_topk_prob"] = json!(m.norm_topk_prob);
-    if matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV2 | Architecture::DeepseekV3) {
-        // GLM-4.5's names, as DeepSeek writes them.
+    if matches!(arch, Architecture::Glm4Moe | Architecture::Dots1 | Architecture::DeepseekV2 | Architecture::DeepseekV3)
+    {
+        // GLM-4.5's names, as DeepSeek and dots.llm1 write them.
         assert!(m.dense_layers.iter().enumerate().all(|(i, &l)| i == l), "GLM keeps leading dense layers");
         c["n_routed_experts"] = json!(m.experts);
         c["n_shared_experts"] = json!(m.shared_intermediate.unwrap_or(0) / m.expert_intermediate);
@@ -450,9 +451,13 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
         // carry a choice bias.
         let glm = matches!(
             arch,
-            Architecture::Glm4Moe | Architecture::DeepseekV2 | Architecture::DeepseekV3 | Architecture::GraniteMoe
+            Architecture::Glm4Moe
+                | Architecture::Dots1
+                | Architecture::DeepseekV2
+                | Architecture::DeepseekV3
+                | Architecture::GraniteMoe
         );
-        if matches!(arch, Architecture::Glm4Moe | Architecture::DeepseekV3) {
+        if matches!(arch, Architecture::Glm4Moe | Architecture::Dots1 | Architecture::DeepseekV3) {
             t.insert(format!("{p}.gate.e_score_correction_bias"), random_tensor(&[m.experts], 0.3, next())?);
         }
         let mut expert = |prefix: String, width: usize| -> Result<()> {

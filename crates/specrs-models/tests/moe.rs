@@ -1,11 +1,11 @@
 //! Qwen2-MoE and Qwen3-MoE on tiny checkpoints written in the real formats:
-//! - the sparse layers (softmax top-k with and without renormalisation, GLM-4.5's grouped
-//!   sigmoid choice with its correction bias and scale, experts, Qwen2-MoE's gated and
+//! - the sparse layers (softmax top-k with and without renormalisation, GLM-4.5's and
+//!   dots.llm1's grouped sigmoid choice with its correction bias and scale, experts, Qwen2-MoE's gated and
 //!   GLM-4.5's ungated shared expert) and the dense layers kept (`mlp_only_layers`,
 //!   `first_k_dense_replace`) match transformers' forward (`common::Reference`), in one
 //!   prefill and token by token against the paged cache;
 //! - the same checkpoints as llama.cpp's converter writes them (`qwen2moe` / `qwen3moe`,
-//!   `olmoe`, `glm4moe`, Mixtral as `llama`; the experts stacked into one tensor per projection, or one tensor each in
+//!   `olmoe`, `glm4moe`, `dots1`, Mixtral as `llama`; the experts stacked into one tensor per projection, or one tensor each in
 //!   older Mixtral files) load to the same model, in f32 and with Q8_0 experts read expert by
 //!   expert from the stacked bytes;
 //! - configuration errors name their key.
@@ -82,16 +82,16 @@ fn qwen2_moe() -> TinyMoe {
 }
 
 fn reference(arch: Architecture, tensors: &HashMap<String, Tensor>, moe: &TinyMoe, ids: &[u32]) -> Vec<Vec<f32>> {
-    let glm = arch == Architecture::Glm4Moe;
-    // GLM-4.5 rotates half of each head.
-    let rotary = if glm { SHAPE.head_dim / 2 } else { SHAPE.head_dim };
+    // GLM-4.5 rotates half of each head; it and dots.llm1 route as DeepSeek-V3.
+    let rotary = if arch == Architecture::Glm4Moe { SHAPE.head_dim / 2 } else { SHAPE.head_dim };
+    let grouped = matches!(arch, Architecture::Glm4Moe | Architecture::Dots1);
     Reference {
         rotary,
         factors: vec![1.0; rotary / 2],
         routing: Some(Routing {
             top_k: moe.top_k,
             norm_topk_prob: moe.norm_topk_prob,
-            choice: match glm {
+            choice: match grouped {
                 true => Choice::GroupedSigmoid(moe.groups.0, moe.groups.1, moe.groups.2),
                 false => Choice::Softmax,
             },
@@ -111,6 +111,7 @@ fn sparse_and_dense_layers_match_the_transformers_forward() {
         (Architecture::Qwen3Moe, qwen3_moe(vec![1])),
         (Architecture::Qwen2Moe, qwen2_moe()),
         (Architecture::Glm4Moe, glm45()),
+        (Architecture::Dots1, glm45()),
         (Architecture::Mixtral, mixtral()),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -206,10 +207,11 @@ fn write_moe_gguf(
     ];
     let dense_width = if moe.dense_layers.is_empty() { moe.expert_intermediate } else { shape.intermediate };
     metadata.push((format!("{key}.feed_forward_length"), u32v(dense_width)));
-    if arch == Architecture::Glm4Moe {
+    if matches!(arch, Architecture::Glm4Moe | Architecture::Dots1) {
         let (n_group, topk_group, scale) = moe.groups;
+        let rotary = if arch == Architecture::Glm4Moe { shape.head_dim / 2 } else { shape.head_dim };
         metadata.extend([
-            (format!("{key}.rope.dimension_count"), u32v(shape.head_dim / 2)),
+            (format!("{key}.rope.dimension_count"), u32v(rotary)),
             (format!("{key}.leading_dense_block_count"), u32v(moe.dense_layers.len())),
             (format!("{key}.nextn_predict_layers"), u32v(shape.layers - SHAPE.layers)),
             (format!("{key}.expert_shared_count"), u32v(moe.shared_intermediate.unwrap() / moe.expert_intermediate)),
@@ -248,6 +250,7 @@ fn gguf_mixtures_load_expert_by_expert_to_the_same_model() {
         (Architecture::GraniteMoe, TinyMoe { shared_intermediate: Some(32), ..mixtral() }),
         (Architecture::Olmoe, olmoe()),
         (Architecture::Glm4Moe, glm45()),
+        (Architecture::Dots1, glm45()),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let tensors = match arch {

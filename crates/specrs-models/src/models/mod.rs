@@ -80,7 +80,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Llama => llama::adapt(cfg),
                 Architecture::Qwen2 | Architecture::Qwen2Moe => qwen2::adapt(cfg),
                 Architecture::SeedOss => seed_oss::adapt(cfg),
-                Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::adapt(cfg),
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Dots1 => qwen3::adapt(cfg),
                 Architecture::Phi3 => phi3::adapt(cfg),
                 Architecture::Glm4Moe => glm4_moe::adapt(cfg),
                 Architecture::InternLm2 => internlm2::adapt(cfg),

@@ -627,7 +627,11 @@ impl GgufSource {
             // DeepSeek: sigmoid scores with a correction bias (V3, GLM-4.5, MiniMax-M2) or softmax (V2),
             // within the best groups, a shared expert `expert_shared_count` experts wide, added
             // ungated.
-            Architecture::DeepseekV2 | Architecture::DeepseekV3 | Architecture::Glm4Moe | Architecture::MiniMaxM2 => {
+            Architecture::DeepseekV2
+            | Architecture::DeepseekV3
+            | Architecture::Glm4Moe
+            | Architecture::Dots1
+            | Architecture::MiniMaxM2 => {
                 let (count, used) = experts()?;
                 let width = self.meta_usize("expert_feed_forward_length")?;
                 let (n_group, topk_group) = (
