@@ -524,6 +524,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Glm4ForCausalLM",
         "Olmo2ForCausalLM",
         "Olmo3ForCausalLM",
+        "Exaone4ForCausalLM",
         "SmolLM3ForCausalLM",
         "Glm4MoeForCausalLM",
         "Dots1ForCausalLM",

@@ -363,6 +363,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    // Per-layer windows and RoPE where it has sliding layers.
+    ArchitectureSpec {
+        name: "Exaone4ForCausalLM",
+        example_repo_ids: &["LGAI-EXAONE/EXAONE-4.0-1.2B", "LGAI-EXAONE/EXAONE-4.0-32B"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "GraniteForCausalLM",
         example_repo_ids: &["ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct"],

@@ -658,6 +658,24 @@ fn a_dots1_target_with_qwen3_attention_and_deepseek_v3_experts_speculates_lossle
 }
 
 #[test]
+fn an_exaone4_target_with_output_norms_and_nope_full_layers_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("exaone4");
+    let mut tensors = testing::random_olmo2(&SHAPE, 107).unwrap();
+    for i in 0..SHAPE.layers {
+        for (name, seed) in [("q_norm", 200), ("k_norm", 300)] {
+            let norm = (testing::random_tensor(&[SHAPE.head_dim], 0.2, seed + i as u64).unwrap() + 1.0).unwrap();
+            tensors.insert(format!("model.layers.{i}.self_attn.{name}.weight"), norm);
+        }
+    }
+    let mut config = testing::target_config(Architecture::Exaone4, &SHAPE, false);
+    config["sliding_window"] = json!(5);
+    config["sliding_window_pattern"] = json!(4);
+    write(&target, &config, &tensors);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 349, "EXAONE 4.0");
+}
+
+#[test]
 fn a_minimax_m2_target_with_biased_sigmoid_experts_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("minimax-m2");

@@ -69,6 +69,10 @@ pub enum Architecture {
     /// OLMo 3 (`Olmo3ForCausalLM`): OLMo 2's layer, three sliding-window layers to each full
     /// one, the sliding layers turning with the unscaled RoPE.
     Olmo3,
+    /// EXAONE 4.0 (`Exaone4ForCausalLM`: 1.2B, 32B): OLMo 2's layer (norms over the attention's
+    /// and the MLP's outputs) with per-head q/k norms; with a window, three sliding layers to
+    /// each full one, only the sliding ones turning with RoPE.
+    Exaone4,
     /// GLM-4-0414 (`Glm4ForCausalLM`: GLM-4-9B/32B-0414, GLM-Z1): q/k/v bias, norms around
     /// attention and MLP as Gemma's (plain weights), fused `gate_up_proj`, and RoPE over half of
     /// each head turning interleaved pairs.
@@ -121,6 +125,7 @@ impl Architecture {
         ("Glm4ForCausalLM", Architecture::Glm4),
         ("Olmo2ForCausalLM", Architecture::Olmo2),
         ("Olmo3ForCausalLM", Architecture::Olmo3),
+        ("Exaone4ForCausalLM", Architecture::Exaone4),
         ("OlmoeForCausalLM", Architecture::Olmoe),
         ("SeedOssForCausalLM", Architecture::SeedOss),
         ("Ernie4_5ForCausalLM", Architecture::Ernie4_5),
@@ -164,6 +169,7 @@ impl Architecture {
         // OLMo 3 too, when the file sets a sliding window (`GgufSource::open`).
         ("olmo2", Architecture::Olmo2),
         ("smollm3", Architecture::SmolLm3),
+        ("exaone4", Architecture::Exaone4),
         // DeepSeek-V2 when the file routes by softmax (`GgufSource::open`).
         ("deepseek2", Architecture::DeepseekV3),
         ("glm4moe", Architecture::Glm4Moe),
@@ -205,6 +211,7 @@ impl Architecture {
             Self::Glm4 => "Glm4ForCausalLM",
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
+            Self::Exaone4 => "Exaone4ForCausalLM",
             Self::Olmoe => "OlmoeForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Ernie4_5 => "Ernie4_5ForCausalLM",
@@ -239,6 +246,7 @@ impl Architecture {
             Self::Glm4 => "glm4",
             Self::Olmo2 => "olmo2",
             Self::Olmo3 => "olmo3",
+            Self::Exaone4 => "exaone4",
             Self::Olmoe => "olmoe",
             Self::SeedOss => "seed_oss",
             Self::Ernie4_5 => "ernie4_5",
@@ -275,7 +283,14 @@ impl Architecture {
     pub fn has_qk_norm(self) -> bool {
         matches!(
             self,
-            Self::Qwen3 | Self::Qwen3Moe | Self::Dots1 | Self::Gemma3 | Self::Olmo2 | Self::Olmo3 | Self::Olmoe
+            Self::Qwen3
+                | Self::Qwen3Moe
+                | Self::Dots1
+                | Self::Gemma3
+                | Self::Olmo2
+                | Self::Olmo3
+                | Self::Olmoe
+                | Self::Exaone4
         )
     }
 }
@@ -1216,6 +1231,8 @@ impl DecoderConfig {
             Architecture::Olmo3 | Architecture::Cohere2 => {
                 Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096))
             }
+            // EXAONE 4.0 without a window (1.2B) attends fully, with RoPE, everywhere.
+            Architecture::Exaone4 => v.get("sliding_window").and_then(Value::as_u64),
             Architecture::Glm4
             | Architecture::Glm4Moe
             | Architecture::DeepseekV2
@@ -1281,6 +1298,16 @@ impl DecoderConfig {
         let sliding_layers = match architecture {
             Architecture::Gemma2 | Architecture::GptOss => Some(2),
             Architecture::Olmo3 | Architecture::Cohere2 => Some(4),
+            Architecture::Exaone4 if sliding_window.is_some() => {
+                if v.get("layer_types").is_none() && v.get("sliding_window_pattern").is_some_and(Value::is_string) {
+                    return Err(ModelError::config(
+                        "sliding_window_pattern",
+                        "a pattern string needs layer_types beside it; give layer_types, or the pattern as every how many \
+                         layers one attends fully",
+                    ));
+                }
+                Some(4)
+            }
             Architecture::Gemma3 => Some(6),
             _ => None,
         }
@@ -1327,8 +1354,8 @@ impl DecoderConfig {
             attention_sinks: gpt_oss,
             rope_layers: match architecture {
                 Architecture::SmolLm3 => Some(rope_layers(v, req_usize(v, "num_hidden_layers")?)?),
-                // Command R7B's full-attention layers attend without RoPE.
-                Architecture::Cohere2 => sliding_layers,
+                // Command R7B's and EXAONE 4.0's full-attention layers attend without RoPE.
+                Architecture::Cohere2 | Architecture::Exaone4 => sliding_layers,
                 _ => None,
             },
             moe: match architecture {
@@ -1465,7 +1492,7 @@ impl DecoderConfig {
         match self.architecture {
             _ if self.gemma.is_some() => NormPlacement::Sandwich,
             Architecture::Glm4 => NormPlacement::Sandwich,
-            Architecture::Olmo2 | Architecture::Olmo3 => NormPlacement::Post,
+            Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => NormPlacement::Post,
             Architecture::Cohere | Architecture::Cohere2 => NormPlacement::Parallel,
             _ => NormPlacement::Pre,
         }

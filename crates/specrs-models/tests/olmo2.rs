@@ -4,7 +4,9 @@
 //! OLMo 3 (`Olmo3ForCausalLM`) too, its sliding layers within their window turning with the
 //! unscaled RoPE while the full layers' is scaled. Their GGUF files (`olmo2`, with a window
 //! for OLMo 3) load to the same models. OLMoE (`OlmoeForCausalLM`): OLMo's whole-width q/k
-//! norms in Llama's pre-norm layer, with softmax-routed experts in every layer.
+//! norms in Llama's pre-norm layer, with softmax-routed experts in every layer. EXAONE 4.0
+//! (`Exaone4ForCausalLM`): OLMo 2's layer with per-head q/k norms, its full layers without
+//! RoPE where it has sliding ones, and its `exaone4` GGUF.
 
 mod common;
 
@@ -150,4 +152,66 @@ fn olmoe_pre_norms_whole_width_qk_norms_and_softmax_experts_match_the_transforme
     clipped["clip_qkv"] = serde_json::json!(8.0);
     let e = specrs_models::DecoderConfig::from_hf_json(&clipped).unwrap_err().to_string();
     assert!(e.contains("clip_qkv"), "{e}");
+}
+
+/// OLMo 2's tensors with EXAONE 4.0's per-head q/k norms.
+fn exaone4_tensors(shape: &TinyShape, seed: u64) -> std::collections::HashMap<String, candle_core::Tensor> {
+    let mut tensors = testing::random_olmo2(shape, seed).unwrap();
+    for i in 0..shape.layers {
+        for (name, s) in [("q_norm", seed + 50), ("k_norm", seed + 60)] {
+            let norm = (testing::random_tensor(&[shape.head_dim], 0.2, s + i as u64).unwrap() + 1.0).unwrap();
+            tensors.insert(format!("model.layers.{i}.self_attn.{name}.weight"), norm);
+        }
+    }
+    tensors
+}
+
+#[test]
+fn exaone4_norms_outputs_and_heads_and_its_full_layers_attend_without_rope_beside_sliding_ones() {
+    const WINDOW: usize = 3;
+    let shape = TinyShape { layers: 4, ..SHAPE };
+    let ids: Vec<u32> = (0..10).map(|i| (i * 7 + 5) % 40).collect();
+    let sliding = vec![true, true, true, false];
+    for windowed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = exaone4_tensors(&shape, 29);
+        let mut config = testing::target_config(Architecture::Exaone4, &shape, false);
+        if windowed {
+            config["sliding_window"] = serde_json::json!(WINDOW);
+            config["sliding_window_pattern"] = serde_json::json!(4);
+        } else {
+            config["sliding_window"] = serde_json::Value::Null;
+        }
+        testing::write_checkpoint(dir.path(), &config, &tensors).unwrap();
+        let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+        let cfg = model.config();
+        assert_eq!((cfg.architecture, cfg.norm_placement()), (Architecture::Exaone4, NormPlacement::Post));
+        assert!(cfg.qk_norm && !cfg.qk_norm_spans_heads());
+        let expected = windowed.then(|| sliding.clone());
+        assert_eq!((cfg.sliding_layers.clone(), cfg.rope_layers.clone()), (expected.clone(), expected.clone()));
+        let want = Reference {
+            // Only the sliding layers attend within the window (no RoPE scaling to differ by).
+            window: windowed.then_some(WINDOW),
+            sliding: expected.clone(),
+            rope_layers: expected.clone(),
+            ..Reference::plain(&tensors, shape)
+        }
+        .logits(&ids);
+        assert_close(&logits(&model, &ids, false), &want, &format!("windowed {windowed}, one prefill"));
+        assert_close(&logits(&model, &ids, true), &want, &format!("windowed {windowed}, token by token"));
+        // llama.cpp's file: OLMo 2's norm names, the window and its pattern as metadata.
+        let path = dir.path().join("exaone4.gguf");
+        let mut extra = vec![];
+        if windowed {
+            extra.push(("exaone4.attention.sliding_window", GgufValue::U32(WINDOW as u32)));
+            extra.push((
+                "exaone4.attention.sliding_window_pattern",
+                GgufValue::Array(sliding.iter().map(|&b| GgufValue::Bool(b)).collect()),
+            ));
+        }
+        write_unpermuted_gguf(&path, "exaone4", &shape, &tensors, false, &extra);
+        let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+        assert_eq!(gguf.config().rope_layers, expected);
+        assert_close(&logits(&gguf, &ids, false), &want, &format!("windowed {windowed}, the exaone4 GGUF"));
+    }
 }

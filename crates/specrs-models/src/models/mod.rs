@@ -90,7 +90,9 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),
                 Architecture::GptOss => gpt_oss::adapt(cfg),
                 Architecture::Glm4 => glm4::adapt(cfg),
-                Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Olmoe => olmo2::adapt(cfg),
+                Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Olmoe | Architecture::Exaone4 => {
+                    olmo2::adapt(cfg)
+                }
                 Architecture::SmolLm3 => smollm3::adapt(cfg),
                 Architecture::DeepseekV2 | Architecture::DeepseekV3 => deepseek::adapt(cfg),
                 Architecture::Cohere | Architecture::Cohere2 => cohere::adapt(cfg),

@@ -10,10 +10,14 @@
 //!
 //! `OlmoeForCausalLM` (OLMoE) keeps Llama's norm placement and OLMo's whole-width q/k norms,
 //! with softmax-routed experts in every layer (`crate::moe`).
+//!
+//! `Exaone4ForCausalLM` (EXAONE 4.0) is OLMo 2's norm placement with per-head q/k norms; with
+//! a window, three sliding layers to each full one, the full ones attending without RoPE
+//! (`DecoderConfig::rope_layers`).
 
 use crate::config::DecoderConfig;
 
-/// OLMo 2, OLMo 3 and OLMoE need nothing beyond what their configuration reader sets.
+/// OLMo 2, OLMo 3, OLMoE and EXAONE 4.0 need nothing beyond what their configuration reader sets.
 pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
     cfg
 }

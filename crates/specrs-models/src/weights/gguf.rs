@@ -236,7 +236,8 @@ impl GgufSource {
             | Architecture::Gemma3
             | Architecture::Glm4
             | Architecture::Olmo2
-            | Architecture::Olmo3 => (sandwich_norm_name(hf_name).or_else(|| gguf_name(hf_name))?, None),
+            | Architecture::Olmo3
+            | Architecture::Exaone4 => (sandwich_norm_name(hf_name).or_else(|| gguf_name(hf_name))?, None),
             Architecture::SeedOss | Architecture::Glm4Moe => match pre_mlp_norm_name(hf_name) {
                 Some(name) => (name, None),
                 None => gguf_location(hf_name)?,
@@ -315,6 +316,13 @@ impl GgufSource {
         let num_hidden_layers =
             self.meta_usize("block_count")?.saturating_sub(self.meta_usize("nextn_predict_layers").unwrap_or(0));
         let cohere = matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2);
+        // EXAONE 4.0 with a window: its pattern's sliding layers, the full ones without RoPE.
+        let exaone4_window =
+            self.meta_usize("attention.sliding_window").ok().filter(|_| self.architecture == Architecture::Exaone4);
+        let exaone4_sliding = match exaone4_window {
+            Some(_) => Some(self.olmo3_sliding_layers(num_hidden_layers)?),
+            None => None,
+        };
         // Command R7B: three sliding layers with RoPE to each full one without, as llama.cpp fixes.
         let cohere2_sliding: Option<Vec<bool>> = (self.architecture == Architecture::Cohere2)
             .then(|| (0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect());
@@ -381,11 +389,13 @@ impl GgufSource {
                 (None, Architecture::Olmo3 | Architecture::Cohere2) => {
                     Some(self.meta_usize("attention.sliding_window")?)
                 }
+                (None, Architecture::Exaone4) => exaone4_window,
                 (None, _) => self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
             },
             sliding_layers: match &gemma {
                 Some((_, _, layers)) => Some(layers.clone()),
                 None if self.architecture == Architecture::Olmo3 => Some(self.olmo3_sliding_layers(num_hidden_layers)?),
+                None if exaone4_sliding.is_some() => exaone4_sliding.clone(),
                 None => cohere2_sliding.clone(),
             },
             attention_output_bias: self.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
@@ -393,6 +403,7 @@ impl GgufSource {
             // llama.cpp fixes SmolLM3's step: every fourth layer attends without RoPE.
             rope_layers: match self.architecture {
                 Architecture::SmolLm3 => Some((0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect()),
+                Architecture::Exaone4 => exaone4_sliding,
                 _ => cohere2_sliding,
             },
             moe: self.moe_config()?,
