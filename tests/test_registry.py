@@ -534,6 +534,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Ernie4_5_MoeForCausalLM",
         "GraniteMoeForCausalLM",
         "GraniteMoeSharedForCausalLM",
+        "GraniteMoeHybridForCausalLM",
         "CohereForCausalLM",
         "Cohere2ForCausalLM",
         "DeepseekV2ForCausalLM",

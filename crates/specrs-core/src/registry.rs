@@ -371,6 +371,15 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    // Granite 4.0 attending in every layer: Granite, or Granite MoE Shared with routing read
+    // on the host.
+    ArchitectureSpec {
+        name: "GraniteMoeHybridForCausalLM",
+        example_repo_ids: &["ibm-granite/granite-4.0-micro"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "GraniteForCausalLM",
         example_repo_ids: &["ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct"],

@@ -3,7 +3,9 @@
 //! forward (`common::Reference`) in one prefill and token by token, and a `granite` GGUF (the
 //! multipliers as llama.cpp's `*_scale` keys) loads to the same model. Granite MoE
 //! (`GraniteMoeForCausalLM`, and `GraniteMoeSharedForCausalLM`): the multipliers around
-//! stacked experts under a top-k-softmax router, with and without the shared MLP.
+//! stacked experts under a top-k-softmax router, with and without the shared MLP. Granite 4.0
+//! (`GraniteMoeHybridForCausalLM`) attending in every layer: Granite with its MLP as the fused
+//! `shared_mlp`, or Granite MoE Shared; Mamba-2 layers and NoPE refused by key.
 
 mod common;
 
@@ -108,4 +110,87 @@ fn granite_moe_stacked_experts_and_shared_mlp_match_the_transformers_forward() {
         assert_close(&logits(&model, &ids, false), &want, "one prefill");
         assert_close(&logits(&model, &ids, true), &want, "token by token");
     }
+}
+
+/// Granite 3.3-2B's multipliers, the attention multiplier rescaled to the tiny head.
+fn multiplied(mut config: serde_json::Value) -> serde_json::Value {
+    (config["embedding_multiplier"], config["residual_multiplier"]) = (json!(12.0), json!(0.22));
+    (config["attention_multiplier"], config["logits_scaling"]) = (json!(0.0625), json!(8.0));
+    config
+}
+
+/// `config` as Granite 4.0 writes it: the hybrid class, every layer attention, RoPE.
+fn as_granite4(mut config: serde_json::Value, experts: usize, shared: usize) -> serde_json::Value {
+    config["architectures"] = json!(["GraniteMoeHybridForCausalLM"]);
+    config["model_type"] = json!("granitemoehybrid");
+    config["layer_types"] = json!(vec!["attention"; SHAPE.layers]);
+    config["position_embedding_type"] = json!("rope");
+    config["num_local_experts"] = json!(experts);
+    config["shared_intermediate_size"] = json!(shared);
+    config
+}
+
+#[test]
+fn granite4_without_experts_is_granite_with_its_mlp_as_the_fused_shared_mlp() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = testing::random_target(Architecture::Llama, &SHAPE, true, 43).unwrap();
+    let granite = multiplied(testing::target_config(Architecture::Granite, &SHAPE, true));
+    testing::write_checkpoint(&dir.path().join("granite3"), &granite, &tensors).unwrap();
+    let (want, _) = load_causal_lm(&dir.path().join("granite3"), &Device::Cpu, ModelDType::F32).unwrap();
+    let ids: Vec<u32> = (0..10).map(|i| (i * 3 + 5) % 40).collect();
+    // Granite 4.0 Micro's layout: gate and up rows fused in shared_mlp.input_linear.
+    let mut stored = tensors.clone();
+    for i in 0..SHAPE.layers {
+        let mut take = |proj: &str| stored.remove(&format!("model.layers.{i}.mlp.{proj}.weight")).unwrap();
+        let fused = candle_core::Tensor::cat(&[take("gate_proj"), take("up_proj")], 0).unwrap();
+        let down = take("down_proj");
+        stored.insert(format!("model.layers.{i}.shared_mlp.input_linear.weight"), fused);
+        stored.insert(format!("model.layers.{i}.shared_mlp.output_linear.weight"), down);
+    }
+    let mut config = as_granite4(granite.clone(), 0, SHAPE.intermediate);
+    config["intermediate_size"] = json!(512);
+    let path = dir.path().join("granite4");
+    testing::write_checkpoint(&path, &config, &stored).unwrap();
+    let (model, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(
+        (model.config().architecture, model.config().intermediate_size),
+        (Architecture::Granite, SHAPE.intermediate)
+    );
+    assert_close(&logits(&model, &ids, false), &logits(&want, &ids, false), "Granite 4.0 without experts");
+    // The H models' Mamba-2 layers and NoPE attention are named, not run.
+    let error = |key: &str, value: serde_json::Value| {
+        let mut c = config.clone();
+        c[key] = value;
+        testing::write_checkpoint(&path, &c, &stored).unwrap();
+        load_causal_lm(&path, &Device::Cpu, ModelDType::F32).err().unwrap().to_string()
+    };
+    let e = error("layer_types", json!(["mamba", "attention", "mamba"]));
+    assert!(e.contains("layer_types") && e.contains("Mamba"), "{e}");
+    let e = error("position_embedding_type", json!("nope"));
+    assert!(e.contains("position_embedding_type"), "{e}");
+}
+
+#[test]
+fn granite4_with_experts_is_granite_moe_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 16,
+        shared_intermediate: Some(24),
+        norm_topk_prob: true,
+        dense_layers: vec![],
+        groups: (1, 1, 1.0),
+    };
+    let tensors = testing::random_moe_target(Architecture::GraniteMoe, &SHAPE, &moe, 47).unwrap();
+    let stacked = testing::as_granite_moe(tensors.clone(), &SHAPE, &moe).unwrap();
+    let shared = testing::granite_moe_config(&SHAPE, &moe, [12.0, 0.22, 0.0625, 8.0]);
+    testing::write_checkpoint(&dir.path().join("granite3"), &shared, &stacked).unwrap();
+    let (want, _) = load_causal_lm(&dir.path().join("granite3"), &Device::Cpu, ModelDType::F32).unwrap();
+    let path = dir.path().join("granite4");
+    testing::write_checkpoint(&path, &as_granite4(shared, moe.experts, 24), &stacked).unwrap();
+    let (model, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(model.config().architecture, Architecture::GraniteMoe);
+    let ids: Vec<u32> = (0..10).map(|i| (i * 3 + 5) % 40).collect();
+    assert_close(&logits(&model, &ids, false), &logits(&want, &ids, false), "Granite 4.0 with experts");
 }

@@ -57,10 +57,15 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 .map_err(|e| ModelError::file(&cfg_path, format!("cannot read the model's config.json: {e}")))?;
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
-            // Image-text checkpoints (Gemma 3, Mistral Small 3.x): their text decoder.
+            // Image-text checkpoints (Gemma 3, Mistral Small 3.x): their text decoder. Granite 4.0:
+            // the Granite class it runs as.
             let multimodal = image_text::text_config(&json);
-            let cfg = DecoderConfig::from_hf_json(multimodal.as_ref().unwrap_or(&json))?;
+            let granite_hybrid = granite::hybrid_config(&json)?;
+            let cfg = DecoderConfig::from_hf_json(granite_hybrid.as_ref().or(multimodal.as_ref()).unwrap_or(&json))?;
             match cfg.architecture {
+                Architecture::Granite if granite_hybrid.is_some() => {
+                    store.set_aliases(granite::shared_mlp_aliases(&cfg))?
+                }
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::MiniMaxM2 => store.set_aliases(minimax_m2::aliases(&cfg))?,
