@@ -1,9 +1,9 @@
-//! ERNIE 4.5 dense (`Ernie4_5ForCausalLM`) and MoE (`Ernie4_5_MoeForCausalLM`) on tiny
-//! checkpoints: Llama's layer with RoPE over interleaved pairs of the whole head (the MoE models'
-//! experts chosen from a softmax plus `moe_statics`' correction bias, with shared experts), matching transformers' forward (`common::Reference`,
-//! which turns the stored rows the interleaved way) in one prefill and token by token; an
-//! `ernie4_5` / `ernie4_5-moe` GGUF (rows as the checkpoint has them, as llama.cpp's converter
-//! keeps them; experts stacked) loads to the same model.
+//! ERNIE 4.5 dense (`Ernie4_5ForCausalLM`) and MoE (`Ernie4_5_MoeForCausalLM`) on tiny checkpoints:
+//! Llama's layer with RoPE over interleaved pairs of the whole head (the MoE models' experts chosen
+//! from a softmax plus `moe_statics`' correction bias, with shared experts), matching transformers'
+//! forward (`common::Reference`, which turns the stored rows the interleaved way) in one prefill
+//! and token by token; an `ernie4_5` / `ernie4_5-moe` GGUF (rows as the checkpoint has them, as
+//! llama.cpp's converter keeps them; experts stacked) loads to the same model.
 
 mod common;
 

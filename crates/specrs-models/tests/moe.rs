@@ -1,13 +1,13 @@
 //! Qwen2-MoE and Qwen3-MoE on tiny checkpoints written in the real formats:
 //! - the sparse layers (softmax top-k with and without renormalisation, GLM-4.5's and
-//!   dots.llm1's grouped sigmoid choice with its correction bias and scale, experts, Qwen2-MoE's gated and
-//!   GLM-4.5's ungated shared expert) and the dense layers kept (`mlp_only_layers`,
-//!   `first_k_dense_replace`) match transformers' forward (`common::Reference`), in one
-//!   prefill and token by token against the paged cache;
+//!   dots.llm1's grouped sigmoid choice with its correction bias and scale, experts, Qwen2-MoE's
+//!   gated and GLM-4.5's ungated shared expert) and the dense layers kept (`mlp_only_layers`,
+//!   `first_k_dense_replace`) match transformers' forward (`common::Reference`), in one prefill
+//!   and token by token against the paged cache; experts stored fused load alike;
 //! - the same checkpoints as llama.cpp's converter writes them (`qwen2moe` / `qwen3moe`,
-//!   `olmoe`, `glm4moe`, `dots1`, Mixtral as `llama`; the experts stacked into one tensor per projection, or one tensor each in
-//!   older Mixtral files) load to the same model, in f32 and with Q8_0 experts read expert by
-//!   expert from the stacked bytes;
+//!   `olmoe`, `glm4moe`, `dots1`, Mixtral as `llama`; the experts stacked into one tensor per
+//!   projection, or one tensor each in older Mixtral files) load to the same model, in f32 and with
+//!   Q8_0 experts read expert by expert from the stacked bytes;
 //! - configuration errors name their key.
 
 mod common;

@@ -1,8 +1,9 @@
-//! `DeepseekV3ForCausalLM`: DeepSeek-V3 / R1 and the models built on its layer (Kimi K2,
-//! Moonlight, GLM-4.7-Flash's `Glm4MoeLiteForCausalLM`); `DeepseekV2ForCausalLM`: DeepSeek-V2 / V2.5 / V2-Lite. Multi-head latent
-//! attention, then dense MLPs in the first `first_k_dense_replace` layers and routed experts
-//! after them with a shared expert (`crate::moe`): V3's sigmoid scores with a correction bias
-//! steering a group-limited top-k, as GLM-4.5's; V2's softmax top-k within the best groups.
+//! `DeepseekV3ForCausalLM`: DeepSeek-V3 / R1 and the models built on its layer (Kimi K2, Moonlight,
+//! GLM-4.7-Flash's `Glm4MoeLiteForCausalLM`); `DeepseekV2ForCausalLM`: DeepSeek-V2 / V2.5 /
+//! V2-Lite. Multi-head latent attention, then dense MLPs in the first `first_k_dense_replace`
+//! layers and routed experts after them with a shared expert (`crate::moe`): V3's sigmoid scores
+//! with a correction bias steering a group-limited top-k, as GLM-4.5's; V2's softmax top-k within
+//! the best groups.
 //!
 //! Latent attention (`LatentProjection`) compresses each token to a `kv_lora_rank` latent plus
 //! one `qk_rope_head_dim` key part shared by every head; `kv_b_proj` expands the normed latent

@@ -1,12 +1,12 @@
 //! The text decoder of an image-text checkpoint: Gemma 3's 4B-27B models
 //! (`Gemma3ForConditionalGeneration`), Mistral Small 3.1 / 3.2
-//! (`Mistral3ForConditionalGeneration`), Qwen2-VL / Qwen2.5-VL (a Qwen2 decoder) and Qwen3-VL
-//! (a Qwen3 decoder, or Qwen3-MoE with its experts fused: `crate::moe`) keep a text decoder spec-rs runs in `text_config` (Qwen2-VL's at the top
-//! level), its weights under `language_model.model.*` and `language_model.lm_head.*` as
-//! released, `model.language_model.*` and `lm_head.*` as transformers 4.52 and later save them,
-//! or plain `model.*` (Qwen2-VL), beside a vision tower and projector that stay unread. The
-//! config is rewritten as the text decoder's ([`text_config`]) and the store reads the text
-//! names from where the checkpoint keeps them ([`aliases`]).
+//! (`Mistral3ForConditionalGeneration`), Qwen2-VL / Qwen2.5-VL (a Qwen2 decoder) and Qwen3-VL (a
+//! Qwen3 decoder, or Qwen3-MoE with its experts fused: `crate::moe`) keep a text decoder spec-rs
+//! runs in `text_config` (Qwen2-VL's at the top level), its weights under `language_model.model.*`
+//! and `language_model.lm_head.*` as released, `model.language_model.*` and `lm_head.*` as
+//! transformers 4.52 and later save them, or plain `model.*` (Qwen2-VL), beside a vision tower and
+//! projector that stay unread. The config is rewritten as the text decoder's ([`text_config`]) and
+//! the store reads the text names from where the checkpoint keeps them ([`aliases`]).
 //!
 //! Qwen's multimodal RoPE (`mrope_section`) turns each frequency band by one of a token's
 //! temporal, height and width positions; a text token's three are its one position, so for
