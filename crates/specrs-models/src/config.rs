@@ -834,9 +834,10 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
     })
 }
 
-/// MiniMax-M2's q/k norms (`use_qk_norm`, default on): across all heads at once
-/// (`qk_norm_type: per_layer`, every released checkpoint's); every layer must attend fully.
-fn minimax_qk_norm(v: &Value, architecture: Architecture) -> Result<bool> {
+/// MiniMax-M2's attention as spec-rs runs it: full attention in every layer (lightning layers
+/// and windows refused by key), and whether q and k are normed (`use_qk_norm`, default on)
+/// across all heads at once (`qk_norm_type: per_layer`, every released checkpoint's).
+fn minimax_m2_attention(v: &Value, architecture: Architecture) -> Result<bool> {
     if architecture != Architecture::MiniMaxM2 {
         return Ok(false);
     }
@@ -1341,7 +1342,7 @@ impl DecoderConfig {
             qk_norm: architecture.has_qk_norm()
                 || (matches!(architecture, Architecture::Glm4Moe | Architecture::Cohere)
                     && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false))
-                || minimax_qk_norm(v, architecture)?,
+                || minimax_m2_attention(v, architecture)?,
             // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
             fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,

@@ -320,7 +320,7 @@ impl GgufSource {
         let exaone4_window =
             self.meta_usize("attention.sliding_window").ok().filter(|_| self.architecture == Architecture::Exaone4);
         let exaone4_sliding = match exaone4_window {
-            Some(_) => Some(self.olmo3_sliding_layers(num_hidden_layers)?),
+            Some(_) => Some(self.sliding_pattern(num_hidden_layers)?),
             None => None,
         };
         // Command R7B: three sliding layers with RoPE to each full one without, as llama.cpp fixes.
@@ -394,7 +394,7 @@ impl GgufSource {
             },
             sliding_layers: match &gemma {
                 Some((_, _, layers)) => Some(layers.clone()),
-                None if self.architecture == Architecture::Olmo3 => Some(self.olmo3_sliding_layers(num_hidden_layers)?),
+                None if self.architecture == Architecture::Olmo3 => Some(self.sliding_pattern(num_hidden_layers)?),
                 None if exaone4_sliding.is_some() => exaone4_sliding.clone(),
                 None => cohere2_sliding.clone(),
             },
@@ -480,9 +480,10 @@ impl GgufSource {
         Ok(Scales { logits_divisor: 1.0 / scale, ..Scales::default() })
     }
 
-    /// OLMo 3's sliding layers: `attention.sliding_window_pattern` (one flag per layer), else
-    /// three sliding layers to each full one, as its converter writes by default.
-    fn olmo3_sliding_layers(&self, layers: usize) -> Result<Vec<bool>> {
+    /// The sliding layers of OLMo 3 and EXAONE 4.0: `attention.sliding_window_pattern` (one
+    /// flag per layer), else three sliding layers to each full one, as their converter writes
+    /// by default.
+    fn sliding_pattern(&self, layers: usize) -> Result<Vec<bool>> {
         let key = format!("{}.attention.sliding_window_pattern", self.arch_key);
         let pattern: Vec<bool> = match self.content.metadata.get(&key) {
             None => return Ok((0..layers).map(|i| (i + 1) % 4 != 0).collect()),
