@@ -525,6 +525,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Olmo2ForCausalLM",
         "Olmo3ForCausalLM",
         "Exaone4ForCausalLM",
+        "HunYuanDenseV1ForCausalLM",
         "SmolLM3ForCausalLM",
         "Glm4MoeForCausalLM",
         "Dots1ForCausalLM",

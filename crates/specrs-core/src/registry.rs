@@ -363,6 +363,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: false,
     },
+    ArchitectureSpec {
+        name: "HunYuanDenseV1ForCausalLM",
+        example_repo_ids: &["tencent/Hunyuan-7B-Instruct", "tencent/Hunyuan-1.8B-Instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
     // Per-layer windows and RoPE where it has sliding layers.
     ArchitectureSpec {
         name: "Exaone4ForCausalLM",

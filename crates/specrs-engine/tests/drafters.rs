@@ -676,6 +676,22 @@ fn an_exaone4_target_with_output_norms_and_nope_full_layers_speculates_losslessl
 }
 
 #[test]
+fn a_hunyuan_dense_target_with_qk_norms_after_rope_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("hunyuan");
+    let tensors: std::collections::HashMap<String, candle_core::Tensor> =
+        testing::random_target(Architecture::Qwen3, &SHAPE, true, 109)
+            .unwrap()
+            .into_iter()
+            .map(|(n, t)| (n.replace(".q_norm.", ".query_layernorm.").replace(".k_norm.", ".key_layernorm."), t))
+            .collect();
+    let mut config = testing::target_config(Architecture::HunYuanDense, &SHAPE, true);
+    config["rope_scaling"] = json!({"alpha": 50.0, "factor": 1.0, "type": "dynamic"});
+    write(&target, &config, &tensors);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 353, "HunYuan dense");
+}
+
+#[test]
 fn a_minimax_m2_target_with_biased_sigmoid_experts_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("minimax-m2");

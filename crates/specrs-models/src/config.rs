@@ -69,6 +69,10 @@ pub enum Architecture {
     /// OLMo 3 (`Olmo3ForCausalLM`): OLMo 2's layer, three sliding-window layers to each full
     /// one, the sliding layers turning with the unscaled RoPE.
     Olmo3,
+    /// HunYuan dense (`HunYuanDenseV1ForCausalLM`: Hunyuan 0.5B-7B Instruct): Llama's layer with
+    /// per-head q/k norms after RoPE (`query_layernorm`, `key_layernorm`) and RoPE's base scaled
+    /// by NTK-alpha (`rope_scaling.alpha`).
+    HunYuanDense,
     /// EXAONE 4.0 (`Exaone4ForCausalLM`: 1.2B, 32B): OLMo 2's layer (norms over the attention's
     /// and the MLP's outputs) with per-head q/k norms; with a window, three sliding layers to
     /// each full one, only the sliding ones turning with RoPE.
@@ -126,6 +130,7 @@ impl Architecture {
         ("Olmo2ForCausalLM", Architecture::Olmo2),
         ("Olmo3ForCausalLM", Architecture::Olmo3),
         ("Exaone4ForCausalLM", Architecture::Exaone4),
+        ("HunYuanDenseV1ForCausalLM", Architecture::HunYuanDense),
         ("OlmoeForCausalLM", Architecture::Olmoe),
         ("SeedOssForCausalLM", Architecture::SeedOss),
         ("Ernie4_5ForCausalLM", Architecture::Ernie4_5),
@@ -170,6 +175,8 @@ impl Architecture {
         ("olmo2", Architecture::Olmo2),
         ("smollm3", Architecture::SmolLm3),
         ("exaone4", Architecture::Exaone4),
+        // llama.cpp writes the NTK-alpha base as `rope.freq_base`.
+        ("hunyuan-dense", Architecture::HunYuanDense),
         // DeepSeek-V2 when the file routes by softmax (`GgufSource::open`).
         ("deepseek2", Architecture::DeepseekV3),
         ("glm4moe", Architecture::Glm4Moe),
@@ -212,6 +219,7 @@ impl Architecture {
             Self::Olmo2 => "Olmo2ForCausalLM",
             Self::Olmo3 => "Olmo3ForCausalLM",
             Self::Exaone4 => "Exaone4ForCausalLM",
+            Self::HunYuanDense => "HunYuanDenseV1ForCausalLM",
             Self::Olmoe => "OlmoeForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Ernie4_5 => "Ernie4_5ForCausalLM",
@@ -247,6 +255,7 @@ impl Architecture {
             Self::Olmo2 => "olmo2",
             Self::Olmo3 => "olmo3",
             Self::Exaone4 => "exaone4",
+            Self::HunYuanDense => "hunyuan_v1_dense",
             Self::Olmoe => "olmoe",
             Self::SeedOss => "seed_oss",
             Self::Ernie4_5 => "ernie4_5",
@@ -834,6 +843,33 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
     })
 }
 
+/// HunYuan's per-head q/k norms (`use_qk_norm`, on in every released dense checkpoint);
+/// cross-layer attention (`use_cla`, Hunyuan-Large's) is refused by key.
+fn hunyuan_qk_norm(v: &Value, architecture: Architecture) -> Result<bool> {
+    if architecture != Architecture::HunYuanDense {
+        return Ok(false);
+    }
+    if v.get("use_cla").and_then(Value::as_bool) == Some(true) {
+        return Err(ModelError::config("use_cla", "HunYuan with cross-layer attention is not supported"));
+    }
+    Ok(v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(true))
+}
+
+/// HunYuan's RoPE base: `rope_theta · alpha^(d / (d - 2))` under its `dynamic` scaling with an
+/// `alpha` (NTK-alpha, fixed at load as HunYuan's rotary embedding computes it), over the `d`
+/// rotated dims; `None` otherwise.
+fn hunyuan_rope_base(v: &Value, architecture: Architecture, rotary_dim: usize) -> Result<Option<f64>> {
+    if architecture != Architecture::HunYuanDense {
+        return Ok(None);
+    }
+    let Some(alpha) = v.get("rope_scaling").and_then(|rs| opt_f64(rs, "alpha")) else { return Ok(None) };
+    if !(alpha.is_finite() && alpha > 0.0) || rotary_dim <= 2 {
+        return Err(ModelError::config("rope_scaling.alpha", format!("must be positive, got {alpha}")));
+    }
+    let d = rotary_dim as f64;
+    Ok(Some(opt_f64(v, "rope_theta").unwrap_or(10_000.0) * alpha.powf(d / (d - 2.0))))
+}
+
 /// MiniMax-M2's attention as spec-rs runs it: full attention in every layer (lightning layers
 /// and windows refused by key), and whether q and k are normed (`use_qk_norm`, default on)
 /// across all heads at once (`qk_norm_type: per_layer`, every released checkpoint's).
@@ -1234,6 +1270,7 @@ impl DecoderConfig {
             }
             // EXAONE 4.0 without a window (1.2B) attends fully, with RoPE, everywhere.
             Architecture::Exaone4 => v.get("sliding_window").and_then(Value::as_u64),
+            Architecture::HunYuanDense => None,
             Architecture::Glm4
             | Architecture::Glm4Moe
             | Architecture::DeepseekV2
@@ -1331,7 +1368,8 @@ impl DecoderConfig {
                 Architecture::Cohere | Architecture::Cohere2 => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
                 _ => opt_f64(v, "rms_norm_eps").unwrap_or(1e-6),
             },
-            rope_theta: opt_f64(v, "rope_theta").unwrap_or(10_000.0),
+            rope_theta: hunyuan_rope_base(v, architecture, rotary_dim)?
+                .unwrap_or(opt_f64(v, "rope_theta").unwrap_or(10_000.0)),
             rope_scaling,
             max_position_embeddings,
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(
@@ -1342,7 +1380,8 @@ impl DecoderConfig {
             qk_norm: architecture.has_qk_norm()
                 || (matches!(architecture, Architecture::Glm4Moe | Architecture::Cohere)
                     && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false))
-                || minimax_m2_attention(v, architecture)?,
+                || minimax_m2_attention(v, architecture)?
+                || hunyuan_qk_norm(v, architecture)?,
             // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
             fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,
@@ -1502,6 +1541,11 @@ impl DecoderConfig {
     /// The norms are LayerNorms without bias (Cohere): centred before they are normalised.
     pub fn centered_norms(&self) -> bool {
         matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2)
+    }
+
+    /// The per-head q/k norms come after RoPE (HunYuan), not before.
+    pub fn qk_norm_after_rope(&self) -> bool {
+        self.architecture == Architecture::HunYuanDense
     }
 
     /// The q/k norms scale each head by its own weight row (`[heads, head_dim]`, Cohere).

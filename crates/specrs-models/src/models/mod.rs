@@ -9,6 +9,7 @@ pub mod glm4;
 pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
+pub mod hunyuan;
 pub mod image_text;
 pub mod internlm2;
 pub mod llama;
@@ -69,6 +70,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::MiniMaxM2 => store.set_aliases(minimax_m2::aliases(&cfg))?,
+                Architecture::HunYuanDense => store.set_aliases(hunyuan::aliases(&cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
@@ -103,6 +105,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Cohere | Architecture::Cohere2 => cohere::adapt(cfg),
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => ernie4_5::adapt(cfg),
                 Architecture::MiniMaxM2 => minimax_m2::adapt(cfg),
+                Architecture::HunYuanDense => hunyuan::adapt(cfg),
             })
         }
     }

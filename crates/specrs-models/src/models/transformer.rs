@@ -41,6 +41,8 @@ enum Projection {
         k_norm: Option<RmsNorm>,
         /// The q/k norms span all heads (`[q_dim]`, OLMo 2) rather than one head.
         qk_norm_spans_heads: bool,
+        /// The per-head q/k norms come after RoPE (HunYuan), not before.
+        qk_norm_after_rope: bool,
     },
     /// DeepSeek's multi-head latent attention: every head attends one latent entry per token.
     Latent(Box<LatentProjection>),
@@ -116,7 +118,13 @@ impl SelfAttention {
         } else {
             (None, None)
         };
-        let projection = Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads: spans };
+        let projection = Projection::Grouped {
+            qkv,
+            q_norm,
+            k_norm,
+            qk_norm_spans_heads: spans,
+            qk_norm_after_rope: cfg.qk_norm_after_rope(),
+        };
         Ok(Self { projection, o_proj, rotates: true, shape })
     }
 
@@ -141,7 +149,7 @@ impl SelfAttention {
     /// Projects, normalises and rotates: `x [T, in] -> (q [T, nh, d], k [T, nkv, d], v [T, nkv, d])`.
     pub fn project(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let (q, k, v) = match &self.projection {
-            Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads } => {
+            Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads, qk_norm_after_rope: false } => {
                 let t = x.dim(0)?;
                 let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
                 let mut parts = qkv.forward(x)?.into_iter();
@@ -160,6 +168,24 @@ impl SelfAttention {
                     k = kn.forward(&k)?;
                 }
                 (q, k, v)
+            }
+            // HunYuan: rotate, then norm each head.
+            Projection::Grouped { qkv, q_norm, k_norm, qk_norm_after_rope: true, .. } => {
+                let t = x.dim(0)?;
+                let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
+                let mut parts = qkv.forward(x)?.into_iter();
+                let (q, k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+                let mut q = q.reshape((t, num_heads, head_dim))?;
+                let mut k = k.reshape((t, num_kv_heads, head_dim))?;
+                if self.rotates {
+                    q = RotaryEmbedding::apply(&q, cos, sin)?;
+                    k = RotaryEmbedding::apply(&k, cos, sin)?;
+                }
+                if let Some((qn, kn)) = q_norm.as_ref().zip(k_norm.as_ref()) {
+                    q = qn.forward(&q)?;
+                    k = kn.forward(&k)?;
+                }
+                return Ok((q, k, v.reshape((t, num_kv_heads, head_dim))?));
             }
             Projection::Latent(latent) => {
                 // The entry serves as key and value (`PagedKvCache::shared` writes keys only).

@@ -137,6 +137,8 @@ pub struct Reference<'a> {
     pub mla: Option<MlaLayout>,
     /// Norms are LayerNorms without bias: the input centred first (Cohere).
     pub centered_norms: bool,
+    /// The per-head q/k norms come after RoPE (HunYuan), not before.
+    pub qk_norm_after_rope: bool,
     /// Attention and MLP read the same normed input and both join the residual (Cohere).
     pub parallel: bool,
 }
@@ -190,6 +192,7 @@ impl<'a> Reference<'a> {
             sliding: None,
             mla: None,
             centered_norms: false,
+            qk_norm_after_rope: false,
             parallel: false,
         }
     }
@@ -362,14 +365,20 @@ impl<'a> Reference<'a> {
         // weight row per head) and rotated at position `t`.
         let head = |t: usize, at: usize, first: usize, norm: &Option<Vec<f32>>, turn: bool| {
             let mut v = qkv[t][at * d..(at + 1) * d].to_vec();
-            if let Some(w) = norm {
-                let w = if per_head { &w[(at - first) * d..(at - first + 1) * d] } else { &w[..] };
-                v = self.norm_row(&v, w);
+            let normed = |v: &[f32]| match norm {
+                Some(w) => {
+                    let w = if per_head { &w[(at - first) * d..(at - first + 1) * d] } else { &w[..] };
+                    self.norm_row(v, w)
+                }
+                None => v.to_vec(),
+            };
+            if !self.qk_norm_after_rope {
+                v = normed(&v);
             }
             if turn && self.rope_layers.as_ref().is_none_or(|r| r[layer]) {
                 self.rotate(&mut v, t, theta, scaled);
             }
-            v
+            if self.qk_norm_after_rope { normed(&v) } else { v }
         };
         let mut out = vec![vec![0f32; nh * d]; x.len()];
         for (qi, row) in out.iter_mut().enumerate() {
