@@ -71,13 +71,16 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 20] = [
+    pub const NAMES: [&str; 23] = [
         "hermes",
         "llama3_json",
+        "llama4_json",
         "mistral",
         "granite",
         "pythonic",
+        "llama4_pythonic",
         "qwen3_coder",
+        "qwen3_xml",
         "seed_oss",
         "minimax_m2",
         "glm45",
@@ -97,11 +100,13 @@ impl ToolCallParser {
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "hermes" => Ok(Self::Hermes),
-            "llama3_json" => Ok(Self::Llama3Json),
+            // vLLM's Llama 4 names read Llama 3's JSON and the Python lists Llama 4 writes.
+            "llama3_json" | "llama4_json" => Ok(Self::Llama3Json),
             "mistral" => Ok(Self::Mistral),
             "granite" => Ok(Self::Granite),
-            "pythonic" => Ok(Self::Pythonic),
-            "qwen3_coder" => Ok(Self::Qwen3Coder),
+            "pythonic" | "llama4_pythonic" => Ok(Self::Pythonic),
+            // vLLM's second Qwen3-Coder reader names the same format.
+            "qwen3_coder" | "qwen3_xml" => Ok(Self::Qwen3Coder),
             "seed_oss" => Ok(Self::SeedOss),
             "minimax_m2" => Ok(Self::MinimaxM2),
             "glm45" | "glm47" => Ok(Self::Glm),
@@ -399,6 +404,19 @@ mod tests {
 
     fn matches(schema: &Value, text: &str) -> bool {
         RegexGrammar::new(&schema_to_regex(schema).unwrap()).unwrap().matches(text.as_bytes())
+    }
+
+    #[test]
+    fn vllms_other_names_for_the_same_formats_read_them() {
+        for (alias, parser) in [
+            ("llama4_json", ToolCallParser::Llama3Json),
+            ("llama4_pythonic", ToolCallParser::Pythonic),
+            ("qwen3_xml", ToolCallParser::Qwen3Coder),
+            ("hunyuan_a13b", ToolCallParser::ToolCallsBlock),
+        ] {
+            assert_eq!(ToolCallParser::parse(alias), Ok(parser), "{alias}");
+            assert!(ToolCallParser::NAMES.contains(&alias), "{alias} is offered on the command line");
+        }
     }
 
     #[test]
