@@ -552,6 +552,8 @@ def pipeline_class_name(pipeline: type) -> str:
         "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration",
         "Qwen3VLMoeForConditionalGeneration",
+        "Llama4ForConditionalGeneration",
+        "Llama4ForCausalLM",
         "GraniteForCausalLM",
         "Phi3ForCausalLM",
     ],

@@ -370,6 +370,24 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,
     },
+    // Routing read on the host, and chunked attention in its RoPE layers only.
+    ArchitectureSpec {
+        name: "Llama4ForConditionalGeneration",
+        example_repo_ids: &[
+            "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+            "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+        ],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
+    ArchitectureSpec {
+        name: "Llama4ForCausalLM",
+        example_repo_ids: &["meta-llama/Llama-4-Scout-17B-16E-Instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     // Per-layer windows and RoPE where it has sliding layers.
     ArchitectureSpec {
         name: "Exaone4ForCausalLM",

@@ -770,3 +770,24 @@ fn an_ernie45_target_with_interleaved_rope_decodes_as_its_model_and_speculates_l
     );
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 316, "ERNIE 4.5");
 }
+
+#[test]
+fn a_llama4_image_text_target_with_chunked_attention_speculates_losslessly() {
+    // Chunks of 8 and a temperature from position 7: decode and verify steps cross both.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("llama4");
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 1,
+        expert_intermediate: 32,
+        shared_intermediate: Some(32),
+        norm_topk_prob: false,
+        dense_layers: vec![],
+        groups: (1, 1, 1.0),
+    };
+    let tensors = testing::random_llama4(&SHAPE, &moe, 2, 103).unwrap();
+    let text = testing::llama4_config(&SHAPE, &moe, 2, 8, 8.0);
+    let stored = testing::as_llama4(&tensors, moe.experts, true).unwrap();
+    write(&target, &testing::llama4_image_text_config(&text), &stored);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 347, "Llama 4");
+}

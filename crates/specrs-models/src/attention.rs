@@ -111,10 +111,12 @@ pub fn paged_attention(
     }
 }
 
-/// Keys visible to query `j` of a row: `[first, last]` in the row's KV index space.
+/// Keys visible to query `j` of a row: `[first, last]` in the row's KV index space. A window
+/// of `w` keys starts `w - 1` before the query's own key; a chunk of `c` positions at the
+/// chunk's first key (Llama 4: a row's key index is its position).
 pub(crate) fn visible_keys(
     mask: AttentionMask,
-    window: Option<usize>,
+    (window, chunk): (Option<usize>, Option<usize>),
     cached: usize,
     query_len: usize,
     j: usize,
@@ -124,11 +126,9 @@ pub(crate) fn visible_keys(
         AttentionMask::BlockNonCausal => cached + query_len - 1,
     };
     let own = cached + j;
-    let first = match window {
-        Some(w) if own + 1 > w => own + 1 - w,
-        _ => 0,
-    };
-    (first, last)
+    let windowed = window.map_or(0, |w| (own + 1).saturating_sub(w));
+    let chunked = chunk.map_or(0, |c| own - own % c);
+    (windowed.max(chunked), last)
 }
 
 struct CpuPagedAttention<'a> {
@@ -245,7 +245,7 @@ impl CpuPagedAttention<'_> {
         let row = &batch.rows[item.row];
         let table = batch.row_block_table(row);
         let bs = batch.block_size;
-        let visible = |j| visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
+        let visible = |j| visible_keys(batch.mask, batch.key_limits(), row.cached_len(), row.query_len, j);
         // Both ends of the visible range grow with the query, so the item's keys are the
         // first query's first through the last query's last.
         let (first, _) = visible(item.queries.start);
@@ -587,7 +587,7 @@ fn attend_row(
     let scores = soft_capped((qr.matmul(&k.t()?)? * scale as f64)?.to_dtype(DType::F32)?, softcap)?;
     let mut mask = vec![0f32; row.query_len * ctx];
     for j in 0..row.query_len {
-        let (first, last) = visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
+        let (first, last) = visible_keys(batch.mask, batch.key_limits(), row.cached_len(), row.query_len, j);
         for x in 0..ctx {
             if x < first || x > last {
                 mask[j * ctx + x] = f32::NEG_INFINITY;

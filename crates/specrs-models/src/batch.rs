@@ -57,9 +57,17 @@ pub struct ForwardBatch {
     pub mask: AttentionMask,
     /// Keys further than this behind a query are invisible (sliding-window attention).
     pub sliding_window: Option<usize>,
+    /// Queries see only the keys of their own chunk of this many positions (Llama 4's chunked
+    /// attention: key `x` is visible to a query at `p` when `x / chunk == p / chunk`).
+    pub attention_chunk: Option<usize>,
 }
 
 impl ForwardBatch {
+    /// The sliding window and the attention chunk, as `attention::visible_keys` takes them.
+    pub fn key_limits(&self) -> (Option<usize>, Option<usize>) {
+        (self.sliding_window, self.attention_chunk)
+    }
+
     pub fn num_tokens(&self) -> usize {
         self.input_ids.len()
     }
@@ -90,6 +98,9 @@ impl ForwardBatch {
                 candle_core::bail!("ForwardBatch: row {i} block table too short for {} keys", r.context_len);
             }
             expected_start += r.query_len;
+        }
+        if self.attention_chunk == Some(0) {
+            candle_core::bail!("ForwardBatch: an attention chunk must hold at least one position");
         }
         if expected_start != t {
             candle_core::bail!("ForwardBatch: rows cover {expected_start} tokens of {t}");

@@ -113,6 +113,12 @@ pub enum Architecture {
     /// then GLM-4.5's routed experts (sigmoid, group-limited, a correction bias, a shared
     /// expert).
     DeepseekV3,
+    /// Llama 4 (`Llama4ForCausalLM`, the text decoder of `Llama4ForConditionalGeneration`:
+    /// Scout, Maverick): chunked attention with RoPE and weightless q/k norms in three layers of
+    /// four, full attention without positions (queries tempered by position) in the fourth, and
+    /// sigmoid-routed experts beside a shared one ([`Llama4Attention`],
+    /// [`Router::InputScaledSigmoid`]).
+    Llama4,
 }
 
 impl Architecture {
@@ -153,6 +159,7 @@ impl Architecture {
         // GLM-4.7-Flash: DeepSeek-V3's latent attention and GLM-4.5's (= DeepSeek-V3's) router.
         ("Glm4MoeLiteForCausalLM", Architecture::DeepseekV3),
         ("MiniMaxM2ForCausalLM", Architecture::MiniMaxM2),
+        ("Llama4ForCausalLM", Architecture::Llama4),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -186,6 +193,8 @@ impl Architecture {
         ("ernie4_5", Architecture::Ernie4_5),
         ("ernie4_5-moe", Architecture::Ernie4_5Moe),
         ("minimax-m2", Architecture::MiniMaxM2),
+        // llama.cpp fixes the chunk and the temperature's floor at 8192 (Scout's and Maverick's).
+        ("llama4", Architecture::Llama4),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
@@ -239,6 +248,7 @@ impl Architecture {
             Self::DeepseekV2 => "DeepseekV2ForCausalLM",
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
+            Self::Llama4 => "Llama4ForCausalLM",
         }
     }
 
@@ -275,6 +285,7 @@ impl Architecture {
             Self::DeepseekV2 => "deepseek_v2",
             Self::DeepseekV3 => "deepseek_v3",
             Self::MiniMaxM2 => "minimax_m2",
+            Self::Llama4 => "llama4_text",
         }
     }
 
@@ -522,6 +533,110 @@ pub struct GemmaConfig {
     pub norms_store_scale: bool,
 }
 
+/// Llama 4's attention beside the shared layer's: its RoPE layers (`DecoderConfig::rope_layers`)
+/// attend within chunks and norm q and k, its NoPE layers temper their queries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama4Attention {
+    /// The RoPE layers see only the keys of their own `attention_chunk_size` positions.
+    pub attention_chunk_size: Option<usize>,
+    /// The RoPE layers norm each q and k head after RoPE, without weights
+    /// (`Llama4TextL2Norm`: `x · rsqrt(mean(x²) + eps)`).
+    pub qk_l2_norm: bool,
+    /// The NoPE layers' queries are tempered by position (`attn_temperature_tuning`).
+    pub query_temperature: Option<QueryTemperature>,
+}
+
+/// Llama 4's attention temperature tuning of the NoPE layers' queries (arXiv 2501.19399).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueryTemperature {
+    pub floor_scale: f64,
+    pub attn_scale: f64,
+}
+
+impl QueryTemperature {
+    /// The factor on a query at `position`: `ln(floor((p + 1) / floor_scale) + 1) · attn_scale
+    /// + 1`, so exactly 1 before the first `floor_scale` positions end.
+    pub fn factor(&self, position: u32) -> f64 {
+        (((f64::from(position) + 1.0) / self.floor_scale).floor() + 1.0).ln() * self.attn_scale + 1.0
+    }
+}
+
+/// Llama 4's attention from its text config, with `Llama4TextConfig`'s defaults.
+fn llama4_attention(v: &Value) -> Result<Llama4Attention> {
+    let attention_chunk_size = match v.get("attention_chunk_size") {
+        None => Some(8192),
+        Some(Value::Null) => None,
+        Some(c) => match c.as_u64() {
+            Some(c) if c > 0 => Some(c as usize),
+            _ => {
+                return Err(ModelError::config("attention_chunk_size", format!("must be a positive integer, got {c}")));
+            }
+        },
+    };
+    // Scout's released config writes it as a number (4), which transformers reads as truthy.
+    let tuning = match v.get("attn_temperature_tuning") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(on)) => *on,
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(other) => {
+            return Err(ModelError::config("attn_temperature_tuning", format!("must be true or false, got {other}")));
+        }
+    };
+    let query_temperature = match tuning {
+        true => {
+            let floor_scale = opt_f64(v, "floor_scale").unwrap_or(8192.0);
+            if !(floor_scale.is_finite() && floor_scale > 0.0) {
+                return Err(ModelError::config("floor_scale", format!("must be positive, got {floor_scale}")));
+            }
+            Some(QueryTemperature { floor_scale, attn_scale: opt_f64(v, "attn_scale").unwrap_or(0.1) })
+        }
+        false => None,
+    };
+    Ok(Llama4Attention {
+        attention_chunk_size,
+        qk_l2_norm: v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(true),
+        query_temperature,
+    })
+}
+
+/// Llama 4's experts: `num_local_experts` SwiGLU experts `intermediate_size` wide (stored
+/// fused, `experts.gate_up_proj [E, H, 2I]`), the top `num_experts_per_tok` by logit fed the
+/// token scaled by their sigmoid, and one shared expert as wide, in the `moe_layers` (default:
+/// every `interleave_moe_layer_step`-th layer); the others keep a dense MLP of
+/// `intermediate_size_mlp`.
+fn llama4_experts(v: &Value) -> Result<MoeConfig> {
+    let layers = req_usize(v, "num_hidden_layers")?;
+    let width = req_usize(v, "intermediate_size")?;
+    let step = v.get("interleave_moe_layer_step").and_then(Value::as_u64).unwrap_or(1) as usize;
+    if step == 0 {
+        return Err(ModelError::config("interleave_moe_layer_step", "must be positive"));
+    }
+    // An explicit list (newer configs) names the sparse layers; the step alone says the same.
+    let (decoder_sparse_step, mlp_only_layers) = match v.get("moe_layers").filter(|l| !l.is_null()) {
+        Some(list) => {
+            let sparse = list
+                .as_array()
+                .and_then(|a| a.iter().map(|x| x.as_u64().map(|i| i as usize)).collect::<Option<Vec<_>>>())
+                .filter(|l| l.iter().all(|&i| i < layers))
+                .ok_or_else(|| ModelError::config("moe_layers", format!("must list layer indices below {layers}")))?;
+            (1, (0..layers).filter(|l| !sparse.contains(l)).collect())
+        }
+        None => (step, Vec::new()),
+    };
+    Ok(MoeConfig {
+        router: Router::InputScaledSigmoid,
+        decoder_sparse_step,
+        mlp_only_layers,
+        shared_expert: Some(SharedExpertConfig { intermediate_size: width, gated: false }),
+        ..MoeConfig::softmax_everywhere(
+            req_usize(v, "num_local_experts")?,
+            req_usize(v, "num_experts_per_tok")?,
+            width,
+            false,
+        )
+    })
+}
+
 /// A Gemma 3 text config with `Gemma3TextConfig`'s defaults where it leaves keys out (the
 /// image-text checkpoints' `text_config` lists only what differs from them).
 fn with_gemma3_defaults(v: &Value) -> Value {
@@ -573,11 +688,12 @@ fn sliding_layers(v: &Value, num_hidden_layers: usize, default_pattern: u64) -> 
     Ok(sliding_layers)
 }
 
-/// SmolLM3's layers that apply RoPE: `no_rope_layers` (1 rotates, 0 does not), else every
+/// SmolLM3's and Llama 4's layers that apply RoPE: `no_rope_layers` (1 rotates, 0 does not), else every
 /// `no_rope_layer_interval`-th layer (4) without.
 fn rope_layers(v: &Value, num_hidden_layers: usize) -> Result<Vec<bool>> {
+    // An empty list asks for the default pattern; a longer one covers the layers it reaches.
     let layers = match v.get("no_rope_layers") {
-        Some(Value::Array(flags)) => flags
+        Some(Value::Array(flags)) if !flags.is_empty() => flags[..flags.len().min(num_hidden_layers)]
             .iter()
             .map(|f| match f.as_u64() {
                 Some(0) => Ok(false),
@@ -593,7 +709,7 @@ fn rope_layers(v: &Value, num_hidden_layers: usize) -> Result<Vec<bool>> {
     if layers.len() != num_hidden_layers {
         return Err(ModelError::config(
             "no_rope_layers",
-            format!("names {} layers, the model has {num_hidden_layers}", layers.len()),
+            format!("names only {} layers, the model has {num_hidden_layers}", layers.len()),
         ));
     }
     Ok(layers)
@@ -646,6 +762,9 @@ pub enum Router {
     /// groups (a group scored by its best expert; one group for `greedy`), weighted by their
     /// probabilities times `routed_scaling_factor` (renormalised instead when `norm_topk_prob`).
     GroupedSoftmax { n_group: usize, topk_group: usize, routed_scaling_factor: f64 },
+    /// Llama 4: the top-k experts by logit, each fed the token scaled by `sigmoid(logit)`
+    /// (the weight scales the expert's input, not its output); no renormalisation.
+    InputScaledSigmoid,
 }
 
 /// An always-on expert beside the routed ones.
@@ -785,6 +904,8 @@ pub struct DecoderConfig {
     pub mla: Option<MlaConfig>,
     /// Gemma's layer shape and its interleaved local / global attention.
     pub gemma: Option<GemmaConfig>,
+    /// Llama 4's chunked attention, weightless q/k norms and query temperature.
+    pub llama4: Option<Llama4Attention>,
     /// Constant factors on the embeddings, residual branches, scores and logits (Granite, Gemma).
     pub scales: Scales,
     pub bos_token_id: Option<u32>,
@@ -1270,7 +1391,8 @@ impl DecoderConfig {
             }
             // EXAONE 4.0 without a window (1.2B) attends fully, with RoPE, everywhere.
             Architecture::Exaone4 => v.get("sliding_window").and_then(Value::as_u64),
-            Architecture::HunYuanDense => None,
+            // Llama 4's RoPE layers attend within chunks (`Llama4Attention`), not windows.
+            Architecture::HunYuanDense | Architecture::Llama4 => None,
             Architecture::Glm4
             | Architecture::Glm4Moe
             | Architecture::DeepseekV2
@@ -1357,7 +1479,11 @@ impl DecoderConfig {
         let cfg = Self {
             architecture,
             hidden_size,
-            intermediate_size: req_usize(v, "intermediate_size")?,
+            // Llama 4's `intermediate_size` is its experts' width; its dense layers' is its own.
+            intermediate_size: match architecture {
+                Architecture::Llama4 => req_usize(v, "intermediate_size_mlp")?,
+                _ => req_usize(v, "intermediate_size")?,
+            },
             num_hidden_layers: req_usize(v, "num_hidden_layers")?,
             num_attention_heads,
             num_key_value_heads,
@@ -1393,7 +1519,9 @@ impl DecoderConfig {
                     && v.get("attention_out_bias").and_then(Value::as_bool).unwrap_or(false)),
             attention_sinks: gpt_oss,
             rope_layers: match architecture {
-                Architecture::SmolLm3 => Some(rope_layers(v, req_usize(v, "num_hidden_layers")?)?),
+                Architecture::SmolLm3 | Architecture::Llama4 => {
+                    Some(rope_layers(v, req_usize(v, "num_hidden_layers")?)?)
+                }
                 // Command R7B's and EXAONE 4.0's full-attention layers attend without RoPE.
                 Architecture::Cohere2 | Architecture::Exaone4 => sliding_layers,
                 _ => None,
@@ -1411,11 +1539,16 @@ impl DecoderConfig {
                 | Architecture::MiniMaxM2
                 | Architecture::Ernie4_5Moe
                 | Architecture::GptOss => Some(moe_config(v, architecture)?),
+                Architecture::Llama4 => Some(llama4_experts(v)?),
                 _ => None,
             },
             mla,
             gemma: match architecture {
                 Architecture::Gemma2 | Architecture::Gemma3 => Some(gemma_config(v, architecture)?),
+                _ => None,
+            },
+            llama4: match architecture {
+                Architecture::Llama4 => Some(llama4_attention(v)?),
                 _ => None,
             },
             scales: scales(v, architecture, hidden_size, head_dim)?,
@@ -1585,6 +1718,16 @@ impl DecoderConfig {
             Some(layers) => self.sliding_window.filter(|_| layers.get(layer).copied().unwrap_or(false)),
             None => self.sliding_window,
         }
+    }
+
+    /// Layer `layer` turns q and k by RoPE (all but the `rope_layers` marked false).
+    pub fn layer_rotates(&self, layer: usize) -> bool {
+        self.rope_layers.as_ref().is_none_or(|r| r.get(layer).copied().unwrap_or(true))
+    }
+
+    /// The chunk Llama 4's RoPE layers attend within.
+    pub fn attention_chunk(&self) -> Option<usize> {
+        self.llama4.and_then(|l| l.attention_chunk_size)
     }
 
     /// The window every layer attends within, when they all share one (Mistral, Phi-3); `None`

@@ -32,7 +32,7 @@ use std::collections::{BTreeSet, HashMap};
 use candle_core::{DType, Device, Result, Tensor};
 use specrs_core::width::{AdaptiveWidthController, VerifyWidthSchedule};
 
-use crate::attention::FixedAttention;
+use crate::attention::{FixedAttention, visible_keys};
 use crate::batch::{AttentionMask, ForwardBatch};
 use crate::kv_cache::PagedKvCache;
 use crate::models::{CausalLm, ForwardOutput};
@@ -209,7 +209,8 @@ impl StepInputs {
                 positions[dst] = batch.positions[src];
                 slots[dst] = batch.slot_mapping[src];
                 let own = row.cached_len() + j;
-                first[dst] = batch.sliding_window.map_or(0, |w| (own + 1).saturating_sub(w)) as u32;
+                first[dst] = visible_keys(AttentionMask::Causal, batch.key_limits(), row.cached_len(), row.query_len, j)
+                    .0 as u32;
                 last[dst] = own as u32;
             }
         }

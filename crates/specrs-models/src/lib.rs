@@ -33,7 +33,9 @@ pub mod weights;
 
 pub use batch::{AttentionMask, BatchRow, ForwardBatch};
 pub use compute::on_compute_pool;
-pub use config::{Architecture, DecoderConfig, MoeConfig, RopeScaling, Router, SharedExpertConfig};
+pub use config::{
+    Architecture, DecoderConfig, Llama4Attention, MoeConfig, QueryTemperature, RopeScaling, Router, SharedExpertConfig,
+};
 pub use error::{ModelError, Result};
 pub use kv_cache::PagedKvCache;
 pub use models::{CausalLm, ForwardOutput, load_causal_lm};

@@ -1,9 +1,10 @@
 //! The sparse mixture-of-experts feed-forward of Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5,
-//! DeepSeek-V2 / V3 and gpt-oss: a linear router scores every expert for each token and picks
+//! DeepSeek-V2 / V3, gpt-oss and Llama 4: a linear router scores every expert for each token and picks
 //! the token's experts (the top-k of a softmax, DeepSeek-V2's group-limited one or DeepSeek-V3's
 //! group-limited sigmoid choice, see [`Router`]), each expert (a SwiGLU MLP) runs once on the
-//! rows routed to it, and the outputs are summed back with their routing weights. Qwen2-MoE adds
-//! an always-on shared expert scaled by a sigmoid gate, GLM-4.5 and DeepSeek an ungated one.
+//! rows routed to it, and the outputs are summed back with their routing weights (Llama 4 weighs
+//! the rows going in instead). Qwen2-MoE adds an always-on shared expert scaled by a sigmoid
+//! gate, GLM-4.5, DeepSeek and Llama 4 an ungated one.
 //!
 //! The routing is read on the host (a `[T, experts]` copy per layer): free on the CPU, one
 //! small synchronising copy per layer on a GPU, which is why the MoE targets declare no
@@ -214,7 +215,7 @@ impl SparseMoe {
         let router = store.linear(&format!("{prefix}.gate"), moe.num_experts, hidden, false)?;
         let choice_bias = match moe.router {
             Router::GroupedSigmoid { .. } | Router::BiasedSoftmax => Some(choice_bias(store, prefix, moe.num_experts)?),
-            Router::Softmax | Router::GroupedSoftmax { .. } => None,
+            Router::Softmax | Router::GroupedSoftmax { .. } | Router::InputScaledSigmoid => None,
         };
         let experts = match moe.experts {
             ExpertKind::Stacked => crate::models::granite::load_experts(store, prefix, hidden, moe)?,
@@ -246,6 +247,11 @@ impl SparseMoe {
             Router::Softmax => {
                 let probs = candle_nn::ops::softmax_last_dim(logits)?.to_vec2::<f32>()?;
                 Ok(route(&probs, moe.top_k, moe.norm_topk_prob))
+            }
+            Router::InputScaledSigmoid => {
+                // Chosen by logit; sigmoid is monotonic, so by weight too.
+                let weights = candle_nn::ops::sigmoid(logits)?.to_vec2::<f32>()?;
+                Ok(route(&weights, moe.top_k, false))
             }
             Router::BiasedSoftmax => {
                 let probs = candle_nn::ops::softmax_last_dim(logits)?.to_vec2::<f32>()?;
@@ -308,6 +314,7 @@ impl SparseMoe {
     /// `x [T, H] -> [T, H]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (t, h) = x.dims2()?;
+        let moe = &self.config;
         // 1. Router: [T, H] -> [T, E] logits, routed in f32 as transformers routes them.
         let logits = self.router.forward(x)?.to_dtype(DType::F32)?;
         // 2. Each expert once over its rows: [n, H] -> [n, H], weighted, added back into [T, H].
@@ -319,7 +326,12 @@ impl SparseMoe {
             let n = r.tokens.len();
             let rows = Tensor::from_vec(r.tokens, n, x.device())?;
             let weights = Tensor::from_vec(r.weights, (n, 1), x.device())?.to_dtype(x.dtype())?;
-            let y = expert.forward(&x.index_select(&rows, 0)?)?.broadcast_mul(&weights)?;
+            let routed = x.index_select(&rows, 0)?;
+            let y = match moe.router {
+                // Llama 4 weighs what goes in; the SwiGLU is not linear, so it differs.
+                Router::InputScaledSigmoid => expert.forward(&routed.broadcast_mul(&weights)?)?,
+                _ => expert.forward(&routed)?.broadcast_mul(&weights)?,
+            };
             out = out.index_add(&rows, &y, 0)?;
         }
         // 3. The shared expert: + shared(x), scaled by sigmoid(gate(x)) on Qwen2-MoE.

@@ -80,6 +80,7 @@ struct LayoutKey {
     block_size: usize,
     mask: AttentionMask,
     sliding_window: Option<usize>,
+    attention_chunk: Option<usize>,
     num_heads: usize,
     device: DeviceLocation,
 }
@@ -97,6 +98,7 @@ impl PaddedLayout {
             block_size: batch.block_size,
             mask: batch.mask,
             sliding_window: batch.sliding_window,
+            attention_chunk: batch.attention_chunk,
             num_heads,
             device: device.location(),
         };
@@ -189,7 +191,7 @@ impl PaddedLayout {
             for j in 0..queries {
                 if j < row.query_len {
                     let (first, last) =
-                        visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j);
+                        visible_keys(batch.mask, batch.key_limits(), row.cached_len(), row.query_len, j);
                     first_key.push(first as u32);
                     last_key.push(last as u32);
                     query_index.push((row.query_start + j) as u32);

@@ -819,7 +819,9 @@ pub fn write_checkpoint(dir: &Path, config: &Value, tensors: &HashMap<String, Te
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config).expect("json"))?;
     candle_core::safetensors::save(tensors, dir.join("model.safetensors"))?;
-    if let Some(vocab) = config.get("vocab_size").and_then(Value::as_u64) {
+    // Image-text configs keep the vocabulary in their text config.
+    let vocab = config.get("vocab_size").or_else(|| config.pointer("/text_config/vocab_size"));
+    if let Some(vocab) = vocab.and_then(Value::as_u64) {
         write_tokenizer(dir, vocab as usize)?;
     }
     Ok(())
@@ -1472,4 +1474,94 @@ pub fn dspark_oracle(s: &TinyShape, block_size: usize) -> Result<(Value, HashMap
         t.insert(format!("markov_head.{name}.weight"), Tensor::zeros((s.vocab, 8), DType::F32, &Device::Cpu)?);
     }
     Ok((cfg, t))
+}
+
+/// A Llama 4 text `config.json` (`Llama4ForCausalLM`) for a tiny target: `m`'s experts
+/// (`intermediate_size`, one shared expert as wide) in every `step`-th layer
+/// (`interleave_moe_layer_step`), dense layers `s.intermediate` wide (`intermediate_size_mlp`),
+/// every fourth layer without RoPE, the others attending within `chunk` positions with
+/// weightless q/k norms, and the NoPE layers' queries tempered from position `floor_scale - 1`.
+pub fn llama4_config(s: &TinyShape, m: &TinyMoe, step: usize, chunk: usize, floor_scale: f64) -> Value {
+    assert_eq!(m.shared_intermediate, Some(m.expert_intermediate), "Llama 4's shared expert is as wide");
+    let mut c = target_config(Architecture::Llama4, s, false);
+    c["intermediate_size"] = json!(m.expert_intermediate);
+    c["intermediate_size_mlp"] = json!(s.intermediate);
+    c["num_local_experts"] = json!(m.experts);
+    c["num_experts_per_tok"] = json!(m.top_k);
+    c["interleave_moe_layer_step"] = json!(step);
+    c["attention_chunk_size"] = json!(chunk);
+    c["use_qk_norm"] = json!(true);
+    // As Scout's released config writes it: a number transformers reads as true.
+    c["attn_temperature_tuning"] = json!(4);
+    c["floor_scale"] = json!(floor_scale);
+    c["attn_scale"] = json!(0.1);
+    c["no_rope_layers"] = json!([]);
+    c["router_aux_loss_coef"] = json!(0.001);
+    c
+}
+
+/// Random weights for a tiny Llama 4 under the shared layer's names (write them with
+/// [`as_llama4`]): Llama's attention, and in each of every `step`-th layer a router, `m`'s
+/// experts and an ungated shared expert.
+pub fn random_llama4(s: &TinyShape, m: &TinyMoe, step: usize, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let dense: Vec<usize> = (0..s.layers).filter(|l| !(l + 1).is_multiple_of(step)).collect();
+    let m = TinyMoe { dense_layers: dense, ..m.clone() };
+    random_moe_target(Architecture::GraniteMoe, s, &m, seed)
+}
+
+/// Tensors under the shared layer's names as a Llama 4 checkpoint stores them: the MLP as
+/// `feed_forward` (`router`, `shared_expert`), each layer's experts fused as right-hand matrices
+/// (`experts.gate_up_proj [E, H, 2I]`, gate columns first, and `experts.down_proj [E, I, H]`);
+/// with `image_text`, under `language_model.*` beside a vision tensor, as the released
+/// `Llama4ForConditionalGeneration` checkpoints.
+pub fn as_llama4(
+    tensors: &HashMap<String, Tensor>,
+    num_experts: usize,
+    image_text: bool,
+) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    let place = |name: &str| match (image_text, name.strip_prefix("model.")) {
+        (true, Some(rest)) => format!("language_model.model.{rest}"),
+        (true, None) => format!("language_model.{name}"),
+        (false, _) => name.to_string(),
+    };
+    let mut fused_layers = Vec::new();
+    for (name, t) in tensors {
+        if let Some((layer, _)) = name.split_once(".mlp.experts.") {
+            fused_layers.push(layer.to_string());
+            continue;
+        }
+        let renamed = name
+            .replace(".mlp.gate.", ".feed_forward.router.")
+            .replace(".mlp.shared_experts.", ".feed_forward.shared_expert.")
+            .replace(".mlp.", ".feed_forward.");
+        out.insert(place(&renamed), t.clone());
+    }
+    fused_layers.sort();
+    fused_layers.dedup();
+    for layer in fused_layers {
+        let expert = |e: usize, proj: &str| tensors[&format!("{layer}.mlp.experts.{e}.{proj}.weight")].t();
+        let gate_up = (0..num_experts)
+            .map(|e| Tensor::cat(&[expert(e, "gate_proj")?, expert(e, "up_proj")?], 1))
+            .collect::<Result<Vec<_>>>()?;
+        let down = (0..num_experts).map(|e| expert(e, "down_proj")).collect::<Result<Vec<_>>>()?;
+        out.insert(place(&format!("{layer}.feed_forward.experts.gate_up_proj")), Tensor::stack(&gate_up, 0)?);
+        out.insert(place(&format!("{layer}.feed_forward.experts.down_proj")), Tensor::stack(&down, 0)?.contiguous()?);
+    }
+    if image_text {
+        out.insert("vision_model.patch_embedding.linear.weight".into(), random_tensor(&[8, 12], 0.1, 7)?);
+    }
+    Ok(out)
+}
+
+/// A Llama 4 text config wrapped as the released image-text checkpoints' `config.json`.
+pub fn llama4_image_text_config(text: &Value) -> Value {
+    json!({
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "model_type": "llama4",
+        "text_config": text,
+        "vision_config": {"hidden_size": 12, "model_type": "llama4_vision_model"},
+        "image_token_index": 2,
+        "tie_word_embeddings": false,
+    })
 }

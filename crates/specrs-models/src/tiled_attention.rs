@@ -78,7 +78,7 @@ pub fn attend_row_in_tiles(
     plan: TilePlan,
 ) -> Result<Tensor> {
     let bounds: Vec<(usize, usize)> = (0..row.query_len)
-        .map(|j| visible_keys(batch.mask, batch.sliding_window, row.cached_len(), row.query_len, j))
+        .map(|j| visible_keys(batch.mask, batch.key_limits(), row.cached_len(), row.query_len, j))
         .collect();
     let row_q = q.narrow(0, row.query_start, row.query_len)?;
     let context = RowContext::new(k_cache, v_cache, batch, row, q.device())?;
@@ -353,7 +353,7 @@ mod tests {
     fn masks_built_on_the_host_and_on_the_device_agree() {
         // Causal queries under a window, tiles small enough for the host and too large for it.
         let bounds: Vec<(usize, usize)> =
-            (0..300).map(|j| visible_keys(AttentionMask::Causal, Some(150), 200, 300, j)).collect();
+            (0..300).map(|j| visible_keys(AttentionMask::Causal, (Some(150), None), 200, 300, j)).collect();
         let dev = device();
         for tile in [(0, 250), (180, 420), (0, 500)] {
             let host = tile_mask(&bounds[..8], tile, &Device::Cpu, &mut None).unwrap();
@@ -403,11 +403,12 @@ mod tests {
     fn key_tiles_skip_what_no_query_of_the_tile_sees() {
         // Queries 40..44 of a causal chunk under a 6-key window see keys 35..=44 only.
         let bounds: Vec<(usize, usize)> =
-            (40..44).map(|own| visible_keys(AttentionMask::Causal, Some(6), 0, 100, own)).collect();
+            (40..44).map(|own| visible_keys(AttentionMask::Causal, (Some(6), None), 0, 100, own)).collect();
         assert_eq!(bounds.first(), Some(&(35, 40)));
         assert_eq!(key_tiles(&bounds, 4), vec![(35, 39), (39, 43), (43, 44)]);
         // Without a window a causal query tile stops at its last query's own key.
-        let causal: Vec<(usize, usize)> = (0..3).map(|j| visible_keys(AttentionMask::Causal, None, 10, 8, j)).collect();
+        let causal: Vec<(usize, usize)> =
+            (0..3).map(|j| visible_keys(AttentionMask::Causal, (None, None), 10, 8, j)).collect();
         assert_eq!(key_tiles(&causal, 8), vec![(0, 8), (8, 13)]);
     }
 }

@@ -59,7 +59,7 @@ fn configuration_is_read_as_transformers_reads_it_and_errors_name_their_key() {
     let e = error("no_rope_layers", json!([1, 0, 2, 1]));
     assert!(e.contains("no_rope_layers") && e.contains("0 or 1"), "{e}");
     let e = error("no_rope_layers", json!([1, 0]));
-    assert!(e.contains("no_rope_layers") && e.contains("names 2 layers, the model has 4"), "{e}");
+    assert!(e.contains("no_rope_layers") && e.contains("names only 2 layers, the model has 4"), "{e}");
     let e = error("use_sliding_window", json!(true));
     assert!(e.contains("use_sliding_window"), "{e}");
 }

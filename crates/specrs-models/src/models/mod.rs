@@ -13,6 +13,7 @@ pub mod hunyuan;
 pub mod image_text;
 pub mod internlm2;
 pub mod llama;
+pub mod llama4;
 pub mod minimax_m2;
 pub mod mixtral;
 pub mod olmo2;
@@ -47,6 +48,8 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                     store.set_aliases(deepseek::aliases(&cfg, cfg.num_hidden_layers))?
                 }
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
+                // llama.cpp keeps Llama 4's interleaved pairs as the checkpoint has them too.
+                Architecture::Llama4 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 _ => {}
             }
             Ok(cfg)
@@ -60,7 +63,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 serde_json::from_str(&text).map_err(|e| ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
             // Image-text checkpoints (Gemma 3, Mistral Small 3.x): their text decoder. Granite 4.0:
             // the Granite class it runs as.
-            let multimodal = image_text::text_config(&json);
+            let multimodal = image_text::text_config(&json).or_else(|| llama4::text_config(&json));
             let granite_hybrid = granite::hybrid_config(&json)?;
             let cfg = DecoderConfig::from_hf_json(granite_hybrid.as_ref().or(multimodal.as_ref()).unwrap_or(&json))?;
             match cfg.architecture {
@@ -71,6 +74,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::MiniMaxM2 => store.set_aliases(minimax_m2::aliases(&cfg))?,
                 Architecture::HunYuanDense => store.set_aliases(hunyuan::aliases(&cfg))?,
+                Architecture::Llama4 => store.set_aliases(llama4::aliases(store, &cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
@@ -106,6 +110,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => ernie4_5::adapt(cfg),
                 Architecture::MiniMaxM2 => minimax_m2::adapt(cfg),
                 Architecture::HunYuanDense => hunyuan::adapt(cfg),
+                Architecture::Llama4 => llama4::adapt(cfg),
             })
         }
     }

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Result, Tensor};
 
 use crate::attention::{AttentionShape, AttentionSinks, fixed_attention, paged_attention};
 use crate::batch::ForwardBatch;
-use crate::config::{DecoderConfig, NormPlacement};
+use crate::config::{DecoderConfig, NormPlacement, QueryTemperature};
 use crate::error::Result as LoadResult;
 use crate::graph::StepInputs;
 use crate::kv_cache::PagedKvCache;
@@ -28,6 +28,8 @@ pub struct SelfAttention {
     o_proj: Linear,
     /// RoPE turns q and k (all but SmolLM3's NoPE layers).
     rotates: bool,
+    /// Llama 4's NoPE layers multiply each query by a factor of its position.
+    query_temperature: Option<QueryTemperature>,
     shape: AttentionShape,
 }
 
@@ -82,7 +84,7 @@ impl SelfAttention {
                 num_heads * m.v_head_dim,
                 cfg.attention_output_bias,
             )?;
-            return Ok(Self { projection, o_proj, rotates: true, shape });
+            return Ok(Self { projection, o_proj, rotates: true, query_temperature: None, shape });
         }
         let bias = cfg.attention_bias;
         // Some Phi-3 GGUF conversions split q, k and v; llama.cpp reads either.
@@ -125,7 +127,45 @@ impl SelfAttention {
             qk_norm_spans_heads: spans,
             qk_norm_after_rope: cfg.qk_norm_after_rope(),
         };
-        Ok(Self { projection, o_proj, rotates: true, shape })
+        Ok(Self { projection, o_proj, rotates: true, query_temperature: None, shape })
+    }
+
+    /// Layer `layer`'s attention: without RoPE where `rope_layers` says so (SmolLM3, Cohere 2,
+    /// EXAONE 4.0, Llama 4). Llama 4's RoPE layers norm each q and k head after RoPE without
+    /// weights; its NoPE layers temper their queries by position instead.
+    pub fn load_layer(store: &WeightStore, prefix: &str, cfg: &DecoderConfig, layer: usize) -> LoadResult<Self> {
+        let attention = Self::load(store, prefix, cfg)?;
+        let rotates = cfg.layer_rotates(layer);
+        let attention = if rotates { attention } else { attention.without_rope() };
+        let Some(llama4) = cfg.llama4 else { return Ok(attention) };
+        if !rotates {
+            return Ok(Self { query_temperature: llama4.query_temperature, ..attention });
+        }
+        let Projection::Grouped { qkv, .. } = attention.projection else {
+            return Err(crate::error::ModelError::Unsupported("Llama 4 attention with latent projections".into()));
+        };
+        let l2_norm = || {
+            let ones = Tensor::ones(cfg.head_dim, store.compute_dtype(), store.device())?;
+            Ok::<_, candle_core::Error>(RmsNorm::new(ones, cfg.rms_norm_eps))
+        };
+        let (q_norm, k_norm) = match llama4.qk_l2_norm {
+            true => (Some(l2_norm()?), Some(l2_norm()?)),
+            false => (None, None),
+        };
+        let projection =
+            Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads: false, qk_norm_after_rope: true };
+        Ok(Self { projection, ..attention })
+    }
+
+    /// `q [T, nh, d]` times each token's temperature (Llama 4's NoPE layers), from the
+    /// tokens' `positions [T]` (u32).
+    fn tempered(&self, q: Tensor, positions: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
+        let Some(QueryTemperature { floor_scale, attn_scale }) = self.query_temperature else { return Ok(q) };
+        // ln(floor((p + 1) / floor_scale) + 1) · attn_scale + 1, in f32: [T] -> [T, 1, 1].
+        let p = positions()?.to_dtype(DType::F32)?;
+        let factor = (((p + 1.0)? / floor_scale)?.floor()? + 1.0)?.log()?.affine(attn_scale, 1.0)?;
+        let factor = factor.reshape((factor.dim(0)?, 1, 1))?.to_dtype(q.dtype())?;
+        q.broadcast_mul(&factor)
     }
 
     /// Bytes of the projection weights.
@@ -213,6 +253,7 @@ impl SelfAttention {
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (q, k, v) = self.project(x, cos, sin)?;
+        let q = self.tempered(q, || Tensor::from_slice(&batch.positions, t, x.device()))?;
         kv.write(layer, &batch.slot_mapping, None, &k, &v)?;
         let (kc, vc) = kv.layer(layer);
         let y = paged_attention(&q, kc, vc, batch, &self.shape)?;
@@ -244,6 +285,7 @@ impl SelfAttention {
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (q, k, v) = self.project(x, cos, sin)?;
+        let q = self.tempered(q, || Ok(inputs.positions.clone()))?;
         kv.write(layer, &[], Some(&inputs.slot_mapping), &k, &v)?;
         let (kc, vc) = kv.layer(layer);
         let y = fixed_attention(&q, kc, vc, &inputs.attention, &self.shape)?;
@@ -413,12 +455,7 @@ impl DecoderLayer {
         let mlp_in = if after { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
         Ok(Self {
             input_layernorm: if before { Some(norm("input_layernorm")?) } else { None },
-            self_attn: match &cfg.rope_layers {
-                Some(rotating) if !rotating.get(index).copied().unwrap_or(true) => {
-                    SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?.without_rope()
-                }
-                _ => SelfAttention::load(store, &format!("{prefix}.self_attn"), cfg)?,
-            },
+            self_attn: SelfAttention::load_layer(store, &format!("{prefix}.self_attn"), cfg, index)?,
             attention_out_norm: if after { Some(norm("post_attention_layernorm")?) } else { None },
             mlp_in_norm: if before && !parallel { Some(norm(mlp_in)?) } else { None },
             mlp,
@@ -668,7 +705,7 @@ impl CausalLm {
         if let Some(&bad) = taps.iter().find(|&&i| i > num_layers) {
             candle_core::bail!("hidden-state tap {bad} out of range 0..={num_layers}");
         }
-        if self.config.layered_window().is_some() {
+        if self.config.layered_window().is_some() || self.config.attention_chunk().is_some() {
             candle_core::bail!("fixed-shape steps take one window and one RoPE for every layer; this model's differ");
         }
         let (cos, sin) = self.rope.tables(&inputs.positions)?;
@@ -737,6 +774,8 @@ impl CausalLm {
             }
             None => None,
         };
+        // Llama 4's RoPE layers attend within chunks.
+        let chunked = self.config.attention_chunk().map(|c| ForwardBatch { attention_chunk: Some(c), ..batch.clone() });
 
         // 1. Embed: [T] -> [T, H].
         let mut x = self.embed(&ids)?;
@@ -755,7 +794,10 @@ impl CausalLm {
                 Some((cos, sin, windowed)) if self.config.layer_sliding_window(i).is_some() => {
                     layer.forward(&x, cos, sin, kv, i, windowed)?
                 }
-                _ => layer.forward(&x, &cos, &sin, kv, i, batch)?,
+                _ => match &chunked {
+                    Some(chunked) if self.config.layer_rotates(i) => layer.forward(&x, &cos, &sin, kv, i, chunked)?,
+                    _ => layer.forward(&x, &cos, &sin, kv, i, batch)?,
+                },
             };
         }
         // 3. Final norm only where needed: HF's last hidden state, and the logit rows.

@@ -14,7 +14,8 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 
 use crate::config::{
-    Architecture, DecoderConfig, GemmaConfig, MlaConfig, MoeConfig, RopeScaling, Router, Scales, SharedExpertConfig,
+    Architecture, DecoderConfig, GemmaConfig, Llama4Attention, MlaConfig, MoeConfig, QueryTemperature, RopeScaling,
+    Router, Scales, SharedExpertConfig,
 };
 use crate::error::{ModelError, Result};
 use crate::rope::half_rotation_rows;
@@ -400,9 +401,11 @@ impl GgufSource {
             },
             attention_output_bias: self.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
             attention_sinks: false,
-            // llama.cpp fixes SmolLM3's step: every fourth layer attends without RoPE.
+            // llama.cpp fixes SmolLM3's and Llama 4's step: every fourth layer attends without RoPE.
             rope_layers: match self.architecture {
-                Architecture::SmolLm3 => Some((0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect()),
+                Architecture::SmolLm3 | Architecture::Llama4 => {
+                    Some((0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect())
+                }
                 Architecture::Exaone4 => exaone4_sliding,
                 _ => cohere2_sliding,
             },
@@ -415,12 +418,34 @@ impl GgufSource {
                 (None, None) => self.granite_scales(head_dim)?,
             },
             gemma: gemma.map(|(g, _, _)| g),
+            llama4: self.llama4_attention()?,
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
         };
         let cfg = cfg.serve_context(None);
         cfg.check()?;
         Ok(cfg)
+    }
+
+    /// Llama 4's attention as llama.cpp fixes it for Scout and Maverick: chunks of 8192
+    /// positions, the NoPE layers' temperature from position 8191 (`attn_scale` 0.1), and q/k
+    /// norms unless the file has Maverick's 128 experts. A file that turns chunking off
+    /// (`attention.sliding_window` 0, MobileLLM-R1) is refused.
+    fn llama4_attention(&self) -> Result<Option<Llama4Attention>> {
+        if self.architecture != Architecture::Llama4 {
+            return Ok(None);
+        }
+        if self.meta_usize("attention.sliding_window").ok() == Some(0) {
+            return Err(ModelError::config(
+                format!("{}.attention.sliding_window", self.arch_key),
+                "Llama 4 without chunked attention (0: MobileLLM-R1's layout) is not supported",
+            ));
+        }
+        Ok(Some(Llama4Attention {
+            attention_chunk_size: Some(8192),
+            qk_l2_norm: self.meta_usize("expert_count").ok() != Some(128),
+            query_temperature: Some(QueryTemperature { floor_scale: 8192.0, attn_scale: 0.1 }),
+        }))
     }
 
     /// DeepSeek's latent attention dims. Files written since llama.cpp runs it absorbed give
@@ -606,6 +631,18 @@ impl GgufSource {
                         n => Some(SharedExpertConfig { intermediate_size: n * width, gated: false }),
                     },
                     ..MoeConfig::softmax_everywhere(count, used, width, true)
+                }
+            }
+            // Llama 4: the top-k by logit feeding their sigmoid-scaled input, a shared expert as
+            // wide, in every `interleave_moe_layer_step`-th layer (the others dense).
+            Architecture::Llama4 => {
+                let (count, used) = experts()?;
+                let width = self.meta_usize("expert_feed_forward_length")?;
+                MoeConfig {
+                    router: Router::InputScaledSigmoid,
+                    decoder_sparse_step: self.meta_usize("interleave_moe_layer_step").unwrap_or(1).max(1),
+                    shared_expert: Some(SharedExpertConfig { intermediate_size: width, gated: false }),
+                    ..MoeConfig::softmax_everywhere(count, used, width, false)
                 }
             }
             // OLMoE: softmax over its experts, the routed weights as they are; the experts as

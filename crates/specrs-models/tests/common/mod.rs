@@ -45,6 +45,8 @@ pub enum Choice {
     BiasedSoftmax,
     GroupedSigmoid(usize, usize, f64),
     GroupedSoftmax(usize, usize, f64),
+    /// Llama 4: the top-k by logit, each expert fed the token times `sigmoid(logit)`.
+    InputScaledSigmoid,
 }
 
 /// Routing of a mixture: each token's `top_k` experts as `choice` picks them, weights
@@ -101,6 +103,16 @@ pub struct GptOssLayout {
     pub limit: f32,
 }
 
+/// Llama 4's attention as transformers runs it (`Llama4TextAttention`): the RoPE layers
+/// (`Reference::rope_layers`) attend within `chunk` positions and, with `l2_norm`, norm each
+/// rotated q and k head without weights; the NoPE layers multiply queries at position `p` by
+/// `ln(floor((p + 1) / floor_scale) + 1) · attn_scale + 1` (`temperature`).
+pub struct Llama4Layout {
+    pub chunk: Option<usize>,
+    pub l2_norm: bool,
+    pub temperature: Option<(f64, f64)>,
+}
+
 /// DeepSeek's latent attention as transformers runs it (`DeepseekV3Attention`): dims, and the
 /// softmax scale.
 pub struct MlaLayout {
@@ -141,6 +153,7 @@ pub struct Reference<'a> {
     pub qk_norm_after_rope: bool,
     /// Attention and MLP read the same normed input and both join the residual (Cohere).
     pub parallel: bool,
+    pub llama4: Option<Llama4Layout>,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -194,6 +207,7 @@ impl<'a> Reference<'a> {
             centered_norms: false,
             qk_norm_after_rope: false,
             parallel: false,
+            llama4: None,
         }
     }
 
@@ -375,14 +389,29 @@ impl<'a> Reference<'a> {
             if !self.qk_norm_after_rope {
                 v = normed(&v);
             }
-            if turn && self.rope_layers.as_ref().is_none_or(|r| r[layer]) {
+            let rotating = self.rope_layers.as_ref().is_none_or(|r| r[layer]);
+            if turn && rotating {
                 self.rotate(&mut v, t, theta, scaled);
+            }
+            match &self.llama4 {
+                Some(l) if turn && rotating && l.l2_norm => return rms_row(&v, &vec![1.0; d]),
+                // Only queries (the heads before the keys) are tempered.
+                Some(Llama4Layout { temperature: Some((floor_scale, attn_scale)), .. }) if !rotating && at < nh => {
+                    let factor = ((((t as f64 + 1.0) / floor_scale).floor() + 1.0).ln() * attn_scale + 1.0) as f32;
+                    return v.iter().map(|x| x * factor).collect();
+                }
+                _ => {}
             }
             if self.qk_norm_after_rope { normed(&v) } else { v }
         };
         let mut out = vec![vec![0f32; nh * d]; x.len()];
         for (qi, row) in out.iter_mut().enumerate() {
             let first = window.map_or(0, |w| (qi + 1).saturating_sub(w));
+            // Llama 4's RoPE layers: the query's own chunk only.
+            let first = match self.llama4.as_ref().and_then(|l| l.chunk) {
+                Some(c) if self.rope_layers.as_ref().is_none_or(|r| r[layer]) => first.max(qi - qi % c),
+                _ => first,
+            };
             for h in 0..nh {
                 let kvh = h / (nh / nkv);
                 let q = head(qi, h, 0, &q_norm, true);
@@ -525,6 +554,19 @@ impl<'a> Reference<'a> {
                         1.0
                     };
                     (chosen, scores.iter().map(|s| s / total * scale as f32).collect())
+                }
+                Choice::InputScaledSigmoid => {
+                    // transformers' Llama4TextMoe: sigmoid(top-k logits) scale the experts' input.
+                    let chosen = largest(l, routing.top_k);
+                    for &e in &chosen {
+                        let w = 1.0 / (1.0 + (-l[e]).exp());
+                        let scaled: Vec<f32> = x[t].iter().map(|v| v * w).collect();
+                        let y = self.mlp(&format!("{p}.experts.{e}"), &[scaled]);
+                        for (o, v) in out[t].iter_mut().zip(&y[0]) {
+                            *o += v;
+                        }
+                    }
+                    continue;
                 }
                 Choice::GroupedSoftmax(n_group, topk_group, scale) => {
                     // DeepSeek-V2's MoEGate (`group_limited_greedy`): a group scores its best.
