@@ -782,6 +782,22 @@ mod tests {
     }
 
     #[test]
+    fn chunked_attention_agrees_on_every_path_and_hides_earlier_chunks() {
+        // Chunks of 4: the verify row's queries (keys 5..8) see 4..=own, the prefill row's
+        // queries 4 and 5 only themselves and each other.
+        let (q, cache, batch, shape) = setup(AttentionMask::Causal, None);
+        let chunked = ForwardBatch { attention_chunk: Some(4), ..batch.clone() };
+        let slow = every_path_agrees(&q, &cache, &chunked, &shape);
+        let (kc, vc) = cache.layer(0);
+        let full = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
+        // The prefill row's first four queries sit in chunk 0, as under full attention.
+        let same = crate::testing::max_abs_diff(&slow.narrow(0, 3, 4).unwrap(), &full.narrow(0, 3, 4).unwrap());
+        assert!(same.unwrap() < 1e-6);
+        let gap = crate::testing::max_abs_diff(&slow.narrow(0, 7, 2).unwrap(), &full.narrow(0, 7, 2).unwrap());
+        assert!(gap.unwrap() > 1e-3, "queries of the second chunk ignore the first");
+    }
+
+    #[test]
     fn soft_capped_scores_agree_on_every_path_and_change_the_output() {
         // A cap of 0.3 squeezes scores of up to ~1.5 hard, so a path that skipped it would differ.
         for (mask, window) in [(AttentionMask::Causal, None), (AttentionMask::Causal, Some(3))] {

@@ -273,13 +273,16 @@ mod tests {
         // Decode rows, verify rows and a prefill chunk longer than PADDED_MAX_QUERY, with
         // contexts in no order, under every mask.
         let rows = [(1, 9), (4, 30), (20, 22), (1, 3), (3, 17), (1, 31)];
-        for (mask, window) in
-            [(AttentionMask::Causal, None), (AttentionMask::Causal, Some(5)), (AttentionMask::BlockNonCausal, None)]
-        {
+        for (mask, window, chunk) in [
+            (AttentionMask::Causal, None, None),
+            (AttentionMask::Causal, Some(5), None),
+            (AttentionMask::Causal, None, Some(8)),
+            (AttentionMask::BlockNonCausal, None, None),
+        ] {
             let (cache, batch, q) = step(&rows);
-            let batch = ForwardBatch { mask, sliding_window: window, ..batch };
+            let batch = ForwardBatch { mask, sliding_window: window, attention_chunk: chunk, ..batch };
             let diff = gap_to_reference(&cache, &batch, &q);
-            assert!(diff < 1e-5, "{mask:?} {window:?}: {diff}");
+            assert!(diff < 1e-5, "{mask:?} {window:?} {chunk:?}: {diff}");
         }
     }
 

@@ -301,13 +301,14 @@ mod tests {
         let dev = device();
         let (kc_dev, vc_dev, q_dev) =
             (kc.to_device(&dev).unwrap(), vc.to_device(&dev).unwrap(), q.to_device(&dev).unwrap());
-        for (mask, window) in [
-            (AttentionMask::Causal, None),
-            (AttentionMask::Causal, Some(5)),
-            (AttentionMask::Causal, Some(30)),
-            (AttentionMask::BlockNonCausal, None),
+        for (mask, window, chunk) in [
+            (AttentionMask::Causal, None, None),
+            (AttentionMask::Causal, Some(5), None),
+            (AttentionMask::Causal, Some(30), None),
+            (AttentionMask::Causal, None, Some(16)),
+            (AttentionMask::BlockNonCausal, None, None),
         ] {
-            let batch = ForwardBatch { mask, sliding_window: window, ..batch.clone() };
+            let batch = ForwardBatch { mask, sliding_window: window, attention_chunk: chunk, ..batch.clone() };
             let sinks = AttentionSinks::new(&Tensor::new(&[0.5f32, -1.0, 2.0, 0.0, 1.0, -0.5], &dev).unwrap()).unwrap();
             let (capped, sunk) =
                 (AttentionShape { softcap: Some(0.5), ..SHAPE }, AttentionShape { sinks: Some(sinks), ..SHAPE });
@@ -321,7 +322,7 @@ mod tests {
                     let what = (shape.softcap, shape.sinks.is_some());
                     assert!(
                         diff < 1e-5,
-                        "{mask:?} {window:?} (cap, sinks) {what:?} tiles {query_tile}x{key_tile}: {diff}"
+                        "{mask:?} {window:?} {chunk:?} (cap, sinks) {what:?} tiles {query_tile}x{key_tile}: {diff}"
                     );
                 }
             }
@@ -410,5 +411,11 @@ mod tests {
         let causal: Vec<(usize, usize)> =
             (0..3).map(|j| visible_keys(AttentionMask::Causal, (None, None), 10, 8, j)).collect();
         assert_eq!(key_tiles(&causal, 8), vec![(0, 8), (8, 13)]);
+        // Llama 4's chunks of 16: queries at 30..34 see their chunk's keys from 16, then from 32;
+        // a window narrower than the chunk's start binds instead.
+        let chunked: Vec<(usize, usize)> =
+            (0..4).map(|j| visible_keys(AttentionMask::Causal, (None, Some(16)), 30, 4, j)).collect();
+        assert_eq!(chunked, vec![(16, 30), (16, 31), (32, 32), (32, 33)]);
+        assert_eq!(visible_keys(AttentionMask::Causal, (Some(4), Some(16)), 30, 4, 0), (27, 30));
     }
 }
