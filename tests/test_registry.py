@@ -526,6 +526,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Olmo3ForCausalLM",
         "Exaone4ForCausalLM",
         "HunYuanDenseV1ForCausalLM",
+        "HunYuanMoEV1ForCausalLM",
         "SmolLM3ForCausalLM",
         "Glm4MoeForCausalLM",
         "Dots1ForCausalLM",

@@ -370,6 +370,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,
     },
+    // Routing read on the host.
+    ArchitectureSpec {
+        name: "HunYuanMoEV1ForCausalLM",
+        example_repo_ids: &["tencent/Hunyuan-A13B-Instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     // Routing read on the host, and chunked attention in its RoPE layers only.
     ArchitectureSpec {
         name: "Llama4ForConditionalGeneration",

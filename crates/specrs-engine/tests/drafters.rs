@@ -791,3 +791,22 @@ fn a_llama4_image_text_target_with_chunked_attention_speculates_losslessly() {
     write(&target, &testing::llama4_image_text_config(&text), &stored);
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 347, "Llama 4");
 }
+
+#[test]
+fn a_hunyuan_a13b_target_with_softmax_experts_and_a_shared_mlp_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("hunyuan-moe");
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: Some(48),
+        norm_topk_prob: true,
+        dense_layers: vec![],
+        groups: (1, 1, 1.0),
+    };
+    let mut tensors = testing::random_moe_target(Architecture::HunYuanMoe, &SHAPE, &moe, 107).unwrap();
+    tensors.remove("lm_head.weight");
+    write(&target, &testing::hunyuan_moe_config(&SHAPE, &moe, 50.0), &testing::as_hunyuan(&tensors));
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 359, "Hunyuan-A13B");
+}

@@ -73,6 +73,9 @@ pub enum Architecture {
     /// per-head q/k norms after RoPE (`query_layernorm`, `key_layernorm`) and RoPE's base scaled
     /// by NTK-alpha (`rope_scaling.alpha`).
     HunYuanDense,
+    /// HunYuan MoE (`HunYuanMoEV1ForCausalLM`: Hunyuan-A13B): HunYuan dense's attention, softmax
+    /// experts in every layer beside an ungated shared MLP.
+    HunYuanMoe,
     /// EXAONE 4.0 (`Exaone4ForCausalLM`: 1.2B, 32B): OLMo 2's layer (norms over the attention's
     /// and the MLP's outputs) with per-head q/k norms; with a window, three sliding layers to
     /// each full one, only the sliding ones turning with RoPE.
@@ -137,6 +140,7 @@ impl Architecture {
         ("Olmo3ForCausalLM", Architecture::Olmo3),
         ("Exaone4ForCausalLM", Architecture::Exaone4),
         ("HunYuanDenseV1ForCausalLM", Architecture::HunYuanDense),
+        ("HunYuanMoEV1ForCausalLM", Architecture::HunYuanMoe),
         ("OlmoeForCausalLM", Architecture::Olmoe),
         ("SeedOssForCausalLM", Architecture::SeedOss),
         ("Ernie4_5ForCausalLM", Architecture::Ernie4_5),
@@ -184,6 +188,7 @@ impl Architecture {
         ("exaone4", Architecture::Exaone4),
         // llama.cpp writes the NTK-alpha base as `rope.freq_base`.
         ("hunyuan-dense", Architecture::HunYuanDense),
+        ("hunyuan-moe", Architecture::HunYuanMoe),
         // DeepSeek-V2 when the file routes by softmax (`GgufSource::open`).
         ("deepseek2", Architecture::DeepseekV3),
         ("glm4moe", Architecture::Glm4Moe),
@@ -229,6 +234,7 @@ impl Architecture {
             Self::Olmo3 => "Olmo3ForCausalLM",
             Self::Exaone4 => "Exaone4ForCausalLM",
             Self::HunYuanDense => "HunYuanDenseV1ForCausalLM",
+            Self::HunYuanMoe => "HunYuanMoEV1ForCausalLM",
             Self::Olmoe => "OlmoeForCausalLM",
             Self::SeedOss => "SeedOssForCausalLM",
             Self::Ernie4_5 => "Ernie4_5ForCausalLM",
@@ -266,6 +272,7 @@ impl Architecture {
             Self::Olmo3 => "olmo3",
             Self::Exaone4 => "exaone4",
             Self::HunYuanDense => "hunyuan_v1_dense",
+            Self::HunYuanMoe => "hunyuan_v1_moe",
             Self::Olmoe => "olmoe",
             Self::SeedOss => "seed_oss",
             Self::Ernie4_5 => "ernie4_5",
@@ -295,6 +302,11 @@ impl Architecture {
     }
 
     /// Gemma's layer (`DecoderConfig::gemma`): Gemma 2 and Gemma 3.
+    /// HunYuan's attention: per-head q/k norms after RoPE, NTK-alpha's raised base.
+    pub fn is_hunyuan(self) -> bool {
+        matches!(self, Self::HunYuanDense | Self::HunYuanMoe)
+    }
+
     pub fn is_gemma(self) -> bool {
         matches!(self, Self::Gemma2 | Self::Gemma3)
     }
@@ -967,7 +979,7 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
 /// HunYuan's per-head q/k norms (`use_qk_norm`, on in every released dense checkpoint);
 /// cross-layer attention (`use_cla`, Hunyuan-Large's) is refused by key.
 fn hunyuan_qk_norm(v: &Value, architecture: Architecture) -> Result<bool> {
-    if architecture != Architecture::HunYuanDense {
+    if !architecture.is_hunyuan() {
         return Ok(false);
     }
     if v.get("use_cla").and_then(Value::as_bool) == Some(true) {
@@ -980,7 +992,7 @@ fn hunyuan_qk_norm(v: &Value, architecture: Architecture) -> Result<bool> {
 /// `alpha` (NTK-alpha, fixed at load as HunYuan's rotary embedding computes it), over the `d`
 /// rotated dims; `None` otherwise.
 fn hunyuan_rope_base(v: &Value, architecture: Architecture, rotary_dim: usize) -> Result<Option<f64>> {
-    if architecture != Architecture::HunYuanDense {
+    if !architecture.is_hunyuan() {
         return Ok(None);
     }
     let Some(alpha) = v.get("rope_scaling").and_then(|rs| opt_f64(rs, "alpha")) else { return Ok(None) };
@@ -989,6 +1001,47 @@ fn hunyuan_rope_base(v: &Value, architecture: Architecture, rotary_dim: usize) -
     }
     let d = rotary_dim as f64;
     Ok(Some(opt_f64(v, "rope_theta").unwrap_or(10_000.0) * alpha.powf(d / (d - 2.0))))
+}
+
+/// HunYuan MoE's experts: `num_experts` SwiGLU experts `moe_intermediate_size` wide in every
+/// layer, each token's `moe_topk` by softmax probability renormalised, and with
+/// `use_mixed_mlp_moe` an ungated shared MLP `num_shared_expert` times `intermediate_size` wide.
+/// The per-layer lists Hunyuan's configs give must hold one value (every released checkpoint's).
+fn hunyuan_experts(v: &Value) -> Result<MoeConfig> {
+    let uniform = |key: &str| -> Result<Option<usize>> {
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(values)) => {
+                let first = values.first().and_then(Value::as_u64);
+                match first.filter(|f| values.iter().all(|x| x.as_u64() == Some(*f))) {
+                    Some(f) => Ok(Some(f as usize)),
+                    None => Err(ModelError::config(
+                        key,
+                        "per-layer values must all be equal (layers that differ are not supported)",
+                    )),
+                }
+            }
+            Some(_) => req_usize(v, key).map(Some),
+        }
+    };
+    if v.get("moe_layer_num_skipped").and_then(Value::as_u64).unwrap_or(0) != 0 {
+        return Err(ModelError::config(
+            "moe_layer_num_skipped",
+            "HunYuan MoE with leading dense layers is not supported",
+        ));
+    }
+    let width = uniform("moe_intermediate_size")?.map_or_else(|| req_usize(v, "intermediate_size"), Ok)?;
+    let top_k = uniform("moe_topk")?.ok_or_else(|| ModelError::config("moe_topk", "missing from config.json"))?;
+    let num_experts =
+        uniform("num_experts")?.ok_or_else(|| ModelError::config("num_experts", "missing from config.json"))?;
+    let shared = match v.get("use_mixed_mlp_moe").and_then(Value::as_bool).unwrap_or(false) {
+        true => Some(SharedExpertConfig {
+            intermediate_size: req_usize(v, "intermediate_size")? * uniform("num_shared_expert")?.unwrap_or(1),
+            gated: false,
+        }),
+        false => None,
+    };
+    Ok(MoeConfig { shared_expert: shared, ..MoeConfig::softmax_everywhere(num_experts, top_k, width, true) })
 }
 
 /// MiniMax-M2's attention as spec-rs runs it: full attention in every layer (lightning layers
@@ -1392,7 +1445,7 @@ impl DecoderConfig {
             // EXAONE 4.0 without a window (1.2B) attends fully, with RoPE, everywhere.
             Architecture::Exaone4 => v.get("sliding_window").and_then(Value::as_u64),
             // Llama 4's RoPE layers attend within chunks (`Llama4Attention`), not windows.
-            Architecture::HunYuanDense | Architecture::Llama4 => None,
+            Architecture::HunYuanDense | Architecture::HunYuanMoe | Architecture::Llama4 => None,
             Architecture::Glm4
             | Architecture::Glm4Moe
             | Architecture::DeepseekV2
@@ -1540,6 +1593,7 @@ impl DecoderConfig {
                 | Architecture::Ernie4_5Moe
                 | Architecture::GptOss => Some(moe_config(v, architecture)?),
                 Architecture::Llama4 => Some(llama4_experts(v)?),
+                Architecture::HunYuanMoe => Some(hunyuan_experts(v)?),
                 _ => None,
             },
             mla,
@@ -1678,7 +1732,7 @@ impl DecoderConfig {
 
     /// The per-head q/k norms come after RoPE (HunYuan), not before.
     pub fn qk_norm_after_rope(&self) -> bool {
-        self.architecture == Architecture::HunYuanDense
+        self.architecture.is_hunyuan()
     }
 
     /// The q/k norms scale each head by its own weight row (`[heads, head_dim]`, Cohere).

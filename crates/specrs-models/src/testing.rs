@@ -429,7 +429,7 @@ pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Valu
 pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
     let base = match arch {
         Architecture::Mixtral | Architecture::GraniteMoe => Architecture::Llama,
-        _ if arch.has_qk_norm() => Architecture::Qwen3,
+        _ if arch.has_qk_norm() || arch.is_hunyuan() => Architecture::Qwen3,
         _ => Architecture::Qwen2,
     };
     let mut t = random_target(base, s, false, seed)?;
@@ -456,6 +456,7 @@ pub fn random_moe_target(arch: Architecture, s: &TinyShape, m: &TinyMoe, seed: u
                 | Architecture::DeepseekV2
                 | Architecture::DeepseekV3
                 | Architecture::GraniteMoe
+                | Architecture::HunYuanMoe
         );
         if matches!(arch, Architecture::Glm4Moe | Architecture::Dots1 | Architecture::DeepseekV3) {
             t.insert(format!("{p}.gate.e_score_correction_bias"), random_tensor(&[m.experts], 0.3, next())?);
@@ -1474,6 +1475,41 @@ pub fn dspark_oracle(s: &TinyShape, block_size: usize) -> Result<(Value, HashMap
         t.insert(format!("markov_head.{name}.weight"), Tensor::zeros((s.vocab, 8), DType::F32, &Device::Cpu)?);
     }
     Ok((cfg, t))
+}
+
+/// A HunYuan MoE (Hunyuan-A13B) `config.json` for a tiny target: `m`'s experts in every layer
+/// (per-layer lists, as released), its shared MLP `m.shared_intermediate` wide, per-head q/k
+/// norms after RoPE, and NTK-alpha `alpha`.
+pub fn hunyuan_moe_config(s: &TinyShape, m: &TinyMoe, alpha: f64) -> Value {
+    let mut c = target_config(Architecture::HunYuanMoe, s, true);
+    let layers = |v: usize| json!(vec![v; s.layers]);
+    c["num_experts"] = json!(m.experts);
+    c["moe_topk"] = layers(m.top_k);
+    c["moe_intermediate_size"] = layers(m.expert_intermediate);
+    c["intermediate_size"] = json!(m.shared_intermediate.expect("Hunyuan-A13B has a shared MLP"));
+    c["num_shared_expert"] = layers(1);
+    c["use_mixed_mlp_moe"] = json!(true);
+    c["use_qk_norm"] = json!(true);
+    c["use_cla"] = json!(false);
+    c["moe_layer_num_skipped"] = json!(0);
+    c["rope_scaling"] = json!({"alpha": alpha, "factor": 1.0, "type": "dynamic", "beta_fast": 32, "beta_slow": 1});
+    c
+}
+
+/// A mixture's tensors under the shared layer's names as Hunyuan names them: the q/k norms
+/// `query_layernorm` / `key_layernorm`, the router `mlp.gate.wg`, the shared MLP `mlp.shared_mlp`.
+pub fn as_hunyuan(tensors: &HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    tensors
+        .iter()
+        .map(|(name, t)| {
+            let name = name
+                .replace(".q_norm.", ".query_layernorm.")
+                .replace(".k_norm.", ".key_layernorm.")
+                .replace(".mlp.gate.weight", ".mlp.gate.wg.weight")
+                .replace(".mlp.shared_experts.", ".mlp.shared_mlp.");
+            (name, t.clone())
+        })
+        .collect()
 }
 
 /// A Llama 4 text `config.json` (`Llama4ForCausalLM`) for a tiny target: `m`'s experts

@@ -2,7 +2,9 @@
 //! q/k norms named `query_layernorm` / `key_layernorm` applied after RoPE, and RoPE's base raised
 //! by NTK-alpha, matching transformers' forward (`common::Reference`) in one prefill and token by
 //! token; its `hunyuan-dense` GGUF (the raised base as `rope.freq_base`) loads to the same
-//! model; cross-layer attention is refused by key.
+//! model; cross-layer attention is refused by key. Hunyuan-A13B (`HunYuanMoEV1ForCausalLM`):
+//! the same attention with renormalised softmax experts (router `mlp.gate.wg`) beside an ungated
+//! shared MLP (`mlp.shared_mlp`), and its `hunyuan-moe` GGUF.
 
 mod common;
 
@@ -11,11 +13,11 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Reference, assert_close, assert_within, logits, write_gguf};
+use common::{Choice, Reference, Routing, assert_close, assert_within, logits, write_gguf};
 use serde_json::json;
-use specrs_models::testing::{self, TinyShape};
+use specrs_models::testing::{self, TinyMoe, TinyShape};
 use specrs_models::weights::gguf::gguf_name;
-use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
+use specrs_models::{Architecture, DecoderConfig, ModelDType, SharedExpertConfig, load_causal_lm};
 
 const SHAPE: TinyShape =
     TinyShape { vocab: 40, hidden: 32, layers: 3, heads: 4, kv_heads: 2, head_dim: 8, intermediate: 48 };
@@ -78,4 +80,84 @@ fn qk_norms_after_rope_and_an_ntk_alpha_base_match_the_transformers_forward() {
     cla["use_cla"] = json!(true);
     let e = DecoderConfig::from_hf_json(&cla).unwrap_err().to_string();
     assert!(e.contains("use_cla"), "{e}");
+}
+
+const MOE: TinyMoe = TinyMoe {
+    experts: 4,
+    top_k: 2,
+    expert_intermediate: 24,
+    shared_intermediate: Some(40),
+    norm_topk_prob: true,
+    dense_layers: Vec::new(),
+    groups: (1, 1, 1.0),
+};
+
+#[test]
+fn hunyuan_a13b_experts_and_shared_mlp_match_the_transformers_forward_and_its_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tensors = testing::random_moe_target(Architecture::HunYuanMoe, &SHAPE, &MOE, 59).unwrap();
+    tensors.remove("lm_head.weight"); // A13B ties its head to the embeddings.
+    testing::write_checkpoint(
+        dir.path(),
+        &testing::hunyuan_moe_config(&SHAPE, &MOE, ALPHA),
+        &testing::as_hunyuan(&tensors),
+    )
+    .unwrap();
+    let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+    let cfg = model.config();
+    assert_eq!(cfg.architecture, Architecture::HunYuanMoe);
+    assert!(cfg.qk_norm && cfg.qk_norm_after_rope());
+    let moe = cfg.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.expert_intermediate_size), (4, 2, 24));
+    assert_eq!(moe.shared_expert, Some(SharedExpertConfig { intermediate_size: 40, gated: false }));
+    let d = SHAPE.head_dim as f64;
+    let factors: Vec<f64> = (0..SHAPE.head_dim / 2).map(|i| ALPHA.powf(2.0 * i as f64 / (d - 2.0))).collect();
+    let want = Reference {
+        factors,
+        qk_norm_after_rope: true,
+        routing: Some(Routing { top_k: 2, norm_topk_prob: true, choice: Choice::Softmax }),
+        ..Reference::plain(&tensors, SHAPE)
+    }
+    .logits(&ids());
+    assert_close(&logits(&model, &ids(), false), &want, "one prefill");
+    assert_close(&logits(&model, &ids(), true), &want, "token by token");
+    // llama.cpp's `hunyuan-moe`: the shared layer's names, experts stacked, the raised base.
+    let f32 = |t: &Tensor| QTensor::quantize(&t.contiguous().unwrap(), GgmlDType::F32).unwrap();
+    let mut named: Vec<(String, QTensor)> = tensors
+        .iter()
+        .filter(|(name, _)| !name.contains(".mlp.experts."))
+        .map(|(name, t)| (gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), f32(t)))
+        .collect();
+    for l in 0..SHAPE.layers {
+        for (proj, short) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
+            let experts: Vec<Tensor> = (0..MOE.experts)
+                .map(|e| tensors[&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")].clone())
+                .collect();
+            named.push((format!("blk.{l}.ffn_{short}_exps.weight"), f32(&Tensor::stack(&experts, 0).unwrap())));
+        }
+    }
+    let u32v = |x: usize| GgufValue::U32(x as u32);
+    let metadata = [
+        ("hunyuan-moe.rope.freq_base", GgufValue::F32(cfg.rope_theta as f32)),
+        ("hunyuan-moe.expert_count", u32v(MOE.experts)),
+        ("hunyuan-moe.expert_used_count", u32v(MOE.top_k)),
+        ("hunyuan-moe.expert_feed_forward_length", u32v(MOE.expert_intermediate)),
+        ("hunyuan-moe.expert_shared_feed_forward_length", u32v(40)),
+    ];
+    let path = dir.path().join("hunyuan-moe.gguf");
+    write_gguf(&path, "hunyuan-moe", &SHAPE, &named, &metadata);
+    let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(gguf.config().moe, cfg.moe);
+    assert_within(&logits(&gguf, &ids(), false), &want, 1e-3, "the hunyuan-moe GGUF (its base stored as f32)");
+    // Layers that differ, and leading dense ones, are refused by key.
+    for (key, value) in [("moe_topk", json!([2, 1, 2])), ("moe_layer_num_skipped", json!(1))] {
+        let mut c = testing::hunyuan_moe_config(&SHAPE, &MOE, ALPHA);
+        c[key] = value;
+        let e = DecoderConfig::from_hf_json(&c).unwrap_err().to_string();
+        assert!(e.contains(key), "{key}: {e}");
+    }
+}
+
+fn ids() -> Vec<u32> {
+    (0..10).map(|i| (i * 7 + 2) % 40).collect()
 }

@@ -73,7 +73,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
                 Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::MiniMaxM2 => store.set_aliases(minimax_m2::aliases(&cfg))?,
-                Architecture::HunYuanDense => store.set_aliases(hunyuan::aliases(&cfg))?,
+                Architecture::HunYuanDense | Architecture::HunYuanMoe => store.set_aliases(hunyuan::aliases(&cfg))?,
                 Architecture::Llama4 => store.set_aliases(llama4::aliases(store, &cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
@@ -109,7 +109,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Cohere | Architecture::Cohere2 => cohere::adapt(cfg),
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => ernie4_5::adapt(cfg),
                 Architecture::MiniMaxM2 => minimax_m2::adapt(cfg),
-                Architecture::HunYuanDense => hunyuan::adapt(cfg),
+                Architecture::HunYuanDense | Architecture::HunYuanMoe => hunyuan::adapt(cfg),
                 Architecture::Llama4 => llama4::adapt(cfg),
             })
         }

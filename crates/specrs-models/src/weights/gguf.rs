@@ -645,6 +645,18 @@ impl GgufSource {
                     ..MoeConfig::softmax_everywhere(count, used, width, false)
                 }
             }
+            // HunYuan MoE: softmax, renormalised, and the shared MLP `ffn_*_shexp` added ungated.
+            Architecture::HunYuanMoe => {
+                let (count, used) = experts()?;
+                MoeConfig {
+                    shared_expert: self
+                        .meta_usize("expert_shared_feed_forward_length")
+                        .ok()
+                        .filter(|&w| w > 0)
+                        .map(|w| SharedExpertConfig { intermediate_size: w, gated: false }),
+                    ..MoeConfig::softmax_everywhere(count, used, self.meta_usize("expert_feed_forward_length")?, true)
+                }
+            }
             // OLMoE: softmax over its experts, the routed weights as they are; the experts as
             // wide as `feed_forward_length` (its config has no separate expert width).
             Architecture::Olmoe => {
