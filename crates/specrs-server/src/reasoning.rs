@@ -1,6 +1,7 @@
 //! Reasoning models' thinking, split from their answer (vLLM's `--reasoning-parser`): the text
 //! inside `<think>...</think>` (Seed-OSS: `<seed:think>...</seed:think>`) becomes the message's
-//! `reasoning_content`, the rest its content.
+//! `reasoning_content`, the rest its content. Hunyuan-A13B wraps its answer in
+//! `<answer>...</answer>` too, which the content leaves out.
 //! gpt-oss's harmony channels are read by [`crate::tools::harmony`], which splits them the same
 //! way.
 
@@ -19,10 +20,14 @@ pub enum ReasoningParser {
     GptOss,
     /// Seed-OSS: DeepSeek-R1's rule over `<seed:think>` and `</seed:think>` (`seed_oss`).
     SeedOss,
+    /// Hunyuan-A13B (`hunyuan_a13b`): `<think>\n...\n</think>\n<answer>\n...\n</answer>`, as
+    /// vLLM reads it: reasoning only when the output opens with `<think>\n`, one newline inside
+    /// each tag dropped, and the `<answer>` wrapper kept out of the content.
+    HunyuanA13b,
 }
 
 impl ReasoningParser {
-    pub const NAMES: [&str; 5] = ["deepseek_r1", "minimax_m2", "qwen3", "openai_gptoss", "seed_oss"];
+    pub const NAMES: [&str; 6] = ["deepseek_r1", "minimax_m2", "qwen3", "openai_gptoss", "seed_oss", "hunyuan_a13b"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
@@ -30,6 +35,7 @@ impl ReasoningParser {
             "qwen3" => Ok(Self::Qwen3),
             "openai_gptoss" => Ok(Self::GptOss),
             "seed_oss" => Ok(Self::SeedOss),
+            "hunyuan_a13b" => Ok(Self::HunyuanA13b),
             other => Err(format!("unknown reasoning parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -45,7 +51,8 @@ impl ReasoningParser {
             // The harmony reader takes text that opens no header for content, so a constrained
             // output (plain JSON) reads as content and a constraint that writes channels splits.
             Self::GptOss => true,
-            Self::DeepseekR1 | Self::SeedOss | Self::Qwen3 => thinks_first || self == Self::Qwen3,
+            Self::DeepseekR1 | Self::SeedOss => thinks_first,
+            Self::Qwen3 | Self::HunyuanA13b => true,
         }
     }
 
@@ -53,6 +60,7 @@ impl ReasoningParser {
     fn markers(self) -> (&'static str, &'static str) {
         match self {
             Self::SeedOss => ("<seed:think>", "</seed:think>"),
+            Self::HunyuanA13b => ("<think>\n", "</think>"),
             Self::DeepseekR1 | Self::Qwen3 | Self::GptOss => ("<think>", "</think>"),
         }
     }
@@ -78,6 +86,8 @@ pub struct ReasoningSplitter {
     parser: ReasoningParser,
     phase: Phase,
     buffer: String,
+    /// Hunyuan-A13B's `<answer>` wrapper, taken off the answer.
+    answer_tags: Option<AnswerTags>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,10 +100,33 @@ enum Phase {
 
 impl ReasoningSplitter {
     pub fn new(parser: ReasoningParser) -> Self {
-        Self { parser, phase: Phase::Start, buffer: String::new() }
+        let answer_tags = (parser == ReasoningParser::HunyuanA13b).then(AnswerTags::default);
+        Self { parser, phase: Phase::Start, buffer: String::new(), answer_tags }
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Part> {
+        let parts = self.split(text);
+        self.unwrap_answers(parts, false)
+    }
+
+    /// `parts` with the answer's `<answer>` wrapper taken off (Hunyuan-A13B), empty parts
+    /// dropped; `finish` releases what the wrapper held back.
+    fn unwrap_answers(&mut self, parts: Vec<Part>, finish: bool) -> Vec<Part> {
+        let Some(tags) = self.answer_tags.as_mut() else { return parts };
+        let mut out = Vec::new();
+        for part in parts {
+            match part {
+                Part::Answer(text) => send(&mut out, Part::Answer(tags.push(&text))),
+                reasoning => out.push(reasoning),
+            }
+        }
+        if finish {
+            send(&mut out, Part::Answer(tags.finish()));
+        }
+        out
+    }
+
+    fn split(&mut self, text: &str) -> Vec<Part> {
         let mut out = Vec::new();
         if self.phase == Phase::Answer {
             if !text.is_empty() {
@@ -111,7 +144,7 @@ impl ReasoningSplitter {
             match (start.strip_prefix(open), self.parser) {
                 (Some(rest), _) => self.buffer = rest.to_string(),
                 (None, ReasoningParser::DeepseekR1 | ReasoningParser::SeedOss) => {}
-                (None, ReasoningParser::Qwen3 | ReasoningParser::GptOss) => {
+                (None, ReasoningParser::Qwen3 | ReasoningParser::GptOss | ReasoningParser::HunyuanA13b) => {
                     self.phase = Phase::Answer;
                     out.push(Part::Answer(std::mem::take(&mut self.buffer)));
                     return out;
@@ -119,16 +152,22 @@ impl ReasoningSplitter {
             }
             self.phase = Phase::Reasoning;
         }
+        // Hunyuan-A13B's thought ends `\n</think>`: the newline is the tag's, held until known.
+        let hunyuan = self.parser == ReasoningParser::HunyuanA13b;
         match self.buffer.find(close) {
             Some(end) => {
                 let rest = self.buffer.split_off(end + close.len());
                 self.buffer.truncate(end);
+                if hunyuan && self.buffer.ends_with('\n') {
+                    self.buffer.pop();
+                }
                 send(&mut out, Part::Reasoning(std::mem::take(&mut self.buffer)));
                 self.phase = Phase::Answer;
                 send(&mut out, Part::Answer(rest));
             }
             None => {
-                let keep = crate::message::held_prefix_len(&self.buffer, close);
+                let held = |marker| crate::message::held_prefix_len(&self.buffer, marker);
+                let keep = if hunyuan { held(close).max(held("\n</think>")) } else { held(close) };
                 let thought: String = self.buffer.drain(..self.buffer.len() - keep).collect();
                 send(&mut out, Part::Reasoning(thought));
             }
@@ -142,12 +181,77 @@ impl ReasoningSplitter {
         let rest = std::mem::take(&mut self.buffer);
         let mut out = Vec::new();
         match (self.phase, self.parser) {
-            (Phase::Answer, _) | (Phase::Start, ReasoningParser::Qwen3 | ReasoningParser::GptOss) => {
+            (Phase::Answer, _)
+            | (Phase::Start, ReasoningParser::Qwen3 | ReasoningParser::GptOss | ReasoningParser::HunyuanA13b) => {
                 send(&mut out, Part::Answer(rest))
             }
             _ => send(&mut out, Part::Reasoning(rest)),
         }
-        out
+        self.unwrap_answers(out, true)
+    }
+}
+
+/// Hunyuan-A13B's answer wrapper, `<answer>\n...\n</answer>`, taken off the answer as it is
+/// written; an answer that does not open with `<answer>` passes as it is.
+#[derive(Debug, Default)]
+struct AnswerTags {
+    state: TagState,
+    buffer: String,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum TagState {
+    /// Before the first text that says whether the answer is wrapped.
+    #[default]
+    Opening,
+    /// Inside `<answer>`, watching for `\n</answer>`.
+    Inside,
+    /// Past the wrapper, or never in one.
+    Plain,
+}
+
+impl AnswerTags {
+    const OPEN: &str = "<answer>";
+    const CLOSE: &str = "\n</answer>";
+
+    /// The content `text` adds.
+    fn push(&mut self, text: &str) -> String {
+        self.buffer.push_str(text);
+        if self.state == TagState::Opening {
+            let start = self.buffer.trim_start();
+            // Whether `<answer>` and its newline open the answer is not known yet.
+            if Self::OPEN.starts_with(start) {
+                return String::new();
+            }
+            match start.strip_prefix(Self::OPEN) {
+                Some(rest) => {
+                    self.buffer = rest.strip_prefix('\n').unwrap_or(rest).to_string();
+                    self.state = TagState::Inside;
+                }
+                None => self.state = TagState::Plain,
+            }
+        }
+        if self.state == TagState::Inside {
+            if let Some(end) = self.buffer.find(Self::CLOSE) {
+                let rest = self.buffer.split_off(end + Self::CLOSE.len());
+                self.buffer.truncate(end);
+                self.state = TagState::Plain;
+                return std::mem::take(&mut self.buffer) + &rest;
+            }
+            let keep = crate::message::held_prefix_len(&self.buffer, Self::CLOSE);
+            return self.buffer.drain(..self.buffer.len() - keep).collect();
+        }
+        std::mem::take(&mut self.buffer)
+    }
+
+    /// What was held back when the output ends: a lone `<answer>` is the wrapper, the rest
+    /// content.
+    fn finish(&mut self) -> String {
+        let rest = std::mem::take(&mut self.buffer);
+        match self.state {
+            TagState::Opening if rest.trim() == Self::OPEN => String::new(),
+            _ => rest,
+        }
     }
 }
 
@@ -219,6 +323,29 @@ mod tests {
             let other = split(ReasoningParser::SeedOss, "a</think>b</seed:think>c", size);
             assert_eq!(other, ("a</think>b".into(), "c".into()));
         }
+    }
+
+    #[test]
+    fn hunyuan_a13b_drops_the_tags_newlines_and_its_answer_wrapper() {
+        let out = "<think>\nCount: 3.\n</think>\n<answer>\nThree.\n</answer>";
+        for size in [1, 2, 5, 1000] {
+            let thought = split(ReasoningParser::HunyuanA13b, out, size);
+            assert_eq!(thought, ("Count: 3.".into(), "Three.".into()), "pieces of {size}");
+            // Fast thinking: an empty thought, the closing tag right after the opening one.
+            let fast = split(ReasoningParser::HunyuanA13b, "<think>\n\n</think>\n<answer>\nOK\n</answer>", size);
+            assert_eq!(fast, (String::new(), "OK".into()), "pieces of {size}");
+            // No thought: the answer alone, wrapped or not; a closing tag without its newline.
+            let direct = split(ReasoningParser::HunyuanA13b, "<answer>\nYes.\n</answer>", size);
+            assert_eq!(direct, (String::new(), "Yes.".into()));
+            let plain = split(ReasoningParser::HunyuanA13b, "It is <b>4</b>.", size);
+            assert_eq!(plain, (String::new(), "It is <b>4</b>.".into()));
+            let tight = split(ReasoningParser::HunyuanA13b, "<think>\nHm.</think><answer>\n4\n</answer>", size);
+            assert_eq!(tight, ("Hm.".into(), "4".into()));
+        }
+        // Cut while answering: what was written is content, the wrapper's opening dropped.
+        let cut = split(ReasoningParser::HunyuanA13b, "<think>\nA\n</think>\n<answer>\nPart", 3);
+        assert_eq!(cut, ("A".into(), "Part".into()));
+        assert_eq!(ReasoningParser::parse("hunyuan_a13b"), Ok(ReasoningParser::HunyuanA13b));
     }
 
     #[test]
