@@ -556,6 +556,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Llama4ForConditionalGeneration",
         "Llama4ForCausalLM",
         "GraniteForCausalLM",
+        "ArceeForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

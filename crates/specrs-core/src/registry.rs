@@ -414,6 +414,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: false,
     },
     ArchitectureSpec {
+        name: "ArceeForCausalLM",
+        example_repo_ids: &["arcee-ai/AFM-4.5B"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "GraniteForCausalLM",
         example_repo_ids: &["ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct"],
         default_weights_format: "safetensors",

@@ -810,3 +810,15 @@ fn a_hunyuan_a13b_target_with_softmax_experts_and_a_shared_mlp_speculates_lossle
     write(&target, &testing::hunyuan_moe_config(&SHAPE, &moe, 50.0), &testing::as_hunyuan(&tensors));
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 359, "Hunyuan-A13B");
 }
+
+#[test]
+fn an_arcee_target_with_an_ungated_relu_squared_mlp_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("arcee");
+    let mut tensors = testing::random_target(Architecture::Llama, &SHAPE, false, 113).unwrap();
+    tensors.retain(|name, _| !name.ends_with("mlp.gate_proj.weight"));
+    let mut config = testing::target_config(Architecture::Arcee, &SHAPE, false);
+    config["hidden_act"] = json!("relu2");
+    write(&target, &config, &tensors);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 367, "Arcee");
+}

@@ -122,6 +122,9 @@ pub enum Architecture {
     /// sigmoid-routed experts beside a shared one ([`Llama4Attention`],
     /// [`Router::InputScaledSigmoid`]).
     Llama4,
+    /// Arcee (`ArceeForCausalLM`: AFM-4.5B): Llama's layer with an MLP without a gate,
+    /// `down(relu(up(x))²)`.
+    Arcee,
 }
 
 impl Architecture {
@@ -164,6 +167,7 @@ impl Architecture {
         ("Glm4MoeLiteForCausalLM", Architecture::DeepseekV3),
         ("MiniMaxM2ForCausalLM", Architecture::MiniMaxM2),
         ("Llama4ForCausalLM", Architecture::Llama4),
+        ("ArceeForCausalLM", Architecture::Arcee),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -200,6 +204,7 @@ impl Architecture {
         ("minimax-m2", Architecture::MiniMaxM2),
         // llama.cpp fixes the chunk and the temperature's floor at 8192 (Scout's and Maverick's).
         ("llama4", Architecture::Llama4),
+        ("arcee", Architecture::Arcee),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
@@ -255,6 +260,7 @@ impl Architecture {
             Self::DeepseekV3 => "DeepseekV3ForCausalLM",
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
+            Self::Arcee => "ArceeForCausalLM",
         }
     }
 
@@ -293,6 +299,7 @@ impl Architecture {
             Self::DeepseekV3 => "deepseek_v3",
             Self::MiniMaxM2 => "minimax_m2",
             Self::Llama4 => "llama4_text",
+            Self::Arcee => "arcee",
         }
     }
 
@@ -1445,7 +1452,7 @@ impl DecoderConfig {
             // EXAONE 4.0 without a window (1.2B) attends fully, with RoPE, everywhere.
             Architecture::Exaone4 => v.get("sliding_window").and_then(Value::as_u64),
             // Llama 4's RoPE layers attend within chunks (`Llama4Attention`), not windows.
-            Architecture::HunYuanDense | Architecture::HunYuanMoe | Architecture::Llama4 => None,
+            Architecture::HunYuanDense | Architecture::HunYuanMoe | Architecture::Llama4 | Architecture::Arcee => None,
             Architecture::Glm4
             | Architecture::Glm4Moe
             | Architecture::DeepseekV2
@@ -1497,6 +1504,14 @@ impl DecoderConfig {
             return Err(ModelError::config(
                 "use_bias",
                 "ERNIE 4.5 with biased projections is not supported; released ERNIE 4.5 checkpoints set use_bias to false",
+            ));
+        }
+        if architecture == Architecture::Arcee
+            && let Some(act) = v.get("hidden_act").and_then(Value::as_str).filter(|a| *a != "relu2")
+        {
+            return Err(ModelError::config(
+                "hidden_act",
+                format!("'{act}' is not supported for Arcee (its MLP squares a ReLU: relu2)"),
             ));
         }
         if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
@@ -1723,6 +1738,11 @@ impl DecoderConfig {
             Architecture::Cohere | Architecture::Cohere2 => NormPlacement::Parallel,
             _ => NormPlacement::Pre,
         }
+    }
+
+    /// The dense MLP multiplies a gated branch into `up` (all but Arcee's `relu(up)²`).
+    pub fn mlp_is_gated(&self) -> bool {
+        self.architecture != Architecture::Arcee
     }
 
     /// The norms are LayerNorms without bias (Cohere): centred before they are normalised.

@@ -1,5 +1,6 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
+pub mod arcee;
 pub mod cohere;
 pub mod deepseek;
 pub mod ernie4_5;
@@ -48,8 +49,6 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                     store.set_aliases(deepseek::aliases(&cfg, cfg.num_hidden_layers))?
                 }
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
-                // llama.cpp keeps Llama 4's interleaved pairs as the checkpoint has them too.
-                Architecture::Llama4 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 _ => {}
             }
             Ok(cfg)
@@ -111,6 +110,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::MiniMaxM2 => minimax_m2::adapt(cfg),
                 Architecture::HunYuanDense | Architecture::HunYuanMoe => hunyuan::adapt(cfg),
                 Architecture::Llama4 => llama4::adapt(cfg),
+                Architecture::Arcee => arcee::adapt(cfg),
             })
         }
     }

@@ -303,14 +303,18 @@ pub enum Activation {
     GeluTanh,
     /// gpt-oss's experts: `(clamp(up, ±limit) + 1) · g · σ(1.702 g)` with `g = min(gate, limit)`.
     ClampedSwiGlu { limit: f32 },
+    /// Arcee's MLP without a gate: `relu(up)²`.
+    ReluSquared,
 }
 
 /// gpt-oss's SwiGLU slope.
 const GPT_OSS_ALPHA: f64 = 1.702;
 
-/// Gated MLP: `down(act(gate(x)) * up(x))`, SwiGLU unless told otherwise.
+/// Gated MLP: `down(act(gate(x)) * up(x))`, SwiGLU unless told otherwise; or (Arcee's
+/// `ReluSquared`) `down(relu(up(x))²)` with no gate.
 #[derive(Debug, Clone)]
 pub struct Mlp {
+    /// `[gate, up]`, or `[up]` alone for an MLP without a gate.
     gate_up: FusedLinear,
     down_proj: Linear,
     act: Activation,
@@ -324,6 +328,20 @@ impl Mlp {
             gate_up: FusedLinear::new(vec![gate, up])?,
             down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, false)?,
             act: Activation::Silu,
+        })
+    }
+
+    /// Arcee's MLP: `up_proj`, then `relu(·)²`, then `down_proj`; no gate.
+    pub fn load_ungated(store: &WeightStore, prefix: &str, hidden: usize, intermediate: usize) -> LoadResult<Self> {
+        Ok(Self {
+            gate_up: FusedLinear::new(vec![store.linear(
+                &format!("{prefix}.up_proj"),
+                intermediate,
+                hidden,
+                false,
+            )?])?,
+            down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, false)?,
+            act: Activation::ReluSquared,
         })
     }
 
@@ -352,6 +370,11 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.act == Activation::ReluSquared {
+            // [T, H] -> relu(up)² [T, I] -> [T, H].
+            let up = self.gate_up.forward(x)?.into_iter().next().unwrap();
+            return self.down_proj.forward(&up.relu()?.sqr()?);
+        }
         if let Activation::ClampedSwiGlu { limit } = self.act {
             // [T, H] -> (clamp(up) + 1) · g · sigmoid(1.702 g) [T, I] -> [T, H].
             let mut parts = self.gate_up.forward(x)?.into_iter();
@@ -437,6 +460,7 @@ impl DecoderLayer {
                 FeedForward::Sparse(Box::new(SparseMoe::load(store, &mlp_prefix, h, moe)?))
             }
             _ if cfg.fused_projections => FeedForward::Dense(Mlp::load_fused(store, &mlp_prefix, h, i)?),
+            _ if !cfg.mlp_is_gated() => FeedForward::Dense(Mlp::load_ungated(store, &mlp_prefix, h, i)?),
             _ if gemma => {
                 FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?.with_activation(Activation::GeluTanh))
             }
@@ -637,7 +661,8 @@ impl CausalLm {
                 let shared = moe.shared_expert.as_ref().map_or(0, |s| 3 * s.intermediate_size + usize::from(s.gated));
                 c.hidden_size * (moe.num_experts * (3 * moe.expert_intermediate_size + 1) + shared)
             }
-            _ => 3 * c.hidden_size * c.intermediate_size,
+            _ if c.mlp_is_gated() => 3 * c.hidden_size * c.intermediate_size,
+            _ => 2 * c.hidden_size * c.intermediate_size,
         };
         let params: usize = (0..self.layers.len()).map(|i| attention + feed_forward(i)).sum();
         let bytes: usize = self.layers.iter().map(DecoderLayer::size_in_bytes).sum();

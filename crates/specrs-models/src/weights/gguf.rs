@@ -196,11 +196,13 @@ impl GgufSource {
             rope_rows: None,
         };
         // llama.cpp's converter permutes q and k of every Llama-derived family into interleaved
-        // pairs over the whole head; GLM's and Cohere's checkpoints turn interleaved pairs
-        // (over GLM's rotated part) already.
+        // pairs over the whole head; GLM's, Cohere's and Llama 4's checkpoints turn interleaved
+        // pairs (over GLM's rotated part) already.
         if matches!(
             architecture,
             Architecture::Llama
+                | Architecture::Arcee
+                | Architecture::Llama4
                 | Architecture::Mixtral
                 | Architecture::InternLm2
                 | Architecture::Granite

@@ -487,8 +487,16 @@ impl<'a> Reference<'a> {
             .collect()
     }
 
-    /// SwiGLU under `p` (fused `gate_up_proj` or separate).
+    /// SwiGLU under `p` (fused `gate_up_proj` or separate); without a gate, Arcee's
+    /// `relu(up)²`.
     fn mlp(&self, p: &str, x: &[Vec<f32>]) -> Rows {
+        if self.get(&format!("{p}.gate_proj.weight")).is_none()
+            && self.get(&format!("{p}.gate_up_proj.weight")).is_none()
+        {
+            let up = matmul_t(x, &self.tensors[&format!("{p}.up_proj.weight")]);
+            let act: Rows = up.iter().map(|r| r.iter().map(|v| v.max(0.0) * v.max(0.0)).collect()).collect();
+            return matmul_t(&act, &self.tensors[&format!("{p}.down_proj.weight")]);
+        }
         let silu = |v: f32| if self.gemma.is_some() { gelu_tanh(v) } else { silu(v) };
         let act: Rows = match self.get(&format!("{p}.gate_up_proj.weight")) {
             Some(fused) => matmul_t(x, fused)
