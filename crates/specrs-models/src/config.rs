@@ -309,13 +309,13 @@ impl Architecture {
     }
 
     /// Gemma's layer (`DecoderConfig::gemma`): Gemma 2 and Gemma 3.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Self::Gemma2 | Self::Gemma3)
+    }
+
     /// HunYuan's attention: per-head q/k norms after RoPE, NTK-alpha's raised base.
     pub fn is_hunyuan(self) -> bool {
         matches!(self, Self::HunYuanDense | Self::HunYuanMoe)
-    }
-
-    pub fn is_gemma(self) -> bool {
-        matches!(self, Self::Gemma2 | Self::Gemma3)
     }
 
     /// Qwen3's (and Gemma 3's) attention: an RMSNorm over each head of q and k.
@@ -707,8 +707,8 @@ fn sliding_layers(v: &Value, num_hidden_layers: usize, default_pattern: u64) -> 
     Ok(sliding_layers)
 }
 
-/// SmolLM3's and Llama 4's layers that apply RoPE: `no_rope_layers` (1 rotates, 0 does not), else every
-/// `no_rope_layer_interval`-th layer (4) without.
+/// SmolLM3's and Llama 4's layers that apply RoPE: `no_rope_layers` (1 rotates, 0 does not),
+/// else every `no_rope_layer_interval`-th layer (4) without.
 fn rope_layers(v: &Value, num_hidden_layers: usize) -> Result<Vec<bool>> {
     // An empty list asks for the default pattern; a longer one covers the layers it reaches.
     let layers = match v.get("no_rope_layers") {

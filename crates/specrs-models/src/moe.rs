@@ -1,10 +1,11 @@
 //! The sparse mixture-of-experts feed-forward of Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5,
-//! DeepSeek-V2 / V3, gpt-oss and Llama 4: a linear router scores every expert for each token and picks
-//! the token's experts (the top-k of a softmax, DeepSeek-V2's group-limited one or DeepSeek-V3's
-//! group-limited sigmoid choice, see [`Router`]), each expert (a SwiGLU MLP) runs once on the
-//! rows routed to it, and the outputs are summed back with their routing weights (Llama 4 weighs
-//! the rows going in instead). Qwen2-MoE adds an always-on shared expert scaled by a sigmoid
-//! gate, GLM-4.5, DeepSeek and Llama 4 an ungated one.
+//! DeepSeek-V2 / V3, gpt-oss, Hunyuan-A13B and Llama 4: a linear router scores every expert for
+//! each token and picks the token's experts (the top-k of a softmax, DeepSeek-V2's group-limited
+//! one, DeepSeek-V3's group-limited sigmoid choice or Llama 4's sigmoid, see [`Router`]), each
+//! expert (a SwiGLU MLP) runs once on the rows routed to it, and the outputs are summed back with
+//! their routing weights (Llama 4 weighs the rows going in instead). Qwen2-MoE adds an always-on
+//! shared expert scaled by a sigmoid gate; GLM-4.5, DeepSeek, Hunyuan-A13B and Llama 4 an
+//! ungated one.
 //!
 //! The routing is read on the host (a `[T, experts]` copy per layer): free on the CPU, one
 //! small synchronising copy per layer on a GPU, which is why the MoE targets declare no
