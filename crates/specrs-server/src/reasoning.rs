@@ -1,7 +1,7 @@
 //! Reasoning models' thinking, split from their answer (vLLM's `--reasoning-parser`): the text
 //! inside `<think>...</think>` (Seed-OSS: `<seed:think>...</seed:think>`) becomes the message's
-//! `reasoning_content`, the rest its content. Hunyuan-A13B wraps its answer in
-//! `<answer>...</answer>` too, which the content leaves out.
+//! `reasoning_content`, the rest its content. Hunyuan-A13B and ERNIE 4.5 wrap their answer in
+//! `<answer>...</answer>` / `<response>...</response>` too, which the content leaves out.
 //! gpt-oss's harmony channels are read by [`crate::tools::harmony`], which splits them the same
 //! way.
 
@@ -24,10 +24,14 @@ pub enum ReasoningParser {
     /// vLLM reads it: reasoning only when the output opens with `<think>\n`, one newline inside
     /// each tag dropped, and the `<answer>` wrapper kept out of the content.
     HunyuanA13b,
+    /// ERNIE 4.5 thinking (`ernie45`): DeepSeek-R1's rule, the answer's leading newlines and its
+    /// `<response>...</response>` wrapper kept out of the content, as vLLM reads it.
+    Ernie45,
 }
 
 impl ReasoningParser {
-    pub const NAMES: [&str; 6] = ["deepseek_r1", "minimax_m2", "qwen3", "openai_gptoss", "seed_oss", "hunyuan_a13b"];
+    pub const NAMES: [&str; 7] =
+        ["deepseek_r1", "minimax_m2", "qwen3", "openai_gptoss", "seed_oss", "hunyuan_a13b", "ernie45"];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
@@ -36,6 +40,7 @@ impl ReasoningParser {
             "openai_gptoss" => Ok(Self::GptOss),
             "seed_oss" => Ok(Self::SeedOss),
             "hunyuan_a13b" => Ok(Self::HunyuanA13b),
+            "ernie45" => Ok(Self::Ernie45),
             other => Err(format!("unknown reasoning parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -51,7 +56,7 @@ impl ReasoningParser {
             // The harmony reader takes text that opens no header for content, so a constrained
             // output (plain JSON) reads as content and a constraint that writes channels splits.
             Self::GptOss => true,
-            Self::DeepseekR1 | Self::SeedOss => thinks_first,
+            Self::DeepseekR1 | Self::SeedOss | Self::Ernie45 => thinks_first,
             Self::Qwen3 | Self::HunyuanA13b => true,
         }
     }
@@ -61,7 +66,7 @@ impl ReasoningParser {
         match self {
             Self::SeedOss => ("<seed:think>", "</seed:think>"),
             Self::HunyuanA13b => ("<think>\n", "</think>"),
-            Self::DeepseekR1 | Self::Qwen3 | Self::GptOss => ("<think>", "</think>"),
+            Self::DeepseekR1 | Self::Qwen3 | Self::GptOss | Self::Ernie45 => ("<think>", "</think>"),
         }
     }
 
@@ -86,7 +91,7 @@ pub struct ReasoningSplitter {
     parser: ReasoningParser,
     phase: Phase,
     buffer: String,
-    /// Hunyuan-A13B's `<answer>` wrapper, taken off the answer.
+    /// Hunyuan-A13B's `<answer>` or ERNIE 4.5's `<response>` wrapper, taken off the answer.
     answer_tags: Option<AnswerTags>,
 }
 
@@ -100,7 +105,11 @@ enum Phase {
 
 impl ReasoningSplitter {
     pub fn new(parser: ReasoningParser) -> Self {
-        let answer_tags = (parser == ReasoningParser::HunyuanA13b).then(AnswerTags::default);
+        let answer_tags = match parser {
+            ReasoningParser::HunyuanA13b => Some(AnswerTags::new(AnswerTags::HUNYUAN)),
+            ReasoningParser::Ernie45 => Some(AnswerTags::new(AnswerTags::ERNIE)),
+            _ => None,
+        };
         Self { parser, phase: Phase::Start, buffer: String::new(), answer_tags }
     }
 
@@ -109,7 +118,7 @@ impl ReasoningSplitter {
         self.unwrap_answers(parts, false)
     }
 
-    /// `parts` with the answer's `<answer>` wrapper taken off (Hunyuan-A13B), empty parts
+    /// `parts` with the answer's wrapper taken off (Hunyuan-A13B, ERNIE 4.5), empty parts
     /// dropped; `finish` releases what the wrapper held back.
     fn unwrap_answers(&mut self, parts: Vec<Part>, finish: bool) -> Vec<Part> {
         let Some(tags) = self.answer_tags.as_mut() else { return parts };
@@ -143,7 +152,7 @@ impl ReasoningSplitter {
             }
             match (start.strip_prefix(open), self.parser) {
                 (Some(rest), _) => self.buffer = rest.to_string(),
-                (None, ReasoningParser::DeepseekR1 | ReasoningParser::SeedOss) => {}
+                (None, ReasoningParser::DeepseekR1 | ReasoningParser::SeedOss | ReasoningParser::Ernie45) => {}
                 (None, ReasoningParser::Qwen3 | ReasoningParser::GptOss | ReasoningParser::HunyuanA13b) => {
                     self.phase = Phase::Answer;
                     out.push(Part::Answer(std::mem::take(&mut self.buffer)));
@@ -191,65 +200,103 @@ impl ReasoningSplitter {
     }
 }
 
-/// Hunyuan-A13B's answer wrapper, `<answer>\n...\n</answer>`, taken off the answer as it is
-/// written; an answer that does not open with `<answer>` passes as it is.
-#[derive(Debug, Default)]
+/// An answer's wrapper (Hunyuan-A13B's `<answer>\n...\n</answer>`, ERNIE 4.5's
+/// `<response>...</response>`), taken off the answer as it is written; an answer that does not
+/// open with the wrapper passes as it is (ERNIE's without its leading newlines).
+#[derive(Debug)]
 struct AnswerTags {
+    wrapper: Wrapper,
     state: TagState,
     buffer: String,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// The tags around an answer and what goes with them.
+#[derive(Debug, Clone, Copy)]
+struct Wrapper {
+    open: &'static str,
+    /// Includes the newline before the closing tag where the model writes one (Hunyuan).
+    close: &'static str,
+    /// One newline after the opening tag belongs to the tag (Hunyuan).
+    newline_after_open: bool,
+    /// Newlines before the answer (after `</think>`) and after the closing tag are dropped,
+    /// wrapper or not (ERNIE).
+    trim_leading_newlines: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TagState {
     /// Before the first text that says whether the answer is wrapped.
-    #[default]
     Opening,
-    /// Inside `<answer>`, watching for `\n</answer>`.
+    /// Inside the wrapper, watching for its closing tag.
     Inside,
+    /// Just past the closing tag, dropping the newlines after it (ERNIE).
+    Closed,
     /// Past the wrapper, or never in one.
     Plain,
 }
 
 impl AnswerTags {
-    const OPEN: &str = "<answer>";
-    const CLOSE: &str = "\n</answer>";
+    const HUNYUAN: Wrapper =
+        Wrapper { open: "<answer>", close: "\n</answer>", newline_after_open: true, trim_leading_newlines: false };
+    const ERNIE: Wrapper =
+        Wrapper { open: "<response>", close: "</response>", newline_after_open: false, trim_leading_newlines: true };
+
+    fn new(wrapper: Wrapper) -> Self {
+        Self { wrapper, state: TagState::Opening, buffer: String::new() }
+    }
 
     /// The content `text` adds.
     fn push(&mut self, text: &str) -> String {
+        let Wrapper { open, close, newline_after_open, trim_leading_newlines } = self.wrapper;
         self.buffer.push_str(text);
         if self.state == TagState::Opening {
             let start = self.buffer.trim_start();
-            // Whether `<answer>` and its newline open the answer is not known yet.
-            if Self::OPEN.starts_with(start) {
+            // Whether the opening tag (and its newline) opens the answer is not known yet.
+            if open.starts_with(start) || (newline_after_open && start == open) {
                 return String::new();
             }
-            match start.strip_prefix(Self::OPEN) {
+            match start.strip_prefix(open) {
                 Some(rest) => {
-                    self.buffer = rest.strip_prefix('\n').unwrap_or(rest).to_string();
+                    let rest = if newline_after_open { rest.strip_prefix('\n').unwrap_or(rest) } else { rest };
+                    self.buffer = rest.to_string();
                     self.state = TagState::Inside;
                 }
-                None => self.state = TagState::Plain,
+                None => {
+                    if trim_leading_newlines {
+                        self.buffer = self.buffer.trim_start_matches('\n').to_string();
+                    }
+                    self.state = TagState::Plain;
+                }
             }
         }
         if self.state == TagState::Inside {
-            if let Some(end) = self.buffer.find(Self::CLOSE) {
-                let rest = self.buffer.split_off(end + Self::CLOSE.len());
+            if let Some(end) = self.buffer.find(close) {
+                let rest = self.buffer.split_off(end + close.len());
                 self.buffer.truncate(end);
-                self.state = TagState::Plain;
-                return std::mem::take(&mut self.buffer) + &rest;
+                let answer = std::mem::take(&mut self.buffer);
+                self.state = if trim_leading_newlines { TagState::Closed } else { TagState::Plain };
+                return answer + &self.push(&rest);
             }
-            let keep = crate::message::held_prefix_len(&self.buffer, Self::CLOSE);
+            let keep = crate::message::held_prefix_len(&self.buffer, close);
             return self.buffer.drain(..self.buffer.len() - keep).collect();
+        }
+        if self.state == TagState::Closed {
+            self.buffer = self.buffer.trim_start_matches('\n').to_string();
+            if self.buffer.is_empty() {
+                return String::new();
+            }
+            self.state = TagState::Plain;
         }
         std::mem::take(&mut self.buffer)
     }
 
-    /// What was held back when the output ends: a lone `<answer>` is the wrapper, the rest
+    /// What was held back when the output ends: a lone opening tag is the wrapper, the rest
     /// content.
     fn finish(&mut self) -> String {
         let rest = std::mem::take(&mut self.buffer);
         match self.state {
-            TagState::Opening if rest.trim() == Self::OPEN => String::new(),
+            TagState::Opening if rest.trim() == self.wrapper.open => String::new(),
+            TagState::Opening if self.wrapper.trim_leading_newlines => rest.trim_start_matches('\n').to_string(),
             _ => rest,
         }
     }
@@ -346,6 +393,18 @@ mod tests {
         let cut = split(ReasoningParser::HunyuanA13b, "<think>\nA\n</think>\n<answer>\nPart", 3);
         assert_eq!(cut, ("A".into(), "Part".into()));
         assert_eq!(ReasoningParser::parse("hunyuan_a13b"), Ok(ReasoningParser::HunyuanA13b));
+    }
+
+    #[test]
+    fn ernie45_reasons_as_deepseek_r1_and_drops_its_response_wrapper() {
+        for size in [1, 3, 1000] {
+            let wrapped = split(ReasoningParser::Ernie45, "abc\n</think>\n\n<response>\ndef\n</response>\n", size);
+            assert_eq!(wrapped, ("abc\n".into(), "\ndef\n".into()), "pieces of {size}");
+            let bare = split(ReasoningParser::Ernie45, "abc\n</think>\ndef", size);
+            assert_eq!(bare, ("abc\n".into(), "def".into()), "pieces of {size}");
+        }
+        assert_eq!(split(ReasoningParser::Ernie45, "still thinking", 4), ("still thinking".into(), String::new()));
+        assert_eq!(ReasoningParser::parse("ernie45"), Ok(ReasoningParser::Ernie45));
     }
 
     #[test]
