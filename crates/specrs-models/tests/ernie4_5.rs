@@ -10,7 +10,7 @@ mod common;
 use candle_core::Device;
 use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::quantized::{GgmlDType, QTensor};
-use common::{Choice, Reference, Routing, assert_close, logits, write_gguf};
+use common::{Choice, Reference, Routing, assert_close, gguf_with_stacked_experts, logits, write_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
 use specrs_models::weights::gguf::gguf_name;
@@ -124,23 +124,8 @@ fn write_moe_gguf(
     moe: &testing::TinyMoe,
     tensors: &std::collections::HashMap<String, candle_core::Tensor>,
 ) {
-    let f32 = |t: &candle_core::Tensor| QTensor::quantize(&t.contiguous().unwrap(), GgmlDType::F32).unwrap();
-    let mut named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .filter(|(name, _)| !name.contains(".experts."))
-        .map(|(name, t)| (gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), f32(t)))
-        .collect();
-    for l in (0..SHAPE.layers).filter(|l| !moe.dense_layers.contains(l)) {
-        for (proj, short) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
-            let experts: Vec<candle_core::Tensor> = (0..moe.experts)
-                .map(|e| tensors[&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")].clone())
-                .collect();
-            named.push((
-                format!("blk.{l}.ffn_{short}_exps.weight"),
-                f32(&candle_core::Tensor::stack(&experts, 0).unwrap()),
-            ));
-        }
-    }
+    let named =
+        gguf_with_stacked_experts(tensors, (0..SHAPE.layers).filter(|l| !moe.dense_layers.contains(l)), moe.experts);
     let u32v = |x: usize| GgufValue::U32(x as u32);
     let metadata = [
         ("ernie4_5-moe.expert_count", u32v(moe.experts)),

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Choice, Reference, Routing, assert_close, assert_within, logits, write_gguf};
+use common::{Choice, Reference, Routing, assert_close, assert_within, gguf_with_stacked_experts, logits, write_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyMoe, TinyShape};
 use specrs_models::weights::gguf::gguf_name;
@@ -122,20 +122,7 @@ fn hunyuan_a13b_experts_and_shared_mlp_match_the_transformers_forward_and_its_gg
     assert_close(&logits(&model, &ids(), false), &want, "one prefill");
     assert_close(&logits(&model, &ids(), true), &want, "token by token");
     // llama.cpp's `hunyuan-moe`: the shared layer's names, experts stacked, the raised base.
-    let f32 = |t: &Tensor| QTensor::quantize(&t.contiguous().unwrap(), GgmlDType::F32).unwrap();
-    let mut named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .filter(|(name, _)| !name.contains(".mlp.experts."))
-        .map(|(name, t)| (gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), f32(t)))
-        .collect();
-    for l in 0..SHAPE.layers {
-        for (proj, short) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
-            let experts: Vec<Tensor> = (0..MOE.experts)
-                .map(|e| tensors[&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")].clone())
-                .collect();
-            named.push((format!("blk.{l}.ffn_{short}_exps.weight"), f32(&Tensor::stack(&experts, 0).unwrap())));
-        }
-    }
+    let named = gguf_with_stacked_experts(&tensors, 0..SHAPE.layers, MOE.experts);
     let u32v = |x: usize| GgufValue::U32(x as u32);
     let metadata = [
         ("hunyuan-moe.rope.freq_base", GgufValue::F32(cfg.rope_theta as f32)),

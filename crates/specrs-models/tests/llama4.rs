@@ -13,12 +13,10 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Choice, Llama4Layout, Reference, Routing, assert_close, logits, write_gguf};
+use common::{Choice, Llama4Layout, Reference, Routing, assert_close, gguf_with_stacked_experts, logits, write_gguf};
 use serde_json::{Value, json};
 use specrs_models::testing::{self, TinyMoe, TinyShape};
-use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, DecoderConfig, ModelDType, QueryTemperature, Router, load_causal_lm};
 
 const SHAPE: TinyShape =
@@ -125,20 +123,7 @@ fn a_llama4_gguf_loads_to_the_same_model() {
     let (hf, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
     // llama.cpp's layout: the shared layer's names, q/k rows as the checkpoint has them
     // (`undo_permute = False`), the experts split from gate_up and stacked.
-    let f32 = |t: &Tensor| QTensor::quantize(&t.contiguous().unwrap(), GgmlDType::F32).unwrap();
-    let mut named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .filter(|(name, _)| !name.contains(".mlp.experts."))
-        .map(|(name, t)| (gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), f32(t)))
-        .collect();
-    for l in [1, 3] {
-        for (proj, short) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
-            let experts: Vec<Tensor> = (0..MOE.experts)
-                .map(|e| tensors[&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")].clone())
-                .collect();
-            named.push((format!("blk.{l}.ffn_{short}_exps.weight"), f32(&Tensor::stack(&experts, 0).unwrap())));
-        }
-    }
+    let named = gguf_with_stacked_experts(&tensors, [1, 3], MOE.experts);
     let u32v = |x: usize| GgufValue::U32(x as u32);
     let metadata = [
         ("llama4.expert_count", u32v(MOE.experts)),

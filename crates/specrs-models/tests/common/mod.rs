@@ -755,6 +755,30 @@ pub fn write_unpermuted_gguf(
     write_gguf(path, arch, shape, &named, extra);
 }
 
+/// A mixture's tensors as llama.cpp's converter writes them, in f32: each under its GGUF name,
+/// and the experts of every layer in `sparse_layers` stacked into `ffn_{gate,up,down}_exps`.
+pub fn gguf_with_stacked_experts(
+    tensors: &HashMap<String, Tensor>,
+    sparse_layers: impl IntoIterator<Item = usize>,
+    experts: usize,
+) -> Vec<(String, QTensor)> {
+    let f32 = |t: &Tensor| QTensor::quantize(&t.contiguous().unwrap(), GgmlDType::F32).unwrap();
+    let mut named: Vec<(String, QTensor)> = tensors
+        .iter()
+        .filter(|(name, _)| !name.contains(".mlp.experts."))
+        .map(|(name, t)| (gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), f32(t)))
+        .collect();
+    for l in sparse_layers {
+        for (proj, short) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
+            let stacked: Vec<Tensor> = (0..experts)
+                .map(|e| tensors[&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")].clone())
+                .collect();
+            named.push((format!("blk.{l}.ffn_{short}_exps.weight"), f32(&Tensor::stack(&stacked, 0).unwrap())));
+        }
+    }
+    named
+}
+
 /// Writes `named` tensors with the metadata llama.cpp's converter gives a dense `arch` of
 /// `shape` (head dims as both `attention.key_length` and `rope.dimension_count`), then `extra`
 /// (which replaces any of those keys it names).
