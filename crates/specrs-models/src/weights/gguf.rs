@@ -601,6 +601,19 @@ impl GgufSource {
         let experts = || -> Result<(usize, usize)> {
             Ok((self.meta_usize("expert_count")?, self.meta_usize("expert_used_count")?))
         };
+        // A shared MLP added ungated (`ffn_*_shexp`), where the file gives it a width.
+        let ungated_shared_mlp = || {
+            self.meta_usize("expert_shared_feed_forward_length")
+                .ok()
+                .filter(|&w| w > 0)
+                .map(|w| SharedExpertConfig { intermediate_size: w, gated: false })
+        };
+        // Experts as wide as `expert_feed_forward_length`, else as the dense MLP (configs
+        // without a separate expert width).
+        let expert_or_dense_width = || match self.meta_usize("expert_feed_forward_length") {
+            Ok(w) => Ok(w),
+            Err(_) => self.meta_usize("feed_forward_length"),
+        };
         let moe = match self.architecture {
             Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
                 let (count, used) = experts()?;
@@ -651,11 +664,7 @@ impl GgufSource {
             Architecture::HunYuanMoe => {
                 let (count, used) = experts()?;
                 MoeConfig {
-                    shared_expert: self
-                        .meta_usize("expert_shared_feed_forward_length")
-                        .ok()
-                        .filter(|&w| w > 0)
-                        .map(|w| SharedExpertConfig { intermediate_size: w, gated: false }),
+                    shared_expert: ungated_shared_mlp(),
                     ..MoeConfig::softmax_everywhere(count, used, self.meta_usize("expert_feed_forward_length")?, true)
                 }
             }
@@ -663,10 +672,7 @@ impl GgufSource {
             // wide as `feed_forward_length` (its config has no separate expert width).
             Architecture::Olmoe => {
                 let (count, used) = experts()?;
-                let width = match self.meta_usize("expert_feed_forward_length") {
-                    Ok(w) => w,
-                    Err(_) => self.meta_usize("feed_forward_length")?,
-                };
+                let width = expert_or_dense_width()?;
                 let norm = matches!(self.meta("expert_weights_norm"), Some(Value::Bool(true)));
                 MoeConfig::softmax_everywhere(count, used, width, norm)
             }
@@ -674,17 +680,9 @@ impl GgufSource {
             // and GraniteMoeShared's shared MLP into `ffn_*_shexp` (added ungated).
             Architecture::GraniteMoe => {
                 let (count, used) = experts()?;
-                let width = match self.meta_usize("expert_feed_forward_length") {
-                    Ok(w) => w,
-                    Err(_) => self.meta_usize("feed_forward_length")?,
-                };
                 MoeConfig {
-                    shared_expert: self
-                        .meta_usize("expert_shared_feed_forward_length")
-                        .ok()
-                        .filter(|&w| w > 0)
-                        .map(|w| SharedExpertConfig { intermediate_size: w, gated: false }),
-                    ..MoeConfig::softmax_everywhere(count, used, width, true)
+                    shared_expert: ungated_shared_mlp(),
+                    ..MoeConfig::softmax_everywhere(count, used, expert_or_dense_width()?, true)
                 }
             }
             // DeepSeek: sigmoid scores with a correction bias (V3, GLM-4.5, MiniMax-M2) or softmax (V2),
