@@ -557,6 +557,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Llama4ForCausalLM",
         "GraniteForCausalLM",
         "ArceeForCausalLM",
+        "Starcoder2ForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

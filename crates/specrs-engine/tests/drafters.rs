@@ -822,3 +822,12 @@ fn an_arcee_target_with_an_ungated_relu_squared_mlp_speculates_losslessly() {
     write(&target, &config, &tensors);
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 367, "Arcee");
 }
+
+#[test]
+fn a_starcoder2_target_with_biases_layer_norms_and_a_gelu_mlp_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("starcoder2");
+    let tensors = testing::random_starcoder2(&SHAPE, 373).unwrap();
+    write(&target, &testing::starcoder2_config(&SHAPE, Some(6)), &testing::as_starcoder2(&tensors));
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 379, "StarCoder2");
+}

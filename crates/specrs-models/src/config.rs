@@ -125,6 +125,10 @@ pub enum Architecture {
     /// Arcee (`ArceeForCausalLM`: AFM-4.5B): Llama's layer with an MLP without a gate,
     /// `down(relu(up(x))²)`.
     Arcee,
+    /// StarCoder2 (`Starcoder2ForCausalLM`: 3B, 7B, 15B): Mistral's sliding-window attention
+    /// with biases on every projection (`use_bias`), LayerNorms with bias, and an MLP without a
+    /// gate, `c_proj(gelu_tanh(c_fc(x)))`.
+    Starcoder2,
 }
 
 impl Architecture {
@@ -168,6 +172,7 @@ impl Architecture {
         ("MiniMaxM2ForCausalLM", Architecture::MiniMaxM2),
         ("Llama4ForCausalLM", Architecture::Llama4),
         ("ArceeForCausalLM", Architecture::Arcee),
+        ("Starcoder2ForCausalLM", Architecture::Starcoder2),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -205,6 +210,7 @@ impl Architecture {
         // llama.cpp fixes the chunk and the temperature's floor at 8192 (Scout's and Maverick's).
         ("llama4", Architecture::Llama4),
         ("arcee", Architecture::Arcee),
+        ("starcoder2", Architecture::Starcoder2),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
@@ -261,6 +267,7 @@ impl Architecture {
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
             Self::Arcee => "ArceeForCausalLM",
+            Self::Starcoder2 => "Starcoder2ForCausalLM",
         }
     }
 
@@ -300,6 +307,7 @@ impl Architecture {
             Self::MiniMaxM2 => "minimax_m2",
             Self::Llama4 => "llama4_text",
             Self::Arcee => "arcee",
+            Self::Starcoder2 => "starcoder2",
         }
     }
 
@@ -911,6 +919,8 @@ pub struct DecoderConfig {
     pub sliding_layers: Option<Vec<bool>>,
     /// The attention's output projection has a bias (gpt-oss).
     pub attention_output_bias: bool,
+    /// The dense MLP's projections have biases (StarCoder2's `use_bias`, Llama's `mlp_bias`).
+    pub mlp_bias: bool,
     /// Each attention head has a learned sink logit, `self_attn.sinks` (gpt-oss).
     pub attention_sinks: bool,
     /// `Some(layers)`: only `layers[i]` apply RoPE, the others attend without positions
@@ -1443,9 +1453,11 @@ impl DecoderConfig {
         // Mistral and Phi-3 attend within their window; Qwen2 configs carry a `sliding_window`
         // that only applies with `use_sliding_window`, which no supported checkpoint sets.
         let sliding_window = match architecture {
-            Architecture::Llama | Architecture::Phi3 | Architecture::Mixtral | Architecture::GptOss => {
-                v.get("sliding_window").and_then(Value::as_u64)
-            }
+            Architecture::Llama
+            | Architecture::Phi3
+            | Architecture::Mixtral
+            | Architecture::GptOss
+            | Architecture::Starcoder2 => v.get("sliding_window").and_then(Value::as_u64),
             Architecture::Olmo3 | Architecture::Cohere2 => {
                 Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096))
             }
@@ -1514,13 +1526,38 @@ impl DecoderConfig {
                 format!("'{act}' is not supported for Arcee (its MLP squares a ReLU: relu2)"),
             ));
         }
-        if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
+        if architecture == Architecture::Starcoder2
+            && let Some(act) = v
+                .get("hidden_act")
+                .and_then(Value::as_str)
+                .filter(|a| !matches!(*a, "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast"))
+        {
             return Err(ModelError::config(
-                "mlp_bias",
-                "biased MLP projections are not supported; released checkpoints of the supported families set mlp_bias \
-                 to false",
+                "hidden_act",
+                format!(
+                    "'{act}' is not supported for StarCoder2 (its MLP runs GELU's tanh approximation: gelu_pytorch_tanh)"
+                ),
             ));
         }
+        // StarCoder2's `use_bias` covers every projection; Llama's, Granite's and Arcee's MLPs
+        // take `mlp_bias`, which the other families' classes do not read.
+        let use_bias = v.get("use_bias").and_then(Value::as_bool).unwrap_or(true);
+        let mlp_bias = match architecture {
+            Architecture::Starcoder2 => use_bias,
+            Architecture::Llama | Architecture::Granite | Architecture::Arcee => {
+                v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false)
+            }
+            _ if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) => {
+                return Err(ModelError::config(
+                    "mlp_bias",
+                    format!(
+                        "biased MLP projections are not supported for {}; its released checkpoints set mlp_bias to false",
+                        architecture.hf_name()
+                    ),
+                ));
+            }
+            _ => false,
+        };
         // Sliding layers among full ones: Gemma 2 and gpt-oss alternate them (sliding first),
         // OLMo 3 runs three and Gemma 3 five to each full one.
         let sliding_layers = match architecture {
@@ -1560,6 +1597,7 @@ impl DecoderConfig {
             vocab_size: req_usize(v, "vocab_size")?,
             rms_norm_eps: match architecture {
                 Architecture::Cohere | Architecture::Cohere2 => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
+                Architecture::Starcoder2 => opt_f64(v, "norm_epsilon").unwrap_or(1e-5),
                 _ => opt_f64(v, "rms_norm_eps").unwrap_or(1e-6),
             },
             rope_theta: hunyuan_rope_base(v, architecture, rotary_dim)?
@@ -1567,9 +1605,11 @@ impl DecoderConfig {
             rope_scaling,
             max_position_embeddings,
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(
-                architecture.is_gemma() || matches!(architecture, Architecture::Cohere | Architecture::Cohere2),
+                architecture.is_gemma()
+                    || matches!(architecture, Architecture::Cohere | Architecture::Cohere2 | Architecture::Starcoder2),
             ),
-            attention_bias: internlm2_bias(v, architecture)?
+            attention_bias: (architecture == Architecture::Starcoder2 && use_bias)
+                || internlm2_bias(v, architecture)?
                 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(architecture.qkv_bias_by_default()),
             qk_norm: architecture.has_qk_norm()
                 || (matches!(architecture, Architecture::Glm4Moe | Architecture::Cohere)
@@ -1581,10 +1621,12 @@ impl DecoderConfig {
             sliding_window,
             sliding_layers: sliding_layers.clone(),
             // DeepSeek's `attention_bias` covers its output projection too; Seed-OSS names its own.
-            attention_output_bias: (gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
+            attention_output_bias: (architecture == Architecture::Starcoder2 && use_bias)
+                || (gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || (mla.is_some() && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false))
                 || (architecture == Architecture::SeedOss
                     && v.get("attention_out_bias").and_then(Value::as_bool).unwrap_or(false)),
+            mlp_bias,
             attention_sinks: gpt_oss,
             rope_layers: match architecture {
                 Architecture::SmolLm3 | Architecture::Llama4 => {
@@ -1740,14 +1782,21 @@ impl DecoderConfig {
         }
     }
 
-    /// The dense MLP multiplies a gated branch into `up` (all but Arcee's `relu(up)²`).
+    /// The dense MLP multiplies a gated branch into `up` (all but Arcee's `relu(up)²` and
+    /// StarCoder2's `gelu_tanh(up)`).
     pub fn mlp_is_gated(&self) -> bool {
-        self.architecture != Architecture::Arcee
+        !matches!(self.architecture, Architecture::Arcee | Architecture::Starcoder2)
     }
 
-    /// The norms are LayerNorms without bias (Cohere): centred before they are normalised.
+    /// The norms are LayerNorms (Cohere's without bias, StarCoder2's with): centred before
+    /// they are normalised.
     pub fn centered_norms(&self) -> bool {
-        matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2)
+        matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2 | Architecture::Starcoder2)
+    }
+
+    /// The LayerNorms add a bias (`{norm}.bias`, StarCoder2).
+    pub fn norms_have_bias(&self) -> bool {
+        self.architecture == Architecture::Starcoder2
     }
 
     /// The per-head q/k norms come after RoPE (HunYuan), not before.

@@ -231,6 +231,14 @@ impl FusedLinear {
         Ok(Self::Stacked { linear: Linear::new(stacked, bias, out_dim, in_dim), splits })
     }
 
+    /// How many outputs [`Self::forward`] returns.
+    pub fn parts(&self) -> usize {
+        match self {
+            Self::Stacked { splits, .. } => splits.len(),
+            Self::Separate(parts) => parts.len(),
+        }
+    }
+
     pub fn size_in_bytes(&self) -> usize {
         match self {
             Self::Stacked { linear, .. } => linear.weight().size_in_bytes(),

@@ -1601,3 +1601,58 @@ pub fn llama4_image_text_config(text: &Value) -> Value {
         "tie_word_embeddings": false,
     })
 }
+
+/// A StarCoder2 `config.json` for a tiny target: tied embeddings, biases everywhere
+/// (`use_bias`), LayerNorms of `norm_epsilon` 1e-5, tanh GELU, attending within `window`.
+pub fn starcoder2_config(s: &TinyShape, window: Option<usize>) -> Value {
+    let mut c = target_config(Architecture::Starcoder2, s, true);
+    let map = c.as_object_mut().expect("a config object");
+    map.remove("rms_norm_eps");
+    map.insert("norm_epsilon".into(), json!(1e-5));
+    map.insert("use_bias".into(), json!(true));
+    map.insert("hidden_act".into(), json!("gelu_pytorch_tanh"));
+    map.insert("sliding_window".into(), json!(window));
+    c
+}
+
+/// Random weights for a tiny StarCoder2 under the shared layer's names: Llama's without the
+/// MLP's gate, plus a bias on every projection and every LayerNorm (see [`as_starcoder2`] for
+/// the checkpoint's own names).
+pub fn random_starcoder2(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Llama, s, true, seed)?;
+    t.retain(|name, _| !name.ends_with("mlp.gate_proj.weight"));
+    let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut k = seed * 1000;
+    let mut bias = |name: String, dim: usize| -> Result<()> {
+        k += 1;
+        t.insert(name, random_tensor(&[dim], 0.1, k)?);
+        Ok(())
+    };
+    bias("model.norm.bias".into(), h)?;
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        for (name, dim) in [
+            ("input_layernorm", h),
+            ("post_attention_layernorm", h),
+            ("self_attn.q_proj", q),
+            ("self_attn.k_proj", kv),
+            ("self_attn.v_proj", kv),
+            ("self_attn.o_proj", h),
+            ("mlp.up_proj", s.intermediate),
+            ("mlp.down_proj", h),
+        ] {
+            bias(format!("{p}.{name}.bias"), dim)?;
+        }
+    }
+    Ok(t)
+}
+
+/// A StarCoder2 checkpoint's own names for the shared layer's: the MLP's `c_fc` and `c_proj`.
+pub fn as_starcoder2(tensors: &HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    tensors
+        .iter()
+        .map(|(name, t)| {
+            (name.replace(".mlp.up_proj.", ".mlp.c_fc.").replace(".mlp.down_proj.", ".mlp.c_proj."), t.clone())
+        })
+        .collect()
+}

@@ -23,6 +23,7 @@ pub mod qwen2;
 pub mod qwen3;
 pub mod seed_oss;
 pub mod smollm3;
+pub mod starcoder2;
 pub mod transformer;
 
 use std::path::Path;
@@ -75,6 +76,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::HunYuanDense | Architecture::HunYuanMoe => store.set_aliases(hunyuan::aliases(&cfg))?,
                 Architecture::Llama4 => store.set_aliases(llama4::aliases(store, &cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
+                Architecture::Starcoder2 => store.set_aliases(starcoder2::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -111,6 +113,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::HunYuanDense | Architecture::HunYuanMoe => hunyuan::adapt(cfg),
                 Architecture::Llama4 => llama4::adapt(cfg),
                 Architecture::Arcee => arcee::adapt(cfg),
+                Architecture::Starcoder2 => starcoder2::adapt(cfg),
             })
         }
     }

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Result, Tensor};
 
 use crate::attention::{AttentionShape, AttentionSinks, fixed_attention, paged_attention};
 use crate::batch::ForwardBatch;
-use crate::config::{DecoderConfig, NormPlacement, QueryTemperature};
+use crate::config::{Architecture, DecoderConfig, NormPlacement, QueryTemperature};
 use crate::error::Result as LoadResult;
 use crate::graph::StepInputs;
 use crate::kv_cache::PagedKvCache;
@@ -307,11 +307,34 @@ pub enum Activation {
     ReluSquared,
 }
 
+impl Activation {
+    /// The activation of `cfg`'s dense MLP: over the gate (SwiGLU; Gemma's GeGLU), or over
+    /// `up` where the MLP has no gate (Arcee's `relu²`, StarCoder2's tanh GELU).
+    pub fn of_dense_mlp(cfg: &DecoderConfig) -> Self {
+        match cfg.architecture {
+            _ if cfg.gemma.is_some() => Self::GeluTanh,
+            Architecture::Arcee => Self::ReluSquared,
+            Architecture::Starcoder2 => Self::GeluTanh,
+            _ => Self::Silu,
+        }
+    }
+
+    /// Applies the activation alone (an MLP without a gate).
+    fn forward(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Silu => candle_nn::ops::silu(x),
+            Self::GeluTanh => x.gelu(),
+            Self::ReluSquared => x.relu()?.sqr(),
+            Self::ClampedSwiGlu { .. } => candle_core::bail!("gpt-oss's clamped SwiGLU needs a gate"),
+        }
+    }
+}
+
 /// gpt-oss's SwiGLU slope.
 const GPT_OSS_ALPHA: f64 = 1.702;
 
-/// Gated MLP: `down(act(gate(x)) * up(x))`, SwiGLU unless told otherwise; or (Arcee's
-/// `ReluSquared`) `down(relu(up(x))²)` with no gate.
+/// Gated MLP: `down(act(gate(x)) * up(x))`, SwiGLU unless told otherwise; or, without a gate,
+/// `down(act(up(x)))` (Arcee's `relu²`, StarCoder2's GELU).
 #[derive(Debug, Clone)]
 pub struct Mlp {
     /// `[gate, up]`, or `[up]` alone for an MLP without a gate.
@@ -322,26 +345,40 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn load(store: &WeightStore, prefix: &str, hidden: usize, intermediate: usize) -> LoadResult<Self> {
-        let gate = store.linear(&format!("{prefix}.gate_proj"), intermediate, hidden, false)?;
-        let up = store.linear(&format!("{prefix}.up_proj"), intermediate, hidden, false)?;
+        Self::load_biased(store, prefix, hidden, intermediate, false)
+    }
+
+    /// A SwiGLU MLP whose three projections have biases when `bias` (Llama's `mlp_bias`).
+    pub fn load_biased(
+        store: &WeightStore,
+        prefix: &str,
+        hidden: usize,
+        intermediate: usize,
+        bias: bool,
+    ) -> LoadResult<Self> {
+        let gate = store.linear(&format!("{prefix}.gate_proj"), intermediate, hidden, bias)?;
+        let up = store.linear(&format!("{prefix}.up_proj"), intermediate, hidden, bias)?;
         Ok(Self {
             gate_up: FusedLinear::new(vec![gate, up])?,
-            down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, false)?,
+            down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, bias)?,
             act: Activation::Silu,
         })
     }
 
-    /// Arcee's MLP: `up_proj`, then `relu(·)²`, then `down_proj`; no gate.
-    pub fn load_ungated(store: &WeightStore, prefix: &str, hidden: usize, intermediate: usize) -> LoadResult<Self> {
+    /// An MLP without a gate: `up_proj`, then `act`, then `down_proj`, both projections biased
+    /// when `bias` (Arcee's `relu²`; StarCoder2's `c_fc`, GELU, `c_proj`).
+    pub fn load_ungated(
+        store: &WeightStore,
+        prefix: &str,
+        (hidden, intermediate): (usize, usize),
+        bias: bool,
+        act: Activation,
+    ) -> LoadResult<Self> {
+        let up = store.linear(&format!("{prefix}.up_proj"), intermediate, hidden, bias)?;
         Ok(Self {
-            gate_up: FusedLinear::new(vec![store.linear(
-                &format!("{prefix}.up_proj"),
-                intermediate,
-                hidden,
-                false,
-            )?])?,
-            down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, false)?,
-            act: Activation::ReluSquared,
+            gate_up: FusedLinear::new(vec![up])?,
+            down_proj: store.linear(&format!("{prefix}.down_proj"), hidden, intermediate, bias)?,
+            act,
         })
     }
 
@@ -370,10 +407,10 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.act == Activation::ReluSquared {
-            // [T, H] -> relu(up)² [T, I] -> [T, H].
+        if self.gate_up.parts() == 1 {
+            // No gate: [T, H] -> act(up) [T, I] -> [T, H].
             let up = self.gate_up.forward(x)?.into_iter().next().unwrap();
-            return self.down_proj.forward(&up.relu()?.sqr()?);
+            return self.down_proj.forward(&self.act.forward(&up)?);
         }
         if let Activation::ClampedSwiGlu { limit } = self.act {
             // [T, H] -> (clamp(up) + 1) · g · sigmoid(1.702 g) [T, I] -> [T, H].
@@ -452,24 +489,25 @@ impl DecoderLayer {
     pub fn load(store: &WeightStore, prefix: &str, index: usize, cfg: &DecoderConfig) -> LoadResult<Self> {
         let mlp_prefix = format!("{prefix}.mlp");
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let gemma = cfg.gemma.is_some();
         let placement = cfg.norm_placement();
-        let offset = cfg.norms_add_one();
         let mlp = match &cfg.moe {
             Some(moe) if moe.is_sparse_layer(index) => {
                 FeedForward::Sparse(Box::new(SparseMoe::load(store, &mlp_prefix, h, moe)?))
             }
             _ if cfg.fused_projections => FeedForward::Dense(Mlp::load_fused(store, &mlp_prefix, h, i)?),
-            _ if !cfg.mlp_is_gated() => FeedForward::Dense(Mlp::load_ungated(store, &mlp_prefix, h, i)?),
-            _ if gemma => {
-                FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?.with_activation(Activation::GeluTanh))
-            }
-            _ => FeedForward::Dense(Mlp::load(store, &mlp_prefix, h, i)?),
+            _ if !cfg.mlp_is_gated() => FeedForward::Dense(Mlp::load_ungated(
+                store,
+                &mlp_prefix,
+                (h, i),
+                cfg.mlp_bias,
+                Activation::of_dense_mlp(cfg),
+            )?),
+            _ => FeedForward::Dense(
+                Mlp::load_biased(store, &mlp_prefix, h, i, cfg.mlp_bias)?
+                    .with_activation(Activation::of_dense_mlp(cfg)),
+            ),
         };
-        let norm = |name: &str| {
-            RmsNorm::load_as(store, &format!("{prefix}.{name}.weight"), h, cfg.rms_norm_eps, offset)
-                .map(|n| n.centered(cfg.centered_norms()))
-        };
+        let norm = |name: &str| load_norm(store, &format!("{prefix}.{name}"), cfg);
         let parallel = placement == NormPlacement::Parallel;
         let (before, after) = match placement {
             NormPlacement::Pre | NormPlacement::Parallel => (true, false),
@@ -544,6 +582,18 @@ impl DecoderLayer {
     }
 }
 
+/// The norm `{name}.weight` (and `{name}.bias`) of `cfg`'s kind: RMSNorm, Gemma's `1 + weight`,
+/// or LayerNorm with or without bias.
+fn load_norm(store: &WeightStore, name: &str, cfg: &DecoderConfig) -> LoadResult<RmsNorm> {
+    let h = cfg.hidden_size;
+    let norm = RmsNorm::load_as(store, &format!("{name}.weight"), h, cfg.rms_norm_eps, cfg.norms_add_one())?;
+    let bias = match cfg.norms_have_bias() {
+        true => Some(store.tensor(&format!("{name}.bias"), &[h])?),
+        false => None,
+    };
+    Ok(norm.centered(cfg.centered_norms()).with_bias(bias))
+}
+
 /// `x` through `norm`, or `x` itself where the layer has none there.
 fn normed(norm: &Option<RmsNorm>, x: &Tensor) -> Result<Tensor> {
     match norm {
@@ -586,8 +636,7 @@ impl CausalLm {
         let layers = (0..config.num_hidden_layers)
             .map(|i| DecoderLayer::load(store, &format!("model.layers.{i}"), i, &config))
             .collect::<LoadResult<Vec<_>>>()?;
-        let norm = RmsNorm::load_as(store, "model.norm.weight", h, config.rms_norm_eps, config.norms_add_one())?
-            .centered(config.centered_norms());
+        let norm = load_norm(store, "model.norm", &config)?;
         let lm_head = if config.tie_word_embeddings {
             embed_tokens.clone()
         } else {

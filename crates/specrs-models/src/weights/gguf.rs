@@ -80,6 +80,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
+        "model.norm.bias" => Some("output_norm.bias"),
         "lm_head.weight" => Some("output.weight"),
         _ => None,
     };
@@ -92,6 +93,9 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     let mapped = match tail {
         "input_layernorm.weight" => "attn_norm.weight",
         "post_attention_layernorm.weight" => "ffn_norm.weight",
+        // LayerNorms' biases (StarCoder2).
+        "input_layernorm.bias" => "attn_norm.bias",
+        "post_attention_layernorm.bias" => "ffn_norm.bias",
         "self_attn.qkv_proj.weight" => "attn_qkv.weight",
         "self_attn.q_proj.weight" => "attn_q.weight",
         "self_attn.k_proj.weight" => "attn_k.weight",
@@ -118,6 +122,10 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         // Phi-3 keeps gate and up fused in `ffn_up` (gate rows first); only Phi-3 asks for it.
         "mlp.gate_up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
+        // A biased MLP (StarCoder2's `c_fc` / `c_proj`, Llama's `mlp_bias`).
+        "mlp.gate_proj.bias" => "ffn_gate.bias",
+        "mlp.up_proj.bias" => "ffn_up.bias",
+        "mlp.down_proj.bias" => "ffn_down.bias",
         "mlp.gate.weight" => "ffn_gate_inp.weight",
         "mlp.gate.e_score_correction_bias" => "exp_probs_b.bias",
         "mlp.moe_statics.e_score_correction_bias" => "exp_probs_b.bias",
@@ -375,7 +383,7 @@ impl GgufSource {
             head_dim,
             rotary_dim,
             vocab_size,
-            rms_norm_eps: match cohere {
+            rms_norm_eps: match cohere || self.architecture == Architecture::Starcoder2 {
                 true => self.meta_f64("attention.layer_norm_epsilon").unwrap_or(1e-5),
                 false => self.meta_f64("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             },
@@ -393,7 +401,11 @@ impl GgufSource {
                     Some(self.meta_usize("attention.sliding_window")?)
                 }
                 (None, Architecture::Exaone4) => exaone4_window,
-                (None, _) => self.meta_usize("attention.sliding_window").ok().filter(|_| phi3),
+                // StarCoder2's converter writes no window; a file that gives one is honoured.
+                (None, _) => self
+                    .meta_usize("attention.sliding_window")
+                    .ok()
+                    .filter(|_| phi3 || self.architecture == Architecture::Starcoder2),
             },
             sliding_layers: match &gemma {
                 Some((_, _, layers)) => Some(layers.clone()),
@@ -402,6 +414,7 @@ impl GgufSource {
                 None => cohere2_sliding.clone(),
             },
             attention_output_bias: self.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
+            mlp_bias: self.content.tensor_infos.contains_key("blk.0.ffn_up.bias"),
             attention_sinks: false,
             // llama.cpp fixes SmolLM3's and Llama 4's step: every fourth layer attends without RoPE.
             rope_layers: match self.architecture {

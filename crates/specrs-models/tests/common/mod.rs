@@ -154,6 +154,8 @@ pub struct Reference<'a> {
     /// Attention and MLP read the same normed input and both join the residual (Cohere).
     pub parallel: bool,
     pub llama4: Option<Llama4Layout>,
+    /// An MLP without a gate applies GELU's tanh form (StarCoder2), not `relu²` (Arcee).
+    pub ungated_gelu: bool,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -208,6 +210,7 @@ impl<'a> Reference<'a> {
             qk_norm_after_rope: false,
             parallel: false,
             llama4: None,
+            ungated_gelu: false,
         }
     }
 
@@ -221,9 +224,15 @@ impl<'a> Reference<'a> {
         if self.gemma.is_some() { w.iter().map(|v| 1.0 + v).collect() } else { w }
     }
 
+    /// `x` normed by the norm whose weight is `name`, plus its bias where it has one
+    /// (StarCoder2's LayerNorms).
     fn rms(&self, x: &[Vec<f32>], name: &str) -> Rows {
         let w = self.norm_weight(name);
-        x.iter().map(|row| self.norm_row(row, &w)).collect()
+        let normed: Rows = x.iter().map(|row| self.norm_row(row, &w)).collect();
+        match self.get(&name.replace(".weight", ".bias")) {
+            Some(b) => add(&normed, &vec![b.to_vec1::<f32>().unwrap(); normed.len()]),
+            None => normed,
+        }
     }
 
     /// `row` normed with weight `w`: RMSNorm, or LayerNorm without bias when `centered_norms`.
@@ -283,6 +292,15 @@ impl<'a> Reference<'a> {
     /// `x @ {p}.{name}.weight^T`.
     fn linear(&self, p: &str, name: &str, x: &[Vec<f32>]) -> Rows {
         matmul_t(x, &self.tensors[&format!("{p}.{name}.weight")])
+    }
+
+    /// [`Self::linear`] plus `{p}.{name}.bias` where the checkpoint has it.
+    fn biased(&self, p: &str, name: &str, x: &[Vec<f32>]) -> Rows {
+        let y = self.linear(p, name, x);
+        match self.get(&format!("{p}.{name}.bias")) {
+            Some(b) => add(&y, &vec![b.to_vec1::<f32>().unwrap(); y.len()]),
+            None => y,
+        }
     }
 
     /// DeepSeek-V3's attention: queries `q_b(rms(q_a(x)))` (or `q_proj(x)`) split per head into
@@ -488,14 +506,15 @@ impl<'a> Reference<'a> {
     }
 
     /// SwiGLU under `p` (fused `gate_up_proj` or separate); without a gate, Arcee's
-    /// `relu(up)²`.
+    /// `relu(up)²` or StarCoder2's `gelu_tanh(up)`; biases added where the checkpoint has them.
     fn mlp(&self, p: &str, x: &[Vec<f32>]) -> Rows {
         if self.get(&format!("{p}.gate_proj.weight")).is_none()
             && self.get(&format!("{p}.gate_up_proj.weight")).is_none()
         {
-            let up = matmul_t(x, &self.tensors[&format!("{p}.up_proj.weight")]);
-            let act: Rows = up.iter().map(|r| r.iter().map(|v| v.max(0.0) * v.max(0.0)).collect()).collect();
-            return matmul_t(&act, &self.tensors[&format!("{p}.down_proj.weight")]);
+            let up = self.biased(p, "up_proj", x);
+            let act = |v: f32| if self.ungated_gelu { gelu_tanh(v) } else { v.max(0.0) * v.max(0.0) };
+            let act: Rows = up.iter().map(|r| r.iter().map(|&v| act(v)).collect()).collect();
+            return self.biased(p, "down_proj", &act);
         }
         let silu = |v: f32| if self.gemma.is_some() { gelu_tanh(v) } else { silu(v) };
         let act: Rows = match self.get(&format!("{p}.gate_up_proj.weight")) {
@@ -507,12 +526,11 @@ impl<'a> Reference<'a> {
                 })
                 .collect(),
             None => {
-                let gate = matmul_t(x, &self.tensors[&format!("{p}.gate_proj.weight")]);
-                let up = matmul_t(x, &self.tensors[&format!("{p}.up_proj.weight")]);
+                let (gate, up) = (self.biased(p, "gate_proj", x), self.biased(p, "up_proj", x));
                 gate.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(a, b)| silu(*a) * b).collect()).collect()
             }
         };
-        matmul_t(&act, &self.tensors[&format!("{p}.down_proj.weight")])
+        self.biased(p, "down_proj", &act)
     }
 
     /// Transformers' sparse MoE block: the router's choice (softmax top-k, or DeepSeek-V3's
