@@ -558,6 +558,8 @@ def pipeline_class_name(pipeline: type) -> str:
         "GraniteForCausalLM",
         "ArceeForCausalLM",
         "Starcoder2ForCausalLM",
+        "StableLmForCausalLM",
+        "PhiForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

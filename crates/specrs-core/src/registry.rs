@@ -428,6 +428,24 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "StableLmForCausalLM",
+        example_repo_ids: &[
+            "stabilityai/stablelm-2-1_6b-chat",
+            "stabilityai/stablelm-2-12b-chat",
+            "stabilityai/stablelm-3b-4e1t",
+        ],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
+        name: "PhiForCausalLM",
+        example_repo_ids: &["microsoft/phi-2", "microsoft/phi-1_5", "microsoft/phi-1"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "GraniteForCausalLM",
         example_repo_ids: &["ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-8b-instruct"],
         default_weights_format: "safetensors",

@@ -831,3 +831,22 @@ fn a_starcoder2_target_with_biases_layer_norms_and_a_gelu_mlp_speculates_lossles
     write(&target, &testing::starcoder2_config(&SHAPE, Some(6)), &testing::as_starcoder2(&tensors));
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 379, "StarCoder2");
 }
+
+#[test]
+fn a_stablelm_2_target_with_per_head_qk_norms_and_parallel_blocks_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("stablelm");
+    let tensors = testing::random_stablelm(&SHAPE, false, true, true, 383).unwrap();
+    let config = testing::stablelm_config(&SHAPE, 0.25, false, true, true);
+    write(&target, &config, &testing::as_stablelm(&tensors).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 389, "StableLM 2");
+}
+
+#[test]
+fn a_phi2_target_with_biases_everywhere_and_parallel_blocks_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("phi2");
+    let tensors = testing::random_phi(&SHAPE, false, 397).unwrap();
+    write(&target, &testing::phi_config(&SHAPE, 0.5, false), &testing::as_phi(&tensors));
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 401, "Phi-2");
+}

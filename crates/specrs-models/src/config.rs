@@ -129,6 +129,15 @@ pub enum Architecture {
     /// with biases on every projection (`use_bias`), LayerNorms with bias, and an MLP without a
     /// gate, `c_proj(gelu_tanh(c_fc(x)))`.
     Starcoder2,
+    /// StableLM (`StableLmForCausalLM`: StableLM-3B-4E1T, StableLM 2 1.6B / 12B): LayerNorms
+    /// with bias, RoPE over the leading quarter of each head, optional q/k/v biases
+    /// (`use_qkv_bias`), per-head LayerNorms of q and k (`qk_layernorm`) and attention beside
+    /// the MLP (`use_parallel_residual`).
+    StableLm,
+    /// Phi-1 / 1.5 / 2 (`PhiForCausalLM`): attention beside a tanh-GELU MLP without a gate
+    /// (`fc1`, `fc2`) from one LayerNorm with bias, biases on every projection and on `lm_head`,
+    /// RoPE over part of each head.
+    Phi,
 }
 
 impl Architecture {
@@ -173,6 +182,8 @@ impl Architecture {
         ("Llama4ForCausalLM", Architecture::Llama4),
         ("ArceeForCausalLM", Architecture::Arcee),
         ("Starcoder2ForCausalLM", Architecture::Starcoder2),
+        ("StableLmForCausalLM", Architecture::StableLm),
+        ("PhiForCausalLM", Architecture::Phi),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -211,6 +222,8 @@ impl Architecture {
         ("llama4", Architecture::Llama4),
         ("arcee", Architecture::Arcee),
         ("starcoder2", Architecture::Starcoder2),
+        ("stablelm", Architecture::StableLm),
+        ("phi2", Architecture::Phi),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
@@ -268,6 +281,8 @@ impl Architecture {
             Self::Llama4 => "Llama4ForCausalLM",
             Self::Arcee => "ArceeForCausalLM",
             Self::Starcoder2 => "Starcoder2ForCausalLM",
+            Self::StableLm => "StableLmForCausalLM",
+            Self::Phi => "PhiForCausalLM",
         }
     }
 
@@ -308,6 +323,8 @@ impl Architecture {
             Self::Llama4 => "llama4_text",
             Self::Arcee => "arcee",
             Self::Starcoder2 => "starcoder2",
+            Self::StableLm => "stablelm",
+            Self::Phi => "phi",
         }
     }
 
@@ -921,6 +938,9 @@ pub struct DecoderConfig {
     pub attention_output_bias: bool,
     /// The dense MLP's projections have biases (StarCoder2's `use_bias`, Llama's `mlp_bias`).
     pub mlp_bias: bool,
+    /// Attention and MLP read one normed input side by side and both join the residual
+    /// (Cohere, Phi, StableLM's `use_parallel_residual`).
+    pub parallel_residual: bool,
     /// Each attention head has a learned sink logit, `self_attn.sinks` (gpt-oss).
     pub attention_sinks: bool,
     /// `Some(layers)`: only `layers[i]` apply RoPE, the others attend without positions
@@ -1478,6 +1498,8 @@ impl DecoderConfig {
             | Architecture::Granite
             | Architecture::GraniteMoe
             | Architecture::MiniMaxM2
+            | Architecture::StableLm
+            | Architecture::Phi
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1518,32 +1540,35 @@ impl DecoderConfig {
                 "ERNIE 4.5 with biased projections is not supported; released ERNIE 4.5 checkpoints set use_bias to false",
             ));
         }
-        if architecture == Architecture::Arcee
-            && let Some(act) = v.get("hidden_act").and_then(Value::as_str).filter(|a| *a != "relu2")
-        {
-            return Err(ModelError::config(
-                "hidden_act",
-                format!("'{act}' is not supported for Arcee (its MLP squares a ReLU: relu2)"),
-            ));
+        // The families whose MLP activation this reader fixes (`Activation::of_dense_mlp`); the
+        // others' configs name theirs without a choice (SwiGLU, Gemma's GeGLU).
+        if let Some(act) = v.get("hidden_act").and_then(Value::as_str) {
+            let supported: &[&str] = match architecture {
+                // Arcee squares a ReLU; the GELUs are the tanh approximation under three names.
+                Architecture::Arcee => &["relu2"],
+                Architecture::Starcoder2 | Architecture::Phi => &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"],
+                Architecture::StableLm => &["silu"],
+                _ => &[act],
+            };
+            if !supported.contains(&act) {
+                return Err(ModelError::config(
+                    "hidden_act",
+                    format!(
+                        "'{act}' is not supported for {} (supported: {})",
+                        architecture.hf_name(),
+                        supported.join(", ")
+                    ),
+                ));
+            }
         }
-        if architecture == Architecture::Starcoder2
-            && let Some(act) = v
-                .get("hidden_act")
-                .and_then(Value::as_str)
-                .filter(|a| !matches!(*a, "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast"))
-        {
-            return Err(ModelError::config(
-                "hidden_act",
-                format!(
-                    "'{act}' is not supported for StarCoder2 (its MLP runs GELU's tanh approximation: gelu_pytorch_tanh)"
-                ),
-            ));
-        }
-        // StarCoder2's `use_bias` covers every projection; Llama's, Granite's and Arcee's MLPs
-        // take `mlp_bias`, which the other families' classes do not read.
+        // StarCoder2's `use_bias` covers every projection, and Phi's projections all have one;
+        // Llama's, Granite's and Arcee's MLPs take `mlp_bias`, which the other families' classes
+        // do not read.
         let use_bias = v.get("use_bias").and_then(Value::as_bool).unwrap_or(true);
+        let flag = |key: &str| v.get(key).and_then(Value::as_bool).unwrap_or(false);
         let mlp_bias = match architecture {
             Architecture::Starcoder2 => use_bias,
+            Architecture::Phi => true,
             Architecture::Llama | Architecture::Granite | Architecture::Arcee => {
                 v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false)
             }
@@ -1598,6 +1623,7 @@ impl DecoderConfig {
             rms_norm_eps: match architecture {
                 Architecture::Cohere | Architecture::Cohere2 => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
                 Architecture::Starcoder2 => opt_f64(v, "norm_epsilon").unwrap_or(1e-5),
+                Architecture::StableLm | Architecture::Phi => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
                 _ => opt_f64(v, "rms_norm_eps").unwrap_or(1e-6),
             },
             rope_theta: hunyuan_rope_base(v, architecture, rotary_dim)?
@@ -1609,11 +1635,14 @@ impl DecoderConfig {
                     || matches!(architecture, Architecture::Cohere | Architecture::Cohere2 | Architecture::Starcoder2),
             ),
             attention_bias: (architecture == Architecture::Starcoder2 && use_bias)
+                || architecture == Architecture::Phi
+                || (architecture == Architecture::StableLm && flag("use_qkv_bias"))
                 || internlm2_bias(v, architecture)?
                 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(architecture.qkv_bias_by_default()),
             qk_norm: architecture.has_qk_norm()
                 || (matches!(architecture, Architecture::Glm4Moe | Architecture::Cohere)
                     && v.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false))
+                || (matches!(architecture, Architecture::StableLm | Architecture::Phi) && flag("qk_layernorm"))
                 || minimax_m2_attention(v, architecture)?
                 || hunyuan_qk_norm(v, architecture)?,
             // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
@@ -1622,11 +1651,17 @@ impl DecoderConfig {
             sliding_layers: sliding_layers.clone(),
             // DeepSeek's `attention_bias` covers its output projection too; Seed-OSS names its own.
             attention_output_bias: (architecture == Architecture::Starcoder2 && use_bias)
+                || architecture == Architecture::Phi
                 || (gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || (mla.is_some() && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false))
                 || (architecture == Architecture::SeedOss
                     && v.get("attention_out_bias").and_then(Value::as_bool).unwrap_or(false)),
             mlp_bias,
+            parallel_residual: match architecture {
+                Architecture::Cohere | Architecture::Cohere2 | Architecture::Phi => true,
+                Architecture::StableLm => flag("use_parallel_residual"),
+                _ => false,
+            },
             attention_sinks: gpt_oss,
             rope_layers: match architecture {
                 Architecture::SmolLm3 | Architecture::Llama4 => {
@@ -1777,26 +1812,39 @@ impl DecoderConfig {
             _ if self.gemma.is_some() => NormPlacement::Sandwich,
             Architecture::Glm4 => NormPlacement::Sandwich,
             Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => NormPlacement::Post,
-            Architecture::Cohere | Architecture::Cohere2 => NormPlacement::Parallel,
+            _ if self.parallel_residual => NormPlacement::Parallel,
             _ => NormPlacement::Pre,
         }
     }
 
     /// The dense MLP multiplies a gated branch into `up` (all but Arcee's `relu(up)²` and
-    /// StarCoder2's `gelu_tanh(up)`).
+    /// StarCoder2's and Phi's `gelu_tanh(up)`).
     pub fn mlp_is_gated(&self) -> bool {
-        !matches!(self.architecture, Architecture::Arcee | Architecture::Starcoder2)
+        !matches!(self.architecture, Architecture::Arcee | Architecture::Starcoder2 | Architecture::Phi)
     }
 
-    /// The norms are LayerNorms (Cohere's without bias, StarCoder2's with): centred before
+    /// The norms are LayerNorms (Cohere's without bias, the others' with): centred before
     /// they are normalised.
     pub fn centered_norms(&self) -> bool {
-        matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2 | Architecture::Starcoder2)
+        matches!(
+            self.architecture,
+            Architecture::Cohere
+                | Architecture::Cohere2
+                | Architecture::Starcoder2
+                | Architecture::StableLm
+                | Architecture::Phi
+        )
     }
 
-    /// The LayerNorms add a bias (`{norm}.bias`, StarCoder2).
+    /// The LayerNorms add a bias (`{norm}.bias`: StarCoder2, StableLM, Phi; Phi's q/k norms
+    /// too).
     pub fn norms_have_bias(&self) -> bool {
-        self.architecture == Architecture::Starcoder2
+        matches!(self.architecture, Architecture::Starcoder2 | Architecture::StableLm | Architecture::Phi)
+    }
+
+    /// `lm_head` adds a bias (Phi).
+    pub fn lm_head_has_bias(&self) -> bool {
+        self.architecture == Architecture::Phi
     }
 
     /// The per-head q/k norms come after RoPE (HunYuan), not before.
@@ -1804,9 +1852,10 @@ impl DecoderConfig {
         self.architecture.is_hunyuan()
     }
 
-    /// The q/k norms scale each head by its own weight row (`[heads, head_dim]`, Cohere).
+    /// The q/k norms scale each head by its own weight row (`[heads, head_dim]`, Cohere,
+    /// StableLM).
     pub fn qk_norm_weights_per_head(&self) -> bool {
-        self.architecture == Architecture::Cohere
+        matches!(self.architecture, Architecture::Cohere | Architecture::StableLm)
     }
 
     /// q and k are normed across all heads at once (`[q_dim]` and `[kv_dim]` weights, OLMo 2),

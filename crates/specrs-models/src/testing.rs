@@ -1656,3 +1656,164 @@ pub fn as_starcoder2(tensors: &HashMap<String, Tensor>) -> HashMap<String, Tenso
         })
         .collect()
 }
+
+/// A StableLM `config.json` for a tiny target: LayerNorms of `layer_norm_eps` 1e-5, RoPE over
+/// the leading `rotary_factor` of each head, q/k/v biases when `qkv_bias`, per-head q/k
+/// LayerNorms when `qk_norm`, attention beside the MLP when `parallel`.
+pub fn stablelm_config(s: &TinyShape, rotary_factor: f64, qkv_bias: bool, qk_norm: bool, parallel: bool) -> Value {
+    let mut c = target_config(Architecture::StableLm, s, false);
+    let map = c.as_object_mut().expect("a config object");
+    map.remove("rms_norm_eps");
+    for (key, value) in [
+        ("layer_norm_eps", json!(1e-5)),
+        ("partial_rotary_factor", json!(rotary_factor)),
+        ("use_qkv_bias", json!(qkv_bias)),
+        ("qk_layernorm", json!(qk_norm)),
+        ("use_parallel_residual", json!(parallel)),
+        ("hidden_act", json!("silu")),
+    ] {
+        map.insert(key.into(), value);
+    }
+    c
+}
+
+/// Random weights for a tiny StableLM under the shared layer's names: Llama's, with a bias on
+/// every LayerNorm, q/k/v biases when `qkv_bias`, a `[heads, head_dim]` q/k norm weight when
+/// `qk_norm`, and no norm before the MLP when `parallel` (see [`as_stablelm`] for the
+/// checkpoint's own names).
+pub fn random_stablelm(
+    s: &TinyShape,
+    qkv_bias: bool,
+    qk_norm: bool,
+    parallel: bool,
+    seed: u64,
+) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Llama, s, false, seed)?;
+    let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut k = seed * 1000;
+    let mut next = || {
+        k += 1;
+        k
+    };
+    t.insert("model.norm.bias".into(), random_tensor(&[h], 0.1, next())?);
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        t.insert(format!("{p}.input_layernorm.bias"), random_tensor(&[h], 0.1, next())?);
+        if parallel {
+            t.remove(&format!("{p}.post_attention_layernorm.weight"));
+        } else {
+            t.insert(format!("{p}.post_attention_layernorm.bias"), random_tensor(&[h], 0.1, next())?);
+        }
+        if qkv_bias {
+            for (n, d) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                t.insert(format!("{p}.self_attn.{n}.bias"), random_tensor(&[d], 0.1, next())?);
+            }
+        }
+        if qk_norm {
+            let norm = |heads: usize, seed: u64| random_tensor(&[heads, s.head_dim], 0.3, seed)? + 1.0;
+            t.insert(format!("{p}.self_attn.q_norm.weight"), norm(s.heads, next())?);
+            t.insert(format!("{p}.self_attn.k_norm.weight"), norm(s.kv_heads, next())?);
+        }
+    }
+    Ok(t)
+}
+
+/// A StableLM checkpoint's own names: each head's q/k norm weight apart,
+/// `{q,k}_layernorm.norms.{h}.weight`.
+pub fn as_stablelm(tensors: &HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for (name, t) in tensors {
+        let per_head = [("q_norm.weight", "q_layernorm"), ("k_norm.weight", "k_layernorm")]
+            .into_iter()
+            .find_map(|(ours, theirs)| name.strip_suffix(ours).map(|p| (p, theirs)));
+        match per_head {
+            Some((prefix, theirs)) => {
+                for h in 0..t.dim(0)? {
+                    out.insert(format!("{prefix}{theirs}.norms.{h}.weight"), t.get(h)?);
+                }
+            }
+            None => {
+                out.insert(name.clone(), t.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A Phi (Phi-2 layout) `config.json` for a tiny target: LayerNorms of `layer_norm_eps` 1e-5,
+/// tanh GELU, RoPE over the leading `rotary_factor` of each head, q/k LayerNorms when
+/// `qk_norm`.
+pub fn phi_config(s: &TinyShape, rotary_factor: f64, qk_norm: bool) -> Value {
+    let mut c = target_config(Architecture::Phi, s, false);
+    let map = c.as_object_mut().expect("a config object");
+    map.remove("rms_norm_eps");
+    map.remove("head_dim");
+    for (key, value) in [
+        ("layer_norm_eps", json!(1e-5)),
+        ("partial_rotary_factor", json!(rotary_factor)),
+        ("qk_layernorm", json!(qk_norm)),
+        ("hidden_act", json!("gelu_new")),
+    ] {
+        map.insert(key.into(), value);
+    }
+    c
+}
+
+/// Random weights for a tiny Phi under the shared layer's names: one LayerNorm with bias per
+/// layer, biases on every projection and on `lm_head`, an MLP without a gate, and with
+/// `qk_norm` one `[head_dim]` LayerNorm (with bias) for q and one for k (see [`as_phi`] for the
+/// checkpoint's own names). `s.hidden` must be `s.heads · s.head_dim`.
+pub fn random_phi(s: &TinyShape, qk_norm: bool, seed: u64) -> Result<HashMap<String, Tensor>> {
+    assert_eq!(s.hidden, s.heads * s.head_dim, "Phi's heads span the hidden size");
+    let mut t = random_target(Architecture::Llama, s, false, seed)?;
+    t.retain(|name, _| !name.ends_with("mlp.gate_proj.weight") && !name.ends_with("post_attention_layernorm.weight"));
+    let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut k = seed * 1000;
+    // A random `[dim]` vector around `centre`.
+    let mut put = |name: String, dim: usize, centre: f64| -> Result<()> {
+        k += 1;
+        t.insert(name, (random_tensor(&[dim], 0.1, k)? + centre)?);
+        Ok(())
+    };
+    put("model.norm.bias".into(), h, 0.0)?;
+    put("lm_head.bias".into(), s.vocab, 0.0)?;
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        for (name, dim) in [
+            ("input_layernorm", h),
+            ("self_attn.q_proj", q),
+            ("self_attn.k_proj", kv),
+            ("self_attn.v_proj", kv),
+            ("self_attn.o_proj", h),
+            ("mlp.up_proj", s.intermediate),
+            ("mlp.down_proj", h),
+        ] {
+            put(format!("{p}.{name}.bias"), dim, 0.0)?;
+        }
+        if qk_norm {
+            for which in ["q_norm", "k_norm"] {
+                put(format!("{p}.self_attn.{which}.weight"), s.head_dim, 1.0)?;
+                put(format!("{p}.self_attn.{which}.bias"), s.head_dim, 0.0)?;
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// A Phi checkpoint's own names for the shared layer's: `dense`, `fc1`, `fc2`,
+/// `{q,k}_layernorm` and `model.final_layernorm`.
+pub fn as_phi(tensors: &HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    tensors
+        .iter()
+        .map(|(name, t)| {
+            let name = name
+                .replace(".self_attn.o_proj.", ".self_attn.dense.")
+                .replace(".self_attn.q_norm.", ".self_attn.q_layernorm.")
+                .replace(".self_attn.k_norm.", ".self_attn.k_layernorm.")
+                .replace(".mlp.up_proj.", ".mlp.fc1.")
+                .replace(".mlp.down_proj.", ".mlp.fc2.")
+                .replace("model.norm.", "model.final_layernorm.");
+            (name, t.clone())
+        })
+        .collect()
+}

@@ -18,11 +18,13 @@ pub mod llama4;
 pub mod minimax_m2;
 pub mod mixtral;
 pub mod olmo2;
+pub mod phi;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod seed_oss;
 pub mod smollm3;
+pub mod stablelm;
 pub mod starcoder2;
 pub mod transformer;
 
@@ -77,6 +79,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Llama4 => store.set_aliases(llama4::aliases(store, &cfg))?,
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 Architecture::Starcoder2 => store.set_aliases(starcoder2::aliases(&cfg))?,
+                Architecture::Phi => store.set_aliases(phi::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -114,6 +117,8 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Llama4 => llama4::adapt(cfg),
                 Architecture::Arcee => arcee::adapt(cfg),
                 Architecture::Starcoder2 => starcoder2::adapt(cfg),
+                Architecture::StableLm => stablelm::adapt(cfg),
+                Architecture::Phi => phi::adapt(cfg),
             })
         }
     }

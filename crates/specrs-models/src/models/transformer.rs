@@ -14,8 +14,8 @@ use crate::error::Result as LoadResult;
 use crate::graph::StepInputs;
 use crate::kv_cache::PagedKvCache;
 use crate::linear::{FusedLinear, Linear, LinearWeight};
-use crate::models::cohere;
 use crate::models::deepseek::LatentProjection;
+use crate::models::{cohere, stablelm};
 use crate::moe::SparseMoe;
 use crate::norm::RmsNorm;
 use crate::rope::RotaryEmbedding;
@@ -102,21 +102,17 @@ impl SelfAttention {
             FusedLinear::new(vec![q, k, v])?
         };
         let o_proj = store.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, q_dim, cfg.attention_output_bias)?;
-        let gemma = cfg.norms_add_one();
         let spans = cfg.qk_norm_spans_heads();
         let (q_norm_dim, k_norm_dim) = if spans { (q_dim, kv_dim) } else { (head_dim, head_dim) };
-        let (q_name, k_name) = (format!("{prefix}.q_norm.weight"), format!("{prefix}.k_norm.weight"));
+        let (q_name, k_name) = (format!("{prefix}.q_norm"), format!("{prefix}.k_norm"));
         let (q_norm, k_norm) = if cfg.qk_norm_weights_per_head() && cfg.qk_norm {
-            (
-                Some(cohere::head_norm(store, &q_name, num_heads, cfg)?),
-                Some(cohere::head_norm(store, &k_name, num_kv_heads, cfg)?),
-            )
-        } else if cfg.qk_norm || store.contains(&q_name) {
-            let eps = cfg.rms_norm_eps;
-            (
-                Some(RmsNorm::load_as(store, &q_name, q_norm_dim, eps, gemma)?),
-                Some(RmsNorm::load_as(store, &k_name, k_norm_dim, eps, gemma)?),
-            )
+            let head_norm = |which: &str, heads: usize| match cfg.architecture {
+                Architecture::StableLm => stablelm::head_norm(store, prefix, which, heads, cfg),
+                _ => cohere::head_norm(store, &format!("{prefix}.{which}_norm.weight"), heads, cfg),
+            };
+            (Some(head_norm("q", num_heads)?), Some(head_norm("k", num_kv_heads)?))
+        } else if cfg.qk_norm || store.contains(&format!("{q_name}.weight")) {
+            (Some(load_norm(store, &q_name, q_norm_dim, cfg)?), Some(load_norm(store, &k_name, k_norm_dim, cfg)?))
         } else {
             (None, None)
         };
@@ -309,12 +305,12 @@ pub enum Activation {
 
 impl Activation {
     /// The activation of `cfg`'s dense MLP: over the gate (SwiGLU; Gemma's GeGLU), or over
-    /// `up` where the MLP has no gate (Arcee's `relu²`, StarCoder2's tanh GELU).
+    /// `up` where the MLP has no gate (Arcee's `relu²`, StarCoder2's and Phi's tanh GELU).
     pub fn of_dense_mlp(cfg: &DecoderConfig) -> Self {
         match cfg.architecture {
             _ if cfg.gemma.is_some() => Self::GeluTanh,
             Architecture::Arcee => Self::ReluSquared,
-            Architecture::Starcoder2 => Self::GeluTanh,
+            Architecture::Starcoder2 | Architecture::Phi => Self::GeluTanh,
             _ => Self::Silu,
         }
     }
@@ -494,7 +490,6 @@ impl DecoderLayer {
             Some(moe) if moe.is_sparse_layer(index) => {
                 FeedForward::Sparse(Box::new(SparseMoe::load(store, &mlp_prefix, h, moe)?))
             }
-            _ if cfg.fused_projections => FeedForward::Dense(Mlp::load_fused(store, &mlp_prefix, h, i)?),
             _ if !cfg.mlp_is_gated() => FeedForward::Dense(Mlp::load_ungated(
                 store,
                 &mlp_prefix,
@@ -502,12 +497,13 @@ impl DecoderLayer {
                 cfg.mlp_bias,
                 Activation::of_dense_mlp(cfg),
             )?),
+            _ if cfg.fused_projections => FeedForward::Dense(Mlp::load_fused(store, &mlp_prefix, h, i)?),
             _ => FeedForward::Dense(
                 Mlp::load_biased(store, &mlp_prefix, h, i, cfg.mlp_bias)?
                     .with_activation(Activation::of_dense_mlp(cfg)),
             ),
         };
-        let norm = |name: &str| load_norm(store, &format!("{prefix}.{name}"), cfg);
+        let norm = |name: &str| load_norm(store, &format!("{prefix}.{name}"), h, cfg);
         let parallel = placement == NormPlacement::Parallel;
         let (before, after) = match placement {
             NormPlacement::Pre | NormPlacement::Parallel => (true, false),
@@ -582,13 +578,12 @@ impl DecoderLayer {
     }
 }
 
-/// The norm `{name}.weight` (and `{name}.bias`) of `cfg`'s kind: RMSNorm, Gemma's `1 + weight`,
-/// or LayerNorm with or without bias.
-fn load_norm(store: &WeightStore, name: &str, cfg: &DecoderConfig) -> LoadResult<RmsNorm> {
-    let h = cfg.hidden_size;
-    let norm = RmsNorm::load_as(store, &format!("{name}.weight"), h, cfg.rms_norm_eps, cfg.norms_add_one())?;
+/// The norm `{name}.weight` (and `{name}.bias`) over `dim` of `cfg`'s kind: RMSNorm, Gemma's
+/// `1 + weight`, or LayerNorm with or without bias.
+fn load_norm(store: &WeightStore, name: &str, dim: usize, cfg: &DecoderConfig) -> LoadResult<RmsNorm> {
+    let norm = RmsNorm::load_as(store, &format!("{name}.weight"), dim, cfg.rms_norm_eps, cfg.norms_add_one())?;
     let bias = match cfg.norms_have_bias() {
-        true => Some(store.tensor(&format!("{name}.bias"), &[h])?),
+        true => Some(store.tensor(&format!("{name}.bias"), &[dim])?),
         false => None,
     };
     Ok(norm.centered(cfg.centered_norms()).with_bias(bias))
@@ -621,6 +616,8 @@ pub struct CausalLm {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: LinearWeight,
+    /// `[vocab]` f32, added to the logits (Phi).
+    lm_head_bias: Option<Tensor>,
     rope: RotaryEmbedding,
     /// Gemma's sliding layers' RoPE (their own base, no scaling).
     local_rope: Option<RotaryEmbedding>,
@@ -636,11 +633,15 @@ impl CausalLm {
         let layers = (0..config.num_hidden_layers)
             .map(|i| DecoderLayer::load(store, &format!("model.layers.{i}"), i, &config))
             .collect::<LoadResult<Vec<_>>>()?;
-        let norm = load_norm(store, "model.norm", &config)?;
+        let norm = load_norm(store, "model.norm", h, &config)?;
         let lm_head = if config.tie_word_embeddings {
             embed_tokens.clone()
         } else {
             store.linear_weight("lm_head.weight", v, h)?
+        };
+        let lm_head_bias = match config.lm_head_has_bias() {
+            true => Some(store.tensor("lm_head.bias", &[v])?.to_dtype(DType::F32)?),
+            false => None,
         };
         let dtype = store.compute_dtype();
         let rope = RotaryEmbedding::new(
@@ -669,6 +670,7 @@ impl CausalLm {
             layers,
             norm,
             lm_head,
+            lm_head_bias,
             rope,
             local_rope,
             device: store.device().clone(),
@@ -755,6 +757,10 @@ impl CausalLm {
     /// `normed [N, hidden] -> logits [N, vocab]` (f32).
     pub fn lm_head(&self, normed: &Tensor) -> Result<Tensor> {
         let logits = self.lm_head.matmul_t(normed)?.to_dtype(DType::F32)?;
+        let logits = match &self.lm_head_bias {
+            Some(b) => logits.broadcast_add(b)?,
+            None => logits,
+        };
         let logits = match self.config.scales.logits_divisor {
             1.0 => logits,
             divisor => logits.affine(1.0 / divisor, 0.0)?,

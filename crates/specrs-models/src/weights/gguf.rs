@@ -81,6 +81,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
         "model.norm.bias" => Some("output_norm.bias"),
+        "lm_head.bias" => Some("output.bias"),
         "lm_head.weight" => Some("output.weight"),
         _ => None,
     };
@@ -97,6 +98,7 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "input_layernorm.bias" => "attn_norm.bias",
         "post_attention_layernorm.bias" => "ffn_norm.bias",
         "self_attn.qkv_proj.weight" => "attn_qkv.weight",
+        "self_attn.qkv_proj.bias" => "attn_qkv.bias",
         "self_attn.q_proj.weight" => "attn_q.weight",
         "self_attn.k_proj.weight" => "attn_k.weight",
         "self_attn.v_proj.weight" => "attn_v.weight",
@@ -107,6 +109,8 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.o_proj.bias" => "attn_output.bias",
         "self_attn.q_norm.weight" => "attn_q_norm.weight",
         "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        "self_attn.q_norm.bias" => "attn_q_norm.bias",
+        "self_attn.k_norm.bias" => "attn_k_norm.bias",
         // DeepSeek's latent attention; llama.cpp splits `kv_b_proj` into `k_b` and `v_b` in
         // files written since mid 2025 (`crate::models::deepseek` reads either).
         "self_attn.q_a_proj.weight" => "attn_q_a.weight",
@@ -302,10 +306,16 @@ impl GgufSource {
         let num_attention_heads = self.meta_usize("attention.head_count")?;
         let num_key_value_heads = self.meta_usize("attention.head_count_kv").unwrap_or(num_attention_heads);
         let phi3 = self.architecture == Architecture::Phi3;
-        // Phi-3's and GLM's `rope.dimension_count` is the rotated part of a head, not the head.
+        // Phi's, StableLM's and GLM's `rope.dimension_count` is the rotated part of a head, not
+        // the head.
         let partial_rotary = matches!(
             self.architecture,
-            Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm4Moe | Architecture::MiniMaxM2
+            Architecture::Phi3
+                | Architecture::Phi
+                | Architecture::StableLm
+                | Architecture::Glm4
+                | Architecture::Glm4Moe
+                | Architecture::MiniMaxM2
         );
         let mla = self.mla_config()?;
         let head_dim = match (mla, self.meta_usize("attention.key_length")) {
@@ -327,6 +337,9 @@ impl GgufSource {
         let num_hidden_layers =
             self.meta_usize("block_count")?.saturating_sub(self.meta_usize("nextn_predict_layers").unwrap_or(0));
         let cohere = matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2);
+        // LayerNorms with bias, their epsilon under `layer_norm_epsilon` as Cohere's.
+        let layer_norms =
+            matches!(self.architecture, Architecture::Starcoder2 | Architecture::StableLm | Architecture::Phi);
         // EXAONE 4.0 with a window: its pattern's sliding layers, the full ones without RoPE.
         let exaone4_window =
             self.meta_usize("attention.sliding_window").ok().filter(|_| self.architecture == Architecture::Exaone4);
@@ -383,7 +396,7 @@ impl GgufSource {
             head_dim,
             rotary_dim,
             vocab_size,
-            rms_norm_eps: match cohere || self.architecture == Architecture::Starcoder2 {
+            rms_norm_eps: match cohere || layer_norms {
                 true => self.meta_f64("attention.layer_norm_epsilon").unwrap_or(1e-5),
                 false => self.meta_f64("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             },
@@ -391,10 +404,14 @@ impl GgufSource {
             rope_scaling,
             max_position_embeddings,
             tie_word_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
-            attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias"),
+            attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias")
+                || self.content.tensor_infos.contains_key("blk.0.attn_qkv.bias"),
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
-            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart.
-            fused_projections: matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4),
+            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart. Phi-2 files
+            // converted from Microsoft's first layout keep q, k and v fused in `attn_qkv`.
+            fused_projections: matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4)
+                || (self.architecture == Architecture::Phi
+                    && self.content.tensor_infos.contains_key("blk.0.attn_qkv.weight")),
             sliding_window: match (&gemma, self.architecture) {
                 (Some(_), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
                 (None, Architecture::Olmo3 | Architecture::Cohere2) => {
@@ -415,6 +432,11 @@ impl GgufSource {
             },
             attention_output_bias: self.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
             mlp_bias: self.content.tensor_infos.contains_key("blk.0.ffn_up.bias"),
+            // StableLM runs side by side where its file has no norm before the MLP.
+            parallel_residual: cohere
+                || self.architecture == Architecture::Phi
+                || (self.architecture == Architecture::StableLm
+                    && !self.content.tensor_infos.contains_key("blk.0.ffn_norm.weight")),
             attention_sinks: false,
             // llama.cpp fixes SmolLM3's and Llama 4's step: every fourth layer attends without RoPE.
             rope_layers: match self.architecture {

@@ -392,6 +392,9 @@ impl<'a> Reference<'a> {
             _ => qkv,
         };
         let (q_norm, k_norm) = if spans { (None, None) } else { (q_norm, k_norm) };
+        // Phi's q/k LayerNorms add a bias.
+        let norm_bias = |n: &str| self.get(&format!("{p}.{n}_norm.bias")).map(|b| b.to_vec1::<f32>().unwrap());
+        let (q_bias, k_bias) = (norm_bias("q"), norm_bias("k"));
         let sinks = self.get(&format!("{p}.sinks")).map(|s| s.to_vec1::<f32>().unwrap());
         // Head `at` of token `t` (head `at - first` of its kind), normed (Qwen3; Cohere with a
         // weight row per head) and rotated at position `t`.
@@ -400,7 +403,11 @@ impl<'a> Reference<'a> {
             let normed = |v: &[f32]| match norm {
                 Some(w) => {
                     let w = if per_head { &w[(at - first) * d..(at - first + 1) * d] } else { &w[..] };
-                    self.norm_row(v, w)
+                    let normed = self.norm_row(v, w);
+                    match if at < nh { &q_bias } else { &k_bias } {
+                        Some(b) => normed.iter().zip(b).map(|(x, y)| x + y).collect(),
+                        None => normed,
+                    }
                 }
                 None => v.to_vec(),
             };
@@ -683,6 +690,10 @@ impl<'a> Reference<'a> {
         let head = self.get("lm_head.weight").unwrap_or(&self.tensors["model.embed_tokens.weight"]);
         let divisor = self.multipliers.as_ref().map_or(1.0, |m| m.logits_divisor);
         let logits = matmul_t(&self.rms(&x, "model.norm.weight"), head);
+        let logits = match self.get("lm_head.bias") {
+            Some(b) => add(&logits, &vec![b.to_vec1::<f32>().unwrap(); logits.len()]),
+            None => logits,
+        };
         let final_cap = self.gemma.as_ref().and_then(|g| g.softcaps).map(|(_, cap)| cap);
         let finish = |v: f32| final_cap.map_or(v / divisor, |cap| soft_cap(v / divisor, cap));
         logits.into_iter().map(|r| r.into_iter().map(finish).collect()).collect()
