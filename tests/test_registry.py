@@ -560,6 +560,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Starcoder2ForCausalLM",
         "StableLmForCausalLM",
         "PhiForCausalLM",
+        "PhimoeForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

@@ -438,6 +438,14 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,
     },
+    // Routing read on the host.
+    ArchitectureSpec {
+        name: "PhimoeForCausalLM",
+        example_repo_ids: &["microsoft/Phi-3.5-MoE-instruct"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: false,
+    },
     ArchitectureSpec {
         name: "PhiForCausalLM",
         example_repo_ids: &["microsoft/phi-2", "microsoft/phi-1_5", "microsoft/phi-1"],

@@ -850,3 +850,21 @@ fn a_phi2_target_with_biases_everywhere_and_parallel_blocks_speculates_losslessl
     write(&target, &testing::phi_config(&SHAPE, 0.5, false), &testing::as_phi(&tensors));
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 401, "Phi-2");
 }
+
+#[test]
+fn a_phi_3_5_moe_target_with_sparsemixer_routing_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("phimoe");
+    let moe = testing::TinyMoe {
+        experts: 4,
+        top_k: 2,
+        expert_intermediate: 32,
+        shared_intermediate: None,
+        norm_topk_prob: false,
+        dense_layers: vec![],
+        groups: (1, 1, 1.0),
+    };
+    let tensors = testing::random_phimoe(&SHAPE, &moe, 409).unwrap();
+    write(&target, &testing::phimoe_config(&SHAPE, &moe, 0.3), &testing::as_mixtral(tensors));
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 419, "Phi-3.5-MoE");
+}

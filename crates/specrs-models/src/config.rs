@@ -138,6 +138,11 @@ pub enum Architecture {
     /// (`fc1`, `fc2`) from one LayerNorm with bias, biases on every projection and on `lm_head`,
     /// RoPE over part of each head.
     Phi,
+    /// Phi-3.5-MoE (`PhimoeForCausalLM`): Mixtral's layer with LayerNorms with bias, biases on
+    /// q, k, v, o and (`lm_head_bias`) `lm_head`, LongRoPE with its own cos/sin scales
+    /// (`short_mscale`, `long_mscale`), and experts chosen by sparsemixer
+    /// ([`Router::SparseMixer`]).
+    PhiMoe,
 }
 
 impl Architecture {
@@ -184,6 +189,7 @@ impl Architecture {
         ("Starcoder2ForCausalLM", Architecture::Starcoder2),
         ("StableLmForCausalLM", Architecture::StableLm),
         ("PhiForCausalLM", Architecture::Phi),
+        ("PhimoeForCausalLM", Architecture::PhiMoe),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -224,6 +230,7 @@ impl Architecture {
         ("starcoder2", Architecture::Starcoder2),
         ("stablelm", Architecture::StableLm),
         ("phi2", Architecture::Phi),
+        ("phimoe", Architecture::PhiMoe),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
@@ -283,6 +290,7 @@ impl Architecture {
             Self::Starcoder2 => "Starcoder2ForCausalLM",
             Self::StableLm => "StableLmForCausalLM",
             Self::Phi => "PhiForCausalLM",
+            Self::PhiMoe => "PhimoeForCausalLM",
         }
     }
 
@@ -325,6 +333,7 @@ impl Architecture {
             Self::Starcoder2 => "starcoder2",
             Self::StableLm => "stablelm",
             Self::Phi => "phi",
+            Self::PhiMoe => "phimoe",
         }
     }
 
@@ -378,6 +387,9 @@ pub enum RopeScaling {
         long_factor: Vec<f32>,
         original_max_position_embeddings: usize,
         attention_factor: f64,
+        /// Phi-3.5-MoE's own cos/sin scales for the short and long sets (`short_mscale`,
+        /// `long_mscale`), in place of `attention_factor`.
+        mscales: Option<(f64, f64)>,
         extended: bool,
     },
     /// YaRN: high frequencies kept, low ones divided by the factor, a linear ramp between
@@ -390,6 +402,13 @@ impl RopeScaling {
     /// The factor cos and sin are multiplied by (1 except for LongRoPE and YaRN).
     pub fn attention_factor(&self) -> f64 {
         match self {
+            Self::LongRope { mscales: Some((short, long)), extended, .. } => {
+                if *extended {
+                    *long
+                } else {
+                    *short
+                }
+            }
             Self::LongRope { attention_factor, .. } | Self::Yarn { attention_factor, .. } => *attention_factor,
             _ => 1.0,
         }
@@ -809,6 +828,10 @@ pub enum Router {
     /// Llama 4: the top-k experts by logit, each fed the token scaled by `sigmoid(logit)`
     /// (the weight scales the expert's input, not its output); no renormalisation.
     InputScaledSigmoid,
+    /// Phi-3.5-MoE's sparsemixer at inference: the best expert by logit, weighted by its softmax
+    /// among the experts whose logits lie within a relative `2 · jitter_eps` of it; then the
+    /// best of the others, weighted the same way among the others.
+    SparseMixer { jitter_eps: f64 },
 }
 
 /// An always-on expert beside the routed ones.
@@ -941,6 +964,8 @@ pub struct DecoderConfig {
     /// Attention and MLP read one normed input side by side and both join the residual
     /// (Cohere, Phi, StableLM's `use_parallel_residual`).
     pub parallel_residual: bool,
+    /// `lm_head` adds a bias (Phi; Phi-3.5-MoE's `lm_head_bias`).
+    pub lm_head_bias: bool,
     /// Each attention head has a learned sink logit, `self_attn.sinks` (gpt-oss).
     pub attention_sinks: bool,
     /// `Some(layers)`: only `layers[i]` apply RoPE, the others attend without positions
@@ -1002,6 +1027,16 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
     }
     let attention_factor = opt_f64(rs, "attention_factor")
         .unwrap_or_else(|| if scale <= 1.0 { 1.0 } else { (1.0 + scale.ln() / (window as f64).ln()).sqrt() });
+    let mscales = match (opt_f64(rs, "short_mscale"), opt_f64(rs, "long_mscale")) {
+        (Some(short), Some(long)) => Some((short, long)),
+        (None, None) => None,
+        _ => {
+            return Err(ModelError::config(
+                "rope_scaling",
+                "LongRoPE's short_mscale and long_mscale come together; give both or neither",
+            ));
+        }
+    };
     // Factor counts are checked with the rest of the shape (`DecoderConfig::check`); the set
     // is chosen by `DecoderConfig::serve_context`.
     Ok(RopeScaling::LongRope {
@@ -1009,6 +1044,7 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
         long_factor,
         original_max_position_embeddings: window,
         attention_factor,
+        mscales,
         extended: false,
     })
 }
@@ -1256,6 +1292,29 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
             v.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false),
         ));
     }
+    if architecture == Architecture::PhiMoe {
+        // Every layer sparse, experts as wide as `intermediate_size`, two chosen by sparsemixer.
+        let top_k = req_usize(v, "num_experts_per_tok")?;
+        if top_k != 2 {
+            return Err(ModelError::config(
+                "num_experts_per_tok",
+                format!("Phi-3.5-MoE's sparsemixer routes each token to 2 experts, got {top_k}"),
+            ));
+        }
+        let jitter_eps = opt_f64(v, "router_jitter_noise").unwrap_or(0.01);
+        if !(jitter_eps.is_finite() && jitter_eps >= 0.0) {
+            return Err(ModelError::config("router_jitter_noise", format!("must be non-negative, got {jitter_eps}")));
+        }
+        return Ok(MoeConfig {
+            router: Router::SparseMixer { jitter_eps },
+            ..MoeConfig::softmax_everywhere(
+                req_usize(v, "num_local_experts")?,
+                top_k,
+                req_usize(v, "intermediate_size")?,
+                false,
+            )
+        });
+    }
     if architecture == Architecture::Mixtral {
         // Every layer sparse, experts as wide as `intermediate_size`, weights always renormalised.
         return Ok(MoeConfig::softmax_everywhere(
@@ -1477,6 +1536,7 @@ impl DecoderConfig {
             | Architecture::Phi3
             | Architecture::Mixtral
             | Architecture::GptOss
+            | Architecture::PhiMoe
             | Architecture::Starcoder2 => v.get("sliding_window").and_then(Value::as_u64),
             Architecture::Olmo3 | Architecture::Cohere2 => {
                 Some(v.get("sliding_window").and_then(Value::as_u64).unwrap_or(4096))
@@ -1652,11 +1712,15 @@ impl DecoderConfig {
             // DeepSeek's `attention_bias` covers its output projection too; Seed-OSS names its own.
             attention_output_bias: (architecture == Architecture::Starcoder2 && use_bias)
                 || architecture == Architecture::Phi
+                // Phi-3.5-MoE's `attention_bias` covers o_proj too.
+                || (architecture == Architecture::PhiMoe && flag("attention_bias"))
                 || (gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || (mla.is_some() && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false))
                 || (architecture == Architecture::SeedOss
                     && v.get("attention_out_bias").and_then(Value::as_bool).unwrap_or(false)),
             mlp_bias,
+            lm_head_bias: architecture == Architecture::Phi
+                || (architecture == Architecture::PhiMoe && flag("lm_head_bias")),
             parallel_residual: match architecture {
                 Architecture::Cohere | Architecture::Cohere2 | Architecture::Phi => true,
                 Architecture::StableLm => flag("use_parallel_residual"),
@@ -1683,6 +1747,7 @@ impl DecoderConfig {
                 | Architecture::GraniteMoe
                 | Architecture::MiniMaxM2
                 | Architecture::Ernie4_5Moe
+                | Architecture::PhiMoe
                 | Architecture::GptOss => Some(moe_config(v, architecture)?),
                 Architecture::Llama4 => Some(llama4_experts(v)?),
                 Architecture::HunYuanMoe => Some(hunyuan_experts(v)?),
@@ -1833,18 +1898,17 @@ impl DecoderConfig {
                 | Architecture::Starcoder2
                 | Architecture::StableLm
                 | Architecture::Phi
+                | Architecture::PhiMoe
         )
     }
 
-    /// The LayerNorms add a bias (`{norm}.bias`: StarCoder2, StableLM, Phi; Phi's q/k norms
-    /// too).
+    /// The LayerNorms add a bias (`{norm}.bias`: StarCoder2, StableLM, Phi and Phi-3.5-MoE;
+    /// Phi's q/k norms too).
     pub fn norms_have_bias(&self) -> bool {
-        matches!(self.architecture, Architecture::Starcoder2 | Architecture::StableLm | Architecture::Phi)
-    }
-
-    /// `lm_head` adds a bias (Phi).
-    pub fn lm_head_has_bias(&self) -> bool {
-        self.architecture == Architecture::Phi
+        matches!(
+            self.architecture,
+            Architecture::Starcoder2 | Architecture::StableLm | Architecture::Phi | Architecture::PhiMoe
+        )
     }
 
     /// The per-head q/k norms come after RoPE (HunYuan), not before.

@@ -127,6 +127,31 @@ pub fn route(probs: &[Vec<f32>], top_k: usize, norm_topk_prob: bool) -> Vec<Rout
     routes
 }
 
+/// Phi-3.5-MoE's sparsemixer at inference over one token's router `logits`: the best expert
+/// (the lower index among equals), weighted by its softmax among the experts `j` whose logits
+/// pass `(best - l_j) / max(|l_j|, best) <= 2 · jitter_eps`; then the best of the others,
+/// weighted by its softmax among the others that pass the same test against it. The two
+/// weights are not renormalised.
+pub fn sparse_mixer_choice(logits: &[f32], jitter_eps: f32) -> Vec<(usize, f32)> {
+    // The best of `candidates` (logits, -inf where ruled out) and its weight.
+    let pick = |candidates: &[f32]| -> (usize, f32) {
+        let best = top_indices(candidates, 1)[0];
+        let top = candidates[best];
+        let total: f32 = candidates
+            .iter()
+            .zip(logits)
+            .filter(|&(_, &l)| (top - l) / l.abs().max(top) <= 2.0 * jitter_eps || top == l)
+            .map(|(&c, _)| (c - top).exp())
+            .sum();
+        (best, 1.0 / total)
+    };
+    let (first, w1) = pick(logits);
+    let mut others = logits.to_vec();
+    others[first] = f32::NEG_INFINITY;
+    let (second, w2) = pick(&others);
+    vec![(first, w1), (second, w2)]
+}
+
 /// Each expert's tokens and weights from every token's `(expert, weight)` choice, in order.
 fn gather_routes(num_experts: usize, choices: impl Iterator<Item = Vec<(usize, f32)>>) -> Vec<Route> {
     let mut routes = vec![Route::default(); num_experts];
@@ -216,7 +241,10 @@ impl SparseMoe {
         let router = store.linear(&format!("{prefix}.gate"), moe.num_experts, hidden, false)?;
         let choice_bias = match moe.router {
             Router::GroupedSigmoid { .. } | Router::BiasedSoftmax => Some(choice_bias(store, prefix, moe.num_experts)?),
-            Router::Softmax | Router::GroupedSoftmax { .. } | Router::InputScaledSigmoid => None,
+            Router::Softmax
+            | Router::GroupedSoftmax { .. }
+            | Router::InputScaledSigmoid
+            | Router::SparseMixer { .. } => None,
         };
         let experts = match moe.experts {
             ExpertKind::Stacked => crate::models::granite::load_experts(store, prefix, hidden, moe)?,
@@ -278,6 +306,10 @@ impl SparseMoe {
                         )
                     }),
                 ))
+            }
+            Router::SparseMixer { jitter_eps } => {
+                let logits = logits.to_vec2::<f32>()?;
+                Ok(gather_routes(moe.num_experts, logits.iter().map(|l| sparse_mixer_choice(l, jitter_eps as f32))))
             }
             Router::GroupedSoftmax { n_group, topk_group, routed_scaling_factor } => {
                 let probs = candle_nn::ops::softmax_last_dim(logits)?.to_vec2::<f32>()?;
@@ -350,6 +382,20 @@ impl SparseMoe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sparse_mixer_weighs_each_pick_among_its_near_rivals_without_renormalising() {
+        // Expert 0 leads expert 1 by a relative 0.01 (within 2 · 0.01), the others are far:
+        // its weight is its softmax against expert 1 alone. Expert 1, picked next, has no near
+        // rival left, so it weighs 1 and the pair sums past one.
+        let choice = sparse_mixer_choice(&[1.0, 0.99, -2.0, 0.5], 0.01);
+        let w1 = 1.0 / (1.0 + (-0.01f32).exp());
+        assert_eq!((choice[0].0, choice[1].0), (0, 1));
+        assert!((choice[0].1 - w1).abs() < 1e-6 && (choice[1].1 - 1.0).abs() < 1e-6, "{choice:?}");
+        // With no jitter allowed, each pick weighs 1.
+        let strict = sparse_mixer_choice(&[1.0, 0.99, -2.0, 0.5], 0.0);
+        assert_eq!(strict, vec![(0, 1.0), (1, 1.0)]);
+    }
 
     #[test]
     fn routes_each_token_to_its_top_k_with_optional_renormalisation() {

@@ -203,6 +203,7 @@ mod tests {
             long_factor: vec![4.0, 8.0],
             original_max_position_embeddings: 16,
             attention_factor: 1.25,
+            mscales: None,
             extended,
         }
     }

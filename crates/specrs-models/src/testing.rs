@@ -1817,3 +1817,54 @@ pub fn as_phi(tensors: &HashMap<String, Tensor>) -> HashMap<String, Tensor> {
         })
         .collect()
 }
+
+/// A Phi-3.5-MoE `config.json` for a tiny target: Mixtral's keys for `m`'s experts (two per
+/// token), sparsemixer's `router_jitter_noise` `jitter`, biases on attention and `lm_head`,
+/// and LongRoPE over the whole pretrained window (512 positions, so its short factors serve)
+/// with `short_mscale` 1.2 and `long_mscale` 1.3.
+pub fn phimoe_config(s: &TinyShape, m: &TinyMoe, jitter: f64) -> Value {
+    let mut c = moe_target_config(Architecture::Mixtral, s, m);
+    c["architectures"] = json!([Architecture::PhiMoe.hf_name()]);
+    c["model_type"] = json!(Architecture::PhiMoe.model_type());
+    c["router_jitter_noise"] = json!(jitter);
+    c["input_jitter_noise"] = json!(jitter);
+    c["attention_bias"] = json!(true);
+    c["lm_head_bias"] = json!(true);
+    c["original_max_position_embeddings"] = json!(512);
+    let half = s.head_dim / 2;
+    let factors = |base: f64| (0..half).map(|i| base + 0.25 * i as f64).collect::<Vec<f64>>();
+    c["rope_scaling"] = json!({
+        "type": "longrope", "short_factor": factors(1.0), "long_factor": factors(2.0),
+        "short_mscale": 1.2, "long_mscale": 1.3,
+    });
+    c
+}
+
+/// Random weights for a tiny Phi-3.5-MoE under the shared layer's names (write them with
+/// [`as_mixtral`]): Mixtral's, plus biases on q, k, v, o, every LayerNorm and `lm_head`.
+pub fn random_phimoe(s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_moe_target(Architecture::Mixtral, s, m, seed)?;
+    let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut k = seed * 1000 + 500;
+    let mut bias = |name: String, dim: usize| -> Result<()> {
+        k += 1;
+        t.insert(name, random_tensor(&[dim], 0.1, k)?);
+        Ok(())
+    };
+    bias("model.norm.bias".into(), h)?;
+    bias("lm_head.bias".into(), s.vocab)?;
+    for i in 0..s.layers {
+        let p = format!("model.layers.{i}");
+        for (name, dim) in [
+            ("input_layernorm", h),
+            ("post_attention_layernorm", h),
+            ("self_attn.q_proj", q),
+            ("self_attn.k_proj", kv),
+            ("self_attn.v_proj", kv),
+            ("self_attn.o_proj", h),
+        ] {
+            bias(format!("{p}.{name}.bias"), dim)?;
+        }
+    }
+    Ok(t)
+}

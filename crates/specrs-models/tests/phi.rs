@@ -51,7 +51,7 @@ fn parallel_blocks_biases_everywhere_and_a_gelu_mlp_match_the_transformers_forwa
         let cfg = model.config();
         assert_eq!((cfg.architecture, cfg.rotary_dim, cfg.qk_norm), (Architecture::Phi, ROTARY, qk_norm));
         assert_eq!(cfg.norm_placement(), NormPlacement::Parallel);
-        assert!(cfg.attention_bias && cfg.attention_output_bias && cfg.mlp_bias && cfg.lm_head_has_bias());
+        assert!(cfg.attention_bias && cfg.attention_output_bias && cfg.mlp_bias && cfg.lm_head_bias);
         let want = reference(&tensors).logits(&ids());
         assert_close(&logits(&model, &ids(), false), &want, "one prefill");
         assert_close(&logits(&model, &ids(), true), &want, "token by token");
@@ -95,7 +95,7 @@ fn the_phi2_gguf_loads_to_the_same_model_with_q_k_v_apart_or_fused() {
         write_gguf(&path, "phi2", &SHAPE, &named, &extra);
         let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
         assert_eq!(gguf.config().architecture, Architecture::Phi);
-        assert!(gguf.config().lm_head_has_bias() && gguf.config().parallel_residual);
+        assert!(gguf.config().lm_head_bias && gguf.config().parallel_residual);
         assert_close(&logits(&gguf, &ids(), false), &want, &format!("phi2 GGUF (fused q/k/v: {fused})"));
     }
 }

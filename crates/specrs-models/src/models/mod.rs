@@ -20,6 +20,7 @@ pub mod mixtral;
 pub mod olmo2;
 pub mod phi;
 pub mod phi3;
+pub mod phi_moe;
 pub mod qwen2;
 pub mod qwen3;
 pub mod seed_oss;
@@ -73,7 +74,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                     store.set_aliases(granite::shared_mlp_aliases(&cfg))?
                 }
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
-                Architecture::Mixtral => store.set_aliases(mixtral::aliases(&cfg))?,
+                Architecture::Mixtral | Architecture::PhiMoe => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::MiniMaxM2 => store.set_aliases(minimax_m2::aliases(&cfg))?,
                 Architecture::HunYuanDense | Architecture::HunYuanMoe => store.set_aliases(hunyuan::aliases(&cfg))?,
                 Architecture::Llama4 => store.set_aliases(llama4::aliases(store, &cfg))?,
@@ -119,6 +120,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Starcoder2 => starcoder2::adapt(cfg),
                 Architecture::StableLm => stablelm::adapt(cfg),
                 Architecture::Phi => phi::adapt(cfg),
+                Architecture::PhiMoe => phi_moe::adapt(cfg),
             })
         }
     }

@@ -639,7 +639,7 @@ impl CausalLm {
         } else {
             store.linear_weight("lm_head.weight", v, h)?
         };
-        let lm_head_bias = match config.lm_head_has_bias() {
+        let lm_head_bias = match config.lm_head_bias {
             true => Some(store.tensor("lm_head.bias", &[v])?.to_dtype(DType::F32)?),
             false => None,
         };

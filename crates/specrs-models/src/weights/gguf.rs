@@ -338,8 +338,10 @@ impl GgufSource {
             self.meta_usize("block_count")?.saturating_sub(self.meta_usize("nextn_predict_layers").unwrap_or(0));
         let cohere = matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2);
         // LayerNorms with bias, their epsilon under `layer_norm_epsilon` as Cohere's.
-        let layer_norms =
-            matches!(self.architecture, Architecture::Starcoder2 | Architecture::StableLm | Architecture::Phi);
+        let layer_norms = matches!(
+            self.architecture,
+            Architecture::Starcoder2 | Architecture::StableLm | Architecture::Phi | Architecture::PhiMoe
+        );
         // EXAONE 4.0 with a window: its pattern's sliding layers, the full ones without RoPE.
         let exaone4_window =
             self.meta_usize("attention.sliding_window").ok().filter(|_| self.architecture == Architecture::Exaone4);
@@ -432,6 +434,7 @@ impl GgufSource {
             },
             attention_output_bias: self.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
             mlp_bias: self.content.tensor_infos.contains_key("blk.0.ffn_up.bias"),
+            lm_head_bias: self.content.tensor_infos.contains_key("output.bias"),
             // StableLM runs side by side where its file has no norm before the MLP.
             parallel_residual: cohere
                 || self.architecture == Architecture::Phi
@@ -667,6 +670,21 @@ impl GgufSource {
                 let (count, used) = experts()?;
                 MoeConfig::softmax_everywhere(count, used, self.meta_usize("feed_forward_length")?, true)
             }
+            // Phi-3.5-MoE: sparsemixer over two experts, with the released jitter (the file
+            // carries none).
+            Architecture::PhiMoe => {
+                let (count, used) = experts()?;
+                if used != 2 {
+                    return Err(ModelError::config(
+                        format!("{}.expert_used_count", self.arch_key),
+                        format!("Phi-3.5-MoE's sparsemixer routes each token to 2 experts, got {used}"),
+                    ));
+                }
+                MoeConfig {
+                    router: Router::SparseMixer { jitter_eps: 0.01 },
+                    ..MoeConfig::softmax_everywhere(count, used, self.meta_usize("feed_forward_length")?, false)
+                }
+            }
             // ERNIE 4.5 MoE: softmax plus the correction bias, leading dense layers, shared
             // experts `expert_shared_count` experts wide.
             Architecture::Ernie4_5Moe => {
@@ -828,6 +846,7 @@ impl GgufSource {
             long_factor: factors("rope_factors_long.weight")?,
             original_max_position_embeddings: window,
             attention_factor,
+            mscales: None,
             extended: false,
         })
     }

@@ -47,6 +47,8 @@ pub enum Choice {
     GroupedSoftmax(usize, usize, f64),
     /// Llama 4: the top-k by logit, each expert fed the token times `sigmoid(logit)`.
     InputScaledSigmoid,
+    /// Phi-3.5-MoE's sparsemixer (inference) with its jitter epsilon; top-2 only.
+    SparseMixer(f32),
 }
 
 /// Routing of a mixture: each token's `top_k` experts as `choice` picks them, weights
@@ -600,6 +602,31 @@ impl<'a> Reference<'a> {
                         }
                     }
                     continue;
+                }
+                Choice::SparseMixer(eps) => {
+                    // transformers' `sparsemixer` at inference: mask the logits far below the
+                    // best with -inf, softmax, take the best's share; then again without it.
+                    let masked_softmax = |scores: &[f32]| -> (usize, f32) {
+                        let best = largest(scores, 1)[0];
+                        let top = scores[best];
+                        let masked: Vec<f32> = scores
+                            .iter()
+                            .zip(l)
+                            .map(|(&s, &orig)| {
+                                let far = (top - orig) / orig.abs().max(top) > 2.0 * eps;
+                                if far { f32::NEG_INFINITY } else { s }
+                            })
+                            .collect();
+                        let exp: Vec<f32> = masked.iter().map(|v| (v - top).exp()).collect();
+                        (best, exp[best] / exp.iter().sum::<f32>())
+                    };
+                    let (first, w1) = masked_softmax(l);
+                    let mut without = l.clone();
+                    without[first] = f32::NEG_INFINITY;
+                    let (second, w2) = masked_softmax(&without);
+                    let mut weight = vec![0f32; l.len()];
+                    (weight[first], weight[second]) = (w1, w2);
+                    (vec![first, second], weight)
                 }
                 Choice::GroupedSoftmax(n_group, topk_group, scale) => {
                     // DeepSeek-V2's MoEGate (`group_limited_greedy`): a group scores its best.
