@@ -175,8 +175,9 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
         ),
         "qwen2" | "deepseek-r1-qwen" => (Some(NFC), splits_then_bytes(&[QWEN2])?),
         "qwen35" => (None, splits_then_bytes(&[QWEN35])?),
-        // Hunyuan-A13B: Qwen2's regex, as llama.cpp runs it (no normalizer).
-        "hunyuan" => (None, splits_then_bytes(&[QWEN2])?),
+        // Hunyuan-A13B and StableLM 2 (Arcade100k): Qwen2's regex, as llama.cpp runs it (no
+        // normalizer).
+        "hunyuan" | "stablelm2" => (None, splits_then_bytes(&[QWEN2])?),
         // GLM-4's and DBRX's (OLMo 2's) cl100k-style vocabularies split as Llama 3's.
         "llama3" | "llama-bpe" | "smaug-bpe" | "dbrx" | "glm4" | "chatglm-bpe" => (None, splits_then_bytes(&[LLAMA3])?),
         "tekken" => (None, splits_then_bytes(&[TEKKEN])?),
@@ -210,6 +211,7 @@ const GGUF_PRE_TOKENIZERS: &[&str] = &[
     "deepseek-r1-qwen",
     "qwen35",
     "hunyuan",
+    "stablelm2",
     "llama3",
     "llama-bpe",
     "smaug-bpe",
@@ -708,12 +710,15 @@ mod tests {
     }
 
     #[test]
-    fn hunyuan_splits_as_qwen2_digit_by_digit_without_normalising() {
-        // Hunyuan-A13B's `hunyuan` (no upstream fixture here): Qwen2's regex, one digit a
-        // word, a mark before a letter run kept on it; a decomposed é stays decomposed.
-        assert_eq!(words("hunyuan", "Hi 2024 (ok)\n"), ["Hi", "Ġ", "2", "0", "2", "4", "Ġ(", "ok", ")Ċ"]);
-        let (normalizer, _) = gguf_pre_tokenizer("hunyuan").unwrap();
-        assert!(normalizer.is_none());
+    fn hunyuan_and_stablelm2_split_as_qwen2_digit_by_digit_without_normalising() {
+        // Hunyuan-A13B's `hunyuan` and StableLM 2's `stablelm2` (no upstream fixture here):
+        // Qwen2's regex, one digit a word, a mark before a letter run kept on it; a decomposed
+        // é stays decomposed.
+        for pre in ["hunyuan", "stablelm2"] {
+            assert_eq!(words(pre, "Hi 2024 (ok)\n"), ["Hi", "Ġ", "2", "0", "2", "4", "Ġ(", "ok", ")Ċ"], "{pre}");
+            let (normalizer, _) = gguf_pre_tokenizer(pre).unwrap();
+            assert!(normalizer.is_none(), "{pre}");
+        }
     }
 
     #[test]
