@@ -31,8 +31,13 @@ use crate::chat_template::{ChatEnding, ChatMessage, ChatTemplate, Conversation, 
 use crate::error::{EngineError, Result};
 
 /// Reasoning-span markers looked up in the vocabulary (relaxed acceptance for thinking).
-const THINKING_MARKERS: &[(&str, &str)] =
-    &[("<think>", "</think>"), ("<|channel>", "<channel|>"), ("<seed:think>", "</seed:think>")];
+const THINKING_MARKERS: &[(&str, &str)] = &[
+    ("<think>", "</think>"),
+    ("<|channel>", "<channel|>"),
+    ("<seed:think>", "</seed:think>"),
+    // Magistral's control tokens.
+    ("[THINK]", "[/THINK]"),
+];
 
 pub struct TextTokenizer {
     tokenizer: Tokenizer,

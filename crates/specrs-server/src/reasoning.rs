@@ -2,6 +2,9 @@
 //! inside `<think>...</think>` (Seed-OSS: `<seed:think>...</seed:think>`) becomes the message's
 //! `reasoning_content`, the rest its content. Hunyuan-A13B and ERNIE 4.5 wrap their answer in
 //! `<answer>...</answer>` / `<response>...</response>` too, which the content leaves out.
+//! Magistral marks its thought with the control tokens `[THINK]` / `[/THINK]`, kept in the text
+//! for the splitter. GLM-4.5's rule depends on the prompt: GLM-4.7's template opens `<think>`
+//! itself ([`ReasoningParser::for_prompt`]).
 //! gpt-oss's harmony channels are read by [`crate::tools::harmony`], which splits them the same
 //! way.
 
@@ -27,11 +30,29 @@ pub enum ReasoningParser {
     /// ERNIE 4.5 thinking (`ernie45`): DeepSeek-R1's rule, the answer's leading newlines and its
     /// `<response>...</response>` wrapper kept out of the content, as vLLM reads it.
     Ernie45,
+    /// GLM-4.5 / 4.6 / 4.7 (`glm45`): Qwen3's rule, unless the prompt's last assistant turn
+    /// opened `<think>` without closing it (GLM-4.7's template with thinking on), where
+    /// DeepSeek-R1's holds ([`Self::for_prompt`]). A template that closed the thought already
+    /// (thinking off) leaves nothing to open it, so the whole output is the answer.
+    Glm45,
+    /// Magistral and the Ministral reasoning models (`mistral`): Qwen3's rule over the control
+    /// tokens `[THINK]` and `[/THINK]`, which the output's text keeps
+    /// ([`Self::keeps_special_tokens`]).
+    Mistral,
 }
 
 impl ReasoningParser {
-    pub const NAMES: [&str; 7] =
-        ["deepseek_r1", "minimax_m2", "qwen3", "openai_gptoss", "seed_oss", "hunyuan_a13b", "ernie45"];
+    pub const NAMES: [&str; 9] = [
+        "deepseek_r1",
+        "minimax_m2",
+        "qwen3",
+        "openai_gptoss",
+        "seed_oss",
+        "hunyuan_a13b",
+        "ernie45",
+        "glm45",
+        "mistral",
+    ];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
@@ -41,6 +62,8 @@ impl ReasoningParser {
             "seed_oss" => Ok(Self::SeedOss),
             "hunyuan_a13b" => Ok(Self::HunyuanA13b),
             "ernie45" => Ok(Self::Ernie45),
+            "glm45" => Ok(Self::Glm45),
+            "mistral" => Ok(Self::Mistral),
             other => Err(format!("unknown reasoning parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -57,8 +80,32 @@ impl ReasoningParser {
             // output (plain JSON) reads as content and a constraint that writes channels splits.
             Self::GptOss => true,
             Self::DeepseekR1 | Self::SeedOss | Self::Ernie45 => thinks_first,
-            Self::Qwen3 | Self::HunyuanA13b => true,
+            Self::Qwen3 | Self::HunyuanA13b | Self::Glm45 | Self::Mistral => true,
         }
+    }
+
+    /// Whether the rule depends on the rendered prompt ([`Self::for_prompt`]).
+    pub fn reads_prompt(self) -> bool {
+        self == Self::Glm45
+    }
+
+    /// The parser for one request whose rendered prompt is `prompt`: GLM-4.7's template opens
+    /// `<think>` after the last `<|assistant|>` when thinking is on, so the output starts
+    /// inside the thought (DeepSeek-R1's rule); every other parser reads any prompt alike.
+    pub fn for_prompt(self, prompt: &str) -> Self {
+        match self {
+            Self::Glm45 => {
+                let turn = prompt.rsplit("<|assistant|>").next().unwrap_or(prompt);
+                if turn.contains("<think>") && !turn.contains("</think>") { Self::DeepseekR1 } else { self }
+            }
+            other => other,
+        }
+    }
+
+    /// Whether the output's text keeps special tokens for this parser (gpt-oss's harmony
+    /// markers, Magistral's `[THINK]` / `[/THINK]`), unless the request says otherwise.
+    pub fn keeps_special_tokens(self) -> bool {
+        matches!(self, Self::GptOss | Self::Mistral)
     }
 
     /// The tags that open and close a thought.
@@ -66,7 +113,8 @@ impl ReasoningParser {
         match self {
             Self::SeedOss => ("<seed:think>", "</seed:think>"),
             Self::HunyuanA13b => ("<think>\n", "</think>"),
-            Self::DeepseekR1 | Self::Qwen3 | Self::GptOss | Self::Ernie45 => ("<think>", "</think>"),
+            Self::Mistral => ("[THINK]", "[/THINK]"),
+            Self::DeepseekR1 | Self::Qwen3 | Self::GptOss | Self::Ernie45 | Self::Glm45 => ("<think>", "</think>"),
         }
     }
 
@@ -153,7 +201,14 @@ impl ReasoningSplitter {
             match (start.strip_prefix(open), self.parser) {
                 (Some(rest), _) => self.buffer = rest.to_string(),
                 (None, ReasoningParser::DeepseekR1 | ReasoningParser::SeedOss | ReasoningParser::Ernie45) => {}
-                (None, ReasoningParser::Qwen3 | ReasoningParser::GptOss | ReasoningParser::HunyuanA13b) => {
+                (
+                    None,
+                    ReasoningParser::Qwen3
+                    | ReasoningParser::GptOss
+                    | ReasoningParser::HunyuanA13b
+                    | ReasoningParser::Glm45
+                    | ReasoningParser::Mistral,
+                ) => {
                     self.phase = Phase::Answer;
                     out.push(Part::Answer(std::mem::take(&mut self.buffer)));
                     return out;
@@ -191,9 +246,14 @@ impl ReasoningSplitter {
         let mut out = Vec::new();
         match (self.phase, self.parser) {
             (Phase::Answer, _)
-            | (Phase::Start, ReasoningParser::Qwen3 | ReasoningParser::GptOss | ReasoningParser::HunyuanA13b) => {
-                send(&mut out, Part::Answer(rest))
-            }
+            | (
+                Phase::Start,
+                ReasoningParser::Qwen3
+                | ReasoningParser::GptOss
+                | ReasoningParser::HunyuanA13b
+                | ReasoningParser::Glm45
+                | ReasoningParser::Mistral,
+            ) => send(&mut out, Part::Answer(rest)),
             _ => send(&mut out, Part::Reasoning(rest)),
         }
         self.unwrap_answers(out, true)
@@ -342,6 +402,41 @@ mod tests {
         }
         assert_eq!(split(ReasoningParser::Qwen3, "<thi", 1), (String::new(), "<thi".into()));
         assert_eq!(split(ReasoningParser::Qwen3, "<think>cut mid-thou", 3), ("cut mid-thou".into(), String::new()));
+    }
+
+    #[test]
+    fn glm45_reads_as_qwen3_unless_the_prompt_opened_the_thought() {
+        let thinking = "[gMASK]<sop><|user|>\nHi<|assistant|><think>";
+        let off = "[gMASK]<sop><|user|>\nHi<|assistant|></think>";
+        let glm45_style = "[gMASK]<sop><|user|>\nHi<|assistant|>";
+        // An earlier turn's closed thought does not count: only the last assistant turn.
+        let earlier = "<|assistant|><think>a</think>b<|user|>\nMore<|assistant|><think>";
+        assert_eq!(ReasoningParser::Glm45.for_prompt(thinking), ReasoningParser::DeepseekR1);
+        assert_eq!(ReasoningParser::Glm45.for_prompt(earlier), ReasoningParser::DeepseekR1);
+        for prompt in [off, glm45_style] {
+            assert_eq!(ReasoningParser::Glm45.for_prompt(prompt), ReasoningParser::Glm45, "{prompt}");
+        }
+        assert_eq!(ReasoningParser::Qwen3.for_prompt(thinking), ReasoningParser::Qwen3);
+        for size in [1, 4, 1000] {
+            let opened = split(ReasoningParser::Glm45, "<think>Add.</think>Two.", size);
+            assert_eq!(opened, ("Add.".into(), "Two.".into()), "pieces of {size}");
+            assert_eq!(split(ReasoningParser::Glm45, "Two.", size), (String::new(), "Two.".into()));
+            let continued = split(ReasoningParser::Glm45.for_prompt(thinking), "Add.</think>Two.", size);
+            assert_eq!(continued, ("Add.".into(), "Two.".into()));
+        }
+    }
+
+    #[test]
+    fn mistral_reasons_inside_think_control_tokens_and_keeps_them_in_the_text() {
+        assert_eq!(ReasoningParser::parse("mistral"), Ok(ReasoningParser::Mistral));
+        assert!(ReasoningParser::Mistral.keeps_special_tokens() && !ReasoningParser::Qwen3.keeps_special_tokens());
+        for size in [1, 3, 1000] {
+            let thought = split(ReasoningParser::Mistral, "[THINK]1 + 1 = 2[/THINK]It is 2.", size);
+            assert_eq!(thought, ("1 + 1 = 2".into(), "It is 2.".into()), "pieces of {size}");
+            // A Markdown link opening the answer is not a thought.
+            let direct = split(ReasoningParser::Mistral, "[THE](x) answer", size);
+            assert_eq!(direct, (String::new(), "[THE](x) answer".into()));
+        }
     }
 
     #[test]

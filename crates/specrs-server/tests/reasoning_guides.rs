@@ -110,3 +110,26 @@ fn a_reasoning_parser_lets_the_model_think_before_a_structured_output_holds() {
     assert_eq!(body["choices"][0]["message"]["content"], "t3");
     drop(runtime);
 }
+
+#[test]
+fn glm45_splits_a_thought_the_prompt_opened_and_otherwise_only_one_the_model_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    write_thinker(dir.path());
+    let (runtime, addr) = serve(dir.path(), Some(ReasoningParser::Glm45));
+    let chat = |content: &str| json!({"model": "thinker", "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 6});
+    // The rendered prompt ends inside `<think>` (GLM-4.7 thinking): the output continues the
+    // thought until the model counts down to `</think>`.
+    let (status, body) = post(addr, "/v1/chat/completions", &chat("t30 <think>"));
+    assert_eq!(status, 200, "{body}");
+    let message = &body["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"].as_str().map(str::trim), Some("t18 t17 t16"), "{message}");
+    assert_eq!(message["content"].as_str().map(str::trim), Some("t14 t13"), "{message}");
+    // Nothing opened in the prompt, and the output does not open with `<think>`: all of it is
+    // the answer, though it reaches `<think>` later (DeepSeek-R1's rule would call it thought).
+    let (status, body) = post(addr, "/v1/chat/completions", &chat("t25"));
+    assert_eq!(status, 200, "{body}");
+    let message = &body["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], Value::Null, "{message}");
+    assert_eq!(message["content"].as_str().map(str::trim), Some("t24 t23 t22 t21 t20 <think>"), "{message}");
+    drop(runtime);
+}
