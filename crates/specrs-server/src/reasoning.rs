@@ -13,7 +13,8 @@
 pub enum ReasoningParser {
     /// Reasoning is the output up to `</think>`; the chat template opened `<think>` in the
     /// prompt, so the model may not write it (DeepSeek-R1, QwQ, Qwen3 2507 thinking models;
-    /// MiniMax-M2 under vLLM's name `minimax_m2`).
+    /// MiniMax-M2 and OLMo 3 Think under vLLM's names `minimax_m2` and `olmo3`: an OLMo 3
+    /// thought cut before `</think>` stays reasoning, as vLLM streams it).
     DeepseekR1,
     /// Reasoning is there only when the output opens with `<think>` (Qwen3, whose template
     /// skips thinking with `enable_thinking: false`).
@@ -42,9 +43,10 @@ pub enum ReasoningParser {
 }
 
 impl ReasoningParser {
-    pub const NAMES: [&str; 9] = [
+    pub const NAMES: [&str; 10] = [
         "deepseek_r1",
         "minimax_m2",
+        "olmo3",
         "qwen3",
         "openai_gptoss",
         "seed_oss",
@@ -56,7 +58,7 @@ impl ReasoningParser {
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
-            "deepseek_r1" | "minimax_m2" => Ok(Self::DeepseekR1),
+            "deepseek_r1" | "minimax_m2" | "olmo3" => Ok(Self::DeepseekR1),
             "qwen3" => Ok(Self::Qwen3),
             "openai_gptoss" => Ok(Self::GptOss),
             "seed_oss" => Ok(Self::SeedOss),
@@ -440,8 +442,9 @@ mod tests {
     }
 
     #[test]
-    fn minimax_m2_names_deepseek_r1s_rule() {
+    fn minimax_m2_and_olmo3_name_deepseek_r1s_rule() {
         assert_eq!(ReasoningParser::parse("minimax_m2"), Ok(ReasoningParser::DeepseekR1));
+        assert_eq!(ReasoningParser::parse("olmo3"), Ok(ReasoningParser::DeepseekR1));
         assert!(ReasoningParser::parse("minimax").unwrap_err().contains("minimax_m2"));
     }
 
@@ -508,6 +511,6 @@ mod tests {
         assert_eq!(splitter.push("a </th"), vec![Part::Reasoning("a ".into())]);
         assert_eq!(splitter.push("ing"), vec![Part::Reasoning("</thing".into())]);
         assert_eq!(splitter.push("</think>b"), vec![Part::Answer("b".into())]);
-        assert!(ReasoningParser::parse("o1").unwrap_err().contains("deepseek_r1, minimax_m2, qwen3"));
+        assert!(ReasoningParser::parse("o1").unwrap_err().contains("deepseek_r1, minimax_m2, olmo3, qwen3"));
     }
 }
