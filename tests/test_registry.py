@@ -561,6 +561,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "StableLmForCausalLM",
         "PhiForCausalLM",
         "PhimoeForCausalLM",
+        "OlmoForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

@@ -438,6 +438,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,
     },
+    ArchitectureSpec {
+        name: "OlmoForCausalLM",
+        example_repo_ids: &["allenai/OLMo-1B-hf", "allenai/OLMo-7B-0424-hf"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
     // Routing read on the host.
     ArchitectureSpec {
         name: "PhimoeForCausalLM",

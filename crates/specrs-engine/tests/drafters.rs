@@ -868,3 +868,11 @@ fn a_phi_3_5_moe_target_with_sparsemixer_routing_speculates_losslessly() {
     write(&target, &testing::phimoe_config(&SHAPE, &moe, 0.3), &testing::as_mixtral(tensors));
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 419, "Phi-3.5-MoE");
 }
+
+#[test]
+fn an_olmo_1_target_with_weightless_layer_norms_and_clamped_qkv_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("olmo");
+    write(&target, &testing::olmo_config(&SHAPE, Some(0.5)), &testing::random_olmo(&SHAPE, 421).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 431, "OLMo 1");
+}

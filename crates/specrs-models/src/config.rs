@@ -143,6 +143,10 @@ pub enum Architecture {
     /// (`short_mscale`, `long_mscale`), and experts chosen by sparsemixer
     /// ([`Router::SparseMixer`]).
     PhiMoe,
+    /// OLMo 1 (`OlmoForCausalLM`: OLMo-1B / 7B, OLMo 1.7): Llama's layer with LayerNorms that
+    /// have neither weight nor bias, and q, k and v clamped to `±clip_qkv` where the config
+    /// gives it.
+    Olmo,
 }
 
 impl Architecture {
@@ -190,6 +194,7 @@ impl Architecture {
         ("StableLmForCausalLM", Architecture::StableLm),
         ("PhiForCausalLM", Architecture::Phi),
         ("PhimoeForCausalLM", Architecture::PhiMoe),
+        ("OlmoForCausalLM", Architecture::Olmo),
     ];
 
     /// GGUF `general.architecture` values accepted for each family.
@@ -231,6 +236,7 @@ impl Architecture {
         ("stablelm", Architecture::StableLm),
         ("phi2", Architecture::Phi),
         ("phimoe", Architecture::PhiMoe),
+        ("olmo", Architecture::Olmo),
     ];
 
     pub fn from_hf_name(name: &str) -> Result<Self> {
@@ -291,6 +297,7 @@ impl Architecture {
             Self::StableLm => "StableLmForCausalLM",
             Self::Phi => "PhiForCausalLM",
             Self::PhiMoe => "PhimoeForCausalLM",
+            Self::Olmo => "OlmoForCausalLM",
         }
     }
 
@@ -334,6 +341,7 @@ impl Architecture {
             Self::StableLm => "stablelm",
             Self::Phi => "phi",
             Self::PhiMoe => "phimoe",
+            Self::Olmo => "olmo",
         }
     }
 
@@ -966,6 +974,8 @@ pub struct DecoderConfig {
     pub parallel_residual: bool,
     /// `lm_head` adds a bias (Phi; Phi-3.5-MoE's `lm_head_bias`).
     pub lm_head_bias: bool,
+    /// q, k and v are clamped to `±clip_qkv` right after their projections (OLMo 1).
+    pub clip_qkv: Option<f32>,
     /// Each attention head has a learned sink logit, `self_attn.sinks` (gpt-oss).
     pub attention_sinks: bool,
     /// `Some(layers)`: only `layers[i]` apply RoPE, the others attend without positions
@@ -1047,6 +1057,17 @@ fn long_rope(v: &Value, rs: &Value, max_position_embeddings: usize) -> Result<Ro
         mscales,
         extended: false,
     })
+}
+
+/// OLMo's `clip_qkv`: a positive bound, or `None` (null or absent).
+fn clip_qkv(v: &Value) -> Result<Option<f32>> {
+    match v.get("clip_qkv") {
+        None | Some(Value::Null) => Ok(None),
+        Some(c) => match c.as_f64() {
+            Some(c) if c.is_finite() && c > 0.0 => Ok(Some(c as f32)),
+            _ => Err(ModelError::config("clip_qkv", format!("must be a positive number or null, got {c}"))),
+        },
+    }
 }
 
 /// HunYuan's per-head q/k norms (`use_qk_norm`, on in every released dense checkpoint);
@@ -1560,6 +1581,7 @@ impl DecoderConfig {
             | Architecture::MiniMaxM2
             | Architecture::StableLm
             | Architecture::Phi
+            | Architecture::Olmo
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1684,6 +1706,8 @@ impl DecoderConfig {
                 Architecture::Cohere | Architecture::Cohere2 => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
                 Architecture::Starcoder2 => opt_f64(v, "norm_epsilon").unwrap_or(1e-5),
                 Architecture::StableLm | Architecture::Phi => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
+                // OLMo 1's LayerNorm fixes its epsilon.
+                Architecture::Olmo => 1e-5,
                 _ => opt_f64(v, "rms_norm_eps").unwrap_or(1e-6),
             },
             rope_theta: hunyuan_rope_base(v, architecture, rotary_dim)?
@@ -1719,6 +1743,10 @@ impl DecoderConfig {
                 || (architecture == Architecture::SeedOss
                     && v.get("attention_out_bias").and_then(Value::as_bool).unwrap_or(false)),
             mlp_bias,
+            clip_qkv: match architecture {
+                Architecture::Olmo => clip_qkv(v)?,
+                _ => None,
+            },
             lm_head_bias: architecture == Architecture::Phi
                 || (architecture == Architecture::PhiMoe && flag("lm_head_bias")),
             parallel_residual: match architecture {
@@ -1899,7 +1927,13 @@ impl DecoderConfig {
                 | Architecture::StableLm
                 | Architecture::Phi
                 | Architecture::PhiMoe
+                | Architecture::Olmo
         )
+    }
+
+    /// The LayerNorms have neither weight nor bias (OLMo 1).
+    pub fn norms_weightless(&self) -> bool {
+        self.architecture == Architecture::Olmo
     }
 
     /// The LayerNorms add a bias (`{norm}.bias`: StarCoder2, StableLM, Phi and Phi-3.5-MoE;

@@ -1868,3 +1868,18 @@ pub fn random_phimoe(s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<St
     }
     Ok(t)
 }
+
+/// An OLMo 1 `config.json` for a tiny target (untied), q/k/v clamped to `±clip` when given.
+pub fn olmo_config(s: &TinyShape, clip: Option<f64>) -> Value {
+    let mut c = target_config(Architecture::Olmo, s, false);
+    c["clip_qkv"] = json!(clip);
+    c
+}
+
+/// Random weights for a tiny OLMo 1: Llama's without a single norm weight (its LayerNorms
+/// have none).
+pub fn random_olmo(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Llama, s, false, seed)?;
+    t.retain(|name, _| !name.ends_with("norm.weight"));
+    Ok(t)
+}

@@ -17,6 +17,7 @@ pub mod llama;
 pub mod llama4;
 pub mod minimax_m2;
 pub mod mixtral;
+pub mod olmo;
 pub mod olmo2;
 pub mod phi;
 pub mod phi3;
@@ -121,6 +122,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::StableLm => stablelm::adapt(cfg),
                 Architecture::Phi => phi::adapt(cfg),
                 Architecture::PhiMoe => phi_moe::adapt(cfg),
+                Architecture::Olmo => olmo::adapt(cfg),
             })
         }
     }

@@ -45,6 +45,8 @@ enum Projection {
         qk_norm_spans_heads: bool,
         /// The per-head q/k norms come after RoPE (HunYuan), not before.
         qk_norm_after_rope: bool,
+        /// q, k and v clamped to `±clip` as projected (OLMo 1).
+        clip: Option<f32>,
     },
     /// DeepSeek's multi-head latent attention: every head attends one latent entry per token.
     Latent(Box<LatentProjection>),
@@ -122,6 +124,7 @@ impl SelfAttention {
             k_norm,
             qk_norm_spans_heads: spans,
             qk_norm_after_rope: cfg.qk_norm_after_rope(),
+            clip: cfg.clip_qkv,
         };
         Ok(Self { projection, o_proj, rotates: true, query_temperature: None, shape })
     }
@@ -148,8 +151,14 @@ impl SelfAttention {
             true => (Some(l2_norm()?), Some(l2_norm()?)),
             false => (None, None),
         };
-        let projection =
-            Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads: false, qk_norm_after_rope: true };
+        let projection = Projection::Grouped {
+            qkv,
+            q_norm,
+            k_norm,
+            qk_norm_spans_heads: false,
+            qk_norm_after_rope: true,
+            clip: None,
+        };
         Ok(Self { projection, ..attention })
     }
 
@@ -185,11 +194,15 @@ impl SelfAttention {
     /// Projects, normalises and rotates: `x [T, in] -> (q [T, nh, d], k [T, nkv, d], v [T, nkv, d])`.
     pub fn project(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let (q, k, v) = match &self.projection {
-            Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads, qk_norm_after_rope: false } => {
+            Projection::Grouped { qkv, q_norm, k_norm, qk_norm_spans_heads, qk_norm_after_rope: false, clip } => {
                 let t = x.dim(0)?;
                 let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
                 let mut parts = qkv.forward(x)?.into_iter();
-                let (mut q, mut k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+                let (mut q, mut k, mut v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+                if let Some(c) = clip {
+                    let c = f64::from(*c);
+                    (q, k, v) = (q.clamp(-c, c)?, k.clamp(-c, c)?, v.clamp(-c, c)?);
+                }
                 let norms = q_norm.as_ref().zip(k_norm.as_ref());
                 // OLMo 2 norms [T, q_dim] and [T, kv_dim] whole, before splitting heads.
                 if let Some((qn, kn)) = norms.filter(|_| *qk_norm_spans_heads) {
@@ -581,7 +594,10 @@ impl DecoderLayer {
 /// The norm `{name}.weight` (and `{name}.bias`) over `dim` of `cfg`'s kind: RMSNorm, Gemma's
 /// `1 + weight`, or LayerNorm with or without bias.
 fn load_norm(store: &WeightStore, name: &str, dim: usize, cfg: &DecoderConfig) -> LoadResult<RmsNorm> {
-    let norm = RmsNorm::load_as(store, &format!("{name}.weight"), dim, cfg.rms_norm_eps, cfg.norms_add_one())?;
+    let norm = match cfg.norms_weightless() {
+        true => RmsNorm::new(Tensor::ones(dim, store.compute_dtype(), store.device())?, cfg.rms_norm_eps),
+        false => RmsNorm::load_as(store, &format!("{name}.weight"), dim, cfg.rms_norm_eps, cfg.norms_add_one())?,
+    };
     let bias = match cfg.norms_have_bias() {
         true => Some(store.tensor(&format!("{name}.bias"), &[dim])?),
         false => None,

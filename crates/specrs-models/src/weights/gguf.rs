@@ -214,6 +214,7 @@ impl GgufSource {
             architecture,
             Architecture::Llama
                 | Architecture::Arcee
+                | Architecture::Olmo
                 | Architecture::Llama4
                 | Architecture::Mixtral
                 | Architecture::InternLm2
@@ -340,7 +341,11 @@ impl GgufSource {
         // LayerNorms with bias, their epsilon under `layer_norm_epsilon` as Cohere's.
         let layer_norms = matches!(
             self.architecture,
-            Architecture::Starcoder2 | Architecture::StableLm | Architecture::Phi | Architecture::PhiMoe
+            Architecture::Starcoder2
+                | Architecture::StableLm
+                | Architecture::Phi
+                | Architecture::PhiMoe
+                | Architecture::Olmo
         );
         // EXAONE 4.0 with a window: its pattern's sliding layers, the full ones without RoPE.
         let exaone4_window =
@@ -435,6 +440,7 @@ impl GgufSource {
             attention_output_bias: self.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
             mlp_bias: self.content.tensor_infos.contains_key("blk.0.ffn_up.bias"),
             lm_head_bias: self.content.tensor_infos.contains_key("output.bias"),
+            clip_qkv: self.meta_f64("attention.clamp_kqv").filter(|c| *c > 0.0).map(|c| c as f32),
             // StableLM runs side by side where its file has no norm before the MLP.
             parallel_residual: cohere
                 || self.architecture == Architecture::Phi

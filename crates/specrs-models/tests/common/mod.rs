@@ -158,6 +158,10 @@ pub struct Reference<'a> {
     pub llama4: Option<Llama4Layout>,
     /// An MLP without a gate applies GELU's tanh form (StarCoder2), not `relu²` (Arcee).
     pub ungated_gelu: bool,
+    /// The norms have no weights (OLMo 1): every norm scales by one.
+    pub weightless_norms: bool,
+    /// q, k and v clamped to `±clip` as projected (OLMo 1.7).
+    pub clip_qkv: Option<f32>,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -213,6 +217,8 @@ impl<'a> Reference<'a> {
             parallel: false,
             llama4: None,
             ungated_gelu: false,
+            weightless_norms: false,
+            clip_qkv: None,
         }
     }
 
@@ -222,6 +228,9 @@ impl<'a> Reference<'a> {
 
     /// A norm's scale: its weight, or Gemma's `1 + weight`.
     fn norm_weight(&self, name: &str) -> Vec<f32> {
+        if self.weightless_norms {
+            return vec![1.0; self.shape.hidden];
+        }
         let w = self.tensors[name].to_vec1::<f32>().unwrap();
         if self.gemma.is_some() { w.iter().map(|v| 1.0 + v).collect() } else { w }
     }
@@ -288,7 +297,10 @@ impl<'a> Reference<'a> {
             }
         };
         let (q, k, v) = (part("q"), part("k"), part("v"));
-        (0..x.len()).map(|t| [q[t].clone(), k[t].clone(), v[t].clone()].concat()).collect()
+        let clip = |v: f32| self.clip_qkv.map_or(v, |c| v.clamp(-c, c));
+        (0..x.len())
+            .map(|t| [q[t].clone(), k[t].clone(), v[t].clone()].concat().into_iter().map(clip).collect())
+            .collect()
     }
 
     /// `x @ {p}.{name}.weight^T`.
@@ -684,7 +696,7 @@ impl<'a> Reference<'a> {
         // Norms around attention and MLP (Gemma, GLM-4) under Gemma's names, or after them only
         // (OLMo 2: no input norms).
         let sandwich = self.get("model.layers.0.pre_feedforward_layernorm.weight").is_some();
-        let post_only = self.get("model.layers.0.input_layernorm.weight").is_none();
+        let post_only = !self.weightless_norms && self.get("model.layers.0.input_layernorm.weight").is_none();
         for l in 0..self.shape.layers {
             let p = format!("model.layers.{l}");
             let attention_in = if post_only { x.clone() } else { self.rms(&x, &format!("{p}.input_layernorm.weight")) };
