@@ -545,6 +545,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "MiniMaxM2ForCausalLM",
         "InternLM2ForCausalLM",
         "GptOssForCausalLM",
+        "GemmaForCausalLM",
         "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
         "Gemma3ForConditionalGeneration",

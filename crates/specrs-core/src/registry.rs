@@ -301,6 +301,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
     },
     // Per-layer windows (and Gemma 3's RoPE): one fixed-shape step cannot serve every layer.
     ArchitectureSpec {
+        name: "GemmaForCausalLM",
+        example_repo_ids: &["google/gemma-2b-it", "google/gemma-7b-it", "google/codegemma-7b-it"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "Gemma2ForCausalLM",
         example_repo_ids: &["google/gemma-2-2b-it", "google/gemma-2-9b-it"],
         default_weights_format: "safetensors",

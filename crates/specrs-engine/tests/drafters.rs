@@ -876,3 +876,11 @@ fn an_olmo_1_target_with_weightless_layer_norms_and_clamped_qkv_speculates_lossl
     write(&target, &testing::olmo_config(&SHAPE, Some(0.5)), &testing::random_olmo(&SHAPE, 421).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 431, "OLMo 1");
 }
+
+#[test]
+fn a_gemma_target_with_its_norms_and_geglu_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("gemma");
+    write(&target, &testing::gemma_config(&SHAPE), &testing::random_gemma(&SHAPE, 433).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 439, "Gemma");
+}

@@ -147,6 +147,10 @@ pub enum Architecture {
     /// have neither weight nor bias, and q, k and v clamped to `±clip_qkv` where the config
     /// gives it.
     Olmo,
+    /// Gemma (`GemmaForCausalLM`: Gemma 2B / 7B, CodeGemma, Gemma 1.1): Llama's pre-norm layer
+    /// with Gemma's norms (`1 + weight`), GeGLU, embeddings times `sqrt(hidden)` and tied
+    /// embeddings; no windows, soft caps or norms after attention and MLP (Gemma 2's).
+    Gemma,
 }
 
 impl Architecture {
@@ -175,6 +179,7 @@ impl Architecture {
         ("Dots1ForCausalLM", Architecture::Dots1),
         ("InternLM2ForCausalLM", Architecture::InternLm2),
         ("MixtralForCausalLM", Architecture::Mixtral),
+        ("GemmaForCausalLM", Architecture::Gemma),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -203,6 +208,7 @@ impl Architecture {
         ("qwen2", Architecture::Qwen2),
         ("qwen3", Architecture::Qwen3),
         ("phi3", Architecture::Phi3),
+        ("gemma", Architecture::Gemma),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
@@ -298,6 +304,7 @@ impl Architecture {
             Self::Phi => "PhiForCausalLM",
             Self::PhiMoe => "PhimoeForCausalLM",
             Self::Olmo => "OlmoForCausalLM",
+            Self::Gemma => "GemmaForCausalLM",
         }
     }
 
@@ -342,6 +349,7 @@ impl Architecture {
             Self::Phi => "phi",
             Self::PhiMoe => "phimoe",
             Self::Olmo => "olmo",
+            Self::Gemma => "gemma",
         }
     }
 
@@ -350,9 +358,10 @@ impl Architecture {
         matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss | Self::Glm4 | Self::SeedOss)
     }
 
-    /// Gemma's layer (`DecoderConfig::gemma`): Gemma 2 and Gemma 3.
+    /// Gemma's norms, GeGLU and embedding scale (`DecoderConfig::gemma`): Gemma, Gemma 2 and
+    /// Gemma 3.
     pub fn is_gemma(self) -> bool {
-        matches!(self, Self::Gemma2 | Self::Gemma3)
+        matches!(self, Self::Gemma | Self::Gemma2 | Self::Gemma3)
     }
 
     /// HunYuan's attention: per-head q/k norms after RoPE, NTK-alpha's raised base.
@@ -510,7 +519,7 @@ fn scales(v: &Value, architecture: Architecture, hidden_size: usize, head_dim: u
         },
         // Gemma 2's caps default on (50 and 30) when its config leaves them out, Gemma 3's
         // off; `null` turns either off.
-        Architecture::Gemma2 | Architecture::Gemma3 => {
+        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => {
             let gemma2 = architecture == Architecture::Gemma2;
             let cap = |key: &str, gemma2_default: f64| match v.get(key) {
                 None => gemma2.then_some(gemma2_default),
@@ -786,8 +795,9 @@ fn rope_layers(v: &Value, num_hidden_layers: usize) -> Result<Vec<bool>> {
     Ok(layers)
 }
 
-/// Gemma 2's or 3's additions from its `config.json`, with transformers' defaults: Gemma 2's
-/// sliding layers share the global RoPE, Gemma 3's turn at their own base.
+/// Gemma's, Gemma 2's or 3's additions from its `config.json`, with transformers' defaults:
+/// Gemma 2's sliding layers share the global RoPE, Gemma 3's turn at their own base (Gemma has
+/// none).
 fn gemma_config(v: &Value, architecture: Architecture) -> Result<GemmaConfig> {
     for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
         if let Some(x) = v.get(key).filter(|x| !x.is_null())
@@ -807,7 +817,7 @@ fn gemma_config(v: &Value, architecture: Architecture) -> Result<GemmaConfig> {
     }
     Ok(GemmaConfig {
         norms_store_scale: false,
-        local_rope_theta: if gemma2 {
+        local_rope_theta: if gemma2 || architecture == Architecture::Gemma {
             opt_f64(v, "rope_theta").unwrap_or(10_000.0)
         } else {
             opt_f64(v, "rope_local_base_freq").unwrap_or(10_000.0)
@@ -1582,6 +1592,7 @@ impl DecoderConfig {
             | Architecture::StableLm
             | Architecture::Phi
             | Architecture::Olmo
+            | Architecture::Gemma
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1783,7 +1794,9 @@ impl DecoderConfig {
             },
             mla,
             gemma: match architecture {
-                Architecture::Gemma2 | Architecture::Gemma3 => Some(gemma_config(v, architecture)?),
+                Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => {
+                    Some(gemma_config(v, architecture)?)
+                }
                 _ => None,
             },
             llama4: match architecture {
@@ -1902,7 +1915,7 @@ impl DecoderConfig {
     /// Where a layer's RMSNorms sit.
     pub fn norm_placement(&self) -> NormPlacement {
         match self.architecture {
-            _ if self.gemma.is_some() => NormPlacement::Sandwich,
+            Architecture::Gemma2 | Architecture::Gemma3 => NormPlacement::Sandwich,
             Architecture::Glm4 => NormPlacement::Sandwich,
             Architecture::Olmo2 | Architecture::Olmo3 | Architecture::Exaone4 => NormPlacement::Post,
             _ if self.parallel_residual => NormPlacement::Parallel,

@@ -262,6 +262,27 @@ pub fn gemma2_config(s: &TinyShape, sliding: &[bool], window: usize, caps: (f64,
     c
 }
 
+/// A Gemma (1) `config.json` for a tiny target: tied, and the first configs' `hidden_act:
+/// gelu` with no `hidden_activation` (transformers runs the tanh GELU regardless).
+pub fn gemma_config(s: &TinyShape) -> Value {
+    let mut c = target_config(Architecture::Gemma, s, true);
+    c["hidden_act"] = json!("gelu");
+    c["hidden_activation"] = json!(null);
+    c
+}
+
+/// Random Gemma (1) weights: Llama's pre-norm layer (`post_attention_layernorm` before the
+/// MLP) with tied embeddings and every norm weight near 0, as Gemma stores `scale - 1`.
+pub fn random_gemma(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_gemma3(s, seed)?;
+    t.retain(|name, _| {
+        !["q_norm.weight", "k_norm.weight", "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
+            .iter()
+            .any(|suffix| name.ends_with(suffix))
+    });
+    Ok(t)
+}
+
 /// Random Gemma 2 weights: Gemma 3's without the q/k norms.
 pub fn random_gemma2(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
     let mut t = random_gemma3(s, seed)?;

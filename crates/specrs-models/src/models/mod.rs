@@ -4,6 +4,7 @@ pub mod arcee;
 pub mod cohere;
 pub mod deepseek;
 pub mod ernie4_5;
+pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
 pub mod glm4;
@@ -102,6 +103,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Glm4Moe => glm4_moe::adapt(cfg),
                 Architecture::InternLm2 => internlm2::adapt(cfg),
                 Architecture::Mixtral => mixtral::adapt(cfg),
+                Architecture::Gemma => gemma::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),

@@ -420,7 +420,8 @@ impl GgufSource {
                 || (self.architecture == Architecture::Phi
                     && self.content.tensor_infos.contains_key("blk.0.attn_qkv.weight")),
             sliding_window: match (&gemma, self.architecture) {
-                (Some(_), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
+                (Some((_, _, Some(_))), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
+                (Some((_, _, None)), _) => None,
                 (None, Architecture::Olmo3 | Architecture::Cohere2) => {
                     Some(self.meta_usize("attention.sliding_window")?)
                 }
@@ -432,7 +433,7 @@ impl GgufSource {
                     .filter(|_| phi3 || self.architecture == Architecture::Starcoder2),
             },
             sliding_layers: match &gemma {
-                Some((_, _, layers)) => Some(layers.clone()),
+                Some((_, _, layers)) => layers.clone(),
                 None if self.architecture == Architecture::Olmo3 => Some(self.sliding_pattern(num_hidden_layers)?),
                 None if exaone4_sliding.is_some() => exaone4_sliding.clone(),
                 None => cohere2_sliding.clone(),
@@ -587,10 +588,23 @@ impl GgufSource {
         hidden_size: usize,
         num_attention_heads: usize,
         head_dim: usize,
-    ) -> Result<Option<(GemmaConfig, Scales, Vec<bool>)>> {
+    ) -> Result<Option<GemmaParts>> {
         let gemma2 = match self.architecture {
             Architecture::Gemma2 => true,
             Architecture::Gemma3 => false,
+            // Gemma: the norms as their scale and `sqrt(hidden)`, nothing sliding or capped.
+            Architecture::Gemma => {
+                let gemma = GemmaConfig {
+                    local_rope_theta: self.meta_f64("rope.freq_base").unwrap_or(10_000.0),
+                    norms_store_scale: true,
+                };
+                let scales = Scales {
+                    embedding: (hidden_size as f64).sqrt(),
+                    attention: Some((head_dim as f64).powf(-0.5)),
+                    ..Scales::default()
+                };
+                return Ok(Some((gemma, scales, None)));
+            }
             _ => return Ok(None),
         };
         let layers = self.meta_usize("block_count")?;
@@ -610,7 +624,7 @@ impl GgufSource {
             logits_softcap: cap("final_logit_softcapping"),
             ..Scales::default()
         };
-        Ok(Some((gemma, scales, sliding_layers)))
+        Ok(Some((gemma, scales, Some(sliding_layers))))
     }
 
     /// Granite's four constants, which llama.cpp's converter writes as `*_scale` keys; a key
@@ -907,6 +921,9 @@ impl GgufSource {
         }
     }
 }
+
+/// A Gemma file's layer configuration, its scales, and its sliding layers (none for Gemma 1).
+type GemmaParts = (GemmaConfig, Scales, Option<Vec<bool>>);
 
 fn value_as_u64(v: &Value) -> Option<u64> {
     match v {
