@@ -563,6 +563,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "PhiForCausalLM",
         "PhimoeForCausalLM",
         "OlmoForCausalLM",
+        "NemotronForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

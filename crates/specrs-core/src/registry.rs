@@ -446,6 +446,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "NemotronForCausalLM",
+        example_repo_ids: &["nvidia/Nemotron-Mini-4B-Instruct", "nvidia/Minitron-8B-Base"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "OlmoForCausalLM",
         example_repo_ids: &["allenai/OLMo-1B-hf", "allenai/OLMo-7B-0424-hf"],
         default_weights_format: "safetensors",

@@ -884,3 +884,11 @@ fn a_gemma_target_with_its_norms_and_geglu_speculates_losslessly() {
     write(&target, &testing::gemma_config(&SHAPE), &testing::random_gemma(&SHAPE, 433).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 439, "Gemma");
 }
+
+#[test]
+fn a_nemotron_target_with_layer_norm_1p_and_a_relu_squared_mlp_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("nemotron");
+    write(&target, &testing::nemotron_config(&SHAPE), &testing::random_nemotron(&SHAPE, 443).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 449, "Nemotron");
+}

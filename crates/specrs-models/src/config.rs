@@ -151,6 +151,10 @@ pub enum Architecture {
     /// with Gemma's norms (`1 + weight`), GeGLU, embeddings times `sqrt(hidden)` and tied
     /// embeddings; no windows, soft caps or norms after attention and MLP (Gemma 2's).
     Gemma,
+    /// Nemotron (`NemotronForCausalLM`: Nemotron-4, Minitron, Nemotron-Mini): Llama's layer
+    /// with LayerNorm1P (a LayerNorm with bias that scales by `1 + weight`), RoPE over half of
+    /// each head, and an MLP without a gate, `down(relu(up(x))²)`.
+    Nemotron,
 }
 
 impl Architecture {
@@ -180,6 +184,7 @@ impl Architecture {
         ("InternLM2ForCausalLM", Architecture::InternLm2),
         ("MixtralForCausalLM", Architecture::Mixtral),
         ("GemmaForCausalLM", Architecture::Gemma),
+        ("NemotronForCausalLM", Architecture::Nemotron),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -209,6 +214,7 @@ impl Architecture {
         ("qwen3", Architecture::Qwen3),
         ("phi3", Architecture::Phi3),
         ("gemma", Architecture::Gemma),
+        ("nemotron", Architecture::Nemotron),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
@@ -305,6 +311,7 @@ impl Architecture {
             Self::PhiMoe => "PhimoeForCausalLM",
             Self::Olmo => "OlmoForCausalLM",
             Self::Gemma => "GemmaForCausalLM",
+            Self::Nemotron => "NemotronForCausalLM",
         }
     }
 
@@ -350,6 +357,7 @@ impl Architecture {
             Self::PhiMoe => "phimoe",
             Self::Olmo => "olmo",
             Self::Gemma => "gemma",
+            Self::Nemotron => "nemotron",
         }
     }
 
@@ -984,6 +992,9 @@ pub struct DecoderConfig {
     pub parallel_residual: bool,
     /// `lm_head` adds a bias (Phi; Phi-3.5-MoE's `lm_head_bias`).
     pub lm_head_bias: bool,
+    /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Nemotron's
+    /// LayerNorm1P in safetensors; llama.cpp's files store the scale).
+    pub layer_norm_1p: bool,
     /// q, k and v are clamped to `±clip_qkv` right after their projections (OLMo 1).
     pub clip_qkv: Option<f32>,
     /// Each attention head has a learned sink logit, `self_attn.sinks` (gpt-oss).
@@ -1510,9 +1521,11 @@ impl DecoderConfig {
                 .and_then(Value::as_u64)
                 .map_or(hidden_size / num_attention_heads.max(1), |x| x as usize),
         };
-        // GLM-4.5 rotates half of each head unless its config says otherwise.
-        let default_rotary =
-            if matches!(architecture, Architecture::Glm4 | Architecture::Glm4Moe) { Some(0.5) } else { None };
+        // GLM-4.5 and Nemotron rotate half of each head unless their configs say otherwise.
+        let default_rotary = match architecture {
+            Architecture::Glm4 | Architecture::Glm4Moe | Architecture::Nemotron => Some(0.5),
+            _ => None,
+        };
         // MiniMax-M2 names its rotated dims.
         let minimax_rotary = match architecture {
             Architecture::MiniMaxM2 => v.get("rotary_dim").and_then(Value::as_u64).map(|d| d as f64 / head_dim as f64),
@@ -1593,6 +1606,7 @@ impl DecoderConfig {
             | Architecture::Phi
             | Architecture::Olmo
             | Architecture::Gemma
+            | Architecture::Nemotron
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1637,8 +1651,9 @@ impl DecoderConfig {
         // others' configs name theirs without a choice (SwiGLU, Gemma's GeGLU).
         if let Some(act) = v.get("hidden_act").and_then(Value::as_str) {
             let supported: &[&str] = match architecture {
-                // Arcee squares a ReLU; the GELUs are the tanh approximation under three names.
-                Architecture::Arcee => &["relu2"],
+                // Arcee and Nemotron square a ReLU; the GELUs are the tanh approximation under
+                // three names.
+                Architecture::Arcee | Architecture::Nemotron => &["relu2"],
                 Architecture::Starcoder2 | Architecture::Phi => &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"],
                 Architecture::StableLm => &["silu"],
                 _ => &[act],
@@ -1662,7 +1677,7 @@ impl DecoderConfig {
         let mlp_bias = match architecture {
             Architecture::Starcoder2 => use_bias,
             Architecture::Phi => true,
-            Architecture::Llama | Architecture::Granite | Architecture::Arcee => {
+            Architecture::Llama | Architecture::Granite | Architecture::Arcee | Architecture::Nemotron => {
                 v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false)
             }
             _ if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) => {
@@ -1719,6 +1734,7 @@ impl DecoderConfig {
                 Architecture::StableLm | Architecture::Phi => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
                 // OLMo 1's LayerNorm fixes its epsilon.
                 Architecture::Olmo => 1e-5,
+                Architecture::Nemotron => opt_f64(v, "norm_eps").unwrap_or(1e-5),
                 _ => opt_f64(v, "rms_norm_eps").unwrap_or(1e-6),
             },
             rope_theta: hunyuan_rope_base(v, architecture, rotary_dim)?
@@ -1746,6 +1762,8 @@ impl DecoderConfig {
             sliding_layers: sliding_layers.clone(),
             // DeepSeek's `attention_bias` covers its output projection too; Seed-OSS names its own.
             attention_output_bias: (architecture == Architecture::Starcoder2 && use_bias)
+                // Nemotron's `attention_bias` covers o_proj too.
+                || (architecture == Architecture::Nemotron && flag("attention_bias"))
                 || architecture == Architecture::Phi
                 // Phi-3.5-MoE's `attention_bias` covers o_proj too.
                 || (architecture == Architecture::PhiMoe && flag("attention_bias"))
@@ -1758,6 +1776,7 @@ impl DecoderConfig {
                 Architecture::Olmo => clip_qkv(v)?,
                 _ => None,
             },
+            layer_norm_1p: architecture == Architecture::Nemotron,
             lm_head_bias: architecture == Architecture::Phi
                 || (architecture == Architecture::PhiMoe && flag("lm_head_bias")),
             parallel_residual: match architecture {
@@ -1923,10 +1942,13 @@ impl DecoderConfig {
         }
     }
 
-    /// The dense MLP multiplies a gated branch into `up` (all but Arcee's `relu(up)²` and
-    /// StarCoder2's and Phi's `gelu_tanh(up)`).
+    /// The dense MLP multiplies a gated branch into `up` (all but Arcee's and Nemotron's
+    /// `relu(up)²` and StarCoder2's and Phi's `gelu_tanh(up)`).
     pub fn mlp_is_gated(&self) -> bool {
-        !matches!(self.architecture, Architecture::Arcee | Architecture::Starcoder2 | Architecture::Phi)
+        !matches!(
+            self.architecture,
+            Architecture::Arcee | Architecture::Nemotron | Architecture::Starcoder2 | Architecture::Phi
+        )
     }
 
     /// The norms are LayerNorms (Cohere's without bias, the others' with): centred before
@@ -1941,6 +1963,7 @@ impl DecoderConfig {
                 | Architecture::Phi
                 | Architecture::PhiMoe
                 | Architecture::Olmo
+                | Architecture::Nemotron
         )
     }
 
@@ -1954,7 +1977,11 @@ impl DecoderConfig {
     pub fn norms_have_bias(&self) -> bool {
         matches!(
             self.architecture,
-            Architecture::Starcoder2 | Architecture::StableLm | Architecture::Phi | Architecture::PhiMoe
+            Architecture::Starcoder2
+                | Architecture::StableLm
+                | Architecture::Phi
+                | Architecture::PhiMoe
+                | Architecture::Nemotron
         )
     }
 
@@ -1990,9 +2017,10 @@ impl DecoderConfig {
         (base != self.rope_theta || self.rope_scaling.is_some()).then_some(base)
     }
 
-    /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Gemma's safetensors).
+    /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Gemma's and
+    /// Nemotron's safetensors).
     pub fn norms_add_one(&self) -> bool {
-        self.gemma.as_ref().is_some_and(|g| !g.norms_store_scale)
+        self.gemma.as_ref().map_or(self.layer_norm_1p, |g| !g.norms_store_scale)
     }
 
     /// The window layer `layer` attends within.

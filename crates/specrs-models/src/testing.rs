@@ -1904,3 +1904,32 @@ pub fn random_olmo(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> 
     t.retain(|name, _| !name.ends_with("norm.weight"));
     Ok(t)
 }
+
+/// A Nemotron `config.json` for a tiny target: LayerNorm1P of `norm_eps` 1e-5, RoPE over half
+/// of each head, relu² MLP, no biases on the projections.
+pub fn nemotron_config(s: &TinyShape) -> Value {
+    let mut c = target_config(Architecture::Nemotron, s, false);
+    let map = c.as_object_mut().expect("a config object");
+    map.remove("rms_norm_eps");
+    for (key, value) in
+        [("norm_eps", json!(1e-5)), ("partial_rotary_factor", json!(0.5)), ("hidden_act", json!("relu2"))]
+    {
+        map.insert(key.into(), value);
+    }
+    c
+}
+
+/// Random weights for a tiny Nemotron: Llama's without the MLP's gate, each norm's weight
+/// stored less one (LayerNorm1P) and given a bias.
+pub fn random_nemotron(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Llama, s, false, seed)?;
+    t.retain(|name, _| !name.ends_with("mlp.gate_proj.weight"));
+    let norms: Vec<String> = t.keys().filter(|n| n.ends_with("norm.weight")).cloned().collect();
+    for (i, name) in norms.into_iter().enumerate() {
+        let weight = (t[&name].clone() - 1.0)?;
+        let dim = weight.dim(0)?;
+        t.insert(name.replace(".weight", ".bias"), random_tensor(&[dim], 0.1, seed * 1000 + i as u64)?);
+        t.insert(name, weight);
+    }
+    Ok(t)
+}

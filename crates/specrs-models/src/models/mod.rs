@@ -18,6 +18,7 @@ pub mod llama;
 pub mod llama4;
 pub mod minimax_m2;
 pub mod mixtral;
+pub mod nemotron;
 pub mod olmo;
 pub mod olmo2;
 pub mod phi;
@@ -104,6 +105,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::InternLm2 => internlm2::adapt(cfg),
                 Architecture::Mixtral => mixtral::adapt(cfg),
                 Architecture::Gemma => gemma::adapt(cfg),
+                Architecture::Nemotron => nemotron::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),

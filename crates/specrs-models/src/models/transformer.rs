@@ -318,11 +318,12 @@ pub enum Activation {
 
 impl Activation {
     /// The activation of `cfg`'s dense MLP: over the gate (SwiGLU; Gemma's GeGLU), or over
-    /// `up` where the MLP has no gate (Arcee's `relu²`, StarCoder2's and Phi's tanh GELU).
+    /// `up` where the MLP has no gate (Arcee's and Nemotron's `relu²`, StarCoder2's and Phi's
+    /// tanh GELU).
     pub fn of_dense_mlp(cfg: &DecoderConfig) -> Self {
         match cfg.architecture {
             _ if cfg.gemma.is_some() => Self::GeluTanh,
-            Architecture::Arcee => Self::ReluSquared,
+            Architecture::Arcee | Architecture::Nemotron => Self::ReluSquared,
             Architecture::Starcoder2 | Architecture::Phi => Self::GeluTanh,
             _ => Self::Silu,
         }

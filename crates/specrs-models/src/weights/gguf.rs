@@ -314,6 +314,7 @@ impl GgufSource {
             Architecture::Phi3
                 | Architecture::Phi
                 | Architecture::StableLm
+                | Architecture::Nemotron
                 | Architecture::Glm4
                 | Architecture::Glm4Moe
                 | Architecture::MiniMaxM2
@@ -346,6 +347,7 @@ impl GgufSource {
                 | Architecture::Phi
                 | Architecture::PhiMoe
                 | Architecture::Olmo
+                | Architecture::Nemotron
         );
         // EXAONE 4.0 with a window: its pattern's sliding layers, the full ones without RoPE.
         let exaone4_window =
@@ -441,6 +443,8 @@ impl GgufSource {
             attention_output_bias: self.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
             mlp_bias: self.content.tensor_infos.contains_key("blk.0.ffn_up.bias"),
             lm_head_bias: self.content.tensor_infos.contains_key("output.bias"),
+            // llama.cpp's converter stores Nemotron's LayerNorm1P as its scale.
+            layer_norm_1p: false,
             clip_qkv: self.meta_f64("attention.clamp_kqv").filter(|c| *c > 0.0).map(|c| c as f32),
             // StableLM runs side by side where its file has no norm before the MLP.
             parallel_residual: cohere

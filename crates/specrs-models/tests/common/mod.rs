@@ -162,6 +162,8 @@ pub struct Reference<'a> {
     pub weightless_norms: bool,
     /// q, k and v clamped to `±clip` as projected (OLMo 1.7).
     pub clip_qkv: Option<f32>,
+    /// The norms scale by `1 + weight` without Gemma's other parts (Nemotron's LayerNorm1P).
+    pub layer_norm_1p: bool,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -219,6 +221,7 @@ impl<'a> Reference<'a> {
             ungated_gelu: false,
             weightless_norms: false,
             clip_qkv: None,
+            layer_norm_1p: false,
         }
     }
 
@@ -232,7 +235,7 @@ impl<'a> Reference<'a> {
             return vec![1.0; self.shape.hidden];
         }
         let w = self.tensors[name].to_vec1::<f32>().unwrap();
-        if self.gemma.is_some() { w.iter().map(|v| 1.0 + v).collect() } else { w }
+        if self.gemma.is_some() || self.layer_norm_1p { w.iter().map(|v| 1.0 + v).collect() } else { w }
     }
 
     /// `x` normed by the norm whose weight is `name`, plus its bias where it has one
