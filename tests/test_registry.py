@@ -564,6 +564,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "PhimoeForCausalLM",
         "OlmoForCausalLM",
         "NemotronForCausalLM",
+        "GPTNeoXForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

@@ -446,6 +446,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "GPTNeoXForCausalLM",
+        example_repo_ids: &["EleutherAI/pythia-1.4b", "EleutherAI/pythia-6.9b", "databricks/dolly-v2-3b"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "NemotronForCausalLM",
         example_repo_ids: &["nvidia/Nemotron-Mini-4B-Instruct", "nvidia/Minitron-8B-Base"],
         default_weights_format: "safetensors",

@@ -892,3 +892,15 @@ fn a_nemotron_target_with_layer_norm_1p_and_a_relu_squared_mlp_speculates_lossle
     write(&target, &testing::nemotron_config(&SHAPE), &testing::random_nemotron(&SHAPE, 443).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 449, "Nemotron");
 }
+
+#[test]
+fn a_gpt_neox_target_with_per_head_fused_qkv_and_parallel_blocks_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("gpt-neox");
+    // GPT-NeoX's heads span the hidden size and share nothing.
+    let shape = TinyShape { kv_heads: SHAPE.heads, ..SHAPE };
+    let tensors = testing::random_gpt_neox(&shape, 457).unwrap();
+    let on_disk = testing::as_gpt_neox(&tensors, &shape).unwrap();
+    write(&target, &testing::gpt_neox_config(&shape, 0.25, true), &on_disk);
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 461, "GPT-NeoX");
+}

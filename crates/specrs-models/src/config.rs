@@ -155,6 +155,11 @@ pub enum Architecture {
     /// with LayerNorm1P (a LayerNorm with bias that scales by `1 + weight`), RoPE over half of
     /// each head, and an MLP without a gate, `down(relu(up(x))²)`.
     Nemotron,
+    /// GPT-NeoX (`GPTNeoXForCausalLM`: Pythia, Dolly v2, RedPajama-INCITE): attention beside
+    /// the MLP (`use_parallel_residual`), each from its own LayerNorm with bias; q, k and v fused
+    /// per head; RoPE over `rotary_pct` of each head; biases everywhere; an exact-GELU MLP
+    /// without a gate.
+    GptNeoX,
 }
 
 impl Architecture {
@@ -185,6 +190,7 @@ impl Architecture {
         ("MixtralForCausalLM", Architecture::Mixtral),
         ("GemmaForCausalLM", Architecture::Gemma),
         ("NemotronForCausalLM", Architecture::Nemotron),
+        ("GPTNeoXForCausalLM", Architecture::GptNeoX),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -215,6 +221,7 @@ impl Architecture {
         ("phi3", Architecture::Phi3),
         ("gemma", Architecture::Gemma),
         ("nemotron", Architecture::Nemotron),
+        ("gptneox", Architecture::GptNeoX),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
@@ -312,6 +319,7 @@ impl Architecture {
             Self::Olmo => "OlmoForCausalLM",
             Self::Gemma => "GemmaForCausalLM",
             Self::Nemotron => "NemotronForCausalLM",
+            Self::GptNeoX => "GPTNeoXForCausalLM",
         }
     }
 
@@ -358,6 +366,7 @@ impl Architecture {
             Self::Olmo => "olmo",
             Self::Gemma => "gemma",
             Self::Nemotron => "nemotron",
+            Self::GptNeoX => "gpt_neox",
         }
     }
 
@@ -1532,7 +1541,13 @@ impl DecoderConfig {
             _ => None,
         };
         // Latent attention rotates its decoupled RoPE part only.
-        let rotary_dim = match (mla, minimax_rotary.or(opt_f64(v, "partial_rotary_factor")).or(default_rotary)) {
+        // GPT-NeoX's older configs name the rotated fraction `rotary_pct`.
+        let neox_rotary = match architecture {
+            Architecture::GptNeoX => opt_f64(v, "rotary_pct"),
+            _ => None,
+        };
+        let rotary_factor = minimax_rotary.or(opt_f64(v, "partial_rotary_factor")).or(neox_rotary).or(default_rotary);
+        let rotary_dim = match (mla, rotary_factor) {
             (Some(m), _) => m.qk_rope_head_dim,
             (None, None) => head_dim,
             (None, Some(f)) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
@@ -1607,6 +1622,7 @@ impl DecoderConfig {
             | Architecture::Olmo
             | Architecture::Gemma
             | Architecture::Nemotron
+            | Architecture::GptNeoX
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1656,6 +1672,7 @@ impl DecoderConfig {
                 Architecture::Arcee | Architecture::Nemotron => &["relu2"],
                 Architecture::Starcoder2 | Architecture::Phi => &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"],
                 Architecture::StableLm => &["silu"],
+                Architecture::GptNeoX => &["gelu"],
                 _ => &[act],
             };
             if !supported.contains(&act) {
@@ -1676,7 +1693,7 @@ impl DecoderConfig {
         let flag = |key: &str| v.get(key).and_then(Value::as_bool).unwrap_or(false);
         let mlp_bias = match architecture {
             Architecture::Starcoder2 => use_bias,
-            Architecture::Phi => true,
+            Architecture::Phi | Architecture::GptNeoX => true,
             Architecture::Llama | Architecture::Granite | Architecture::Arcee | Architecture::Nemotron => {
                 v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false)
             }
@@ -1731,14 +1748,18 @@ impl DecoderConfig {
             rms_norm_eps: match architecture {
                 Architecture::Cohere | Architecture::Cohere2 => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
                 Architecture::Starcoder2 => opt_f64(v, "norm_epsilon").unwrap_or(1e-5),
-                Architecture::StableLm | Architecture::Phi => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
+                Architecture::StableLm | Architecture::Phi | Architecture::GptNeoX => {
+                    opt_f64(v, "layer_norm_eps").unwrap_or(1e-5)
+                }
                 // OLMo 1's LayerNorm fixes its epsilon.
                 Architecture::Olmo => 1e-5,
                 Architecture::Nemotron => opt_f64(v, "norm_eps").unwrap_or(1e-5),
                 _ => opt_f64(v, "rms_norm_eps").unwrap_or(1e-6),
             },
             rope_theta: hunyuan_rope_base(v, architecture, rotary_dim)?
-                .unwrap_or(opt_f64(v, "rope_theta").unwrap_or(10_000.0)),
+                .or(opt_f64(v, "rope_theta"))
+                .or(opt_f64(v, "rotary_emb_base").filter(|_| architecture == Architecture::GptNeoX))
+                .unwrap_or(10_000.0),
             rope_scaling,
             max_position_embeddings,
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(
@@ -1747,6 +1768,7 @@ impl DecoderConfig {
             ),
             attention_bias: (architecture == Architecture::Starcoder2 && use_bias)
                 || architecture == Architecture::Phi
+                || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || (architecture == Architecture::StableLm && flag("use_qkv_bias"))
                 || internlm2_bias(v, architecture)?
                 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(architecture.qkv_bias_by_default()),
@@ -1762,8 +1784,9 @@ impl DecoderConfig {
             sliding_layers: sliding_layers.clone(),
             // DeepSeek's `attention_bias` covers its output projection too; Seed-OSS names its own.
             attention_output_bias: (architecture == Architecture::Starcoder2 && use_bias)
-                // Nemotron's `attention_bias` covers o_proj too.
+                // Nemotron's `attention_bias` covers o_proj too, as GPT-NeoX's (on unless off).
                 || (architecture == Architecture::Nemotron && flag("attention_bias"))
+                || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || architecture == Architecture::Phi
                 // Phi-3.5-MoE's `attention_bias` covers o_proj too.
                 || (architecture == Architecture::PhiMoe && flag("attention_bias"))
@@ -1782,6 +1805,7 @@ impl DecoderConfig {
             parallel_residual: match architecture {
                 Architecture::Cohere | Architecture::Cohere2 | Architecture::Phi => true,
                 Architecture::StableLm => flag("use_parallel_residual"),
+                Architecture::GptNeoX => v.get("use_parallel_residual").and_then(Value::as_bool).unwrap_or(true),
                 _ => false,
             },
             attention_sinks: gpt_oss,
@@ -1947,8 +1971,18 @@ impl DecoderConfig {
     pub fn mlp_is_gated(&self) -> bool {
         !matches!(
             self.architecture,
-            Architecture::Arcee | Architecture::Nemotron | Architecture::Starcoder2 | Architecture::Phi
+            Architecture::Arcee
+                | Architecture::Nemotron
+                | Architecture::Starcoder2
+                | Architecture::Phi
+                | Architecture::GptNeoX
         )
+    }
+
+    /// Side by side, the MLP reads its own norm of the residual (`post_attention_layernorm`,
+    /// GPT-NeoX) rather than attention's input (Cohere, Phi, StableLM).
+    pub fn parallel_mlp_has_own_norm(&self) -> bool {
+        self.architecture == Architecture::GptNeoX
     }
 
     /// The norms are LayerNorms (Cohere's without bias, the others' with): centred before
@@ -1964,6 +1998,7 @@ impl DecoderConfig {
                 | Architecture::PhiMoe
                 | Architecture::Olmo
                 | Architecture::Nemotron
+                | Architecture::GptNeoX
         )
     }
 
@@ -1982,6 +2017,7 @@ impl DecoderConfig {
                 | Architecture::Phi
                 | Architecture::PhiMoe
                 | Architecture::Nemotron
+                | Architecture::GptNeoX
         )
     }
 

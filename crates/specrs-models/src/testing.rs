@@ -1933,3 +1933,80 @@ pub fn random_nemotron(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tenso
     }
     Ok(t)
 }
+
+/// A GPT-NeoX `config.json` for a tiny target as Pythia's read: `rotary_pct` and
+/// `rotary_emb_base`, `layer_norm_eps`, exact GELU, `use_parallel_residual` as `parallel`,
+/// untied.
+pub fn gpt_neox_config(s: &TinyShape, rotary_pct: f64, parallel: bool) -> Value {
+    let mut c = target_config(Architecture::GptNeoX, s, false);
+    let map = c.as_object_mut().expect("a config object");
+    for key in ["rms_norm_eps", "rope_theta", "num_key_value_heads", "head_dim"] {
+        map.remove(key);
+    }
+    for (key, value) in [
+        ("layer_norm_eps", json!(1e-5)),
+        ("rotary_pct", json!(rotary_pct)),
+        ("rotary_emb_base", json!(10000)),
+        ("use_parallel_residual", json!(parallel)),
+        ("hidden_act", json!("gelu")),
+    ] {
+        map.insert(key.into(), value);
+    }
+    c
+}
+
+/// Random weights for a tiny GPT-NeoX under the shared layer's names: Llama's without the
+/// MLP's gate, with a bias on every projection and norm (see [`as_gpt_neox`] for the
+/// checkpoint's own). `s.kv_heads` must equal `s.heads` and `s.hidden` span them.
+pub fn random_gpt_neox(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    assert!(s.kv_heads == s.heads && s.hidden == s.heads * s.head_dim, "GPT-NeoX's heads span the hidden size");
+    let mut t = random_starcoder2(s, seed)?;
+    t.remove("lm_head.weight");
+    t.insert("lm_head.weight".into(), random_tensor(&[s.vocab, s.hidden], 0.3, seed * 7 + 1)?);
+    Ok(t)
+}
+
+/// A GPT-NeoX checkpoint's own names: `gpt_neox.` prefixes, `embed_in` / `embed_out`,
+/// `final_layer_norm`, `attention.dense`, `mlp.dense_h_to_4h` / `dense_4h_to_h`, and q, k and v
+/// fused head by head into `attention.query_key_value`.
+pub fn as_gpt_neox(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for (name, t) in tensors {
+        if name.contains(".self_attn.q_proj.")
+            || name.contains(".self_attn.k_proj.")
+            || name.contains(".self_attn.v_proj.")
+        {
+            continue;
+        }
+        let renamed = match name.as_str() {
+            "model.embed_tokens.weight" => "gpt_neox.embed_in.weight".to_string(),
+            "lm_head.weight" => "embed_out.weight".to_string(),
+            n => n
+                .replace("model.norm.", "gpt_neox.final_layer_norm.")
+                .replace("model.layers.", "gpt_neox.layers.")
+                .replace(".self_attn.o_proj.", ".attention.dense.")
+                .replace(".mlp.up_proj.", ".mlp.dense_h_to_4h.")
+                .replace(".mlp.down_proj.", ".mlp.dense_4h_to_h."),
+        };
+        out.insert(renamed, t.clone());
+    }
+    for i in 0..s.layers {
+        for part in ["weight", "bias"] {
+            // [heads, 3, d, ...]: each head's q, k, v rows in turn.
+            let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.{part}")].clone();
+            let per_head = |t: Tensor| -> Result<Tensor> {
+                let mut dims = vec![s.heads, 1, s.head_dim];
+                dims.extend_from_slice(&t.dims()[1..]);
+                t.reshape(dims)
+            };
+            let fused = Tensor::cat(&[per_head(get("q"))?, per_head(get("k"))?, per_head(get("v"))?], 1)?;
+            let rows = 3 * s.heads * s.head_dim;
+            let fused = match part {
+                "weight" => fused.reshape((rows, s.hidden))?,
+                _ => fused.reshape(rows)?,
+            };
+            out.insert(format!("gpt_neox.layers.{i}.attention.query_key_value.{part}"), fused);
+        }
+    }
+    Ok(out)
+}

@@ -9,6 +9,7 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod glm4;
 pub mod glm4_moe;
+pub mod gpt_neox;
 pub mod gpt_oss;
 pub mod granite;
 pub mod hunyuan;
@@ -84,6 +85,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Glm4 => store.set_aliases(glm4::aliases(&cfg))?,
                 Architecture::Starcoder2 => store.set_aliases(starcoder2::aliases(&cfg))?,
                 Architecture::Phi => store.set_aliases(phi::aliases(&cfg))?,
+                Architecture::GptNeoX => store.set_aliases(gpt_neox::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -106,6 +108,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Mixtral => mixtral::adapt(cfg),
                 Architecture::Gemma => gemma::adapt(cfg),
                 Architecture::Nemotron => nemotron::adapt(cfg),
+                Architecture::GptNeoX => gpt_neox::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),

@@ -314,6 +314,8 @@ pub enum Activation {
     ClampedSwiGlu { limit: f32 },
     /// Arcee's MLP without a gate: `relu(up)²`.
     ReluSquared,
+    /// GELU with the exact erf (GPT-NeoX's `gelu`).
+    Gelu,
 }
 
 impl Activation {
@@ -325,6 +327,7 @@ impl Activation {
             _ if cfg.gemma.is_some() => Self::GeluTanh,
             Architecture::Arcee | Architecture::Nemotron => Self::ReluSquared,
             Architecture::Starcoder2 | Architecture::Phi => Self::GeluTanh,
+            Architecture::GptNeoX => Self::Gelu,
             _ => Self::Silu,
         }
     }
@@ -335,6 +338,7 @@ impl Activation {
             Self::Silu => candle_nn::ops::silu(x),
             Self::GeluTanh => x.gelu(),
             Self::ReluSquared => x.relu()?.sqr(),
+            Self::Gelu => x.gelu_erf(),
             Self::ClampedSwiGlu { .. } => candle_core::bail!("gpt-oss's clamped SwiGLU needs a gate"),
         }
     }
@@ -529,7 +533,11 @@ impl DecoderLayer {
             input_layernorm: if before { Some(norm("input_layernorm")?) } else { None },
             self_attn: SelfAttention::load_layer(store, &format!("{prefix}.self_attn"), cfg, index)?,
             attention_out_norm: if after { Some(norm("post_attention_layernorm")?) } else { None },
-            mlp_in_norm: if before && !parallel { Some(norm(mlp_in)?) } else { None },
+            mlp_in_norm: if before && (!parallel || cfg.parallel_mlp_has_own_norm()) {
+                Some(norm(mlp_in)?)
+            } else {
+                None
+            },
             mlp,
             mlp_out_norm: if after { Some(norm("post_feedforward_layernorm")?) } else { None },
             residual_scale: cfg.scales.residual,
@@ -546,7 +554,12 @@ impl DecoderLayer {
     /// layer normalises outputs; or, side by side, `x + attended + mlp(attention_in)`.
     fn finish(&self, x: &Tensor, attention_in: &Tensor, attended: Tensor) -> Result<Tensor> {
         if self.parallel {
-            return (x + attended)? + self.mlp.forward(attention_in)?;
+            // GPT-NeoX norms the MLP's input apart; Cohere's MLP reads attention's.
+            let mlp_in = match &self.mlp_in_norm {
+                Some(n) => n.forward(x)?,
+                None => attention_in.clone(),
+            };
+            return (x + attended)? + self.mlp.forward(&mlp_in)?;
         }
         let branch = |h: Tensor, norm: &Option<RmsNorm>| -> Result<Tensor> {
             let h = match norm {

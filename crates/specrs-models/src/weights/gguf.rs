@@ -315,6 +315,7 @@ impl GgufSource {
                 | Architecture::Phi
                 | Architecture::StableLm
                 | Architecture::Nemotron
+                | Architecture::GptNeoX
                 | Architecture::Glm4
                 | Architecture::Glm4Moe
                 | Architecture::MiniMaxM2
@@ -348,6 +349,7 @@ impl GgufSource {
                 | Architecture::PhiMoe
                 | Architecture::Olmo
                 | Architecture::Nemotron
+                | Architecture::GptNeoX
         );
         // EXAONE 4.0 with a window: its pattern's sliding layers, the full ones without RoPE.
         let exaone4_window =
@@ -416,10 +418,11 @@ impl GgufSource {
             attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias")
                 || self.content.tensor_infos.contains_key("blk.0.attn_qkv.bias"),
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
-            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart. Phi-2 files
-            // converted from Microsoft's first layout keep q, k and v fused in `attn_qkv`.
+            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart. GPT-NeoX files,
+            // and Phi-2 files converted from Microsoft's first layout, keep q, k and v fused in
+            // `attn_qkv` (all q rows, then k, then v).
             fused_projections: matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4)
-                || (self.architecture == Architecture::Phi
+                || (matches!(self.architecture, Architecture::Phi | Architecture::GptNeoX)
                     && self.content.tensor_infos.contains_key("blk.0.attn_qkv.weight")),
             sliding_window: match (&gemma, self.architecture) {
                 (Some((_, _, Some(_))), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
@@ -449,6 +452,8 @@ impl GgufSource {
             // StableLM runs side by side where its file has no norm before the MLP.
             parallel_residual: cohere
                 || self.architecture == Architecture::Phi
+                || (self.architecture == Architecture::GptNeoX
+                    && !matches!(self.meta("use_parallel_residual"), Some(Value::Bool(false))))
                 || (self.architecture == Architecture::StableLm
                     && !self.content.tensor_infos.contains_key("blk.0.ffn_norm.weight")),
             attention_sinks: false,

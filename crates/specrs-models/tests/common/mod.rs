@@ -164,6 +164,11 @@ pub struct Reference<'a> {
     pub clip_qkv: Option<f32>,
     /// The norms scale by `1 + weight` without Gemma's other parts (Nemotron's LayerNorm1P).
     pub layer_norm_1p: bool,
+    /// The GELU of an MLP without a gate is the exact one (GPT-NeoX), not the tanh form.
+    pub exact_gelu: bool,
+    /// Side by side, the MLP reads `post_attention_layernorm` of the residual (GPT-NeoX), not
+    /// attention's input.
+    pub parallel_mlp_norm: bool,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -188,6 +193,15 @@ fn add(a: &[Vec<f32>], b: &[Vec<f32>]) -> Rows {
 
 fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
+}
+
+/// The exact GELU, `x · Φ(x)`, with erf from Abramowitz and Stegun 7.1.26 (error below 2e-7).
+fn gelu_erf(v: f32) -> f32 {
+    let z = f64::from(v) / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.3275911 * z.abs());
+    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+    let erf = (1.0 - poly * (-z * z).exp()).copysign(z);
+    (0.5 * f64::from(v) * (1.0 + erf)) as f32
 }
 
 /// `gelu_pytorch_tanh`.
@@ -222,6 +236,8 @@ impl<'a> Reference<'a> {
             weightless_norms: false,
             clip_qkv: None,
             layer_norm_1p: false,
+            exact_gelu: false,
+            parallel_mlp_norm: false,
         }
     }
 
@@ -536,7 +552,11 @@ impl<'a> Reference<'a> {
             && self.get(&format!("{p}.gate_up_proj.weight")).is_none()
         {
             let up = self.biased(p, "up_proj", x);
-            let act = |v: f32| if self.ungated_gelu { gelu_tanh(v) } else { v.max(0.0) * v.max(0.0) };
+            let act = |v: f32| match (self.ungated_gelu, self.exact_gelu) {
+                (true, true) => gelu_erf(v),
+                (true, false) => gelu_tanh(v),
+                (false, _) => v.max(0.0) * v.max(0.0),
+            };
             let act: Rows = up.iter().map(|r| r.iter().map(|&v| act(v)).collect()).collect();
             return self.biased(p, "down_proj", &act);
         }
@@ -705,7 +725,11 @@ impl<'a> Reference<'a> {
             let attention_in = if post_only { x.clone() } else { self.rms(&x, &format!("{p}.input_layernorm.weight")) };
             let mut attended = self.attention(&format!("{p}.self_attn"), &attention_in, l);
             if self.parallel {
-                let mlp = self.mlp(&format!("{p}.mlp"), &attention_in);
+                let mlp_in = match self.parallel_mlp_norm {
+                    true => self.rms(&x, &format!("{p}.post_attention_layernorm.weight")),
+                    false => attention_in.clone(),
+                };
+                let mlp = self.mlp(&format!("{p}.mlp"), &mlp_in);
                 x = add(&add(&x, &attended), &mlp);
                 continue;
             }
