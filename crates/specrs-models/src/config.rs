@@ -994,10 +994,12 @@ pub struct DecoderConfig {
     pub sliding_layers: Option<Vec<bool>>,
     /// The attention's output projection has a bias (gpt-oss).
     pub attention_output_bias: bool,
-    /// The dense MLP's projections have biases (StarCoder2's `use_bias`, Llama's `mlp_bias`).
+    /// The dense MLP's projections have biases (StarCoder2's `use_bias`, Phi's and GPT-NeoX's
+    /// always, Llama's, Granite's, Arcee's and Nemotron's `mlp_bias`).
     pub mlp_bias: bool,
-    /// Attention and MLP read one normed input side by side and both join the residual
-    /// (Cohere, Phi, StableLM's `use_parallel_residual`).
+    /// Attention and MLP run side by side and both join the residual (Cohere, Phi, StableLM's
+    /// and GPT-NeoX's `use_parallel_residual`), from one normed input or (GPT-NeoX) each from
+    /// its own.
     pub parallel_residual: bool,
     /// `lm_head` adds a bias (Phi; Phi-3.5-MoE's `lm_head_bias`).
     pub lm_head_bias: bool,

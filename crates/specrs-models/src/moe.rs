@@ -137,6 +137,7 @@ pub fn sparse_mixer_choice(logits: &[f32], jitter_eps: f32) -> Vec<(usize, f32)>
     let pick = |candidates: &[f32]| -> (usize, f32) {
         let best = top_indices(candidates, 1)[0];
         let top = candidates[best];
+        // `top == l` keeps the best itself where both are zero (0 / 0 decides nothing).
         let total: f32 = candidates
             .iter()
             .zip(logits)
