@@ -1643,29 +1643,37 @@ pub fn random_starcoder2(s: &TinyShape, seed: u64) -> Result<HashMap<String, Ten
     let mut t = random_target(Architecture::Llama, s, true, seed)?;
     t.retain(|name, _| !name.ends_with("mlp.gate_proj.weight"));
     let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
-    let mut k = seed * 1000;
-    let mut bias = |name: String, dim: usize| -> Result<()> {
-        k += 1;
-        t.insert(name, random_tensor(&[dim], 0.1, k)?);
-        Ok(())
-    };
-    bias("model.norm.bias".into(), h)?;
-    for i in 0..s.layers {
-        let p = format!("model.layers.{i}");
-        for (name, dim) in [
-            ("input_layernorm", h),
-            ("post_attention_layernorm", h),
-            ("self_attn.q_proj", q),
-            ("self_attn.k_proj", kv),
-            ("self_attn.v_proj", kv),
-            ("self_attn.o_proj", h),
-            ("mlp.up_proj", s.intermediate),
-            ("mlp.down_proj", h),
-        ] {
-            bias(format!("{p}.{name}.bias"), dim)?;
-        }
-    }
+    let per_layer = [
+        ("input_layernorm", h),
+        ("post_attention_layernorm", h),
+        ("self_attn.q_proj", q),
+        ("self_attn.k_proj", kv),
+        ("self_attn.v_proj", kv),
+        ("self_attn.o_proj", h),
+        ("mlp.up_proj", s.intermediate),
+        ("mlp.down_proj", h),
+    ];
+    insert_random_biases(&mut t, s.layers, &per_layer, &[("model.norm.bias", h)], seed * 1000)?;
     Ok(t)
+}
+
+/// Adds a random `[dim]` bias for each `(module, dim)` of `per_layer` in each of `layers`
+/// layers (`model.layers.{i}.{module}.bias`) and for each `(name, dim)` of `extra`, seeded from
+/// `seed` on.
+fn insert_random_biases(
+    t: &mut HashMap<String, Tensor>,
+    layers: usize,
+    per_layer: &[(&str, usize)],
+    extra: &[(&str, usize)],
+    seed: u64,
+) -> Result<()> {
+    let layered = (0..layers)
+        .flat_map(|i| per_layer.iter().map(move |&(module, dim)| (format!("model.layers.{i}.{module}.bias"), dim)));
+    let named = extra.iter().map(|&(name, dim)| (name.to_string(), dim)).chain(layered);
+    for (k, (name, dim)) in named.enumerate() {
+        t.insert(name, random_tensor(&[dim], 0.1, seed + k as u64)?);
+    }
+    Ok(())
 }
 
 /// A StarCoder2 checkpoint's own names for the shared layer's: the MLP's `c_fc` and `c_proj`.
@@ -1788,36 +1796,27 @@ pub fn random_phi(s: &TinyShape, qk_norm: bool, seed: u64) -> Result<HashMap<Str
     assert_eq!(s.hidden, s.heads * s.head_dim, "Phi's heads span the hidden size");
     let mut t = random_target(Architecture::Llama, s, false, seed)?;
     t.retain(|name, _| !name.ends_with("mlp.gate_proj.weight") && !name.ends_with("post_attention_layernorm.weight"));
-    let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
-    let mut k = seed * 1000;
-    // A random `[dim]` vector around `centre`.
-    let mut put = |name: String, dim: usize, centre: f64| -> Result<()> {
-        k += 1;
-        t.insert(name, (random_tensor(&[dim], 0.1, k)? + centre)?);
-        Ok(())
-    };
-    put("model.norm.bias".into(), h, 0.0)?;
-    put("lm_head.bias".into(), s.vocab, 0.0)?;
-    for i in 0..s.layers {
-        let p = format!("model.layers.{i}");
-        for (name, dim) in [
-            ("input_layernorm", h),
-            ("self_attn.q_proj", q),
-            ("self_attn.k_proj", kv),
-            ("self_attn.v_proj", kv),
-            ("self_attn.o_proj", h),
-            ("mlp.up_proj", s.intermediate),
-            ("mlp.down_proj", h),
-        ] {
-            put(format!("{p}.{name}.bias"), dim, 0.0)?;
-        }
-        if qk_norm {
-            for which in ["q_norm", "k_norm"] {
-                put(format!("{p}.self_attn.{which}.weight"), s.head_dim, 1.0)?;
-                put(format!("{p}.self_attn.{which}.bias"), s.head_dim, 0.0)?;
+    let (h, q, kv, d) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim, s.head_dim);
+    let mut per_layer = vec![
+        ("input_layernorm", h),
+        ("self_attn.q_proj", q),
+        ("self_attn.k_proj", kv),
+        ("self_attn.v_proj", kv),
+        ("self_attn.o_proj", h),
+        ("mlp.up_proj", s.intermediate),
+        ("mlp.down_proj", h),
+    ];
+    if qk_norm {
+        per_layer.extend([("self_attn.q_norm", d), ("self_attn.k_norm", d)]);
+        for i in 0..s.layers {
+            for (j, which) in ["q_norm", "k_norm"].into_iter().enumerate() {
+                let weight = (random_tensor(&[d], 0.1, seed * 1000 + 500 + 2 * i as u64 + j as u64)? + 1.0)?;
+                t.insert(format!("model.layers.{i}.self_attn.{which}.weight"), weight);
             }
         }
     }
+    let extra = [("model.norm.bias", h), ("lm_head.bias", s.vocab)];
+    insert_random_biases(&mut t, s.layers, &per_layer, &extra, seed * 1000)?;
     Ok(t)
 }
 
@@ -1866,27 +1865,16 @@ pub fn phimoe_config(s: &TinyShape, m: &TinyMoe, jitter: f64) -> Value {
 pub fn random_phimoe(s: &TinyShape, m: &TinyMoe, seed: u64) -> Result<HashMap<String, Tensor>> {
     let mut t = random_moe_target(Architecture::Mixtral, s, m, seed)?;
     let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
-    let mut k = seed * 1000 + 500;
-    let mut bias = |name: String, dim: usize| -> Result<()> {
-        k += 1;
-        t.insert(name, random_tensor(&[dim], 0.1, k)?);
-        Ok(())
-    };
-    bias("model.norm.bias".into(), h)?;
-    bias("lm_head.bias".into(), s.vocab)?;
-    for i in 0..s.layers {
-        let p = format!("model.layers.{i}");
-        for (name, dim) in [
-            ("input_layernorm", h),
-            ("post_attention_layernorm", h),
-            ("self_attn.q_proj", q),
-            ("self_attn.k_proj", kv),
-            ("self_attn.v_proj", kv),
-            ("self_attn.o_proj", h),
-        ] {
-            bias(format!("{p}.{name}.bias"), dim)?;
-        }
-    }
+    let per_layer = [
+        ("input_layernorm", h),
+        ("post_attention_layernorm", h),
+        ("self_attn.q_proj", q),
+        ("self_attn.k_proj", kv),
+        ("self_attn.v_proj", kv),
+        ("self_attn.o_proj", h),
+    ];
+    let extra = [("model.norm.bias", h), ("lm_head.bias", s.vocab)];
+    insert_random_biases(&mut t, s.layers, &per_layer, &extra, seed * 1000 + 500)?;
     Ok(t)
 }
 

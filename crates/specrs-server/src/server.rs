@@ -686,7 +686,8 @@ async fn chat_completions(
         state.auto_tool_parser,
     )?;
     let mut params = sampling_params(&req.sampling, max_tokens, field, top, &state, tools.as_ref())?;
-    // gpt-oss's harmony markers are special tokens its chat reader needs in the text.
+    // gpt-oss's harmony markers and Magistral's `[THINK]` / `[/THINK]` are special tokens the
+    // reasoning reader needs in the text.
     if req.sampling.skip_special_tokens.is_none()
         && state.reasoning_parser.is_some_and(ReasoningParser::keeps_special_tokens)
     {
@@ -696,7 +697,6 @@ async fn chat_completions(
     check_template_fields(&req)?;
     let constrained = params.structured_outputs.is_some();
     let thinks_first = state.handle.tokenizer().thinking_token_ids().is_some();
-    let reasoning = state.reasoning_parser.filter(|p| !constrained || p.splits_constrained_output(thinks_first));
     let include_reasoning = req.include_reasoning.unwrap_or(true);
     let conversation = Conversation {
         messages,
@@ -708,15 +708,16 @@ async fn chat_completions(
         chat_template: req.chat_template.clone().or_else(|| state.chat_template.clone()),
         chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
     };
-    // GLM's rule depends on whether the template opened the thought (`for_prompt`); a prompt
-    // that does not render fails at submission with its own error.
-    let reasoning = match reasoning {
-        Some(p) if p.reads_prompt() => {
-            let prompt = state.handle.tokenizer().render_conversation(&conversation).unwrap_or_default();
-            Some(p.for_prompt(&prompt))
-        }
-        other => other,
-    };
+    // GLM's rule depends on whether the template opened the thought (`for_prompt`; a prompt
+    // that does not render fails at submission with its own error), and whether a constrained
+    // output splits on the rule that holds.
+    let reasoning = state
+        .reasoning_parser
+        .map(|p| match p.reads_prompt() {
+            true => p.for_prompt(&state.handle.tokenizer().render_conversation(&conversation).unwrap_or_default()),
+            false => p,
+        })
+        .filter(|p| !constrained || p.splits_constrained_output(thinks_first));
     let reader = || {
         let calls = tools.as_ref().map_or_else(CallStream::text, ToolRequest::call_stream);
         MessageReader::new(reasoning, include_reasoning, calls)
