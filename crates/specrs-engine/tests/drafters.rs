@@ -376,15 +376,7 @@ fn an_oracle_eagle3_head_on_a_phi3_target_is_accepted_at_every_position() {
 fn a_qwen3_moe_target_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("qwen3-moe");
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
-        expert_intermediate: 32,
-        shared_intermediate: None,
-        norm_topk_prob: true,
-        dense_layers: vec![0],
-        groups: (1, 1, 1.0),
-    };
+    let moe = testing::TinyMoe { dense_layers: vec![0], ..testing::TinyMoe::routed(4, 2) };
     write(
         &target,
         &testing::moe_target_config(Architecture::Qwen3Moe, &SHAPE, &moe),
@@ -396,13 +388,10 @@ fn a_qwen3_moe_target_speculates_losslessly() {
 /// A GLM-4.5 config over `SHAPE`: 8 experts in 4 groups, `dense` leading dense layers.
 fn glm45(dense: usize) -> (serde_json::Value, testing::TinyMoe) {
     let moe = testing::TinyMoe {
-        experts: 8,
-        top_k: 2,
-        expert_intermediate: 32,
         shared_intermediate: Some(32),
-        norm_topk_prob: true,
         dense_layers: (0..dense).collect(),
         groups: (4, 2, 2.5),
+        ..testing::TinyMoe::routed(8, 2)
     };
     let mut cfg = testing::moe_target_config(Architecture::Glm4Moe, &SHAPE, &moe);
     cfg["num_nextn_predict_layers"] = json!(1);
@@ -626,15 +615,7 @@ fn cohere_targets_with_parallel_blocks_decode_as_their_model_and_speculate_lossl
 fn an_olmoe_target_with_whole_width_qk_norms_and_experts_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("olmoe");
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
-        expert_intermediate: 32,
-        shared_intermediate: None,
-        norm_topk_prob: false,
-        dense_layers: vec![],
-        groups: (1, 1, 1.0),
-    };
+    let moe = testing::TinyMoe { norm_topk_prob: false, ..testing::TinyMoe::routed(4, 2) };
     write(&target, &testing::olmoe_config(&SHAPE, &moe), &testing::random_olmoe(&SHAPE, &moe, 83).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 313, "OLMoE");
 }
@@ -644,13 +625,10 @@ fn a_dots1_target_with_qwen3_attention_and_deepseek_v3_experts_speculates_lossle
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("dots1");
     let moe = testing::TinyMoe {
-        experts: 8,
-        top_k: 2,
-        expert_intermediate: 32,
         shared_intermediate: Some(32),
-        norm_topk_prob: true,
         dense_layers: vec![0],
         groups: (4, 2, 2.5),
+        ..testing::TinyMoe::routed(8, 2)
     };
     let tensors = testing::random_moe_target(Architecture::Dots1, &SHAPE, &moe, 103).unwrap();
     write(&target, &testing::moe_target_config(Architecture::Dots1, &SHAPE, &moe), &tensors);
@@ -695,15 +673,7 @@ fn a_hunyuan_dense_target_with_qk_norms_after_rope_speculates_losslessly() {
 fn a_minimax_m2_target_with_biased_sigmoid_experts_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("minimax-m2");
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
-        expert_intermediate: 32,
-        shared_intermediate: None,
-        norm_topk_prob: true,
-        dense_layers: vec![],
-        groups: (1, 1, 1.0),
-    };
+    let moe = testing::TinyMoe::routed(4, 2);
     let tensors = testing::as_minimax_m2(testing::random_minimax_m2(&SHAPE, &moe, 97).unwrap());
     write(&target, &testing::minimax_m2_config(&SHAPE, &moe, SHAPE.head_dim / 2), &tensors);
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 331, "MiniMax-M2");
@@ -713,15 +683,8 @@ fn a_minimax_m2_target_with_biased_sigmoid_experts_speculates_losslessly() {
 fn an_ernie4_5_moe_target_with_biased_softmax_experts_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("ernie4_5-moe");
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
-        expert_intermediate: 32,
-        shared_intermediate: Some(32),
-        norm_topk_prob: true,
-        dense_layers: vec![0],
-        groups: (1, 1, 1.0),
-    };
+    let moe =
+        testing::TinyMoe { shared_intermediate: Some(32), dense_layers: vec![0], ..testing::TinyMoe::routed(4, 2) };
     let tensors = testing::as_ernie4_5_moe(testing::random_ernie4_5_moe(&SHAPE, &moe, 101).unwrap()).unwrap();
     write(&target, &testing::ernie4_5_moe_config(&SHAPE, &moe), &tensors);
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 337, "ERNIE 4.5 MoE");
@@ -731,15 +694,7 @@ fn an_ernie4_5_moe_target_with_biased_softmax_experts_speculates_losslessly() {
 fn a_granite_moe_target_with_stacked_experts_and_a_shared_mlp_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("granite-moe");
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
-        expert_intermediate: 32,
-        shared_intermediate: Some(32),
-        norm_topk_prob: true,
-        dense_layers: vec![],
-        groups: (1, 1, 1.0),
-    };
+    let moe = testing::TinyMoe { shared_intermediate: Some(32), ..testing::TinyMoe::routed(4, 2) };
     let tensors = testing::random_moe_target(Architecture::GraniteMoe, &SHAPE, &moe, 89).unwrap();
     write(
         &target,
@@ -776,15 +731,8 @@ fn a_llama4_image_text_target_with_chunked_attention_speculates_losslessly() {
     // Chunks of 8 and a temperature from position 7: decode and verify steps cross both.
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("llama4");
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 1,
-        expert_intermediate: 32,
-        shared_intermediate: Some(32),
-        norm_topk_prob: false,
-        dense_layers: vec![],
-        groups: (1, 1, 1.0),
-    };
+    let moe =
+        testing::TinyMoe { shared_intermediate: Some(32), norm_topk_prob: false, ..testing::TinyMoe::routed(4, 1) };
     let tensors = testing::random_llama4(&SHAPE, &moe, 2, 103).unwrap();
     let text = testing::llama4_config(&SHAPE, &moe, 2, 8, 8.0);
     let stored = testing::as_llama4(&tensors, moe.experts, true).unwrap();
@@ -796,15 +744,7 @@ fn a_llama4_image_text_target_with_chunked_attention_speculates_losslessly() {
 fn a_hunyuan_a13b_target_with_softmax_experts_and_a_shared_mlp_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("hunyuan-moe");
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
-        expert_intermediate: 32,
-        shared_intermediate: Some(48),
-        norm_topk_prob: true,
-        dense_layers: vec![],
-        groups: (1, 1, 1.0),
-    };
+    let moe = testing::TinyMoe { shared_intermediate: Some(48), ..testing::TinyMoe::routed(4, 2) };
     let mut tensors = testing::random_moe_target(Architecture::HunYuanMoe, &SHAPE, &moe, 107).unwrap();
     tensors.remove("lm_head.weight");
     write(&target, &testing::hunyuan_moe_config(&SHAPE, &moe, 50.0), &testing::as_hunyuan(&tensors));
@@ -855,15 +795,7 @@ fn a_phi2_target_with_biases_everywhere_and_parallel_blocks_speculates_losslessl
 fn a_phi_3_5_moe_target_with_sparsemixer_routing_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("phimoe");
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
-        expert_intermediate: 32,
-        shared_intermediate: None,
-        norm_topk_prob: false,
-        dense_layers: vec![],
-        groups: (1, 1, 1.0),
-    };
+    let moe = testing::TinyMoe { norm_topk_prob: false, ..testing::TinyMoe::routed(4, 2) };
     let tensors = testing::random_phimoe(&SHAPE, &moe, 409).unwrap();
     write(&target, &testing::phimoe_config(&SHAPE, &moe, 0.3), &testing::as_mixtral(tensors));
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 419, "Phi-3.5-MoE");

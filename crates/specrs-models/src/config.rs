@@ -381,6 +381,16 @@ impl Architecture {
         matches!(self, Self::Gemma | Self::Gemma2 | Self::Gemma3)
     }
 
+    /// Norms that are LayerNorms, with a bias or (OLMo 1) without weights: StarCoder2,
+    /// StableLM, Phi, Phi-3.5-MoE, OLMo 1, Nemotron and GPT-NeoX. Cohere's bias-free
+    /// LayerNorms are not among them.
+    pub fn has_layer_norms(self) -> bool {
+        matches!(
+            self,
+            Self::Starcoder2 | Self::StableLm | Self::Phi | Self::PhiMoe | Self::Olmo | Self::Nemotron | Self::GptNeoX
+        )
+    }
+
     /// HunYuan's attention: per-head q/k norms after RoPE, NTK-alpha's raised base.
     pub fn is_hunyuan(self) -> bool {
         matches!(self, Self::HunYuanDense | Self::HunYuanMoe)
@@ -1990,18 +2000,7 @@ impl DecoderConfig {
     /// The norms are LayerNorms (Cohere's without bias, the others' with): centred before
     /// they are normalised.
     pub fn centered_norms(&self) -> bool {
-        matches!(
-            self.architecture,
-            Architecture::Cohere
-                | Architecture::Cohere2
-                | Architecture::Starcoder2
-                | Architecture::StableLm
-                | Architecture::Phi
-                | Architecture::PhiMoe
-                | Architecture::Olmo
-                | Architecture::Nemotron
-                | Architecture::GptNeoX
-        )
+        matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2) || self.architecture.has_layer_norms()
     }
 
     /// The LayerNorms have neither weight nor bias (OLMo 1).
@@ -2009,18 +2008,10 @@ impl DecoderConfig {
         self.architecture == Architecture::Olmo
     }
 
-    /// The LayerNorms add a bias (`{norm}.bias`: StarCoder2, StableLM, Phi and Phi-3.5-MoE;
-    /// Phi's q/k norms too).
+    /// The LayerNorms add a bias (`{norm}.bias`): every LayerNorm family's but OLMo 1's
+    /// weightless ones (Phi's and StableLM's q/k norms too).
     pub fn norms_have_bias(&self) -> bool {
-        matches!(
-            self.architecture,
-            Architecture::Starcoder2
-                | Architecture::StableLm
-                | Architecture::Phi
-                | Architecture::PhiMoe
-                | Architecture::Nemotron
-                | Architecture::GptNeoX
-        )
+        self.architecture.has_layer_norms() && !self.norms_weightless()
     }
 
     /// The per-head q/k norms come after RoPE (HunYuan), not before.

@@ -405,6 +405,22 @@ pub struct TinyMoe {
     pub groups: (usize, usize, f64),
 }
 
+impl TinyMoe {
+    /// `experts` routed experts, `top_k` per token, 32 wide, renormalised, in every layer,
+    /// with no shared expert and one router group: what a test changes from starts here.
+    pub fn routed(experts: usize, top_k: usize) -> Self {
+        Self {
+            experts,
+            top_k,
+            expert_intermediate: 32,
+            shared_intermediate: None,
+            norm_topk_prob: true,
+            dense_layers: vec![],
+            groups: (1, 1, 1.0),
+        }
+    }
+}
+
 /// A Qwen2-MoE / Qwen3-MoE / GLM-4.5 `config.json` for a tiny target.
 pub fn moe_target_config(arch: Architecture, s: &TinyShape, m: &TinyMoe) -> Value {
     let mut c = target_config(arch, s, false);

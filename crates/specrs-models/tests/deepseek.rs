@@ -14,9 +14,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Choice, MlaLayout, Reference, Routing, assert_close, logits, write_gguf};
+use common::{Choice, MlaLayout, Reference, Routing, assert_close, gguf_f32, logits, write_gguf};
 use serde_json::json;
 use specrs_models::config::Router;
 use specrs_models::testing::{self, TinyMla, TinyMoe, TinyShape};
@@ -30,13 +29,11 @@ const MLA: TinyMla =
 
 fn moe() -> TinyMoe {
     TinyMoe {
-        experts: 4,
-        top_k: 2,
         expert_intermediate: 8,
         shared_intermediate: Some(8),
-        norm_topk_prob: true,
         dense_layers: vec![0],
         groups: (2, 1, 2.5),
+        ..TinyMoe::routed(4, 2)
     }
 }
 
@@ -191,7 +188,7 @@ fn write_deepseek2_gguf(
 ) {
     let (m, mla) = (moe(), MLA);
     let (nope, rope, v, latent) = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank);
-    let f32 = |t: &Tensor| QTensor::quantize(&t.contiguous().unwrap(), GgmlDType::F32).unwrap();
+    let f32 = gguf_f32;
     let mut named = Vec::new();
     let mut experts: BTreeMap<String, BTreeMap<usize, Tensor>> = BTreeMap::new();
     for (name, t) in tensors {

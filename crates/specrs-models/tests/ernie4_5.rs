@@ -9,11 +9,9 @@ mod common;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use candle_core::quantized::{GgmlDType, QTensor};
-use common::{Choice, Reference, Routing, assert_close, gguf_with_stacked_experts, logits, write_gguf};
+use common::{Choice, Reference, Routing, assert_close, gguf_named, gguf_with_stacked_experts, logits, write_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
-use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
 
 const SHAPE: TinyShape =
@@ -48,10 +46,7 @@ fn an_ernie4_5_gguf_loads_to_the_same_model() {
     testing::write_checkpoint(dir.path(), &testing::target_config(Architecture::Ernie4_5, &SHAPE, true), &tensors)
         .unwrap();
     let (hf, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
-    let named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .map(|(name, t)| (gguf_name(name).unwrap(), QTensor::quantize(t, GgmlDType::F32).unwrap()))
-        .collect();
+    let named = gguf_named(&tensors, |_| false, false);
     let path = dir.path().join("ernie.gguf");
     write_gguf(&path, "ernie4_5", &SHAPE, &named, &[]);
     let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
@@ -66,13 +61,10 @@ fn an_ernie4_5_gguf_loads_to_the_same_model() {
 fn moe_layers_choose_by_softmax_plus_the_correction_bias_and_match_the_transformers_forward() {
     let dir = tempfile::tempdir().unwrap();
     let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
         expert_intermediate: 16,
         shared_intermediate: Some(32),
-        norm_topk_prob: true,
         dense_layers: vec![0],
-        groups: (1, 1, 1.0),
+        ..testing::TinyMoe::routed(4, 2)
     };
     let tensors = testing::random_ernie4_5_moe(&SHAPE, &moe, 71).unwrap();
     let gguf_path = dir.path().join("ernie-moe.gguf");

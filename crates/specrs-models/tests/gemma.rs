@@ -7,11 +7,9 @@
 mod common;
 
 use candle_core::Device;
-use candle_core::quantized::{GgmlDType, QTensor};
-use common::{GemmaLayout, Reference, assert_close, logits, write_gguf};
+use common::{GemmaLayout, Reference, assert_close, gguf_named, logits, write_gguf};
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
-use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, ModelDType, load_causal_lm};
 
 const SHAPE: TinyShape =
@@ -44,13 +42,7 @@ fn gemma_norms_geglu_and_scaled_embeddings_match_the_transformers_forward_and_th
 
     // llama.cpp's converter keeps q/k rows (NeoX RoPE), Llama's norm names (`ffn_norm` before
     // the MLP) and stores each norm as its scale.
-    let named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .map(|(name, t)| {
-            let t = if name.ends_with("norm.weight") { (t + 1.0).unwrap() } else { t.clone() };
-            (gguf_name(name).unwrap(), QTensor::quantize(&t, GgmlDType::F32).unwrap())
-        })
-        .collect();
+    let named = gguf_named(&tensors, |_| false, true);
     let path = dir.path().join("gemma.gguf");
     write_gguf(&path, "gemma", &SHAPE, &named, &[]);
     let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();

@@ -72,28 +72,13 @@ fn the_config_reads_pythia_keys_and_refuses_other_activations() {
 #[test]
 fn the_gptneox_gguf_with_q_k_v_restacked_loads_to_the_same_model() {
     use candle_core::quantized::gguf_file::Value as GgufValue;
-    use candle_core::quantized::{GgmlDType, QTensor};
-    use common::write_gguf;
-    use specrs_models::weights::gguf::gguf_name;
+    use common::{gguf_fused_qkv, gguf_named, is_q_k_or_v, write_gguf};
 
     let dir = tempfile::tempdir().unwrap();
     let tensors = testing::random_gpt_neox(&SHAPE, 79).unwrap();
-    let f32 = |t: &Tensor| QTensor::quantize(t, GgmlDType::F32).unwrap();
     // llama.cpp's converter restacks each layer's query_key_value as all q rows, then k, then v.
-    let mut named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .filter(|(name, _)| !["q_proj", "k_proj", "v_proj"].iter().any(|p| name.contains(&format!("self_attn.{p}."))))
-        .map(|(name, t)| (gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), f32(t)))
-        .collect();
-    for l in 0..SHAPE.layers {
-        for part in ["weight", "bias"] {
-            let qkv: Vec<Tensor> = ["q", "k", "v"]
-                .iter()
-                .map(|x| tensors[&format!("model.layers.{l}.self_attn.{x}_proj.{part}")].clone())
-                .collect();
-            named.push((format!("blk.{l}.attn_qkv.{part}"), f32(&Tensor::cat(&qkv, 0).unwrap())));
-        }
-    }
+    let mut named = gguf_named(&tensors, is_q_k_or_v, false);
+    named.extend(gguf_fused_qkv(&tensors, SHAPE.layers));
     let ids: Vec<u32> = (0..10).map(|i| (i * 7 + 4) % 40).collect();
     for parallel in [true, false] {
         let extra = [

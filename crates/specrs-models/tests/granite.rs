@@ -83,15 +83,8 @@ fn a_granite_gguf_loads_to_the_same_model() {
 fn granite_moe_stacked_experts_and_shared_mlp_match_the_transformers_forward() {
     for shared in [None, Some(24)] {
         let dir = tempfile::tempdir().unwrap();
-        let moe = testing::TinyMoe {
-            experts: 4,
-            top_k: 2,
-            expert_intermediate: 16,
-            shared_intermediate: shared,
-            norm_topk_prob: true,
-            dense_layers: vec![],
-            groups: (1, 1, 1.0),
-        };
+        let moe =
+            testing::TinyMoe { expert_intermediate: 16, shared_intermediate: shared, ..testing::TinyMoe::routed(4, 2) };
         // The reference reads the experts one by one; the checkpoint stacks them.
         let tensors = testing::random_moe_target(Architecture::GraniteMoe, &SHAPE, &moe, 41).unwrap();
         let stacked = testing::as_granite_moe(tensors.clone(), &SHAPE, &moe).unwrap();
@@ -173,15 +166,8 @@ fn granite4_without_experts_is_granite_with_its_mlp_as_the_fused_shared_mlp() {
 #[test]
 fn granite4_with_experts_is_granite_moe_shared() {
     let dir = tempfile::tempdir().unwrap();
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
-        expert_intermediate: 16,
-        shared_intermediate: Some(24),
-        norm_topk_prob: true,
-        dense_layers: vec![],
-        groups: (1, 1, 1.0),
-    };
+    let moe =
+        testing::TinyMoe { expert_intermediate: 16, shared_intermediate: Some(24), ..testing::TinyMoe::routed(4, 2) };
     let tensors = testing::random_moe_target(Architecture::GraniteMoe, &SHAPE, &moe, 47).unwrap();
     let stacked = testing::as_granite_moe(tensors.clone(), &SHAPE, &moe).unwrap();
     let shared = testing::granite_moe_config(&SHAPE, &moe, [12.0, 0.22, 0.0625, 8.0]);

@@ -11,12 +11,12 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Choice, Reference, Routing, assert_close, assert_within, gguf_with_stacked_experts, logits, write_gguf};
+use common::{
+    Choice, Reference, Routing, assert_close, assert_within, gguf_named, gguf_with_stacked_experts, logits, write_gguf,
+};
 use serde_json::json;
 use specrs_models::testing::{self, TinyMoe, TinyShape};
-use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, DecoderConfig, ModelDType, SharedExpertConfig, load_causal_lm};
 
 const SHAPE: TinyShape =
@@ -66,10 +66,7 @@ fn qk_norms_after_rope_and_an_ntk_alpha_base_match_the_transformers_forward() {
     let gap = want.iter().flatten().zip(before.iter().flatten()).map(|(a, b)| (a - b).abs());
     assert!(gap.fold(0f32, f32::max) > 1e-3, "the norm's place changes nothing");
     // llama.cpp's file: the shared layer's names, the raised base as metadata.
-    let named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .map(|(name, t)| (gguf_name(name).unwrap(), QTensor::quantize(t, GgmlDType::F32).unwrap()))
-        .collect();
+    let named = gguf_named(&tensors, |_| false, false);
     let path = dir.path().join("hunyuan.gguf");
     let base = GgufValue::F32(cfg.rope_theta as f32);
     write_gguf(&path, "hunyuan-dense", &SHAPE, &named, &[("hunyuan-dense.rope.freq_base", base)]);

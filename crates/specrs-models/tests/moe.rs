@@ -66,15 +66,7 @@ const GRANITE_MULTIPLIERS: [f64; 4] = [2.0, 0.5, 0.125, 4.0];
 /// GLM-4.5-Air's shape, shrunk: a leading dense layer, 8 experts in 4 groups of which each
 /// token may use 2, top-2, weights renormalised and scaled by 2.5, one shared expert.
 fn glm45() -> TinyMoe {
-    TinyMoe {
-        experts: 8,
-        top_k: 2,
-        expert_intermediate: 32,
-        shared_intermediate: Some(32),
-        norm_topk_prob: true,
-        dense_layers: vec![0],
-        groups: (4, 2, 2.5),
-    }
+    TinyMoe { shared_intermediate: Some(32), dense_layers: vec![0], groups: (4, 2, 2.5), ..TinyMoe::routed(8, 2) }
 }
 
 fn qwen2_moe() -> TinyMoe {

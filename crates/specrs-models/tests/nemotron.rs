@@ -9,11 +9,9 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Reference, assert_close, logits, write_gguf};
+use common::{Reference, assert_close, gguf_named, logits, write_gguf};
 use specrs_models::testing::{self, TinyShape};
-use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, ModelDType, load_causal_lm};
 
 const SHAPE: TinyShape =
@@ -48,13 +46,7 @@ fn layer_norm_1p_half_rope_and_a_relu_squared_mlp_match_the_transformers_forward
     assert!(diff > 1e-3, "LayerNorm1P reads as a plain LayerNorm");
 
     // llama.cpp's converter adds one to each norm weight.
-    let named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .map(|(name, t)| {
-            let t = if name.ends_with("norm.weight") { (t + 1.0).unwrap() } else { t.clone() };
-            (gguf_name(name).unwrap(), QTensor::quantize(&t, GgmlDType::F32).unwrap())
-        })
-        .collect();
+    let named = gguf_named(&tensors, |_| false, true);
     let path = dir.path().join("nemotron.gguf");
     let extra = [
         ("nemotron.attention.layer_norm_epsilon", GgufValue::F32(1e-5)),

@@ -125,15 +125,7 @@ fn olmo2_and_olmo3_ggufs_load_to_the_same_models() {
 #[test]
 fn olmoe_pre_norms_whole_width_qk_norms_and_softmax_experts_match_the_transformers_forward() {
     let dir = tempfile::tempdir().unwrap();
-    let moe = testing::TinyMoe {
-        experts: 4,
-        top_k: 2,
-        expert_intermediate: 16,
-        shared_intermediate: None,
-        norm_topk_prob: false,
-        dense_layers: vec![],
-        groups: (1, 1, 1.0),
-    };
+    let moe = testing::TinyMoe { expert_intermediate: 16, norm_topk_prob: false, ..testing::TinyMoe::routed(4, 2) };
     let tensors = testing::random_olmoe(&SHAPE, &moe, 37).unwrap();
     testing::write_checkpoint(dir.path(), &testing::olmoe_config(&SHAPE, &moe), &tensors).unwrap();
     let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();

@@ -10,13 +10,11 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Reference, assert_close, logits, write_gguf};
+use common::{Reference, assert_close, gguf_fused_qkv, gguf_named, is_q_k_or_v, logits, write_gguf};
 use serde_json::json;
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
-use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
 
 /// Phi's heads span the hidden size; Phi-2's RoPE turns 0.4 of each head (32 of 80; here 4
@@ -69,27 +67,14 @@ fn the_phi2_gguf_loads_to_the_same_model_with_q_k_v_apart_or_fused() {
     let dir = tempfile::tempdir().unwrap();
     let tensors = testing::random_phi(&SHAPE, false, 47).unwrap();
     let want = reference(&tensors).logits(&ids());
-    let f32 = |t: &Tensor| QTensor::quantize(t, GgmlDType::F32).unwrap();
     let extra = [
         ("phi2.attention.layer_norm_epsilon", GgufValue::F32(1e-5)),
         ("phi2.rope.dimension_count", GgufValue::U32(ROTARY as u32)),
     ];
     for fused in [false, true] {
-        let mut named: Vec<(String, QTensor)> = tensors
-            .iter()
-            .filter(|(name, _)| !(fused && name.contains("self_attn.") && !name.contains("o_proj")))
-            .map(|(name, t)| (gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), f32(t)))
-            .collect();
+        let mut named = gguf_named(&tensors, |name| fused && is_q_k_or_v(name), false);
         if fused {
-            for l in 0..SHAPE.layers {
-                for part in ["weight", "bias"] {
-                    let qkv: Vec<Tensor> = ["q", "k", "v"]
-                        .iter()
-                        .map(|x| tensors[&format!("model.layers.{l}.self_attn.{x}_proj.{part}")].clone())
-                        .collect();
-                    named.push((format!("blk.{l}.attn_qkv.{part}"), f32(&Tensor::cat(&qkv, 0).unwrap())));
-                }
-            }
+            named.extend(gguf_fused_qkv(&tensors, SHAPE.layers));
         }
         let path = dir.path().join(format!("phi2-{fused}.gguf"));
         write_gguf(&path, "phi2", &SHAPE, &named, &extra);

@@ -12,15 +12,14 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::{Reference, assert_close, logits};
+use common::{Reference, assert_close, gguf_f32, gguf_named, logits};
 
+use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::{self, Value as GgufValue};
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use serde_json::{Value, json};
 use specrs_models::config::RopeScaling;
 use specrs_models::testing::{self, TinyShape};
-use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, CausalLm, DecoderConfig, ModelDType, WeightStore, load_causal_lm};
 
 const SHAPE: TinyShape =
@@ -120,12 +119,10 @@ fn the_window_hides_keys_only_past_its_length() {
 /// Writes `tensors` as llama.cpp's converter writes a Phi-3 GGUF (f32 tensors; the LongRoPE
 /// factors as `rope_factors_*` tensors).
 fn write_phi3_gguf(path: &Path, tensors: &HashMap<String, Tensor>, scale_in_metadata: Option<f32>) {
-    let q = |t: &Tensor| QTensor::quantize(t, GgmlDType::F32).unwrap();
-    let mut named: Vec<(String, QTensor)> =
-        tensors.iter().map(|(n, t)| (gguf_name(n).unwrap_or_else(|| panic!("{n} has a GGUF name")), q(t))).collect();
+    let mut named = gguf_named(tensors, |_| false, false);
     let factors = |f: [f64; 2]| Tensor::new(&[f[0] as f32, f[1] as f32], &Device::Cpu).unwrap();
-    named.push(("rope_factors_short.weight".into(), q(&factors(SHORT))));
-    named.push(("rope_factors_long.weight".into(), q(&factors(LONG))));
+    named.push(("rope_factors_short.weight".into(), gguf_f32(&factors(SHORT))));
+    named.push(("rope_factors_long.weight".into(), gguf_f32(&factors(LONG))));
     let u32v = |x: usize| GgufValue::U32(x as u32);
     let mut metadata = vec![
         ("general.architecture", GgufValue::String("phi3".into())),

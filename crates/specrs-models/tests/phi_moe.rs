@@ -11,9 +11,8 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Choice, Reference, Routing, assert_close, gguf_with_stacked_experts, logits, write_gguf};
+use common::{Choice, Reference, Routing, assert_close, gguf_f32, gguf_with_stacked_experts, logits, write_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyMoe, TinyShape};
 use specrs_models::{Architecture, DecoderConfig, ModelDType, Router, load_causal_lm};
@@ -85,7 +84,7 @@ fn the_phimoe_gguf_loads_to_the_same_model() {
     let half = SHAPE.head_dim / 2;
     let factors = |base: f32| {
         let values: Vec<f32> = (0..half).map(|i| base + 0.25 * i as f32).collect();
-        QTensor::quantize(&Tensor::new(values.as_slice(), &Device::Cpu).unwrap(), GgmlDType::F32).unwrap()
+        gguf_f32(&Tensor::new(values.as_slice(), &Device::Cpu).unwrap())
     };
     named.push(("rope_factors_short.weight".into(), factors(1.0)));
     named.push(("rope_factors_long.weight".into(), factors(2.0)));

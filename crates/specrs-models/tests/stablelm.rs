@@ -10,13 +10,11 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Reference, assert_close, logits, write_gguf};
+use common::{Reference, assert_close, gguf_named, logits, write_gguf};
 use serde_json::json;
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
-use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
 
 const SHAPE: TinyShape =
@@ -40,13 +38,7 @@ fn reference(tensors: &HashMap<String, Tensor>, parallel: bool) -> Reference<'_>
 
 /// `tensors` as llama.cpp's converter writes them: f32 under GGUF names, q/k rows as they are.
 fn write_stablelm_gguf(path: &std::path::Path, tensors: &HashMap<String, Tensor>) {
-    let named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .map(|(name, t)| {
-            let gguf = gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name"));
-            (gguf, QTensor::quantize(t, GgmlDType::F32).unwrap())
-        })
-        .collect();
+    let named = gguf_named(tensors, |_| false, false);
     let extra = [
         ("stablelm.attention.layer_norm_epsilon", GgufValue::F32(1e-5)),
         ("stablelm.rope.dimension_count", GgufValue::U32(ROTARY as u32)),

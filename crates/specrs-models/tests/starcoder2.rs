@@ -9,12 +9,10 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::{Reference, assert_close, logits, write_gguf};
+use common::{Reference, assert_close, gguf_named, logits, write_gguf};
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
-use specrs_models::weights::gguf::gguf_name;
 use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
 
 const SHAPE: TinyShape =
@@ -71,13 +69,7 @@ fn the_starcoder2_gguf_loads_to_the_same_model_attending_fully() {
     let dir = tempfile::tempdir().unwrap();
     let tensors = testing::random_starcoder2(&SHAPE, 31).unwrap();
     // llama.cpp's converter keeps StarCoder2's q/k rows (NeoX RoPE) and writes no window.
-    let named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .map(|(name, t)| {
-            let gguf = gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name"));
-            (gguf, QTensor::quantize(t, GgmlDType::F32).unwrap())
-        })
-        .collect();
+    let named = gguf_named(&tensors, |_| false, false);
     let path = dir.path().join("starcoder2.gguf");
     let eps = [("starcoder2.attention.layer_norm_epsilon", GgufValue::F32(1e-5))];
     write_gguf(&path, "starcoder2", &SHAPE, &named, &eps);

@@ -341,16 +341,7 @@ impl GgufSource {
             self.meta_usize("block_count")?.saturating_sub(self.meta_usize("nextn_predict_layers").unwrap_or(0));
         let cohere = matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2);
         // LayerNorms with bias, their epsilon under `layer_norm_epsilon` as Cohere's.
-        let layer_norms = matches!(
-            self.architecture,
-            Architecture::Starcoder2
-                | Architecture::StableLm
-                | Architecture::Phi
-                | Architecture::PhiMoe
-                | Architecture::Olmo
-                | Architecture::Nemotron
-                | Architecture::GptNeoX
-        );
+        let layer_norms = self.architecture.has_layer_norms();
         // EXAONE 4.0 with a window: its pattern's sliding layers, the full ones without RoPE.
         let exaone4_window =
             self.meta_usize("attention.sliding_window").ok().filter(|_| self.architecture == Architecture::Exaone4);

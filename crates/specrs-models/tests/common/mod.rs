@@ -850,6 +850,50 @@ pub fn write_unpermuted_gguf(
     write_gguf(path, arch, shape, &named, extra);
 }
 
+/// A tensor as an f32 GGUF tensor.
+pub fn gguf_f32(t: &Tensor) -> QTensor {
+    QTensor::quantize(&t.contiguous().unwrap(), GgmlDType::F32).unwrap()
+}
+
+/// The tensors (all but those `skip` names) in f32 under their GGUF names, as llama.cpp's
+/// converter writes a family whose rows it keeps as they are; norms stored as their scale
+/// (`1 + weight`) when `norms_as_scale` (Gemma, Nemotron's LayerNorm1P).
+pub fn gguf_named(
+    tensors: &HashMap<String, Tensor>,
+    skip: impl Fn(&str) -> bool,
+    norms_as_scale: bool,
+) -> Vec<(String, QTensor)> {
+    tensors
+        .iter()
+        .filter(|(name, _)| !skip(name))
+        .map(|(name, t)| {
+            let t = if norms_as_scale && name.ends_with("norm.weight") { (t + 1.0).unwrap() } else { t.clone() };
+            (gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), gguf_f32(&t))
+        })
+        .collect()
+}
+
+/// Each layer's q, k and v projections (weight and bias) as one `attn_qkv`, all q rows, then
+/// k, then v, as llama.cpp's converter writes Phi-2's and GPT-NeoX's.
+pub fn gguf_fused_qkv(tensors: &HashMap<String, Tensor>, layers: usize) -> Vec<(String, QTensor)> {
+    let mut named = Vec::new();
+    for l in 0..layers {
+        for part in ["weight", "bias"] {
+            let qkv: Vec<Tensor> = ["q", "k", "v"]
+                .iter()
+                .map(|x| tensors[&format!("model.layers.{l}.self_attn.{x}_proj.{part}")].clone())
+                .collect();
+            named.push((format!("blk.{l}.attn_qkv.{part}"), gguf_f32(&Tensor::cat(&qkv, 0).unwrap())));
+        }
+    }
+    named
+}
+
+/// The q, k and v projections, which [`gguf_fused_qkv`] writes as one.
+pub fn is_q_k_or_v(name: &str) -> bool {
+    ["q_proj", "k_proj", "v_proj"].iter().any(|p| name.contains(&format!("self_attn.{p}.")))
+}
+
 /// A mixture's tensors as llama.cpp's converter writes them, in f32: each under its GGUF name,
 /// and the experts of every layer in `sparse_layers` stacked into `ffn_{gate,up,down}_exps`.
 pub fn gguf_with_stacked_experts(
@@ -857,18 +901,13 @@ pub fn gguf_with_stacked_experts(
     sparse_layers: impl IntoIterator<Item = usize>,
     experts: usize,
 ) -> Vec<(String, QTensor)> {
-    let f32 = |t: &Tensor| QTensor::quantize(&t.contiguous().unwrap(), GgmlDType::F32).unwrap();
-    let mut named: Vec<(String, QTensor)> = tensors
-        .iter()
-        .filter(|(name, _)| !name.contains(".mlp.experts."))
-        .map(|(name, t)| (gguf_name(name).unwrap_or_else(|| panic!("{name} has a GGUF name")), f32(t)))
-        .collect();
+    let mut named = gguf_named(tensors, |name| name.contains(".mlp.experts."), false);
     for l in sparse_layers {
         for (proj, short) in [("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")] {
             let stacked: Vec<Tensor> = (0..experts)
                 .map(|e| tensors[&format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")].clone())
                 .collect();
-            named.push((format!("blk.{l}.ffn_{short}_exps.weight"), f32(&Tensor::stack(&stacked, 0).unwrap())));
+            named.push((format!("blk.{l}.ffn_{short}_exps.weight"), gguf_f32(&Tensor::stack(&stacked, 0).unwrap())));
         }
     }
     named
