@@ -565,6 +565,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "OlmoForCausalLM",
         "NemotronForCausalLM",
         "GPTNeoXForCausalLM",
+        "FalconForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

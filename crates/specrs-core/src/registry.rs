@@ -446,6 +446,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "FalconForCausalLM",
+        example_repo_ids: &["tiiuae/falcon-7b-instruct", "tiiuae/falcon-40b", "tiiuae/falcon-11B"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "GPTNeoXForCausalLM",
         example_repo_ids: &["EleutherAI/pythia-1.4b", "EleutherAI/pythia-6.9b", "databricks/dolly-v2-3b"],
         default_weights_format: "safetensors",

@@ -836,3 +836,18 @@ fn a_gpt_neox_target_with_per_head_fused_qkv_and_parallel_blocks_speculates_loss
     write(&target, &testing::gpt_neox_config(&shape, 0.25, true), &on_disk);
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 461, "GPT-NeoX");
 }
+
+#[test]
+fn falcon_targets_with_grouped_fused_qkv_and_parallel_blocks_speculate_losslessly() {
+    // Falcon-40B's KV groups with ln_attn / ln_mlp, and Falcon-7B's multi-query with one norm.
+    for (seed, kv_heads, two_norms) in [(463, 2, true), (467, 1, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("falcon");
+        let shape = TinyShape { kv_heads, ..SHAPE };
+        let layout =
+            testing::FalconLayout { new_decoder_architecture: two_norms, parallel_attn: true, two_norms, bias: false };
+        let tensors = testing::random_falcon(&shape, layout, seed).unwrap();
+        write(&target, &testing::falcon_config(&shape, layout), &testing::as_falcon(&tensors, &shape, layout).unwrap());
+        decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), seed + 2, "Falcon");
+    }
+}

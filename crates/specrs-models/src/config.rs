@@ -160,6 +160,12 @@ pub enum Architecture {
     /// per head; RoPE over `rotary_pct` of each head; biases everywhere; an exact-GELU MLP
     /// without a gate.
     GptNeoX,
+    /// Falcon (`FalconForCausalLM`: Falcon-7B/40B/180B, Falcon2-11B): attention beside the MLP
+    /// from one LayerNorm with bias, or (`new_decoder_architecture`'s two) from `ln_attn` and
+    /// `ln_mlp`; q, k and v fused in groups (each KV group's queries, then its key, then its
+    /// value); multi-query or grouped attention; an exact-GELU MLP without a gate; biases only
+    /// where `bias` says.
+    Falcon,
 }
 
 impl Architecture {
@@ -191,6 +197,7 @@ impl Architecture {
         ("GemmaForCausalLM", Architecture::Gemma),
         ("NemotronForCausalLM", Architecture::Nemotron),
         ("GPTNeoXForCausalLM", Architecture::GptNeoX),
+        ("FalconForCausalLM", Architecture::Falcon),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -222,6 +229,7 @@ impl Architecture {
         ("gemma", Architecture::Gemma),
         ("nemotron", Architecture::Nemotron),
         ("gptneox", Architecture::GptNeoX),
+        ("falcon", Architecture::Falcon),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
@@ -320,6 +328,7 @@ impl Architecture {
             Self::Gemma => "GemmaForCausalLM",
             Self::Nemotron => "NemotronForCausalLM",
             Self::GptNeoX => "GPTNeoXForCausalLM",
+            Self::Falcon => "FalconForCausalLM",
         }
     }
 
@@ -367,6 +376,7 @@ impl Architecture {
             Self::Gemma => "gemma",
             Self::Nemotron => "nemotron",
             Self::GptNeoX => "gpt_neox",
+            Self::Falcon => "falcon",
         }
     }
 
@@ -382,12 +392,19 @@ impl Architecture {
     }
 
     /// Norms that are LayerNorms, with a bias or (OLMo 1) without weights: StarCoder2,
-    /// StableLM, Phi, Phi-3.5-MoE, OLMo 1, Nemotron and GPT-NeoX. Cohere's bias-free
+    /// StableLM, Phi, Phi-3.5-MoE, OLMo 1, Nemotron, GPT-NeoX and Falcon. Cohere's bias-free
     /// LayerNorms are not among them.
     pub fn has_layer_norms(self) -> bool {
         matches!(
             self,
-            Self::Starcoder2 | Self::StableLm | Self::Phi | Self::PhiMoe | Self::Olmo | Self::Nemotron | Self::GptNeoX
+            Self::Starcoder2
+                | Self::StableLm
+                | Self::Phi
+                | Self::PhiMoe
+                | Self::Olmo
+                | Self::Nemotron
+                | Self::GptNeoX
+                | Self::Falcon
         )
     }
 
@@ -744,6 +761,68 @@ fn llama4_experts(v: &Value) -> Result<MoeConfig> {
     })
 }
 
+/// Falcon's `new_decoder_architecture` layers norm attention's input (`ln_attn`) and the
+/// MLP's (`ln_mlp`) apart unless `num_ln_in_parallel_attn` is 1 (Falcon2-11B).
+fn falcon_has_two_norms(v: &Value) -> bool {
+    v.get("new_decoder_architecture").and_then(Value::as_bool).unwrap_or(false)
+        && v.get("num_ln_in_parallel_attn").and_then(Value::as_u64).unwrap_or(2) == 2
+}
+
+/// A Falcon config under the keys the shared reader takes, with `FalconConfig`'s defaults
+/// (and the first releases' `n_embed` / `n_head` / `n_layer`): its KV heads as its attention
+/// splits them (`num_kv_heads` in the new layout, one for `multi_query`, else one per head),
+/// `ffn_hidden_size` (4 × hidden), `bias` on every projection, attention beside the MLP
+/// (`parallel_attn`, which the new layout requires). ALiBi Falcons are refused.
+fn with_falcon_keys(v: &Value) -> Result<Value> {
+    let flag = |key: &str, default: bool| v.get(key).and_then(Value::as_bool).unwrap_or(default);
+    if flag("alibi", false) {
+        return Err(ModelError::config(
+            "alibi",
+            "Falcon with ALiBi positions (falcon-rw) is not supported; spec-rs runs the rotary Falcons (alibi: false)",
+        ));
+    }
+    let (new_layout, parallel) = (flag("new_decoder_architecture", false), flag("parallel_attn", true));
+    if new_layout && !parallel {
+        return Err(ModelError::config(
+            "parallel_attn",
+            "Falcon's new_decoder_architecture runs attention beside the MLP; set parallel_attn to true",
+        ));
+    }
+    if !new_layout && v.get("num_ln_in_parallel_attn").and_then(Value::as_u64) == Some(2) {
+        return Err(ModelError::config(
+            "num_ln_in_parallel_attn",
+            "two norms per layer (ln_attn, ln_mlp) come with new_decoder_architecture; set it to true or this to 1",
+        ));
+    }
+    let usize_of = |keys: &[&str]| keys.iter().find_map(|k| v.get(*k).and_then(Value::as_u64)).map(|x| x as usize);
+    let hidden = usize_of(&["hidden_size", "n_embed"]).unwrap_or(4544);
+    let heads = usize_of(&["num_attention_heads", "n_head"]).unwrap_or(71);
+    let kv_heads = match (new_layout, flag("multi_query", true)) {
+        (true, _) => usize_of(&["num_kv_heads", "n_head_kv"]).unwrap_or(heads),
+        (false, true) => 1,
+        (false, false) => heads,
+    };
+    let mut keys = v.clone();
+    if let Some(out) = keys.as_object_mut() {
+        let mut set = |k: &str, value: Value| {
+            out.insert(k.to_string(), value);
+        };
+        set("hidden_size", hidden.into());
+        set("num_attention_heads", heads.into());
+        set("num_hidden_layers", usize_of(&["num_hidden_layers", "n_layer"]).unwrap_or(32).into());
+        set("num_key_value_heads", kv_heads.into());
+        set("intermediate_size", usize_of(&["ffn_hidden_size"]).unwrap_or(4 * hidden).into());
+        set("vocab_size", usize_of(&["vocab_size"]).unwrap_or(65_024).into());
+        set("max_position_embeddings", usize_of(&["max_position_embeddings"]).unwrap_or(2048).into());
+        set("layer_norm_eps", opt_f64(v, "layer_norm_epsilon").unwrap_or(1e-5).into());
+        set("attention_bias", flag("bias", false).into());
+        set("use_parallel_residual", (new_layout || parallel).into());
+        set("tie_word_embeddings", flag("tie_word_embeddings", true).into());
+        set("hidden_act", v.get("activation").and_then(Value::as_str).unwrap_or("gelu").into());
+    }
+    Ok(keys)
+}
+
 /// A Gemma 3 text config with `Gemma3TextConfig`'s defaults where it leaves keys out (the
 /// image-text checkpoints' `text_config` lists only what differs from them).
 fn with_gemma3_defaults(v: &Value) -> Value {
@@ -1008,9 +1087,12 @@ pub struct DecoderConfig {
     /// always, Llama's, Granite's, Arcee's and Nemotron's `mlp_bias`).
     pub mlp_bias: bool,
     /// Attention and MLP run side by side and both join the residual (Cohere, Phi, StableLM's
-    /// and GPT-NeoX's `use_parallel_residual`), from one normed input or (GPT-NeoX) each from
-    /// its own.
+    /// and GPT-NeoX's `use_parallel_residual`, Falcon's `parallel_attn`), from one normed input
+    /// or each from its own (`parallel_mlp_norm`).
     pub parallel_residual: bool,
+    /// Beside attention, the MLP reads its own norm of the residual (`post_attention_layernorm`:
+    /// GPT-NeoX's; Falcon's `ln_mlp`) rather than attention's input.
+    pub parallel_mlp_norm: bool,
     /// `lm_head` adds a bias (Phi; Phi-3.5-MoE's `lm_head_bias`).
     pub lm_head_bias: bool,
     /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Nemotron's
@@ -1517,12 +1599,17 @@ impl DecoderConfig {
     /// Reads a Hugging Face config for a known family (drafters reuse target layer shapes).
     pub fn from_hf_json_as(v: &Value, architecture: Architecture) -> Result<Self> {
         let filled;
-        let v = if architecture == Architecture::Gemma3 {
+        let v = match architecture {
             // Gemma 2's configs list every key.
-            filled = with_gemma3_defaults(v);
-            &filled
-        } else {
-            v
+            Architecture::Gemma3 => {
+                filled = with_gemma3_defaults(v);
+                &filled
+            }
+            Architecture::Falcon => {
+                filled = with_falcon_keys(v)?;
+                &filled
+            }
+            _ => v,
         };
         let hidden_size = req_usize(v, "hidden_size")?;
         let num_attention_heads = req_usize(v, "num_attention_heads")?;
@@ -1635,6 +1722,7 @@ impl DecoderConfig {
             | Architecture::Gemma
             | Architecture::Nemotron
             | Architecture::GptNeoX
+            | Architecture::Falcon
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1684,7 +1772,7 @@ impl DecoderConfig {
                 Architecture::Arcee | Architecture::Nemotron => &["relu2"],
                 Architecture::Starcoder2 | Architecture::Phi => &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"],
                 Architecture::StableLm => &["silu"],
-                Architecture::GptNeoX => &["gelu"],
+                Architecture::GptNeoX | Architecture::Falcon => &["gelu"],
                 _ => &[act],
             };
             if !supported.contains(&act) {
@@ -1706,6 +1794,8 @@ impl DecoderConfig {
         let mlp_bias = match architecture {
             Architecture::Starcoder2 => use_bias,
             Architecture::Phi | Architecture::GptNeoX => true,
+            // Falcon's `bias` (read as `attention_bias`) covers its MLP too.
+            Architecture::Falcon => flag("attention_bias"),
             Architecture::Llama | Architecture::Granite | Architecture::Arcee | Architecture::Nemotron => {
                 v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false)
             }
@@ -1760,7 +1850,7 @@ impl DecoderConfig {
             rms_norm_eps: match architecture {
                 Architecture::Cohere | Architecture::Cohere2 => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
                 Architecture::Starcoder2 => opt_f64(v, "norm_epsilon").unwrap_or(1e-5),
-                Architecture::StableLm | Architecture::Phi | Architecture::GptNeoX => {
+                Architecture::StableLm | Architecture::Phi | Architecture::GptNeoX | Architecture::Falcon => {
                     opt_f64(v, "layer_norm_eps").unwrap_or(1e-5)
                 }
                 // OLMo 1's LayerNorm fixes its epsilon.
@@ -1782,6 +1872,7 @@ impl DecoderConfig {
                 || architecture == Architecture::Phi
                 || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || (architecture == Architecture::StableLm && flag("use_qkv_bias"))
+                || (architecture == Architecture::Falcon && flag("attention_bias"))
                 || internlm2_bias(v, architecture)?
                 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(architecture.qkv_bias_by_default()),
             qk_norm: architecture.has_qk_norm()
@@ -1800,6 +1891,8 @@ impl DecoderConfig {
                 || (architecture == Architecture::Nemotron && flag("attention_bias"))
                 || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || architecture == Architecture::Phi
+                // Falcon's `bias` covers every projection.
+                || (architecture == Architecture::Falcon && flag("attention_bias"))
                 // Phi-3.5-MoE's `attention_bias` covers o_proj too.
                 || (architecture == Architecture::PhiMoe && flag("attention_bias"))
                 || (gpt_oss && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
@@ -1818,8 +1911,11 @@ impl DecoderConfig {
                 Architecture::Cohere | Architecture::Cohere2 | Architecture::Phi => true,
                 Architecture::StableLm => flag("use_parallel_residual"),
                 Architecture::GptNeoX => v.get("use_parallel_residual").and_then(Value::as_bool).unwrap_or(true),
+                Architecture::Falcon => flag("use_parallel_residual"),
                 _ => false,
             },
+            parallel_mlp_norm: architecture == Architecture::GptNeoX
+                || (architecture == Architecture::Falcon && falcon_has_two_norms(v)),
             attention_sinks: gpt_oss,
             rope_layers: match architecture {
                 Architecture::SmolLm3 | Architecture::Llama4 => {
@@ -1988,13 +2084,8 @@ impl DecoderConfig {
                 | Architecture::Starcoder2
                 | Architecture::Phi
                 | Architecture::GptNeoX
+                | Architecture::Falcon
         )
-    }
-
-    /// Side by side, the MLP reads its own norm of the residual (`post_attention_layernorm`,
-    /// GPT-NeoX) rather than attention's input (Cohere, Phi, StableLM).
-    pub fn parallel_mlp_has_own_norm(&self) -> bool {
-        self.architecture == Architecture::GptNeoX
     }
 
     /// The norms are LayerNorms (Cohere's without bias, the others' with): centred before

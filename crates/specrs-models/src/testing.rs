@@ -2014,3 +2014,136 @@ pub fn as_gpt_neox(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<H
     }
     Ok(out)
 }
+
+/// How a tiny Falcon lays out its layers: `new_decoder_architecture` (KV groups of
+/// `num_kv_heads`), else multi-query where the shape has one KV head and a group per head
+/// otherwise; attention beside the MLP (`parallel_attn`) from one norm or (`two_norms`, the new
+/// layout's `ln_attn` / `ln_mlp`) two; `bias` on every projection.
+#[derive(Debug, Clone, Copy)]
+pub struct FalconLayout {
+    pub new_decoder_architecture: bool,
+    pub parallel_attn: bool,
+    pub two_norms: bool,
+    pub bias: bool,
+}
+
+impl FalconLayout {
+    /// The shared layer reads a norm before the MLP: Falcon's `ln_mlp` or, one after the
+    /// other, its `post_attention_layernorm`.
+    pub fn has_mlp_norm(&self) -> bool {
+        self.two_norms || !self.parallel_attn
+    }
+}
+
+/// A Falcon `config.json` for a tiny target in `layout`, with `FalconConfig`'s own keys
+/// (`num_kv_heads`, `multi_query`, `ffn_hidden_size`, `layer_norm_epsilon`, `bias`) and its
+/// defaults elsewhere (tied embeddings, `activation` unset: GELU).
+pub fn falcon_config(s: &TinyShape, layout: FalconLayout) -> Value {
+    assert_eq!(s.hidden, s.heads * s.head_dim, "Falcon's heads span the hidden size");
+    assert!(
+        layout.new_decoder_architecture || s.kv_heads == 1 || s.kv_heads == s.heads,
+        "the first layout is multi-query or one group per head"
+    );
+    json!({
+        "architectures": [Architecture::Falcon.hf_name()],
+        "model_type": "falcon",
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_kv_heads": s.kv_heads,
+        "multi_query": s.kv_heads == 1,
+        "new_decoder_architecture": layout.new_decoder_architecture,
+        "parallel_attn": layout.parallel_attn,
+        "num_ln_in_parallel_attn": if layout.two_norms { 2 } else { 1 },
+        "ffn_hidden_size": s.intermediate,
+        "layer_norm_epsilon": 1e-5,
+        "bias": layout.bias,
+        "alibi": false,
+        "rope_theta": 10000.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    })
+}
+
+/// Random weights for a tiny Falcon under the shared layer's names: Llama's without the MLP's
+/// gate or `lm_head` (tied), LayerNorms with bias, the norm before the MLP only where
+/// `layout` has one, biases on the projections where it says (see [`as_falcon`] for the
+/// checkpoint's own names).
+pub fn random_falcon(s: &TinyShape, layout: FalconLayout, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Llama, s, true, seed)?;
+    t.retain(|name, _| {
+        !name.ends_with("mlp.gate_proj.weight") && (layout.has_mlp_norm() || !name.contains("post_attention_layernorm"))
+    });
+    let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut per_layer = vec![("input_layernorm", h)];
+    if layout.has_mlp_norm() {
+        per_layer.push(("post_attention_layernorm", h));
+    }
+    if layout.bias {
+        per_layer.extend([
+            ("self_attn.q_proj", q),
+            ("self_attn.k_proj", kv),
+            ("self_attn.v_proj", kv),
+            ("self_attn.o_proj", h),
+            ("mlp.up_proj", s.intermediate),
+            ("mlp.down_proj", h),
+        ]);
+    }
+    insert_random_biases(&mut t, s.layers, &per_layer, &[("model.norm.bias", h)], seed * 1000)?;
+    Ok(t)
+}
+
+/// A Falcon checkpoint's own names: `transformer.` prefixes, `word_embeddings`, `ln_f`, the
+/// norms as `input_layernorm` / `post_attention_layernorm` or (`two_norms`) `ln_attn` /
+/// `ln_mlp`, `self_attention.dense`, `mlp.dense_h_to_4h` / `dense_4h_to_h`, and q, k and v
+/// fused group by group into `self_attention.query_key_value` (each KV group's query heads,
+/// then its key head, then its value head).
+pub fn as_falcon(
+    tensors: &HashMap<String, Tensor>,
+    s: &TinyShape,
+    layout: FalconLayout,
+) -> Result<HashMap<String, Tensor>> {
+    let (attention_norm, mlp_norm) =
+        if layout.two_norms { (".ln_attn.", ".ln_mlp.") } else { (".input_layernorm.", ".post_attention_layernorm.") };
+    let mut out = HashMap::new();
+    for (name, t) in tensors {
+        if [".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."].iter().any(|p| name.contains(p)) {
+            continue;
+        }
+        let renamed = match name.as_str() {
+            "model.embed_tokens.weight" => "transformer.word_embeddings.weight".to_string(),
+            n => n
+                .replace("model.norm.", "transformer.ln_f.")
+                .replace("model.layers.", "transformer.h.")
+                .replace(".input_layernorm.", attention_norm)
+                .replace(".post_attention_layernorm.", mlp_norm)
+                .replace(".self_attn.o_proj.", ".self_attention.dense.")
+                .replace(".mlp.up_proj.", ".mlp.dense_h_to_4h.")
+                .replace(".mlp.down_proj.", ".mlp.dense_4h_to_h."),
+        };
+        out.insert(renamed, t.clone());
+    }
+    let per_group = s.heads / s.kv_heads;
+    for i in 0..s.layers {
+        for part in ["weight", "bias"] {
+            let Some(q) = tensors.get(&format!("model.layers.{i}.self_attn.q_proj.{part}")) else { continue };
+            let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.{part}")].clone();
+            // [kv_heads, heads_in_group, d, ...]: each group's queries, then its key and value.
+            let grouped = |t: Tensor, heads: usize| -> Result<Tensor> {
+                let mut dims = vec![s.kv_heads, heads, s.head_dim];
+                dims.extend_from_slice(&t.dims()[1..]);
+                t.reshape(dims)
+            };
+            let fused =
+                Tensor::cat(&[grouped(q.clone(), per_group)?, grouped(get("k"), 1)?, grouped(get("v"), 1)?], 1)?;
+            let rows = (s.heads + 2 * s.kv_heads) * s.head_dim;
+            let fused = match part {
+                "weight" => fused.reshape((rows, s.hidden))?,
+                _ => fused.reshape(rows)?,
+            };
+            out.insert(format!("transformer.h.{i}.self_attention.query_key_value.{part}"), fused);
+        }
+    }
+    Ok(out)
+}

@@ -1,6 +1,6 @@
 //! `GPTNeoXForCausalLM`: Pythia, Dolly v2, RedPajama-INCITE, GPT-NeoX-20B. Attention and MLP
 //! side by side (`use_parallel_residual`, on unless off), each reading its own LayerNorm with
-//! bias of the residual (`DecoderConfig::parallel_mlp_has_own_norm`); q, k and v fused in
+//! bias of the residual (`DecoderConfig::parallel_mlp_norm`); q, k and v fused in
 //! `attention.query_key_value` head by head (each head's q rows, then its k rows, then its v
 //! rows); RoPE over the leading `rotary_pct` of each head at `rotary_emb_base`; biases on every
 //! projection; an MLP without a gate, `dense_4h_to_h(gelu(dense_h_to_4h(x)))` with the exact

@@ -4,6 +4,7 @@ pub mod arcee;
 pub mod cohere;
 pub mod deepseek;
 pub mod ernie4_5;
+pub mod falcon;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
@@ -86,6 +87,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Starcoder2 => store.set_aliases(starcoder2::aliases(&cfg))?,
                 Architecture::Phi => store.set_aliases(phi::aliases(&cfg))?,
                 Architecture::GptNeoX => store.set_aliases(gpt_neox::aliases(&cfg))?,
+                Architecture::Falcon => store.set_aliases(falcon::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -109,6 +111,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Gemma => gemma::adapt(cfg),
                 Architecture::Nemotron => nemotron::adapt(cfg),
                 Architecture::GptNeoX => gpt_neox::adapt(cfg),
+                Architecture::Falcon => falcon::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),

@@ -327,7 +327,7 @@ impl Activation {
             _ if cfg.gemma.is_some() => Self::GeluTanh,
             Architecture::Arcee | Architecture::Nemotron => Self::ReluSquared,
             Architecture::Starcoder2 | Architecture::Phi => Self::GeluTanh,
-            Architecture::GptNeoX => Self::Gelu,
+            Architecture::GptNeoX | Architecture::Falcon => Self::Gelu,
             _ => Self::Silu,
         }
     }
@@ -533,11 +533,7 @@ impl DecoderLayer {
             input_layernorm: if before { Some(norm("input_layernorm")?) } else { None },
             self_attn: SelfAttention::load_layer(store, &format!("{prefix}.self_attn"), cfg, index)?,
             attention_out_norm: if after { Some(norm("post_attention_layernorm")?) } else { None },
-            mlp_in_norm: if before && (!parallel || cfg.parallel_mlp_has_own_norm()) {
-                Some(norm(mlp_in)?)
-            } else {
-                None
-            },
+            mlp_in_norm: if before && (!parallel || cfg.parallel_mlp_norm) { Some(norm(mlp_in)?) } else { None },
             mlp,
             mlp_out_norm: if after { Some(norm("post_feedforward_layernorm")?) } else { None },
             residual_scale: cfg.scales.residual,

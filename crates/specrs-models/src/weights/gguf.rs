@@ -74,6 +74,13 @@ fn pre_mlp_norm_name(hf: &str) -> Option<String> {
     Some(format!("blk.{}.post_attention_norm.weight", layer.parse::<usize>().ok()?))
 }
 
+/// Falcon-40B's norm before the MLP (`ln_mlp`, read as `post_attention_layernorm`) under
+/// llama.cpp's `attn_norm_2`.
+fn falcon_mlp_norm_name(hf: &str) -> Option<String> {
+    let (layer, part) = hf.strip_prefix("model.layers.")?.split_once(".post_attention_layernorm.")?;
+    Some(format!("blk.{}.attn_norm_2.{part}", layer.parse::<usize>().ok()?))
+}
+
 /// Maps a Hugging Face tensor name to its GGUF name (one expert of a mixture has none of its
 /// own: see [`gguf_location`]).
 pub fn gguf_name(hf: &str) -> Option<String> {
@@ -258,6 +265,7 @@ impl GgufSource {
                 Some(name) => (name, None),
                 None => gguf_location(hf_name)?,
             },
+            Architecture::Falcon => (falcon_mlp_norm_name(hf_name).or_else(|| gguf_name(hf_name))?, None),
             _ => gguf_location(hf_name)?,
         };
         match (self.content.tensor_infos.get(&g), expert) {
@@ -384,13 +392,22 @@ impl GgufSource {
         };
         let token_id = |key: &str| self.content.metadata.get(key).and_then(value_as_u64).map(|x| x as u32);
         let gemma = self.gemma_config(hidden_size, num_attention_heads, head_dim)?;
+        // Falcon's converter writes 4 × hidden whatever `ffn_hidden_size` says; the MLP's rows tell.
+        let falcon_width = match self.architecture {
+            Architecture::Falcon => self.content.tensor_infos.get("blk.0.ffn_up.weight").map(|i| i.shape.dims()[0]),
+            _ => None,
+        };
+        let has = |name: &str| self.content.tensor_infos.contains_key(name);
         let cfg = DecoderConfig {
             architecture: self.architecture,
             hidden_size,
-            intermediate_size: match self.meta_usize("feed_forward_length") {
+            intermediate_size: match (falcon_width, self.meta_usize("feed_forward_length")) {
+                (Some(width), _) => width,
                 // Mixtures with no dense layer may leave the dense width out.
-                Err(_) if self.meta("expert_count").is_some() => self.meta_usize("expert_feed_forward_length")?,
-                width => width?,
+                (None, Err(_)) if self.meta("expert_count").is_some() => {
+                    self.meta_usize("expert_feed_forward_length")?
+                }
+                (None, width) => width?,
             },
             num_hidden_layers,
             num_attention_heads,
@@ -409,12 +426,12 @@ impl GgufSource {
             attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias")
                 || self.content.tensor_infos.contains_key("blk.0.attn_qkv.bias"),
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
-            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart. GPT-NeoX files,
-            // and Phi-2 files converted from Microsoft's first layout, keep q, k and v fused in
-            // `attn_qkv` (all q rows, then k, then v).
+            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart. GPT-NeoX and
+            // Falcon files, and Phi-2 files converted from Microsoft's first layout, keep q, k
+            // and v fused in `attn_qkv` (all q rows, then k, then v).
             fused_projections: matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4)
-                || (matches!(self.architecture, Architecture::Phi | Architecture::GptNeoX)
-                    && self.content.tensor_infos.contains_key("blk.0.attn_qkv.weight")),
+                || (matches!(self.architecture, Architecture::Phi | Architecture::GptNeoX | Architecture::Falcon)
+                    && has("blk.0.attn_qkv.weight")),
             sliding_window: match (&gemma, self.architecture) {
                 (Some((_, _, Some(_))), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
                 (Some((_, _, None)), _) => None,
@@ -441,12 +458,16 @@ impl GgufSource {
             layer_norm_1p: false,
             clip_qkv: self.meta_f64("attention.clamp_kqv").filter(|c| *c > 0.0).map(|c| c as f32),
             // StableLM runs side by side where its file has no norm before the MLP.
+            // llama.cpp runs every Falcon side by side.
             parallel_residual: cohere
-                || self.architecture == Architecture::Phi
+                || matches!(self.architecture, Architecture::Phi | Architecture::Falcon)
                 || (self.architecture == Architecture::GptNeoX
                     && !matches!(self.meta("use_parallel_residual"), Some(Value::Bool(false))))
                 || (self.architecture == Architecture::StableLm
                     && !self.content.tensor_infos.contains_key("blk.0.ffn_norm.weight")),
+            // Falcon-40B's `ln_mlp` is llama.cpp's `attn_norm_2`.
+            parallel_mlp_norm: self.architecture == Architecture::GptNeoX
+                || (self.architecture == Architecture::Falcon && has("blk.0.attn_norm_2.weight")),
             attention_sinks: false,
             // llama.cpp fixes SmolLM3's and Llama 4's step: every fourth layer attends without RoPE.
             rope_layers: match self.architecture {

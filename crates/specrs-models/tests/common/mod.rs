@@ -873,16 +873,20 @@ pub fn gguf_named(
         .collect()
 }
 
-/// Each layer's q, k and v projections (weight and bias) as one `attn_qkv`, all q rows, then
-/// k, then v, as llama.cpp's converter writes Phi-2's and GPT-NeoX's.
+/// Each layer's q, k and v projections (weight, and bias where they have one) as one
+/// `attn_qkv`, all q rows, then k, then v, as llama.cpp's converter writes Phi-2's, GPT-NeoX's
+/// and Falcon's.
 pub fn gguf_fused_qkv(tensors: &HashMap<String, Tensor>, layers: usize) -> Vec<(String, QTensor)> {
     let mut named = Vec::new();
     for l in 0..layers {
         for part in ["weight", "bias"] {
-            let qkv: Vec<Tensor> = ["q", "k", "v"]
+            let Some(qkv) = ["q", "k", "v"]
                 .iter()
-                .map(|x| tensors[&format!("model.layers.{l}.self_attn.{x}_proj.{part}")].clone())
-                .collect();
+                .map(|x| tensors.get(&format!("model.layers.{l}.self_attn.{x}_proj.{part}")).cloned())
+                .collect::<Option<Vec<Tensor>>>()
+            else {
+                continue;
+            };
             named.push((format!("blk.{l}.attn_qkv.{part}"), gguf_f32(&Tensor::cat(&qkv, 0).unwrap())));
         }
     }
