@@ -566,6 +566,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "NemotronForCausalLM",
         "GPTNeoXForCausalLM",
         "FalconForCausalLM",
+        "GPTBigCodeForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

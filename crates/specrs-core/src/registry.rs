@@ -446,6 +446,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "GPTBigCodeForCausalLM",
+        example_repo_ids: &["bigcode/starcoderbase-1b", "bigcode/starcoder", "bigcode/gpt_bigcode-santacoder"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "FalconForCausalLM",
         example_repo_ids: &["tiiuae/falcon-7b-instruct", "tiiuae/falcon-40b", "tiiuae/falcon-11B"],
         default_weights_format: "safetensors",

@@ -851,3 +851,13 @@ fn falcon_targets_with_grouped_fused_qkv_and_parallel_blocks_speculate_losslessl
         decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), seed + 2, "Falcon");
     }
 }
+
+#[test]
+fn a_gpt_bigcode_target_with_learned_positions_and_multi_query_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("gpt-bigcode");
+    let shape = TinyShape { kv_heads: 1, ..SHAPE };
+    let tensors = testing::random_gpt_bigcode(&shape, 512, 479).unwrap();
+    write(&target, &testing::gpt_bigcode_config(&shape, 512), &testing::as_gpt_bigcode(&tensors, &shape).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 487, "GPT-BigCode");
+}

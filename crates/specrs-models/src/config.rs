@@ -166,6 +166,11 @@ pub enum Architecture {
     /// value); multi-query or grouped attention; an exact-GELU MLP without a gate; biases only
     /// where `bias` says.
     Falcon,
+    /// GPT-BigCode (`GPTBigCodeForCausalLM`: StarCoder, StarCoderBase, SantaCoder, WizardCoder):
+    /// learned absolute positions added to the embeddings and no RoPE; multi-query attention
+    /// with q, k and v fused in `c_attn` (or one group per head); LayerNorms with bias; biases
+    /// everywhere; a tanh-GELU MLP without a gate.
+    GptBigCode,
 }
 
 impl Architecture {
@@ -198,6 +203,7 @@ impl Architecture {
         ("NemotronForCausalLM", Architecture::Nemotron),
         ("GPTNeoXForCausalLM", Architecture::GptNeoX),
         ("FalconForCausalLM", Architecture::Falcon),
+        ("GPTBigCodeForCausalLM", Architecture::GptBigCode),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -230,6 +236,7 @@ impl Architecture {
         ("nemotron", Architecture::Nemotron),
         ("gptneox", Architecture::GptNeoX),
         ("falcon", Architecture::Falcon),
+        ("starcoder", Architecture::GptBigCode),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
@@ -329,6 +336,7 @@ impl Architecture {
             Self::Nemotron => "NemotronForCausalLM",
             Self::GptNeoX => "GPTNeoXForCausalLM",
             Self::Falcon => "FalconForCausalLM",
+            Self::GptBigCode => "GPTBigCodeForCausalLM",
         }
     }
 
@@ -377,6 +385,7 @@ impl Architecture {
             Self::Nemotron => "nemotron",
             Self::GptNeoX => "gpt_neox",
             Self::Falcon => "falcon",
+            Self::GptBigCode => "gpt_bigcode",
         }
     }
 
@@ -392,7 +401,7 @@ impl Architecture {
     }
 
     /// Norms that are LayerNorms, with a bias or (OLMo 1) without weights: StarCoder2,
-    /// StableLM, Phi, Phi-3.5-MoE, OLMo 1, Nemotron, GPT-NeoX and Falcon. Cohere's bias-free
+    /// StableLM, Phi, Phi-3.5-MoE, OLMo 1, Nemotron, GPT-NeoX, Falcon and GPT-BigCode. Cohere's bias-free
     /// LayerNorms are not among them.
     pub fn has_layer_norms(self) -> bool {
         matches!(
@@ -405,6 +414,7 @@ impl Architecture {
                 | Self::Nemotron
                 | Self::GptNeoX
                 | Self::Falcon
+                | Self::GptBigCode
         )
     }
 
@@ -823,6 +833,43 @@ fn with_falcon_keys(v: &Value) -> Result<Value> {
     Ok(keys)
 }
 
+/// A GPT-BigCode config under the keys the shared reader takes, with `GPTBigCodeConfig`'s
+/// defaults: `n_embd` / `n_head` / `n_layer` / `n_positions` / `n_inner` (4 × hidden), one KV
+/// head for `multi_query` (on unless off), `activation_function`, tied embeddings. Attention
+/// without `scale_attn_weights` is refused.
+fn with_gpt_bigcode_keys(v: &Value) -> Result<Value> {
+    let flag = |key: &str, default: bool| v.get(key).and_then(Value::as_bool).unwrap_or(default);
+    if !flag("scale_attn_weights", true) {
+        return Err(ModelError::config(
+            "scale_attn_weights",
+            "GPT-BigCode attention without the 1/sqrt(head_dim) scale is not supported; released checkpoints set \
+             scale_attn_weights to true",
+        ));
+    }
+    let usize_of = |keys: &[&str], default: usize| {
+        keys.iter().find_map(|k| v.get(*k).and_then(Value::as_u64)).map_or(default, |x| x as usize)
+    };
+    let hidden = usize_of(&["n_embd", "hidden_size"], 768);
+    let heads = usize_of(&["n_head", "num_attention_heads"], 12);
+    let mut keys = v.clone();
+    if let Some(out) = keys.as_object_mut() {
+        let mut set = |k: &str, value: Value| {
+            out.insert(k.to_string(), value);
+        };
+        set("hidden_size", hidden.into());
+        set("num_attention_heads", heads.into());
+        set("num_hidden_layers", usize_of(&["n_layer", "num_hidden_layers"], 12).into());
+        set("max_position_embeddings", usize_of(&["n_positions", "max_position_embeddings"], 1024).into());
+        set("intermediate_size", usize_of(&["n_inner"], 4 * hidden).into());
+        set("num_key_value_heads", if flag("multi_query", true) { 1 } else { heads }.into());
+        set("vocab_size", usize_of(&["vocab_size"], 50_257).into());
+        set("layer_norm_eps", opt_f64(v, "layer_norm_epsilon").unwrap_or(1e-5).into());
+        set("tie_word_embeddings", flag("tie_word_embeddings", true).into());
+        set("hidden_act", v.get("activation_function").and_then(Value::as_str).unwrap_or("gelu_pytorch_tanh").into());
+    }
+    Ok(keys)
+}
+
 /// A Gemma 3 text config with `Gemma3TextConfig`'s defaults where it leaves keys out (the
 /// image-text checkpoints' `text_config` lists only what differs from them).
 fn with_gemma3_defaults(v: &Value) -> Value {
@@ -1093,6 +1140,9 @@ pub struct DecoderConfig {
     /// Beside attention, the MLP reads its own norm of the residual (`post_attention_layernorm`:
     /// GPT-NeoX's; Falcon's `ln_mlp`) rather than attention's input.
     pub parallel_mlp_norm: bool,
+    /// Learned absolute positions (`model.embed_positions.weight`, one row per position) are
+    /// added to the token embeddings (GPT-BigCode); such a model turns nothing by RoPE.
+    pub learned_positions: bool,
     /// `lm_head` adds a bias (Phi; Phi-3.5-MoE's `lm_head_bias`).
     pub lm_head_bias: bool,
     /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Nemotron's
@@ -1609,6 +1659,10 @@ impl DecoderConfig {
                 filled = with_falcon_keys(v)?;
                 &filled
             }
+            Architecture::GptBigCode => {
+                filled = with_gpt_bigcode_keys(v)?;
+                &filled
+            }
             _ => v,
         };
         let hidden_size = req_usize(v, "hidden_size")?;
@@ -1723,6 +1777,7 @@ impl DecoderConfig {
             | Architecture::Nemotron
             | Architecture::GptNeoX
             | Architecture::Falcon
+            | Architecture::GptBigCode
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1770,7 +1825,9 @@ impl DecoderConfig {
                 // Arcee and Nemotron square a ReLU; the GELUs are the tanh approximation under
                 // three names.
                 Architecture::Arcee | Architecture::Nemotron => &["relu2"],
-                Architecture::Starcoder2 | Architecture::Phi => &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"],
+                Architecture::Starcoder2 | Architecture::Phi | Architecture::GptBigCode => {
+                    &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"]
+                }
                 Architecture::StableLm => &["silu"],
                 Architecture::GptNeoX | Architecture::Falcon => &["gelu"],
                 _ => &[act],
@@ -1793,7 +1850,7 @@ impl DecoderConfig {
         let flag = |key: &str| v.get(key).and_then(Value::as_bool).unwrap_or(false);
         let mlp_bias = match architecture {
             Architecture::Starcoder2 => use_bias,
-            Architecture::Phi | Architecture::GptNeoX => true,
+            Architecture::Phi | Architecture::GptNeoX | Architecture::GptBigCode => true,
             // Falcon's `bias` (read as `attention_bias`) covers its MLP too.
             Architecture::Falcon => flag("attention_bias"),
             Architecture::Llama | Architecture::Granite | Architecture::Arcee | Architecture::Nemotron => {
@@ -1850,7 +1907,11 @@ impl DecoderConfig {
             rms_norm_eps: match architecture {
                 Architecture::Cohere | Architecture::Cohere2 => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
                 Architecture::Starcoder2 => opt_f64(v, "norm_epsilon").unwrap_or(1e-5),
-                Architecture::StableLm | Architecture::Phi | Architecture::GptNeoX | Architecture::Falcon => {
+                Architecture::StableLm
+                | Architecture::Phi
+                | Architecture::GptNeoX
+                | Architecture::Falcon
+                | Architecture::GptBigCode => {
                     opt_f64(v, "layer_norm_eps").unwrap_or(1e-5)
                 }
                 // OLMo 1's LayerNorm fixes its epsilon.
@@ -1869,7 +1930,7 @@ impl DecoderConfig {
                     || matches!(architecture, Architecture::Cohere | Architecture::Cohere2 | Architecture::Starcoder2),
             ),
             attention_bias: (architecture == Architecture::Starcoder2 && use_bias)
-                || architecture == Architecture::Phi
+                || matches!(architecture, Architecture::Phi | Architecture::GptBigCode)
                 || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || (architecture == Architecture::StableLm && flag("use_qkv_bias"))
                 || (architecture == Architecture::Falcon && flag("attention_bias"))
@@ -1881,6 +1942,8 @@ impl DecoderConfig {
                 || (matches!(architecture, Architecture::StableLm | Architecture::Phi) && flag("qk_layernorm"))
                 || minimax_m2_attention(v, architecture)?
                 || hunyuan_qk_norm(v, architecture)?,
+            // GPT-BigCode adds learned positions and turns nothing.
+            learned_positions: architecture == Architecture::GptBigCode,
             // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
             fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,
@@ -1890,7 +1953,7 @@ impl DecoderConfig {
                 // Nemotron's `attention_bias` covers o_proj too, as GPT-NeoX's (on unless off).
                 || (architecture == Architecture::Nemotron && flag("attention_bias"))
                 || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
-                || architecture == Architecture::Phi
+                || matches!(architecture, Architecture::Phi | Architecture::GptBigCode)
                 // Falcon's `bias` covers every projection.
                 || (architecture == Architecture::Falcon && flag("attention_bias"))
                 // Phi-3.5-MoE's `attention_bias` covers o_proj too.
@@ -1923,6 +1986,7 @@ impl DecoderConfig {
                 }
                 // Command R7B's and EXAONE 4.0's full-attention layers attend without RoPE.
                 Architecture::Cohere2 | Architecture::Exaone4 => sliding_layers,
+                Architecture::GptBigCode => Some(vec![false; req_usize(v, "num_hidden_layers")?]),
                 _ => None,
             },
             moe: match architecture {
@@ -2085,6 +2149,7 @@ impl DecoderConfig {
                 | Architecture::Phi
                 | Architecture::GptNeoX
                 | Architecture::Falcon
+                | Architecture::GptBigCode
         )
     }
 

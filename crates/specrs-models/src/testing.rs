@@ -1994,22 +1994,12 @@ pub fn as_gpt_neox(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<H
         };
         out.insert(renamed, t.clone());
     }
+    // A [q, k, v] group per head.
     for i in 0..s.layers {
         for part in ["weight", "bias"] {
-            // [heads, 3, d, ...]: each head's q, k, v rows in turn.
-            let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.{part}")].clone();
-            let per_head = |t: Tensor| -> Result<Tensor> {
-                let mut dims = vec![s.heads, 1, s.head_dim];
-                dims.extend_from_slice(&t.dims()[1..]);
-                t.reshape(dims)
-            };
-            let fused = Tensor::cat(&[per_head(get("q"))?, per_head(get("k"))?, per_head(get("v"))?], 1)?;
-            let rows = 3 * s.heads * s.head_dim;
-            let fused = match part {
-                "weight" => fused.reshape((rows, s.hidden))?,
-                _ => fused.reshape(rows)?,
-            };
-            out.insert(format!("gpt_neox.layers.{i}.attention.query_key_value.{part}"), fused);
+            if let Some(fused) = fused_grouped_qkv(tensors, s, i, part)? {
+                out.insert(format!("gpt_neox.layers.{i}.attention.query_key_value.{part}"), fused);
+            }
         }
     }
     Ok(out)
@@ -2124,25 +2114,104 @@ pub fn as_falcon(
         };
         out.insert(renamed, t.clone());
     }
-    let per_group = s.heads / s.kv_heads;
     for i in 0..s.layers {
         for part in ["weight", "bias"] {
-            let Some(q) = tensors.get(&format!("model.layers.{i}.self_attn.q_proj.{part}")) else { continue };
-            let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.{part}")].clone();
-            // [kv_heads, heads_in_group, d, ...]: each group's queries, then its key and value.
-            let grouped = |t: Tensor, heads: usize| -> Result<Tensor> {
-                let mut dims = vec![s.kv_heads, heads, s.head_dim];
-                dims.extend_from_slice(&t.dims()[1..]);
-                t.reshape(dims)
-            };
-            let fused =
-                Tensor::cat(&[grouped(q.clone(), per_group)?, grouped(get("k"), 1)?, grouped(get("v"), 1)?], 1)?;
-            let rows = (s.heads + 2 * s.kv_heads) * s.head_dim;
-            let fused = match part {
-                "weight" => fused.reshape((rows, s.hidden))?,
-                _ => fused.reshape(rows)?,
-            };
-            out.insert(format!("transformer.h.{i}.self_attention.query_key_value.{part}"), fused);
+            if let Some(fused) = fused_grouped_qkv(tensors, s, i, part)? {
+                out.insert(format!("transformer.h.{i}.self_attention.query_key_value.{part}"), fused);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Layer `layer`'s q, k and v `part` (weight or bias) fused group by group: each KV group's
+/// query heads, then its key head, then its value head (Falcon's `query_key_value`,
+/// GPT-BigCode's `c_attn`); `None` where the projections have no such part.
+fn fused_grouped_qkv(
+    tensors: &HashMap<String, Tensor>,
+    s: &TinyShape,
+    layer: usize,
+    part: &str,
+) -> Result<Option<Tensor>> {
+    let get = |p: &str| tensors.get(&format!("model.layers.{layer}.self_attn.{p}_proj.{part}")).cloned();
+    let (Some(q), Some(k), Some(v)) = (get("q"), get("k"), get("v")) else { return Ok(None) };
+    // [kv_heads, heads_in_group, d, ...]: each group's queries, then its key and value.
+    let grouped = |t: Tensor, heads: usize| -> Result<Tensor> {
+        let mut dims = vec![s.kv_heads, heads, s.head_dim];
+        dims.extend_from_slice(&t.dims()[1..]);
+        t.reshape(dims)
+    };
+    let fused = Tensor::cat(&[grouped(q, s.heads / s.kv_heads)?, grouped(k, 1)?, grouped(v, 1)?], 1)?;
+    let rows = (s.heads + 2 * s.kv_heads) * s.head_dim;
+    Ok(Some(match part {
+        "weight" => fused.reshape((rows, s.hidden))?,
+        _ => fused.reshape(rows)?,
+    }))
+}
+
+/// A GPT-BigCode `config.json` for a tiny target with GPT-2's keys (`n_embd`, `n_head`,
+/// `n_layer`, `n_positions`, `n_inner`, `activation_function`), multi-query where the shape has
+/// one KV head (else a `[q, k, v]` group per head), tied embeddings.
+pub fn gpt_bigcode_config(s: &TinyShape, n_positions: usize) -> Value {
+    assert_eq!(s.hidden, s.heads * s.head_dim, "GPT-BigCode's heads span the hidden size");
+    assert!(s.kv_heads == 1 || s.kv_heads == s.heads, "multi-query, or one group per head");
+    json!({
+        "architectures": [Architecture::GptBigCode.hf_name()],
+        "model_type": "gpt_bigcode",
+        "vocab_size": s.vocab,
+        "n_embd": s.hidden,
+        "n_head": s.heads,
+        "n_layer": s.layers,
+        "n_positions": n_positions,
+        "n_inner": s.intermediate,
+        "multi_query": s.kv_heads == 1,
+        "activation_function": "gelu_pytorch_tanh",
+        "layer_norm_epsilon": 1e-5,
+        "scale_attn_weights": true,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    })
+}
+
+/// Random weights for a tiny GPT-BigCode under the shared layer's names: StarCoder2's (biases
+/// everywhere, LayerNorms with bias, no gate) tied, plus `n_positions` learned position rows
+/// (`model.embed_positions.weight`; see [`as_gpt_bigcode`] for the checkpoint's own names).
+pub fn random_gpt_bigcode(s: &TinyShape, n_positions: usize, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_starcoder2(s, seed)?;
+    t.remove("lm_head.weight");
+    t.insert("model.embed_positions.weight".into(), random_tensor(&[n_positions, s.hidden], 0.3, seed * 7 + 3)?);
+    Ok(t)
+}
+
+/// A GPT-BigCode checkpoint's own names: `transformer.` prefixes, `wte` / `wpe`, `ln_1` /
+/// `ln_2` / `ln_f`, `attn.c_proj`, `mlp.c_fc` / `mlp.c_proj`, and q, k and v fused into
+/// `attn.c_attn` (all queries, then the key and value heads; a `[q, k, v]` group per head
+/// without multi-query).
+pub fn as_gpt_bigcode(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for (name, t) in tensors {
+        if [".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."].iter().any(|p| name.contains(p)) {
+            continue;
+        }
+        let renamed = match name.as_str() {
+            "model.embed_tokens.weight" => "transformer.wte.weight".to_string(),
+            "model.embed_positions.weight" => "transformer.wpe.weight".to_string(),
+            n => n
+                .replace("model.norm.", "transformer.ln_f.")
+                .replace("model.layers.", "transformer.h.")
+                .replace(".input_layernorm.", ".ln_1.")
+                .replace(".post_attention_layernorm.", ".ln_2.")
+                .replace(".self_attn.o_proj.", ".attn.c_proj.")
+                .replace(".mlp.up_proj.", ".mlp.c_fc.")
+                .replace(".mlp.down_proj.", ".mlp.c_proj."),
+        };
+        out.insert(renamed, t.clone());
+    }
+    for i in 0..s.layers {
+        for part in ["weight", "bias"] {
+            if let Some(fused) = fused_grouped_qkv(tensors, s, i, part)? {
+                out.insert(format!("transformer.h.{i}.attn.c_attn.{part}"), fused);
+            }
         }
     }
     Ok(out)

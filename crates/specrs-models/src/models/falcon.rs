@@ -8,26 +8,13 @@
 //! exact GELU; biases where `bias` says. The configuration reader turns Falcon's keys into the
 //! shared ones; the store reads the shared layer's names from Falcon's ([`aliases`]).
 
+use super::grouped_qkv_rows;
 use crate::config::DecoderConfig;
 use crate::weights::{Alias, Aliases};
 
 /// Falcon needs nothing beyond what its configuration reader sets.
 pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
     cfg
-}
-
-/// Rows of `query_key_value` that hold part `j` (0 q, 1 k, 2 v) for `heads` query heads in
-/// `kv_heads` groups of head dim `d`: group `g` spans `(heads / kv_heads + 2) · d` rows, its
-/// queries first.
-fn fused_rows(heads: usize, kv_heads: usize, d: usize, j: usize) -> Vec<u32> {
-    let per_group = heads / kv_heads;
-    let group_rows = (per_group + 2) * d;
-    let (offset, len) = match j {
-        0 => (0, per_group * d),
-        1 => (per_group * d, d),
-        _ => ((per_group + 1) * d, d),
-    };
-    (0..kv_heads).flat_map(|g| (g * group_rows + offset) as u32..(g * group_rows + offset + len) as u32).collect()
 }
 
 /// Where a Falcon checkpoint keeps each tensor the shared layer names: q, k and v as rows of
@@ -50,7 +37,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
                     format!("{ours}.self_attn.{proj}.{p}"),
                     Alias {
                         source: format!("{theirs}.self_attention.query_key_value.{p}"),
-                        rows: Some(fused_rows(heads, kv_heads, d, j)),
+                        rows: Some(grouped_qkv_rows(heads, kv_heads, d, j)),
                     },
                 );
             }
@@ -66,21 +53,4 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
         }
     }
     table
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fused_rows;
-
-    #[test]
-    fn grouped_rows_take_each_groups_queries_then_its_key_then_its_value() {
-        // 4 query heads in 2 groups of head dim 1: rows q0 q1 k0 v0 | q2 q3 k1 v1.
-        assert_eq!(fused_rows(4, 2, 1, 0), [0, 1, 4, 5]);
-        assert_eq!(fused_rows(4, 2, 1, 1), [2, 6]);
-        assert_eq!(fused_rows(4, 2, 1, 2), [3, 7]);
-        // Multi-query: all queries, then the one key, then the one value.
-        assert_eq!(fused_rows(3, 1, 2, 1), [6, 7]);
-        // A group per head is the per-head q, k, v layout.
-        assert_eq!(fused_rows(2, 2, 1, 0), [0, 3]);
-    }
 }

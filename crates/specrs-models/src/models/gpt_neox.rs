@@ -6,6 +6,7 @@
 //! projection; an MLP without a gate, `dense_4h_to_h(gelu(dense_h_to_4h(x)))` with the exact
 //! GELU. The store reads the shared layer's names from GPT-NeoX's ([`aliases`]).
 
+use super::grouped_qkv_rows;
 use crate::config::DecoderConfig;
 use crate::weights::{Alias, Aliases};
 
@@ -19,10 +20,8 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
     let renamed = |source: String| Alias { source, rows: None };
     let (heads, d) = (cfg.num_attention_heads, cfg.head_dim);
-    // Rows of part `j` (0 q, 1 k, 2 v) of every head, in head order.
-    let part = |j: usize| -> Vec<u32> {
-        (0..heads).flat_map(|h| ((h * 3 + j) * d) as u32..((h * 3 + j + 1) * d) as u32).collect()
-    };
+    // Rows of part `j` (0 q, 1 k, 2 v) of every head, in head order: a group per head.
+    let part = |j: usize| grouped_qkv_rows(heads, heads, d, j);
     let mut table = Aliases::new();
     table.insert("model.embed_tokens.weight".into(), renamed("gpt_neox.embed_in.weight".into()));
     table.insert("lm_head.weight".into(), renamed("embed_out.weight".into()));

@@ -10,6 +10,7 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod glm4;
 pub mod glm4_moe;
+pub mod gpt_bigcode;
 pub mod gpt_neox;
 pub mod gpt_oss;
 pub mod granite;
@@ -88,6 +89,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Phi => store.set_aliases(phi::aliases(&cfg))?,
                 Architecture::GptNeoX => store.set_aliases(gpt_neox::aliases(&cfg))?,
                 Architecture::Falcon => store.set_aliases(falcon::aliases(&cfg))?,
+                Architecture::GptBigCode => store.set_aliases(gpt_bigcode::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -112,6 +114,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Nemotron => nemotron::adapt(cfg),
                 Architecture::GptNeoX => gpt_neox::adapt(cfg),
                 Architecture::Falcon => falcon::adapt(cfg),
+                Architecture::GptBigCode => gpt_bigcode::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),
@@ -159,10 +162,42 @@ pub(crate) fn interleaved_rope_aliases(cfg: &DecoderConfig) -> Aliases {
     table
 }
 
+/// Rows of a fused q/k/v projection that hold `part` (0 q, 1 k, 2 v) for `heads` query heads
+/// of dim `d` in `kv_heads` groups, each group's query heads first, then its key head, then
+/// its value head: Falcon's layout, multi-query (one group: all q, then k, then v) and the
+/// per-head `[q, k, v]` of GPT-NeoX and GPT-BigCode (a group per head) alike.
+pub(crate) fn grouped_qkv_rows(heads: usize, kv_heads: usize, d: usize, part: usize) -> Vec<u32> {
+    let per_group = heads / kv_heads;
+    let group_rows = (per_group + 2) * d;
+    let (offset, len) = match part {
+        0 => (0, per_group * d),
+        1 => (per_group * d, d),
+        _ => ((per_group + 1) * d, d),
+    };
+    (0..kv_heads).flat_map(|g| (g * group_rows + offset) as u32..(g * group_rows + offset + len) as u32).collect()
+}
+
 /// Opens a checkpoint (GGUF file, safetensors file or directory) and loads its decoder.
 pub fn load_causal_lm(path: &Path, device: &Device, dtype: ModelDType) -> Result<(CausalLm, WeightStore)> {
     let store = WeightStore::open(path, device.clone(), dtype)?;
     let config = read_config(&store, path)?;
     let model = CausalLm::load(&store, config)?;
     Ok((model, store))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grouped_qkv_rows;
+
+    #[test]
+    fn grouped_rows_take_each_groups_queries_then_its_key_then_its_value() {
+        // 4 query heads in 2 groups of head dim 1: rows q0 q1 k0 v0 | q2 q3 k1 v1.
+        assert_eq!(grouped_qkv_rows(4, 2, 1, 0), [0, 1, 4, 5]);
+        assert_eq!(grouped_qkv_rows(4, 2, 1, 1), [2, 6]);
+        assert_eq!(grouped_qkv_rows(4, 2, 1, 2), [3, 7]);
+        // Multi-query: all queries, then the one key, then the one value.
+        assert_eq!(grouped_qkv_rows(3, 1, 2, 1), [6, 7]);
+        // A group per head is the per-head q, k, v layout.
+        assert_eq!(grouped_qkv_rows(2, 2, 1, 0), [0, 3]);
+    }
 }

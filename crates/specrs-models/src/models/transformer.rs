@@ -326,7 +326,7 @@ impl Activation {
         match cfg.architecture {
             _ if cfg.gemma.is_some() => Self::GeluTanh,
             Architecture::Arcee | Architecture::Nemotron => Self::ReluSquared,
-            Architecture::Starcoder2 | Architecture::Phi => Self::GeluTanh,
+            Architecture::Starcoder2 | Architecture::Phi | Architecture::GptBigCode => Self::GeluTanh,
             Architecture::GptNeoX | Architecture::Falcon => Self::Gelu,
             _ => Self::Silu,
         }
@@ -644,6 +644,8 @@ pub struct CausalLm {
     lm_head: LinearWeight,
     /// `[vocab]` f32, added to the logits (Phi).
     lm_head_bias: Option<Tensor>,
+    /// `[max_positions, hidden]` learned positions added to the embeddings (GPT-BigCode).
+    embed_positions: Option<Tensor>,
     rope: RotaryEmbedding,
     /// Gemma's sliding layers' RoPE (their own base, no scaling).
     local_rope: Option<RotaryEmbedding>,
@@ -670,6 +672,12 @@ impl CausalLm {
             false => None,
         };
         let dtype = store.compute_dtype();
+        let embed_positions = match config.learned_positions {
+            true => Some(
+                store.tensor("model.embed_positions.weight", &[config.max_position_embeddings, h])?.to_dtype(dtype)?,
+            ),
+            false => None,
+        };
         let rope = RotaryEmbedding::new(
             config.rotary_dim,
             config.rope_theta,
@@ -697,6 +705,7 @@ impl CausalLm {
             norm,
             lm_head,
             lm_head_bias,
+            embed_positions,
             rope,
             local_rope,
             device: store.device().clone(),
@@ -775,6 +784,15 @@ impl CausalLm {
         }
     }
 
+    /// `x [T, hidden]` plus each token's learned position row (GPT-BigCode); as it is where
+    /// RoPE carries positions instead.
+    fn add_positions(&self, x: Tensor, positions: &Tensor) -> Result<Tensor> {
+        match &self.embed_positions {
+            Some(table) => x + table.index_select(positions, 0)?,
+            None => Ok(x),
+        }
+    }
+
     /// Final RMSNorm: `[N, hidden] -> [N, hidden]`.
     pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
         self.norm.forward(x)
@@ -816,7 +834,7 @@ impl CausalLm {
         }
         let (cos, sin) = self.rope.tables(&inputs.positions)?;
         // [B · (W + 1)] -> [B · (W + 1), H].
-        let mut x = self.embed(&inputs.input_ids)?;
+        let mut x = self.add_positions(self.embed(&inputs.input_ids)?, &inputs.positions)?;
         let mut tapped: Vec<Option<Tensor>> = vec![None; taps.len()];
         let mut record = |index: usize, x: &Tensor| {
             for (slot, &want) in tapped.iter_mut().zip(taps) {
@@ -883,8 +901,8 @@ impl CausalLm {
         // Llama 4's RoPE layers attend within chunks.
         let chunked = self.config.attention_chunk().map(|c| ForwardBatch { attention_chunk: Some(c), ..batch.clone() });
 
-        // 1. Embed: [T] -> [T, H].
-        let mut x = self.embed(&ids)?;
+        // 1. Embed (and add learned positions): [T] -> [T, H].
+        let mut x = self.add_positions(self.embed(&ids)?, &positions)?;
         let mut taps: Vec<Option<Tensor>> = vec![None; batch.taps.len()];
         let mut record = |index: usize, x: &Tensor| {
             for (slot, &want) in taps.iter_mut().zip(&batch.taps) {

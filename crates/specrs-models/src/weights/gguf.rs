@@ -86,6 +86,7 @@ fn falcon_mlp_norm_name(hf: &str) -> Option<String> {
 pub fn gguf_name(hf: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.embed_positions.weight" => Some("position_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
         "model.norm.bias" => Some("output_norm.bias"),
         "lm_head.bias" => Some("output.bias"),
@@ -426,12 +427,15 @@ impl GgufSource {
             attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias")
                 || self.content.tensor_infos.contains_key("blk.0.attn_qkv.bias"),
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
-            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart. GPT-NeoX and
-            // Falcon files, and Phi-2 files converted from Microsoft's first layout, keep q, k
-            // and v fused in `attn_qkv` (all q rows, then k, then v).
+            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart. GPT-NeoX, Falcon
+            // and StarCoder files, and Phi-2 files converted from Microsoft's first layout, keep
+            // q, k and v fused in `attn_qkv` (all q rows, then k, then v).
             fused_projections: matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4)
-                || (matches!(self.architecture, Architecture::Phi | Architecture::GptNeoX | Architecture::Falcon)
-                    && has("blk.0.attn_qkv.weight")),
+                || (matches!(
+                    self.architecture,
+                    Architecture::Phi | Architecture::GptNeoX | Architecture::Falcon | Architecture::GptBigCode
+                ) && has("blk.0.attn_qkv.weight")),
+            learned_positions: has("position_embd.weight"),
             sliding_window: match (&gemma, self.architecture) {
                 (Some((_, _, Some(_))), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
                 (Some((_, _, None)), _) => None,
@@ -471,6 +475,7 @@ impl GgufSource {
             attention_sinks: false,
             // llama.cpp fixes SmolLM3's and Llama 4's step: every fourth layer attends without RoPE.
             rope_layers: match self.architecture {
+                _ if has("position_embd.weight") => Some(vec![false; num_hidden_layers]),
                 Architecture::SmolLm3 | Architecture::Llama4 => {
                     Some((0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect())
                 }

@@ -716,6 +716,10 @@ impl<'a> Reference<'a> {
         let scaled =
             |h: Rows| -> Rows { h.into_iter().map(|r| r.into_iter().map(|v| v * residual).collect()).collect() };
         let mut x: Rows = ids.iter().map(|&i| embed[i as usize].iter().map(|v| v * embed_scale).collect()).collect();
+        // Learned absolute positions (GPT-BigCode), token `t` at position `t`.
+        if let Some(table) = self.get("model.embed_positions.weight") {
+            x = add(&x, &host(table)[..ids.len()]);
+        }
         // Norms around attention and MLP (Gemma, GLM-4) under Gemma's names, or after them only
         // (OLMo 2: no input norms).
         let sandwich = self.get("model.layers.0.pre_feedforward_layernorm.weight").is_some();
