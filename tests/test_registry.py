@@ -567,6 +567,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "GPTNeoXForCausalLM",
         "FalconForCausalLM",
         "GPTBigCodeForCausalLM",
+        "GPT2LMHeadModel",
         "Phi3ForCausalLM",
     ],
 )

@@ -446,6 +446,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "GPT2LMHeadModel",
+        example_repo_ids: &["openai-community/gpt2", "openai-community/gpt2-xl", "distilbert/distilgpt2"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "GPTBigCodeForCausalLM",
         example_repo_ids: &["bigcode/starcoderbase-1b", "bigcode/starcoder", "bigcode/gpt_bigcode-santacoder"],
         default_weights_format: "safetensors",

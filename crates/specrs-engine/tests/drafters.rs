@@ -861,3 +861,13 @@ fn a_gpt_bigcode_target_with_learned_positions_and_multi_query_speculates_lossle
     write(&target, &testing::gpt_bigcode_config(&shape, 512), &testing::as_gpt_bigcode(&tensors, &shape).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 487, "GPT-BigCode");
 }
+
+#[test]
+fn a_gpt2_target_with_conv1d_weights_and_learned_positions_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("gpt2");
+    let shape = TinyShape { kv_heads: SHAPE.heads, ..SHAPE };
+    let tensors = testing::random_gpt_bigcode(&shape, 512, 491).unwrap();
+    write(&target, &testing::gpt2_config(&shape, 512), &testing::as_gpt2(&tensors, &shape, "transformer.").unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 499, "GPT-2");
+}

@@ -171,6 +171,9 @@ pub enum Architecture {
     /// with q, k and v fused in `c_attn` (or one group per head); LayerNorms with bias; biases
     /// everywhere; a tanh-GELU MLP without a gate.
     GptBigCode,
+    /// GPT-2 (`GPT2LMHeadModel`: GPT-2 small to XL, DistilGPT2): GPT-BigCode's block with a
+    /// KV head per query head and its weights stored by Conv1D as `[in, out]`.
+    Gpt2,
 }
 
 impl Architecture {
@@ -204,6 +207,7 @@ impl Architecture {
         ("GPTNeoXForCausalLM", Architecture::GptNeoX),
         ("FalconForCausalLM", Architecture::Falcon),
         ("GPTBigCodeForCausalLM", Architecture::GptBigCode),
+        ("GPT2LMHeadModel", Architecture::Gpt2),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -237,6 +241,7 @@ impl Architecture {
         ("gptneox", Architecture::GptNeoX),
         ("falcon", Architecture::Falcon),
         ("starcoder", Architecture::GptBigCode),
+        ("gpt2", Architecture::Gpt2),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
@@ -337,6 +342,7 @@ impl Architecture {
             Self::GptNeoX => "GPTNeoXForCausalLM",
             Self::Falcon => "FalconForCausalLM",
             Self::GptBigCode => "GPTBigCodeForCausalLM",
+            Self::Gpt2 => "GPT2LMHeadModel",
         }
     }
 
@@ -386,6 +392,7 @@ impl Architecture {
             Self::GptNeoX => "gpt_neox",
             Self::Falcon => "falcon",
             Self::GptBigCode => "gpt_bigcode",
+            Self::Gpt2 => "gpt2",
         }
     }
 
@@ -401,8 +408,8 @@ impl Architecture {
     }
 
     /// Norms that are LayerNorms, with a bias or (OLMo 1) without weights: StarCoder2,
-    /// StableLM, Phi, Phi-3.5-MoE, OLMo 1, Nemotron, GPT-NeoX, Falcon and GPT-BigCode. Cohere's bias-free
-    /// LayerNorms are not among them.
+    /// StableLM, Phi, Phi-3.5-MoE, OLMo 1, Nemotron, GPT-NeoX, Falcon, GPT-BigCode and GPT-2.
+    /// Cohere's bias-free LayerNorms are not among them.
     pub fn has_layer_norms(self) -> bool {
         matches!(
             self,
@@ -415,7 +422,14 @@ impl Architecture {
                 | Self::GptNeoX
                 | Self::Falcon
                 | Self::GptBigCode
+                | Self::Gpt2
         )
+    }
+
+    /// GPT-2's block: learned absolute positions and no RoPE, GPT-2's config keys (GPT-2 and
+    /// GPT-BigCode).
+    pub fn is_gpt2_like(self) -> bool {
+        matches!(self, Self::Gpt2 | Self::GptBigCode)
     }
 
     /// HunYuan's attention: per-head q/k norms after RoPE, NTK-alpha's raised base.
@@ -833,19 +847,28 @@ fn with_falcon_keys(v: &Value) -> Result<Value> {
     Ok(keys)
 }
 
-/// A GPT-BigCode config under the keys the shared reader takes, with `GPTBigCodeConfig`'s
-/// defaults: `n_embd` / `n_head` / `n_layer` / `n_positions` / `n_inner` (4 × hidden), one KV
-/// head for `multi_query` (on unless off), `activation_function`, tied embeddings. Attention
-/// without `scale_attn_weights` is refused.
-fn with_gpt_bigcode_keys(v: &Value) -> Result<Value> {
+/// A GPT-2 or GPT-BigCode config under the keys the shared reader takes, with their
+/// configs' defaults: `n_embd` / `n_head` / `n_layer` / `n_positions` / `n_inner` (4 ×
+/// hidden), `activation_function`, tied embeddings, and GPT-BigCode's one KV head for
+/// `multi_query` (on unless off). Attention without `scale_attn_weights`, or GPT-2's scaled by
+/// the inverse layer index, is refused.
+fn with_gpt2_keys(v: &Value, architecture: Architecture) -> Result<Value> {
     let flag = |key: &str, default: bool| v.get(key).and_then(Value::as_bool).unwrap_or(default);
     if !flag("scale_attn_weights", true) {
         return Err(ModelError::config(
             "scale_attn_weights",
-            "GPT-BigCode attention without the 1/sqrt(head_dim) scale is not supported; released checkpoints set \
+            "attention without the 1/sqrt(head_dim) scale is not supported; released checkpoints set \
              scale_attn_weights to true",
         ));
     }
+    if flag("scale_attn_by_inverse_layer_idx", false) {
+        return Err(ModelError::config(
+            "scale_attn_by_inverse_layer_idx",
+            "GPT-2 attention scaled by 1/(layer + 1) is not supported; released checkpoints set it to false",
+        ));
+    }
+    let multi_query = architecture == Architecture::GptBigCode && flag("multi_query", true);
+    let activation = if architecture == Architecture::Gpt2 { "gelu_new" } else { "gelu_pytorch_tanh" };
     let usize_of = |keys: &[&str], default: usize| {
         keys.iter().find_map(|k| v.get(*k).and_then(Value::as_u64)).map_or(default, |x| x as usize)
     };
@@ -861,11 +884,11 @@ fn with_gpt_bigcode_keys(v: &Value) -> Result<Value> {
         set("num_hidden_layers", usize_of(&["n_layer", "num_hidden_layers"], 12).into());
         set("max_position_embeddings", usize_of(&["n_positions", "max_position_embeddings"], 1024).into());
         set("intermediate_size", usize_of(&["n_inner"], 4 * hidden).into());
-        set("num_key_value_heads", if flag("multi_query", true) { 1 } else { heads }.into());
+        set("num_key_value_heads", if multi_query { 1 } else { heads }.into());
         set("vocab_size", usize_of(&["vocab_size"], 50_257).into());
         set("layer_norm_eps", opt_f64(v, "layer_norm_epsilon").unwrap_or(1e-5).into());
         set("tie_word_embeddings", flag("tie_word_embeddings", true).into());
-        set("hidden_act", v.get("activation_function").and_then(Value::as_str).unwrap_or("gelu_pytorch_tanh").into());
+        set("hidden_act", v.get("activation_function").and_then(Value::as_str).unwrap_or(activation).into());
     }
     Ok(keys)
 }
@@ -1141,7 +1164,7 @@ pub struct DecoderConfig {
     /// GPT-NeoX's; Falcon's `ln_mlp`) rather than attention's input.
     pub parallel_mlp_norm: bool,
     /// Learned absolute positions (`model.embed_positions.weight`, one row per position) are
-    /// added to the token embeddings (GPT-BigCode); such a model turns nothing by RoPE.
+    /// added to the token embeddings (GPT-2, GPT-BigCode); such a model turns nothing by RoPE.
     pub learned_positions: bool,
     /// `lm_head` adds a bias (Phi; Phi-3.5-MoE's `lm_head_bias`).
     pub lm_head_bias: bool,
@@ -1659,8 +1682,8 @@ impl DecoderConfig {
                 filled = with_falcon_keys(v)?;
                 &filled
             }
-            Architecture::GptBigCode => {
-                filled = with_gpt_bigcode_keys(v)?;
+            Architecture::GptBigCode | Architecture::Gpt2 => {
+                filled = with_gpt2_keys(v, architecture)?;
                 &filled
             }
             _ => v,
@@ -1778,6 +1801,7 @@ impl DecoderConfig {
             | Architecture::GptNeoX
             | Architecture::Falcon
             | Architecture::GptBigCode
+            | Architecture::Gpt2
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1825,7 +1849,7 @@ impl DecoderConfig {
                 // Arcee and Nemotron square a ReLU; the GELUs are the tanh approximation under
                 // three names.
                 Architecture::Arcee | Architecture::Nemotron => &["relu2"],
-                Architecture::Starcoder2 | Architecture::Phi | Architecture::GptBigCode => {
+                Architecture::Starcoder2 | Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2 => {
                     &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"]
                 }
                 Architecture::StableLm => &["silu"],
@@ -1850,7 +1874,7 @@ impl DecoderConfig {
         let flag = |key: &str| v.get(key).and_then(Value::as_bool).unwrap_or(false);
         let mlp_bias = match architecture {
             Architecture::Starcoder2 => use_bias,
-            Architecture::Phi | Architecture::GptNeoX | Architecture::GptBigCode => true,
+            Architecture::Phi | Architecture::GptNeoX | Architecture::GptBigCode | Architecture::Gpt2 => true,
             // Falcon's `bias` (read as `attention_bias`) covers its MLP too.
             Architecture::Falcon => flag("attention_bias"),
             Architecture::Llama | Architecture::Granite | Architecture::Arcee | Architecture::Nemotron => {
@@ -1911,7 +1935,8 @@ impl DecoderConfig {
                 | Architecture::Phi
                 | Architecture::GptNeoX
                 | Architecture::Falcon
-                | Architecture::GptBigCode => {
+                | Architecture::GptBigCode
+                | Architecture::Gpt2 => {
                     opt_f64(v, "layer_norm_eps").unwrap_or(1e-5)
                 }
                 // OLMo 1's LayerNorm fixes its epsilon.
@@ -1930,7 +1955,7 @@ impl DecoderConfig {
                     || matches!(architecture, Architecture::Cohere | Architecture::Cohere2 | Architecture::Starcoder2),
             ),
             attention_bias: (architecture == Architecture::Starcoder2 && use_bias)
-                || matches!(architecture, Architecture::Phi | Architecture::GptBigCode)
+                || matches!(architecture, Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2)
                 || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || (architecture == Architecture::StableLm && flag("use_qkv_bias"))
                 || (architecture == Architecture::Falcon && flag("attention_bias"))
@@ -1942,8 +1967,8 @@ impl DecoderConfig {
                 || (matches!(architecture, Architecture::StableLm | Architecture::Phi) && flag("qk_layernorm"))
                 || minimax_m2_attention(v, architecture)?
                 || hunyuan_qk_norm(v, architecture)?,
-            // GPT-BigCode adds learned positions and turns nothing.
-            learned_positions: architecture == Architecture::GptBigCode,
+            // GPT-2 and GPT-BigCode add learned positions and turn nothing.
+            learned_positions: architecture.is_gpt2_like(),
             // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
             fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,
@@ -1953,7 +1978,7 @@ impl DecoderConfig {
                 // Nemotron's `attention_bias` covers o_proj too, as GPT-NeoX's (on unless off).
                 || (architecture == Architecture::Nemotron && flag("attention_bias"))
                 || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
-                || matches!(architecture, Architecture::Phi | Architecture::GptBigCode)
+                || matches!(architecture, Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2)
                 // Falcon's `bias` covers every projection.
                 || (architecture == Architecture::Falcon && flag("attention_bias"))
                 // Phi-3.5-MoE's `attention_bias` covers o_proj too.
@@ -1986,7 +2011,7 @@ impl DecoderConfig {
                 }
                 // Command R7B's and EXAONE 4.0's full-attention layers attend without RoPE.
                 Architecture::Cohere2 | Architecture::Exaone4 => sliding_layers,
-                Architecture::GptBigCode => Some(vec![false; req_usize(v, "num_hidden_layers")?]),
+                Architecture::GptBigCode | Architecture::Gpt2 => Some(vec![false; req_usize(v, "num_hidden_layers")?]),
                 _ => None,
             },
             moe: match architecture {
@@ -2150,6 +2175,7 @@ impl DecoderConfig {
                 | Architecture::GptNeoX
                 | Architecture::Falcon
                 | Architecture::GptBigCode
+                | Architecture::Gpt2
         )
     }
 

@@ -2216,3 +2216,42 @@ pub fn as_gpt_bigcode(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Resul
     }
     Ok(out)
 }
+
+/// A GPT-2 `config.json` for a tiny target (`n_embd`, `n_head`, `n_layer`, `n_positions`,
+/// `n_inner`, `activation_function: gelu_new`), tied embeddings.
+pub fn gpt2_config(s: &TinyShape, n_positions: usize) -> Value {
+    assert!(s.kv_heads == s.heads, "GPT-2 keeps a KV head per query head");
+    let mut c = gpt_bigcode_config(s, n_positions);
+    let map = c.as_object_mut().expect("a config object");
+    map.remove("multi_query");
+    map.insert("architectures".into(), json!([Architecture::Gpt2.hf_name()]));
+    map.insert("model_type".into(), json!("gpt2"));
+    map.insert("activation_function".into(), json!("gelu_new"));
+    c
+}
+
+/// A GPT-2 checkpoint's own names under `root` (`transformer.`, or nothing as the first
+/// checkpoints saved them): `wte` / `wpe`, `ln_1` / `ln_2` / `ln_f`, and every projection a
+/// Conv1D stored `[in, out]`: `attn.c_attn` (q, k and v side by side), `attn.c_proj`,
+/// `mlp.c_fc`, `mlp.c_proj`.
+pub fn as_gpt2(tensors: &HashMap<String, Tensor>, s: &TinyShape, root: &str) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for (name, t) in as_gpt_bigcode(tensors, s)? {
+        let t = if name.ends_with(".weight") && (name.contains(".attn.") || name.contains(".mlp.")) {
+            t.t()?.contiguous()?
+        } else {
+            t
+        };
+        out.insert(name.replacen("transformer.", root, 1), t);
+    }
+    // GPT-2's c_attn holds all of q, then k, then v (GPT-BigCode's without multi-query a
+    // group per head).
+    for i in 0..s.layers {
+        let get = |p: &str, part: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.{part}")].clone();
+        let weight = Tensor::cat(&[get("q", "weight"), get("k", "weight"), get("v", "weight")], 0)?;
+        let bias = Tensor::cat(&[get("q", "bias"), get("k", "bias"), get("v", "bias")], 0)?;
+        out.insert(format!("{root}h.{i}.attn.c_attn.weight"), weight.t()?.contiguous()?);
+        out.insert(format!("{root}h.{i}.attn.c_attn.bias"), bias);
+    }
+    Ok(out)
+}

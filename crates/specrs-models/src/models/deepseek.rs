@@ -69,7 +69,7 @@ pub fn aliases(cfg: &DecoderConfig, layers: usize) -> Aliases {
         for (proj, rows) in [(q, &q_rows), ("kv_a_proj_with_mqa", &kv_a_rows)] {
             for part in ["weight", "bias"] {
                 let name = format!("{p}.{proj}.{part}");
-                table.insert(name.clone(), Alias { source: name, rows: Some(rows.clone()) });
+                table.insert(name.clone(), Alias::rows(name, rows.clone()));
             }
         }
     }

@@ -21,7 +21,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
     for i in (0..cfg.num_hidden_layers).filter(|&i| moe.is_sparse_layer(i)) {
         let p = format!("model.layers.{i}.mlp");
         let source = format!("{p}.moe_statics.e_score_correction_bias");
-        table.insert(format!("{p}.gate.e_score_correction_bias"), Alias { source, rows: None });
+        table.insert(format!("{p}.gate.e_score_correction_bias"), Alias::renamed(source));
     }
     table
 }

@@ -20,25 +20,24 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 /// Where a Falcon checkpoint keeps each tensor the shared layer names: q, k and v as rows of
 /// the grouped `query_key_value` (weights and biases alike), the norms under Falcon's names.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let renamed = |source: String| Alias { source, rows: None };
     let (heads, kv_heads, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let (attention_norm, mlp_norm) = match (cfg.parallel_residual, cfg.parallel_mlp_norm) {
         (true, true) => ("ln_attn", "ln_mlp"),
         _ => ("input_layernorm", "post_attention_layernorm"),
     };
     let mut table = Aliases::new();
-    table.insert("model.embed_tokens.weight".into(), renamed("transformer.word_embeddings.weight".into()));
+    table.insert("model.embed_tokens.weight".into(), Alias::renamed("transformer.word_embeddings.weight"));
     for p in ["weight", "bias"] {
-        table.insert(format!("model.norm.{p}"), renamed(format!("transformer.ln_f.{p}")));
+        table.insert(format!("model.norm.{p}"), Alias::renamed(format!("transformer.ln_f.{p}")));
         for i in 0..cfg.num_hidden_layers {
             let (ours, theirs) = (format!("model.layers.{i}"), format!("transformer.h.{i}"));
             for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
                 table.insert(
                     format!("{ours}.self_attn.{proj}.{p}"),
-                    Alias {
-                        source: format!("{theirs}.self_attention.query_key_value.{p}"),
-                        rows: Some(grouped_qkv_rows(heads, kv_heads, d, j)),
-                    },
+                    Alias::rows(
+                        format!("{theirs}.self_attention.query_key_value.{p}"),
+                        grouped_qkv_rows(heads, kv_heads, d, j),
+                    ),
                 );
             }
             for (own, source) in [
@@ -48,7 +47,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
                 ("mlp.up_proj", "mlp.dense_h_to_4h"),
                 ("mlp.down_proj", "mlp.dense_4h_to_h"),
             ] {
-                table.insert(format!("{ours}.{own}.{p}"), renamed(format!("{theirs}.{source}.{p}")));
+                table.insert(format!("{ours}.{own}.{p}"), Alias::renamed(format!("{theirs}.{source}.{p}")));
             }
         }
     }

@@ -30,7 +30,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
             ("pre_feedforward_layernorm", "post_attention_layernorm"),
             ("post_feedforward_layernorm", "post_mlp_layernorm"),
         ] {
-            table.insert(format!("{p}.{name}.weight"), Alias { source: format!("{p}.{source}.weight"), rows: None });
+            table.insert(format!("{p}.{name}.weight"), Alias::renamed(format!("{p}.{source}.weight")));
         }
     }
     table

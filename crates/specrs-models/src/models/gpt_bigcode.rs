@@ -19,22 +19,18 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 /// Where a GPT-BigCode checkpoint keeps each tensor the shared layer names: q, k and v as rows
 /// of `c_attn` (weights and biases alike), the positions as `wpe`.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let renamed = |source: String| Alias { source, rows: None };
     let (heads, kv_heads, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let mut table = Aliases::new();
-    table.insert("model.embed_tokens.weight".into(), renamed("transformer.wte.weight".into()));
-    table.insert("model.embed_positions.weight".into(), renamed("transformer.wpe.weight".into()));
+    table.insert("model.embed_tokens.weight".into(), Alias::renamed("transformer.wte.weight"));
+    table.insert("model.embed_positions.weight".into(), Alias::renamed("transformer.wpe.weight"));
     for p in ["weight", "bias"] {
-        table.insert(format!("model.norm.{p}"), renamed(format!("transformer.ln_f.{p}")));
+        table.insert(format!("model.norm.{p}"), Alias::renamed(format!("transformer.ln_f.{p}")));
         for i in 0..cfg.num_hidden_layers {
             let (ours, theirs) = (format!("model.layers.{i}"), format!("transformer.h.{i}"));
             for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
                 table.insert(
                     format!("{ours}.self_attn.{proj}.{p}"),
-                    Alias {
-                        source: format!("{theirs}.attn.c_attn.{p}"),
-                        rows: Some(grouped_qkv_rows(heads, kv_heads, d, j)),
-                    },
+                    Alias::rows(format!("{theirs}.attn.c_attn.{p}"), grouped_qkv_rows(heads, kv_heads, d, j)),
                 );
             }
             for (own, source) in [
@@ -44,7 +40,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
                 ("mlp.up_proj", "mlp.c_fc"),
                 ("mlp.down_proj", "mlp.c_proj"),
             ] {
-                table.insert(format!("{ours}.{own}.{p}"), renamed(format!("{theirs}.{source}.{p}")));
+                table.insert(format!("{ours}.{own}.{p}"), Alias::renamed(format!("{theirs}.{source}.{p}")));
             }
         }
     }

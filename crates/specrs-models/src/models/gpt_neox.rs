@@ -18,21 +18,20 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 /// Where a GPT-NeoX checkpoint keeps each tensor the shared layer names: q, k and v as rows of
 /// the per-head fused `query_key_value` (weights and biases alike).
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let renamed = |source: String| Alias { source, rows: None };
     let (heads, d) = (cfg.num_attention_heads, cfg.head_dim);
     // Rows of part `j` (0 q, 1 k, 2 v) of every head, in head order: a group per head.
     let part = |j: usize| grouped_qkv_rows(heads, heads, d, j);
     let mut table = Aliases::new();
-    table.insert("model.embed_tokens.weight".into(), renamed("gpt_neox.embed_in.weight".into()));
-    table.insert("lm_head.weight".into(), renamed("embed_out.weight".into()));
+    table.insert("model.embed_tokens.weight".into(), Alias::renamed("gpt_neox.embed_in.weight"));
+    table.insert("lm_head.weight".into(), Alias::renamed("embed_out.weight"));
     for p in ["weight", "bias"] {
-        table.insert(format!("model.norm.{p}"), renamed(format!("gpt_neox.final_layer_norm.{p}")));
+        table.insert(format!("model.norm.{p}"), Alias::renamed(format!("gpt_neox.final_layer_norm.{p}")));
         for i in 0..cfg.num_hidden_layers {
             let (ours, theirs) = (format!("model.layers.{i}"), format!("gpt_neox.layers.{i}"));
             for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
                 table.insert(
                     format!("{ours}.self_attn.{proj}.{p}"),
-                    Alias { source: format!("{theirs}.attention.query_key_value.{p}"), rows: Some(part(j)) },
+                    Alias::rows(format!("{theirs}.attention.query_key_value.{p}"), part(j)),
                 );
             }
             for (own, source) in [
@@ -42,7 +41,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
                 ("mlp.up_proj", "mlp.dense_h_to_4h"),
                 ("mlp.down_proj", "mlp.dense_4h_to_h"),
             ] {
-                table.insert(format!("{ours}.{own}.{p}"), renamed(format!("{theirs}.{source}.{p}")));
+                table.insert(format!("{ours}.{own}.{p}"), Alias::renamed(format!("{theirs}.{source}.{p}")));
             }
         }
     }

@@ -82,11 +82,10 @@ pub fn shared_mlp_aliases(cfg: &DecoderConfig) -> Aliases {
         let (mlp, shared) = (format!("model.layers.{i}.mlp"), format!("model.layers.{i}.shared_mlp"));
         for (proj, first) in [("gate_proj", 0), ("up_proj", width)] {
             let source = format!("{shared}.input_linear.weight");
-            table
-                .insert(format!("{mlp}.{proj}.weight"), Alias { source, rows: Some((first..first + width).collect()) });
+            table.insert(format!("{mlp}.{proj}.weight"), Alias::rows(source, (first..first + width).collect()));
         }
         let source = format!("{shared}.output_linear.weight");
-        table.insert(format!("{mlp}.down_proj.weight"), Alias { source, rows: None });
+        table.insert(format!("{mlp}.down_proj.weight"), Alias::renamed(source));
     }
     table
 }
@@ -94,27 +93,23 @@ pub fn shared_mlp_aliases(cfg: &DecoderConfig) -> Aliases {
 /// Where a Granite MoE checkpoint keeps the router, the stacked experts and the shared MLP the
 /// shared layer asks for.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let renamed = |source: String| Alias { source, rows: None };
     let shared = cfg.moe.as_ref().and_then(|m| m.shared_expert.as_ref()).map(|s| s.intermediate_size);
     let mut table = Aliases::new();
     for i in 0..cfg.num_hidden_layers {
         let (hf, own) = (format!("model.layers.{i}.mlp"), format!("model.layers.{i}.block_sparse_moe"));
-        table.insert(format!("{hf}.gate.weight"), renamed(format!("{own}.router.layer.weight")));
+        table.insert(format!("{hf}.gate.weight"), Alias::renamed(format!("{own}.router.layer.weight")));
         for stacked in ["input_linear", "output_linear"] {
-            table.insert(format!("{hf}.{stacked}.weight"), renamed(format!("{own}.{stacked}.weight")));
+            table.insert(format!("{hf}.{stacked}.weight"), Alias::renamed(format!("{own}.{stacked}.weight")));
         }
         if let Some(width) = shared {
             let fused = format!("model.layers.{i}.shared_mlp.input_linear.weight");
             for (proj, first) in [("gate_proj", 0), ("up_proj", width)] {
                 let rows = (first as u32..(first + width) as u32).collect();
-                table.insert(
-                    format!("{hf}.shared_experts.{proj}.weight"),
-                    Alias { source: fused.clone(), rows: Some(rows) },
-                );
+                table.insert(format!("{hf}.shared_experts.{proj}.weight"), Alias::rows(fused.clone(), rows));
             }
             table.insert(
                 format!("{hf}.shared_experts.down_proj.weight"),
-                renamed(format!("model.layers.{i}.shared_mlp.output_linear.weight")),
+                Alias::renamed(format!("model.layers.{i}.shared_mlp.output_linear.weight")),
             );
         }
     }

@@ -18,7 +18,7 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 /// shared layer asks for.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
     let mut table = Aliases::new();
-    let mut rename = |ours: String, source: String| table.insert(ours, Alias { source, rows: None });
+    let mut rename = |ours: String, source: String| table.insert(ours, Alias::renamed(source));
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}.self_attn");
         for (ours, theirs) in [("q_norm", "query_layernorm"), ("k_norm", "key_layernorm")] {

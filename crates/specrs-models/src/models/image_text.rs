@@ -67,13 +67,12 @@ pub fn text_config(json: &Value) -> Option<Value> {
 /// them; tensors of the vision tower and projector get no name and are never read.
 pub fn aliases(store: &WeightStore) -> Aliases {
     let WeightSource::Safetensors(source) = store.source() else { return Aliases::new() };
-    let renamed = |source: &str| Alias { source: source.to_string(), rows: None };
     let mut table = Aliases::new();
     for name in source.names() {
         if let Some(rest) = PREFIXES.iter().find_map(|p| name.strip_prefix(p)) {
-            table.insert(format!("model.{rest}"), renamed(name));
+            table.insert(format!("model.{rest}"), Alias::renamed(name));
         } else if name == "language_model.lm_head.weight" {
-            table.insert("lm_head.weight".into(), renamed(name));
+            table.insert("lm_head.weight".into(), Alias::renamed(name));
         }
     }
     table

@@ -15,10 +15,9 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 
 /// Where an InternLM2 checkpoint keeps each Llama-named tensor.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let renamed = |source: &str| Alias { source: source.to_string(), rows: None };
     let mut table = Aliases::new();
-    table.insert("model.embed_tokens.weight".into(), renamed("model.tok_embeddings.weight"));
-    table.insert("lm_head.weight".into(), renamed("output.weight"));
+    table.insert("model.embed_tokens.weight".into(), Alias::renamed("model.tok_embeddings.weight"));
+    table.insert("lm_head.weight".into(), Alias::renamed("output.weight"));
     let (nh, nkv, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let groups = nh / nkv;
     // Rows of head block `b` of wqkv.
@@ -30,10 +29,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
         let (hf, own) = (format!("model.layers.{i}"), format!("model.layers.{i}"));
         let wqkv = format!("{own}.attention.wqkv.weight");
         for (proj, rows) in [("q_proj", &q_rows), ("k_proj", &k_rows), ("v_proj", &v_rows)] {
-            table.insert(
-                format!("{hf}.self_attn.{proj}.weight"),
-                Alias { source: wqkv.clone(), rows: Some(rows.clone()) },
-            );
+            table.insert(format!("{hf}.self_attn.{proj}.weight"), Alias::rows(wqkv.clone(), rows.clone()));
         }
         for (name, source) in [
             ("self_attn.o_proj.weight", "attention.wo.weight"),
@@ -43,7 +39,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
             ("mlp.up_proj.weight", "feed_forward.w3.weight"),
             ("mlp.down_proj.weight", "feed_forward.w2.weight"),
         ] {
-            table.insert(format!("{hf}.{name}"), renamed(&format!("{own}.{source}")));
+            table.insert(format!("{hf}.{name}"), Alias::renamed(&format!("{own}.{source}")));
         }
     }
     table

@@ -78,7 +78,7 @@ pub fn aliases(store: &WeightStore, cfg: &DecoderConfig) -> Aliases {
             Some(l) if rotating(l) && ours.ends_with(".self_attn.k_proj.weight") => Some(k_rows.clone()),
             _ => None,
         };
-        table.insert(ours, Alias { source: name.to_string(), rows });
+        table.insert(ours, Alias { source: name.to_string(), rows, transposed: false });
     }
     table
 }

@@ -20,7 +20,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
     for i in 0..cfg.num_hidden_layers {
         table.insert(
             format!("model.layers.{i}.mlp.gate.e_score_correction_bias"),
-            Alias { source: format!("model.layers.{i}.block_sparse_moe.e_score_correction_bias"), rows: None },
+            Alias::renamed(format!("model.layers.{i}.block_sparse_moe.e_score_correction_bias")),
         );
     }
     table

@@ -14,17 +14,16 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 
 /// Where a Mixtral checkpoint keeps the router and experts the shared layer asks for.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let renamed = |source: String| Alias { source, rows: None };
     let experts = cfg.moe.as_ref().map_or(0, |m| m.num_experts);
     let mut table = Aliases::new();
     for i in 0..cfg.num_hidden_layers {
         let (hf, own) = (format!("model.layers.{i}.mlp"), format!("model.layers.{i}.block_sparse_moe"));
-        table.insert(format!("{hf}.gate.weight"), renamed(format!("{own}.gate.weight")));
+        table.insert(format!("{hf}.gate.weight"), Alias::renamed(format!("{own}.gate.weight")));
         for e in 0..experts {
             for (proj, w) in [("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")] {
                 table.insert(
                     format!("{hf}.experts.{e}.{proj}.weight"),
-                    renamed(format!("{own}.experts.{e}.{w}.weight")),
+                    Alias::renamed(format!("{own}.experts.{e}.{w}.weight")),
                 );
             }
         }

@@ -10,6 +10,7 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod glm4;
 pub mod glm4_moe;
+pub mod gpt2;
 pub mod gpt_bigcode;
 pub mod gpt_neox;
 pub mod gpt_oss;
@@ -90,6 +91,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::GptNeoX => store.set_aliases(gpt_neox::aliases(&cfg))?,
                 Architecture::Falcon => store.set_aliases(falcon::aliases(&cfg))?,
                 Architecture::GptBigCode => store.set_aliases(gpt_bigcode::aliases(&cfg))?,
+                Architecture::Gpt2 => store.set_aliases(gpt2::aliases(store, &cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -115,6 +117,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::GptNeoX => gpt_neox::adapt(cfg),
                 Architecture::Falcon => falcon::adapt(cfg),
                 Architecture::GptBigCode => gpt_bigcode::adapt(cfg),
+                Architecture::Gpt2 => gpt2::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),
@@ -155,7 +158,7 @@ pub(crate) fn interleaved_rope_aliases(cfg: &DecoderConfig) -> Aliases {
         for (proj, rows) in [("q_proj", &q_rows), ("k_proj", &k_rows)] {
             for part in ["weight", "bias"] {
                 let name = format!("model.layers.{i}.self_attn.{proj}.{part}");
-                table.insert(name.clone(), Alias { source: name, rows: Some(rows.clone()) });
+                table.insert(name.clone(), Alias::rows(name, rows.clone()));
             }
         }
     }

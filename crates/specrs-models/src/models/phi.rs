@@ -16,10 +16,9 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 
 /// Where a Phi checkpoint keeps each tensor the shared layer names.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let renamed = |source: String| Alias { source, rows: None };
     let mut table = Aliases::new();
     for part in ["weight", "bias"] {
-        table.insert(format!("model.norm.{part}"), renamed(format!("model.final_layernorm.{part}")));
+        table.insert(format!("model.norm.{part}"), Alias::renamed(format!("model.final_layernorm.{part}")));
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             for (ours, theirs) in [
@@ -29,7 +28,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
                 ("mlp.up_proj", "mlp.fc1"),
                 ("mlp.down_proj", "mlp.fc2"),
             ] {
-                table.insert(format!("{p}.{ours}.{part}"), renamed(format!("{p}.{theirs}.{part}")));
+                table.insert(format!("{p}.{ours}.{part}"), Alias::renamed(format!("{p}.{theirs}.{part}")));
             }
         }
     }

@@ -19,7 +19,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
             for part in ["weight", "bias"] {
                 table.insert(
                     format!("model.layers.{i}.mlp.{ours}.{part}"),
-                    Alias { source: format!("model.layers.{i}.mlp.{theirs}.{part}"), rows: None },
+                    Alias::renamed(format!("model.layers.{i}.mlp.{theirs}.{part}")),
                 );
             }
         }

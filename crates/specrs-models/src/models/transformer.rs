@@ -326,7 +326,9 @@ impl Activation {
         match cfg.architecture {
             _ if cfg.gemma.is_some() => Self::GeluTanh,
             Architecture::Arcee | Architecture::Nemotron => Self::ReluSquared,
-            Architecture::Starcoder2 | Architecture::Phi | Architecture::GptBigCode => Self::GeluTanh,
+            Architecture::Starcoder2 | Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2 => {
+                Self::GeluTanh
+            }
             Architecture::GptNeoX | Architecture::Falcon => Self::Gelu,
             _ => Self::Silu,
         }

@@ -26,12 +26,33 @@ pub enum WeightSource {
 }
 
 /// A tensor a checkpoint stores under another name, or as some rows of another tensor
-/// (InternLM2's fused, head-interleaved `wqkv` read as q, k and v).
+/// (InternLM2's fused, head-interleaved `wqkv` read as q, k and v), or transposed (GPT-2's
+/// Conv1D weights, stored `[in, out]`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Alias {
     pub source: String,
-    /// Rows of `source` to gather, in order; all of them when `None`.
+    /// Rows of `source` (of its transpose when `transposed`) to gather, in order; all of them
+    /// when `None`.
     pub rows: Option<Vec<u32>>,
+    /// `source` is a 2-D `[in, out]` weight read as `[out, in]`.
+    pub transposed: bool,
+}
+
+impl Alias {
+    /// `source` under another name.
+    pub fn renamed(source: impl Into<String>) -> Self {
+        Self { source: source.into(), rows: None, transposed: false }
+    }
+
+    /// `rows` of `source`, in order.
+    pub fn rows(source: impl Into<String>, rows: Vec<u32>) -> Self {
+        Self { source: source.into(), rows: Some(rows), transposed: false }
+    }
+
+    /// `source`'s transpose, or `rows` of it.
+    pub fn transposed(source: impl Into<String>, rows: Option<Vec<u32>>) -> Self {
+        Self { source: source.into(), rows, transposed: true }
+    }
 }
 
 /// Hugging Face (Llama) names a checkpoint stores otherwise.
@@ -70,10 +91,13 @@ impl WeightStore {
     fn load_safetensors(&self, s: &SafetensorsSource, name: &str, device: &Device) -> Result<Tensor> {
         match self.alias(name) {
             None => s.load_raw(name, device),
-            Some(Alias { source, rows: None }) => s.load_raw(source, device),
-            Some(Alias { source, rows: Some(rows) }) => {
+            Some(Alias { source, rows, transposed }) => {
                 let t = s.load_raw(source, device)?;
-                Ok(t.index_select(&Tensor::from_slice(rows, rows.len(), device)?, 0)?)
+                let t = if *transposed { t.t()?.contiguous()? } else { t };
+                match rows {
+                    Some(rows) => Ok(t.index_select(&Tensor::from_slice(rows, rows.len(), device)?, 0)?),
+                    None => Ok(t),
+                }
             }
         }
     }
@@ -82,8 +106,11 @@ impl WeightStore {
     fn safetensors_shape(&self, s: &SafetensorsSource, name: &str) -> Option<Vec<usize>> {
         match self.alias(name) {
             None => s.shape(name),
-            Some(Alias { source, rows }) => {
+            Some(Alias { source, rows, transposed }) => {
                 let mut shape = s.shape(source)?;
+                if *transposed {
+                    shape.reverse();
+                }
                 if let Some(rows) = rows {
                     shape[0] = rows.len();
                 }
@@ -145,8 +172,15 @@ impl WeightStore {
     fn load_gguf(&self, g: &GgufSource, name: &str) -> Result<QTensor> {
         match self.alias(name) {
             None => g.load_qtensor(name, &Device::Cpu),
-            Some(Alias { source, rows: None }) => g.load_qtensor(source, &Device::Cpu),
-            Some(Alias { source, rows: Some(rows) }) => gguf::gather_rows(&g.load_qtensor(source, &Device::Cpu)?, rows),
+            // Only safetensors checkpoints store weights transposed (llama.cpp's converter turns
+            // GPT-2's Conv1D weights).
+            Some(Alias { transposed: true, source, .. }) => Err(ModelError::Unsupported(format!(
+                "'{source}' is read transposed, which only a safetensors checkpoint asks for"
+            ))),
+            Some(Alias { source, rows: None, .. }) => g.load_qtensor(source, &Device::Cpu),
+            Some(Alias { source, rows: Some(rows), .. }) => {
+                gguf::gather_rows(&g.load_qtensor(source, &Device::Cpu)?, rows)
+            }
         }
     }
 
