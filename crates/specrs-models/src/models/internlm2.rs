@@ -39,7 +39,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
             ("mlp.up_proj.weight", "feed_forward.w3.weight"),
             ("mlp.down_proj.weight", "feed_forward.w2.weight"),
         ] {
-            table.insert(format!("{hf}.{name}"), Alias::renamed(&format!("{own}.{source}")));
+            table.insert(format!("{hf}.{name}"), Alias::renamed(format!("{own}.{source}")));
         }
     }
     table
