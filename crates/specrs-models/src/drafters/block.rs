@@ -46,7 +46,7 @@ use crate::error::{ModelError, Result as LoadResult};
 use crate::kv_cache::PagedKvCache;
 use crate::linear::{FusedLinear, Linear, LinearWeight};
 use crate::models::CausalLm;
-use crate::models::transformer::Mlp;
+use crate::models::transformer::{LogitsHead, Mlp};
 use crate::norm::RmsNorm;
 use crate::rope::{RotaryEmbedding, inverse_frequencies};
 use crate::weights::WeightStore;
@@ -609,7 +609,7 @@ pub struct BlockBackbone {
     embed_tokens: LinearWeight,
     /// A dedicated `[H]` embedding for `mask_token_id` (MiMo-style checkpoints).
     mask_embedding: Option<Tensor>,
-    lm_head: LinearWeight,
+    lm_head: LogitsHead,
     draft_to_target: Option<Arc<Vec<u32>>>,
     rope: PositionRope,
     device: Device,
@@ -658,9 +658,9 @@ impl BlockBackbone {
         let mask_embedding =
             if store.contains("mask_embedding") { Some(store.tensor("mask_embedding", &[h])?) } else { None };
         let lm_head = if cfg.draft_vocab_size == vocab {
-            target.lm_head_weight().clone()
+            target.logits_head().clone()
         } else {
-            store.linear_weight("lm_head.weight", cfg.draft_vocab_size, h)?
+            LogitsHead::plain(store.linear_weight("lm_head.weight", cfg.draft_vocab_size, h)?)
         };
         let draft_to_target = if cfg.draft_vocab_size < vocab {
             let d2t = store.int_tensor("d2t", &[cfg.draft_vocab_size])?.to_device(&Device::Cpu)?.to_vec1::<i64>()?;
@@ -789,7 +789,7 @@ impl BlockBackbone {
 
     /// `hidden [n, H]` (already normed) -> draft-vocabulary logits `[n, Vd]` (f32).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        self.lm_head.matmul_t(hidden)?.to_dtype(DType::F32)
+        self.lm_head.forward(hidden)
     }
 
     /// A KV cache for the drafter's layers, sharing the target's block layout.

@@ -37,6 +37,7 @@ use crate::config::{Architecture, DecoderConfig};
 use crate::error::{ModelError, Result as LoadResult};
 use crate::kv_cache::PagedKvCache;
 use crate::linear::{Linear, LinearWeight};
+use crate::models::transformer::LogitsHead;
 use crate::norm::RmsNorm;
 use crate::rope::RotaryEmbedding;
 use crate::weights::{ModelDType, WeightStore};
@@ -219,7 +220,7 @@ pub struct EagleDraft {
     /// EAGLE-3: `norm` before its own `lm_head`.
     norm: Option<RmsNorm>,
     /// Draft head (EAGLE-3) or the target's (EAGLE-1).
-    lm_head: LinearWeight,
+    lm_head: LogitsHead,
     embed_tokens: LinearWeight,
     draft_to_target: Option<Arc<Vec<u32>>>,
     rope: RotaryEmbedding,
@@ -271,7 +272,7 @@ impl EagleDraft {
                 let bias = store.contains("fc.bias");
                 let fc = store.linear("fc", h, 2 * h, bias)?;
                 let layer = DraftLayer::load(store, prefix, &cfg.layer, h)?;
-                (fc, PreFcNorm::None, None, None, layer, None, target.lm_head_weight().clone(), None, "EAGLE-1")
+                (fc, PreFcNorm::None, None, None, layer, None, target.logits_head().clone(), None, "EAGLE-1")
             }
             EagleFormat::Eagle3Native | EagleFormat::Eagle3Speculators => {
                 let fc = store.linear("fc", h, 3 * ht, false)?;
@@ -292,7 +293,7 @@ impl EagleDraft {
                 // The midlayer's input_layernorm applies to the embedding half only.
                 layer.input_layernorm = None;
                 let norm = RmsNorm::load(store, "norm.weight", h, eps)?;
-                let lm_head = store.linear_weight("lm_head.weight", cfg.draft_vocab_size, h)?;
+                let lm_head = LogitsHead::plain(store.linear_weight("lm_head.weight", cfg.draft_vocab_size, h)?);
                 let d2t = if cfg.draft_vocab_size < target.config().vocab_size {
                     let d2t =
                         store.int_tensor("d2t", &[cfg.draft_vocab_size])?.to_device(&Device::Cpu)?.to_vec1::<i64>()?;
@@ -448,8 +449,8 @@ impl SequentialDraftModel for EagleDraft {
         };
         // 3. Logits where asked.
         let logits = super::logits_at(&out, &batch.logits_indices, self.cfg.draft_vocab_size, |at| match &self.norm {
-            Some(n) => self.lm_head.matmul_t(&n.forward(at)?),
-            None => self.lm_head.matmul_t(at),
+            Some(n) => self.lm_head.forward(&n.forward(at)?),
+            None => self.lm_head.forward(at),
         })?;
         let next = match (&self.norm, self.cfg.norm_output) {
             (Some(n), true) => n.forward(&out)?,

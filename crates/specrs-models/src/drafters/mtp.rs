@@ -31,6 +31,7 @@ use crate::error::{ModelError, Result as LoadResult};
 use crate::kv_cache::PagedKvCache;
 use crate::linear::{Linear, LinearWeight};
 use crate::models::CausalLm;
+use crate::models::transformer::LogitsHead;
 use crate::norm::RmsNorm;
 use crate::rope::RotaryEmbedding;
 use crate::weights::{ModelDType, WeightStore};
@@ -83,7 +84,7 @@ pub struct MtpDraft {
     layer: DraftLayer,
     final_layernorm: RmsNorm,
     embed_tokens: LinearWeight,
-    lm_head: LinearWeight,
+    lm_head: LogitsHead,
     rope: RotaryEmbedding,
     device: Device,
     dtype: DType,
@@ -129,9 +130,9 @@ impl MtpDraft {
             },
             lm_head: match format {
                 MtpFormat::DeepSeek if own("shared_head.head") => {
-                    store.linear_weight(&format!("{prefix}.shared_head.head.weight"), v, h)?
+                    LogitsHead::plain(store.linear_weight(&format!("{prefix}.shared_head.head.weight"), v, h)?)
                 }
-                _ => target.lm_head_weight().clone(),
+                _ => target.logits_head().clone(),
             },
             rope,
             device: store.device().clone(),
@@ -248,7 +249,7 @@ impl SequentialDraftModel for MtpDraft {
         let y = self.final_layernorm.forward(&raw)?;
         // 3. Logits with the head; DeepSeek-style heads chain the un-normed output.
         let logits =
-            super::logits_at(&y, &batch.logits_indices, self.layer_cfg.vocab_size, |at| self.lm_head.matmul_t(at))?;
+            super::logits_at(&y, &batch.logits_indices, self.layer_cfg.vocab_size, |at| self.lm_head.forward(at))?;
         let next_hidden = if self.format == MtpFormat::DeepSeek { raw } else { y };
         Ok((next_hidden, DraftLogits { logits, draft_to_target: None }))
     }

@@ -636,6 +636,43 @@ pub struct ForwardOutput {
     pub final_hidden: Option<Tensor>,
 }
 
+/// An output head: `lm_head` and what the model does to its logits after it (Phi's bias,
+/// Granite's divisor, Gemma 2's soft cap). Drafters that share the target's head share all of
+/// it, so their drafts rank and weigh tokens as the target does.
+#[derive(Debug, Clone)]
+pub struct LogitsHead {
+    weight: LinearWeight,
+    /// `[vocab]` f32, added to the logits (Phi).
+    bias: Option<Tensor>,
+    divisor: f64,
+    softcap: Option<f32>,
+}
+
+impl LogitsHead {
+    /// A bare `lm_head` (a drafter's own).
+    pub fn plain(weight: LinearWeight) -> Self {
+        Self { weight, bias: None, divisor: 1.0, softcap: None }
+    }
+
+    pub fn weight(&self) -> &LinearWeight {
+        &self.weight
+    }
+
+    /// `normed [N, hidden] -> logits [N, vocab]` (f32).
+    pub fn forward(&self, normed: &Tensor) -> Result<Tensor> {
+        let logits = self.weight.matmul_t(normed)?.to_dtype(DType::F32)?;
+        let logits = match &self.bias {
+            Some(b) => logits.broadcast_add(b)?,
+            None => logits,
+        };
+        let logits = match self.divisor {
+            1.0 => logits,
+            divisor => logits.affine(1.0 / divisor, 0.0)?,
+        };
+        crate::attention::soft_capped(logits, self.softcap)
+    }
+}
+
 /// A Llama-family causal language model.
 #[derive(Debug, Clone)]
 pub struct CausalLm {
@@ -643,9 +680,7 @@ pub struct CausalLm {
     embed_tokens: LinearWeight,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
-    lm_head: LinearWeight,
-    /// `[vocab]` f32, added to the logits (Phi).
-    lm_head_bias: Option<Tensor>,
+    head: LogitsHead,
     /// `[max_positions, hidden]` learned positions added to the embeddings (GPT-BigCode).
     embed_positions: Option<Tensor>,
     rope: RotaryEmbedding,
@@ -669,9 +704,14 @@ impl CausalLm {
         } else {
             store.linear_weight("lm_head.weight", v, h)?
         };
-        let lm_head_bias = match config.lm_head_bias {
-            true => Some(store.tensor("lm_head.bias", &[v])?.to_dtype(DType::F32)?),
-            false => None,
+        let head = LogitsHead {
+            weight: lm_head,
+            bias: match config.lm_head_bias {
+                true => Some(store.tensor("lm_head.bias", &[v])?.to_dtype(DType::F32)?),
+                false => None,
+            },
+            divisor: config.scales.logits_divisor,
+            softcap: config.scales.logits_softcap.map(|c| c as f32),
         };
         let dtype = store.compute_dtype();
         let embed_positions = match config.learned_positions {
@@ -705,8 +745,7 @@ impl CausalLm {
             embed_tokens,
             layers,
             norm,
-            lm_head,
-            lm_head_bias,
+            head,
             embed_positions,
             rope,
             local_rope,
@@ -736,7 +775,12 @@ impl CausalLm {
     }
 
     pub fn lm_head_weight(&self) -> &LinearWeight {
-        &self.lm_head
+        &self.head.weight
+    }
+
+    /// The output head with the model's logit transforms, for drafters that share it.
+    pub fn logits_head(&self) -> &LogitsHead {
+        &self.head
     }
 
     /// Bits per weight of the decoder layers' projections (32 for f32, 5 for GGUF Q4_1): the
@@ -760,7 +804,7 @@ impl CausalLm {
     /// Bytes of weights on the device (the memory planner subtracts them from its budget).
     pub fn weight_bytes(&self) -> usize {
         let layers: usize = self.layers.iter().map(DecoderLayer::size_in_bytes).sum();
-        let head = if self.config.tie_word_embeddings { 0 } else { self.lm_head.size_in_bytes() };
+        let head = if self.config.tie_word_embeddings { 0 } else { self.head.weight.size_in_bytes() };
         layers + self.embed_tokens.size_in_bytes() + head
     }
 
@@ -802,16 +846,7 @@ impl CausalLm {
 
     /// `normed [N, hidden] -> logits [N, vocab]` (f32).
     pub fn lm_head(&self, normed: &Tensor) -> Result<Tensor> {
-        let logits = self.lm_head.matmul_t(normed)?.to_dtype(DType::F32)?;
-        let logits = match &self.lm_head_bias {
-            Some(b) => logits.broadcast_add(b)?,
-            None => logits,
-        };
-        let logits = match self.config.scales.logits_divisor {
-            1.0 => logits,
-            divisor => logits.affine(1.0 / divisor, 0.0)?,
-        };
-        crate::attention::soft_capped(logits, self.config.scales.logits_softcap.map(|c| c as f32))
+        self.head.forward(normed)
     }
 
     /// A decode/verify step on fixed shapes: every token of `inputs` (padding included) runs
