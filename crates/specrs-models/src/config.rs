@@ -815,7 +815,8 @@ fn with_falcon_keys(v: &Value) -> Result<Value> {
     if !new_layout && v.get("num_ln_in_parallel_attn").and_then(Value::as_u64) == Some(2) {
         return Err(ModelError::config(
             "num_ln_in_parallel_attn",
-            "two norms per layer (ln_attn, ln_mlp) come with new_decoder_architecture; set it to true or this to 1",
+            "two norms per layer (ln_attn, ln_mlp) come with new_decoder_architecture; set new_decoder_architecture \
+             to true, or num_ln_in_parallel_attn to 1",
         ));
     }
     let usize_of = |keys: &[&str]| keys.iter().find_map(|k| v.get(*k).and_then(Value::as_u64)).map(|x| x as usize);

@@ -654,10 +654,6 @@ impl LogitsHead {
         Self { weight, bias: None, divisor: 1.0, softcap: None }
     }
 
-    pub fn weight(&self) -> &LinearWeight {
-        &self.weight
-    }
-
     /// `normed [N, hidden] -> logits [N, vocab]` (f32).
     pub fn forward(&self, normed: &Tensor) -> Result<Tensor> {
         let logits = self.weight.matmul_t(normed)?.to_dtype(DType::F32)?;
@@ -681,7 +677,8 @@ pub struct CausalLm {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     head: LogitsHead,
-    /// `[max_positions, hidden]` learned positions added to the embeddings (GPT-BigCode).
+    /// `[max_positions, hidden]` learned positions added to the embeddings (GPT-2,
+    /// GPT-BigCode).
     embed_positions: Option<Tensor>,
     rope: RotaryEmbedding,
     /// Gemma's sliding layers' RoPE (their own base, no scaling).
@@ -805,7 +802,8 @@ impl CausalLm {
     pub fn weight_bytes(&self) -> usize {
         let layers: usize = self.layers.iter().map(DecoderLayer::size_in_bytes).sum();
         let head = if self.config.tie_word_embeddings { 0 } else { self.head.weight.size_in_bytes() };
-        layers + self.embed_tokens.size_in_bytes() + head
+        let positions = self.embed_positions.as_ref().map_or(0, |t| t.elem_count() * t.dtype().size_in_bytes());
+        layers + self.embed_tokens.size_in_bytes() + head + positions
     }
 
     /// A paged KV cache shaped for this model.
@@ -830,8 +828,8 @@ impl CausalLm {
         }
     }
 
-    /// `x [T, hidden]` plus each token's learned position row (GPT-BigCode); as it is where
-    /// RoPE carries positions instead.
+    /// `x [T, hidden]` plus each token's learned position row (GPT-2, GPT-BigCode); as it is
+    /// where RoPE carries positions instead.
     fn add_positions(&self, x: Tensor, positions: &Tensor) -> Result<Tensor> {
         match &self.embed_positions {
             Some(table) => x + table.index_select(positions, 0)?,
