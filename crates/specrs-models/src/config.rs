@@ -785,6 +785,15 @@ fn llama4_experts(v: &Value) -> Result<MoeConfig> {
     })
 }
 
+/// `v` with each of `keys` set (a family's config under the keys the shared reader takes).
+fn with_keys(v: &Value, keys: impl IntoIterator<Item = (&'static str, Value)>) -> Value {
+    let mut out = v.clone();
+    if let Some(map) = out.as_object_mut() {
+        map.extend(keys.into_iter().map(|(k, value)| (k.to_string(), value)));
+    }
+    out
+}
+
 /// Falcon's `new_decoder_architecture` layers norm attention's input (`ln_attn`) and the
 /// MLP's (`ln_mlp`) apart unless `num_ln_in_parallel_attn` is 1 (Falcon2-11B).
 fn falcon_has_two_norms(v: &Value) -> bool {
@@ -827,25 +836,23 @@ fn with_falcon_keys(v: &Value) -> Result<Value> {
         (false, true) => 1,
         (false, false) => heads,
     };
-    let mut keys = v.clone();
-    if let Some(out) = keys.as_object_mut() {
-        let mut set = |k: &str, value: Value| {
-            out.insert(k.to_string(), value);
-        };
-        set("hidden_size", hidden.into());
-        set("num_attention_heads", heads.into());
-        set("num_hidden_layers", usize_of(&["num_hidden_layers", "n_layer"]).unwrap_or(32).into());
-        set("num_key_value_heads", kv_heads.into());
-        set("intermediate_size", usize_of(&["ffn_hidden_size"]).unwrap_or(4 * hidden).into());
-        set("vocab_size", usize_of(&["vocab_size"]).unwrap_or(65_024).into());
-        set("max_position_embeddings", usize_of(&["max_position_embeddings"]).unwrap_or(2048).into());
-        set("layer_norm_eps", opt_f64(v, "layer_norm_epsilon").unwrap_or(1e-5).into());
-        set("attention_bias", flag("bias", false).into());
-        set("use_parallel_residual", (new_layout || parallel).into());
-        set("tie_word_embeddings", flag("tie_word_embeddings", true).into());
-        set("hidden_act", v.get("activation").and_then(Value::as_str).unwrap_or("gelu").into());
-    }
-    Ok(keys)
+    Ok(with_keys(
+        v,
+        [
+            ("hidden_size", Value::from(hidden)),
+            ("num_attention_heads", Value::from(heads)),
+            ("num_hidden_layers", Value::from(usize_of(&["num_hidden_layers", "n_layer"]).unwrap_or(32))),
+            ("num_key_value_heads", Value::from(kv_heads)),
+            ("intermediate_size", Value::from(usize_of(&["ffn_hidden_size"]).unwrap_or(4 * hidden))),
+            ("vocab_size", Value::from(usize_of(&["vocab_size"]).unwrap_or(65_024))),
+            ("max_position_embeddings", Value::from(usize_of(&["max_position_embeddings"]).unwrap_or(2048))),
+            ("layer_norm_eps", Value::from(opt_f64(v, "layer_norm_epsilon").unwrap_or(1e-5))),
+            ("attention_bias", Value::from(flag("bias", false))),
+            ("use_parallel_residual", Value::from(new_layout || parallel)),
+            ("tie_word_embeddings", Value::from(flag("tie_word_embeddings", true))),
+            ("hidden_act", Value::from(v.get("activation").and_then(Value::as_str).unwrap_or("gelu"))),
+        ],
+    ))
 }
 
 /// A GPT-2 or GPT-BigCode config under the keys the shared reader takes, with their
@@ -875,23 +882,21 @@ fn with_gpt2_keys(v: &Value, architecture: Architecture) -> Result<Value> {
     };
     let hidden = usize_of(&["n_embd", "hidden_size"], 768);
     let heads = usize_of(&["n_head", "num_attention_heads"], 12);
-    let mut keys = v.clone();
-    if let Some(out) = keys.as_object_mut() {
-        let mut set = |k: &str, value: Value| {
-            out.insert(k.to_string(), value);
-        };
-        set("hidden_size", hidden.into());
-        set("num_attention_heads", heads.into());
-        set("num_hidden_layers", usize_of(&["n_layer", "num_hidden_layers"], 12).into());
-        set("max_position_embeddings", usize_of(&["n_positions", "max_position_embeddings"], 1024).into());
-        set("intermediate_size", usize_of(&["n_inner"], 4 * hidden).into());
-        set("num_key_value_heads", if multi_query { 1 } else { heads }.into());
-        set("vocab_size", usize_of(&["vocab_size"], 50_257).into());
-        set("layer_norm_eps", opt_f64(v, "layer_norm_epsilon").unwrap_or(1e-5).into());
-        set("tie_word_embeddings", flag("tie_word_embeddings", true).into());
-        set("hidden_act", v.get("activation_function").and_then(Value::as_str).unwrap_or(activation).into());
-    }
-    Ok(keys)
+    Ok(with_keys(
+        v,
+        [
+            ("hidden_size", Value::from(hidden)),
+            ("num_attention_heads", Value::from(heads)),
+            ("num_hidden_layers", Value::from(usize_of(&["n_layer", "num_hidden_layers"], 12))),
+            ("max_position_embeddings", Value::from(usize_of(&["n_positions", "max_position_embeddings"], 1024))),
+            ("intermediate_size", Value::from(usize_of(&["n_inner"], 4 * hidden))),
+            ("num_key_value_heads", Value::from(if multi_query { 1 } else { heads })),
+            ("vocab_size", Value::from(usize_of(&["vocab_size"], 50_257))),
+            ("layer_norm_eps", Value::from(opt_f64(v, "layer_norm_epsilon").unwrap_or(1e-5))),
+            ("tie_word_embeddings", Value::from(flag("tie_word_embeddings", true))),
+            ("hidden_act", Value::from(v.get("activation_function").and_then(Value::as_str).unwrap_or(activation))),
+        ],
+    ))
 }
 
 /// A Gemma 3 text config with `Gemma3TextConfig`'s defaults where it leaves keys out (the

@@ -1974,35 +1974,20 @@ pub fn random_gpt_neox(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tenso
 /// `final_layer_norm`, `attention.dense`, `mlp.dense_h_to_4h` / `dense_4h_to_h`, and q, k and v
 /// fused head by head into `attention.query_key_value`.
 pub fn as_gpt_neox(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {
-    let mut out = HashMap::new();
-    for (name, t) in tensors {
-        if name.contains(".self_attn.q_proj.")
-            || name.contains(".self_attn.k_proj.")
-            || name.contains(".self_attn.v_proj.")
-        {
-            continue;
-        }
-        let renamed = match name.as_str() {
-            "model.embed_tokens.weight" => "gpt_neox.embed_in.weight".to_string(),
-            "lm_head.weight" => "embed_out.weight".to_string(),
-            n => n
-                .replace("model.norm.", "gpt_neox.final_layer_norm.")
-                .replace("model.layers.", "gpt_neox.layers.")
-                .replace(".self_attn.o_proj.", ".attention.dense.")
-                .replace(".mlp.up_proj.", ".mlp.dense_h_to_4h.")
-                .replace(".mlp.down_proj.", ".mlp.dense_4h_to_h."),
-        };
-        out.insert(renamed, t.clone());
-    }
     // A [q, k, v] group per head.
-    for i in 0..s.layers {
-        for part in ["weight", "bias"] {
-            if let Some(fused) = fused_grouped_qkv(tensors, s, i, part)? {
-                out.insert(format!("gpt_neox.layers.{i}.attention.query_key_value.{part}"), fused);
-            }
-        }
-    }
-    Ok(out)
+    renamed_with_fused_qkv(
+        tensors,
+        s,
+        &[("model.embed_tokens.weight", "gpt_neox.embed_in.weight"), ("lm_head.weight", "embed_out.weight")],
+        &[
+            ("model.norm.", "gpt_neox.final_layer_norm."),
+            ("model.layers.", "gpt_neox.layers."),
+            (".self_attn.o_proj.", ".attention.dense."),
+            (".mlp.up_proj.", ".mlp.dense_h_to_4h."),
+            (".mlp.down_proj.", ".mlp.dense_4h_to_h."),
+        ],
+        "attention.query_key_value",
+    )
 }
 
 /// How a tiny Falcon lays out its layers: `new_decoder_architecture` (KV groups of
@@ -2096,28 +2081,47 @@ pub fn as_falcon(
 ) -> Result<HashMap<String, Tensor>> {
     let (attention_norm, mlp_norm) =
         if layout.two_norms { (".ln_attn.", ".ln_mlp.") } else { (".input_layernorm.", ".post_attention_layernorm.") };
+    renamed_with_fused_qkv(
+        tensors,
+        s,
+        &[("model.embed_tokens.weight", "transformer.word_embeddings.weight")],
+        &[
+            ("model.norm.", "transformer.ln_f."),
+            ("model.layers.", "transformer.h."),
+            (".input_layernorm.", attention_norm),
+            (".post_attention_layernorm.", mlp_norm),
+            (".self_attn.o_proj.", ".self_attention.dense."),
+            (".mlp.up_proj.", ".mlp.dense_h_to_4h."),
+            (".mlp.down_proj.", ".mlp.dense_4h_to_h."),
+        ],
+        "self_attention.query_key_value",
+    )
+}
+
+/// `tensors` under a checkpoint's own names with q, k and v fused group by group (see
+/// [`fused_grouped_qkv`]) into each layer's `fused_qkv`: a name `whole` lists maps as it says,
+/// any other (the fused ones too) with each `(ours, theirs)` of `parts` replaced in turn.
+fn renamed_with_fused_qkv(
+    tensors: &HashMap<String, Tensor>,
+    s: &TinyShape,
+    whole: &[(&str, &str)],
+    parts: &[(&str, &str)],
+    fused_qkv: &str,
+) -> Result<HashMap<String, Tensor>> {
+    let rename = |name: &str| match whole.iter().find(|(ours, _)| *ours == name) {
+        Some((_, theirs)) => theirs.to_string(),
+        None => parts.iter().fold(name.to_string(), |n, (ours, theirs)| n.replace(ours, theirs)),
+    };
     let mut out = HashMap::new();
     for (name, t) in tensors {
-        if [".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."].iter().any(|p| name.contains(p)) {
-            continue;
+        if ![".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."].iter().any(|p| name.contains(p)) {
+            out.insert(rename(name), t.clone());
         }
-        let renamed = match name.as_str() {
-            "model.embed_tokens.weight" => "transformer.word_embeddings.weight".to_string(),
-            n => n
-                .replace("model.norm.", "transformer.ln_f.")
-                .replace("model.layers.", "transformer.h.")
-                .replace(".input_layernorm.", attention_norm)
-                .replace(".post_attention_layernorm.", mlp_norm)
-                .replace(".self_attn.o_proj.", ".self_attention.dense.")
-                .replace(".mlp.up_proj.", ".mlp.dense_h_to_4h.")
-                .replace(".mlp.down_proj.", ".mlp.dense_4h_to_h."),
-        };
-        out.insert(renamed, t.clone());
     }
     for i in 0..s.layers {
         for part in ["weight", "bias"] {
             if let Some(fused) = fused_grouped_qkv(tensors, s, i, part)? {
-                out.insert(format!("transformer.h.{i}.self_attention.query_key_value.{part}"), fused);
+                out.insert(rename(&format!("model.layers.{i}.{fused_qkv}.{part}")), fused);
             }
         }
     }
@@ -2188,33 +2192,24 @@ pub fn random_gpt_bigcode(s: &TinyShape, n_positions: usize, seed: u64) -> Resul
 /// `attn.c_attn` (all queries, then the key and value heads; a `[q, k, v]` group per head
 /// without multi-query).
 pub fn as_gpt_bigcode(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {
-    let mut out = HashMap::new();
-    for (name, t) in tensors {
-        if [".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."].iter().any(|p| name.contains(p)) {
-            continue;
-        }
-        let renamed = match name.as_str() {
-            "model.embed_tokens.weight" => "transformer.wte.weight".to_string(),
-            "model.embed_positions.weight" => "transformer.wpe.weight".to_string(),
-            n => n
-                .replace("model.norm.", "transformer.ln_f.")
-                .replace("model.layers.", "transformer.h.")
-                .replace(".input_layernorm.", ".ln_1.")
-                .replace(".post_attention_layernorm.", ".ln_2.")
-                .replace(".self_attn.o_proj.", ".attn.c_proj.")
-                .replace(".mlp.up_proj.", ".mlp.c_fc.")
-                .replace(".mlp.down_proj.", ".mlp.c_proj."),
-        };
-        out.insert(renamed, t.clone());
-    }
-    for i in 0..s.layers {
-        for part in ["weight", "bias"] {
-            if let Some(fused) = fused_grouped_qkv(tensors, s, i, part)? {
-                out.insert(format!("transformer.h.{i}.attn.c_attn.{part}"), fused);
-            }
-        }
-    }
-    Ok(out)
+    renamed_with_fused_qkv(
+        tensors,
+        s,
+        &[
+            ("model.embed_tokens.weight", "transformer.wte.weight"),
+            ("model.embed_positions.weight", "transformer.wpe.weight"),
+        ],
+        &[
+            ("model.norm.", "transformer.ln_f."),
+            ("model.layers.", "transformer.h."),
+            (".input_layernorm.", ".ln_1."),
+            (".post_attention_layernorm.", ".ln_2."),
+            (".self_attn.o_proj.", ".attn.c_proj."),
+            (".mlp.up_proj.", ".mlp.c_fc."),
+            (".mlp.down_proj.", ".mlp.c_proj."),
+        ],
+        "attn.c_attn",
+    )
 }
 
 /// A GPT-2 `config.json` for a tiny target (`n_embd`, `n_head`, `n_layer`, `n_positions`,

@@ -8,7 +8,7 @@
 //! exact GELU; biases where `bias` says. The configuration reader turns Falcon's keys into the
 //! shared ones; the store reads the shared layer's names from Falcon's ([`aliases`]).
 
-use super::grouped_qkv_rows;
+use super::insert_grouped_qkv;
 use crate::config::DecoderConfig;
 use crate::weights::{Alias, Aliases};
 
@@ -20,7 +20,7 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 /// Where a Falcon checkpoint keeps each tensor the shared layer names: q, k and v as rows of
 /// the grouped `query_key_value` (weights and biases alike), the norms under Falcon's names.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let (heads, kv_heads, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+    let shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let (attention_norm, mlp_norm) = match (cfg.parallel_residual, cfg.parallel_mlp_norm) {
         (true, true) => ("ln_attn", "ln_mlp"),
         _ => ("input_layernorm", "post_attention_layernorm"),
@@ -31,15 +31,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
         table.insert(format!("model.norm.{p}"), Alias::renamed(format!("transformer.ln_f.{p}")));
         for i in 0..cfg.num_hidden_layers {
             let (ours, theirs) = (format!("model.layers.{i}"), format!("transformer.h.{i}"));
-            for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
-                table.insert(
-                    format!("{ours}.self_attn.{proj}.{p}"),
-                    Alias::rows(
-                        format!("{theirs}.self_attention.query_key_value.{p}"),
-                        grouped_qkv_rows(heads, kv_heads, d, j),
-                    ),
-                );
-            }
+            insert_grouped_qkv(&mut table, &ours, &format!("{theirs}.self_attention.query_key_value"), p, shape);
             for (own, source) in [
                 ("input_layernorm", attention_norm),
                 ("post_attention_layernorm", mlp_norm),

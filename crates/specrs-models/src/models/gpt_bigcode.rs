@@ -7,7 +7,7 @@
 //! `c_proj(gelu_tanh(c_fc(x)))`. The configuration reader turns GPT-2's keys into the shared
 //! ones; the store reads the shared layer's names from GPT-BigCode's ([`aliases`]).
 
-use super::grouped_qkv_rows;
+use super::insert_grouped_qkv;
 use crate::config::DecoderConfig;
 use crate::weights::{Alias, Aliases};
 
@@ -19,7 +19,7 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 /// Where a GPT-BigCode checkpoint keeps each tensor the shared layer names: q, k and v as rows
 /// of `c_attn` (weights and biases alike), the positions as `wpe`.
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let (heads, kv_heads, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+    let shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let mut table = Aliases::new();
     table.insert("model.embed_tokens.weight".into(), Alias::renamed("transformer.wte.weight"));
     table.insert("model.embed_positions.weight".into(), Alias::renamed("transformer.wpe.weight"));
@@ -27,12 +27,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
         table.insert(format!("model.norm.{p}"), Alias::renamed(format!("transformer.ln_f.{p}")));
         for i in 0..cfg.num_hidden_layers {
             let (ours, theirs) = (format!("model.layers.{i}"), format!("transformer.h.{i}"));
-            for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
-                table.insert(
-                    format!("{ours}.self_attn.{proj}.{p}"),
-                    Alias::rows(format!("{theirs}.attn.c_attn.{p}"), grouped_qkv_rows(heads, kv_heads, d, j)),
-                );
-            }
+            insert_grouped_qkv(&mut table, &ours, &format!("{theirs}.attn.c_attn"), p, shape);
             for (own, source) in [
                 ("input_layernorm", "ln_1"),
                 ("post_attention_layernorm", "ln_2"),

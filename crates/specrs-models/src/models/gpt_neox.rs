@@ -6,7 +6,7 @@
 //! projection; an MLP without a gate, `dense_4h_to_h(gelu(dense_h_to_4h(x)))` with the exact
 //! GELU. The store reads the shared layer's names from GPT-NeoX's ([`aliases`]).
 
-use super::grouped_qkv_rows;
+use super::insert_grouped_qkv;
 use crate::config::DecoderConfig;
 use crate::weights::{Alias, Aliases};
 
@@ -18,9 +18,8 @@ pub fn adapt(cfg: DecoderConfig) -> DecoderConfig {
 /// Where a GPT-NeoX checkpoint keeps each tensor the shared layer names: q, k and v as rows of
 /// the per-head fused `query_key_value` (weights and biases alike).
 pub fn aliases(cfg: &DecoderConfig) -> Aliases {
-    let (heads, d) = (cfg.num_attention_heads, cfg.head_dim);
-    // Rows of part `j` (0 q, 1 k, 2 v) of every head, in head order: a group per head.
-    let part = |j: usize| grouped_qkv_rows(heads, heads, d, j);
+    // A [q, k, v] group per head.
+    let shape = (cfg.num_attention_heads, cfg.num_attention_heads, cfg.head_dim);
     let mut table = Aliases::new();
     table.insert("model.embed_tokens.weight".into(), Alias::renamed("gpt_neox.embed_in.weight"));
     table.insert("lm_head.weight".into(), Alias::renamed("embed_out.weight"));
@@ -28,12 +27,7 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
         table.insert(format!("model.norm.{p}"), Alias::renamed(format!("gpt_neox.final_layer_norm.{p}")));
         for i in 0..cfg.num_hidden_layers {
             let (ours, theirs) = (format!("model.layers.{i}"), format!("gpt_neox.layers.{i}"));
-            for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
-                table.insert(
-                    format!("{ours}.self_attn.{proj}.{p}"),
-                    Alias::rows(format!("{theirs}.attention.query_key_value.{p}"), part(j)),
-                );
-            }
+            insert_grouped_qkv(&mut table, &ours, &format!("{theirs}.attention.query_key_value"), p, shape);
             for (own, source) in [
                 ("input_layernorm", "input_layernorm"),
                 ("post_attention_layernorm", "post_attention_layernorm"),

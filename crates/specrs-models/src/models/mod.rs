@@ -180,6 +180,24 @@ pub(crate) fn grouped_qkv_rows(heads: usize, kv_heads: usize, d: usize, part: us
     (0..kv_heads).flat_map(|g| (g * group_rows + offset) as u32..(g * group_rows + offset + len) as u32).collect()
 }
 
+/// Reads layer `ours`'s q, k and v `part` (`weight` or `bias`) as rows of the fused
+/// `{fused}.{part}`, grouped as [`grouped_qkv_rows`] says for `(heads, kv_heads, head_dim)`.
+pub(crate) fn insert_grouped_qkv(
+    table: &mut Aliases,
+    ours: &str,
+    fused: &str,
+    part: &str,
+    shape: (usize, usize, usize),
+) {
+    let (heads, kv_heads, d) = shape;
+    for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
+        table.insert(
+            format!("{ours}.self_attn.{proj}.{part}"),
+            Alias::rows(format!("{fused}.{part}"), grouped_qkv_rows(heads, kv_heads, d, j)),
+        );
+    }
+}
+
 /// Opens a checkpoint (GGUF file, safetensors file or directory) and loads its decoder.
 pub fn load_causal_lm(path: &Path, device: &Device, dtype: ModelDType) -> Result<(CausalLm, WeightStore)> {
     let store = WeightStore::open(path, device.clone(), dtype)?;
