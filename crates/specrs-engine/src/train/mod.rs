@@ -23,6 +23,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
+use specrs_models::models::transformer::LogitsHead;
 use specrs_models::{CausalLm, ModelDType};
 
 use crate::error::{EngineError, Result};
@@ -135,15 +136,18 @@ pub type Progress<'a> = &'a (dyn Fn(&str, usize, usize, &str) + Sync);
 struct TargetParts {
     /// `[V, H]` f32 embedding.
     embed: Tensor,
-    /// `[Vd, H]` f32 head rows of the draft vocabulary.
+    /// The target's output head over the draft vocabulary, with its logit transforms (Phi's
+    /// bias, Granite's divisor, Gemma 2's soft cap): the draft learns the target's ranking.
+    head: LogitsHead,
+    /// `[Vd, H]` f32 rows a fresh draft head starts from (scaled by Granite's divisor).
     head_rows: Tensor,
 }
 
 fn target_parts(target: &CausalLm, vocab: &[u32]) -> Result<TargetParts> {
     let embed = target.embed_tokens().dense(&Device::Cpu)?.to_dtype(DType::F32)?;
-    let head = target.lm_head_weight().dense(&Device::Cpu)?.to_dtype(DType::F32)?;
-    let ids = Tensor::from_slice(vocab, vocab.len(), &Device::Cpu)?;
-    Ok(TargetParts { embed, head_rows: head.index_select(&ids, 0)? })
+    let head = target.logits_head().rows(vocab, &Device::Cpu)?;
+    let head_rows = head.scaled_weight(&Device::Cpu)?;
+    Ok(TargetParts { embed, head, head_rows })
 }
 
 /// The output head of a draft whose vocabulary grew from `old_vocab` to `vocab` (both target
@@ -177,7 +181,7 @@ fn example(sample: &Sample, f: &Features, parts: &TargetParts, in_vocab: &[bool]
     let tokens = sample.tokens();
     let n = tokens.len();
     let fin = f.final_hidden.to_dtype(DType::F32)?;
-    let logits = fin.matmul(&parts.head_rows.t()?)?;
+    let logits = parts.head.forward(&fin)?;
     let target_probs = candle_nn::ops::softmax_last_dim(&logits)?;
     let p0 = sample.prompt_ids.len();
     let mask: Vec<f32> = (0..n)
@@ -684,6 +688,26 @@ pub fn evaluate_first_drafts_by_confidence(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_draft_learns_the_targets_logits_over_its_vocabulary_with_the_heads_bias() {
+        use specrs_models::testing::{self, TinyShape};
+        let s = TinyShape { vocab: 40, hidden: 40, layers: 1, heads: 4, kv_heads: 4, head_dim: 10, intermediate: 56 };
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = testing::random_phi(&s, false, 5).unwrap();
+        testing::write_checkpoint(dir.path(), &testing::phi_config(&s, 0.4, false), &testing::as_phi(&tensors))
+            .unwrap();
+        let (target, _) = specrs_models::load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+        let vocab = [3u32, 7, 20, 39];
+        let parts = target_parts(&target, &vocab).unwrap();
+        let normed = testing::random_tensor(&[5, s.hidden], 0.5, 9).unwrap();
+        let ids = Tensor::new(&vocab, &Device::Cpu).unwrap();
+        let want = target.logits_head().forward(&normed).unwrap().index_select(&ids, 1).unwrap();
+        let got = parts.head.forward(&normed).unwrap();
+        assert!(testing::max_abs_diff(&got, &want).unwrap() < 1e-5, "the draft vocabulary's target logits");
+        let bare = normed.matmul(&parts.head_rows.t().unwrap()).unwrap();
+        assert!(testing::max_abs_diff(&bare, &want).unwrap() > 1e-3, "Phi's head bias is part of the target");
+    }
 
     #[test]
     fn taps_past_the_targets_layers_and_a_draft_vocabulary_past_its_own_are_refused() {

@@ -667,6 +667,21 @@ impl LogitsHead {
         };
         crate::attention::soft_capped(logits, self.softcap)
     }
+
+    /// The head over only the vocabulary rows `ids`, dense f32 on `device`, its transforms
+    /// kept: the target a reduced-vocabulary draft is trained to rank like.
+    pub fn rows(&self, ids: &[u32], device: &Device) -> Result<Self> {
+        let index = Tensor::from_slice(ids, ids.len(), device)?;
+        let weight = self.weight.dense(device)?.to_dtype(DType::F32)?.index_select(&index, 0)?;
+        let bias = self.bias.as_ref().map(|b| b.to_device(device)?.index_select(&index, 0)).transpose()?;
+        Ok(Self { weight: LinearWeight::Dense(weight), bias, divisor: self.divisor, softcap: self.softcap })
+    }
+
+    /// The `[vocab, hidden]` weight, dense f32 on `device`, divided by the model's logit
+    /// divisor: a plain head that starts where this one's scores are before bias and cap.
+    pub fn scaled_weight(&self, device: &Device) -> Result<Tensor> {
+        self.weight.dense(device)?.to_dtype(DType::F32)?.affine(1.0 / self.divisor, 0.0)
+    }
 }
 
 /// A Llama-family causal language model.
