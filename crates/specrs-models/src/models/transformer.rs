@@ -786,10 +786,6 @@ impl CausalLm {
         &self.embed_tokens
     }
 
-    pub fn lm_head_weight(&self) -> &LinearWeight {
-        &self.head.weight
-    }
-
     /// The output head with the model's logit transforms, for drafters that share it.
     pub fn logits_head(&self) -> &LogitsHead {
         &self.head
