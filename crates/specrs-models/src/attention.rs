@@ -14,6 +14,7 @@ use std::ops::Range;
 use candle_core::{CpuStorage, CustomOp3, D, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use crate::alibi::{AlibiSlopes, with_alibi};
 use crate::batch::{AttentionMask, BatchRow, ForwardBatch};
 
 /// Static shape of one attention layer.
@@ -27,12 +28,14 @@ pub struct AttentionShape {
     pub softcap: Option<f32>,
     /// gpt-oss's attention sinks.
     pub sinks: Option<AttentionSinks>,
+    /// BLOOM's and Falcon-RW's distance penalty, added to the scaled scores.
+    pub alibi: Option<AlibiSlopes>,
 }
 
 impl AttentionShape {
     /// Plain scaled dot-product attention (no soft cap, no sinks).
     pub fn new(num_heads: usize, num_kv_heads: usize, head_dim: usize, scale: f32) -> Self {
-        Self { num_heads, num_kv_heads, head_dim, scale, softcap: None, sinks: None }
+        Self { num_heads, num_kv_heads, head_dim, scale, softcap: None, sinks: None, alibi: None }
     }
 }
 
@@ -274,6 +277,15 @@ impl CpuPagedAttention<'_> {
         scores(&queries, k, &offsets, d, scale, &mut probs);
         if let Some(cap) = softcap {
             probs.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+        }
+        if let Some(alibi) = &self.shape.alibi {
+            for (i, (p, span)) in probs.chunks_exact_mut(n_keys).zip(&spans).enumerate() {
+                let slope = alibi.host()[item.kv_head * group + i % group];
+                let last = span.end - 1;
+                for (s, x) in p[span.clone()].iter_mut().zip(span.clone()) {
+                    *s -= slope * (last - x) as f32;
+                }
+            }
         }
         // 2. Softmax numerators over each query's own keys (normalised at the end); a sink
         //    adds `exp(sink)` to its head's denominator, shifted by the same maximum.
@@ -585,9 +597,11 @@ fn attend_row(
     // 2. Scores [heads, q_len, ctx] with the mask as -inf.
     let qr = q.narrow(0, row.query_start, row.query_len)?.transpose(0, 1)?.contiguous()?;
     let scores = soft_capped((qr.matmul(&k.t()?)? * scale as f64)?.to_dtype(DType::F32)?, softcap)?;
+    let bounds: Vec<(usize, usize)> = (0..row.query_len)
+        .map(|j| visible_keys(batch.mask, batch.key_limits(), row.cached_len(), row.query_len, j))
+        .collect();
     let mut mask = vec![0f32; row.query_len * ctx];
-    for j in 0..row.query_len {
-        let (first, last) = visible_keys(batch.mask, batch.key_limits(), row.cached_len(), row.query_len, j);
+    for (j, &(first, last)) in bounds.iter().enumerate() {
         for x in 0..ctx {
             if x < first || x > last {
                 mask[j * ctx + x] = f32::NEG_INFINITY;
@@ -595,6 +609,10 @@ fn attend_row(
         }
     }
     let mask = Tensor::from_vec(mask, (1, row.query_len, ctx), device)?;
+    let scores = with_alibi(scores, shape.alibi.as_ref(), &[num_heads, 1, 1], || {
+        let distances = bounds.iter().flat_map(|&(_, last)| (0..ctx).map(move |x| x as f32 - last as f32)).collect();
+        Tensor::from_vec(distances, (1, row.query_len, ctx), device)
+    })?;
     let probs = softmax_with_sinks(&scores.broadcast_add(&mask)?, shape.sinks.as_ref(), &[num_heads, 1, 1])?
         .to_dtype(q.dtype())?;
     // 3. [heads, q_len, d] -> [q_len, heads, d].
@@ -650,6 +668,10 @@ pub fn fixed_attention(
     // 3. Scores with the visibility mask [b, 1, 1, qn, l], softmax, weighted values.
     let scores = (qg.matmul(&k.t()?.contiguous()?)? * f64::from(scale))?.to_dtype(DType::F32)?;
     let scores = soft_capped(scores, softcap)?.reshape((b, num_kv_heads, group, qn, l))?;
+    let scores = with_alibi(scores, shape.alibi.as_ref(), &[1, num_kv_heads, group, 1, 1], || {
+        let keys = fixed.key_index.to_dtype(DType::F32)?;
+        keys.broadcast_sub(&fixed.last_key.to_dtype(DType::F32)?)?.reshape((b, 1, 1, qn, l))
+    })?;
     let visible = fixed
         .key_index
         .broadcast_ge(&fixed.first_key)?
@@ -827,6 +849,56 @@ mod tests {
             assert!(crate::testing::max_abs_diff(&silent, &plain_out).unwrap() < 1e-6);
             let absorbing = paged_attention(&q, kc, vc, &batch, &with_sinks([1e3; 4])).unwrap();
             assert!(absorbing.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn alibi_agrees_on_every_path_with_blooms_absolute_bias() {
+        // BLOOM adds `slope · x` for key `x`; the paths add `slope · (x - last)`. Written out
+        // here key by key in BLOOM's form, the outputs must match.
+        for (mask, window) in
+            [(AttentionMask::Causal, None), (AttentionMask::Causal, Some(3)), (AttentionMask::BlockNonCausal, None)]
+        {
+            let (q, cache, batch, plain) = setup(mask, window);
+            let alibi = AlibiSlopes::bloom(4, 4.0, &Device::Cpu).unwrap();
+            let shape = AttentionShape { alibi: Some(alibi.clone()), ..plain.clone() };
+            let got = every_path_agrees(&q, &cache, &batch, &shape);
+            let (kc, vc) = cache.layer(0);
+            let (k, v) = (kc.to_vec2::<f32>().unwrap(), vc.to_vec2::<f32>().unwrap());
+            let q3 = q.to_vec3::<f32>().unwrap();
+            let mut want = vec![0f32; 9 * 4 * 8];
+            for row in &batch.rows {
+                let table = batch.row_block_table(row);
+                let slot = |x: usize| table[x / 4] as usize * 4 + x % 4;
+                for j in 0..row.query_len {
+                    let (first, last) =
+                        visible_keys(batch.mask, batch.key_limits(), row.cached_len(), row.query_len, j);
+                    for h in 0..4 {
+                        let kv = h / 2;
+                        let qv = &q3[row.query_start + j][h];
+                        let scores: Vec<f32> = (first..=last)
+                            .map(|x| {
+                                let key = &k[slot(x)][kv * 8..][..8];
+                                let dot: f32 = qv.iter().zip(key).map(|(a, b)| a * b).sum();
+                                dot * plain.scale + alibi.host()[h] * x as f32
+                            })
+                            .collect();
+                        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                        let total: f32 = weights.iter().sum();
+                        let out = &mut want[((row.query_start + j) * 4 + h) * 8..][..8];
+                        for (x, w) in (first..=last).zip(&weights) {
+                            for (o, value) in out.iter_mut().zip(&v[slot(x)][kv * 8..][..8]) {
+                                *o += w / total * value;
+                            }
+                        }
+                    }
+                }
+            }
+            let want = Tensor::from_vec(want, (9, 4, 8), &Device::Cpu).unwrap();
+            assert!(crate::testing::max_abs_diff(&got, &want).unwrap() < 1e-5, "{mask:?} {window:?}");
+            let without = reference_attention(&q, kc, vc, &batch, &plain).unwrap();
+            assert!(crate::testing::max_abs_diff(&got, &without).unwrap() > 1e-2, "the bias changes the output");
         }
     }
 

@@ -6,6 +6,7 @@
 //! `Device::Cuda`; CPU-only fast paths fall back to device-generic tensor ops elsewhere.
 
 pub mod activation;
+pub mod alibi;
 pub mod attention;
 pub mod batch;
 pub mod compute;

@@ -16,6 +16,7 @@
 
 use candle_core::{D, DType, Device, Result, Tensor};
 
+use crate::alibi::with_alibi;
 use crate::attention::{AttentionShape, soft_capped, softmax_with_sinks, visible_keys};
 use crate::batch::{BatchRow, ForwardBatch};
 
@@ -159,6 +160,12 @@ fn attend_query_tile(
         // 1. Scores [kv, group, n, keys] with the tile's visibility mask.
         let scores = (qg.matmul(&k.t()?)? * f64::from(scale))?.to_dtype(DType::F32)?;
         let scores = soft_capped(scores, softcap)?.reshape((kv, group, n, x1 - x0))?;
+        let scores = with_alibi(scores, shape.alibi.as_ref(), &[kv, group, 1, 1], || {
+            let keys =
+                Tensor::arange(x0 as u32, x1 as u32, device)?.to_dtype(DType::F32)?.reshape((1, 1, 1, x1 - x0))?;
+            let lasts: Vec<f32> = bounds.iter().map(|b| b.1 as f32).collect();
+            keys.broadcast_sub(&Tensor::from_vec(lasts, (1, 1, n, 1), device)?)
+        })?;
         let scores = scores.broadcast_add(&tile_mask(bounds, (x0, x1), device, &mut device_bounds)?)?;
         // [kv, group, n, keys] · [kv, keys, d] -> [kv, group, n, d], in the queries' dtype.
         let weighted = |p: &Tensor| -> Result<Tensor> {
@@ -245,12 +252,20 @@ fn finish(out: &Tensor, dtype: DType, n: usize, heads: usize, d: usize) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alibi::AlibiSlopes;
     use crate::attention::{AttentionSinks, reference_attention};
     use crate::batch::AttentionMask;
     use crate::kv_cache::PagedKvCache;
 
-    const SHAPE: AttentionShape =
-        AttentionShape { num_heads: 6, num_kv_heads: 2, head_dim: 8, scale: 0.35, softcap: None, sinks: None };
+    const SHAPE: AttentionShape = AttentionShape {
+        num_heads: 6,
+        num_kv_heads: 2,
+        head_dim: 8,
+        scale: 0.35,
+        softcap: None,
+        sinks: None,
+        alibi: None,
+    };
 
     /// The device the tiles run on: `SPECRS_TEST_DEVICE=cuda` runs them on GPU 0 (CUDA builds,
     /// the `gpu-check` subset); the reference always runs on the CPU.
@@ -293,8 +308,8 @@ mod tests {
     fn tiles_of_every_size_give_the_reference_under_every_mask() {
         // A 37-token chunk over 50 cached keys: one tile, tiles that split queries only, keys
         // only, both, and single keys; causal, sliding windows shorter and longer than a key
-        // tile, and a block drafter's non-causal block; with Gemma 2's score soft cap and
-        // gpt-oss's sinks too.
+        // tile, and a block drafter's non-causal block; with Gemma 2's score soft cap,
+        // gpt-oss's sinks and BLOOM's ALiBi too.
         let (cache, batch, q) = long_row(37, 87);
         let (kc, vc) = cache.layer(0);
         let row = batch.rows[0].clone();
@@ -312,17 +327,18 @@ mod tests {
             let sinks = AttentionSinks::new(&Tensor::new(&[0.5f32, -1.0, 2.0, 0.0, 1.0, -0.5], &dev).unwrap()).unwrap();
             let (capped, sunk) =
                 (AttentionShape { softcap: Some(0.5), ..SHAPE }, AttentionShape { sinks: Some(sinks), ..SHAPE });
-            for shape in [SHAPE, capped, sunk] {
+            let alibi = AttentionShape { alibi: Some(AlibiSlopes::bloom(6, 1.0, &dev).unwrap()), ..SHAPE };
+            for shape in [SHAPE, capped, sunk, alibi] {
                 let reference = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
                 for (query_tile, key_tile) in [(37, 87), (5, 87), (37, 9), (4, 7), (1, 1), (16, 64)] {
                     let plan = TilePlan { query_tile, key_tile };
                     let tiled = attend_row_in_tiles(&q_dev, &kc_dev, &vc_dev, &batch, &row, &shape, plan).unwrap();
                     let diff =
                         crate::testing::max_abs_diff(&tiled.to_device(&Device::Cpu).unwrap(), &reference).unwrap();
-                    let what = (shape.softcap, shape.sinks.is_some());
+                    let what = (shape.softcap, shape.sinks.is_some(), shape.alibi.is_some());
                     assert!(
                         diff < 1e-5,
-                        "{mask:?} {window:?} {chunk:?} (cap, sinks) {what:?} tiles {query_tile}x{key_tile}: {diff}"
+                        "{mask:?} {window:?} {chunk:?} (cap, sinks, alibi) {what:?} tiles {query_tile}x{key_tile}: {diff}"
                     );
                 }
             }

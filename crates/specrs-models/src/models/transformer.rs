@@ -77,7 +77,7 @@ impl SelfAttention {
             true => Some(AttentionSinks::new(&store.tensor(&format!("{prefix}.sinks"), &[num_heads])?)?),
             false => None,
         };
-        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks };
+        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks, alibi: None };
         if let Some(m) = cfg.mla {
             let projection = Projection::Latent(Box::new(LatentProjection::load(store, prefix, cfg, m, in_dim)?));
             let o_proj = store.linear(
