@@ -174,6 +174,10 @@ pub enum Architecture {
     /// GPT-2 (`GPT2LMHeadModel`: GPT-2 small to XL, DistilGPT2): GPT-BigCode's block with a
     /// KV head per query head and its weights stored by Conv1D as `[in, out]`.
     Gpt2,
+    /// BLOOM (`BloomForCausalLM`: BLOOM 560m to 176B, BLOOMZ, mT0's decoder siblings): ALiBi in
+    /// place of positions, a LayerNorm over the embeddings, pre-norm layers of LayerNorms with
+    /// bias, q, k and v fused per head, biases everywhere, a tanh-GELU MLP without a gate.
+    Bloom,
 }
 
 impl Architecture {
@@ -208,6 +212,7 @@ impl Architecture {
         ("FalconForCausalLM", Architecture::Falcon),
         ("GPTBigCodeForCausalLM", Architecture::GptBigCode),
         ("GPT2LMHeadModel", Architecture::Gpt2),
+        ("BloomForCausalLM", Architecture::Bloom),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -242,6 +247,7 @@ impl Architecture {
         ("falcon", Architecture::Falcon),
         ("starcoder", Architecture::GptBigCode),
         ("gpt2", Architecture::Gpt2),
+        ("bloom", Architecture::Bloom),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
@@ -343,6 +349,7 @@ impl Architecture {
             Self::Falcon => "FalconForCausalLM",
             Self::GptBigCode => "GPTBigCodeForCausalLM",
             Self::Gpt2 => "GPT2LMHeadModel",
+            Self::Bloom => "BloomForCausalLM",
         }
     }
 
@@ -393,6 +400,7 @@ impl Architecture {
             Self::Falcon => "falcon",
             Self::GptBigCode => "gpt_bigcode",
             Self::Gpt2 => "gpt2",
+            Self::Bloom => "bloom",
         }
     }
 
@@ -408,7 +416,8 @@ impl Architecture {
     }
 
     /// Norms that are LayerNorms, with a bias or (OLMo 1) without weights: StarCoder2,
-    /// StableLM, Phi, Phi-3.5-MoE, OLMo 1, Nemotron, GPT-NeoX, Falcon, GPT-BigCode and GPT-2.
+    /// StableLM, Phi, Phi-3.5-MoE, OLMo 1, Nemotron, GPT-NeoX, Falcon, GPT-BigCode, GPT-2 and
+    /// BLOOM.
     /// Cohere's bias-free LayerNorms are not among them.
     pub fn has_layer_norms(self) -> bool {
         matches!(
@@ -423,6 +432,7 @@ impl Architecture {
                 | Self::Falcon
                 | Self::GptBigCode
                 | Self::Gpt2
+                | Self::Bloom
         )
     }
 
@@ -651,6 +661,15 @@ fn mla_config(v: &Value) -> Result<MlaConfig> {
     Ok(m)
 }
 
+/// Where an ALiBi model adds its distance bias to the attention scores ([`crate::alibi`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alibi {
+    /// To the scaled scores (BLOOM).
+    AfterScaling,
+    /// To the scores before they are scaled, so scaled with them (Falcon-RW).
+    BeforeScaling,
+}
+
 /// Where a decoder layer's RMSNorms sit, under transformers' names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NormPlacement {
@@ -805,15 +824,9 @@ fn falcon_has_two_norms(v: &Value) -> bool {
 /// (and the first releases' `n_embed` / `n_head` / `n_layer`): its KV heads as its attention
 /// splits them (`num_kv_heads` in the new layout, one for `multi_query`, else one per head),
 /// `ffn_hidden_size` (4 × hidden), `bias` on every projection, attention beside the MLP
-/// (`parallel_attn`, which the new layout requires). ALiBi Falcons are refused.
+/// (`parallel_attn`, which the new layout requires). `alibi` (Falcon-RW) is read as it is.
 fn with_falcon_keys(v: &Value) -> Result<Value> {
     let flag = |key: &str, default: bool| v.get(key).and_then(Value::as_bool).unwrap_or(default);
-    if flag("alibi", false) {
-        return Err(ModelError::config(
-            "alibi",
-            "Falcon with ALiBi positions (falcon-rw) is not supported; spec-rs runs the rotary Falcons (alibi: false)",
-        ));
-    }
     let (new_layout, parallel) = (flag("new_decoder_architecture", false), flag("parallel_attn", true));
     if new_layout && !parallel {
         return Err(ModelError::config(
@@ -851,6 +864,39 @@ fn with_falcon_keys(v: &Value) -> Result<Value> {
             ("use_parallel_residual", Value::from(new_layout || parallel)),
             ("tie_word_embeddings", Value::from(flag("tie_word_embeddings", true))),
             ("hidden_act", Value::from(v.get("activation").and_then(Value::as_str).unwrap_or("gelu"))),
+        ],
+    ))
+}
+
+/// A BLOOM config under the keys the shared reader takes, with `BloomConfig`'s defaults:
+/// `n_embed` (the first releases' `hidden_size`), `n_layer`, `n_head`, `layer_norm_epsilon`,
+/// an MLP 4 × hidden wide, tied embeddings, and as context `seq_length` or the 2048 positions
+/// BLOOM trained on (ALiBi has no table to bound it). The residual taken after the input norm
+/// (`apply_residual_connection_post_layernorm`) is refused.
+fn with_bloom_keys(v: &Value) -> Result<Value> {
+    if v.get("apply_residual_connection_post_layernorm").and_then(Value::as_bool) == Some(true) {
+        return Err(ModelError::config(
+            "apply_residual_connection_post_layernorm",
+            "BLOOM with the residual taken after the input LayerNorm is not supported; released BLOOM checkpoints \
+             set apply_residual_connection_post_layernorm to false",
+        ));
+    }
+    let usize_of = |keys: &[&str], default: usize| {
+        keys.iter().find_map(|k| v.get(*k).and_then(Value::as_u64)).map_or(default, |x| x as usize)
+    };
+    let hidden = usize_of(&["hidden_size", "n_embed"], 64);
+    Ok(with_keys(
+        v,
+        [
+            ("hidden_size", Value::from(hidden)),
+            ("num_attention_heads", Value::from(usize_of(&["num_attention_heads", "n_head"], 8))),
+            ("num_hidden_layers", Value::from(usize_of(&["num_hidden_layers", "n_layer"], 2))),
+            ("intermediate_size", Value::from(4 * hidden)),
+            ("vocab_size", Value::from(usize_of(&["vocab_size"], 250_880))),
+            ("max_position_embeddings", Value::from(usize_of(&["max_position_embeddings", "seq_length"], 2048))),
+            ("layer_norm_eps", Value::from(opt_f64(v, "layer_norm_epsilon").unwrap_or(1e-5))),
+            ("tie_word_embeddings", Value::from(v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(true))),
+            ("hidden_act", Value::from("gelu_pytorch_tanh")),
         ],
     ))
 }
@@ -1172,6 +1218,12 @@ pub struct DecoderConfig {
     /// Learned absolute positions (`model.embed_positions.weight`, one row per position) are
     /// added to the token embeddings (GPT-2, GPT-BigCode); such a model turns nothing by RoPE.
     pub learned_positions: bool,
+    /// ALiBi's distance bias in every layer's attention (BLOOM, Falcon-RW); such a model turns
+    /// nothing by RoPE.
+    pub alibi: Option<Alibi>,
+    /// A LayerNorm (`model.embed_norm`) over the token embeddings before the first layer
+    /// (BLOOM's `word_embeddings_layernorm`).
+    pub embedding_norm: bool,
     /// `lm_head` adds a bias (Phi; Phi-3.5-MoE's `lm_head_bias`).
     pub lm_head_bias: bool,
     /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Nemotron's
@@ -1692,6 +1744,10 @@ impl DecoderConfig {
                 filled = with_gpt2_keys(v, architecture)?;
                 &filled
             }
+            Architecture::Bloom => {
+                filled = with_bloom_keys(v)?;
+                &filled
+            }
             _ => v,
         };
         let hidden_size = req_usize(v, "hidden_size")?;
@@ -1808,6 +1864,7 @@ impl DecoderConfig {
             | Architecture::Falcon
             | Architecture::GptBigCode
             | Architecture::Gpt2
+            | Architecture::Bloom
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1855,9 +1912,11 @@ impl DecoderConfig {
                 // Arcee and Nemotron square a ReLU; the GELUs are the tanh approximation under
                 // three names.
                 Architecture::Arcee | Architecture::Nemotron => &["relu2"],
-                Architecture::Starcoder2 | Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2 => {
-                    &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"]
-                }
+                Architecture::Starcoder2
+                | Architecture::Phi
+                | Architecture::GptBigCode
+                | Architecture::Gpt2
+                | Architecture::Bloom => &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"],
                 Architecture::StableLm => &["silu"],
                 Architecture::GptNeoX | Architecture::Falcon => &["gelu"],
                 _ => &[act],
@@ -1880,7 +1939,11 @@ impl DecoderConfig {
         let flag = |key: &str| v.get(key).and_then(Value::as_bool).unwrap_or(false);
         let mlp_bias = match architecture {
             Architecture::Starcoder2 => use_bias,
-            Architecture::Phi | Architecture::GptNeoX | Architecture::GptBigCode | Architecture::Gpt2 => true,
+            Architecture::Phi
+            | Architecture::GptNeoX
+            | Architecture::GptBigCode
+            | Architecture::Gpt2
+            | Architecture::Bloom => true,
             // Falcon's `bias` (read as `attention_bias`) covers its MLP too.
             Architecture::Falcon => flag("attention_bias"),
             Architecture::Llama | Architecture::Granite | Architecture::Arcee | Architecture::Nemotron => {
@@ -1920,6 +1983,12 @@ impl DecoderConfig {
         if gpt_oss && sliding_window.is_none() {
             return Err(ModelError::config("sliding_window", "gpt-oss's sliding layers need a positive window"));
         }
+        // BLOOM adds ALiBi to the scaled scores; Falcon-RW (`alibi`) before scaling them.
+        let alibi = match architecture {
+            Architecture::Bloom => Some(Alibi::AfterScaling),
+            Architecture::Falcon if flag("alibi") => Some(Alibi::BeforeScaling),
+            _ => None,
+        };
         let cfg = Self {
             architecture,
             hidden_size,
@@ -1942,9 +2011,8 @@ impl DecoderConfig {
                 | Architecture::GptNeoX
                 | Architecture::Falcon
                 | Architecture::GptBigCode
-                | Architecture::Gpt2 => {
-                    opt_f64(v, "layer_norm_eps").unwrap_or(1e-5)
-                }
+                | Architecture::Gpt2
+                | Architecture::Bloom => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
                 // OLMo 1's LayerNorm fixes its epsilon.
                 Architecture::Olmo => 1e-5,
                 Architecture::Nemotron => opt_f64(v, "norm_eps").unwrap_or(1e-5),
@@ -1961,7 +2029,10 @@ impl DecoderConfig {
                     || matches!(architecture, Architecture::Cohere | Architecture::Cohere2 | Architecture::Starcoder2),
             ),
             attention_bias: (architecture == Architecture::Starcoder2 && use_bias)
-                || matches!(architecture, Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2)
+                || matches!(
+                    architecture,
+                    Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2 | Architecture::Bloom
+                )
                 || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
                 || (architecture == Architecture::StableLm && flag("use_qkv_bias"))
                 || (architecture == Architecture::Falcon && flag("attention_bias"))
@@ -1975,6 +2046,8 @@ impl DecoderConfig {
                 || hunyuan_qk_norm(v, architecture)?,
             // GPT-2 and GPT-BigCode add learned positions and turn nothing.
             learned_positions: architecture.is_gpt2_like(),
+            alibi,
+            embedding_norm: architecture == Architecture::Bloom,
             // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
             fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
             sliding_window,
@@ -1984,7 +2057,10 @@ impl DecoderConfig {
                 // Nemotron's `attention_bias` covers o_proj too, as GPT-NeoX's (on unless off).
                 || (architecture == Architecture::Nemotron && flag("attention_bias"))
                 || (architecture == Architecture::GptNeoX && v.get("attention_bias").and_then(Value::as_bool).unwrap_or(true))
-                || matches!(architecture, Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2)
+                || matches!(
+                    architecture,
+                    Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2 | Architecture::Bloom
+                )
                 // Falcon's `bias` covers every projection.
                 || (architecture == Architecture::Falcon && flag("attention_bias"))
                 // Phi-3.5-MoE's `attention_bias` covers o_proj too.
@@ -2018,6 +2094,7 @@ impl DecoderConfig {
                 // Command R7B's and EXAONE 4.0's full-attention layers attend without RoPE.
                 Architecture::Cohere2 | Architecture::Exaone4 => sliding_layers,
                 Architecture::GptBigCode | Architecture::Gpt2 => Some(vec![false; req_usize(v, "num_hidden_layers")?]),
+                _ if alibi.is_some() => Some(vec![false; req_usize(v, "num_hidden_layers")?]),
                 _ => None,
             },
             moe: match architecture {
@@ -2182,6 +2259,7 @@ impl DecoderConfig {
                 | Architecture::Falcon
                 | Architecture::GptBigCode
                 | Architecture::Gpt2
+                | Architecture::Bloom
         )
     }
 

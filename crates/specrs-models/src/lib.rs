@@ -35,7 +35,8 @@ pub mod weights;
 pub use batch::{AttentionMask, BatchRow, ForwardBatch};
 pub use compute::on_compute_pool;
 pub use config::{
-    Architecture, DecoderConfig, Llama4Attention, MoeConfig, QueryTemperature, RopeScaling, Router, SharedExpertConfig,
+    Alibi, Architecture, DecoderConfig, Llama4Attention, MoeConfig, QueryTemperature, RopeScaling, Router,
+    SharedExpertConfig,
 };
 pub use error::{ModelError, Result};
 pub use kv_cache::PagedKvCache;

@@ -2250,3 +2250,52 @@ pub fn as_gpt2(tensors: &HashMap<String, Tensor>, s: &TinyShape, root: &str) -> 
     }
     Ok(out)
 }
+
+/// A BLOOM `config.json` for a tiny target with `BloomConfig`'s own keys (`n_embed`,
+/// `n_layer`, `n_head`, `layer_norm_epsilon`) and no intermediate size (BLOOM's MLP is 4 ×
+/// hidden, so `s.intermediate` must be that), tied embeddings as BLOOM's are.
+pub fn bloom_config(s: &TinyShape) -> Value {
+    assert!(s.kv_heads == s.heads && s.hidden == s.heads * s.head_dim, "BLOOM's heads span the hidden size");
+    assert_eq!(s.intermediate, 4 * s.hidden, "BLOOM's MLP is 4 × hidden wide");
+    json!({
+        "architectures": [Architecture::Bloom.hf_name()], "model_type": "bloom",
+        "n_embed": s.hidden, "n_layer": s.layers, "n_head": s.heads, "vocab_size": s.vocab,
+        "layer_norm_epsilon": 1e-5, "apply_residual_connection_post_layernorm": false,
+        "pretraining_tp": 1, "slow_but_exact": false, "bos_token_id": 1, "eos_token_id": 2,
+    })
+}
+
+/// Random weights for a tiny BLOOM under the shared layer's names: GPT-NeoX's (biases on
+/// every projection and norm) with the embedding's LayerNorm (`model.embed_norm`) and no
+/// `lm_head` (tied).
+pub fn random_bloom(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_gpt_neox(s, seed)?;
+    t.remove("lm_head.weight");
+    let norm = (random_tensor(&[s.hidden], 0.2, seed * 11 + 3)? + 1.0)?;
+    t.insert("model.embed_norm.weight".into(), norm);
+    t.insert("model.embed_norm.bias".into(), random_tensor(&[s.hidden], 0.2, seed * 11 + 5)?);
+    Ok(t)
+}
+
+/// A BLOOM checkpoint's own names under `root` (`transformer.`, or nothing as BigScience saved
+/// the base model): `word_embeddings`, `word_embeddings_layernorm`, `h.{i}`,
+/// `self_attention.dense`, `mlp.dense_h_to_4h` / `dense_4h_to_h`, `ln_f`, and q, k and v fused
+/// head by head into `self_attention.query_key_value`.
+pub fn as_bloom(tensors: &HashMap<String, Tensor>, s: &TinyShape, root: &str) -> Result<HashMap<String, Tensor>> {
+    // A [q, k, v] group per head.
+    let named = renamed_with_fused_qkv(
+        tensors,
+        s,
+        &[("model.embed_tokens.weight", "transformer.word_embeddings.weight")],
+        &[
+            ("model.embed_norm.", "transformer.word_embeddings_layernorm."),
+            ("model.norm.", "transformer.ln_f."),
+            ("model.layers.", "transformer.h."),
+            (".self_attn.o_proj.", ".self_attention.dense."),
+            (".mlp.up_proj.", ".mlp.dense_h_to_4h."),
+            (".mlp.down_proj.", ".mlp.dense_4h_to_h."),
+        ],
+        "self_attention.query_key_value",
+    )?;
+    Ok(named.into_iter().map(|(name, t)| (name.replacen("transformer.", root, 1), t)).collect())
+}

@@ -3,7 +3,8 @@
 //! (`ln_attn`, `ln_mlp`), Falcon2-11B's groups with one, and the first layout's per-head q/k/v,
 //! biased and one block after the other; q, k and v fused group by group; an exact-GELU MLP
 //! without a gate. Each matches transformers' forward (`common::Reference`) in one prefill and
-//! token by token, and loads from llama.cpp's `falcon` GGUF to the same model.
+//! token by token, and loads from llama.cpp's `falcon` GGUF to the same model. Falcon-RW's
+//! ALiBi is added before the scores are scaled, as transformers adds it.
 
 mod common;
 
@@ -11,11 +12,14 @@ use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::{Device, Tensor};
-use common::{Reference, assert_close, gguf_fused_qkv, gguf_named, is_q_k_or_v, logits, write_gguf};
+use common::{
+    AlibiLayout, Reference, assert_close, bloom_alibi_slopes, gguf_fused_qkv, gguf_named, is_q_k_or_v, logits,
+    write_gguf,
+};
 use serde_json::json;
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, FalconLayout, TinyShape};
-use specrs_models::{Architecture, DecoderConfig, ModelDType, load_causal_lm};
+use specrs_models::{Alibi, Architecture, DecoderConfig, ModelDType, load_causal_lm};
 
 /// Falcon's heads span the hidden size; `kv_heads` varies by layout.
 fn shape(kv_heads: usize) -> TinyShape {
@@ -87,6 +91,32 @@ fn every_released_layout_matches_the_transformers_forward() {
 }
 
 #[test]
+fn falcon_rw_adds_alibi_to_the_scores_before_scaling_them() {
+    // Falcon-RW-1B's layout: per-head q/k/v, biased, one block after the other, `alibi`.
+    let (s, layout) = (
+        shape(4),
+        FalconLayout { new_decoder_architecture: false, parallel_attn: false, two_norms: false, bias: true },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = testing::random_falcon(&s, layout, 560).unwrap();
+    let mut config = testing::falcon_config(&s, layout);
+    config["alibi"] = json!(true);
+    testing::write_checkpoint(dir.path(), &config, &testing::as_falcon(&tensors, &s, layout).unwrap()).unwrap();
+    let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+    let cfg = model.config();
+    assert_eq!((cfg.alibi, cfg.rope_layers.clone()), (Some(Alibi::BeforeScaling), Some(vec![false; s.layers])));
+    let with_alibi = |before_scaling| Reference {
+        rope_layers: Some(vec![false; s.layers]),
+        alibi: Some(AlibiLayout { slopes: bloom_alibi_slopes(s.heads), before_scaling }),
+        ..reference(&tensors, s, layout)
+    };
+    let want = with_alibi(true).logits(&ids());
+    assert_close(&logits(&model, &ids(), false), &want, "Falcon-RW");
+    assert_close(&logits(&model, &ids(), true), &want, "Falcon-RW token by token");
+    assert!(max_gap(&with_alibi(false).logits(&ids()), &want) > 1e-3, "where the bias joins the scores matters");
+}
+
+#[test]
 fn the_config_reads_falcons_keys_and_defaults() {
     // Falcon-7B's config as released: no KV count (multi-query), no MLP width (4 × hidden),
     // old names for the shape.
@@ -116,11 +146,9 @@ fn unsupported_falcon_configs_are_refused_by_key() {
         &s,
         FalconLayout { new_decoder_architecture: false, parallel_attn: true, two_norms: false, bias: false },
     );
-    for (key, value, names) in [
-        ("alibi", json!(true), "ALiBi"),
-        ("activation", json!("relu"), "gelu"),
-        ("num_ln_in_parallel_attn", json!(2), "new_decoder_architecture"),
-    ] {
+    for (key, value, names) in
+        [("activation", json!("relu"), "gelu"), ("num_ln_in_parallel_attn", json!(2), "new_decoder_architecture")]
+    {
         let mut c = base.clone();
         c[key] = value;
         let e = DecoderConfig::from_hf_json(&c).unwrap_err().to_string();

@@ -1,6 +1,7 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
 pub mod arcee;
+pub mod bloom;
 pub mod cohere;
 pub mod deepseek;
 pub mod ernie4_5;
@@ -92,6 +93,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Falcon => store.set_aliases(falcon::aliases(&cfg))?,
                 Architecture::GptBigCode => store.set_aliases(gpt_bigcode::aliases(&cfg))?,
                 Architecture::Gpt2 => store.set_aliases(gpt2::aliases(store, &cfg))?,
+                Architecture::Bloom => store.set_aliases(bloom::aliases(store, &cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -118,6 +120,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Falcon => falcon::adapt(cfg),
                 Architecture::GptBigCode => gpt_bigcode::adapt(cfg),
                 Architecture::Gpt2 => gpt2::adapt(cfg),
+                Architecture::Bloom => bloom::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),

@@ -7,9 +7,10 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use crate::alibi::AlibiSlopes;
 use crate::attention::{AttentionShape, AttentionSinks, fixed_attention, paged_attention};
 use crate::batch::ForwardBatch;
-use crate::config::{Architecture, DecoderConfig, NormPlacement, QueryTemperature};
+use crate::config::{Alibi, Architecture, DecoderConfig, NormPlacement, QueryTemperature};
 use crate::error::Result as LoadResult;
 use crate::graph::StepInputs;
 use crate::kv_cache::PagedKvCache;
@@ -77,7 +78,12 @@ impl SelfAttention {
             true => Some(AttentionSinks::new(&store.tensor(&format!("{prefix}.sinks"), &[num_heads])?)?),
             false => None,
         };
-        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks, alibi: None };
+        let alibi = match cfg.alibi {
+            Some(Alibi::AfterScaling) => Some(AlibiSlopes::bloom(num_heads, 1.0, store.device())?),
+            Some(Alibi::BeforeScaling) => Some(AlibiSlopes::bloom(num_heads, f64::from(scale), store.device())?),
+            None => None,
+        };
+        let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks, alibi };
         if let Some(m) = cfg.mla {
             let projection = Projection::Latent(Box::new(LatentProjection::load(store, prefix, cfg, m, in_dim)?));
             let o_proj = store.linear(
@@ -326,9 +332,11 @@ impl Activation {
         match cfg.architecture {
             _ if cfg.gemma.is_some() => Self::GeluTanh,
             Architecture::Arcee | Architecture::Nemotron => Self::ReluSquared,
-            Architecture::Starcoder2 | Architecture::Phi | Architecture::GptBigCode | Architecture::Gpt2 => {
-                Self::GeluTanh
-            }
+            Architecture::Starcoder2
+            | Architecture::Phi
+            | Architecture::GptBigCode
+            | Architecture::Gpt2
+            | Architecture::Bloom => Self::GeluTanh,
             Architecture::GptNeoX | Architecture::Falcon => Self::Gelu,
             _ => Self::Silu,
         }
@@ -695,6 +703,8 @@ pub struct CausalLm {
     /// `[max_positions, hidden]` learned positions added to the embeddings (GPT-2,
     /// GPT-BigCode).
     embed_positions: Option<Tensor>,
+    /// The LayerNorm over the embeddings (BLOOM).
+    embed_norm: Option<RmsNorm>,
     rope: RotaryEmbedding,
     /// Gemma's sliding layers' RoPE (their own base, no scaling).
     local_rope: Option<RotaryEmbedding>,
@@ -726,6 +736,10 @@ impl CausalLm {
             softcap: config.scales.logits_softcap.map(|c| c as f32),
         };
         let dtype = store.compute_dtype();
+        let embed_norm = match config.embedding_norm {
+            true => Some(load_norm(store, "model.embed_norm", h, &config)?),
+            false => None,
+        };
         let embed_positions = match config.learned_positions {
             true => Some(
                 store.tensor("model.embed_positions.weight", &[config.max_position_embeddings, h])?.to_dtype(dtype)?,
@@ -759,6 +773,7 @@ impl CausalLm {
             norm,
             head,
             embed_positions,
+            embed_norm,
             rope,
             local_rope,
             device: store.device().clone(),
@@ -839,11 +854,16 @@ impl CausalLm {
         }
     }
 
-    /// `x [T, hidden]` plus each token's learned position row (GPT-2, GPT-BigCode); as it is
-    /// where RoPE carries positions instead.
-    fn add_positions(&self, x: Tensor, positions: &Tensor) -> Result<Tensor> {
-        match &self.embed_positions {
-            Some(table) => x + table.index_select(positions, 0)?,
+    /// What the first layer reads, `ids [T] -> [T, hidden]`: the token embeddings plus each
+    /// token's learned position row (GPT-2, GPT-BigCode), then normed (BLOOM).
+    fn input_embeddings(&self, ids: &Tensor, positions: &Tensor) -> Result<Tensor> {
+        let x = self.embed(ids)?;
+        let x = match &self.embed_positions {
+            Some(table) => (x + table.index_select(positions, 0)?)?,
+            None => x,
+        };
+        match &self.embed_norm {
+            Some(norm) => norm.forward(&x),
             None => Ok(x),
         }
     }
@@ -880,7 +900,7 @@ impl CausalLm {
         }
         let (cos, sin) = self.rope.tables(&inputs.positions)?;
         // [B · (W + 1)] -> [B · (W + 1), H].
-        let mut x = self.add_positions(self.embed(&inputs.input_ids)?, &inputs.positions)?;
+        let mut x = self.input_embeddings(&inputs.input_ids, &inputs.positions)?;
         let mut tapped: Vec<Option<Tensor>> = vec![None; taps.len()];
         let mut record = |index: usize, x: &Tensor| {
             for (slot, &want) in tapped.iter_mut().zip(taps) {
@@ -948,7 +968,7 @@ impl CausalLm {
         let chunked = self.config.attention_chunk().map(|c| ForwardBatch { attention_chunk: Some(c), ..batch.clone() });
 
         // 1. Embed (and add learned positions): [T] -> [T, H].
-        let mut x = self.add_positions(self.embed(&ids)?, &positions)?;
+        let mut x = self.input_embeddings(&ids, &positions)?;
         let mut taps: Vec<Option<Tensor>> = vec![None; batch.taps.len()];
         let mut record = |index: usize, x: &Tensor| {
             for (slot, &want) in taps.iter_mut().zip(&batch.taps) {

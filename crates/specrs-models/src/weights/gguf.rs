@@ -14,8 +14,8 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 
 use crate::config::{
-    Architecture, DecoderConfig, GemmaConfig, Llama4Attention, MlaConfig, MoeConfig, QueryTemperature, RopeScaling,
-    Router, Scales, SharedExpertConfig,
+    Alibi, Architecture, DecoderConfig, GemmaConfig, Llama4Attention, MlaConfig, MoeConfig, QueryTemperature,
+    RopeScaling, Router, Scales, SharedExpertConfig,
 };
 use crate::error::{ModelError, Result};
 use crate::rope::half_rotation_rows;
@@ -87,6 +87,8 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.embed_positions.weight" => Some("position_embd.weight"),
+        "model.embed_norm.weight" => Some("token_embd_norm.weight"),
+        "model.embed_norm.bias" => Some("token_embd_norm.bias"),
         "model.norm.weight" => Some("output_norm.weight"),
         "model.norm.bias" => Some("output_norm.bias"),
         "lm_head.bias" => Some("output.bias"),
@@ -438,8 +440,11 @@ impl GgufSource {
                         | Architecture::Falcon
                         | Architecture::GptBigCode
                         | Architecture::Gpt2
+                        | Architecture::Bloom
                 ) && has("blk.0.attn_qkv.weight")),
             learned_positions: has("position_embd.weight"),
+            alibi: (self.architecture == Architecture::Bloom).then_some(Alibi::AfterScaling),
+            embedding_norm: has("token_embd_norm.weight"),
             sliding_window: match (&gemma, self.architecture) {
                 (Some((_, _, Some(_))), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
                 (Some((_, _, None)), _) => None,
@@ -479,7 +484,9 @@ impl GgufSource {
             attention_sinks: false,
             // llama.cpp fixes SmolLM3's and Llama 4's step: every fourth layer attends without RoPE.
             rope_layers: match self.architecture {
-                _ if has("position_embd.weight") => Some(vec![false; num_hidden_layers]),
+                _ if has("position_embd.weight") || self.architecture == Architecture::Bloom => {
+                    Some(vec![false; num_hidden_layers])
+                }
                 Architecture::SmolLm3 | Architecture::Llama4 => {
                     Some((0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect())
                 }

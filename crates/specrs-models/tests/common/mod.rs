@@ -125,6 +125,28 @@ pub struct MlaLayout {
     pub scale: f32,
 }
 
+/// ALiBi as transformers adds it: `slopes[h] · x` to head `h`'s score of key `x`, after the
+/// scores are scaled (BLOOM's `baddbmm`) or before (Falcon-RW's, so scaled with them).
+pub struct AlibiLayout {
+    pub slopes: Vec<f32>,
+    pub before_scaling: bool,
+}
+
+/// `build_alibi_tensor`'s slopes for `heads` heads, as BLOOM and Falcon compute them: a
+/// geometric series `base^1 .. base^p` for the largest power of two `p <= heads`, then odd
+/// powers of the next series' base for the rest.
+pub fn bloom_alibi_slopes(heads: usize) -> Vec<f32> {
+    let closest = 2usize.pow((heads as f64).log2().floor() as u32);
+    let base = 2f32.powf(-(2f32.powf(-((closest as f32).log2() - 3.0))));
+    let mut slopes: Vec<f32> = (1..=closest).map(|p| base.powi(p as i32)).collect();
+    if closest != heads {
+        let extra_base = 2f32.powf(-(2f32.powf(-((2.0 * closest as f32).log2() - 3.0))));
+        let remaining = closest.min(heads - closest);
+        slopes.extend((1..1 + 2 * remaining).step_by(2).map(|p| extra_base.powi(p as i32)));
+    }
+    slopes
+}
+
 pub struct Reference<'a> {
     pub tensors: &'a HashMap<String, Tensor>,
     pub shape: TinyShape,
@@ -169,6 +191,7 @@ pub struct Reference<'a> {
     /// Side by side, the MLP reads `post_attention_layernorm` of the residual (GPT-NeoX), not
     /// attention's input.
     pub parallel_mlp_norm: bool,
+    pub alibi: Option<AlibiLayout>,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -238,6 +261,7 @@ impl<'a> Reference<'a> {
             layer_norm_1p: false,
             exact_gelu: false,
             parallel_mlp_norm: false,
+            alibi: None,
         }
     }
 
@@ -476,7 +500,12 @@ impl<'a> Reference<'a> {
                 let scores: Vec<f32> = (first..=qi)
                     .map(|kj| {
                         let k = head(kj, nh + kvh, nh, &k_norm, true);
-                        let score = q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                        let dot = q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>();
+                        let score = match &self.alibi {
+                            Some(a) if a.before_scaling => (dot + a.slopes[h] * kj as f32) * scale,
+                            Some(a) => dot * scale + a.slopes[h] * kj as f32,
+                            None => dot * scale,
+                        };
                         match self.gemma.as_ref().and_then(|g| g.softcaps) {
                             Some((cap, _)) => soft_cap(score, cap),
                             None => score,
@@ -719,6 +748,10 @@ impl<'a> Reference<'a> {
         // Learned absolute positions (GPT-BigCode), token `t` at position `t`.
         if let Some(table) = self.get("model.embed_positions.weight") {
             x = add(&x, &host(table)[..ids.len()]);
+        }
+        // BLOOM's LayerNorm over the embeddings.
+        if self.get("model.embed_norm.weight").is_some() {
+            x = self.rms(&x, "model.embed_norm.weight");
         }
         // Norms around attention and MLP (Gemma, GLM-4) under Gemma's names, or after them only
         // (OLMo 2: no input norms).
