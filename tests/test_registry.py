@@ -568,6 +568,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "FalconForCausalLM",
         "GPTBigCodeForCausalLM",
         "GPT2LMHeadModel",
+        "BloomForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

@@ -453,6 +453,13 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "BloomForCausalLM",
+        example_repo_ids: &["bigscience/bloom-560m", "bigscience/bloomz-7b1", "bigscience/bloom"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "GPTBigCodeForCausalLM",
         example_repo_ids: &["bigcode/starcoderbase-1b", "bigcode/starcoder", "bigcode/gpt_bigcode-santacoder"],
         default_weights_format: "safetensors",
@@ -461,7 +468,12 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
     },
     ArchitectureSpec {
         name: "FalconForCausalLM",
-        example_repo_ids: &["tiiuae/falcon-7b-instruct", "tiiuae/falcon-40b", "tiiuae/falcon-11B"],
+        example_repo_ids: &[
+            "tiiuae/falcon-7b-instruct",
+            "tiiuae/falcon-40b",
+            "tiiuae/falcon-11B",
+            "tiiuae/falcon-rw-1b",
+        ],
         default_weights_format: "safetensors",
         supports_spec_decode_mixed_batches: true,
         supports_device_graph_capture: true,

@@ -871,3 +871,25 @@ fn a_gpt2_target_with_conv1d_weights_and_learned_positions_speculates_losslessly
     write(&target, &testing::gpt2_config(&shape, 512), &testing::as_gpt2(&tensors, &shape, "transformer.").unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 499, "GPT-2");
 }
+
+#[test]
+fn alibi_targets_bloom_and_falcon_rw_speculate_losslessly() {
+    // BLOOM: ALiBi after the score scale, a LayerNorm over the embeddings, names without
+    // `transformer.` as BigScience saved them.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("bloom");
+    let shape = TinyShape { kv_heads: SHAPE.heads, intermediate: 4 * SHAPE.hidden, ..SHAPE };
+    let tensors = testing::random_bloom(&shape, 503).unwrap();
+    write(&target, &testing::bloom_config(&shape), &testing::as_bloom(&tensors, &shape, "").unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 509, "BLOOM");
+    // Falcon-RW: ALiBi before the scale, per-head q/k/v, biased, one block after the other.
+    let target = dir.path().join("falcon-rw");
+    let shape = TinyShape { kv_heads: SHAPE.heads, ..SHAPE };
+    let layout =
+        testing::FalconLayout { new_decoder_architecture: false, parallel_attn: false, two_norms: false, bias: true };
+    let tensors = testing::random_falcon(&shape, layout, 521).unwrap();
+    let mut config = testing::falcon_config(&shape, layout);
+    config["alibi"] = serde_json::json!(true);
+    write(&target, &config, &testing::as_falcon(&tensors, &shape, layout).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3-rw"), 523, "Falcon-RW");
+}
