@@ -569,6 +569,8 @@ def pipeline_class_name(pipeline: type) -> str:
         "GPTBigCodeForCausalLM",
         "GPT2LMHeadModel",
         "BloomForCausalLM",
+        "MptForCausalLM",
+        "MPTForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

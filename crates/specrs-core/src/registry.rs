@@ -460,6 +460,20 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "MptForCausalLM",
+        example_repo_ids: &["mosaicml/mpt-7b-instruct", "mosaicml/mpt-30b-chat", "replit/replit-code-v1-3b"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
+        name: "MPTForCausalLM",
+        example_repo_ids: &["mosaicml/mpt-7b", "mosaicml/mpt-7b-storywriter"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "GPTBigCodeForCausalLM",
         example_repo_ids: &["bigcode/starcoderbase-1b", "bigcode/starcoder", "bigcode/gpt_bigcode-santacoder"],
         default_weights_format: "safetensors",

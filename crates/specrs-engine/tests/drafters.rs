@@ -893,3 +893,13 @@ fn alibi_targets_bloom_and_falcon_rw_speculate_losslessly() {
     write(&target, &config, &testing::as_falcon(&tensors, &shape, layout).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3-rw"), 523, "Falcon-RW");
 }
+
+#[test]
+fn an_mpt_target_with_alibi_and_clamped_qkv_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("mpt");
+    let shape = TinyShape { kv_heads: SHAPE.heads, ..SHAPE };
+    let tensors = testing::random_mpt(&shape, 541).unwrap();
+    write(&target, &testing::mpt_config(&shape, 8.0, Some(0.5)), &testing::as_mpt(&tensors, &shape).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 547, "MPT");
+}

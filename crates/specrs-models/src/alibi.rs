@@ -1,6 +1,6 @@
 //! ALiBi (Press et al., "Train Short, Test Long"): no position embeddings; each head adds
 //! `slope · (key - query)` to its attention scores, a linear penalty on distance with a
-//! geometric series of slopes over the heads. BLOOM and Falcon-RW use it.
+//! geometric series of slopes over the heads. BLOOM, Falcon-RW and MPT use it.
 //!
 //! Every attention path adds the bias as `slope · (x - last)`, `last` the last key the query
 //! sees: a constant shift per query of BLOOM's `slope · x`, so the softmax is the same, while
@@ -23,13 +23,15 @@ impl AlibiSlopes {
         Ok(Self { device: Tensor::from_slice(&slopes, n, device)?, host: slopes })
     }
 
-    /// BLOOM's slopes (`build_alibi_tensor`), each times `scale`: for `n` heads and `p` the
-    /// largest power of two not above `n`, `2^(-8i/p)` for `i = 1..=p`, then for the other
-    /// `n - p` heads the odd terms `2^(-4i/p)`, `i = 1, 3, 5, …` of the series for `2p`.
-    /// Falcon-RW adds the bias before scaling the scores: its `scale` is the score scale.
-    pub fn bloom(num_heads: usize, scale: f64, device: &Device) -> Result<Self> {
+    /// The slopes for `n` heads, each times `scale`: for `p` the largest power of two not
+    /// above `n`, `2^(-b·i/p)` for `i = 1..=p`, then for the other `n - p` heads the odd terms
+    /// `2^(-b·i/2p)`, `i = 1, 3, 5, …` of the series for `2p`, `b` being `max_bias`. BLOOM's
+    /// `build_alibi_tensor` is `b = 8`; MPT's (`alibi_bias_max`, over the next power of two,
+    /// its even terms first) and llama.cpp's (`max_alibi_bias`) are the same series. Falcon-RW
+    /// adds the bias before scaling the scores: its `scale` is the score scale.
+    pub fn geometric(num_heads: usize, max_bias: f64, scale: f64, device: &Device) -> Result<Self> {
         let p = 1usize << num_heads.ilog2();
-        let base = |heads: usize| 2f64.powf(-8.0 / heads as f64);
+        let base = |heads: usize| 2f64.powf(-max_bias / heads as f64);
         let slopes = (1..=p)
             .map(|i| base(p).powi(i as i32))
             .chain((1..2 * (num_heads - p)).step_by(2).map(|i| base(2 * p).powi(i as i32)))
@@ -69,7 +71,7 @@ mod tests {
 
     #[test]
     fn bloom_slopes_follow_the_geometric_series_and_fill_odd_head_counts_from_the_next_one() {
-        let slopes = |n| AlibiSlopes::bloom(n, 1.0, &Device::Cpu).unwrap().host().to_vec();
+        let slopes = |n| AlibiSlopes::geometric(n, 8.0, 1.0, &Device::Cpu).unwrap().host().to_vec();
         // 8 heads: 2^-1 .. 2^-8.
         let want: Vec<f32> = (1..=8).map(|i| 0.5f32.powi(i)).collect();
         assert_eq!(slopes(8), want);
@@ -81,7 +83,33 @@ mod tests {
             assert!((f64::from(*got) - 2f64.powf(-e)).abs() < 1e-7, "{got} vs 2^-{e}");
         }
         assert_eq!(slopes(1), vec![2f32.powi(-8)]);
-        let scaled = AlibiSlopes::bloom(4, 0.25, &Device::Cpu).unwrap();
+        let scaled = AlibiSlopes::geometric(4, 8.0, 0.25, &Device::Cpu).unwrap();
         assert_eq!(scaled.host(), &[0.0625, 0.015625, 0.00390625, 0.0009765625]);
+    }
+
+    /// MPT's `build_mpt_alibi_tensor` slopes as it computes them: `2^(-b·i/P)` for
+    /// `i = 1..=P`, `P` the next power of two, reordered odd-indexed first, cut to `n`.
+    fn mpt_slopes(n: usize, max_bias: f64) -> Vec<f64> {
+        let p = n.next_power_of_two();
+        let all: Vec<f64> = (1..=p).map(|i| 1.0 / 2f64.powf(i as f64 * max_bias / p as f64)).collect();
+        if p == n {
+            return all;
+        }
+        all.iter().skip(1).step_by(2).chain(all.iter().step_by(2)).take(n).copied().collect()
+    }
+
+    #[test]
+    fn mpts_series_over_the_next_power_of_two_is_the_same_as_blooms_for_any_bias() {
+        for n in [1, 4, 6, 12, 32, 48, 56, 112] {
+            for max_bias in [8.0, 6.0, 12.0] {
+                let ours = AlibiSlopes::geometric(n, max_bias, 1.0, &Device::Cpu).unwrap();
+                for (h, (got, want)) in ours.host().iter().zip(mpt_slopes(n, max_bias)).enumerate() {
+                    assert!(
+                        (f64::from(*got) - want).abs() < 1e-7 * want.max(1e-3),
+                        "{n} heads, b {max_bias}, head {h}"
+                    );
+                }
+            }
+        }
     }
 }

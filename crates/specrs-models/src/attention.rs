@@ -860,7 +860,7 @@ mod tests {
             [(AttentionMask::Causal, None), (AttentionMask::Causal, Some(3)), (AttentionMask::BlockNonCausal, None)]
         {
             let (q, cache, batch, plain) = setup(mask, window);
-            let alibi = AlibiSlopes::bloom(4, 4.0, &Device::Cpu).unwrap();
+            let alibi = AlibiSlopes::geometric(4, 8.0, 4.0, &Device::Cpu).unwrap();
             let shape = AttentionShape { alibi: Some(alibi.clone()), ..plain.clone() };
             let got = every_path_agrees(&q, &cache, &batch, &shape);
             let (kc, vc) = cache.layer(0);

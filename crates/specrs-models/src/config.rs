@@ -178,6 +178,11 @@ pub enum Architecture {
     /// place of positions, a LayerNorm over the embeddings, pre-norm layers of LayerNorms with
     /// bias, q, k and v fused per head, biases everywhere, a tanh-GELU MLP without a gate.
     Bloom,
+    /// MPT (`MptForCausalLM`: MPT-7B / 30B and their Instruct / Chat / StoryWriter tunes,
+    /// Replit Code v1): ALiBi in place of positions (`alibi_bias_max`), LayerNorms without
+    /// bias, q, k and v fused in `Wqkv` (all q, then k, then v) and optionally clamped, no
+    /// biases, an exact-GELU MLP without a gate, tied embeddings.
+    Mpt,
 }
 
 impl Architecture {
@@ -213,6 +218,9 @@ impl Architecture {
         ("GPTBigCodeForCausalLM", Architecture::GptBigCode),
         ("GPT2LMHeadModel", Architecture::Gpt2),
         ("BloomForCausalLM", Architecture::Bloom),
+        ("MptForCausalLM", Architecture::Mpt),
+        // MosaicML's own checkpoints name their remote-code class.
+        ("MPTForCausalLM", Architecture::Mpt),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -248,6 +256,7 @@ impl Architecture {
         ("starcoder", Architecture::GptBigCode),
         ("gpt2", Architecture::Gpt2),
         ("bloom", Architecture::Bloom),
+        ("mpt", Architecture::Mpt),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
@@ -350,6 +359,7 @@ impl Architecture {
             Self::GptBigCode => "GPTBigCodeForCausalLM",
             Self::Gpt2 => "GPT2LMHeadModel",
             Self::Bloom => "BloomForCausalLM",
+            Self::Mpt => "MptForCausalLM",
         }
     }
 
@@ -401,6 +411,7 @@ impl Architecture {
             Self::GptBigCode => "gpt_bigcode",
             Self::Gpt2 => "gpt2",
             Self::Bloom => "bloom",
+            Self::Mpt => "mpt",
         }
     }
 
@@ -661,13 +672,22 @@ fn mla_config(v: &Value) -> Result<MlaConfig> {
     Ok(m)
 }
 
-/// Where an ALiBi model adds its distance bias to the attention scores ([`crate::alibi`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Alibi {
-    /// To the scaled scores (BLOOM).
-    AfterScaling,
-    /// To the scores before they are scaled, so scaled with them (Falcon-RW).
-    BeforeScaling,
+/// ALiBi's distance bias on the attention scores ([`crate::alibi`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Alibi {
+    /// The slopes' series, `2^(-max_bias · i / heads)` (8 for BLOOM and Falcon-RW; MPT's
+    /// `alibi_bias_max`).
+    pub max_bias: f64,
+    /// Added to the scores before they are scaled, so scaled with them (Falcon-RW), rather
+    /// than to the scaled scores (BLOOM, MPT).
+    pub before_scaling: bool,
+}
+
+impl Alibi {
+    /// BLOOM's: slopes from `2^-8`, added to the scaled scores.
+    pub const BLOOM: Self = Self { max_bias: 8.0, before_scaling: false };
+    /// Falcon-RW's: BLOOM's slopes, added before the scores are scaled.
+    pub const FALCON_RW: Self = Self { max_bias: 8.0, before_scaling: true };
 }
 
 /// Where a decoder layer's RMSNorms sit, under transformers' names.
@@ -899,6 +919,78 @@ fn with_bloom_keys(v: &Value) -> Result<Value> {
             ("hidden_act", Value::from("gelu_pytorch_tanh")),
         ],
     ))
+}
+
+/// An MPT config under the keys the shared reader takes, with `MptConfig`'s defaults:
+/// `d_model`, `n_heads`, `n_layers`, `expansion_ratio` × `d_model` as the MLP width,
+/// `max_seq_len`, `layer_norm_epsilon`, tied embeddings, and from `attn_config` its
+/// `clip_qkv` and `alibi_bias_max` (read by [`mpt_alibi`]). What transformers' MPT does not
+/// run is refused by key: learned positions (`alibi: false`), grouped or prefix-LM
+/// attention, q/k LayerNorms, a custom softmax scale, biased projections and norms.
+fn with_mpt_keys(v: &Value) -> Result<Value> {
+    let attn = v.get("attn_config").cloned().unwrap_or(Value::Null);
+    let refused = |key: &str, bad: bool, why: &str| match bad {
+        true => Err(ModelError::config(key, why.to_string())),
+        false => Ok(()),
+    };
+    let attn_flag = |key: &str| attn.get(key).and_then(Value::as_bool);
+    refused(
+        "attn_config.alibi",
+        attn_flag("alibi") == Some(false),
+        "MPT with learned positions in place of ALiBi is not supported; released MPT checkpoints set alibi to true",
+    )?;
+    let attn_type = attn.get("attn_type").and_then(Value::as_str).unwrap_or("multihead_attention");
+    refused(
+        "attn_config.attn_type",
+        attn_type != "multihead_attention",
+        &format!("MPT attention '{attn_type}' is not supported (supported: multihead_attention)"),
+    )?;
+    refused("attn_config.prefix_lm", attn_flag("prefix_lm") == Some(true), "MPT as a prefix LM is not supported")?;
+    refused(
+        "attn_config.qk_ln",
+        attn_flag("qk_ln") == Some(true),
+        "MPT with q/k LayerNorms is not supported; released MPT checkpoints set qk_ln to false",
+    )?;
+    refused(
+        "attn_config.softmax_scale",
+        attn.get("softmax_scale").is_some_and(|s| !s.is_null()),
+        "MPT with its own softmax_scale is not supported; leave it null for 1/sqrt(head_dim)",
+    )?;
+    refused(
+        "no_bias",
+        v.get("no_bias").and_then(Value::as_bool) == Some(false),
+        "MPT with biased projections and norms is not supported; released MPT checkpoints set no_bias to true",
+    )?;
+    let usize_of = |key: &str, default: usize| v.get(key).and_then(Value::as_u64).map_or(default, |x| x as usize);
+    let hidden = usize_of("d_model", 2048);
+    let expansion = v.get("expansion_ratio").and_then(Value::as_f64).unwrap_or(4.0);
+    Ok(with_keys(
+        v,
+        [
+            ("hidden_size", Value::from(hidden)),
+            ("num_attention_heads", Value::from(usize_of("n_heads", 16))),
+            ("num_hidden_layers", Value::from(usize_of("n_layers", 24))),
+            ("intermediate_size", Value::from((expansion * hidden as f64).round() as usize)),
+            ("vocab_size", Value::from(usize_of("vocab_size", 50_368))),
+            ("max_position_embeddings", Value::from(usize_of("max_seq_len", 2048))),
+            ("layer_norm_eps", Value::from(opt_f64(v, "layer_norm_epsilon").unwrap_or(1e-5))),
+            ("tie_word_embeddings", Value::from(v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(true))),
+            ("hidden_act", Value::from("gelu")),
+            ("clip_qkv", attn.get("clip_qkv").cloned().unwrap_or(Value::Null)),
+        ],
+    ))
+}
+
+/// MPT's ALiBi: slopes of `attn_config.alibi_bias_max` (8 unless set), added to the scaled
+/// scores.
+fn mpt_alibi(v: &Value) -> Result<Alibi> {
+    match v.get("attn_config").and_then(|a| a.get("alibi_bias_max")) {
+        None | Some(Value::Null) => Ok(Alibi::BLOOM),
+        Some(b) => match b.as_f64() {
+            Some(max_bias) if max_bias.is_finite() && max_bias > 0.0 => Ok(Alibi { max_bias, before_scaling: false }),
+            _ => Err(ModelError::config("attn_config.alibi_bias_max", format!("must be a positive number, got {b}"))),
+        },
+    }
 }
 
 /// A GPT-2 or GPT-BigCode config under the keys the shared reader takes, with their
@@ -1748,6 +1840,10 @@ impl DecoderConfig {
                 filled = with_bloom_keys(v)?;
                 &filled
             }
+            Architecture::Mpt => {
+                filled = with_mpt_keys(v)?;
+                &filled
+            }
             _ => v,
         };
         let hidden_size = req_usize(v, "hidden_size")?;
@@ -1865,6 +1961,7 @@ impl DecoderConfig {
             | Architecture::GptBigCode
             | Architecture::Gpt2
             | Architecture::Bloom
+            | Architecture::Mpt
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -1918,7 +2015,7 @@ impl DecoderConfig {
                 | Architecture::Gpt2
                 | Architecture::Bloom => &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"],
                 Architecture::StableLm => &["silu"],
-                Architecture::GptNeoX | Architecture::Falcon => &["gelu"],
+                Architecture::GptNeoX | Architecture::Falcon | Architecture::Mpt => &["gelu"],
                 _ => &[act],
             };
             if !supported.contains(&act) {
@@ -1985,8 +2082,9 @@ impl DecoderConfig {
         }
         // BLOOM adds ALiBi to the scaled scores; Falcon-RW (`alibi`) before scaling them.
         let alibi = match architecture {
-            Architecture::Bloom => Some(Alibi::AfterScaling),
-            Architecture::Falcon if flag("alibi") => Some(Alibi::BeforeScaling),
+            Architecture::Bloom => Some(Alibi::BLOOM),
+            Architecture::Falcon if flag("alibi") => Some(Alibi::FALCON_RW),
+            Architecture::Mpt => Some(mpt_alibi(v)?),
             _ => None,
         };
         let cfg = Self {
@@ -2004,7 +2102,9 @@ impl DecoderConfig {
             rotary_dim,
             vocab_size: req_usize(v, "vocab_size")?,
             rms_norm_eps: match architecture {
-                Architecture::Cohere | Architecture::Cohere2 => opt_f64(v, "layer_norm_eps").unwrap_or(1e-5),
+                Architecture::Cohere | Architecture::Cohere2 | Architecture::Mpt => {
+                    opt_f64(v, "layer_norm_eps").unwrap_or(1e-5)
+                }
                 Architecture::Starcoder2 => opt_f64(v, "norm_epsilon").unwrap_or(1e-5),
                 Architecture::StableLm
                 | Architecture::Phi
@@ -2071,7 +2171,7 @@ impl DecoderConfig {
                     && v.get("attention_out_bias").and_then(Value::as_bool).unwrap_or(false)),
             mlp_bias,
             clip_qkv: match architecture {
-                Architecture::Olmo => clip_qkv(v)?,
+                Architecture::Olmo | Architecture::Mpt => clip_qkv(v)?,
                 _ => None,
             },
             layer_norm_1p: architecture == Architecture::Nemotron,
@@ -2260,13 +2360,15 @@ impl DecoderConfig {
                 | Architecture::GptBigCode
                 | Architecture::Gpt2
                 | Architecture::Bloom
+                | Architecture::Mpt
         )
     }
 
-    /// The norms are LayerNorms (Cohere's without bias, the others' with): centred before
-    /// they are normalised.
+    /// The norms are LayerNorms (Cohere's and MPT's without bias, the others' with): centred
+    /// before they are normalised.
     pub fn centered_norms(&self) -> bool {
-        matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2) || self.architecture.has_layer_norms()
+        matches!(self.architecture, Architecture::Cohere | Architecture::Cohere2 | Architecture::Mpt)
+            || self.architecture.has_layer_norms()
     }
 
     /// The LayerNorms have neither weight nor bias (OLMo 1).

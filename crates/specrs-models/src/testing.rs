@@ -2299,3 +2299,62 @@ pub fn as_bloom(tensors: &HashMap<String, Tensor>, s: &TinyShape, root: &str) ->
     )?;
     Ok(named.into_iter().map(|(name, t)| (name.replacen("transformer.", root, 1), t)).collect())
 }
+
+/// An MPT `config.json` for a tiny target with `MptConfig`'s own keys (`d_model`, `n_heads`,
+/// `n_layers`, `expansion_ratio`, `max_seq_len`, `no_bias`, and in `attn_config` ALiBi of
+/// `alibi_bias_max` and `clip_qkv`); `s.intermediate` must be a whole multiple of the hidden
+/// size.
+pub fn mpt_config(s: &TinyShape, alibi_bias_max: f64, clip_qkv: Option<f64>) -> Value {
+    assert!(s.kv_heads == s.heads && s.hidden == s.heads * s.head_dim, "MPT's heads span the hidden size");
+    assert!(s.intermediate.is_multiple_of(s.hidden), "MPT's MLP is expansion_ratio × d_model wide");
+    json!({
+        "architectures": ["MPTForCausalLM"], "model_type": "mpt",
+        "d_model": s.hidden, "n_heads": s.heads, "n_layers": s.layers, "expansion_ratio": s.intermediate / s.hidden,
+        "max_seq_len": 512, "vocab_size": s.vocab, "no_bias": true, "norm_type": "low_precision_layernorm",
+        "layer_norm_epsilon": 1e-5, "learned_pos_emb": true,
+        "attn_config": {
+            "attn_type": "multihead_attention", "alibi": true, "alibi_bias_max": alibi_bias_max,
+            "clip_qkv": clip_qkv, "qk_ln": false, "softmax_scale": null, "prefix_lm": false,
+        },
+    })
+}
+
+/// Random weights for a tiny MPT under the shared layer's names: Llama's without the MLP's
+/// gate and without `lm_head` (tied); no biases anywhere.
+pub fn random_mpt(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Llama, s, true, seed)?;
+    t.retain(|name, _| !name.ends_with("mlp.gate_proj.weight"));
+    Ok(t)
+}
+
+/// An MPT checkpoint's own names: `transformer.wte`, `transformer.blocks.{i}` with `norm_1`,
+/// `attn.Wqkv` (q, k and v stacked), `attn.out_proj`, `norm_2`, `ffn.up_proj` /
+/// `ffn.down_proj`, and `transformer.norm_f`.
+pub fn as_mpt(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for (name, t) in tensors {
+        if [".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."].iter().any(|p| name.contains(p)) {
+            continue;
+        }
+        let renamed = [
+            ("model.embed_tokens.", "transformer.wte."),
+            ("model.norm.", "transformer.norm_f."),
+            ("model.layers.", "transformer.blocks."),
+            (".input_layernorm.", ".norm_1."),
+            (".post_attention_layernorm.", ".norm_2."),
+            (".self_attn.o_proj.", ".attn.out_proj."),
+            (".mlp.", ".ffn."),
+        ]
+        .iter()
+        .fold(name.clone(), |n, (ours, theirs)| n.replace(ours, theirs));
+        out.insert(renamed, t.clone());
+    }
+    for i in 0..s.layers {
+        let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.weight")].clone();
+        out.insert(
+            format!("transformer.blocks.{i}.attn.Wqkv.weight"),
+            Tensor::cat(&[get("q"), get("k"), get("v")], 0)?,
+        );
+    }
+    Ok(out)
+}

@@ -327,7 +327,7 @@ mod tests {
             let sinks = AttentionSinks::new(&Tensor::new(&[0.5f32, -1.0, 2.0, 0.0, 1.0, -0.5], &dev).unwrap()).unwrap();
             let (capped, sunk) =
                 (AttentionShape { softcap: Some(0.5), ..SHAPE }, AttentionShape { sinks: Some(sinks), ..SHAPE });
-            let alibi = AttentionShape { alibi: Some(AlibiSlopes::bloom(6, 1.0, &dev).unwrap()), ..SHAPE };
+            let alibi = AttentionShape { alibi: Some(AlibiSlopes::geometric(6, 8.0, 1.0, &dev).unwrap()), ..SHAPE };
             for shape in [SHAPE, capped, sunk, alibi] {
                 let reference = reference_attention(&q, kc, vc, &batch, &shape).unwrap();
                 for (query_tile, key_tile) in [(37, 87), (5, 87), (37, 9), (4, 7), (1, 1), (16, 64)] {

@@ -53,7 +53,7 @@ fn bloom_checkpoints_under_either_root_match_the_transformers_forward() {
         testing::write_checkpoint(dir.path(), &testing::bloom_config(&s), &on_disk).unwrap();
         let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
         let cfg = model.config();
-        assert_eq!((cfg.architecture, cfg.alibi), (Architecture::Bloom, Some(Alibi::AfterScaling)));
+        assert_eq!((cfg.architecture, cfg.alibi), (Architecture::Bloom, Some(Alibi::BLOOM)));
         assert!(cfg.embedding_norm && cfg.tie_word_embeddings && cfg.attention_bias && !cfg.mlp_is_gated());
         let want = reference(&tensors, s).logits(&ids());
         let what = format!("{} heads, root '{root}'", s.heads);
@@ -100,9 +100,6 @@ fn the_bloom_gguf_loads_to_the_same_model() {
     write_gguf(&path, "bloom", &SHAPE, &named, &extra);
     let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
     let cfg = gguf.config();
-    assert_eq!(
-        (cfg.architecture, cfg.alibi, cfg.embedding_norm),
-        (Architecture::Bloom, Some(Alibi::AfterScaling), true)
-    );
+    assert_eq!((cfg.architecture, cfg.alibi, cfg.embedding_norm), (Architecture::Bloom, Some(Alibi::BLOOM), true));
     assert_close(&logits(&gguf, &ids(), false), &reference(&tensors, SHAPE).logits(&ids()), "bloom GGUF");
 }

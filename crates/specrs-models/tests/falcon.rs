@@ -104,7 +104,7 @@ fn falcon_rw_adds_alibi_to_the_scores_before_scaling_them() {
     testing::write_checkpoint(dir.path(), &config, &testing::as_falcon(&tensors, &s, layout).unwrap()).unwrap();
     let (model, _) = load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
     let cfg = model.config();
-    assert_eq!((cfg.alibi, cfg.rope_layers.clone()), (Some(Alibi::BeforeScaling), Some(vec![false; s.layers])));
+    assert_eq!((cfg.alibi, cfg.rope_layers.clone()), (Some(Alibi::FALCON_RW), Some(vec![false; s.layers])));
     let with_alibi = |before_scaling| Reference {
         rope_layers: Some(vec![false; s.layers]),
         alibi: Some(AlibiLayout { slopes: bloom_alibi_slopes(s.heads), before_scaling }),

@@ -23,6 +23,7 @@ pub mod llama;
 pub mod llama4;
 pub mod minimax_m2;
 pub mod mixtral;
+pub mod mpt;
 pub mod nemotron;
 pub mod olmo;
 pub mod olmo2;
@@ -94,6 +95,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::GptBigCode => store.set_aliases(gpt_bigcode::aliases(&cfg))?,
                 Architecture::Gpt2 => store.set_aliases(gpt2::aliases(store, &cfg))?,
                 Architecture::Bloom => store.set_aliases(bloom::aliases(store, &cfg))?,
+                Architecture::Mpt => store.set_aliases(mpt::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -121,6 +123,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::GptBigCode => gpt_bigcode::adapt(cfg),
                 Architecture::Gpt2 => gpt2::adapt(cfg),
                 Architecture::Bloom => bloom::adapt(cfg),
+                Architecture::Mpt => mpt::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),

@@ -78,9 +78,12 @@ impl SelfAttention {
             true => Some(AttentionSinks::new(&store.tensor(&format!("{prefix}.sinks"), &[num_heads])?)?),
             false => None,
         };
+        // A bias added before the score scale is scaled with the scores.
         let alibi = match cfg.alibi {
-            Some(Alibi::AfterScaling) => Some(AlibiSlopes::bloom(num_heads, 1.0, store.device())?),
-            Some(Alibi::BeforeScaling) => Some(AlibiSlopes::bloom(num_heads, f64::from(scale), store.device())?),
+            Some(Alibi { max_bias, before_scaling }) => {
+                let slope_scale = if before_scaling { f64::from(scale) } else { 1.0 };
+                Some(AlibiSlopes::geometric(num_heads, max_bias, slope_scale, store.device())?)
+            }
             None => None,
         };
         let shape = AttentionShape { num_heads, num_kv_heads, head_dim, scale, softcap, sinks, alibi };
@@ -337,7 +340,7 @@ impl Activation {
             | Architecture::GptBigCode
             | Architecture::Gpt2
             | Architecture::Bloom => Self::GeluTanh,
-            Architecture::GptNeoX | Architecture::Falcon => Self::Gelu,
+            Architecture::GptNeoX | Architecture::Falcon | Architecture::Mpt => Self::Gelu,
             _ => Self::Silu,
         }
     }

@@ -401,6 +401,22 @@ impl GgufSource {
             _ => None,
         };
         let has = |name: &str| self.content.tensor_infos.contains_key(name);
+        let mpt = self.architecture == Architecture::Mpt;
+        if mpt && has("blk.0.attn_norm.bias") {
+            return Err(ModelError::config(
+                format!("{}.blk.0.attn_norm.bias", self.arch_key),
+                "MPT with biased LayerNorms (no_bias: false) is not supported; released MPT checkpoints have none",
+            ));
+        }
+        // BLOOM's slopes, or MPT's of `max_alibi_bias`; both added to the scaled scores.
+        let alibi = match self.architecture {
+            Architecture::Bloom => Some(Alibi::BLOOM),
+            Architecture::Mpt => Some(Alibi {
+                max_bias: self.meta_f64("attention.max_alibi_bias").unwrap_or(8.0),
+                before_scaling: false,
+            }),
+            _ => None,
+        };
         let cfg = DecoderConfig {
             architecture: self.architecture,
             hidden_size,
@@ -418,7 +434,7 @@ impl GgufSource {
             head_dim,
             rotary_dim,
             vocab_size,
-            rms_norm_eps: match cohere || layer_norms {
+            rms_norm_eps: match cohere || layer_norms || mpt {
                 true => self.meta_f64("attention.layer_norm_epsilon").unwrap_or(1e-5),
                 false => self.meta_f64("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             },
@@ -441,9 +457,10 @@ impl GgufSource {
                         | Architecture::GptBigCode
                         | Architecture::Gpt2
                         | Architecture::Bloom
+                        | Architecture::Mpt
                 ) && has("blk.0.attn_qkv.weight")),
             learned_positions: has("position_embd.weight"),
-            alibi: (self.architecture == Architecture::Bloom).then_some(Alibi::AfterScaling),
+            alibi,
             embedding_norm: has("token_embd_norm.weight"),
             sliding_window: match (&gemma, self.architecture) {
                 (Some((_, _, Some(_))), _) => Some(self.meta_usize("attention.sliding_window").unwrap_or(4096)),
@@ -484,9 +501,7 @@ impl GgufSource {
             attention_sinks: false,
             // llama.cpp fixes SmolLM3's and Llama 4's step: every fourth layer attends without RoPE.
             rope_layers: match self.architecture {
-                _ if has("position_embd.weight") || self.architecture == Architecture::Bloom => {
-                    Some(vec![false; num_hidden_layers])
-                }
+                _ if has("position_embd.weight") || alibi.is_some() => Some(vec![false; num_hidden_layers]),
                 Architecture::SmolLm3 | Architecture::Llama4 => {
                     Some((0..num_hidden_layers).map(|i| (i + 1) % 4 != 0).collect())
                 }

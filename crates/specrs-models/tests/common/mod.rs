@@ -147,6 +147,17 @@ pub fn bloom_alibi_slopes(heads: usize) -> Vec<f32> {
     slopes
 }
 
+/// `build_mpt_alibi_tensor`'s slopes as MPT computes them: `1 / 2^(i · max_bias / P)` for
+/// `i = 1..=P`, `P` the next power of two, then (for fewer heads) the odd-indexed ones first.
+pub fn mpt_alibi_slopes(heads: usize, max_bias: f32) -> Vec<f32> {
+    let p = 2usize.pow((heads as f64).log2().ceil() as u32);
+    let all: Vec<f32> = (1..=p).map(|i| 1.0 / 2f32.powf(i as f32 * (max_bias / p as f32))).collect();
+    if p == heads {
+        return all;
+    }
+    all.iter().skip(1).step_by(2).chain(all.iter().step_by(2)).take(heads).copied().collect()
+}
+
 pub struct Reference<'a> {
     pub tensors: &'a HashMap<String, Tensor>,
     pub shape: TinyShape,
