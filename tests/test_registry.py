@@ -571,6 +571,8 @@ def pipeline_class_name(pipeline: type) -> str:
         "BloomForCausalLM",
         "MptForCausalLM",
         "MPTForCausalLM",
+        "BaichuanForCausalLM",
+        "BaiChuanForCausalLM",
         "Phi3ForCausalLM",
     ],
 )

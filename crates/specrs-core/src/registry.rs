@@ -474,6 +474,24 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "BaichuanForCausalLM",
+        example_repo_ids: &[
+            "baichuan-inc/Baichuan2-7B-Chat",
+            "baichuan-inc/Baichuan2-13B-Chat",
+            "baichuan-inc/Baichuan-13B-Chat",
+        ],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
+        name: "BaiChuanForCausalLM",
+        example_repo_ids: &["baichuan-inc/Baichuan-7B"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "GPTBigCodeForCausalLM",
         example_repo_ids: &["bigcode/starcoderbase-1b", "bigcode/starcoder", "bigcode/gpt_bigcode-santacoder"],
         default_weights_format: "safetensors",

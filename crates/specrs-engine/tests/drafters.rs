@@ -903,3 +903,16 @@ fn an_mpt_target_with_alibi_and_clamped_qkv_speculates_losslessly() {
     write(&target, &testing::mpt_config(&shape, 8.0, Some(0.5)), &testing::as_mpt(&tensors, &shape).unwrap());
     decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 547, "MPT");
 }
+
+#[test]
+fn baichuan_targets_with_a_stacked_w_pack_speculate_losslessly() {
+    // Baichuan-7B turns RoPE; a 13B-class model (any width but 4096) adds ALiBi.
+    for (class, seed) in [("BaiChuanForCausalLM", 557), ("BaichuanForCausalLM", 563)] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("baichuan");
+        let shape = TinyShape { kv_heads: SHAPE.heads, ..SHAPE };
+        let tensors = testing::random_target(Architecture::Llama, &shape, false, seed).unwrap();
+        write(&target, &testing::baichuan_config(&shape, class), &testing::as_baichuan(&tensors, &shape).unwrap());
+        decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), seed + 2, class);
+    }
+}

@@ -183,6 +183,10 @@ pub enum Architecture {
     /// bias, q, k and v fused in `Wqkv` (all q, then k, then v) and optionally clamped, no
     /// biases, an exact-GELU MLP without a gate, tied embeddings.
     Mpt,
+    /// Baichuan (`BaiChuanForCausalLM`: Baichuan-7B; `BaichuanForCausalLM`: Baichuan-13B,
+    /// Baichuan 2 7B / 13B): Llama's layer with q, k and v stacked in `W_pack`; the 13B models
+    /// add ALiBi in place of RoPE, and Baichuan 2 normalises `lm_head`'s rows (`NormHead`).
+    Baichuan,
 }
 
 impl Architecture {
@@ -221,6 +225,8 @@ impl Architecture {
         ("MptForCausalLM", Architecture::Mpt),
         // MosaicML's own checkpoints name their remote-code class.
         ("MPTForCausalLM", Architecture::Mpt),
+        ("BaichuanForCausalLM", Architecture::Baichuan),
+        ("BaiChuanForCausalLM", Architecture::Baichuan),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -257,6 +263,7 @@ impl Architecture {
         ("gpt2", Architecture::Gpt2),
         ("bloom", Architecture::Bloom),
         ("mpt", Architecture::Mpt),
+        ("baichuan", Architecture::Baichuan),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),
         ("qwen2moe", Architecture::Qwen2Moe),
@@ -360,6 +367,7 @@ impl Architecture {
             Self::Gpt2 => "GPT2LMHeadModel",
             Self::Bloom => "BloomForCausalLM",
             Self::Mpt => "MptForCausalLM",
+            Self::Baichuan => "BaichuanForCausalLM",
         }
     }
 
@@ -412,6 +420,7 @@ impl Architecture {
             Self::Gpt2 => "gpt2",
             Self::Bloom => "bloom",
             Self::Mpt => "mpt",
+            Self::Baichuan => "baichuan",
         }
     }
 
@@ -981,6 +990,29 @@ fn with_mpt_keys(v: &Value) -> Result<Value> {
     ))
 }
 
+/// Baichuan 2's vocabulary: its `lm_head` is a `NormHead` (vLLM tells the generations apart
+/// the same way).
+pub const BAICHUAN2_VOCAB: usize = 125_696;
+
+/// A Baichuan config under the keys the shared reader takes: its context from
+/// `max_position_embeddings` or (13B) `model_max_length`, a KV head per head, and `alibi` as
+/// Baichuan's two modeling files split them: Baichuan-7B (`BaiChuanForCausalLM`) and Baichuan
+/// 2 7B (hidden size 4096) turn RoPE, the 13B models add ALiBi.
+fn with_baichuan_keys(v: &Value) -> Result<Value> {
+    let name = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).unwrap_or_default();
+    let alibi = name != "BaiChuanForCausalLM" && req_usize(v, "hidden_size")? != 4096;
+    let context =
+        ["max_position_embeddings", "model_max_length"].iter().find_map(|k| v.get(*k).and_then(Value::as_u64));
+    Ok(with_keys(
+        v,
+        [
+            ("num_key_value_heads", Value::from(req_usize(v, "num_attention_heads")?)),
+            ("max_position_embeddings", Value::from(context.unwrap_or(4096))),
+            ("alibi", Value::from(alibi)),
+        ],
+    ))
+}
+
 /// MPT's ALiBi: slopes of `attn_config.alibi_bias_max` (8 unless set), added to the scaled
 /// scores.
 fn mpt_alibi(v: &Value) -> Result<Alibi> {
@@ -1318,6 +1350,9 @@ pub struct DecoderConfig {
     pub embedding_norm: bool,
     /// `lm_head` adds a bias (Phi; Phi-3.5-MoE's `lm_head_bias`).
     pub lm_head_bias: bool,
+    /// Each `lm_head` row is divided by its L2 norm before it scores (Baichuan 2's
+    /// `NormHead`).
+    pub lm_head_normalized: bool,
     /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Nemotron's
     /// LayerNorm1P in safetensors; llama.cpp's files store the scale).
     pub layer_norm_1p: bool,
@@ -1844,6 +1879,10 @@ impl DecoderConfig {
                 filled = with_mpt_keys(v)?;
                 &filled
             }
+            Architecture::Baichuan => {
+                filled = with_baichuan_keys(v)?;
+                &filled
+            }
             _ => v,
         };
         let hidden_size = req_usize(v, "hidden_size")?;
@@ -1962,6 +2001,7 @@ impl DecoderConfig {
             | Architecture::Gpt2
             | Architecture::Bloom
             | Architecture::Mpt
+            | Architecture::Baichuan
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -2085,6 +2125,7 @@ impl DecoderConfig {
             Architecture::Bloom => Some(Alibi::BLOOM),
             Architecture::Falcon if flag("alibi") => Some(Alibi::FALCON_RW),
             Architecture::Mpt => Some(mpt_alibi(v)?),
+            Architecture::Baichuan if flag("alibi") => Some(Alibi::BLOOM),
             _ => None,
         };
         let cfg = Self {
@@ -2175,6 +2216,8 @@ impl DecoderConfig {
                 _ => None,
             },
             layer_norm_1p: architecture == Architecture::Nemotron,
+            lm_head_normalized: architecture == Architecture::Baichuan
+                && v.get("vocab_size").and_then(Value::as_u64) == Some(BAICHUAN2_VOCAB as u64),
             lm_head_bias: architecture == Architecture::Phi
                 || (architecture == Architecture::PhiMoe && flag("lm_head_bias")),
             parallel_residual: match architecture {

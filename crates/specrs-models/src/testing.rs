@@ -2358,3 +2358,34 @@ pub fn as_mpt(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMa
     }
     Ok(out)
 }
+
+/// A Baichuan `config.json` for a tiny target of class `class` (`BaiChuanForCausalLM`:
+/// Baichuan-7B, which turns RoPE; `BaichuanForCausalLM` at this size: a 13B model's ALiBi),
+/// its context as the 13B models give it (`model_max_length`), untied.
+pub fn baichuan_config(s: &TinyShape, class: &str) -> Value {
+    assert!(s.kv_heads == s.heads, "Baichuan keeps a KV head per head");
+    let mut c = target_config(Architecture::Baichuan, s, false);
+    let map = c.as_object_mut().expect("a config object");
+    map.remove("max_position_embeddings");
+    map.insert("architectures".into(), json!([class]));
+    map.insert("model_max_length".into(), json!(512));
+    c
+}
+
+/// A Baichuan checkpoint's own names: Llama's, with each layer's q, k and v stacked in
+/// `self_attn.W_pack`.
+pub fn as_baichuan(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {
+    let mut out: HashMap<String, Tensor> = tensors
+        .iter()
+        .filter(|(name, _)| !["q_proj", "k_proj", "v_proj"].iter().any(|p| name.contains(&format!(".{p}."))))
+        .map(|(name, t)| (name.clone(), t.clone()))
+        .collect();
+    for i in 0..s.layers {
+        let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.weight")].clone();
+        out.insert(
+            format!("model.layers.{i}.self_attn.W_pack.weight"),
+            Tensor::cat(&[get("q"), get("k"), get("v")], 0)?,
+        );
+    }
+    Ok(out)
+}

@@ -1,6 +1,7 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
 pub mod arcee;
+pub mod baichuan;
 pub mod bloom;
 pub mod cohere;
 pub mod deepseek;
@@ -96,6 +97,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Gpt2 => store.set_aliases(gpt2::aliases(store, &cfg))?,
                 Architecture::Bloom => store.set_aliases(bloom::aliases(store, &cfg))?,
                 Architecture::Mpt => store.set_aliases(mpt::aliases(&cfg))?,
+                Architecture::Baichuan => store.set_aliases(baichuan::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -124,6 +126,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Gpt2 => gpt2::adapt(cfg),
                 Architecture::Bloom => bloom::adapt(cfg),
                 Architecture::Mpt => mpt::adapt(cfg),
+                Architecture::Baichuan => baichuan::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),

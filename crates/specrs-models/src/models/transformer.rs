@@ -653,6 +653,9 @@ pub struct ForwardOutput {
 #[derive(Debug, Clone)]
 pub struct LogitsHead {
     weight: LinearWeight,
+    /// `[vocab]` f32, each row's logit multiplied by it: one over the row's L2 norm where the
+    /// head's rows are normalised (Baichuan 2's `NormHead`).
+    row_scale: Option<Tensor>,
     /// `[vocab]` f32, added to the logits (Phi).
     bias: Option<Tensor>,
     divisor: f64,
@@ -662,12 +665,23 @@ pub struct LogitsHead {
 impl LogitsHead {
     /// A bare `lm_head` (a drafter's own).
     pub fn plain(weight: LinearWeight) -> Self {
-        Self { weight, bias: None, divisor: 1.0, softcap: None }
+        Self { weight, row_scale: None, bias: None, divisor: 1.0, softcap: None }
+    }
+
+    /// `[vocab]` f32: one over each row's L2 norm of `weight` (`F.normalize`'s, its floor
+    /// 1e-12), read once at load (a quantized head is dequantized for it).
+    fn inverse_row_norms(weight: &LinearWeight, device: &Device) -> Result<Tensor> {
+        let w = weight.dense(device)?.to_dtype(DType::F32)?;
+        w.sqr()?.sum(1)?.sqrt()?.maximum(1e-12)?.recip()
     }
 
     /// `normed [N, hidden] -> logits [N, vocab]` (f32).
     pub fn forward(&self, normed: &Tensor) -> Result<Tensor> {
         let logits = self.weight.matmul_t(normed)?.to_dtype(DType::F32)?;
+        let logits = match &self.row_scale {
+            Some(s) => logits.broadcast_mul(s)?,
+            None => logits,
+        };
         let logits = match &self.bias {
             Some(b) => logits.broadcast_add(b)?,
             None => logits,
@@ -684,14 +698,26 @@ impl LogitsHead {
     pub fn rows(&self, ids: &[u32], device: &Device) -> Result<Self> {
         let index = Tensor::from_slice(ids, ids.len(), device)?;
         let weight = self.weight.dense(device)?.to_dtype(DType::F32)?.index_select(&index, 0)?;
-        let bias = self.bias.as_ref().map(|b| b.to_device(device)?.index_select(&index, 0)).transpose()?;
-        Ok(Self { weight: LinearWeight::Dense(weight), bias, divisor: self.divisor, softcap: self.softcap })
+        let select = |t: &Option<Tensor>| t.as_ref().map(|t| t.to_device(device)?.index_select(&index, 0)).transpose();
+        Ok(Self {
+            weight: LinearWeight::Dense(weight),
+            row_scale: select(&self.row_scale)?,
+            bias: select(&self.bias)?,
+            divisor: self.divisor,
+            softcap: self.softcap,
+        })
     }
 
-    /// The `[vocab, hidden]` weight, dense f32 on `device`, divided by the model's logit
-    /// divisor: a plain head that starts where this one's scores are before bias and cap.
+    /// The `[vocab, hidden]` weight, dense f32 on `device`, its rows scaled as the logits are
+    /// and divided by the model's logit divisor: a plain head that starts where this one's
+    /// scores are before bias and cap.
     pub fn scaled_weight(&self, device: &Device) -> Result<Tensor> {
-        self.weight.dense(device)?.to_dtype(DType::F32)?.affine(1.0 / self.divisor, 0.0)
+        let w = self.weight.dense(device)?.to_dtype(DType::F32)?;
+        let w = match &self.row_scale {
+            Some(s) => w.broadcast_mul(&s.to_device(device)?.unsqueeze(1)?)?,
+            None => w,
+        };
+        w.affine(1.0 / self.divisor, 0.0)
     }
 }
 
@@ -730,6 +756,10 @@ impl CausalLm {
             store.linear_weight("lm_head.weight", v, h)?
         };
         let head = LogitsHead {
+            row_scale: match config.lm_head_normalized {
+                true => Some(LogitsHead::inverse_row_norms(&lm_head, store.device())?),
+                false => None,
+            },
             weight: lm_head,
             bias: match config.lm_head_bias {
                 true => Some(store.tensor("lm_head.bias", &[v])?.to_dtype(DType::F32)?),

@@ -14,8 +14,8 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 
 use crate::config::{
-    Alibi, Architecture, DecoderConfig, GemmaConfig, Llama4Attention, MlaConfig, MoeConfig, QueryTemperature,
-    RopeScaling, Router, Scales, SharedExpertConfig,
+    Alibi, Architecture, BAICHUAN2_VOCAB, DecoderConfig, GemmaConfig, Llama4Attention, MlaConfig, MoeConfig,
+    QueryTemperature, RopeScaling, Router, Scales, SharedExpertConfig,
 };
 use crate::error::{ModelError, Result};
 use crate::rope::half_rotation_rows;
@@ -224,6 +224,7 @@ impl GgufSource {
             architecture,
             Architecture::Llama
                 | Architecture::Arcee
+                | Architecture::Baichuan
                 | Architecture::Olmo
                 | Architecture::Llama4
                 | Architecture::Mixtral
@@ -415,6 +416,8 @@ impl GgufSource {
                 max_bias: self.meta_f64("attention.max_alibi_bias").unwrap_or(8.0),
                 before_scaling: false,
             }),
+            // llama.cpp tells Baichuan's 13B models (ALiBi) from its 7B ones (RoPE) by depth.
+            Architecture::Baichuan if num_hidden_layers == 40 => Some(Alibi::BLOOM),
             _ => None,
         };
         let cfg = DecoderConfig {
@@ -484,6 +487,9 @@ impl GgufSource {
             attention_output_bias: self.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
             mlp_bias: self.content.tensor_infos.contains_key("blk.0.ffn_up.bias"),
             lm_head_bias: self.content.tensor_infos.contains_key("output.bias"),
+            // llama.cpp keeps Baichuan 2's head as the checkpoint stores it; transformers
+            // normalises its rows, and so does this reader.
+            lm_head_normalized: self.architecture == Architecture::Baichuan && vocab_size == BAICHUAN2_VOCAB,
             // llama.cpp's converter stores Nemotron's LayerNorm1P as its scale.
             layer_norm_1p: false,
             clip_qkv: self.meta_f64("attention.clamp_kqv").filter(|c| *c > 0.0).map(|c| c as f32),
