@@ -573,6 +573,9 @@ def pipeline_class_name(pipeline: type) -> str:
         "MPTForCausalLM",
         "BaichuanForCausalLM",
         "BaiChuanForCausalLM",
+        "GlmForCausalLM",
+        "ChatGLMModel",
+        "ChatGLMForConditionalGeneration",
         "Phi3ForCausalLM",
     ],
 )

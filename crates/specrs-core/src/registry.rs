@@ -492,6 +492,27 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
         supports_device_graph_capture: true,
     },
     ArchitectureSpec {
+        name: "GlmForCausalLM",
+        example_repo_ids: &["THUDM/glm-4-9b-chat-hf", "THUDM/glm-edge-4b-chat"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
+        name: "ChatGLMModel",
+        example_repo_ids: &["THUDM/glm-4-9b-chat", "THUDM/chatglm3-6b", "THUDM/chatglm2-6b"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
+        name: "ChatGLMForConditionalGeneration",
+        example_repo_ids: &["THUDM/chatglm3-6b-32k"],
+        default_weights_format: "safetensors",
+        supports_spec_decode_mixed_batches: true,
+        supports_device_graph_capture: true,
+    },
+    ArchitectureSpec {
         name: "GPTBigCodeForCausalLM",
         example_repo_ids: &["bigcode/starcoderbase-1b", "bigcode/starcoder", "bigcode/gpt_bigcode-santacoder"],
         default_weights_format: "safetensors",

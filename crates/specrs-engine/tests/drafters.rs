@@ -916,3 +916,17 @@ fn baichuan_targets_with_a_stacked_w_pack_speculate_losslessly() {
         decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), seed + 2, class);
     }
 }
+
+#[test]
+fn glm_and_chatglm_targets_speculate_losslessly() {
+    // GlmForCausalLM's layer, and ChatGLM's: stacked query_key_value over KV groups, RoPE's
+    // base scaled by rope_ratio.
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = testing::random_glm(&SHAPE, 569).unwrap();
+    let glm = dir.path().join("glm");
+    write(&glm, &testing::glm_config(&SHAPE), &tensors);
+    decodes_as_its_model_and_speculates_losslessly(&glm, &dir.path().join("eagle3-glm"), 571, "GLM");
+    let chatglm = dir.path().join("chatglm");
+    write(&chatglm, &testing::chatglm_config(&SHAPE, 50.0), &testing::as_chatglm(&tensors, &SHAPE).unwrap());
+    decodes_as_its_model_and_speculates_losslessly(&chatglm, &dir.path().join("eagle3-chatglm"), 577, "ChatGLM");
+}

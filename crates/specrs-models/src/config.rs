@@ -187,6 +187,15 @@ pub enum Architecture {
     /// Baichuan 2 7B / 13B): Llama's layer with q, k and v stacked in `W_pack`; the 13B models
     /// add ALiBi in place of RoPE, and Baichuan 2 normalises `lm_head`'s rows (`NormHead`).
     Baichuan,
+    /// GLM-4 as transformers first ported it (`GlmForCausalLM`: GLM-4-9B-Chat-HF, GLM-Edge):
+    /// GLM-4-0414's layer (q/k/v biases, fused `gate_up_proj`, interleaved RoPE over half of
+    /// each head) with Llama's two norms.
+    Glm,
+    /// ChatGLM (`ChatGLMModel` / `ChatGLMForConditionalGeneration`: ChatGLM2-6B, ChatGLM3-6B,
+    /// GLM-4-9B-Chat as released): [`Self::Glm`]'s layer under THUDM's names, q, k and v
+    /// fused in `query_key_value` (all q, then the groups' k, then v), RoPE's base times
+    /// `rope_ratio`.
+    ChatGlm,
 }
 
 impl Architecture {
@@ -227,6 +236,9 @@ impl Architecture {
         ("MPTForCausalLM", Architecture::Mpt),
         ("BaichuanForCausalLM", Architecture::Baichuan),
         ("BaiChuanForCausalLM", Architecture::Baichuan),
+        ("GlmForCausalLM", Architecture::Glm),
+        ("ChatGLMModel", Architecture::ChatGlm),
+        ("ChatGLMForConditionalGeneration", Architecture::ChatGlm),
         ("Gemma2ForCausalLM", Architecture::Gemma2),
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("GraniteForCausalLM", Architecture::Granite),
@@ -368,6 +380,8 @@ impl Architecture {
             Self::Bloom => "BloomForCausalLM",
             Self::Mpt => "MptForCausalLM",
             Self::Baichuan => "BaichuanForCausalLM",
+            Self::Glm => "GlmForCausalLM",
+            Self::ChatGlm => "ChatGLMModel",
         }
     }
 
@@ -421,12 +435,14 @@ impl Architecture {
             Self::Bloom => "bloom",
             Self::Mpt => "mpt",
             Self::Baichuan => "baichuan",
+            Self::Glm => "glm",
+            Self::ChatGlm => "chatglm",
         }
     }
 
     /// Qwen2's attention: a bias on q, k and v.
     pub fn qkv_bias_by_default(self) -> bool {
-        matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss | Self::Glm4 | Self::SeedOss)
+        matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss | Self::Glm4 | Self::Glm | Self::SeedOss)
     }
 
     /// Gemma's norms, GeGLU and embedding scale (`DecoderConfig::gemma`): Gemma, Gemma 2 and
@@ -1009,6 +1025,63 @@ fn with_baichuan_keys(v: &Value) -> Result<Value> {
             ("num_key_value_heads", Value::from(req_usize(v, "num_attention_heads")?)),
             ("max_position_embeddings", Value::from(context.unwrap_or(4096))),
             ("alibi", Value::from(alibi)),
+        ],
+    ))
+}
+
+/// A ChatGLM config under the keys the shared reader takes: `num_layers`, `ffn_hidden_size`,
+/// `kv_channels` (the head dim), `multi_query_group_num` KV heads under
+/// `multi_query_attention`, `padded_vocab_size`, `seq_length`, `layernorm_epsilon`, the q/k/v
+/// bias of `add_qkv_bias`, and RoPE's base 10,000 × `rope_ratio`. ChatGLM-6B's first
+/// generation (2D positions) and the options no released ChatGLM2/3 or GLM-4 sets are refused
+/// by key.
+fn with_chatglm_keys(v: &Value) -> Result<Value> {
+    let flag = |key: &str| v.get(key).and_then(Value::as_bool);
+    for (key, bad, why) in [
+        (
+            "position_encoding_2d",
+            v.get("position_encoding_2d").is_some(),
+            "ChatGLM-6B's first generation (2D positions, GLM blocks) is not supported; ChatGLM2/3 and GLM-4-9B are",
+        ),
+        (
+            "apply_residual_connection_post_layernorm",
+            flag("apply_residual_connection_post_layernorm") == Some(true),
+            "the residual taken after the input norm is not supported; released ChatGLM checkpoints set it to false",
+        ),
+        (
+            "add_bias_linear",
+            flag("add_bias_linear") == Some(true),
+            "biased output and MLP projections are not supported; released ChatGLM checkpoints set add_bias_linear to false",
+        ),
+        ("rmsnorm", flag("rmsnorm") == Some(false), "ChatGLM with LayerNorms is not supported; set rmsnorm to true"),
+        ("original_rope", flag("original_rope") == Some(false), "only ChatGLM's original RoPE is supported"),
+        ("post_layer_norm", flag("post_layer_norm") == Some(false), "ChatGLM without its final norm is not supported"),
+    ] {
+        if bad {
+            return Err(ModelError::config(key, why));
+        }
+    }
+    let heads = req_usize(v, "num_attention_heads")?;
+    let kv_heads = match flag("multi_query_attention") {
+        Some(true) => req_usize(v, "multi_query_group_num")?,
+        _ => heads,
+    };
+    let rope_ratio = opt_f64(v, "rope_ratio").unwrap_or(1.0);
+    let usize_of = |keys: &[&str]| keys.iter().find_map(|k| v.get(*k).and_then(Value::as_u64)).map(|x| x as usize);
+    let hidden = req_usize(v, "hidden_size")?;
+    Ok(with_keys(
+        v,
+        [
+            ("num_hidden_layers", Value::from(req_usize(v, "num_layers")?)),
+            ("intermediate_size", Value::from(req_usize(v, "ffn_hidden_size")?)),
+            ("num_key_value_heads", Value::from(kv_heads)),
+            ("head_dim", Value::from(usize_of(&["kv_channels"]).unwrap_or(hidden / heads.max(1)))),
+            ("vocab_size", Value::from(usize_of(&["padded_vocab_size", "vocab_size"]).unwrap_or(65_024))),
+            ("max_position_embeddings", Value::from(usize_of(&["seq_length"]).unwrap_or(2048))),
+            ("rms_norm_eps", Value::from(opt_f64(v, "layernorm_epsilon").unwrap_or(1e-5))),
+            ("rope_theta", Value::from(10_000.0 * rope_ratio)),
+            ("attention_bias", Value::from(flag("add_qkv_bias").unwrap_or(false))),
+            ("tie_word_embeddings", Value::from(flag("tie_word_embeddings").unwrap_or(false))),
         ],
     ))
 }
@@ -1883,6 +1956,10 @@ impl DecoderConfig {
                 filled = with_baichuan_keys(v)?;
                 &filled
             }
+            Architecture::ChatGlm => {
+                filled = with_chatglm_keys(v)?;
+                &filled
+            }
             _ => v,
         };
         let hidden_size = req_usize(v, "hidden_size")?;
@@ -1905,7 +1982,11 @@ impl DecoderConfig {
         };
         // GLM-4.5 and Nemotron rotate half of each head unless their configs say otherwise.
         let default_rotary = match architecture {
-            Architecture::Glm4 | Architecture::Glm4Moe | Architecture::Nemotron => Some(0.5),
+            Architecture::Glm4
+            | Architecture::Glm
+            | Architecture::ChatGlm
+            | Architecture::Glm4Moe
+            | Architecture::Nemotron => Some(0.5),
             _ => None,
         };
         // MiniMax-M2 names its rotated dims.
@@ -2002,6 +2083,8 @@ impl DecoderConfig {
             | Architecture::Bloom
             | Architecture::Mpt
             | Architecture::Baichuan
+            | Architecture::Glm
+            | Architecture::ChatGlm
             | Architecture::Olmo2 => None,
             Architecture::SmolLm3 => {
                 if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
@@ -2190,7 +2273,10 @@ impl DecoderConfig {
             alibi,
             embedding_norm: architecture == Architecture::Bloom,
             // GLM-4 fuses gate and up only; q, k and v load separately when stored so.
-            fused_projections: matches!(architecture, Architecture::Phi3 | Architecture::Glm4),
+            fused_projections: matches!(
+                architecture,
+                Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm | Architecture::ChatGlm
+            ),
             sliding_window,
             sliding_layers: sliding_layers.clone(),
             // DeepSeek's `attention_bias` covers its output projection too; Seed-OSS names its own.

@@ -857,8 +857,11 @@ pub fn write_checkpoint(dir: &Path, config: &Value, tensors: &HashMap<String, Te
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config).expect("json"))?;
     candle_core::safetensors::save(tensors, dir.join("model.safetensors"))?;
-    // Image-text configs keep the vocabulary in their text config.
-    let vocab = config.get("vocab_size").or_else(|| config.pointer("/text_config/vocab_size"));
+    // Image-text configs keep the vocabulary in their text config; ChatGLM's is padded.
+    let vocab = config
+        .get("vocab_size")
+        .or_else(|| config.get("padded_vocab_size"))
+        .or_else(|| config.pointer("/text_config/vocab_size"));
     if let Some(vocab) = vocab.and_then(Value::as_u64) {
         write_tokenizer(dir, vocab as usize)?;
     }
@@ -2386,6 +2389,68 @@ pub fn as_baichuan(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<H
             format!("model.layers.{i}.self_attn.W_pack.weight"),
             Tensor::cat(&[get("q"), get("k"), get("v")], 0)?,
         );
+    }
+    Ok(out)
+}
+
+/// A tiny `GlmForCausalLM` config: GLM-4-0414's ([`glm4_config`]) under the first port's
+/// class.
+pub fn glm_config(s: &TinyShape) -> Value {
+    let mut c = glm4_config(s);
+    c["architectures"] = json!([Architecture::Glm.hf_name()]);
+    c["model_type"] = json!("glm");
+    c
+}
+
+/// Random `GlmForCausalLM` weights as its checkpoints name them: [`random_glm4`]'s without
+/// the norms after attention and MLP.
+pub fn random_glm(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_glm4(s, seed)?;
+    t.retain(|name, _| !name.contains(".post_self_attn_layernorm.") && !name.contains(".post_mlp_layernorm."));
+    Ok(t)
+}
+
+/// A ChatGLM `config.json` (ChatGLM3 / GLM-4-9B's keys) for a tiny target: multi-query
+/// groups where the shape has fewer KV heads, q/k/v biases, RoPE's base times `rope_ratio`.
+pub fn chatglm_config(s: &TinyShape, rope_ratio: f64) -> Value {
+    json!({
+        "architectures": ["ChatGLMModel"], "model_type": "chatglm",
+        "hidden_size": s.hidden, "ffn_hidden_size": s.intermediate, "num_layers": s.layers,
+        "num_attention_heads": s.heads, "kv_channels": s.head_dim,
+        "multi_query_attention": s.kv_heads < s.heads, "multi_query_group_num": s.kv_heads,
+        "padded_vocab_size": s.vocab, "seq_length": 512, "layernorm_epsilon": 1e-5, "rmsnorm": true,
+        "add_qkv_bias": true, "add_bias_linear": false, "apply_residual_connection_post_layernorm": false,
+        "post_layer_norm": true, "original_rope": true, "rope_ratio": rope_ratio, "tie_word_embeddings": false,
+        "eos_token_id": s.vocab - 1,
+    })
+}
+
+/// [`random_glm`]'s weights under ChatGLM's names, q, k and v stacked (weights and biases) in
+/// `self_attention.query_key_value`.
+pub fn as_chatglm(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for (name, t) in tensors {
+        if [".q_proj.", ".k_proj.", ".v_proj."].iter().any(|p| name.contains(p)) {
+            continue;
+        }
+        let renamed = match name.as_str() {
+            "model.embed_tokens.weight" => "transformer.embedding.word_embeddings.weight".to_string(),
+            "model.norm.weight" => "transformer.encoder.final_layernorm.weight".to_string(),
+            "lm_head.weight" => "transformer.output_layer.weight".to_string(),
+            _ => name
+                .replace("model.layers.", "transformer.encoder.layers.")
+                .replace(".self_attn.o_proj.", ".self_attention.dense.")
+                .replace(".mlp.gate_up_proj.", ".mlp.dense_h_to_4h.")
+                .replace(".mlp.down_proj.", ".mlp.dense_4h_to_h."),
+        };
+        out.insert(renamed, t.clone());
+    }
+    for i in 0..s.layers {
+        for part in ["weight", "bias"] {
+            let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.{part}")].clone();
+            let fused = Tensor::cat(&[get("q"), get("k"), get("v")], 0)?;
+            out.insert(format!("transformer.encoder.layers.{i}.self_attention.query_key_value.{part}"), fused);
+        }
     }
     Ok(out)
 }

@@ -3,6 +3,7 @@
 pub mod arcee;
 pub mod baichuan;
 pub mod bloom;
+pub mod chatglm;
 pub mod cohere;
 pub mod deepseek;
 pub mod ernie4_5;
@@ -10,6 +11,7 @@ pub mod falcon;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
+pub mod glm;
 pub mod glm4;
 pub mod glm4_moe;
 pub mod gpt2;
@@ -98,6 +100,8 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Bloom => store.set_aliases(bloom::aliases(store, &cfg))?,
                 Architecture::Mpt => store.set_aliases(mpt::aliases(&cfg))?,
                 Architecture::Baichuan => store.set_aliases(baichuan::aliases(&cfg))?,
+                Architecture::Glm => store.set_aliases(glm::aliases(&cfg))?,
+                Architecture::ChatGlm => store.set_aliases(chatglm::aliases(&cfg))?,
                 Architecture::GraniteMoe => store.set_aliases(granite::aliases(&cfg))?,
                 Architecture::Cohere | Architecture::Cohere2 => store.set_aliases(interleaved_rope_aliases(&cfg))?,
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
@@ -127,6 +131,8 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::Bloom => bloom::adapt(cfg),
                 Architecture::Mpt => mpt::adapt(cfg),
                 Architecture::Baichuan => baichuan::adapt(cfg),
+                Architecture::Glm => glm::adapt(cfg),
+                Architecture::ChatGlm => chatglm::adapt(cfg),
                 Architecture::Gemma2 => gemma2::adapt(cfg),
                 Architecture::Gemma3 => gemma3::adapt(cfg),
                 Architecture::Granite | Architecture::GraniteMoe => granite::adapt(cfg),

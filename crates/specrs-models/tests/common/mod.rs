@@ -203,6 +203,8 @@ pub struct Reference<'a> {
     /// attention's input.
     pub parallel_mlp_norm: bool,
     pub alibi: Option<AlibiLayout>,
+    /// RoPE's base (10,000 unless a family scales it: ChatGLM's `rope_ratio`).
+    pub theta: f64,
 }
 
 type Rows = Vec<Vec<f32>>;
@@ -273,6 +275,7 @@ impl<'a> Reference<'a> {
             exact_gelu: false,
             parallel_mlp_norm: false,
             alibi: None,
+            theta: 10_000.0,
         }
     }
 
@@ -315,11 +318,11 @@ impl<'a> Reference<'a> {
     fn layer_attention(&self, l: usize) -> (Option<usize>, f64, bool) {
         match (&self.gemma, &self.gpt_oss, &self.sliding) {
             (Some(g), _, _) if g.sliding[l] => (Some(g.window), g.local_theta, false),
-            (Some(_), _, _) => (None, 10_000.0, true),
-            (None, Some(o), _) => (o.sliding[l].then_some(o.window), 10_000.0, true),
-            (None, None, Some(s)) if s[l] => (self.window, 10_000.0, false),
-            (None, None, Some(_)) => (None, 10_000.0, true),
-            (None, None, None) => (self.window, 10_000.0, true),
+            (Some(_), _, _) => (None, self.theta, true),
+            (None, Some(o), _) => (o.sliding[l].then_some(o.window), self.theta, true),
+            (None, None, Some(s)) if s[l] => (self.window, self.theta, false),
+            (None, None, Some(_)) => (None, self.theta, true),
+            (None, None, None) => (self.window, self.theta, true),
         }
     }
 
