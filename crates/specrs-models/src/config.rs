@@ -275,6 +275,7 @@ impl Architecture {
         ("gpt2", Architecture::Gpt2),
         ("bloom", Architecture::Bloom),
         ("mpt", Architecture::Mpt),
+        ("chatglm", Architecture::ChatGlm),
         ("baichuan", Architecture::Baichuan),
         ("gemma2", Architecture::Gemma2),
         ("gemma3", Architecture::Gemma3),

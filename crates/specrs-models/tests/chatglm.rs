@@ -3,15 +3,17 @@
 //! RoPE over half of each head turning interleaved pairs (at 10,000 × `rope_ratio` for
 //! ChatGLM), Llama's two norms; ChatGLM's q, k and v stacked in `query_key_value` over
 //! multi-query groups. Both match transformers' forward (`common::Reference`, which turns the
-//! stored rows as GLM does) in one prefill and token by token; ChatGLM-6B's first generation
-//! and options no release sets are refused by key.
+//! stored rows as GLM does) in one prefill and token by token, ChatGLM also from llama.cpp's
+//! `chatglm` GGUF; ChatGLM-6B's first generation and options no release sets are refused by
+//! key.
 
 mod common;
 
 use std::collections::HashMap;
 
+use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::{Device, Tensor};
-use common::{Reference, assert_close, logits};
+use common::{Reference, assert_close, gguf_fused_qkv, gguf_named, is_q_k_or_v, logits, write_gguf};
 use serde_json::json;
 use specrs_models::config::NormPlacement;
 use specrs_models::testing::{self, TinyShape};
@@ -80,4 +82,22 @@ fn chatglm_6b_and_options_no_release_sets_are_refused_by_key() {
     let mut full = base;
     full["multi_query_attention"] = json!(false);
     assert_eq!(DecoderConfig::from_hf_json(&full).unwrap().num_key_value_heads, SHAPE.heads);
+}
+
+#[test]
+fn the_chatglm_gguf_loads_to_the_same_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = testing::random_glm(&SHAPE, 983).unwrap();
+    // llama.cpp's converter keeps query_key_value (`attn_qkv`, q/k rows as stored) and
+    // dense_h_to_4h (`ffn_up`, gate rows first), writes half the head as the rotated dims and
+    // 10,000 × rope_ratio as the base.
+    let mut named = gguf_named(&tensors, is_q_k_or_v, false);
+    named.extend(gguf_fused_qkv(&tensors, SHAPE.layers));
+    let extra = [("chatglm.rope.dimension_count", GgufValue::U32(4)), ("chatglm.rope.freq_base", GgufValue::F32(5e5))];
+    let path = dir.path().join("chatglm.gguf");
+    write_gguf(&path, "chatglm", &SHAPE, &named, &extra);
+    let (gguf, _) = load_causal_lm(&path, &Device::Cpu, ModelDType::F32).unwrap();
+    let cfg = gguf.config();
+    assert_eq!((cfg.architecture, cfg.rotary_dim, cfg.rope_theta), (Architecture::ChatGlm, 4, 5e5));
+    assert_close(&logits(&gguf, &ids(), false), &reference(&tensors, 5e5).logits(&ids()), "chatglm GGUF");
 }

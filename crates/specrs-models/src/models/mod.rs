@@ -65,6 +65,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                     store.set_aliases(deepseek::aliases(&cfg, cfg.num_hidden_layers))?
                 }
                 Architecture::Ernie4_5 | Architecture::Ernie4_5Moe => store.set_aliases(ernie4_5::aliases(&cfg))?,
+                Architecture::ChatGlm => store.set_aliases(chatglm::gguf_aliases(&cfg))?,
                 _ => {}
             }
             Ok(cfg)

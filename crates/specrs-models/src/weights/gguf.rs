@@ -330,6 +330,7 @@ impl GgufSource {
                 | Architecture::GptNeoX
                 | Architecture::Glm4
                 | Architecture::Glm4Moe
+                | Architecture::ChatGlm
                 | Architecture::MiniMaxM2
         );
         let mla = self.mla_config()?;
@@ -451,17 +452,19 @@ impl GgufSource {
             // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart. GPT-NeoX, Falcon,
             // StarCoder and GPT-2 files, and Phi-2 files converted from Microsoft's first layout, keep
             // q, k and v fused in `attn_qkv` (all q rows, then k, then v).
-            fused_projections: matches!(self.architecture, Architecture::Phi3 | Architecture::Glm4)
-                || (matches!(
-                    self.architecture,
-                    Architecture::Phi
-                        | Architecture::GptNeoX
-                        | Architecture::Falcon
-                        | Architecture::GptBigCode
-                        | Architecture::Gpt2
-                        | Architecture::Bloom
-                        | Architecture::Mpt
-                ) && has("blk.0.attn_qkv.weight")),
+            fused_projections: matches!(
+                self.architecture,
+                Architecture::Phi3 | Architecture::Glm4 | Architecture::ChatGlm
+            ) || (matches!(
+                self.architecture,
+                Architecture::Phi
+                    | Architecture::GptNeoX
+                    | Architecture::Falcon
+                    | Architecture::GptBigCode
+                    | Architecture::Gpt2
+                    | Architecture::Bloom
+                    | Architecture::Mpt
+            ) && has("blk.0.attn_qkv.weight")),
             learned_positions: has("position_embd.weight"),
             alibi,
             embedding_norm: has("token_embd_norm.weight"),
