@@ -186,6 +186,9 @@ fn gguf_pre_tokenizer(pre: &str) -> Result<(Option<NFC>, PreTokenizerWrapper)> {
         // GLM-4's and DBRX's (OLMo 2's) cl100k-style vocabularies split as Llama 3's.
         "llama3" | "llama-bpe" | "smaug-bpe" | "dbrx" | "glm4" | "chatglm-bpe" => (None, splits_then_bytes(&[LLAMA3])?),
         "tekken" => (None, splits_then_bytes(&[TEKKEN])?),
+        // BLOOM's (and GPT-3 Finnish's): an optional space and a run of anything but space,
+        // brackets, bars and the listed punctuation; what lies between runs stays as it is.
+        "bloom" | "gpt3-finnish" => (None, splits_then_bytes(&[r" ?[^(\s|.,!?…。，、।۔،)]+"])?),
         "gpt-4o" | "llama4" | "minimax-m2" => (None, splits_then_bytes(&[O200K])?),
         "deepseek-llm" => (None, splits_then_bytes(DEEPSEEK_LLM)?),
         "deepseek-coder" => (None, splits_then_bytes(DEEPSEEK_CODER)?),
@@ -224,6 +227,8 @@ const GGUF_PRE_TOKENIZERS: &[&str] = &[
     "glm4",
     "chatglm-bpe",
     "tekken",
+    "bloom",
+    "gpt3-finnish",
     "gpt-4o",
     "llama4",
     "minimax-m2",
@@ -702,6 +707,14 @@ mod tests {
         );
         // Llama 3's regex (GLM-4, DBRX) keeps a word whole across case changes.
         assert_eq!(words("glm4", "HelloWorld's 2024"), ["HelloWorld", "'s", "Ġ", "202", "4"]);
+    }
+
+    #[test]
+    fn bloom_splits_runs_between_spaces_brackets_and_its_punctuation() {
+        // BLOOM's Split regex (no upstream fixture here): a run keeps one leading space; a
+        // comma, a bang, a bracket with the space before it stand apart; digits stay whole.
+        assert_eq!(words("bloom", "Hello, world! 2024 (ok)"), ["Hello", ",", "Ġworld", "!", "Ġ2024", "Ġ(", "ok", ")"]);
+        assert_eq!(words("bloom", "你好，世界。"), ["ä½łå¥½", "ï¼Į", "ä¸ĸçķĮ", "ãĢĤ"]);
     }
 
     #[test]

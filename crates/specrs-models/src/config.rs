@@ -2662,9 +2662,9 @@ mod tests {
     #[test]
     fn errors_name_the_key() {
         let mut v = smollm2();
-        v["architectures"] = json!(["BloomForCausalLM"]);
+        v["architectures"] = json!(["JambaForCausalLM"]);
         let e = DecoderConfig::from_hf_json(&v).unwrap_err().to_string();
-        assert!(e.contains("BloomForCausalLM") && e.contains("LlamaForCausalLM"), "{e}");
+        assert!(e.contains("JambaForCausalLM") && e.contains("LlamaForCausalLM"), "{e}");
         let mut v = smollm2();
         v.as_object_mut().unwrap().remove("intermediate_size");
         let e = DecoderConfig::from_hf_json(&v).unwrap_err().to_string();
