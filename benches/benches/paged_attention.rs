@@ -17,15 +17,7 @@ use specrs_models::{BatchRow, ForwardBatch, PagedKvCache};
 
 const LAYERS: usize = 30;
 const BLOCK: usize = 16;
-const SHAPE: AttentionShape = AttentionShape {
-    num_heads: 9,
-    num_kv_heads: 3,
-    head_dim: 64,
-    scale: 0.125,
-    softcap: None,
-    sinks: None,
-    alibi: None,
-};
+const SHAPE: AttentionShape = AttentionShape::new(9, 3, 64, 0.125);
 
 /// `rows` rows of `queries` query tokens each, every row with `context` keys (the queries
 /// included) in blocks scattered over the cache in reverse order, as a busy cache holds them.

@@ -34,7 +34,7 @@ pub struct AttentionShape {
 
 impl AttentionShape {
     /// Plain scaled dot-product attention (no soft cap, no sinks).
-    pub fn new(num_heads: usize, num_kv_heads: usize, head_dim: usize, scale: f32) -> Self {
+    pub const fn new(num_heads: usize, num_kv_heads: usize, head_dim: usize, scale: f32) -> Self {
         Self { num_heads, num_kv_heads, head_dim, scale, softcap: None, sinks: None, alibi: None }
     }
 }

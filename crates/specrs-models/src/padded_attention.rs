@@ -227,15 +227,7 @@ mod tests {
         crate::testing::random_tensor(shape, 0.5, seed).unwrap()
     }
 
-    const SHAPE: AttentionShape = AttentionShape {
-        num_heads: 6,
-        num_kv_heads: 2,
-        head_dim: 8,
-        scale: 0.35,
-        softcap: None,
-        sinks: None,
-        alibi: None,
-    };
+    const SHAPE: AttentionShape = AttentionShape::new(6, 2, 8, 0.35);
 
     /// A cache of 80 blocks of 4 slots, every slot filled, and a step over `rows` (query
     /// lengths and context lengths), each row's blocks taken from a shuffled pool.

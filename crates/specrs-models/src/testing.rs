@@ -2131,6 +2131,14 @@ fn renamed_with_fused_qkv(
     Ok(out)
 }
 
+/// Layer `layer`'s q, k and v `part` (weight or bias) stacked whole: all q rows, then k, then
+/// v (GPT-2's `c_attn` before its transpose, MPT's `Wqkv`, Baichuan's `W_pack`, ChatGLM's
+/// `query_key_value`).
+fn stacked_qkv(tensors: &HashMap<String, Tensor>, layer: usize, part: &str) -> Result<Tensor> {
+    let get = |p: &str| tensors[&format!("model.layers.{layer}.self_attn.{p}_proj.{part}")].clone();
+    Tensor::cat(&[get("q"), get("k"), get("v")], 0)
+}
+
 /// Layer `layer`'s q, k and v `part` (weight or bias) fused group by group: each KV group's
 /// query heads, then its key head, then its value head (Falcon's `query_key_value`,
 /// GPT-BigCode's `c_attn`); `None` where the projections have no such part.
@@ -2245,9 +2253,7 @@ pub fn as_gpt2(tensors: &HashMap<String, Tensor>, s: &TinyShape, root: &str) -> 
     // GPT-2's c_attn holds all of q, then k, then v (GPT-BigCode's without multi-query a
     // group per head).
     for i in 0..s.layers {
-        let get = |p: &str, part: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.{part}")].clone();
-        let weight = Tensor::cat(&[get("q", "weight"), get("k", "weight"), get("v", "weight")], 0)?;
-        let bias = Tensor::cat(&[get("q", "bias"), get("k", "bias"), get("v", "bias")], 0)?;
+        let (weight, bias) = (stacked_qkv(tensors, i, "weight")?, stacked_qkv(tensors, i, "bias")?);
         out.insert(format!("{root}h.{i}.attn.c_attn.weight"), weight.t()?.contiguous()?);
         out.insert(format!("{root}h.{i}.attn.c_attn.bias"), bias);
     }
@@ -2353,11 +2359,7 @@ pub fn as_mpt(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<HashMa
         out.insert(renamed, t.clone());
     }
     for i in 0..s.layers {
-        let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.weight")].clone();
-        out.insert(
-            format!("transformer.blocks.{i}.attn.Wqkv.weight"),
-            Tensor::cat(&[get("q"), get("k"), get("v")], 0)?,
-        );
+        out.insert(format!("transformer.blocks.{i}.attn.Wqkv.weight"), stacked_qkv(tensors, i, "weight")?);
     }
     Ok(out)
 }
@@ -2384,11 +2386,7 @@ pub fn as_baichuan(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<H
         .map(|(name, t)| (name.clone(), t.clone()))
         .collect();
     for i in 0..s.layers {
-        let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.weight")].clone();
-        out.insert(
-            format!("model.layers.{i}.self_attn.W_pack.weight"),
-            Tensor::cat(&[get("q"), get("k"), get("v")], 0)?,
-        );
+        out.insert(format!("model.layers.{i}.self_attn.W_pack.weight"), stacked_qkv(tensors, i, "weight")?);
     }
     Ok(out)
 }
@@ -2447,8 +2445,7 @@ pub fn as_chatglm(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<Ha
     }
     for i in 0..s.layers {
         for part in ["weight", "bias"] {
-            let get = |p: &str| tensors[&format!("model.layers.{i}.self_attn.{p}_proj.{part}")].clone();
-            let fused = Tensor::cat(&[get("q"), get("k"), get("v")], 0)?;
+            let fused = stacked_qkv(tensors, i, part)?;
             out.insert(format!("transformer.encoder.layers.{i}.self_attention.query_key_value.{part}"), fused);
         }
     }

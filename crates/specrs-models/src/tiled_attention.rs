@@ -257,15 +257,7 @@ mod tests {
     use crate::batch::AttentionMask;
     use crate::kv_cache::PagedKvCache;
 
-    const SHAPE: AttentionShape = AttentionShape {
-        num_heads: 6,
-        num_kv_heads: 2,
-        head_dim: 8,
-        scale: 0.35,
-        softcap: None,
-        sinks: None,
-        alibi: None,
-    };
+    const SHAPE: AttentionShape = AttentionShape::new(6, 2, 8, 0.35);
 
     /// The device the tiles run on: `SPECRS_TEST_DEVICE=cuda` runs them on GPU 0 (CUDA builds,
     /// the `gpu-check` subset); the reference always runs on the CPU.

@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
-use common::{AlibiLayout, Reference, assert_close, bloom_alibi_slopes, logits, write_llama_layout_gguf};
+use common::{AlibiLayout, Reference, assert_close, bloom_alibi_slopes, logits, max_gap, write_llama_layout_gguf};
 use serde_json::json;
 use specrs_models::config::BAICHUAN2_VOCAB;
 use specrs_models::testing::{self, TinyShape};
@@ -29,10 +29,6 @@ fn alibi_reference(tensors: &HashMap<String, Tensor>, s: TinyShape) -> Reference
 
 fn ids() -> Vec<u32> {
     (0..11).map(|i| (i * 7 + 5) % 40).collect()
-}
-
-fn max_gap(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
 }
 
 fn load(

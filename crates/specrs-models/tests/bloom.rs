@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::{Device, Tensor};
 use common::{
-    AlibiLayout, Reference, assert_close, bloom_alibi_slopes, gguf_fused_qkv, gguf_named, is_q_k_or_v, logits,
+    AlibiLayout, Reference, assert_close, bloom_alibi_slopes, gguf_fused_qkv, gguf_named, is_q_k_or_v, logits, max_gap,
     write_gguf,
 };
 use serde_json::json;
@@ -38,10 +38,6 @@ fn reference(tensors: &HashMap<String, Tensor>, s: TinyShape) -> Reference<'_> {
 
 fn ids() -> Vec<u32> {
     (0..14).map(|i| (i * 7 + 2) % 40).collect()
-}
-
-fn max_gap(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
 }
 
 #[test]

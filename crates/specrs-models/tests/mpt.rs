@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::{Device, Tensor};
 use common::{
-    AlibiLayout, Reference, assert_close, gguf_fused_qkv, gguf_named, is_q_k_or_v, logits, mpt_alibi_slopes, write_gguf,
+    AlibiLayout, Reference, assert_close, gguf_fused_qkv, gguf_named, is_q_k_or_v, logits, max_gap, mpt_alibi_slopes,
+    write_gguf,
 };
 use serde_json::json;
 use specrs_models::testing::{self, TinyShape};
@@ -39,10 +40,6 @@ fn reference(tensors: &HashMap<String, Tensor>, s: TinyShape, max_bias: f32, cli
 
 fn ids() -> Vec<u32> {
     (0..13).map(|i| (i * 9 + 4) % 40).collect()
-}
-
-fn max_gap(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! (`DecoderConfig::alibi`, BLOOM's slopes). Baichuan 2's `lm_head` is a `NormHead`, each row
 //! divided by its L2 norm (`DecoderConfig::lm_head_normalized`).
 
+use super::stacked_qkv_rows;
 use crate::config::DecoderConfig;
 use crate::weights::{Alias, Aliases};
 
@@ -20,8 +21,10 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
     for i in 0..cfg.num_hidden_layers {
         let ours = format!("model.layers.{i}.self_attn");
         for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
-            let rows = (j * h) as u32..((j + 1) * h) as u32;
-            table.insert(format!("{ours}.{proj}.weight"), Alias::rows(format!("{ours}.W_pack.weight"), rows.collect()));
+            table.insert(
+                format!("{ours}.{proj}.weight"),
+                Alias::rows(format!("{ours}.W_pack.weight"), stacked_qkv_rows(h, h, j)),
+            );
         }
     }
     table

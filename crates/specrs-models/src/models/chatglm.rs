@@ -8,6 +8,7 @@
 //! rotated q/k rows are read reordered evens first, then odds, as GLM-4's are. llama.cpp's
 //! `chatglm` GGUF keeps the same fused rows as `attn_qkv` ([`gguf_aliases`]).
 
+use super::stacked_qkv_rows;
 use crate::config::DecoderConfig;
 use crate::rope::half_rotation_rows;
 use crate::weights::{Alias, Aliases};
@@ -26,7 +27,7 @@ fn reordered_qkv_rows(cfg: &DecoderConfig) -> Vec<u32> {
     half_rotation_rows(cfg.num_attention_heads, d, r)
         .into_iter()
         .chain(k_rows)
-        .chain((q_dim + kv_dim) as u32..(q_dim + 2 * kv_dim) as u32)
+        .chain(stacked_qkv_rows(q_dim, kv_dim, 2))
         .collect()
 }
 

@@ -6,6 +6,7 @@
 //! ([`aliases`]), under `transformer.` or, as the first checkpoints saved them from the base
 //! model, without it.
 
+use super::stacked_qkv_rows;
 use crate::config::DecoderConfig;
 use crate::weights::{Alias, Aliases, WeightStore};
 
@@ -29,7 +30,7 @@ pub fn aliases(store: &WeightStore, cfg: &DecoderConfig) -> Aliases {
     for i in 0..cfg.num_hidden_layers {
         let (ours, theirs) = (format!("model.layers.{i}"), format!("{root}h.{i}"));
         for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
-            let rows: Vec<u32> = ((j * h) as u32..((j + 1) * h) as u32).collect();
+            let rows = stacked_qkv_rows(h, h, j);
             let source = format!("{theirs}.attn.c_attn");
             table.insert(
                 format!("{ours}.self_attn.{proj}.weight"),

@@ -181,6 +181,18 @@ pub(crate) fn interleaved_rope_aliases(cfg: &DecoderConfig) -> Aliases {
     table
 }
 
+/// Rows of a q/k/v projection stacked whole (all q rows, then k, then v) that hold `part` (0 q,
+/// 1 k, 2 v), for `q_dim` query and `kv_dim` key/value rows: GPT-2's `c_attn`, MPT's `Wqkv`,
+/// Baichuan's `W_pack`, ChatGLM's `query_key_value`.
+pub(crate) fn stacked_qkv_rows(q_dim: usize, kv_dim: usize, part: usize) -> Vec<u32> {
+    let (start, len) = match part {
+        0 => (0, q_dim),
+        1 => (q_dim, kv_dim),
+        _ => (q_dim + kv_dim, kv_dim),
+    };
+    (start as u32..(start + len) as u32).collect()
+}
+
 /// Rows of a fused q/k/v projection that hold `part` (0 q, 1 k, 2 v) for `heads` query heads
 /// of dim `d` in `kv_heads` groups, each group's query heads first, then its key head, then
 /// its value head: Falcon's layout, multi-query (one group: all q, then k, then v) and the

@@ -6,6 +6,7 @@
 //! `ffn.down_proj(gelu(ffn.up_proj(x)))` with the exact GELU; the output head is the embedding
 //! ([`aliases`]).
 
+use super::stacked_qkv_rows;
 use crate::config::DecoderConfig;
 use crate::weights::{Alias, Aliases};
 
@@ -24,10 +25,9 @@ pub fn aliases(cfg: &DecoderConfig) -> Aliases {
     for i in 0..cfg.num_hidden_layers {
         let (ours, theirs) = (format!("model.layers.{i}"), format!("transformer.blocks.{i}"));
         for (j, proj) in ["q_proj", "k_proj", "v_proj"].into_iter().enumerate() {
-            let rows = (j * h) as u32..((j + 1) * h) as u32;
             table.insert(
                 format!("{ours}.self_attn.{proj}.weight"),
-                Alias::rows(format!("{theirs}.attn.Wqkv.weight"), rows.collect()),
+                Alias::rows(format!("{theirs}.attn.Wqkv.weight"), stacked_qkv_rows(h, h, j)),
             );
         }
         for (own, source) in [

@@ -449,9 +449,10 @@ impl GgufSource {
             attention_bias: self.content.tensor_infos.contains_key("blk.0.attn_q.bias")
                 || self.content.tensor_infos.contains_key("blk.0.attn_qkv.bias"),
             qk_norm: self.content.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
-            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart. GPT-NeoX, Falcon,
-            // StarCoder and GPT-2 files, and Phi-2 files converted from Microsoft's first layout, keep
-            // q, k and v fused in `attn_qkv` (all q rows, then k, then v).
+            // GLM-4 keeps gate and up fused in `ffn_up`; its q, k and v apart; ChatGLM both fused.
+            // GPT-NeoX, Falcon, StarCoder, GPT-2, BLOOM and MPT files, and Phi-2 files converted from
+            // Microsoft's first layout, keep q, k and v fused in `attn_qkv` (all q rows, then k,
+            // then v).
             fused_projections: matches!(
                 self.architecture,
                 Architecture::Phi3 | Architecture::Glm4 | Architecture::ChatGlm

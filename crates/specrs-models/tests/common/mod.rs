@@ -817,6 +817,11 @@ impl<'a> Reference<'a> {
     }
 }
 
+/// The largest elementwise gap between two sets of logit rows.
+pub fn max_gap(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+}
+
 /// Every row within 2e-4 of its reference row (f32 rounding).
 pub fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
     assert_within(got, want, 2e-4, what);
