@@ -1430,7 +1430,8 @@ pub struct DecoderConfig {
     /// The norms scale by `1 + weight` and the checkpoint stores `weight` (Nemotron's
     /// LayerNorm1P in safetensors; llama.cpp's files store the scale).
     pub layer_norm_1p: bool,
-    /// q, k and v are clamped to `±clip_qkv` right after their projections (OLMo 1).
+    /// q, k and v are clamped to `±clip_qkv` right after their projections (OLMo 1, MPT), or
+    /// after the whole-width q/k norms (OLMoE).
     pub clip_qkv: Option<f32>,
     /// Each attention head has a learned sink logit, `self_attn.sinks` (gpt-oss).
     pub attention_sinks: bool,
@@ -1756,12 +1757,6 @@ fn moe_config(v: &Value, architecture: Architecture) -> Result<MoeConfig> {
     }
     if architecture == Architecture::Olmoe {
         // Every layer sparse, experts as wide as `intermediate_size`, no shared expert.
-        if v.get("clip_qkv").is_some_and(|c| !c.is_null()) {
-            return Err(ModelError::config(
-                "clip_qkv",
-                "OLMoE with clipped q/k/v is not supported; released OLMoE checkpoints set clip_qkv to null",
-            ));
-        }
         return Ok(MoeConfig::softmax_everywhere(
             req_usize(v, "num_experts")?,
             req_usize(v, "num_experts_per_tok")?,
@@ -2299,7 +2294,7 @@ impl DecoderConfig {
                     && v.get("attention_out_bias").and_then(Value::as_bool).unwrap_or(false)),
             mlp_bias,
             clip_qkv: match architecture {
-                Architecture::Olmo | Architecture::Mpt => clip_qkv(v)?,
+                Architecture::Olmo | Architecture::Mpt | Architecture::Olmoe => clip_qkv(v)?,
                 _ => None,
             },
             layer_norm_1p: architecture == Architecture::Nemotron,

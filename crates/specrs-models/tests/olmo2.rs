@@ -4,7 +4,8 @@
 //! OLMo 3 (`Olmo3ForCausalLM`) too, its sliding layers within their window turning with the
 //! unscaled RoPE while the full layers' is scaled. Their GGUF files (`olmo2`, with a window
 //! for OLMo 3) load to the same models. OLMoE (`OlmoeForCausalLM`): OLMo's whole-width q/k
-//! norms in Llama's pre-norm layer, with softmax-routed experts in every layer. EXAONE 4.0
+//! norms in Llama's pre-norm layer, with softmax-routed experts in every layer, and q, k and v
+//! clamped after those norms where `clip_qkv` says. EXAONE 4.0
 //! (`Exaone4ForCausalLM`): OLMo 2's layer with per-head q/k norms, its full layers without
 //! RoPE where it has sliding ones, and its `exaone4` GGUF.
 
@@ -140,10 +141,22 @@ fn olmoe_pre_norms_whole_width_qk_norms_and_softmax_experts_match_the_transforme
     .logits(&ids);
     assert_close(&logits(&model, &ids, false), &want, "one prefill");
     assert_close(&logits(&model, &ids, true), &want, "token by token");
+    // `clip_qkv`: q and k clamped after their norms, v as projected, as transformers' OLMoE does.
+    let clipped_dir = tempfile::tempdir().unwrap();
     let mut clipped = testing::olmoe_config(&SHAPE, &moe);
-    clipped["clip_qkv"] = serde_json::json!(8.0);
-    let e = specrs_models::DecoderConfig::from_hf_json(&clipped).unwrap_err().to_string();
-    assert!(e.contains("clip_qkv"), "{e}");
+    clipped["clip_qkv"] = serde_json::json!(0.3);
+    testing::write_checkpoint(clipped_dir.path(), &clipped, &tensors).unwrap();
+    let (model, _) = load_causal_lm(clipped_dir.path(), &Device::Cpu, ModelDType::F32).unwrap();
+    assert_eq!(model.config().clip_qkv, Some(0.3));
+    let want_clipped = Reference {
+        routing: Some(Routing { top_k: moe.top_k, norm_topk_prob: false, choice: Choice::Softmax }),
+        clip_qkv: Some(0.3),
+        ..Reference::plain(&tensors, SHAPE)
+    }
+    .logits(&ids);
+    assert_close(&logits(&model, &ids, false), &want_clipped, "clipped, one prefill");
+    assert_close(&logits(&model, &ids, true), &want_clipped, "clipped, token by token");
+    assert!(common::max_gap(&want, &want_clipped) > 1e-3, "the clamp changes the logits");
 }
 
 /// OLMo 2's tensors with EXAONE 4.0's per-head q/k norms.

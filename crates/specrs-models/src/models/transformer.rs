@@ -46,7 +46,8 @@ enum Projection {
         qk_norm_spans_heads: bool,
         /// The per-head q/k norms come after RoPE (HunYuan), not before.
         qk_norm_after_rope: bool,
-        /// q, k and v clamped to `±clip` as projected (OLMo 1).
+        /// q, k and v clamped to `±clip` as projected (OLMo 1, MPT), after whole-width q/k
+        /// norms (OLMoE).
         clip: Option<f32>,
     },
     /// DeepSeek's multi-head latent attention: every head attends one latent entry per token.
@@ -208,15 +209,17 @@ impl SelfAttention {
                 let AttentionShape { num_heads, num_kv_heads, head_dim, .. } = self.shape;
                 let mut parts = qkv.forward(x)?.into_iter();
                 let (mut q, mut k, mut v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
-                if let Some(c) = clip {
-                    let c = f64::from(*c);
-                    (q, k, v) = (q.clamp(-c, c)?, k.clamp(-c, c)?, v.clamp(-c, c)?);
-                }
                 let norms = q_norm.as_ref().zip(k_norm.as_ref());
                 // OLMo 2 norms [T, q_dim] and [T, kv_dim] whole, before splitting heads.
                 if let Some((qn, kn)) = norms.filter(|_| *qk_norm_spans_heads) {
                     q = qn.forward(&q)?;
                     k = kn.forward(&k)?;
+                }
+                // OLMo's clamp: right after the projections (OLMo 1, MPT), after OLMoE's
+                // whole-width q/k norms.
+                if let Some(c) = clip {
+                    let c = f64::from(*c);
+                    (q, k, v) = (q.clamp(-c, c)?, k.clamp(-c, c)?, v.clamp(-c, c)?);
                 }
                 let mut q = q.reshape((t, num_heads, head_dim))?;
                 let mut k = k.reshape((t, num_kv_heads, head_dim))?;

@@ -193,7 +193,8 @@ pub struct Reference<'a> {
     pub ungated_gelu: bool,
     /// The norms have no weights (OLMo 1): every norm scales by one.
     pub weightless_norms: bool,
-    /// q, k and v clamped to `±clip` as projected (OLMo 1.7).
+    /// q, k and v clamped to `±clip` as projected (OLMo 1.7, MPT), after the whole-width q/k
+    /// norms where there are some (OLMoE).
     pub clip_qkv: Option<f32>,
     /// The norms scale by `1 + weight` without Gemma's other parts (Nemotron's LayerNorm1P).
     pub layer_norm_1p: bool,
@@ -354,10 +355,7 @@ impl<'a> Reference<'a> {
             }
         };
         let (q, k, v) = (part("q"), part("k"), part("v"));
-        let clip = |v: f32| self.clip_qkv.map_or(v, |c| v.clamp(-c, c));
-        (0..x.len())
-            .map(|t| [q[t].clone(), k[t].clone(), v[t].clone()].concat().into_iter().map(clip).collect())
-            .collect()
+        (0..x.len()).map(|t| [q[t].clone(), k[t].clone(), v[t].clone()].concat()).collect()
     }
 
     /// `x @ {p}.{name}.weight^T`.
@@ -463,6 +461,10 @@ impl<'a> Reference<'a> {
             _ => qkv,
         };
         let (q_norm, k_norm) = if spans { (None, None) } else { (q_norm, k_norm) };
+        let qkv: Rows = match self.clip_qkv {
+            Some(c) => qkv.into_iter().map(|row| row.into_iter().map(|v| v.clamp(-c, c)).collect()).collect(),
+            None => qkv,
+        };
         // Phi's q/k LayerNorms add a bias.
         let norm_bias = |n: &str| self.get(&format!("{p}.{n}_norm.bias")).map(|b| b.to_vec1::<f32>().unwrap());
         let (q_bias, k_bias) = (norm_bias("q"), norm_bias("k"));
