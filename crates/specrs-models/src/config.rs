@@ -1925,39 +1925,19 @@ impl DecoderConfig {
 
     /// Reads a Hugging Face config for a known family (drafters reuse target layer shapes).
     pub fn from_hf_json_as(v: &Value, architecture: Architecture) -> Result<Self> {
-        let filled;
-        let v = match architecture {
-            // Gemma 2's configs list every key.
-            Architecture::Gemma3 => {
-                filled = with_gemma3_defaults(v);
-                &filled
-            }
-            Architecture::Falcon => {
-                filled = with_falcon_keys(v)?;
-                &filled
-            }
-            Architecture::GptBigCode | Architecture::Gpt2 => {
-                filled = with_gpt2_keys(v, architecture)?;
-                &filled
-            }
-            Architecture::Bloom => {
-                filled = with_bloom_keys(v)?;
-                &filled
-            }
-            Architecture::Mpt => {
-                filled = with_mpt_keys(v)?;
-                &filled
-            }
-            Architecture::Baichuan => {
-                filled = with_baichuan_keys(v)?;
-                &filled
-            }
-            Architecture::ChatGlm => {
-                filled = with_chatglm_keys(v)?;
-                &filled
-            }
-            _ => v,
+        // Families whose configs name or omit keys differently are normalised first (Gemma 3's
+        // omit what Gemma 2's list).
+        let filled = match architecture {
+            Architecture::Gemma3 => Some(with_gemma3_defaults(v)),
+            Architecture::Falcon => Some(with_falcon_keys(v)?),
+            Architecture::GptBigCode | Architecture::Gpt2 => Some(with_gpt2_keys(v, architecture)?),
+            Architecture::Bloom => Some(with_bloom_keys(v)?),
+            Architecture::Mpt => Some(with_mpt_keys(v)?),
+            Architecture::Baichuan => Some(with_baichuan_keys(v)?),
+            Architecture::ChatGlm => Some(with_chatglm_keys(v)?),
+            _ => None,
         };
+        let v = filled.as_ref().unwrap_or(v);
         let hidden_size = req_usize(v, "hidden_size")?;
         let num_attention_heads = req_usize(v, "num_attention_heads")?;
         let mla = match architecture {
