@@ -294,3 +294,63 @@ ONE_WEATHER_CALL_RE = (
     r'<function=get_weather>\{ ?"city": "[^"]{0,24}" ?\}</function>'
     r'|<function=get_forecast>\{ ?"days": -?[0-9]+ ?\}</function>'
 )
+
+
+# Tools for the tool-calling tests of both chat endpoints.
+
+#: SmolLM2's ChatML with a Qwen-style tools section, calls and tool results.
+TOOLS_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+You may call functions. Write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{%- for call in message.tool_calls %}
+<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+}
+TIME = {
+    "type": "object",
+    "properties": {"timezone": {"type": "string", "maxLength": 24}},
+    "required": ["timezone"],
+}
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": WEATHER,
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "description": "Time in a timezone", "parameters": TIME},
+    },
+]
+ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]

@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import Server
+from conftest import ASK, TIME, TOOLS, TOOLS_TEMPLATE, WEATHER, Server
 from spec_rs import LLM, RequestError, SamplingParams, StructuredOutputsParams
 
 pytestmark = pytest.mark.timeout(240)
@@ -24,63 +24,7 @@ MODEL = "smollm2-135m-instruct"
 SPEC_ARGS = ("--speculative-method", "ngram", "--num-speculative-tokens", "3")
 ENGINE_ARGS = ("--kv-cache-memory", str(256 << 20), "--max-model-len", "2048")
 
-#: SmolLM2's ChatML with a Qwen-style tools section, calls and tool results.
-TOOLS_TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-You may call functions. Write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
-<tools>
-{%- for tool in tools %}
-{{ tool | tojson }}
-{%- endfor %}
-</tools><|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
-{%- for call in message.tool_calls %}
-<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>
-{%- endfor %}<|im_end|>
-{% elif message.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
-
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 24},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-}
-TIME = {
-    "type": "object",
-    "properties": {"timezone": {"type": "string", "maxLength": 24}},
-    "required": ["timezone"],
-}
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": WEATHER,
-        },
-    },
-    {
-        "type": "function",
-        "function": {"name": "get_time", "description": "Time in a timezone", "parameters": TIME},
-    },
-]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ pub mod generate;
 pub mod message;
 pub mod openai;
 pub mod reasoning;
+pub mod responses;
 pub mod server;
 pub mod tokenize;
 pub mod tools;
@@ -86,6 +87,7 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
         auto_tool_parser: args.auto_tool_parser,
         reasoning_parser: args.reasoning_parser,
         exclude_tools_when_tool_choice_none: args.exclude_tools_when_tool_choice_none,
+        responses: Default::default(),
     });
     let addr = format!("{}:{}", args.host, args.port);
     runtime.block_on(async {

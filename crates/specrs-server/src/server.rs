@@ -1,5 +1,5 @@
 //! The OpenAI-compatible HTTP server: `/v1/chat/completions`, `/v1/completions` (streaming or
-//! not), `/v1/models`, `/health`, `/metrics`.
+//! not), `/v1/responses` (in `responses`), `/v1/models`, `/health`, `/metrics`.
 //!
 //! Requests are validated into engine requests (bad input is a 4xx with OpenAI's error JSON
 //! naming the field), admitted up to a bounded number in flight (beyond it: 429 with
@@ -39,6 +39,7 @@ use crate::openai::{
     SpecDecodeUsage, StreamUsage, Usage, running_usage,
 };
 use crate::reasoning::ReasoningParser;
+use crate::responses::ResponseStore;
 use crate::tools::{CallStream, ToolCallParser, ToolChoice, ToolRequest};
 
 /// Largest accepted request body.
@@ -63,10 +64,12 @@ pub struct AppState {
     pub reasoning_parser: Option<ReasoningParser>,
     /// Requests with `tool_choice: "none"` render no tools (`--exclude-tools-when-tool-choice-none`).
     pub exclude_tools_when_tool_choice_none: bool,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: ResponseStore,
 }
 
 /// Counts a request in flight until dropped.
-struct InFlight(Arc<AppState>);
+pub(crate) struct InFlight(Arc<AppState>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -78,6 +81,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(crate::responses::create_response))
+        .route("/v1/responses/{id}", get(crate::responses::retrieve_response).delete(crate::responses::delete_response))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(crate::tokenize::tokenize))
@@ -92,7 +97,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(|| async {
             ApiError::status(
                 StatusCode::NOT_FOUND,
-                "no such endpoint; see /v1/models, /v1/chat/completions, /v1/completions, /tokenize, /detokenize",
+                "no such endpoint; see /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /tokenize, \
+                 /detokenize",
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -162,7 +168,7 @@ async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Re
 
 /// Parses a JSON body into `T`, reporting malformed JSON, wrong types and unknown enum values
 /// as 400s that name the field.
-fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+pub(crate) fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let value = json_object(body)?;
     // The sampling fields are flattened into both request types, and serde loses the path of
     // flattened fields: check them on their own first so their errors name the field.
@@ -212,7 +218,7 @@ pub(crate) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError>
 
 /// Sampling fields shared by both endpoints → engine parameters, rejecting what spec-rs does
 /// not do rather than ignoring it.
-fn sampling_params(
+pub(crate) fn sampling_params(
     f: &SamplingFields,
     max_tokens: Option<usize>,
     max_tokens_field: &str,
@@ -454,7 +460,7 @@ fn logit_bias(value: Option<&Value>) -> Result<std::collections::BTreeMap<u32, f
 }
 
 /// The penalty field a request set (for errors about penalties).
-fn penalty_field(f: &SamplingFields) -> &'static str {
+pub(crate) fn penalty_field(f: &SamplingFields) -> &'static str {
     if f.frequency_penalty.is_some_and(|v| v != 0.0) {
         "frequency_penalty"
     } else if f.presence_penalty.is_some_and(|v| v != 0.0) {
@@ -464,7 +470,7 @@ fn penalty_field(f: &SamplingFields) -> &'static str {
     }
 }
 
-fn admit(state: &Arc<AppState>, n: usize) -> Result<Vec<InFlight>, ApiError> {
+pub(crate) fn admit(state: &Arc<AppState>, n: usize) -> Result<Vec<InFlight>, ApiError> {
     let now = state.in_flight.fetch_add(n, Ordering::Relaxed) + n;
     let guards: Vec<InFlight> = (0..n).map(|_| InFlight(state.clone())).collect();
     if now > state.max_pending + state.handle.info().max_num_seqs {
@@ -473,17 +479,22 @@ fn admit(state: &Arc<AppState>, n: usize) -> Result<Vec<InFlight>, ApiError> {
     Ok(guards)
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 pub(crate) fn request_id(prefix: &str) -> String {
+    format!("{prefix}-{}", unique_suffix())
+}
+
+/// Unique within the server's life (the time, then a counter).
+pub(crate) fn unique_suffix() -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!("{prefix}-{:x}{:06x}", now_secs(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!("{:x}{:06x}", now_secs(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Collects a request's stream into one output per choice (non-streaming responses).
-async fn collect(mut stream: OutputStream) -> Result<Vec<FinalOutput>, ApiError> {
+pub(crate) async fn collect(mut stream: OutputStream) -> Result<Vec<FinalOutput>, ApiError> {
     let mut outs = Vec::new();
     while let Some(o) = stream.recv().await {
         let done = o.is_finished();
@@ -535,7 +546,7 @@ impl UsageTotals {
     }
 }
 
-fn usage_of(prompt: usize, completion: usize, m: Option<&specrs_engine::RequestMetrics>) -> Usage {
+pub(crate) fn usage_of(prompt: usize, completion: usize, m: Option<&specrs_engine::RequestMetrics>) -> Usage {
     Usage {
         prompt_tokens: prompt,
         completion_tokens: completion,
@@ -565,7 +576,7 @@ fn token_text(state: &AppState, id: u32) -> String {
     state.handle.tokenizer().decode(&[id], false).unwrap_or_default()
 }
 
-fn chat_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
+pub(crate) fn chat_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
     let entry = |id: u32, lp: f32| {
         let t = token_text(state, id);
         json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
@@ -696,7 +707,6 @@ async fn chat_completions(
     let n = params.n;
     check_template_fields(&req)?;
     let constrained = params.structured_outputs.is_some();
-    let thinks_first = state.handle.tokenizer().thinking_token_ids().is_some();
     let include_reasoning = req.include_reasoning.unwrap_or(true);
     let conversation = Conversation {
         messages,
@@ -708,16 +718,7 @@ async fn chat_completions(
         chat_template: req.chat_template.clone().or_else(|| state.chat_template.clone()),
         chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
     };
-    // GLM's rule depends on whether the template opened the thought (`for_prompt`; a prompt
-    // that does not render fails at submission with its own error), and whether a constrained
-    // output splits on the rule that holds.
-    let reasoning = state
-        .reasoning_parser
-        .map(|p| match p.reads_prompt() {
-            true => p.for_prompt(&state.handle.tokenizer().render_conversation(&conversation).unwrap_or_default()),
-            false => p,
-        })
-        .filter(|p| !constrained || p.splits_constrained_output(thinks_first));
+    let reasoning = reasoning_for(&state, &conversation, constrained);
     let reader = || {
         let calls = tools.as_ref().map_or_else(CallStream::text, ToolRequest::call_stream);
         MessageReader::new(reasoning, include_reasoning, calls)
@@ -777,6 +778,25 @@ async fn chat_completions(
         body["prompt_logprobs"] = vllm_prompt_logprobs(&state, &outs[0].prompt_logprobs);
     }
     Ok(axum::Json(body).into_response())
+}
+
+/// The reasoning parser a chat request's output is read with. GLM's rule depends on whether
+/// the template opened the thought (`for_prompt`; a prompt that does not render fails at
+/// submission with its own error), and a constrained output is split only where the rule that
+/// holds splits it.
+pub(crate) fn reasoning_for(
+    state: &AppState,
+    conversation: &Conversation,
+    constrained: bool,
+) -> Option<ReasoningParser> {
+    let thinks_first = state.handle.tokenizer().thinking_token_ids().is_some();
+    state
+        .reasoning_parser
+        .map(|p| match p.reads_prompt() {
+            true => p.for_prompt(&state.handle.tokenizer().render_conversation(conversation).unwrap_or_default()),
+            false => p,
+        })
+        .filter(|p| !constrained || p.splits_constrained_output(thinks_first))
 }
 
 /// A request's own chat template compiles, and its variables leave the renderer's alone (so
@@ -895,7 +915,7 @@ fn chat_stream(
 }
 
 /// The outputs of a request until (and including) the final one.
-fn output_events(stream: OutputStream) -> impl Stream<Item = RequestOutput> {
+pub(crate) fn output_events(stream: OutputStream) -> impl Stream<Item = RequestOutput> {
     stream::unfold((stream, false), |(mut s, done)| async move {
         if done {
             return None;

@@ -1,6 +1,7 @@
 //! The server lets a reasoning model think before its output constraint holds: with a
 //! reasoning parser, a structured output waits for `</think>` (the vocabulary has the
-//! markers), and a chat response splits the thinking into `reasoning_content`; without one, the
+//! markers), a chat response splits the thinking into `reasoning_content` and a Responses API
+//! response into a `reasoning` item before its message; without one, the
 //! constraint holds from the first token. A tiny bigram target (its greedy next token is the
 //! previous one minus one) with `<think>` and `</think>` in its vocabulary stands in for a
 //! reasoning model. The server binds 127.0.0.1, each request is bounded by a timeout, and the
@@ -50,6 +51,7 @@ fn serve(model: &Path, reasoning_parser: Option<ReasoningParser>) -> (tokio::run
         auto_tool_parser: None,
         reasoning_parser,
         exclude_tools_when_tool_choice_none: false,
+        responses: Default::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -60,6 +62,12 @@ fn serve(model: &Path, reasoning_parser: Option<ReasoningParser>) -> (tokio::run
 
 /// POSTs `body` as JSON and returns the status and the JSON answer (one request, 60 s at most).
 fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) = post_raw(addr, path, body);
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// POSTs `body` as JSON and returns the status and the answer's body as text.
+fn post_raw(addr: SocketAddr, path: &str, body: &Value) -> (u16, String) {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let body = body.to_string();
@@ -73,9 +81,8 @@ fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let json =
-        response.split_once("\r\n\r\n").map_or(Value::Null, |(_, b)| serde_json::from_str(b).unwrap_or(Value::Null));
-    (status, json)
+    let body = response.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
 }
 
 #[test]
@@ -131,5 +138,79 @@ fn glm45_splits_a_thought_the_prompt_opened_and_otherwise_only_one_the_model_ope
     let message = &body["choices"][0]["message"];
     assert_eq!(message["reasoning_content"], Value::Null, "{message}");
     assert_eq!(message["content"].as_str().map(str::trim), Some("t24 t23 t22 t21 t20 <think>"), "{message}");
+    drop(runtime);
+}
+
+/// The `output` items of a response without their ids (which differ between responses).
+fn output_without_ids(response: &Value) -> Vec<Value> {
+    let mut items = response["output"].as_array().cloned().unwrap_or_default();
+    for item in &mut items {
+        item.as_object_mut().unwrap().remove("id");
+    }
+    items
+}
+
+#[test]
+fn a_response_puts_the_thinking_in_a_reasoning_item_before_its_message_whole_or_streamed() {
+    let dir = tempfile::tempdir().unwrap();
+    write_thinker(dir.path());
+    let (runtime, addr) = serve(dir.path(), Some(ReasoningParser::DeepseekR1));
+    let chat = json!({"model": "thinker", "messages": [{"role": "user", "content": "t30 <think>"}], "temperature": 0, "max_tokens": 6});
+    let (status, chat) = post(addr, "/v1/chat/completions", &chat);
+    assert_eq!(status, 200, "{chat}");
+    let message = &chat["choices"][0]["message"];
+    let request = json!({"model": "thinker", "input": "t30 <think>", "temperature": 0, "max_output_tokens": 6});
+    let (status, whole) = post(addr, "/v1/responses", &request);
+    assert_eq!(status, 200, "{whole}");
+    let output = &whole["output"];
+    assert_eq!(
+        (output[0]["type"].as_str(), output[1]["type"].as_str()),
+        (Some("reasoning"), Some("message")),
+        "{whole}"
+    );
+    assert_eq!(output[0]["content"][0]["text"], message["reasoning_content"], "the same thinking as chat's");
+    assert_eq!(output[1]["content"][0]["text"], message["content"], "the same answer as chat's");
+    assert_eq!(
+        (whole["status"].as_str(), whole["incomplete_details"]["reason"].as_str()),
+        (Some("incomplete"), Some("max_output_tokens"))
+    );
+    assert_eq!(whole["usage"]["output_tokens"], chat["usage"]["completion_tokens"]);
+    // "t18 t17 t16" with the spaces the bigram tokenizer writes: at least one token each.
+    assert!(whole["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64().unwrap() >= 3, "{whole}");
+
+    let streamed =
+        json!({"model": "thinker", "input": "t30 <think>", "temperature": 0, "max_output_tokens": 6, "stream": true});
+    let (status, text) = post_raw(addr, "/v1/responses", &streamed);
+    assert_eq!(status, 200, "{text}");
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter(|block| block.contains("data: "))
+        .map(|block| {
+            let line =
+                |prefix: &str| block.lines().find_map(|l| l.strip_prefix(prefix)).unwrap_or_default().to_string();
+            (line("event: "), serde_json::from_str(&line("data: ")).unwrap())
+        })
+        .collect();
+    for (i, (name, data)) in events.iter().enumerate() {
+        assert_eq!((data["type"].as_str(), data["sequence_number"].as_u64()), (Some(name.as_str()), Some(i as u64)));
+    }
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names[..2], ["response.created", "response.in_progress"]);
+    assert_eq!(names.last(), Some(&"response.incomplete"));
+    assert!(
+        names.contains(&"response.reasoning_text.delta") && names.contains(&"response.output_text.delta"),
+        "{names:?}"
+    );
+    let last = &events.last().unwrap().1["response"];
+    assert_eq!(output_without_ids(last), output_without_ids(&whole), "a stream ends with the whole response");
+    // Stored: GET returns what the stream ended with.
+    let id = last["id"].as_str().unwrap();
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(stream, "GET /v1/responses/{id} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut got = String::new();
+    stream.read_to_string(&mut got).unwrap();
+    let stored: Value = serde_json::from_str(got.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(&stored, last);
     drop(runtime);
 }
