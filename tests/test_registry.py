@@ -558,6 +558,7 @@ def pipeline_class_name(pipeline: type) -> str:
         "Llama4ForCausalLM",
         "GraniteForCausalLM",
         "ArceeForCausalLM",
+        "ApertusForCausalLM",
         "Starcoder2ForCausalLM",
         "StableLmForCausalLM",
         "PhiForCausalLM",

@@ -764,6 +764,15 @@ fn an_arcee_target_with_an_ungated_relu_squared_mlp_speculates_losslessly() {
 }
 
 #[test]
+fn an_apertus_target_with_a_learned_xielu_per_layer_speculates_losslessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("apertus");
+    let tensors = testing::random_apertus(&SHAPE, 1009).unwrap();
+    write(&target, &testing::apertus_config(&SHAPE), &testing::as_apertus(&tensors));
+    decodes_as_its_model_and_speculates_losslessly(&target, &dir.path().join("eagle3"), 1013, "Apertus");
+}
+
+#[test]
 fn a_starcoder2_target_with_biases_layer_norms_and_a_gelu_mlp_speculates_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("starcoder2");

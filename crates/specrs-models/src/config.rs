@@ -125,6 +125,10 @@ pub enum Architecture {
     /// Arcee (`ArceeForCausalLM`: AFM-4.5B): Llama's layer with an MLP without a gate,
     /// `down(relu(up(x))²)`.
     Arcee,
+    /// Apertus (`ApertusForCausalLM`: Swiss AI's 8B and 70B): Llama's layer with RMSNorms over
+    /// each head of q and k, norms named `attention_layernorm` / `feedforward_layernorm`, and an
+    /// MLP without a gate whose activation, xIELU, has learned parameters in every layer.
+    Apertus,
     /// StarCoder2 (`Starcoder2ForCausalLM`: 3B, 7B, 15B): Mistral's sliding-window attention
     /// with biases on every projection (`use_bias`), LayerNorms with bias, and an MLP without a
     /// gate, `c_proj(gelu_tanh(c_fc(x)))`.
@@ -254,6 +258,7 @@ impl Architecture {
         ("MiniMaxM2ForCausalLM", Architecture::MiniMaxM2),
         ("Llama4ForCausalLM", Architecture::Llama4),
         ("ArceeForCausalLM", Architecture::Arcee),
+        ("ApertusForCausalLM", Architecture::Apertus),
         ("Starcoder2ForCausalLM", Architecture::Starcoder2),
         ("StableLmForCausalLM", Architecture::StableLm),
         ("PhiForCausalLM", Architecture::Phi),
@@ -306,6 +311,7 @@ impl Architecture {
         // llama.cpp fixes the chunk and the temperature's floor at 8192 (Scout's and Maverick's).
         ("llama4", Architecture::Llama4),
         ("arcee", Architecture::Arcee),
+        ("apertus", Architecture::Apertus),
         ("starcoder2", Architecture::Starcoder2),
         ("stablelm", Architecture::StableLm),
         ("phi2", Architecture::Phi),
@@ -367,6 +373,7 @@ impl Architecture {
             Self::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Self::Llama4 => "Llama4ForCausalLM",
             Self::Arcee => "ArceeForCausalLM",
+            Self::Apertus => "ApertusForCausalLM",
             Self::Starcoder2 => "Starcoder2ForCausalLM",
             Self::StableLm => "StableLmForCausalLM",
             Self::Phi => "PhiForCausalLM",
@@ -422,6 +429,7 @@ impl Architecture {
             Self::MiniMaxM2 => "minimax_m2",
             Self::Llama4 => "llama4_text",
             Self::Arcee => "arcee",
+            Self::Apertus => "apertus",
             Self::Starcoder2 => "starcoder2",
             Self::StableLm => "stablelm",
             Self::Phi => "phi",
@@ -496,6 +504,7 @@ impl Architecture {
                 | Self::Olmo3
                 | Self::Olmoe
                 | Self::Exaone4
+                | Self::Apertus
         )
     }
 }
@@ -2033,7 +2042,11 @@ impl DecoderConfig {
             // EXAONE 4.0 without a window (1.2B) attends fully, with RoPE, everywhere.
             Architecture::Exaone4 => v.get("sliding_window").and_then(Value::as_u64),
             // Llama 4's RoPE layers attend within chunks (`Llama4Attention`), not windows.
-            Architecture::HunYuanDense | Architecture::HunYuanMoe | Architecture::Llama4 | Architecture::Arcee => None,
+            Architecture::HunYuanDense
+            | Architecture::HunYuanMoe
+            | Architecture::Llama4
+            | Architecture::Arcee
+            | Architecture::Apertus => None,
             Architecture::Glm4
             | Architecture::Glm4Moe
             | Architecture::DeepseekV2
@@ -2108,6 +2121,7 @@ impl DecoderConfig {
                 // Arcee and Nemotron square a ReLU; the GELUs are the tanh approximation under
                 // three names.
                 Architecture::Arcee | Architecture::Nemotron => &["relu2"],
+                Architecture::Apertus => &["xielu"],
                 Architecture::Starcoder2
                 | Architecture::Phi
                 | Architecture::GptBigCode
@@ -2452,11 +2466,12 @@ impl DecoderConfig {
     }
 
     /// The dense MLP multiplies a gated branch into `up` (all but Arcee's and Nemotron's
-    /// `relu(up)²` and StarCoder2's and Phi's `gelu_tanh(up)`).
+    /// `relu(up)²`, StarCoder2's and Phi's `gelu_tanh(up)` and Apertus's `xielu(up)`).
     pub fn mlp_is_gated(&self) -> bool {
         !matches!(
             self.architecture,
             Architecture::Arcee
+                | Architecture::Apertus
                 | Architecture::Nemotron
                 | Architecture::Starcoder2
                 | Architecture::Phi

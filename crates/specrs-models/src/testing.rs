@@ -2451,3 +2451,43 @@ pub fn as_chatglm(tensors: &HashMap<String, Tensor>, s: &TinyShape) -> Result<Ha
     }
     Ok(out)
 }
+
+/// An Apertus `config.json` for a tiny target (`hidden_act: xielu`).
+pub fn apertus_config(s: &TinyShape) -> Value {
+    let mut c = target_config(Architecture::Apertus, s, false);
+    c["hidden_act"] = json!("xielu");
+    c["attention_bias"] = json!(false);
+    c
+}
+
+/// Random weights for a tiny Apertus under the shared layer's names: Qwen3's (per-head q/k
+/// norms) without the MLP's gate, and every layer's xIELU parameters as transformers stores
+/// them (`mlp.act_fn.alpha_p` / `alpha_n` before their softplus, `beta` and `eps`, one value
+/// each), different in each layer.
+pub fn random_apertus(s: &TinyShape, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut t = random_target(Architecture::Qwen3, s, false, seed)?;
+    t.retain(|name, _| !name.ends_with("mlp.gate_proj.weight"));
+    for i in 0..s.layers {
+        let layer = i as f32;
+        for (name, value) in
+            [("alpha_p", -0.4 + 0.3 * layer), ("alpha_n", 0.2 - 0.5 * layer), ("beta", 0.5), ("eps", -1e-6)]
+        {
+            t.insert(format!("model.layers.{i}.mlp.act_fn.{name}"), Tensor::new(&[value], &Device::Cpu)?);
+        }
+    }
+    Ok(t)
+}
+
+/// An Apertus checkpoint's own names: Llama's pre-norms as `attention_layernorm` and
+/// `feedforward_layernorm`.
+pub fn as_apertus(tensors: &HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    tensors
+        .iter()
+        .map(|(name, t)| {
+            let name = name
+                .replace(".input_layernorm.", ".attention_layernorm.")
+                .replace(".post_attention_layernorm.", ".feedforward_layernorm.");
+            (name, t.clone())
+        })
+        .collect()
+}

@@ -1,5 +1,6 @@
 //! Target model families and the loader that picks one from a checkpoint.
 
+pub mod apertus;
 pub mod arcee;
 pub mod baichuan;
 pub mod bloom;
@@ -87,6 +88,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                     store.set_aliases(granite::shared_mlp_aliases(&cfg))?
                 }
                 Architecture::InternLm2 => store.set_aliases(internlm2::aliases(&cfg))?,
+                Architecture::Apertus => store.set_aliases(apertus::aliases(&cfg))?,
                 Architecture::Mixtral | Architecture::PhiMoe => store.set_aliases(mixtral::aliases(&cfg))?,
                 Architecture::MiniMaxM2 => store.set_aliases(minimax_m2::aliases(&cfg))?,
                 Architecture::HunYuanDense | Architecture::HunYuanMoe => store.set_aliases(hunyuan::aliases(&cfg))?,
@@ -150,6 +152,7 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
                 Architecture::HunYuanDense | Architecture::HunYuanMoe => hunyuan::adapt(cfg),
                 Architecture::Llama4 => llama4::adapt(cfg),
                 Architecture::Arcee => arcee::adapt(cfg),
+                Architecture::Apertus => apertus::adapt(cfg),
                 Architecture::Starcoder2 => starcoder2::adapt(cfg),
                 Architecture::StableLm => stablelm::adapt(cfg),
                 Architecture::Phi => phi::adapt(cfg),

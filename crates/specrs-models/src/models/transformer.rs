@@ -328,15 +328,18 @@ pub enum Activation {
     ReluSquared,
     /// GELU with the exact erf (GPT-NeoX's `gelu`).
     Gelu,
+    /// Apertus's MLP without a gate: xIELU, with its layer's learned parameters.
+    Xielu(Xielu),
 }
 
 impl Activation {
-    /// The activation of `cfg`'s dense MLP: over the gate (SwiGLU; Gemma's GeGLU), or over
-    /// `up` where the MLP has no gate (Arcee's and Nemotron's `relu²`, StarCoder2's and Phi's
-    /// tanh GELU).
-    pub fn of_dense_mlp(cfg: &DecoderConfig) -> Self {
-        match cfg.architecture {
+    /// The activation of `cfg`'s dense MLP `mlp_prefix`: over the gate (SwiGLU; Gemma's GeGLU),
+    /// or over `up` where the MLP has no gate (Arcee's and Nemotron's `relu²`, StarCoder2's and
+    /// Phi's tanh GELU, Apertus's xIELU with the layer's parameters).
+    pub fn of_dense_mlp(store: &WeightStore, mlp_prefix: &str, cfg: &DecoderConfig) -> LoadResult<Self> {
+        Ok(match cfg.architecture {
             _ if cfg.gemma.is_some() => Self::GeluTanh,
+            Architecture::Apertus => Self::Xielu(Xielu::load(store, &format!("{mlp_prefix}.act_fn"))?),
             Architecture::Arcee | Architecture::Nemotron => Self::ReluSquared,
             Architecture::Starcoder2
             | Architecture::Phi
@@ -345,7 +348,7 @@ impl Activation {
             | Architecture::Bloom => Self::GeluTanh,
             Architecture::GptNeoX | Architecture::Falcon | Architecture::Mpt => Self::Gelu,
             _ => Self::Silu,
-        }
+        })
     }
 
     /// Applies the activation alone (an MLP without a gate).
@@ -355,8 +358,62 @@ impl Activation {
             Self::GeluTanh => x.gelu(),
             Self::ReluSquared => x.relu()?.sqr(),
             Self::Gelu => x.gelu_erf(),
+            Self::Xielu(xielu) => xielu.forward(x),
             Self::ClampedSwiGlu { .. } => candle_core::bail!("gpt-oss's clamped SwiGLU needs a gate"),
         }
+    }
+}
+
+/// xIELU (Apertus): `α_p·x² + β·x` for `x > 0`, else `(expm1(min(x, ε)) − x)·α_n + β·x`, with
+/// `α_p = softplus(alpha_p)` and `α_n = β + softplus(alpha_n)` from the layer's learned
+/// `act_fn.alpha_p` / `act_fn.alpha_n` (llama.cpp: `xielu.*` metadata, one value per layer).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Xielu {
+    alpha_p: f64,
+    alpha_n: f64,
+    beta: f64,
+    eps: f64,
+}
+
+impl Xielu {
+    /// transformers' fixed `beta` and `eps` buffers, for checkpoints saved without them.
+    const BETA: f32 = 0.5;
+    const EPS: f32 = -1e-6;
+
+    /// Reads the parameters under `prefix` (`model.layers.{i}.mlp.act_fn`).
+    pub fn load(store: &WeightStore, prefix: &str) -> LoadResult<Self> {
+        let scalar = |name: &str| store.scalar(&format!("{prefix}.{name}"));
+        let optional = |name: &str, default: f32| match store.contains(&format!("{prefix}.{name}")) {
+            true => scalar(name),
+            false => Ok(default),
+        };
+        Ok(Self::from_raw(
+            scalar("alpha_p")?,
+            scalar("alpha_n")?,
+            optional("beta", Self::BETA)?,
+            optional("eps", Self::EPS)?,
+        ))
+    }
+
+    /// From the stored (pre-softplus) parameters.
+    pub fn from_raw(alpha_p: f32, alpha_n: f32, beta: f32, eps: f32) -> Self {
+        let softplus = |v: f64| if v > 20.0 { v } else { v.exp().ln_1p() };
+        let beta = f64::from(beta);
+        Self {
+            alpha_p: softplus(f64::from(alpha_p)),
+            alpha_n: beta + softplus(f64::from(alpha_n)),
+            beta,
+            eps: f64::from(eps),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let beta_x = (x * self.beta)?;
+        // x > 0: α_p·x² + β·x.
+        let positive = ((x.sqr()? * self.alpha_p)? + &beta_x)?;
+        // x ≤ 0: (e^min(x, ε) − 1 − x)·α_n + β·x.
+        let negative = ((((x.minimum(self.eps)?.exp()? - 1.0)? - x)? * self.alpha_n)? + &beta_x)?;
+        x.gt(0.0)?.where_cond(&positive, &negative)
     }
 }
 
@@ -520,23 +577,24 @@ impl DecoderLayer {
         let mlp_prefix = format!("{prefix}.mlp");
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let placement = cfg.norm_placement();
-        let mlp = match &cfg.moe {
-            Some(moe) if moe.is_sparse_layer(index) => {
-                FeedForward::Sparse(Box::new(SparseMoe::load(store, &mlp_prefix, h, moe)?))
-            }
-            _ if !cfg.mlp_is_gated() => FeedForward::Dense(Mlp::load_ungated(
-                store,
-                &mlp_prefix,
-                (h, i),
-                cfg.mlp_bias,
-                Activation::of_dense_mlp(cfg),
-            )?),
-            _ if cfg.fused_projections => FeedForward::Dense(Mlp::load_fused(store, &mlp_prefix, h, i)?),
-            _ => FeedForward::Dense(
-                Mlp::load_biased(store, &mlp_prefix, h, i, cfg.mlp_bias)?
-                    .with_activation(Activation::of_dense_mlp(cfg)),
-            ),
-        };
+        let mlp =
+            match &cfg.moe {
+                Some(moe) if moe.is_sparse_layer(index) => {
+                    FeedForward::Sparse(Box::new(SparseMoe::load(store, &mlp_prefix, h, moe)?))
+                }
+                _ if !cfg.mlp_is_gated() => FeedForward::Dense(Mlp::load_ungated(
+                    store,
+                    &mlp_prefix,
+                    (h, i),
+                    cfg.mlp_bias,
+                    Activation::of_dense_mlp(store, &mlp_prefix, cfg)?,
+                )?),
+                _ if cfg.fused_projections => FeedForward::Dense(Mlp::load_fused(store, &mlp_prefix, h, i)?),
+                _ => FeedForward::Dense(
+                    Mlp::load_biased(store, &mlp_prefix, h, i, cfg.mlp_bias)?
+                        .with_activation(Activation::of_dense_mlp(store, &mlp_prefix, cfg)?),
+                ),
+            };
         let norm = |name: &str| load_norm(store, &format!("{prefix}.{name}"), h, cfg);
         let parallel = placement == NormPlacement::Parallel;
         let (before, after) = match placement {

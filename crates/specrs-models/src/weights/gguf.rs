@@ -284,7 +284,32 @@ impl GgufSource {
     }
 
     pub fn contains(&self, hf_name: &str) -> bool {
-        self.locate(hf_name).is_some()
+        self.locate(hf_name).is_some() || self.metadata_scalar(hf_name).is_some()
+    }
+
+    /// Apertus's per-layer xIELU parameters (`model.layers.{l}.mlp.act_fn.{alpha_p, alpha_n,
+    /// beta, eps}`), which llama.cpp's converter keeps as metadata, `xielu.{name}`: one value per
+    /// layer, or one for every layer.
+    fn metadata_scalar(&self, hf_name: &str) -> Option<f32> {
+        let (layer, name) = hf_name.strip_prefix("model.layers.")?.split_once(".mlp.act_fn.")?;
+        let value = self.content.metadata.get(&format!("xielu.{name}"))?;
+        let value = match value {
+            Value::Array(values) => values.get(layer.parse::<usize>().ok()?)?,
+            one => one,
+        };
+        match value {
+            Value::F32(x) => Some(*x),
+            Value::F64(x) => Some(*x as f32),
+            _ => None,
+        }
+    }
+
+    /// A learned scalar the file keeps as metadata ([`Self::metadata_scalar`]).
+    pub fn scalar(&self, hf_name: &str) -> Result<f32> {
+        self.metadata_scalar(hf_name).ok_or_else(|| ModelError::MissingTensor {
+            name: hf_name.to_string(),
+            source_desc: self.description.clone(),
+        })
     }
 
     pub fn stored_dtype(&self, hf_name: &str) -> Option<GgmlDType> {

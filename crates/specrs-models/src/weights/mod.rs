@@ -215,6 +215,26 @@ impl WeightStore {
         }
     }
 
+    /// A learned scalar (Apertus's `act_fn.alpha_p`): a one-value tensor of a safetensors
+    /// checkpoint, or the value llama.cpp's converter moved into the GGUF metadata.
+    pub fn scalar(&self, name: &str) -> Result<f32> {
+        match &self.source {
+            WeightSource::Gguf(g) => g.scalar(name),
+            WeightSource::Safetensors(_) => {
+                let t = self.tensor_any_shape(name)?.flatten_all()?.to_dtype(DType::F32)?;
+                match t.dims1()? {
+                    1 => Ok(t.to_vec1::<f32>()?[0]),
+                    n => Err(ModelError::ShapeMismatch {
+                        name: name.to_string(),
+                        source_desc: self.description().to_string(),
+                        expected: vec![1],
+                        got: vec![n],
+                    }),
+                }
+            }
+        }
+    }
+
     /// An integer tensor as stored (e.g. EAGLE-3 `d2t` offsets), converted to i64.
     pub fn int_tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let t = match &self.source {

@@ -591,16 +591,26 @@ impl<'a> Reference<'a> {
     }
 
     /// SwiGLU under `p` (fused `gate_up_proj` or separate); without a gate, Arcee's
-    /// `relu(up)²` or StarCoder2's `gelu_tanh(up)`; biases added where the checkpoint has them.
+    /// `relu(up)²`, StarCoder2's `gelu_tanh(up)` or, where the layer stores its parameters,
+    /// Apertus's xIELU; biases added where the checkpoint has them.
     fn mlp(&self, p: &str, x: &[Vec<f32>]) -> Rows {
         if self.get(&format!("{p}.gate_proj.weight")).is_none()
             && self.get(&format!("{p}.gate_up_proj.weight")).is_none()
         {
             let up = self.biased(p, "up_proj", x);
-            let act = |v: f32| match (self.ungated_gelu, self.exact_gelu) {
-                (true, true) => gelu_erf(v),
-                (true, false) => gelu_tanh(v),
-                (false, _) => v.max(0.0) * v.max(0.0),
+            let xielu = self.get(&format!("{p}.act_fn.alpha_p")).map(|_| {
+                let param = |name: &str| self.tensors[&format!("{p}.act_fn.{name}")].to_vec1::<f32>().unwrap()[0];
+                let softplus = |v: f32| (1.0 + v.exp()).ln();
+                let beta = param("beta");
+                (softplus(param("alpha_p")), beta + softplus(param("alpha_n")), beta, param("eps"))
+            });
+            let act = |v: f32| match (xielu, self.ungated_gelu, self.exact_gelu) {
+                // transformers' XIELUActivation.
+                (Some((alpha_p, _, beta, _)), _, _) if v > 0.0 => alpha_p * v * v + beta * v,
+                (Some((_, alpha_n, beta, eps)), _, _) => (v.min(eps).exp_m1() - v) * alpha_n + beta * v,
+                (None, true, true) => gelu_erf(v),
+                (None, true, false) => gelu_tanh(v),
+                (None, false, _) => v.max(0.0) * v.max(0.0),
             };
             let act: Rows = up.iter().map(|r| r.iter().map(|&v| act(v)).collect()).collect();
             return self.biased(p, "down_proj", &act);
