@@ -424,6 +424,11 @@ BLOCK_FAMILIES = [
         r'functools\[\{"name": "get_weather", "arguments": \{"city": "(Rome|Oslo)"\}\}, '
         r'\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]',
     ),
+    (
+        "granite-20b-fc",
+        r'<function_call> \{"name": "get_weather", "arguments": \{"city": "(Rome|Oslo)"\}\}\n'
+        r'<function_call> \{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}',
+    ),
 ]
 
 

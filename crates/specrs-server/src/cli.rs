@@ -306,7 +306,7 @@ pub fn command() -> Command {
                     "Split a reasoning model's thinking into reasoning_content: deepseek_r1 / minimax_m2 (up to </think>), qwen3 (a <think> block the output opens with), openai_gptoss (gpt-oss's analysis channel) or seed_oss (up to </seed:think>)",
                 ))
                 .arg(Arg::new("tool-call-parser").long("tool-call-parser").value_parser(ToolCallParser::NAMES).help(
-                    "How the model writes tool calls, read for tool_choice 'auto': hermes (<tool_call>{...}</tool_call>, Qwen) llama3_json / llama4_json (<|python_tag|>{...}; {...}, Llama 3), mistral ([TOOL_CALLS][...]), granite (<|tool_call|>[...], IBM Granite), pythonic / llama4_pythonic ([f(a=1), g()], Llama 3.2 / 4), qwen3_coder / qwen3_xml (<function=f><parameter=a>1</parameter></function>), seed_oss (the same in <seed:tool_call> blocks), minimax_m2 (<minimax:tool_call><invoke name=\"f\"><parameter name=\"a\">1</parameter></invoke>...), glm45 / glm47 (<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>, GLM), deepseek_v3 / deepseek_v31 (<｜tool▁calls▁begin｜>...), kimi_k2 (<|tool_calls_section_begin|>...), jamba / hunyuan_a13b / minimax (<tool_calls>...</tool_calls>), longcat (<longcat_tool_call>{...}</longcat_tool_call>), internlm (<|action_start|><|plugin|>{...}<|action_end|>), phi4_mini_json (functools[...]) or openai (gpt-oss's harmony: <|channel|>commentary to=functions.f<|message|>{...})",
+                    "How the model writes tool calls, read for tool_choice 'auto': hermes (<tool_call>{...}</tool_call>, Qwen) llama3_json / llama4_json (<|python_tag|>{...}; {...}, Llama 3), mistral ([TOOL_CALLS][...]), granite (<|tool_call|>[...], IBM Granite), pythonic / llama4_pythonic ([f(a=1), g()], Llama 3.2 / 4), qwen3_coder / qwen3_xml (<function=f><parameter=a>1</parameter></function>), seed_oss (the same in <seed:tool_call> blocks), minimax_m2 (<minimax:tool_call><invoke name=\"f\"><parameter name=\"a\">1</parameter></invoke>...), glm45 / glm47 (<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>, GLM), deepseek_v3 / deepseek_v31 (<｜tool▁calls▁begin｜>...), kimi_k2 (<|tool_calls_section_begin|>...), jamba / hunyuan_a13b / minimax (<tool_calls>...</tool_calls>), longcat (<longcat_tool_call>{...}</longcat_tool_call>), internlm (<|action_start|><|plugin|>{...}<|action_end|>), phi4_mini_json (functools[...]), granite-20b-fc (<function_call> {...} before each call), ernie45 (Hermes's blocks, ERNIE 4.5) or openai (gpt-oss's harmony: <|channel|>commentary to=functions.f<|message|>{...})",
                 )),
         )
         .subcommand(
@@ -486,9 +486,10 @@ fn auto_tool_parser(m: &ArgMatches) -> Result<Option<ToolCallParser>, CliError> 
     let parser = m.get_one::<String>("tool-call-parser").map(|name| ToolCallParser::parse(name)).transpose();
     let parser = parser.map_err(CliError::Invalid)?;
     match (m.get_flag("enable-auto-tool-choice"), parser) {
-        (true, None) => Err(CliError::Invalid(
-            "--enable-auto-tool-choice needs --tool-call-parser to say how the model writes its calls (hermes, llama3_json, llama4_json, mistral, granite, pythonic, llama4_pythonic, qwen3_coder, qwen3_xml, seed_oss, minimax_m2, glm45, glm47, deepseek_v3, deepseek_v31, kimi_k2, openai, jamba, hunyuan_a13b, minimax, longcat, internlm, phi4_mini_json)".into(),
-        )),
+        (true, None) => Err(CliError::Invalid(format!(
+            "--enable-auto-tool-choice needs --tool-call-parser to say how the model writes its calls ({})",
+            ToolCallParser::NAMES.join(", ")
+        ))),
         (true, parser) => Ok(parser),
         // A parser alone serves no request: "auto" stays off until it is enabled.
         (false, _) => Ok(None),

@@ -480,6 +480,9 @@ pub const TOOL_CALLS: Block = Block { open: "<tool_calls>", close: Some("</tool_
 pub const INTERNLM: Block = Block { open: "<|action_start|><|plugin|>", close: Some("<|action_end|>") };
 /// Phi-4-mini: `functools[{"name", "arguments"}, ...]`.
 pub const PHI4_MINI: Block = Block { open: "functools", close: None };
+/// granite-20b-functioncalling: `<function_call> {"name", "arguments"}`, the marker before each
+/// call.
+pub const GRANITE_20B_FC: Block = Block { open: "<function_call>", close: None };
 
 /// Reads block-delimited calls out of free text: text outside blocks is content (the longest
 /// end that could begin a block is held back until it cannot); a block's calls are sent as
@@ -904,7 +907,7 @@ mod tests {
     }
 
     #[test]
-    fn jamba_minimax_internlm_longcat_and_phi4_blocks_read_like_hermes_whatever_the_pieces() {
+    fn jamba_minimax_internlm_longcat_phi4_and_granite_20b_blocks_read_like_hermes_whatever_the_pieces() {
         let weather = r#"{"city": "Oslo"}"#;
         let cases = [
             // Jamba: a list in the block.
@@ -933,6 +936,12 @@ mod tests {
             (
                 PHI4_MINI,
                 r#"Checking.functools[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]"#,
+            ),
+            // granite-20b-functioncalling: the marker before each call, a line apart.
+            (
+                GRANITE_20B_FC,
+                "Checking.<function_call> {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n\
+                 <function_call> {\"name\": \"get_time\", \"arguments\": {}}",
             ),
         ];
         for (markers, text) in cases {

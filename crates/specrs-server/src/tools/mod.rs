@@ -24,7 +24,8 @@ pub use calls::{CallIds, CallStream};
 /// The formats of tool calls a model may write on its own, for `tool_choice: "auto"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolCallParser {
-    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen 2.5 / 3).
+    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen 2.5 / 3; ERNIE 4.5's
+    /// thinking models write the same, `ernie45`).
     Hermes,
     /// `<|python_tag|>{"name": ..., "parameters": {...}}; {...}` (Llama 3.1 / 3.2 JSON).
     Llama3Json,
@@ -62,6 +63,9 @@ pub enum ToolCallParser {
     Internlm,
     /// `functools[{"name", "arguments"}, ...]` (Phi-4-mini, `phi4_mini_json`).
     Phi4Mini,
+    /// `<function_call> {"name", "arguments"}`, the marker before each call (IBM's
+    /// granite-20b-functioncalling, `granite-20b-fc`).
+    Granite20bFc,
     /// gpt-oss's harmony messages: a `commentary` message `to=functions.name` is a call, the
     /// `analysis` channel reasoning, `final` the answer (`openai`).
     Openai,
@@ -71,7 +75,7 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 23] = [
+    pub const NAMES: [&str; 25] = [
         "hermes",
         "llama3_json",
         "llama4_json",
@@ -95,11 +99,15 @@ impl ToolCallParser {
         "longcat",
         "internlm",
         "phi4_mini_json",
+        "granite-20b-fc",
+        "ernie45",
     ];
 
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
-            "hermes" => Ok(Self::Hermes),
+            // ERNIE 4.5's calls are Hermes's blocks (its `<response>` wrapper is the `ernie45`
+            // reasoning parser's to leave out).
+            "hermes" | "ernie45" => Ok(Self::Hermes),
             // vLLM's Llama 4 names read Llama 3's JSON and the Python lists Llama 4 writes.
             "llama3_json" | "llama4_json" => Ok(Self::Llama3Json),
             "mistral" => Ok(Self::Mistral),
@@ -117,6 +125,7 @@ impl ToolCallParser {
             "longcat" => Ok(Self::Longcat),
             "internlm" => Ok(Self::Internlm),
             "phi4_mini_json" => Ok(Self::Phi4Mini),
+            "granite-20b-fc" => Ok(Self::Granite20bFc),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -296,6 +305,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Longcat) => CallStream::blocks(calls::LONGCAT),
             ToolChoice::Auto(ToolCallParser::Internlm) => CallStream::blocks(calls::INTERNLM),
             ToolChoice::Auto(ToolCallParser::Phi4Mini) => CallStream::blocks(calls::PHI4_MINI),
+            ToolChoice::Auto(ToolCallParser::Granite20bFc) => CallStream::blocks(calls::GRANITE_20B_FC),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };
@@ -413,6 +423,7 @@ mod tests {
             ("llama4_pythonic", ToolCallParser::Pythonic),
             ("qwen3_xml", ToolCallParser::Qwen3Coder),
             ("hunyuan_a13b", ToolCallParser::ToolCallsBlock),
+            ("ernie45", ToolCallParser::Hermes),
         ] {
             assert_eq!(ToolCallParser::parse(alias), Ok(parser), "{alias}");
             assert!(ToolCallParser::NAMES.contains(&alias), "{alias} is offered on the command line");
