@@ -355,9 +355,29 @@ def test_logprobs_come_with_the_output_text_as_chat_reports_them(client: openai.
         assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
 
 
-def test_stored_responses_are_retrieved_and_deleted(server: Server, client: openai.OpenAI) -> None:
+def test_stored_responses_are_retrieved_with_their_input_items_and_deleted(
+    server: Server, client: openai.OpenAI
+) -> None:
     resp = client.responses.create(model=MODEL, input="Say hi.", temperature=0, max_output_tokens=8)
     assert client.responses.retrieve(resp.id).model_dump() == resp.model_dump()
+    listed = client.responses.input_items.list(resp.id)
+    assert [(i.type, i.role, i.content[0].text) for i in listed.data] == [("message", "user", "Say hi.")]  # type: ignore[union-attr]
+    # A conversation's items page newest first, `after` the last one seen.
+    items = [
+        {"role": "user", "content": "One."},
+        {"role": "assistant", "content": "Two."},
+        {"role": "user", "content": "Three."},
+    ]
+    many = client.responses.create(model=MODEL, input=items, temperature=0, max_output_tokens=4)  # type: ignore[arg-type]
+    first = client.responses.input_items.list(many.id, limit=2)
+    assert [i.content[0].text for i in first.data] == ["Three.", "Two."] and first.has_more  # type: ignore[union-attr]
+    rest = client.responses.input_items.list(many.id, limit=2, after=first.data[-1].id)
+    assert [i.content[0].text for i in rest.data] == ["One."] and not rest.has_more  # type: ignore[union-attr]
+    oldest = client.responses.input_items.list(many.id, order="asc")
+    assert [i.content[0].text for i in oldest.data] == ["One.", "Two.", "Three."]  # type: ignore[union-attr]
+    status, raw = request(server, "GET", f"/v1/responses/{many.id}/input_items?limit=500")
+    assert status == 400
+    assert_openai_error(raw, 400, "limit")
     status, raw = request(server, "DELETE", f"/v1/responses/{resp.id}")
     assert (status, json.loads(raw)) == (200, {"id": resp.id, "object": "response", "deleted": True})
     for method in ("GET", "DELETE"):

@@ -14,8 +14,8 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -380,6 +380,42 @@ fn input_messages(input: &ResponseInput) -> Result<Vec<ChatMessage>, ApiError> {
     Ok(messages)
 }
 
+/// The input as OpenAI lists it back: items, each with an id (given, or made here), text input
+/// as a user message, and a message's text content as one text part.
+fn listed_input_items(input: &ResponseInput) -> Vec<Value> {
+    let items = match input {
+        ResponseInput::Text(text) => vec![json!({"type": "message", "role": "user", "content": text})],
+        ResponseInput::Items(items) => items.clone(),
+    };
+    items
+        .into_iter()
+        .map(|mut item| {
+            let kind = item.get("type").and_then(Value::as_str).unwrap_or("message").to_string();
+            let Some(fields) = item.as_object_mut() else { return item };
+            fields.insert("type".into(), json!(kind));
+            if let Some(Value::String(text)) = fields.get("content") {
+                let part = if fields.get("role").and_then(Value::as_str) == Some("assistant") {
+                    "output_text"
+                } else {
+                    "input_text"
+                };
+                let content = json!([{"type": part, "text": text}]);
+                fields.insert("content".into(), content);
+            }
+            if !fields.contains_key("id") {
+                let prefix = match kind.as_str() {
+                    "function_call" => "fc",
+                    "function_call_output" => "fco",
+                    "reasoning" => "rs",
+                    _ => "msg",
+                };
+                fields.insert("id".into(), json!(item_id(prefix)));
+            }
+            item
+        })
+        .collect()
+}
+
 /// One item of a response's `output`, as it is being written.
 #[derive(Debug, Clone, PartialEq)]
 enum Item {
@@ -681,6 +717,8 @@ struct Stored {
     response: Value,
     /// The input's messages (instructions aside) and the response's assistant turn.
     conversation: Vec<ChatMessage>,
+    /// The request's own input items, each with an id (`GET .../input_items`).
+    input_items: Vec<Value>,
 }
 
 /// The server's kept responses, oldest evicted first beyond its capacity.
@@ -751,6 +789,7 @@ struct Pending {
     store: bool,
     /// The conversation (instructions aside), for the stored response.
     conversation: Vec<ChatMessage>,
+    input_items: Vec<Value>,
     logprobs: bool,
 }
 
@@ -776,7 +815,8 @@ impl Pending {
         let mut conversation = self.conversation.clone();
         conversation.push(items.assistant_message());
         let id = response["id"].as_str().unwrap_or_default().to_string();
-        state.responses.insert(id, Stored { response: response.clone(), conversation });
+        let input_items = self.input_items.clone();
+        state.responses.insert(id, Stored { response: response.clone(), conversation, input_items });
     }
 }
 
@@ -848,7 +888,13 @@ pub(crate) async fn create_response(
         "top_logprobs": req.top_logprobs.unwrap_or(0), "top_p": params.top_p, "truncation": "disabled", "usage": null,
         "user": req.sampling.user,
     });
-    let pending = Pending { base, store: req.store.unwrap_or(true), conversation, logprobs: top.is_some() };
+    let pending = Pending {
+        base,
+        store: req.store.unwrap_or(true),
+        conversation,
+        input_items: listed_input_items(&req.input),
+        logprobs: top.is_some(),
+    };
     let mut reader = MessageReader::new(reasoning, true, calls);
     let guards = admit(&state, 1)?;
     let mut request = GenerationRequest::new(Prompt::Chat(conversation_prompt), params);
@@ -972,6 +1018,54 @@ pub(crate) async fn retrieve_response(
 ) -> Result<Response, ApiError> {
     let stored = state.responses.get(&id).ok_or_else(|| not_found(&id, None))?;
     Ok(axum::Json(stored.response).into_response())
+}
+
+/// `GET /v1/responses/{id}/input_items`'s query.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    order: Option<String>,
+}
+
+/// `GET /v1/responses/{id}/input_items`: a page of the response's input items, newest first
+/// unless `order=asc`, `limit` (1–100, default 20) after the item `after`.
+pub(crate) async fn list_input_items(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| bad(format!("bad query string: {}", e.body_text()), "query"))?;
+    let stored = state.responses.get(&id).ok_or_else(|| not_found(&id, None))?;
+    Ok(axum::Json(input_items_page(stored.input_items, &query)?).into_response())
+}
+
+fn input_items_page(mut items: Vec<Value>, query: &ListQuery) -> Result<Value, ApiError> {
+    let limit = query.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(bad(format!("limit must be between 1 and 100, got {limit}"), "limit"));
+    }
+    match query.order.as_deref() {
+        None | Some("desc") => items.reverse(),
+        Some("asc") => {}
+        Some(other) => return Err(bad(format!("order must be 'asc' or 'desc', got '{other}'"), "order")),
+    }
+    let start = match &query.after {
+        None => 0,
+        Some(after) => items
+            .iter()
+            .position(|i| i["id"] == after.as_str())
+            .map(|at| at + 1)
+            .ok_or_else(|| bad(format!("after names no input item of this response: '{after}'"), "after"))?,
+    };
+    let page: Vec<Value> = items.iter().skip(start).take(limit).cloned().collect();
+    Ok(json!({
+        "object": "list",
+        "first_id": page.first().map(|i| i["id"].clone()),
+        "last_id": page.last().map(|i| i["id"].clone()),
+        "has_more": start + page.len() < items.len(),
+        "data": page,
+    }))
 }
 
 /// `DELETE /v1/responses/{id}`.
@@ -1267,7 +1361,11 @@ mod tests {
     #[test]
     fn the_store_keeps_the_newest_responses_up_to_its_capacity() {
         let store = ResponseStore::with_capacity(2);
-        let stored = |n: u64| Stored { response: json!({"n": n}), conversation: vec![ChatMessage::new("user", "x")] };
+        let stored = |n: u64| Stored {
+            response: json!({"n": n}),
+            conversation: vec![ChatMessage::new("user", "x")],
+            input_items: vec![],
+        };
         for (i, id) in ["a", "b", "c"].iter().enumerate() {
             store.insert(id.to_string(), stored(i as u64));
         }
@@ -1287,5 +1385,57 @@ mod tests {
         assert_eq!(status_of(FinishReason::Length), ("incomplete", json!({"reason": "max_output_tokens"})));
         assert_eq!(status_of(FinishReason::Abort).0, "cancelled");
         assert_eq!(status_of(FinishReason::Error).0, "failed");
+    }
+}
+
+#[cfg(test)]
+mod input_item_tests {
+    use super::*;
+
+    fn query(after: Option<&str>, limit: Option<usize>, order: Option<&str>) -> ListQuery {
+        ListQuery { after: after.map(str::to_string), limit, order: order.map(str::to_string) }
+    }
+
+    #[test]
+    fn input_items_are_listed_with_ids_and_text_parts() {
+        let items = listed_input_items(&ResponseInput::Text("Hi".into()));
+        assert_eq!(items.len(), 1);
+        assert!(items[0]["id"].as_str().unwrap().starts_with("msg_"));
+        assert_eq!(items[0]["content"], json!([{"type": "input_text", "text": "Hi"}]));
+        let given = ResponseInput::Items(vec![
+            json!({"role": "assistant", "content": "Sure."}),
+            json!({"type": "function_call_output", "call_id": "c", "output": "12 C", "id": "mine"}),
+        ]);
+        let items = listed_input_items(&given);
+        assert_eq!(
+            (items[0]["type"].as_str(), &items[0]["content"][0]["type"]),
+            (Some("message"), &json!("output_text"))
+        );
+        assert_eq!(items[1]["id"], "mine", "a given id is kept");
+    }
+
+    #[test]
+    fn pages_run_newest_first_by_default_and_continue_after_a_cursor() {
+        let items: Vec<Value> = (0..5).map(|i| json!({"id": format!("i{i}")})).collect();
+        let ids = |page: &Value| {
+            page["data"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+        };
+        let first = input_items_page(items.clone(), &query(None, Some(2), None)).unwrap();
+        assert_eq!((ids(&first), first["has_more"].as_bool()), (vec!["i4".to_string(), "i3".into()], Some(true)));
+        assert_eq!(first["last_id"], "i3");
+        let next = input_items_page(items.clone(), &query(Some("i3"), Some(2), None)).unwrap();
+        assert_eq!(ids(&next), ["i2", "i1"]);
+        let last = input_items_page(items.clone(), &query(Some("i1"), None, None)).unwrap();
+        assert_eq!((ids(&last), last["has_more"].as_bool()), (vec!["i0".to_string()], Some(false)));
+        let asc = input_items_page(items.clone(), &query(None, None, Some("asc"))).unwrap();
+        assert_eq!(ids(&asc), ["i0", "i1", "i2", "i3", "i4"]);
+        for (q, field) in [
+            (query(None, Some(0), None), "limit"),
+            (query(None, Some(101), None), "limit"),
+            (query(None, None, Some("newest")), "order"),
+            (query(Some("nope"), None, None), "after"),
+        ] {
+            assert_eq!(input_items_page(items.clone(), &q).unwrap_err().param.as_deref(), Some(field));
+        }
     }
 }

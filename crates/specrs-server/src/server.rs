@@ -83,6 +83,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(crate::responses::create_response))
         .route("/v1/responses/{id}", get(crate::responses::retrieve_response).delete(crate::responses::delete_response))
+        .route("/v1/responses/{id}/input_items", get(crate::responses::list_input_items))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(crate::tokenize::tokenize))
