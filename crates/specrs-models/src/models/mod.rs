@@ -83,6 +83,10 @@ pub fn read_config(store: &WeightStore, path: &Path) -> Result<DecoderConfig> {
             let multimodal = image_text::text_config(&json).or_else(|| llama4::text_config(&json));
             let granite_hybrid = granite::hybrid_config(&json)?;
             let cfg = DecoderConfig::from_hf_json(granite_hybrid.as_ref().or(multimodal.as_ref()).unwrap_or(&json))?;
+            // GPTQ and AWQ checkpoints store their linear layers packed.
+            if let Some(format) = crate::weights::PackedIntFormat::from_hf(&json)? {
+                store.set_packed_int_format(format)?;
+            }
             match cfg.architecture {
                 Architecture::Granite if granite_hybrid.is_some() => {
                     store.set_aliases(granite::shared_mlp_aliases(&cfg))?

@@ -4,6 +4,7 @@
 mod dtype;
 pub mod gguf;
 pub mod mxfp4;
+pub mod packed_int;
 pub mod safetensors;
 
 use std::collections::HashMap;
@@ -15,6 +16,7 @@ use candle_core::{DType, Device, Tensor};
 
 pub use dtype::{ModelDType, has_fast_cpu_kernel};
 pub use gguf::GgufSource;
+pub use packed_int::PackedIntFormat;
 pub use safetensors::{SafetensorsSource, checkpoint_files};
 
 use crate::error::{ModelError, Result};
@@ -65,12 +67,63 @@ pub struct WeightStore {
     dtype: ModelDType,
     /// Set once the architecture is known (`models::read_config`).
     aliases: OnceLock<Aliases>,
+    /// How a GPTQ or AWQ checkpoint packs its linear layers (`quantization_config`).
+    packed_int: OnceLock<PackedIntFormat>,
 }
 
 impl WeightStore {
     pub fn new(source: WeightSource, device: Device, dtype: ModelDType) -> Result<Self> {
         dtype.check_device(&device)?;
-        Ok(Self { source, device, dtype, aliases: OnceLock::new() })
+        Ok(Self { source, device, dtype, aliases: OnceLock::new(), packed_int: OnceLock::new() })
+    }
+
+    /// Reads linear layers stored as `qweight` / `qzeros` / `scales` in `format`. Set once.
+    pub fn set_packed_int_format(&self, format: PackedIntFormat) -> Result<()> {
+        if *self.packed_int.get_or_init(|| format) != format {
+            return Err(ModelError::Unsupported("a weight store's packed format cannot change once set".into()));
+        }
+        Ok(())
+    }
+
+    /// The prefix of a linear weight `name` (`{prefix}.weight`) a packed checkpoint stores as
+    /// `{prefix}.qweight`, with the format.
+    fn packed_layer<'a>(&self, s: &SafetensorsSource, name: &'a str) -> Option<(PackedIntFormat, &'a str)> {
+        let format = *self.packed_int.get()?;
+        let prefix = name.strip_suffix(".weight")?;
+        s.contains(&format!("{prefix}.qweight")).then_some((format, prefix))
+    }
+
+    /// A packed layer's weight `[out, in]` in f32 on the host.
+    fn dequantize_packed(
+        &self,
+        s: &SafetensorsSource,
+        format: PackedIntFormat,
+        prefix: &str,
+        (out, inputs): (usize, usize),
+    ) -> Result<Tensor> {
+        format.check_layer(prefix, out, inputs)?;
+        let [qweight_shape, qzeros_shape, scales_shape] = format.shapes(out, inputs);
+        let part = |name: &str, shape: [usize; 2]| -> Result<Tensor> {
+            let name = format!("{prefix}.{name}");
+            let t = s.load_raw(&name, &Device::Cpu)?;
+            self.check_shape(&name, t.dims(), &shape)?;
+            Ok(t)
+        };
+        let ints = |t: Tensor| -> Result<Vec<i32>> { Ok(t.to_dtype(DType::I32)?.flatten_all()?.to_vec1::<i32>()?) };
+        let qweight = ints(part("qweight", qweight_shape)?)?;
+        let qzeros = ints(part("qzeros", qzeros_shape)?)?;
+        let scales = part("scales", scales_shape)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let g_idx_name = format!("{prefix}.g_idx");
+        let g_idx = match matches!(format, PackedIntFormat::Gptq { .. }) && s.contains(&g_idx_name) {
+            true => {
+                let t = s.load_raw(&g_idx_name, &Device::Cpu)?;
+                self.check_shape(&g_idx_name, t.dims(), &[inputs])?;
+                Some(ints(t)?)
+            }
+            false => None,
+        };
+        let w = format.dequantize((out, inputs), &qweight, &qzeros, &scales, g_idx.as_deref())?;
+        Ok(Tensor::from_vec(w, (out, inputs), &Device::Cpu)?)
     }
 
     /// Reads the names in `aliases` from where the checkpoint keeps them. Set once; a second
@@ -163,6 +216,7 @@ impl WeightStore {
 
     pub fn contains(&self, name: &str) -> bool {
         match &self.source {
+            WeightSource::Safetensors(s) if self.packed_layer(s, name).is_some() => true,
             WeightSource::Safetensors(s) => s.contains(self.alias(name).map_or(name, |a| a.source.as_str())),
             WeightSource::Gguf(g) => g.contains(self.alias(name).map_or(name, |a| a.source.as_str())),
         }
@@ -256,6 +310,12 @@ impl WeightStore {
                 self.place_quantized(name, q)
             }
             WeightSource::Safetensors(s) => {
+                // GPTQ / AWQ: read back to floats, kept at 8 bits on the CPU unless the dtype
+                // says otherwise (f32 would take eight times the packed size).
+                if let Some((format, prefix)) = self.packed_layer(s, name) {
+                    let w = self.dequantize_packed(s, format, prefix, (out_dim, in_dim))?;
+                    return self.place_dense(&w, Some(GgmlDType::Q8_0));
+                }
                 if let Some(shape) = self.safetensors_shape(s, name) {
                     self.check_shape(name, &shape, &expected)?;
                 }
