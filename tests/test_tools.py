@@ -425,6 +425,11 @@ BLOCK_FAMILIES = [
         r'\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]',
     ),
     (
+        "xlam",
+        r'\[\{"name": "get_weather", "arguments": \{"city": "(Rome|Oslo)"\}\}, '
+        r'\{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}\]',
+    ),
+    (
         "granite-20b-fc",
         r'<function_call> \{"name": "get_weather", "arguments": \{"city": "(Rome|Oslo)"\}\}\n'
         r'<function_call> \{"name": "get_time", "arguments": \{"timezone": "UTC"\}\}',

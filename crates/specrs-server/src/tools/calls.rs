@@ -74,6 +74,8 @@ enum Format {
     Marked(MarkedCallScanner),
     /// gpt-oss's harmony messages: reasoning, content and (`"auto"`) calls.
     Harmony(HarmonyScanner),
+    /// xLAM's call list, bare or in blocks (`"auto"`).
+    Xlam(XlamScanner),
 }
 
 impl CallStream {
@@ -94,12 +96,18 @@ impl CallStream {
     }
 
     pub fn hermes() -> Self {
-        Self::blocks(HERMES)
+        Self::blocks(&[HERMES])
     }
 
-    /// Calls in JSON blocks between `markers` (Hermes, Jamba, MiniMax, InternLM2, Phi-4-mini).
-    pub fn blocks(markers: Block) -> Self {
-        Self::of(Format::Blocks(BlockScanner::new(markers)))
+    /// Calls in JSON blocks of the `kinds` a family writes (Hermes, Jamba, MiniMax, InternLM2,
+    /// Phi-4-mini, granite-20b-functioncalling: one kind each).
+    pub fn blocks(kinds: &'static [Block]) -> Self {
+        Self::of(Format::Blocks(BlockScanner::new(kinds)))
+    }
+
+    /// Salesforce xLAM's call list: bare at the output's start, or in any of its blocks.
+    pub fn xlam() -> Self {
+        Self::of(Format::Xlam(XlamScanner::default()))
     }
 
     pub fn llama_json() -> Self {
@@ -193,6 +201,7 @@ impl CallStream {
             Format::Xml(scanner) => scanner.push(text, &mut out),
             Format::Marked(scanner) => scanner.push(text, &mut out),
             Format::Harmony(scanner) => scanner.push(text, &mut out),
+            Format::Xlam(scanner) => scanner.push(text, &mut out),
         }
         self.identify(out)
     }
@@ -215,6 +224,7 @@ impl CallStream {
             Format::Xml(scanner) => scanner.finish(&mut out),
             Format::Marked(scanner) => scanner.finish(&mut out),
             Format::Harmony(scanner) => scanner.finish(&mut out),
+            Format::Xlam(scanner) => scanner.finish(&mut out),
         }
         self.identify(out)
     }
@@ -484,11 +494,24 @@ pub const PHI4_MINI: Block = Block { open: "functools", close: None };
 /// call.
 pub const GRANITE_20B_FC: Block = Block { open: "<function_call>", close: None };
 
+/// Salesforce xLAM's blocks around its call list: a JSON code fence, Mistral's marker, or
+/// Hermes's tags (a bare list at the output's start is read by [`XlamScanner`]).
+pub const XLAM: [Block; 4] = [
+    Block { open: "```json", close: Some("```") },
+    Block { open: "```", close: Some("```") },
+    Block { open: "[TOOL_CALLS]", close: None },
+    HERMES,
+];
+
 /// Reads block-delimited calls out of free text: text outside blocks is content (the longest
 /// end that could begin a block is held back until it cannot); a block's calls are sent as
-/// they are written, and a block that holds no call is sent as text once it closes.
+/// they are written, and a block that holds no call is sent as text once it closes. Where a
+/// family has several kinds of block, the first to open is read (the earlier listed where two
+/// open at once).
 #[derive(Debug)]
 struct BlockScanner {
+    kinds: &'static [Block],
+    /// The kind of the open block.
     markers: Block,
     buffer: String,
     /// The open block's text so far, the reader of its current value, and whether any of its
@@ -505,8 +528,13 @@ struct OpenBlock {
 }
 
 impl BlockScanner {
-    fn new(markers: Block) -> Self {
-        Self { markers, buffer: String::new(), block: None, calls: 0 }
+    fn new(kinds: &'static [Block]) -> Self {
+        Self { kinds, markers: kinds[0], buffer: String::new(), block: None, calls: 0 }
+    }
+
+    /// The first block to open in the buffer, and where.
+    fn next_open(&self) -> Option<(usize, Block)> {
+        self.kinds.iter().filter_map(|k| self.buffer.find(k.open).map(|at| (at, *k))).min_by_key(|(at, _)| *at)
     }
 
     fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
@@ -529,12 +557,13 @@ impl BlockScanner {
                 let (Some(_), Some(marker)) = (close, self.markers.close) else { return };
                 self.buffer.drain(..marker.len());
                 self.end_block(true, out);
-            } else if let Some(start) = self.buffer.find(self.markers.open) {
-                let before: String = self.buffer.drain(..start + self.markers.open.len()).collect();
+            } else if let Some((start, kind)) = self.next_open() {
+                self.markers = kind;
+                let before: String = self.buffer.drain(..start + kind.open.len()).collect();
                 self.send_text(&before[..start], out);
                 self.block = Some(OpenBlock::default());
             } else {
-                let keep = held_prefix_len(&self.buffer, self.markers.open);
+                let keep = self.kinds.iter().map(|k| held_prefix_len(&self.buffer, k.open)).max().unwrap_or(0);
                 let text: String = self.buffer.drain(..self.buffer.len() - keep).collect();
                 self.send_text(&text, out);
                 return;
@@ -602,6 +631,54 @@ impl BlockScanner {
 
     fn send_text(&self, text: &str, out: &mut Vec<MessageDelta>) {
         send_text_around_calls(text, self.calls, out);
+    }
+}
+
+/// Reads xLAM's output: one that starts with a JSON list (`[{"name", "arguments"}, ...]`) is
+/// that list of calls; any other is text whose calls are in blocks ([`XLAM`]).
+#[derive(Debug, Default)]
+struct XlamScanner {
+    /// The output's start, until it shows which.
+    start: String,
+    mode: Option<XlamMode>,
+}
+
+#[derive(Debug)]
+enum XlamMode {
+    List(CallListScanner),
+    Blocks(BlockScanner),
+}
+
+impl XlamScanner {
+    fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+        if self.mode.is_none() {
+            self.start.push_str(text);
+            let head: String = self.start.chars().filter(|c| !c.is_whitespace()).take(2).collect();
+            // `[` alone may begin the list or `[TOOL_CALLS]`: wait for the next character.
+            if head.is_empty() || head == "[" {
+                return;
+            }
+            let text = std::mem::take(&mut self.start);
+            self.mode = Some(match head.as_str() {
+                "[{" => XlamMode::List(CallListScanner::default()),
+                _ => XlamMode::Blocks(BlockScanner::new(&XLAM)),
+            });
+            return self.push(&text, out);
+        }
+        match &mut self.mode {
+            Some(XlamMode::List(list)) => list.push(text, out),
+            Some(XlamMode::Blocks(blocks)) => blocks.push(text, out),
+            None => {}
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<MessageDelta>) {
+        match &mut self.mode {
+            Some(XlamMode::List(_)) => {}
+            Some(XlamMode::Blocks(blocks)) => blocks.finish(out),
+            // The whole output was whitespace or one `[`.
+            None => send_content(std::mem::take(&mut self.start), out),
+        }
     }
 }
 
@@ -912,34 +989,34 @@ mod tests {
         let cases = [
             // Jamba: a list in the block.
             (
-                TOOL_CALLS,
+                &[TOOL_CALLS],
                 r#"Checking.<tool_calls>[{"name": "get_weather", "arguments": {"city":"Oslo"}}, {"name": "get_time", "arguments": {}}]</tool_calls>"#,
             ),
             // MiniMax: one object a line.
             (
-                TOOL_CALLS,
+                &[TOOL_CALLS],
                 "Checking.<tool_calls>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_calls>",
             ),
             // InternLM2: one call a block, its arguments as `parameters`.
             (
-                INTERNLM,
+                &[INTERNLM],
                 "Checking.<|action_start|><|plugin|>\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}<|action_end|>\n\
                  <|action_start|><|plugin|>{\"name\": \"get_time\", \"parameters\": {}}<|action_end|>",
             ),
             // LongCat-Flash: Hermes's layout under its own tags.
             (
-                LONGCAT,
+                &[LONGCAT],
                 "Checking.<longcat_tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</longcat_tool_call>\n\
                  <longcat_tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</longcat_tool_call>",
             ),
             // Phi-4-mini: the block is its list.
             (
-                PHI4_MINI,
+                &[PHI4_MINI],
                 r#"Checking.functools[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]"#,
             ),
             // granite-20b-functioncalling: the marker before each call, a line apart.
             (
-                GRANITE_20B_FC,
+                &[GRANITE_20B_FC],
                 "Checking.<function_call> {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n\
                  <function_call> {\"name\": \"get_time\", \"arguments\": {}}",
             ),
@@ -956,10 +1033,41 @@ mod tests {
             }
         }
         // Phi-4-mini's block ends with its list: text after it is content again.
-        let after = CallStream::blocks(PHI4_MINI).read_all(r#"functools[{"name": "get_time", "arguments": {}}] Done."#);
+        let after =
+            CallStream::blocks(&[PHI4_MINI]).read_all(r#"functools[{"name": "get_time", "arguments": {}}] Done."#);
         assert_eq!((calls(&after), after.content.as_str()), (vec![("get_time", "{}")], " Done."));
-        let plain = CallStream::blocks(PHI4_MINI).read_all("functools are handy; no call here.");
+        let plain = CallStream::blocks(&[PHI4_MINI]).read_all("functools are handy; no call here.");
         assert_eq!((plain.tool_calls.len(), plain.content.as_str()), (0, "functools are handy; no call here."));
+    }
+
+    #[test]
+    fn xlam_reads_its_list_bare_fenced_marked_or_tagged_whatever_the_pieces() {
+        let list = r#"[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]"#;
+        let cases = [
+            (format!("  {list}"), ""),
+            (format!("Checking.\n```json\n{list}\n```"), "Checking.\n"),
+            (format!("Checking.\n```\n{list}\n```"), "Checking.\n"),
+            (format!("Checking.[TOOL_CALLS]{list}"), "Checking."),
+            (format!("Checking.<tool_call>{list}</tool_call>"), "Checking."),
+        ];
+        for (text, content) in &cases {
+            for size in [1, 2, 7, 1000] {
+                let message = read_in_pieces(CallStream::xlam(), text, size);
+                assert_eq!(message.content, *content, "{text:?}, pieces of {size}");
+                assert_eq!(
+                    calls(&message),
+                    vec![("get_weather", r#"{"city": "Oslo"}"#), ("get_time", "{}")],
+                    "{text:?}, pieces of {size}"
+                );
+            }
+        }
+        // Text is text, code fences that call nothing included, and a lone `[` is kept.
+        for text in ["[1] is a citation.", "Use:\n```python\nprint(1)\n```\nDone.", "[", "  "] {
+            for size in [1, 3, 1000] {
+                let message = read_in_pieces(CallStream::xlam(), text, size);
+                assert_eq!((message.content.as_str(), message.tool_calls.len()), (text, 0), "pieces of {size}");
+            }
+        }
     }
 
     #[test]

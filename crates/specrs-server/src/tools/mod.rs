@@ -66,6 +66,9 @@ pub enum ToolCallParser {
     /// `<function_call> {"name", "arguments"}`, the marker before each call (IBM's
     /// granite-20b-functioncalling, `granite-20b-fc`).
     Granite20bFc,
+    /// Salesforce xLAM: `[{"name", "arguments"}, ...]` bare at the start, or in a JSON code
+    /// fence, after `[TOOL_CALLS]` or in `<tool_call>` tags (`xlam`).
+    Xlam,
     /// gpt-oss's harmony messages: a `commentary` message `to=functions.name` is a call, the
     /// `analysis` channel reasoning, `final` the answer (`openai`).
     Openai,
@@ -75,7 +78,7 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 25] = [
+    pub const NAMES: [&str; 26] = [
         "hermes",
         "llama3_json",
         "llama4_json",
@@ -101,6 +104,7 @@ impl ToolCallParser {
         "phi4_mini_json",
         "granite-20b-fc",
         "ernie45",
+        "xlam",
     ];
 
     pub fn parse(name: &str) -> Result<Self, String> {
@@ -126,6 +130,7 @@ impl ToolCallParser {
             "internlm" => Ok(Self::Internlm),
             "phi4_mini_json" => Ok(Self::Phi4Mini),
             "granite-20b-fc" => Ok(Self::Granite20bFc),
+            "xlam" => Ok(Self::Xlam),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -301,11 +306,12 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::DeepSeek) => CallStream::deepseek(),
             ToolChoice::Auto(ToolCallParser::KimiK2) => CallStream::kimi(),
             ToolChoice::Auto(ToolCallParser::Openai) => CallStream::harmony(true),
-            ToolChoice::Auto(ToolCallParser::ToolCallsBlock) => CallStream::blocks(calls::TOOL_CALLS),
-            ToolChoice::Auto(ToolCallParser::Longcat) => CallStream::blocks(calls::LONGCAT),
-            ToolChoice::Auto(ToolCallParser::Internlm) => CallStream::blocks(calls::INTERNLM),
-            ToolChoice::Auto(ToolCallParser::Phi4Mini) => CallStream::blocks(calls::PHI4_MINI),
-            ToolChoice::Auto(ToolCallParser::Granite20bFc) => CallStream::blocks(calls::GRANITE_20B_FC),
+            ToolChoice::Auto(ToolCallParser::ToolCallsBlock) => CallStream::blocks(&[calls::TOOL_CALLS]),
+            ToolChoice::Auto(ToolCallParser::Longcat) => CallStream::blocks(&[calls::LONGCAT]),
+            ToolChoice::Auto(ToolCallParser::Internlm) => CallStream::blocks(&[calls::INTERNLM]),
+            ToolChoice::Auto(ToolCallParser::Phi4Mini) => CallStream::blocks(&[calls::PHI4_MINI]),
+            ToolChoice::Auto(ToolCallParser::Granite20bFc) => CallStream::blocks(&[calls::GRANITE_20B_FC]),
+            ToolChoice::Auto(ToolCallParser::Xlam) => CallStream::xlam(),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };
