@@ -355,6 +355,34 @@ def test_auto_reads_minimax_m2_invokes_with_quoted_names_and_values_typed_by_the
     assert [(c["name"], c["arguments"]) for c in streamed] == [whole]
 
 
+def test_auto_reads_step3_invokes_inside_its_call_markers(
+    serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
+) -> None:
+    step3 = tool_server(serve, template_file, "step3")
+    # Step 3's markers, spelled with the fullwidth bar (U+FF5C) its tokenizer has.
+    calls, call, sep = ("<\uff5ctool_calls_{}\uff5c>", "<\uff5ctool_call_{}\uff5c>", "<\uff5ctool_sep\uff5c>")
+    written = (
+        calls.format("begin")
+        + call.format("begin")
+        + "function"
+        + sep
+        + r'<steptml:invoke name="get_weather"><steptml:parameter name="city">(Rome|Oslo)</steptml:parameter>'
+        + "</steptml:invoke>"
+        + call.format("end")
+        + calls.format("end")
+    )
+    (call,) = forced_calls(step3, written, 120)
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"])["city"] in ("Rome", "Oslo")
+    client: openai.OpenAI = openai_client(step3)
+    fields: dict[str, Any] = {"tools": TOOLS, "temperature": 0, "max_tokens": 120}
+    content, streamed, finish = stream_message(
+        client, messages=ASK, **fields, extra_body={"guided_regex": written}
+    )
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in streamed] == [("get_weather", call["function"]["arguments"])]
+
+
 def test_gpt_oss_harmony_channels_split_into_reasoning_content_and_calls(
     serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
 ) -> None:

@@ -147,6 +147,10 @@ impl CallStream {
         Self::of(Format::Xml(XmlCallScanner::new(xml_calls::MINIMAX_M2, functions)))
     }
 
+    pub fn step3(functions: &[Function]) -> Self {
+        Self::of(Format::Xml(XmlCallScanner::new(xml_calls::STEP3, functions)))
+    }
+
     pub fn glm(functions: &[Function]) -> Self {
         Self::of(Format::Xml(XmlCallScanner::new(xml_calls::GLM, functions)))
     }

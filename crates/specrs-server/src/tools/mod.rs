@@ -69,6 +69,10 @@ pub enum ToolCallParser {
     /// Salesforce xLAM: `[{"name", "arguments"}, ...]` bare at the start, or in a JSON code
     /// fence, after `[TOOL_CALLS]` or in `<tool_call>` tags (`xlam`).
     Xlam,
+    /// `<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="f">
+    /// <steptml:parameter name="k">v</steptml:parameter></steptml:invoke>...` (StepFun's Step 3),
+    /// values typed by the tool's schema.
+    Step3,
     /// gpt-oss's harmony messages: a `commentary` message `to=functions.name` is a call, the
     /// `analysis` channel reasoning, `final` the answer (`openai`).
     Openai,
@@ -78,7 +82,7 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 26] = [
+    pub const NAMES: [&str; 27] = [
         "hermes",
         "llama3_json",
         "llama4_json",
@@ -105,6 +109,7 @@ impl ToolCallParser {
         "granite-20b-fc",
         "ernie45",
         "xlam",
+        "step3",
     ];
 
     pub fn parse(name: &str) -> Result<Self, String> {
@@ -131,6 +136,7 @@ impl ToolCallParser {
             "phi4_mini_json" => Ok(Self::Phi4Mini),
             "granite-20b-fc" => Ok(Self::Granite20bFc),
             "xlam" => Ok(Self::Xlam),
+            "step3" => Ok(Self::Step3),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -312,6 +318,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Phi4Mini) => CallStream::blocks(&[calls::PHI4_MINI]),
             ToolChoice::Auto(ToolCallParser::Granite20bFc) => CallStream::blocks(&[calls::GRANITE_20B_FC]),
             ToolChoice::Auto(ToolCallParser::Xlam) => CallStream::xlam(),
+            ToolChoice::Auto(ToolCallParser::Step3) => CallStream::step3(&self.functions),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };

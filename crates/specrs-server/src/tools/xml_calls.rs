@@ -1,6 +1,7 @@
 //! XML tool calls whose values are raw text: Qwen3-Coder's (vLLM's `qwen3_coder` parser; Seed-OSS
 //! writes the same inside `<seed:tool_call>` blocks, `seed_oss`), GLM-4.5's (`glm45`; GLM-4.7's
-//! layout without line breaks, `glm47`, is read by the same) and MiniMax-M2's (`minimax_m2`):
+//! layout without line breaks, `glm47`, is read by the same), MiniMax-M2's (`minimax_m2`) and
+//! Step 3's (`step3`: MiniMax's tags under `steptml:`, in DeepSeek-like call markers):
 //!
 //! ```text
 //! Qwen3-Coder:              GLM-4.5:                          MiniMax-M2:
@@ -55,9 +56,13 @@ pub struct Dialect {
     trim: ValueTrim,
     /// A parameter the schema does not describe is read as JSON where it parses.
     undescribed_as_json: bool,
-    /// Function and parameter names may be quoted (`name="city"`, MiniMax-M2), and MiniMax's
-    /// looser literals are read (`none` / `nil` as null, `yes` / `on` / `1` as true).
+    /// Function and parameter names may be quoted (`name="city"`: MiniMax-M2, Step 3).
+    quoted_names: bool,
+    /// MiniMax's looser literals are read (`none` / `nil` as null, `yes` / `on` / `1` as true).
     minimax: bool,
+    /// Tags around each function inside a block that carry nothing (Step 3's
+    /// `<｜tool_call_begin｜>function<｜tool_sep｜>` ... `<｜tool_call_end｜>`).
+    wrappers: &'static [&'static str],
 }
 
 /// What a dialect trims from the ends of a raw value.
@@ -81,7 +86,9 @@ pub const QWEN3_CODER: Dialect = Dialect {
     value_close: "</parameter>",
     trim: ValueTrim::OneLineBreak,
     undescribed_as_json: false,
+    quoted_names: false,
     minimax: false,
+    wrappers: &[],
 };
 
 /// Qwen3-Coder's functions inside Seed-OSS's own block tags.
@@ -98,7 +105,9 @@ pub const GLM: Dialect = Dialect {
     value_close: "</arg_value>",
     trim: ValueTrim::Nothing,
     undescribed_as_json: true,
+    quoted_names: false,
     minimax: false,
+    wrappers: &[],
 };
 
 pub const MINIMAX_M2: Dialect = Dialect {
@@ -112,7 +121,29 @@ pub const MINIMAX_M2: Dialect = Dialect {
     value_close: "</parameter>",
     trim: ValueTrim::Whitespace,
     undescribed_as_json: true,
+    quoted_names: true,
     minimax: true,
+    wrappers: &[],
+};
+
+/// StepFun's Step 3: `<steptml:invoke name="f"><steptml:parameter name="k">v</steptml:parameter>
+/// </steptml:invoke>`, each call wrapped in `<｜tool_call_begin｜>function<｜tool_sep｜>` and
+/// `<｜tool_call_end｜>` inside `<｜tool_calls_begin｜>` ... `<｜tool_calls_end｜>`; values trimmed
+/// and typed by the schema, undescribed ones left as text (vLLM's `step3`).
+pub const STEP3: Dialect = Dialect {
+    call_open: "<｜tool_calls_begin｜>",
+    call_close: "<｜tool_calls_end｜>",
+    function_open: Some("<steptml:invoke name="),
+    function_close: "</steptml:invoke>",
+    key_open: "<steptml:parameter name=",
+    key_close: ">",
+    value_open: "",
+    value_close: "</steptml:parameter>",
+    trim: ValueTrim::Whitespace,
+    undescribed_as_json: false,
+    quoted_names: true,
+    minimax: false,
+    wrappers: &["<｜tool_call_begin｜>", "function<｜tool_sep｜>", "<｜tool_call_end｜>"],
 };
 
 /// Reads XML calls out of free text: text outside `<tool_call>` blocks is content (what could
@@ -203,8 +234,14 @@ impl XmlCallScanner {
                     self.start_call(name, out);
                     return true;
                 }
+                if let Some(after) = d.wrappers.iter().find_map(|w| rest.strip_prefix(w)) {
+                    self.buffer = after.to_string();
+                    return true;
+                }
                 // Neither a function nor the block's end: text, up to the next tag.
-                let Some((text, rest)) = stray_text(rest, &[d.call_close, function_open]) else { return false };
+                let tags: Vec<&str> =
+                    [d.call_close, function_open].into_iter().chain(d.wrappers.iter().copied()).collect();
+                let Some((text, rest)) = stray_text(rest, &tags) else { return false };
                 let text = text.to_string();
                 self.buffer = rest.to_string();
                 send_content(text, out);
@@ -289,7 +326,7 @@ impl XmlCallScanner {
     fn name(&self, written: &str) -> String {
         let name = written.trim();
         let quoted = |q: char| name.len() >= 2 && name.starts_with(q) && name.ends_with(q);
-        match self.dialect.minimax && (quoted('"') || quoted('\'')) {
+        match self.dialect.quoted_names && (quoted('"') || quoted('\'')) {
             true => name[1..name.len() - 1].to_string(),
             false => name.to_string(),
         }
@@ -513,6 +550,34 @@ mod tests {
             4,
         ));
         assert_eq!(calls[0].1, r#"{"days": "none"}"#);
+    }
+
+    #[test]
+    fn step3_calls_skip_their_wrappers_and_type_their_values_whatever_the_pieces() {
+        let text = "Let me check.<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜>\
+                    <steptml:invoke name=\"get_weather\"><steptml:parameter name=\"city\"> Oslo </steptml:parameter>\
+                    <steptml:parameter name=\"days\">3</steptml:parameter><steptml:parameter name=\"metric\">true</steptml:parameter>\
+                    <steptml:parameter name=\"note\">[1, 2]</steptml:parameter></steptml:invoke><｜tool_call_end｜>\
+                    <｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"get_time\"></steptml:invoke>\
+                    <｜tool_call_end｜><｜tool_calls_end｜>";
+        let want = r#"{"city": "Oslo", "days": 3, "metric": true, "note": "[1, 2]"}"#;
+        for size in [1, 3, 7, 1000] {
+            let (content, calls) = message(&read_as(STEP3, text, size));
+            assert_eq!(content, "Let me check.", "pieces of {size}");
+            assert_eq!(
+                calls,
+                vec![("get_weather".to_string(), want.to_string()), ("get_time".to_string(), "{}".to_string())],
+                "pieces of {size}"
+            );
+        }
+        // MiniMax's loose literals are its own: Step 3 keeps `yes` as text.
+        let (_, calls) = message(&read_as(
+            STEP3,
+            "<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"get_weather\">\
+             <steptml:parameter name=\"metric\">yes</steptml:parameter></steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>",
+            5,
+        ));
+        assert_eq!(calls[0].1, r#"{"metric": "yes"}"#);
     }
 
     #[test]
