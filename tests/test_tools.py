@@ -360,16 +360,20 @@ def test_auto_reads_step3_invokes_inside_its_call_markers(
 ) -> None:
     step3 = tool_server(serve, template_file, "step3")
     # Step 3's markers, spelled with the fullwidth bar (U+FF5C) its tokenizer has.
-    calls, call, sep = ("<\uff5ctool_calls_{}\uff5c>", "<\uff5ctool_call_{}\uff5c>", "<\uff5ctool_sep\uff5c>")
+    calls_tag, call_tag, sep = (
+        "<\uff5ctool_calls_{}\uff5c>",
+        "<\uff5ctool_call_{}\uff5c>",
+        "<\uff5ctool_sep\uff5c>",
+    )
     written = (
-        calls.format("begin")
-        + call.format("begin")
+        calls_tag.format("begin")
+        + call_tag.format("begin")
         + "function"
         + sep
         + r'<steptml:invoke name="get_weather"><steptml:parameter name="city">(Rome|Oslo)</steptml:parameter>'
         + "</steptml:invoke>"
-        + call.format("end")
-        + calls.format("end")
+        + call_tag.format("end")
+        + calls_tag.format("end")
     )
     (call,) = forced_calls(step3, written, 120)
     assert call["function"]["name"] == "get_weather"
