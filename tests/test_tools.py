@@ -387,6 +387,21 @@ def test_auto_reads_step3_invokes_inside_its_call_markers(
     assert [(c["name"], c["arguments"]) for c in streamed] == [("get_weather", call["function"]["arguments"])]
 
 
+def test_auto_reads_olmo3_calls_a_line_each_in_their_tags(
+    serve: Callable[..., Server], template_file: Path
+) -> None:
+    olmo3 = tool_server(serve, template_file, "olmo3")
+    written = (
+        r'<function_calls>\nget_weather\(city="(Rome|Oslo)"\)\nget_time\(timezone="UTC"\)\n</function_calls>'
+    )
+    calls = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in forced_calls(olmo3, written, 120)
+    ]
+    assert calls[0][0] == "get_weather" and calls[0][1]["city"] in ("Rome", "Oslo")
+    assert calls[1] == ("get_time", {"timezone": "UTC"})
+
+
 def test_gpt_oss_harmony_channels_split_into_reasoning_content_and_calls(
     serve: Callable[..., Server], template_file: Path, openai_client: Callable[..., Any]
 ) -> None:

@@ -7,7 +7,7 @@
 use super::Function;
 use super::harmony::HarmonyScanner;
 use super::marked_calls::{DEEPSEEK, KIMI, MarkedCallScanner};
-use super::pythonic::PythonicScanner;
+use super::pythonic::{Layout as PythonicLayout, PythonicScanner};
 use super::xml_calls::{self, XmlCallScanner};
 use crate::message::{MessageDelta, held_prefix_len};
 
@@ -123,7 +123,12 @@ impl CallStream {
     }
 
     pub fn pythonic() -> Self {
-        Self::of(Format::Pythonic(PythonicScanner::default()))
+        Self::of(Format::Pythonic(PythonicScanner::new(PythonicLayout::List)))
+    }
+
+    /// OLMo 3's Python-style calls, one a line, in `<function_calls>` tags.
+    pub fn olmo3() -> Self {
+        Self::of(Format::Pythonic(PythonicScanner::new(PythonicLayout::Lines)))
     }
 
     pub fn deepseek() -> Self {
@@ -1363,5 +1368,26 @@ mod tests {
         let broken = CallStream::pythonic().read_all("[f(a=1, 2)] and more");
         assert_eq!(calls(&broken), vec![("f", r#"{"a": 1}"#)], "a call, once started, is kept and closed");
         assert_eq!(broken.content, "2)] and more");
+    }
+
+    #[test]
+    fn olmo3_reads_a_call_a_line_in_its_tags_whatever_the_pieces() {
+        let text =
+            "<function_calls>\nget_weather(city=\"Oslo\", metric=true, days=None)\nget_time()\n</function_calls> Done.";
+        for size in [1, 2, 5, 1000] {
+            let message = read_in_pieces(CallStream::olmo3(), text, size);
+            assert_eq!(
+                calls(&message),
+                vec![("get_weather", r#"{"city": "Oslo", "metric": true, "days": null}"#), ("get_time", "{}")],
+                "pieces of {size}"
+            );
+            // Whitespace that comes alone after calls is dropped, as by every reader here.
+            assert_eq!(message.content.trim_start(), "Done.", "pieces of {size}");
+        }
+        // Outside its tags, and in Llama's brackets, it is text.
+        for answer in ["Python(the language) is fun.", "[f(a=1)]", "<function", "Sure."] {
+            let message = CallStream::olmo3().read_all(answer);
+            assert_eq!((message.content.as_str(), message.tool_calls.len()), (answer, 0), "{answer:?}");
+        }
     }
 }

@@ -66,6 +66,9 @@ pub enum ToolCallParser {
     /// `<function_call> {"name", "arguments"}`, the marker before each call (IBM's
     /// granite-20b-functioncalling, `granite-20b-fc`).
     Granite20bFc,
+    /// `<function_calls>\nget_weather(city="Paris")\nget_time()\n</function_calls>`: Python-style
+    /// calls a line each (OLMo 3, `olmo3`).
+    Olmo3,
     /// Salesforce xLAM: `[{"name", "arguments"}, ...]` bare at the start, or in a JSON code
     /// fence, after `[TOOL_CALLS]` or in `<tool_call>` tags (`xlam`).
     Xlam,
@@ -82,7 +85,7 @@ pub enum ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub const NAMES: [&str; 27] = [
+    pub const NAMES: [&str; 28] = [
         "hermes",
         "llama3_json",
         "llama4_json",
@@ -110,6 +113,7 @@ impl ToolCallParser {
         "ernie45",
         "xlam",
         "step3",
+        "olmo3",
     ];
 
     pub fn parse(name: &str) -> Result<Self, String> {
@@ -137,6 +141,7 @@ impl ToolCallParser {
             "granite-20b-fc" => Ok(Self::Granite20bFc),
             "xlam" => Ok(Self::Xlam),
             "step3" => Ok(Self::Step3),
+            "olmo3" => Ok(Self::Olmo3),
             other => Err(format!("unknown tool call parser '{other}'; available: {}", Self::NAMES.join(", "))),
         }
     }
@@ -318,6 +323,7 @@ impl ToolRequest {
             ToolChoice::Auto(ToolCallParser::Phi4Mini) => CallStream::blocks(&[calls::PHI4_MINI]),
             ToolChoice::Auto(ToolCallParser::Granite20bFc) => CallStream::blocks(&[calls::GRANITE_20B_FC]),
             ToolChoice::Auto(ToolCallParser::Xlam) => CallStream::xlam(),
+            ToolChoice::Auto(ToolCallParser::Olmo3) => CallStream::olmo3(),
             ToolChoice::Auto(ToolCallParser::Step3) => CallStream::step3(&self.functions),
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),

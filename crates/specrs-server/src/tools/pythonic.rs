@@ -1,7 +1,9 @@
 //! Llama 3.2 / 4's Python-style tool calls (vLLM's `pythonic` parser):
 //! `[get_weather(city="Paris"), get_time()]`, keyword arguments as Python literals (strings in
 //! either quotes, numbers, `True`/`False`/`None`, lists, tuples, dicts), turned into JSON as
-//! they are read. Llama 4 may wrap the list in `<|python_start|>` ... `<|python_end|>`.
+//! they are read. Llama 4 may wrap the list in `<|python_start|>` ... `<|python_end|>`. OLMo 3
+//! (`olmo3`) writes the same calls one a line in `<function_calls>` ... `</function_calls>`, with
+//! JSON's `true` / `false` / `null` too.
 //! The reader is driven through [`super::calls::CallStream::pythonic`], whose tests cover it.
 
 use serde_json::Value;
@@ -12,6 +14,29 @@ use crate::message::MessageDelta;
 /// What Llama 4 writes around its call list.
 const PYTHON_START: &str = "<|python_start|>";
 const PYTHON_END: &str = "<|python_end|>";
+/// What OLMo 3 writes around its calls.
+const FUNCTION_CALLS_START: &str = "<function_calls>";
+const FUNCTION_CALLS_END: &str = "</function_calls>";
+
+/// Whose layout of calls is read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `[f(a=1), g()]`, in `<|python_start|>` ... `<|python_end|>` or bare (Llama 3.2 / 4).
+    #[default]
+    List,
+    /// `f(a=1)` and `g()` a line each, in `<function_calls>` ... `</function_calls>` (OLMo 3).
+    Lines,
+}
+
+impl Layout {
+    /// The tag that may open the calls, and the one that then closes them.
+    fn tags(self) -> (&'static str, &'static str) {
+        match self {
+            Self::List => (PYTHON_START, PYTHON_END),
+            Self::Lines => (FUNCTION_CALLS_START, FUNCTION_CALLS_END),
+        }
+    }
+}
 
 /// Reads Python-style call lists, `[get_weather(city="Paris"), get_time()]` (Llama 3.2 / 4):
 /// an output that opens with `[` and a call (`name(`) is read call by call, each call starting
@@ -20,8 +45,9 @@ const PYTHON_END: &str = "<|python_end|>";
 /// output from where it stops being a call list.
 #[derive(Debug, Default)]
 pub struct PythonicScanner {
+    layout: Layout,
     mode: PythonicMode,
-    /// The undecided start.
+    /// The undecided start, or after the calls what may begin their closing tag.
     held: String,
     calls: usize,
 }
@@ -71,18 +97,26 @@ enum ListStart {
     At(usize),
 }
 
-fn list_start(text: &str) -> ListStart {
+fn list_start(text: &str, layout: Layout) -> ListStart {
     let trimmed = text.trim_start();
     let mut at = text.len() - trimmed.len();
     let rest = &text[at..];
-    if let Some(after) = rest.strip_prefix(PYTHON_START) {
-        at += PYTHON_START.len() + (after.len() - after.trim_start().len());
-    } else if PYTHON_START.starts_with(rest) && rest.starts_with('<') {
+    let (open, _) = layout.tags();
+    if let Some(after) = rest.strip_prefix(open) {
+        at += open.len() + (after.len() - after.trim_start().len());
+    } else if open.starts_with(rest) && rest.starts_with('<') {
         return ListStart::Maybe;
+    } else if layout == Layout::Lines {
+        // Bare lines are too like prose ("Python(the language) ..."): OLMo 3's calls are read
+        // in their tags.
+        return ListStart::Not;
     }
     let rest = &text[at..];
-    let Some(inside) = rest.strip_prefix('[') else {
-        return if rest.is_empty() { ListStart::Maybe } else { ListStart::Not };
+    // OLMo 3's calls need no brackets: the first call's name starts them.
+    let (inside, skip) = match (rest.strip_prefix('['), layout) {
+        (Some(inside), Layout::List) => (inside, 1),
+        (_, Layout::Lines) => (rest, 0),
+        (None, Layout::List) => return if rest.is_empty() { ListStart::Maybe } else { ListStart::Not },
     };
     let name = inside.trim_start();
     let name_len = name.find(|c: char| !is_name_char(c)).unwrap_or(name.len());
@@ -94,7 +128,7 @@ fn list_start(text: &str) -> ListStart {
     }
     match name[name_len..].chars().next() {
         None => ListStart::Maybe,
-        Some('(') => ListStart::At(at + 1),
+        Some('(') => ListStart::At(at + skip),
         Some(_) => ListStart::Not,
     }
 }
@@ -104,12 +138,16 @@ fn is_name_char(c: char) -> bool {
 }
 
 impl PythonicScanner {
+    pub fn new(layout: Layout) -> Self {
+        Self { layout, ..Self::default() }
+    }
+
     pub fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
         match &self.mode {
             PythonicMode::Text => return send_content(text, out),
             PythonicMode::Undecided => {
                 self.held.push_str(text);
-                match list_start(&self.held) {
+                match list_start(&self.held, self.layout) {
                     ListStart::Maybe => {}
                     ListStart::Not => {
                         self.mode = PythonicMode::Text;
@@ -123,6 +161,10 @@ impl PythonicScanner {
                     }
                 }
                 return;
+            }
+            PythonicMode::Done if !self.held.is_empty() => {
+                let text = std::mem::take(&mut self.held) + text;
+                return self.read(&text, out);
             }
             PythonicMode::Calls(_) | PythonicMode::Done => {}
         }
@@ -138,8 +180,14 @@ impl PythonicScanner {
                 PythonicMode::Calls(position) => position,
                 PythonicMode::Done => {
                     let rest = text[i..].trim_start();
-                    let rest = rest.strip_prefix(PYTHON_END).unwrap_or(rest);
+                    let (_, close) = self.layout.tags();
                     send_arguments(index, &mut arguments, out);
+                    // What may still become the closing tag waits for the next piece.
+                    if !rest.is_empty() && close.starts_with(rest) && rest.len() < close.len() {
+                        self.held = rest.to_string();
+                        return;
+                    }
+                    let rest = rest.strip_prefix(close).unwrap_or(rest);
                     if !rest.trim().is_empty() {
                         self.mode = PythonicMode::Text;
                         send_content(rest, out);
@@ -192,12 +240,27 @@ impl PythonicScanner {
                 },
                 ListPosition::AfterCall if c.is_whitespace() => Step::Stay,
                 ListPosition::AfterCall if c == ',' => Step::Move(ListPosition::BeforeName),
-                ListPosition::AfterCall | ListPosition::BeforeName if c == ']' => Step::Close,
+                ListPosition::AfterCall | ListPosition::BeforeName if c == ']' && self.layout == Layout::List => {
+                    Step::Close
+                }
+                // OLMo 3: the next line's call, or the closing tag.
+                ListPosition::AfterCall if self.layout == Layout::Lines && is_name_char(c) && !c.is_ascii_digit() => {
+                    Step::Move(ListPosition::Name(c.to_string()))
+                }
+                ListPosition::AfterCall | ListPosition::BeforeName if c == '<' && self.layout == Layout::Lines => {
+                    Step::Close
+                }
                 _ => Step::Break,
             };
             match step {
                 Step::Stay => {}
                 Step::Move(next) => *position = next,
+                // OLMo 3's closing tag is read as what follows the calls.
+                Step::Close if c == '<' => {
+                    self.mode = PythonicMode::Done;
+                    send_arguments(index, &mut arguments, out);
+                    return self.read(&text[i..], out);
+                }
                 Step::Close => self.mode = PythonicMode::Done,
                 Step::Break => {
                     // Not a call list after all: the open call's arguments are closed, and the
@@ -222,7 +285,8 @@ impl PythonicScanner {
         send_arguments(self.calls.saturating_sub(1), &mut arguments, out);
     }
 
-    /// An undecided start is text; a call cut short keeps what was sent.
+    /// An undecided start (or the start of a closing tag never finished) is text; a call cut
+    /// short keeps what was sent.
     pub fn finish(&mut self, out: &mut Vec<MessageDelta>) {
         send_content(std::mem::take(&mut self.held), out);
     }
