@@ -523,6 +523,7 @@ struct BlockScanner {
     /// The kind of the open block.
     markers: Block,
     buffer: String,
+    text: TextAroundCalls,
     /// The open block's text so far, the reader of its current value, and whether any of its
     /// values held a call.
     block: Option<OpenBlock>,
@@ -538,7 +539,14 @@ struct OpenBlock {
 
 impl BlockScanner {
     fn new(kinds: &'static [Block]) -> Self {
-        Self { kinds, markers: kinds[0], buffer: String::new(), block: None, calls: 0 }
+        Self {
+            kinds,
+            markers: kinds[0],
+            buffer: String::new(),
+            text: TextAroundCalls::default(),
+            block: None,
+            calls: 0,
+        }
     }
 
     /// The first block to open in the buffer, and where.
@@ -570,6 +578,7 @@ impl BlockScanner {
                 self.markers = kind;
                 let before: String = self.buffer.drain(..start + kind.open.len()).collect();
                 self.send_text(&before[..start], out);
+                self.text.drop_held();
                 self.block = Some(OpenBlock::default());
             } else {
                 let keep = self.kinds.iter().map(|k| held_prefix_len(&self.buffer, k.open)).max().unwrap_or(0);
@@ -638,8 +647,8 @@ impl BlockScanner {
         }
     }
 
-    fn send_text(&self, text: &str, out: &mut Vec<MessageDelta>) {
-        send_text_around_calls(text, self.calls, out);
+    fn send_text(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+        self.text.send(text, self.calls, out);
     }
 }
 
@@ -691,11 +700,33 @@ impl XlamScanner {
     }
 }
 
-/// Text around calls is content, except the whitespace models put between them (`calls` have
-/// been read so far).
-pub(super) fn send_text_around_calls(text: &str, calls: usize, out: &mut Vec<MessageDelta>) {
-    if calls == 0 || !text.trim().is_empty() {
-        send_content(text, out);
+/// Text around calls is content, except the whitespace models put between them. Whitespace
+/// right after a call is held until text follows it (and goes out with that text) or another
+/// call begins (and is dropped), so an output read in pieces gives the content it gives read
+/// whole.
+#[derive(Debug, Default)]
+pub(super) struct TextAroundCalls {
+    held: String,
+    /// Text other than whitespace came since the last call.
+    wrote: bool,
+}
+
+impl TextAroundCalls {
+    /// Sends `text`, `calls` having been read so far.
+    pub(super) fn send(&mut self, text: &str, calls: usize, out: &mut Vec<MessageDelta>) {
+        let blank = text.trim().is_empty();
+        if calls > 0 && !self.wrote && blank {
+            self.held.push_str(text);
+            return;
+        }
+        self.wrote |= !blank;
+        send_content(std::mem::take(&mut self.held) + text, out);
+    }
+
+    /// A call begins: the whitespace held since the last is dropped.
+    pub(super) fn drop_held(&mut self) {
+        self.held.clear();
+        self.wrote = false;
     }
 }
 
@@ -1086,6 +1117,10 @@ mod tests {
             let message = read_in_pieces(CallStream::hermes(), text, size);
             assert_eq!(message.content, "Let me check.\n", "pieces of {size}");
             assert_eq!(calls(&message), vec![("get_weather", r#"{"city": "Oslo"}"#), ("get_time", "{}")]);
+            // Text after the calls keeps the whitespace it opens with, in pieces as whole; the
+            // whitespace between calls or at the end is no content.
+            let after = read_in_pieces(CallStream::hermes(), &format!("{text}\n Done.\n"), size);
+            assert_eq!(after.content, "Let me check.\n\n Done.\n", "pieces of {size}");
         }
         let plain = CallStream::hermes().read_all("No tools needed: a < b and <tool is fine.");
         assert_eq!(plain.content, "No tools needed: a < b and <tool is fine.");
@@ -1381,8 +1416,7 @@ mod tests {
                 vec![("get_weather", r#"{"city": "Oslo", "metric": true, "days": null}"#), ("get_time", "{}")],
                 "pieces of {size}"
             );
-            // Whitespace that comes alone after calls is dropped, as by every reader here.
-            assert_eq!(message.content.trim_start(), "Done.", "pieces of {size}");
+            assert_eq!(message.content, " Done.", "pieces of {size}");
         }
         // Outside its tags, and in Llama's brackets, it is text.
         for answer in ["Python(the language) is fun.", "[f(a=1)]", "<function", "Sure."] {

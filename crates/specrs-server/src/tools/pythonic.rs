@@ -187,10 +187,17 @@ impl PythonicScanner {
                         self.held = rest.to_string();
                         return;
                     }
-                    let rest = rest.strip_prefix(close).unwrap_or(rest);
-                    if !rest.trim().is_empty() {
-                        self.mode = PythonicMode::Text;
-                        send_content(rest, out);
+                    // After the closing tag everything is text, as it comes.
+                    match rest.strip_prefix(close) {
+                        Some(after) => {
+                            self.mode = PythonicMode::Text;
+                            send_content(after, out);
+                        }
+                        None if !rest.is_empty() => {
+                            self.mode = PythonicMode::Text;
+                            send_content(rest, out);
+                        }
+                        None => {}
                     }
                     return;
                 }

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use super::Function;
-use super::calls::{send_content, send_text_around_calls, stray_text};
+use super::calls::{TextAroundCalls, send_content, stray_text};
 use crate::message::{MessageDelta, held_prefix_len};
 
 const CALL_OPEN: &str = "<tool_call>";
@@ -154,6 +154,7 @@ pub struct XmlCallScanner {
     /// Each offered function's `parameters` schema, by name.
     schemas: HashMap<String, Value>,
     buffer: String,
+    text: TextAroundCalls,
     at: Place,
     calls: usize,
 }
@@ -184,7 +185,7 @@ fn find_tag(text: &str, tag: &str) -> Result<usize, usize> {
 impl XmlCallScanner {
     pub fn new(dialect: Dialect, functions: &[Function]) -> Self {
         let schemas = functions.iter().map(|f| (f.name.clone(), f.parameters.clone())).collect();
-        Self { dialect, schemas, buffer: String::new(), at: Place::Text, calls: 0 }
+        Self { dialect, schemas, buffer: String::new(), text: TextAroundCalls::default(), at: Place::Text, calls: 0 }
     }
 
     pub fn push(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
@@ -200,6 +201,7 @@ impl XmlCallScanner {
                 Ok(start) => {
                     let before: String = self.buffer.drain(..start + d.call_open.len()).collect();
                     self.send_text(&before[..start], out);
+                    self.text.drop_held();
                     self.at = Place::Block;
                     true
                 }
@@ -313,8 +315,8 @@ impl XmlCallScanner {
         self.at = Place::Function { name, first: true };
     }
 
-    fn send_text(&self, text: &str, out: &mut Vec<MessageDelta>) {
-        send_text_around_calls(text, self.calls, out);
+    fn send_text(&mut self, text: &str, out: &mut Vec<MessageDelta>) {
+        self.text.send(text, self.calls, out);
     }
 
     fn send_arguments(&self, text: &str, out: &mut Vec<MessageDelta>) {
@@ -559,11 +561,11 @@ mod tests {
                     <steptml:parameter name=\"days\">3</steptml:parameter><steptml:parameter name=\"metric\">true</steptml:parameter>\
                     <steptml:parameter name=\"note\">[1, 2]</steptml:parameter></steptml:invoke><｜tool_call_end｜>\
                     <｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"get_time\"></steptml:invoke>\
-                    <｜tool_call_end｜><｜tool_calls_end｜>";
+                    <｜tool_call_end｜><｜tool_calls_end｜> Done.";
         let want = r#"{"city": "Oslo", "days": 3, "metric": true, "note": "[1, 2]"}"#;
         for size in [1, 3, 7, 1000] {
             let (content, calls) = message(&read_as(STEP3, text, size));
-            assert_eq!(content, "Let me check.", "pieces of {size}");
+            assert_eq!(content, "Let me check. Done.", "pieces of {size}");
             assert_eq!(
                 calls,
                 vec![("get_weather".to_string(), want.to_string()), ("get_time".to_string(), "{}".to_string())],
