@@ -507,6 +507,8 @@ struct OutputItems {
     logprobs: Vec<Value>,
     /// Logprobs not yet sent with a text delta.
     unsent_logprobs: Vec<Value>,
+    /// Each closed item as `response.output_item.done` sent it.
+    closed: Vec<Value>,
 }
 
 impl OutputItems {
@@ -640,15 +642,15 @@ impl OutputItems {
                 json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": part}),
             ));
         }
-        out.push(event(
-            "response.output_item.done",
-            json!({"output_index": output_index, "item": item.to_json(status, &self.logprobs)}),
-        ));
+        let done = item.to_json(status, &self.logprobs);
+        out.push(event("response.output_item.done", json!({"output_index": output_index, "item": done})));
+        self.closed.push(done);
     }
 
-    /// The `output` list of the finished response.
-    fn to_json(&self, status: &str) -> Vec<Value> {
-        self.items.iter().map(|item| item.to_json(status, &self.logprobs)).collect()
+    /// The `output` list of the finished response: each item as it closed (the last with the
+    /// response's status, those before it completed).
+    fn to_json(&self) -> Vec<Value> {
+        self.closed.clone()
     }
 
     /// The assistant turn these items make, for a response that continues this one.
@@ -800,7 +802,7 @@ impl Pending {
         let mut response = self.base.clone();
         response["status"] = json!(status);
         response["incomplete_details"] = incomplete;
-        response["output"] = Value::Array(items.to_json(status));
+        response["output"] = Value::Array(items.to_json());
         response["usage"] = usage;
         if let Some(message) = error {
             response["error"] = json!({"code": "server_error", "message": message});
@@ -1311,7 +1313,7 @@ mod tests {
             vec![Content("\n\n".into()), Content("Done".into()), Content(".".into())],
         ];
         let (items, events) = build(pieces.clone(), "completed");
-        let output = items.to_json("completed");
+        let output = items.to_json();
         assert_eq!(replay(&events), output);
         assert_eq!(
             without_ids(output.clone()),
@@ -1324,22 +1326,32 @@ mod tests {
         );
         // The same deltas pushed at once (a whole response) give the same items.
         let (whole, _) = build(vec![pieces.into_iter().flatten().collect()], "completed");
-        assert_eq!(without_ids(whole.to_json("completed")), without_ids(output));
+        assert_eq!(without_ids(whole.to_json()), without_ids(output));
         let turn = items.assistant_message();
         assert_eq!(turn.content, json!("\n\nDone."));
         assert_eq!(turn.tool_calls.unwrap()[0]["function"]["arguments"], "{\"city\": \"Oslo\"}");
     }
 
     #[test]
+    fn an_incomplete_response_marks_only_its_last_item_incomplete_in_events_and_output() {
+        use MessageDelta::*;
+        let (items, events) = build(vec![vec![Reasoning("Hm.".into())], vec![Content("Cut sh".into())]], "incomplete");
+        let output = items.to_json();
+        assert_eq!(replay(&events), output);
+        let statuses: Vec<&str> = output.iter().map(|i| i["status"].as_str().unwrap()).collect();
+        assert_eq!(statuses, ["completed", "incomplete"]);
+    }
+
+    #[test]
     fn an_output_with_no_text_and_no_calls_is_one_empty_message() {
         let (items, events) = build(vec![vec![MessageDelta::Content("  ".into())]], "incomplete");
-        let output = items.to_json("incomplete");
+        let output = items.to_json();
         assert_eq!(replay(&events), output);
         assert_eq!(output.len(), 1);
         assert_eq!((output[0]["type"].as_str(), output[0]["status"].as_str()), (Some("message"), Some("incomplete")));
         assert_eq!(output[0]["content"][0]["text"], "  ");
         let (empty, _) = build(vec![], "completed");
-        assert_eq!(empty.to_json("completed")[0]["content"][0]["text"], "");
+        assert_eq!(empty.to_json()[0]["content"][0]["text"], "");
         assert_eq!(empty.assistant_message().content, json!(""));
     }
 
@@ -1355,7 +1367,7 @@ mod tests {
             events.iter().filter(|e| e.kind == "response.output_text.delta").map(|e| &e.body).collect();
         assert_eq!(deltas.len(), 1);
         assert_eq!((deltas[0]["delta"].as_str(), deltas[0]["logprobs"].as_array().unwrap().len()), (Some(" Hi"), 2));
-        assert_eq!(items.to_json("completed")[0]["content"][0]["logprobs"], json!([lp(" "), lp("Hi")]));
+        assert_eq!(items.to_json()[0]["content"][0]["logprobs"], json!([lp(" "), lp("Hi")]));
     }
 
     #[test]
