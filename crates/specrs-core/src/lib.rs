@@ -2,7 +2,7 @@
 //!
 //! No tensors live here, so the crate compiles in seconds and its algorithms are tested on
 //! slices: configuration rules, the verify-width policy, acceptance walks, sampling, KV block
-//! allocation, scheduling, the n-gram proposer and acceptance metrics.
+//! allocation, scheduling, the n-gram and suffix proposers and acceptance metrics.
 
 pub mod acceptance;
 pub mod config;
@@ -16,6 +16,7 @@ pub mod registry;
 pub mod sampling;
 pub mod scheduler;
 pub mod structured;
+pub mod suffix;
 pub mod width;
 
 pub use config::{AcceptanceRule, DraftPlacement, DraftProposal, SpeculativeConfig, SpeculativeMethod};
