@@ -179,7 +179,7 @@ def test_verify_width_schedule_is_none_when_unset() -> None:
 
 
 METHOD_PREDICATES = {
-    "is_enabled": {"eagle", "mtp", "dflash", "dflash2", "dspark", "ngram"},
+    "is_enabled": {"eagle", "mtp", "dflash", "dflash2", "dspark", "ngram", "suffix"},
     "is_block_draft": {"dflash", "dflash2", "dspark"},
     "is_dflash": {"dflash", "dflash2"},
     "is_dflash2": {"dflash2"},
@@ -187,10 +187,11 @@ METHOD_PREDICATES = {
     "is_eagle": {"eagle"},
     "is_mtp": {"mtp"},
     "is_ngram": {"ngram"},
+    "is_suffix": {"suffix"},
 }
 
 
-@pytest.mark.parametrize("method", [None, "eagle", "mtp", "dflash", "dflash2", "dspark", "ngram"])
+@pytest.mark.parametrize("method", [None, "eagle", "mtp", "dflash", "dflash2", "dspark", "ngram", "suffix"])
 @pytest.mark.parametrize("predicate", sorted(METHOD_PREDICATES))
 def test_method_predicates(method: str | None, predicate: str) -> None:
     config = SpeculativeConfig(speculative_method=method)

@@ -218,6 +218,56 @@ def test_ngram_speculation_in_a_batch_equals_plain_greedy_in_f32(f32_llm: LLM, f
     assert sum(o.metrics.num_accepted_tokens for o in outs if o.metrics) > 0
 
 
+@pytest.fixture(scope="module")
+def suffix_llm(default_model_path: str) -> LLM:
+    """Suffix decoding with vLLM's defaults (24-token trees, drafts up to 24)."""
+    return make_llm(SpeculativeConfig(speculative_method="suffix"))
+
+
+def test_suffix_decoding_is_lossless_under_greedy_and_reports_its_pipeline(
+    suffix_llm: LLM, plain_alone: list[RequestOutput]
+) -> None:
+    info = suffix_llm.info
+    assert info["pipeline_class"] == "SuffixPipeline" == type(suffix_llm.pipeline).__name__
+    assert (info["method"], info["num_speculative_tokens"]) == ("suffix", 24)
+    drafts = accepted = 0
+    for prompt, plain in zip(SPEC_PROMPTS, plain_alone, strict=True):
+        out = suffix_llm.chat(user(prompt), GREEDY)[0]
+        assert out.token_ids == plain.token_ids, (prompt, first_divergence(out.token_ids, plain.token_ids))
+        assert_metrics_consistent(out.metrics, width=24)
+        assert out.metrics is not None
+        drafts += out.metrics.num_drafts
+        accepted += out.metrics.num_accepted_tokens
+    assert drafts > 0 and accepted > 0, "suffix decoding never drafted or never hit: the test proves nothing"
+
+
+def test_suffix_decoding_accepts_more_each_time_a_request_is_repeated(default_model_path: str) -> None:
+    # vLLM's check of the method: the same request, asked again, is drafted from the earlier
+    # answers kept in the shared tree, and its acceptance climbs above 80%.
+    llm = make_llm(SpeculativeConfig(speculative_method="suffix", num_speculative_tokens=16))
+    prompt = user(REFERENCE[1]["prompt"])
+    runs = [llm.chat(prompt, GREEDY)[0] for _ in range(3)]
+    assert all(r.token_ids == runs[0].token_ids for r in runs)
+    rates = []
+    for r in runs:
+        assert r.metrics is not None
+        assert_metrics_consistent(r.metrics, width=16)
+        rates.append(r.metrics.num_accepted_tokens / max(r.metrics.num_draft_tokens, 1))
+    assert rates[0] < rates[1], rates
+    assert rates[2] > 0.8, rates
+    assert runs[2].metrics is not None and runs[2].metrics.acceptance_length > 4.0, runs[2].metrics
+    # Without the shared tree, a repeat drafts only from its own text, as the first run did.
+    alone = make_llm(
+        SpeculativeConfig(
+            speculative_method="suffix", num_speculative_tokens=16, suffix_decoding_max_cached_requests=0
+        )
+    )
+    first, again = (alone.chat(prompt, GREEDY)[0] for _ in range(2))
+    assert first.metrics is not None and again.metrics is not None
+    assert again.metrics.num_accepted_tokens == first.metrics.num_accepted_tokens
+    assert again.metrics.acceptance_length < runs[2].metrics.acceptance_length
+
+
 def test_captured_decode_steps_generate_what_the_ragged_engine_does(f32_llm: LLM) -> None:
     # On CPU, device_graph_capture runs decode steps on the captured (padded) shapes eagerly;
     # on CUDA the same shapes are replayed graphs. Either way the text must not change.

@@ -497,6 +497,7 @@ DRAFT_ARCH_BY_METHOD = {
     "dflash2": "DFlash2DraftModel",
     "dspark": "DSparkDraftModel",
     "ngram": None,
+    "suffix": None,
 }
 PIPELINE_BY_METHOD = {
     "eagle": "EaglePipeline",
@@ -505,6 +506,7 @@ PIPELINE_BY_METHOD = {
     "dflash2": "DFlash2Pipeline",
     "dspark": "DSparkPipeline",
     "ngram": "NgramPipeline",
+    "suffix": "SuffixPipeline",
 }
 
 
@@ -638,6 +640,7 @@ def test_builtin_block_drafters_take_their_width_from_the_rust_reader(
         "eagle": None,
         "mtp": None,
         "ngram": None,
+        "suffix": None,
     }
 
 

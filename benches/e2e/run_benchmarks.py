@@ -119,6 +119,8 @@ SPECRS_CONFIGS = (
     "eagle-lookup-batch",
     "ngram",
     "ngram-batch",
+    "suffix",
+    "suffix-cached",
     "synthetic",
 )
 SYNTHETIC_RATE = 0.7
@@ -412,6 +414,7 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
     big = tuple(args.batch_sizes)
     eagle = {"speculative_method": "eagle", "num_speculative_tokens": args.eagle_k}
     ngram = {"speculative_method": "ngram", "num_speculative_tokens": 4}
+    suffix = {"speculative_method": "suffix"}
     synthetic = {
         "speculative_method": args.synthetic_drafter,
         "num_speculative_tokens": SYNTHETIC_K,
@@ -462,6 +465,19 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
             args.spec_dtype,
             {**ngram, "adaptive_speculative_widths": "all"},
             batches=big,
+        ),
+        # Suffix decoding with each request's own tree only: the engine lives across
+        # repetitions, and a shared tree would draft repetition 2's answers from repetition 1's.
+        "suffix": SpecJob(
+            "suffix",
+            "suffix decoding (own text only)",
+            args.spec_dtype,
+            {**suffix, "suffix_decoding_max_cached_requests": 0},
+        ),
+        # The shared tree on (vLLM's default): from the second repetition on, every request
+        # repeats an earlier one (agent loops, repeated samples).
+        "suffix-cached": SpecJob(
+            "suffix-cached", "suffix decoding (repeated requests)", args.spec_dtype, suffix
         ),
         "synthetic": SpecJob(
             "synthetic",
@@ -967,6 +983,8 @@ OWN_PLAIN = {
     "eagle-lookup-batch": "plain",
     "ngram": "plain",
     "ngram-batch": "plain",
+    "suffix": "plain",
+    "suffix-cached": "plain",
     "synthetic": "plain",
     "llama-lookup": "llama",
     "hf-lookup": "hf",
@@ -1239,7 +1257,15 @@ def batch_table(rows: list[Row]) -> list[str]:
         for r in rows:
             if r.system != "spec-rs" or r.batch != b or r.prompt_set != "chat":
                 continue
-            if b == 1 and r.key not in ("plain", "eagle", "eagle-batch", "eagle-lookup-batch", "ngram"):
+            if b == 1 and r.key not in (
+                "plain",
+                "eagle",
+                "eagle-batch",
+                "eagle-lookup-batch",
+                "ngram",
+                "suffix",
+                "suffix-cached",
+            ):
                 continue
             if not r.median:
                 lines.append(md_row(r.method, r.weights, b, "—", r.error or "no data", "", ""))

@@ -17,6 +17,7 @@ __all__ = [
     "Pipeline",
     "PlainPipeline",
     "RequestStream",
+    "SuffixPipeline",
     "__version__",
     "acceptance_rule",
     "builtin_architectures",
@@ -103,7 +104,7 @@ class _SpeculatorRow(TypedDict):
     name: str
     base: str
     draft_arch: str | None
-    method: Literal["eagle", "mtp", "dflash", "dflash2", "dspark", "ngram"]
+    method: Literal["eagle", "mtp", "dflash", "dflash2", "dspark", "ngram", "suffix"]
     pipeline: str
     supports_spec_decode_mixed_batches: bool | None
     supports_device_graph_capture: bool | None
@@ -207,6 +208,9 @@ class PlainPipeline(_PipelineClass): ...
 
 @final
 class NgramPipeline(_PipelineClass): ...
+
+@final
+class SuffixPipeline(_PipelineClass): ...
 
 @final
 class EaglePipeline(_PipelineClass): ...

@@ -5,11 +5,14 @@ implemented once, in Rust (``specrs_core``); this pydantic model is the object u
 calls that implementation from its validators, so the ``spec-rs`` binary, the server and
 Python reject exactly the same configurations with the same messages.
 
-spec-rs adds one method, ``"ngram"`` (prompt lookup: drafts copied from earlier in the
-request's own text, no draft model), configured by ``prompt_lookup_min`` and
-``prompt_lookup_max``, and two fields: ``enable_prompt_lookup``, which puts that lookup in
-front of a draft model, and ``draft_confidence_threshold``, which cuts a draft model's chain
-where its drafts become unlikely to be accepted.
+spec-rs adds two methods that need no draft model: ``"ngram"`` (prompt lookup: drafts
+copied from earlier in the request's own text), configured by ``prompt_lookup_min`` and
+``prompt_lookup_max``, and ``"suffix"`` (vLLM's suffix decoding: frequency-counted suffix
+trees over the request's text and earlier requests' outputs), configured by the
+``suffix_decoding_*`` fields under vLLM's names and defaults. Two more fields:
+``enable_prompt_lookup``, which puts prompt lookup in front of a draft model, and
+``draft_confidence_threshold``, which cuts a draft model's chain where its drafts become
+unlikely to be accepted.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from . import _spec_rs
 
-SpeculativeMethod = Literal["eagle", "mtp", "dflash", "dflash2", "dspark", "ngram"]
+SpeculativeMethod = Literal["eagle", "mtp", "dflash", "dflash2", "dspark", "ngram", "suffix"]
 DraftProposal = Literal["argmax", "sampled"]
 DraftPlacement = Literal["device0", "replica"]
 
 #: Methods that draft one token per drafter forward.
-SEQUENTIAL_METHODS = ("eagle", "mtp", "ngram")
+SEQUENTIAL_METHODS = ("eagle", "mtp", "ngram", "suffix")
 #: Methods that draft a whole block per drafter forward.
 BLOCK_METHODS = ("dflash", "dflash2", "dspark")
 
@@ -80,8 +83,10 @@ class SpeculativeConfig(BaseModel):
     speculative_method: SpeculativeMethod | None = None
     """The method; ``None`` disables speculative decoding."""
     num_speculative_tokens: int | None = None
-    """Tokens drafted per step. Unset: 2 for eagle/mtp, 4 for ngram; block drafters take
-    the width the draft checkpoint was trained for."""
+    """Tokens drafted per step, at most. Unset: 2 for eagle/mtp, 4 for ngram,
+    ``suffix_decoding_max_tree_depth`` for suffix (whose drafts are as long as their
+    estimated probability allows); block drafters take the width the draft checkpoint was
+    trained for."""
     num_speculative_tokens_per_batch_size: list[VerifyWidthRange] | None = None
     """How many drafts the target verifies, by decode batch size (inclusive ranges from 1,
     gaps and tail carry forward, capped at ``num_speculative_tokens``, 0 allowed)."""
@@ -117,7 +122,19 @@ class SpeculativeConfig(BaseModel):
     (``draft_proposal="argmax"``, or a greedy request) stops at the first draft where the
     product of the drafter's top-1 probabilities so far falls below this (that draft
     excluded), so the target verifies only drafts likely to be accepted. 0.0 drafts every
-    position; must be below 1.0. Not for ``ngram`` or ``dflash2`` (no token probabilities)."""
+    position; must be below 1.0. Not for ``ngram`` or ``dflash2`` (no token probabilities),
+    nor ``suffix`` (``suffix_decoding_min_token_prob`` cuts its drafts)."""
+    suffix_decoding_max_tree_depth: int = 24
+    """suffix: the longest substring the suffix trees count, which bounds the match length
+    plus the draft length (vLLM's default)."""
+    suffix_decoding_max_cached_requests: int = 10000
+    """suffix: earlier requests whose outputs later requests draft from, evicted oldest
+    first; 0 keeps only each request's own tree (prompt and output)."""
+    suffix_decoding_max_spec_factor: float = 1.0
+    """suffix: a match of ``n`` tokens drafts at most ``n * max_spec_factor`` tokens."""
+    suffix_decoding_min_token_prob: float = 0.1
+    """suffix: drafting stops before a token whose probability, estimated from the trees'
+    counts, falls below this."""
 
     @model_validator(mode="before")
     @classmethod
@@ -215,6 +232,9 @@ class SpeculativeConfig(BaseModel):
 
     def is_ngram(self) -> bool:
         return self.speculative_method == "ngram"
+
+    def is_suffix(self) -> bool:
+        return self.speculative_method == "suffix"
 
     def acceptance_rule(self) -> str:
         """``"synthetic"``, ``"stochastic"`` or ``"greedy"``, by precedence."""

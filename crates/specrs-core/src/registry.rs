@@ -18,6 +18,8 @@ pub enum PipelineKind {
     Plain,
     /// Prompt-lookup drafts.
     Ngram,
+    /// Suffix-tree drafts over the request's text and earlier outputs.
+    Suffix,
     /// EAGLE-1 or EAGLE-3 draft head (the checkpoint says which).
     Eagle,
     /// Multi-token-prediction heads (inside the target checkpoint, or speculators `mtp`).
@@ -28,14 +30,15 @@ pub enum PipelineKind {
 }
 
 impl PipelineKind {
-    pub const ALL: [PipelineKind; 7] =
-        [Self::Plain, Self::Ngram, Self::Eagle, Self::Mtp, Self::DFlash, Self::DFlash2, Self::DSpark];
+    pub const ALL: [PipelineKind; 8] =
+        [Self::Plain, Self::Ngram, Self::Suffix, Self::Eagle, Self::Mtp, Self::DFlash, Self::DFlash2, Self::DSpark];
 
     /// The extension class name (`spec_rs._spec_rs.<name>`).
     pub fn class_name(self) -> &'static str {
         match self {
             Self::Plain => "PlainPipeline",
             Self::Ngram => "NgramPipeline",
+            Self::Suffix => "SuffixPipeline",
             Self::Eagle => "EaglePipeline",
             Self::Mtp => "MtpPipeline",
             Self::DFlash => "DFlashPipeline",
@@ -52,6 +55,7 @@ impl PipelineKind {
         match self {
             Self::Plain => None,
             Self::Ngram => Some(SpeculativeMethod::Ngram),
+            Self::Suffix => Some(SpeculativeMethod::Suffix),
             Self::Eagle => Some(SpeculativeMethod::Eagle),
             Self::Mtp => Some(SpeculativeMethod::Mtp),
             Self::DFlash => Some(SpeculativeMethod::Dflash),
@@ -596,6 +600,7 @@ pub const BUILTIN_ARCHITECTURES: &[ArchitectureSpec] = &[
 /// rewritten to `LlamaForCausalLMEagle` as MAX does).
 const DRAFTS: &[(SpeculativeMethod, Option<&str>, PipelineKind)] = &[
     (SpeculativeMethod::Ngram, None, PipelineKind::Ngram),
+    (SpeculativeMethod::Suffix, None, PipelineKind::Suffix),
     (SpeculativeMethod::Eagle, Some("LlamaForCausalLMEagle3"), PipelineKind::Eagle),
     (SpeculativeMethod::Eagle, Some("Eagle3LlamaForCausalLM"), PipelineKind::Eagle),
     (SpeculativeMethod::Eagle, Some("Eagle3DraftModel"), PipelineKind::Eagle),
@@ -620,6 +625,7 @@ fn fused_name(method: SpeculativeMethod, base: &str, draft_arch: Option<&str>) -
         SpeculativeMethod::Dflash2 => "DFlash2",
         SpeculativeMethod::Dspark => "DSpark",
         SpeculativeMethod::Ngram => "Ngram",
+        SpeculativeMethod::Suffix => "Suffix",
     };
     match draft_arch {
         Some(d) => format!("Unified{method_part}{family}ForCausalLM[{d}]"),
@@ -743,6 +749,7 @@ mod tests {
                 SpeculativeMethod::Dflash2,
                 SpeculativeMethod::Dspark,
                 SpeculativeMethod::Ngram,
+                SpeculativeMethod::Suffix,
                 SpeculativeMethod::Mtp,
             ] {
                 assert!(specs.iter().any(|s| s.base == target && s.method == m), "{target} {m}");

@@ -10,6 +10,7 @@ use specrs_core::ngram::NgramProposer as Lookup;
 use specrs_core::registry::{
     BUILTIN_ARCHITECTURES, PipelineKind, builtin_speculators, canonical_draft_arch, select_speculator,
 };
+use specrs_core::suffix::{SuffixCache, SuffixCacheConfig};
 use specrs_core::width::{AdaptiveWidthController, AdaptiveWidthParams, VerifyWidthSchedule};
 use specrs_core::{ConfigError, DraftPlacement, SpeculativeConfig};
 use specrs_models::drafters::dflash::DFlashDraft;
@@ -30,6 +31,7 @@ use crate::proposer::guided_first::GuidedFirstProposer;
 use crate::proposer::lookup_first::LookupFirstProposer;
 use crate::proposer::ngram::NgramProposer;
 use crate::proposer::sequential::SequentialProposer;
+use crate::proposer::suffix::SuffixProposer;
 use crate::tokenizer::TextTokenizer;
 use crate::width::{EngineWidthPolicy, WidthMode};
 
@@ -377,6 +379,10 @@ fn build_proposer(
         PipelineKind::Ngram => {
             let lookup = Lookup::from_config(spec)?;
             return Ok((Some(Box::new(NgramProposer::new(lookup))), None));
+        }
+        PipelineKind::Suffix => {
+            let cache = SuffixCache::new(SuffixCacheConfig::from_config(spec));
+            return Ok((Some(Box::new(SuffixProposer::new(cache, spec.draft_width()?))), None));
         }
         PipelineKind::Eagle => {
             let dir = need_draft("eagle")?;

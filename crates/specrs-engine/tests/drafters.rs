@@ -143,6 +143,7 @@ fn oracle_drafts(f: &Fixture) -> Vec<(SpeculativeMethod, Option<PathBuf>, PathBu
         (SpeculativeMethod::Mtp, Some(mtp), f.bigram.clone()),
         (SpeculativeMethod::Mtp, None, f.mimo.clone()),
         (SpeculativeMethod::Ngram, None, f.bigram.clone()),
+        (SpeculativeMethod::Suffix, None, f.bigram.clone()),
     ]
 }
 
@@ -151,8 +152,10 @@ fn oracle_drafters_are_accepted_at_every_position() {
     let f = fixture();
     let k = 3;
     for (method, draft, target) in oracle_drafts(&f) {
-        // Prompt lookup needs the bigram cycle (47 tokens) to repeat before it can copy it.
-        let len = if method == SpeculativeMethod::Ngram { 150 } else { 20 };
+        // Prompt lookup and suffix trees need the bigram cycle (47 tokens) to repeat before
+        // they can copy it.
+        let copies = method.is_model_free();
+        let len = if copies { 150 } else { 20 };
         let plain = run(&engine(&target, None, None, 0), &[len; 4]);
         let spec = run(&engine(&target, draft.as_deref(), Some(method), k), &[len; 4]);
         let mut drafted = 0;
@@ -163,8 +166,8 @@ fn oracle_drafters_are_accepted_at_every_position() {
             accepted += s.metrics.num_accepted_tokens;
         }
         assert!(drafted > 0, "{method} {draft:?}: nothing was drafted");
-        if method == SpeculativeMethod::Ngram {
-            // Prompt lookup only proposes once the cycle has repeated in the context.
+        if copies {
+            // Copies are proposed only once the cycle has repeated in the context.
             assert!(accepted * 2 >= drafted, "{method}: {accepted}/{drafted} accepted");
         } else {
             assert_eq!(accepted, drafted, "{method} {draft:?}: a perfect drafter must be accepted everywhere");
@@ -186,9 +189,12 @@ fn random_drafters_never_change_greedy_output_in_batches() {
     let e3 = random_head(&root.join("rand-eagle3"), true, 200);
     let lengths = [17, 5, 30, 9];
     let plain = run(&engine(&f.random, None, None, 0), &lengths);
-    for (method, draft) in
-        [(SpeculativeMethod::Eagle, Some(&e1)), (SpeculativeMethod::Eagle, Some(&e3)), (SpeculativeMethod::Ngram, None)]
-    {
+    for (method, draft) in [
+        (SpeculativeMethod::Eagle, Some(&e1)),
+        (SpeculativeMethod::Eagle, Some(&e3)),
+        (SpeculativeMethod::Ngram, None),
+        (SpeculativeMethod::Suffix, None),
+    ] {
         for k in [1, 4] {
             let spec = run(&engine(&f.random, draft.map(|d| d.as_path()), Some(method), k), &lengths);
             for (p, s) in plain.iter().zip(&spec) {
@@ -200,6 +206,45 @@ fn random_drafters_never_change_greedy_output_in_batches() {
             }
         }
     }
+}
+
+/// Suffix decoding on the bigram target, asked for less than its 47-token cycle so that no
+/// answer repeats itself: a request asked again is drafted from the first answer, kept in the
+/// shared tree, and accepted everywhere; with `suffix_decoding_max_cached_requests = 0` the
+/// second answer gains nothing.
+#[test]
+fn suffix_decoding_drafts_a_repeated_request_from_the_earlier_answer() {
+    let f = fixture();
+    let ask = |h: &EngineHandle| {
+        let out = h.generate(vec![greedy(vec![40], 40)]).unwrap();
+        out.into_iter().next().unwrap()
+    };
+    let plain = ask(&engine(&f.bigram, None, None, 0));
+    let suffix = |max_cached_requests| SpeculativeConfig {
+        speculative_method: Some(SpeculativeMethod::Suffix),
+        num_speculative_tokens: Some(8),
+        suffix_decoding_max_cached_requests: max_cached_requests,
+        ..SpeculativeConfig::default()
+    };
+    let cached = engine_with(&f.bigram, None, suffix(16), 8);
+    let (first, second) = (ask(&cached), ask(&cached));
+    let uncached = engine_with(&f.bigram, None, suffix(0), 8);
+    let (alone, again) = (ask(&uncached), ask(&uncached));
+    for out in [&first, &second, &alone, &again] {
+        assert_eq!(out.token_ids, plain.token_ids, "suffix drafts never change the greedy output");
+    }
+    let distinct: std::collections::HashSet<u32> = plain.token_ids.iter().copied().collect();
+    assert_eq!(distinct.len(), plain.token_ids.len(), "the answer never repeats itself");
+    assert_eq!(first.metrics.num_accepted_tokens, 0, "nothing to copy the first time: {:?}", first.metrics);
+    let second = &second.metrics;
+    assert!(second.num_draft_tokens >= 30, "the repeat drafts most of its answer: {second:?}");
+    assert_eq!(second.num_accepted_tokens, second.num_draft_tokens, "its drafts are the first answer: {second:?}");
+    assert!(second.acceptance_length > 4.0, "{second:?}");
+    assert_eq!(
+        (again.metrics.num_draft_tokens, again.metrics.num_accepted_tokens),
+        (alone.metrics.num_draft_tokens, alone.metrics.num_accepted_tokens),
+        "without the shared tree a repeat drafts exactly as the first time"
+    );
 }
 
 #[test]

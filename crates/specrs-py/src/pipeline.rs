@@ -364,6 +364,12 @@ macro_rules! pipeline_class {
 
 pipeline_class!(PlainPipeline, "PlainPipeline", PipelineKind::Plain, "Plain (non-speculative) decoding of a target.");
 pipeline_class!(NgramPipeline, "NgramPipeline", PipelineKind::Ngram, "Prompt-lookup (n-gram) speculative decoding.");
+pipeline_class!(
+    SuffixPipeline,
+    "SuffixPipeline",
+    PipelineKind::Suffix,
+    "Suffix decoding: drafts from suffix trees over the request's text and earlier outputs."
+);
 pipeline_class!(EaglePipeline, "EaglePipeline", PipelineKind::Eagle, "EAGLE-1 / EAGLE-3 draft heads.");
 pipeline_class!(MtpPipeline, "MtpPipeline", PipelineKind::Mtp, "Multi-token-prediction heads.");
 pipeline_class!(DFlashPipeline, "DFlashPipeline", PipelineKind::DFlash, "DFlash block drafters.");
@@ -375,6 +381,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRequestStream>()?;
     m.add_class::<PlainPipeline>()?;
     m.add_class::<NgramPipeline>()?;
+    m.add_class::<SuffixPipeline>()?;
     m.add_class::<EaglePipeline>()?;
     m.add_class::<MtpPipeline>()?;
     m.add_class::<DFlashPipeline>()?;

@@ -830,4 +830,33 @@ mod tests {
         let (draft, spec) = serve(&["--model", "/models/other.gguf"]).speculation().unwrap();
         assert_eq!((draft, spec.speculative_method), (None, None));
     }
+
+    #[test]
+    fn suffix_decoding_flags_reach_the_config_under_vllms_names() {
+        let p = serve(&[
+            "--speculative-method",
+            "suffix",
+            "--suffix-decoding-max-tree-depth",
+            "32",
+            "--suffix-decoding-max-cached-requests",
+            "0",
+            "--suffix-decoding-min-token-prob",
+            "0.25",
+        ]);
+        let (draft, spec) = p.speculation().unwrap();
+        assert_eq!((draft, spec.speculative_method), (None, Some(specrs_core::SpeculativeMethod::Suffix)));
+        assert_eq!(
+            (
+                spec.suffix_decoding_max_tree_depth,
+                spec.suffix_decoding_max_cached_requests,
+                spec.num_speculative_tokens
+            ),
+            (32, 0, Some(32))
+        );
+        assert_eq!(spec.suffix_decoding_min_token_prob, 0.25);
+        let err = serve(&["--speculative-method", "eagle", "--suffix-decoding-max-tree-depth", "8"])
+            .speculative_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("speculative_method='suffix'"), "{err}");
+    }
 }

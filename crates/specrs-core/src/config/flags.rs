@@ -37,7 +37,7 @@ impl FieldFlag {
     }
 }
 
-pub const METHOD_CHOICES: &[&str] = &["eagle", "mtp", "dflash", "dflash2", "dspark", "ngram"];
+pub const METHOD_CHOICES: &[&str] = &["eagle", "mtp", "dflash", "dflash2", "dspark", "ngram", "suffix"];
 pub const PROPOSAL_CHOICES: &[&str] = &["argmax", "sampled"];
 pub const PLACEMENT_CHOICES: &[&str] = &["device0", "replica"];
 
@@ -46,12 +46,12 @@ pub const SPECULATIVE_FLAGS: &[FieldFlag] = &[
     FieldFlag {
         field: "speculative_method",
         kind: FlagKind::Choice(METHOD_CHOICES),
-        help: "Speculative decoding method (ngram is a spec-rs extension); unset disables speculation",
+        help: "Speculative decoding method (ngram and suffix are spec-rs extensions); unset disables speculation",
     },
     FieldFlag {
         field: "num_speculative_tokens",
         kind: FlagKind::Int,
-        help: "Tokens drafted per step (eagle/mtp default 2, ngram 4, block drafters: the checkpoint's width)",
+        help: "Tokens drafted per step, at most (eagle/mtp default 2, ngram 4, suffix the tree depth, block drafters: the checkpoint's width)",
     },
     FieldFlag {
         field: "num_speculative_tokens_per_batch_size",
@@ -137,6 +137,26 @@ pub const SPECULATIVE_FLAGS: &[FieldFlag] = &[
         field: "draft_confidence_threshold",
         kind: FlagKind::Float,
         help: "Rows drafting the argmax stop where the running product of the drafter's top-1 probabilities falls below this (0 = off, < 1)",
+    },
+    FieldFlag {
+        field: "suffix_decoding_max_tree_depth",
+        kind: FlagKind::Int,
+        help: "suffix: longest substring the suffix trees count; bounds match length plus draft length",
+    },
+    FieldFlag {
+        field: "suffix_decoding_max_cached_requests",
+        kind: FlagKind::Int,
+        help: "suffix: earlier requests whose outputs are matched, evicted oldest first (0 = own request only)",
+    },
+    FieldFlag {
+        field: "suffix_decoding_max_spec_factor",
+        kind: FlagKind::Float,
+        help: "suffix: a match of n tokens drafts at most n times this",
+    },
+    FieldFlag {
+        field: "suffix_decoding_min_token_prob",
+        kind: FlagKind::Float,
+        help: "suffix: stop drafting before a token whose frequency-estimated probability is below this",
     },
 ];
 

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
-/// How drafts are produced. The first five follow Modular MAX; `Ngram` (prompt lookup) is a
-/// spec-rs extension that needs no draft model.
+/// How drafts are produced. The first five follow Modular MAX; `Ngram` (prompt lookup) and
+/// `Suffix` (vLLM's suffix decoding) are spec-rs extensions that need no draft model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SpeculativeMethod {
@@ -18,11 +18,12 @@ pub enum SpeculativeMethod {
     Dflash2,
     Dspark,
     Ngram,
+    Suffix,
 }
 
 impl SpeculativeMethod {
-    pub const ALL: [SpeculativeMethod; 6] =
-        [Self::Eagle, Self::Mtp, Self::Dflash, Self::Dflash2, Self::Dspark, Self::Ngram];
+    pub const ALL: [SpeculativeMethod; 7] =
+        [Self::Eagle, Self::Mtp, Self::Dflash, Self::Dflash2, Self::Dspark, Self::Ngram, Self::Suffix];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -32,6 +33,7 @@ impl SpeculativeMethod {
             Self::Dflash2 => "dflash2",
             Self::Dspark => "dspark",
             Self::Ngram => "ngram",
+            Self::Suffix => "suffix",
         }
     }
 
@@ -40,15 +42,21 @@ impl SpeculativeMethod {
         matches!(self, Self::Dflash | Self::Dflash2 | Self::Dspark)
     }
 
+    /// Drafts copied from earlier text rather than predicted by a model: no draft model, no
+    /// draft distribution.
+    pub fn is_model_free(self) -> bool {
+        matches!(self, Self::Ngram | Self::Suffix)
+    }
+
     /// The width a method drafts when `num_speculative_tokens` is unset, or `None` when the
-    /// draft checkpoint decides (block drafters).
+    /// draft checkpoint decides (block drafters) or, for suffix decoding, the tree depth does.
     pub fn default_num_speculative_tokens(self) -> Option<usize> {
         match self {
             Self::Eagle | Self::Mtp => Some(2),
             // Prompt lookup drafts cost nothing to produce; four is where a verify step on the
             // default model still costs about as much as a plain decode step.
             Self::Ngram => Some(NGRAM_DEFAULT_NUM_SPECULATIVE_TOKENS),
-            Self::Dflash | Self::Dflash2 | Self::Dspark => None,
+            Self::Dflash | Self::Dflash2 | Self::Dspark | Self::Suffix => None,
         }
     }
 }
@@ -70,7 +78,7 @@ impl FromStr for SpeculativeMethod {
         Self::ALL.into_iter().find(|m| m.as_str() == lower).ok_or_else(|| {
             ConfigError::field(
                 "speculative_method",
-                format!("unknown speculative_method '{s}'; expected one of eagle, mtp, dflash, dflash2, dspark, ngram"),
+                format!("unknown speculative_method '{s}'; expected one of eagle, mtp, dflash, dflash2, dspark, ngram, suffix"),
             )
         })
     }

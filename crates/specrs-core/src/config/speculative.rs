@@ -13,12 +13,18 @@ use crate::width::{VerifyWidthRange, normalize_schedule, parse_adaptive_widths};
 pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 2;
 /// Default upper bound of the n-gram match length (spec-rs extension).
 pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
+/// Suffix decoding's defaults, vLLM's.
+pub const DEFAULT_SUFFIX_MAX_TREE_DEPTH: usize = 24;
+pub const DEFAULT_SUFFIX_MAX_CACHED_REQUESTS: usize = 10_000;
+pub const DEFAULT_SUFFIX_MAX_SPEC_FACTOR: f64 = 1.0;
+pub const DEFAULT_SUFFIX_MIN_TOKEN_PROB: f64 = 0.1;
 
 /// Configures speculative decoding for a pipeline. Field names, defaults and rules follow
 /// Modular MAX's `SpeculativeConfig`; `prompt_lookup_min`/`prompt_lookup_max` configure the
 /// spec-rs `ngram` method, `enable_prompt_lookup` puts that lookup in front of a model
 /// drafter, and `draft_confidence_threshold` cuts a model's drafts short where they become
-/// unlikely (both spec-rs's own).
+/// unlikely (both spec-rs's own); the `suffix_decoding_*` fields configure the `suffix` method
+/// as vLLM names them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SpeculativeConfig {
@@ -41,6 +47,10 @@ pub struct SpeculativeConfig {
     pub prompt_lookup_max: i64,
     pub enable_prompt_lookup: bool,
     pub draft_confidence_threshold: f64,
+    pub suffix_decoding_max_tree_depth: i64,
+    pub suffix_decoding_max_cached_requests: i64,
+    pub suffix_decoding_max_spec_factor: f64,
+    pub suffix_decoding_min_token_prob: f64,
 }
 
 impl Default for SpeculativeConfig {
@@ -65,6 +75,10 @@ impl Default for SpeculativeConfig {
             prompt_lookup_max: DEFAULT_PROMPT_LOOKUP_MAX as i64,
             enable_prompt_lookup: false,
             draft_confidence_threshold: 0.0,
+            suffix_decoding_max_tree_depth: DEFAULT_SUFFIX_MAX_TREE_DEPTH as i64,
+            suffix_decoding_max_cached_requests: DEFAULT_SUFFIX_MAX_CACHED_REQUESTS as i64,
+            suffix_decoding_max_spec_factor: DEFAULT_SUFFIX_MAX_SPEC_FACTOR,
+            suffix_decoding_min_token_prob: DEFAULT_SUFFIX_MIN_TOKEN_PROB,
         }
     }
 }
@@ -148,10 +162,15 @@ impl SpeculativeConfig {
                 format!("num_speculative_tokens must be >= 1, got {k}"),
             ));
         }
+        self.check_suffix_decoding()?;
         if self.num_speculative_tokens.is_none()
             && let Some(k) = self.speculative_method.and_then(SpeculativeMethod::default_num_speculative_tokens)
         {
             self.num_speculative_tokens = Some(k as i64);
+        }
+        if self.num_speculative_tokens.is_none() && self.is_suffix() {
+            // Drafts are as long as the trees support: the depth bounds match plus drafts.
+            self.num_speculative_tokens = Some(self.suffix_decoding_max_tree_depth);
         }
         if let Some(rate) = self.synthetic_acceptance_rate
             && !(0.0..=1.0).contains(&rate)
@@ -233,11 +252,14 @@ impl SpeculativeConfig {
                          speculative_method is set; set one (eagle, mtp, dflash, dflash2, dspark)",
                     ));
                 }
-                Some(SpeculativeMethod::Ngram) => {
+                Some(method @ (SpeculativeMethod::Ngram | SpeculativeMethod::Suffix)) => {
                     return Err(ConfigError::field(
                         "enable_prompt_lookup",
-                        "speculative_method='ngram' already drafts by prompt lookup; enable_prompt_lookup \
-                         combines it with a draft model (eagle, mtp, dflash, dflash2, dspark)",
+                        format!(
+                            "speculative_method='{method}' already drafts by matching the request's own text; \
+                             enable_prompt_lookup combines prompt lookup with a draft model (eagle, mtp, dflash, \
+                             dflash2, dspark)"
+                        ),
                     ));
                 }
                 Some(_) => {}
@@ -256,6 +278,9 @@ impl SpeculativeConfig {
         if threshold > 0.0 {
             let why = match self.speculative_method {
                 None | Some(SpeculativeMethod::Ngram) => Some("n-gram copies carry no probabilities"),
+                Some(SpeculativeMethod::Suffix) => {
+                    Some("suffix decoding cuts its drafts by suffix_decoding_min_token_prob instead")
+                }
                 Some(SpeculativeMethod::Dflash2) => {
                     Some("dflash2's selector walk scores a few candidates, not the vocabulary")
                 }
@@ -273,6 +298,74 @@ impl SpeculativeConfig {
             }
         }
         Ok(self)
+    }
+
+    /// The `suffix_decoding_*` rules (vLLM's bounds), and that they are set only for the
+    /// `suffix` method, where they mean something.
+    fn check_suffix_decoding(&self) -> Result<(), ConfigError> {
+        let defaults = Self::default();
+        let set: Vec<&str> = [
+            (
+                "suffix_decoding_max_tree_depth",
+                self.suffix_decoding_max_tree_depth != defaults.suffix_decoding_max_tree_depth,
+            ),
+            (
+                "suffix_decoding_max_cached_requests",
+                self.suffix_decoding_max_cached_requests != defaults.suffix_decoding_max_cached_requests,
+            ),
+            (
+                "suffix_decoding_max_spec_factor",
+                self.suffix_decoding_max_spec_factor != defaults.suffix_decoding_max_spec_factor,
+            ),
+            (
+                "suffix_decoding_min_token_prob",
+                self.suffix_decoding_min_token_prob != defaults.suffix_decoding_min_token_prob,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(field, changed)| changed.then_some(field))
+        .collect();
+        if let Some(&field) = set.first()
+            && !self.is_suffix()
+        {
+            return Err(ConfigError::field(
+                field,
+                format!(
+                    "{} configure the suffix method: set speculative_method='suffix', or leave them unset",
+                    set.join(", ")
+                ),
+            ));
+        }
+        if self.suffix_decoding_max_tree_depth < 1 {
+            return Err(ConfigError::field(
+                "suffix_decoding_max_tree_depth",
+                format!("suffix_decoding_max_tree_depth must be >= 1, got {}", self.suffix_decoding_max_tree_depth),
+            ));
+        }
+        if self.suffix_decoding_max_cached_requests < 0 {
+            return Err(ConfigError::field(
+                "suffix_decoding_max_cached_requests",
+                format!(
+                    "suffix_decoding_max_cached_requests must be >= 0 (0 caches no earlier outputs), got {}",
+                    self.suffix_decoding_max_cached_requests
+                ),
+            ));
+        }
+        let factor = self.suffix_decoding_max_spec_factor;
+        if !(factor >= 0.0 && factor.is_finite()) {
+            return Err(ConfigError::field(
+                "suffix_decoding_max_spec_factor",
+                format!("suffix_decoding_max_spec_factor must be a finite number >= 0, got {factor}"),
+            ));
+        }
+        let prob = self.suffix_decoding_min_token_prob;
+        if !(0.0..=1.0).contains(&prob) {
+            return Err(ConfigError::field(
+                "suffix_decoding_min_token_prob",
+                format!("suffix_decoding_min_token_prob must be between 0.0 and 1.0, got {prob}"),
+            ));
+        }
+        Ok(())
     }
 
     /// `num_speculative_tokens` when it is known (set, or resolved from the method).
@@ -332,6 +425,10 @@ impl SpeculativeConfig {
         self.speculative_method == Some(SpeculativeMethod::Ngram)
     }
 
+    pub fn is_suffix(&self) -> bool {
+        self.speculative_method == Some(SpeculativeMethod::Suffix)
+    }
+
     pub fn is_block_draft(&self) -> bool {
         self.speculative_method.is_some_and(SpeculativeMethod::is_block_draft)
     }
@@ -378,10 +475,12 @@ impl SpeculativeConfig {
                 "draft_proposal='sampled' cannot be combined with use_greedy_acceptance: greedy acceptance never reads the draft distribution",
             ));
         }
-        if sampled && self.is_ngram() {
+        if let Some(method) = self.speculative_method.filter(|m| sampled && m.is_model_free()) {
             return Err(ConfigError::field(
                 "draft_proposal",
-                "draft_proposal='sampled' needs a drafter with a distribution; the ngram method proposes copied tokens, use draft_proposal='argmax'",
+                format!(
+                    "draft_proposal='sampled' needs a drafter with a distribution; the {method} method proposes copied tokens, use draft_proposal='argmax'"
+                ),
             ));
         }
         Ok(())
@@ -398,6 +497,7 @@ mod tests {
         assert_eq!(c(SpeculativeMethod::Eagle).num_speculative_tokens, Some(2));
         assert_eq!(c(SpeculativeMethod::Mtp).num_speculative_tokens, Some(2));
         assert_eq!(c(SpeculativeMethod::Ngram).num_speculative_tokens, Some(4));
+        assert_eq!(c(SpeculativeMethod::Suffix).num_speculative_tokens, Some(24), "the tree depth");
         assert_eq!(c(SpeculativeMethod::Dflash).num_speculative_tokens, None);
         assert!(c(SpeculativeMethod::Dspark).draft_width().is_err());
     }
@@ -427,5 +527,39 @@ mod tests {
             assert_eq!(err.field.as_deref(), Some("enable_prompt_lookup"));
             assert!(err.to_string().contains(says), "{err}");
         }
+    }
+
+    #[test]
+    fn suffix_fields_are_bounded_and_belong_to_the_suffix_method() {
+        let suffix = |f: fn(&mut SpeculativeConfig)| {
+            let mut c = SpeculativeConfig { speculative_method: Some(SpeculativeMethod::Suffix), ..Default::default() };
+            f(&mut c);
+            c.validated()
+        };
+        let c = suffix(|c| c.suffix_decoding_max_tree_depth = 32).unwrap();
+        assert_eq!(c.num_speculative_tokens, Some(32), "unset width follows the depth");
+        assert_eq!(suffix(|c| c.num_speculative_tokens = Some(8)).unwrap().num_speculative_tokens, Some(8));
+        assert!(suffix(|c| c.suffix_decoding_max_cached_requests = 0).is_ok(), "0 keeps only per-request trees");
+        for (f, field) in [
+            (
+                (|c| c.suffix_decoding_max_tree_depth = 0) as fn(&mut SpeculativeConfig),
+                "suffix_decoding_max_tree_depth",
+            ),
+            (|c| c.suffix_decoding_max_cached_requests = -1, "suffix_decoding_max_cached_requests"),
+            (|c| c.suffix_decoding_max_spec_factor = -0.5, "suffix_decoding_max_spec_factor"),
+            (|c| c.suffix_decoding_max_spec_factor = f64::NAN, "suffix_decoding_max_spec_factor"),
+            (|c| c.suffix_decoding_min_token_prob = 1.5, "suffix_decoding_min_token_prob"),
+            (|c| c.draft_confidence_threshold = 0.5, "draft_confidence_threshold"),
+        ] {
+            assert_eq!(suffix(f).unwrap_err().field.as_deref(), Some(field));
+        }
+        let eagle = SpeculativeConfig {
+            speculative_method: Some(SpeculativeMethod::Eagle),
+            suffix_decoding_min_token_prob: 0.3,
+            ..Default::default()
+        };
+        let err = eagle.validated().unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("suffix_decoding_min_token_prob"));
+        assert!(err.to_string().contains("speculative_method='suffix'"), "{err}");
     }
 }

@@ -12,6 +12,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::tree::{SequenceKey, SpeculationLimits, SuffixDraft, SuffixTree};
+use crate::config::SpeculativeConfig;
 
 /// Identifies a request in the cache; never reused while its output may be cached.
 pub type RequestKey = SequenceKey;
@@ -30,6 +31,18 @@ pub struct SuffixCacheConfig {
     pub max_spec_factor: f32,
     /// Drafting stops before a token whose estimated probability falls below this.
     pub min_token_prob: f32,
+}
+
+impl SuffixCacheConfig {
+    /// The `suffix_decoding_*` fields of a validated config.
+    pub fn from_config(spec: &SpeculativeConfig) -> Self {
+        Self {
+            max_tree_depth: spec.suffix_decoding_max_tree_depth as usize,
+            max_cached_requests: spec.suffix_decoding_max_cached_requests as usize,
+            max_spec_factor: spec.suffix_decoding_max_spec_factor as f32,
+            min_token_prob: spec.suffix_decoding_min_token_prob as f32,
+        }
+    }
 }
 
 /// See the module docs.

@@ -12,6 +12,7 @@ pub mod guided_first;
 pub mod lookup_first;
 pub mod ngram;
 pub mod sequential;
+pub mod suffix;
 
 use std::sync::Arc;
 use std::time::Duration;

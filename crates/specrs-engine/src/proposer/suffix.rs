@@ -1,0 +1,146 @@
+//! Suffix decoding (the `suffix` method, a spec-rs extension following vLLM's): drafts from
+//! frequency-counted suffix trees over the request's own text and over earlier requests'
+//! outputs, each as long as its estimated probability allows ([`specrs_core::suffix`]).
+
+use std::collections::HashMap;
+
+use specrs_core::kv_blocks::SeqId;
+use specrs_core::scheduler::Scheduler;
+use specrs_core::suffix::SuffixCache;
+
+use super::{Proposal, ProposeRow, Proposer, StepTaps};
+use crate::error::Result;
+
+pub struct SuffixProposer {
+    cache: SuffixCache,
+    num_speculative_tokens: usize,
+    /// Committed tokens the cache holds, per running sequence (its request key).
+    known: HashMap<SeqId, usize>,
+}
+
+impl SuffixProposer {
+    pub fn new(cache: SuffixCache, num_speculative_tokens: usize) -> Self {
+        Self { cache, num_speculative_tokens, known: HashMap::new() }
+    }
+
+    /// Brings the cache up to the row's committed tokens: the prompt when the sequence is new
+    /// (or back after preemption, which restarts it), then whatever it generated since.
+    fn observe(&mut self, row: &ProposeRow<'_>) {
+        let known = *self.known.entry(row.seq).or_insert_with(|| {
+            self.cache.start_request(row.seq, &row.tokens[..row.prompt_len]);
+            row.prompt_len
+        });
+        if row.tokens.len() > known {
+            self.cache.add_output(row.seq, &row.tokens[known..]);
+            self.known.insert(row.seq, row.tokens.len());
+        }
+    }
+}
+
+impl Proposer for SuffixProposer {
+    fn name(&self) -> &str {
+        "suffix"
+    }
+
+    fn num_speculative_tokens(&self) -> usize {
+        self.num_speculative_tokens
+    }
+
+    fn propose(
+        &mut self,
+        rows: &[ProposeRow<'_>],
+        _taps: &StepTaps<'_>,
+        _scheduler: &Scheduler,
+    ) -> Result<Vec<Proposal>> {
+        let mut proposals = Vec::new();
+        for row in rows {
+            // A row still reading its prompt has nothing to match yet; every other row's
+            // output joins the trees whether it drafts this step or not.
+            if row.tokens.len() <= row.prompt_len && !row.may_draft() {
+                continue;
+            }
+            self.observe(row);
+            if row.may_draft() {
+                let width = row.num_drafts.max(row.num_copies).min(self.num_speculative_tokens);
+                let drafts = self.cache.speculate(row.seq, row.tokens, width).tokens;
+                proposals.push(Proposal { drafts, probs: None });
+            }
+        }
+        Ok(proposals)
+    }
+
+    /// The sequence's own tree goes; its output stays cached for later requests. A preempted
+    /// sequence that returns starts over (its cached output is replaced).
+    fn release(&mut self, seq: SeqId) {
+        self.known.remove(&seq);
+        self.cache.stop_request(seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use specrs_core::kv_blocks::KvBlockManager;
+    use specrs_core::sampling::SamplingParams;
+    use specrs_core::scheduler::SchedulerConfig;
+    use specrs_core::suffix::SuffixCacheConfig;
+
+    use super::*;
+
+    fn proposer() -> SuffixProposer {
+        let config =
+            SuffixCacheConfig { max_tree_depth: 24, max_cached_requests: 8, max_spec_factor: 1.0, min_token_prob: 0.1 };
+        SuffixProposer::new(SuffixCache::new(config), 6)
+    }
+
+    fn row<'a>(seq: SeqId, tokens: &'a [u32], prompt_len: usize, params: &'a SamplingParams) -> ProposeRow<'a> {
+        ProposeRow {
+            seq,
+            tokens,
+            prompt_len,
+            fed_start: tokens.len() - 1,
+            num_valid: 1,
+            flat_start: 0,
+            num_drafts: 6,
+            num_copies: 0,
+            catch_up_now: false,
+            feed_now: false,
+            params,
+            seed: 0,
+            guide_state: None,
+        }
+    }
+
+    fn propose(p: &mut SuffixProposer, rows: &[ProposeRow<'_>]) -> Vec<Vec<u32>> {
+        let scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(8, 4).unwrap());
+        let taps = StepTaps { taps: &[], final_hidden: None };
+        p.propose(rows, &taps, &scheduler).unwrap().into_iter().map(|p| p.drafts).collect()
+    }
+
+    #[test]
+    fn a_second_request_drafts_the_first_ones_answer() {
+        let params = SamplingParams::default();
+        let mut p = proposer();
+        let answer = [40, 41, 42, 43, 44, 45, 46, 47];
+        let mut first = vec![1, 2, 3];
+        first.extend(answer);
+        assert_eq!(propose(&mut p, &[row(1, &first, 3, &params)]).len(), 1);
+        p.release(1);
+        // The same question again: after two answer tokens, the rest is drafted from the
+        // first request's output (a 2-token match drafts at most 2 at spec factor 1).
+        let second = [1, 2, 3, 40, 41];
+        assert_eq!(propose(&mut p, &[row(2, &second, 3, &params)]), vec![vec![42, 43]]);
+        let later = [1, 2, 3, 40, 41, 42, 43, 44];
+        assert_eq!(propose(&mut p, &[row(2, &later, 3, &params)]), vec![vec![45, 46, 47]]);
+    }
+
+    #[test]
+    fn rows_that_do_not_draft_still_feed_the_shared_tree() {
+        let params = SamplingParams::default();
+        let mut p = proposer();
+        let mut quiet = row(1, &[9, 9, 50, 51, 52, 53], 2, &params);
+        quiet.num_drafts = 0;
+        assert!(propose(&mut p, &[quiet]).is_empty(), "no proposal for a row that does not draft");
+        p.release(1);
+        assert_eq!(propose(&mut p, &[row(2, &[7, 50, 51], 1, &params)]), vec![vec![52, 53]]);
+    }
+}
