@@ -406,6 +406,9 @@ class SpecJob:
     draft: str | None = None
     #: 1 = single stream over every prompt; B > 1 = B chat requests submitted together.
     batches: tuple[int, ...] = (1,)
+    #: Answer every prompt once, untimed, after the warm-up: the timed requests then repeat
+    #: earlier ones (what suffix decoding's shared tree of outputs is for).
+    primed: bool = False
 
 
 def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
@@ -466,18 +469,19 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
             {**ngram, "adaptive_speculative_widths": "all"},
             batches=big,
         ),
-        # Suffix decoding with each request's own tree only: the engine lives across
-        # repetitions, and a shared tree would draft repetition 2's answers from repetition 1's.
+        # Suffix decoding on first-time requests: each request's own tree only, since the
+        # engine outlives repetitions and batches cycle the chat prompts, so a shared tree
+        # would draft them from answers already given. And on requests that repeat earlier
+        # ones: every prompt answered once before the timed runs (agent loops, samples).
         "suffix": SpecJob(
             "suffix",
             "suffix decoding (own text only)",
             args.spec_dtype,
             {**suffix, "suffix_decoding_max_cached_requests": 0},
+            batches=(1, *big),
         ),
-        # The shared tree on (vLLM's default): from the second repetition on, every request
-        # repeats an earlier one (agent loops, repeated samples).
         "suffix-cached": SpecJob(
-            "suffix-cached", "suffix decoding (repeated requests)", args.spec_dtype, suffix
+            "suffix-cached", "suffix decoding (repeated requests)", args.spec_dtype, suffix, primed=True
         ),
         "synthetic": SpecJob(
             "synthetic",
@@ -571,6 +575,9 @@ def specrs_worker(
                 max_model_len=2048,
             )
             llm.chat(peers.WARMUP_MESSAGES, params.model_copy(update={"max_tokens": min(8, max_tokens)}))
+            if job.primed:
+                for item in items:
+                    llm.chat(item["messages"], params)
         except Exception as e:  # one configuration failing must not lose the others
             results[job.key] = {"key": job.key, "error": f"{type(e).__name__}: {e}"}
             continue
