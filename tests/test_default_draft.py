@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_KV_MEMORY, TEST_MAX_MODEL_LEN, reference_cases
-from spec_rs import LLM, SamplingParams, SpeculativeConfig, _spec_rs
+from spec_rs import LLM, RequestOutput, SamplingParams, SpeculativeConfig, _spec_rs
 from spec_rs.models import DEFAULT_MODEL
 
 pytestmark = pytest.mark.timeout(300)
@@ -99,6 +99,40 @@ def test_shipped_head_is_lossless_and_accepted_on_held_out_prompts(
     # Acceptance falls with depth: each position accepts no more often than the one before.
     per_position = [sum(o.metrics.accepted_per_position[i] for o in speculative) for i in range(3)]
     assert per_position[0] >= per_position[1] >= per_position[2] > 0
+
+
+def test_suffix_decoding_in_front_of_the_shipped_head_copies_repeated_requests(plain_llm: LLM) -> None:
+    draft = _spec_rs.default_draft(DEFAULT_MODEL)
+    assert draft is not None
+    config = SpeculativeConfig(
+        speculative_method="eagle", num_speculative_tokens=3, enable_suffix_decoding=True
+    )
+    llm = LLM(
+        DEFAULT_MODEL,
+        draft_model=draft[0],
+        speculative_config=config,
+        kv_cache_memory=TEST_KV_MEMORY,
+        max_model_len=TEST_MAX_MODEL_LEN,
+    )
+    assert llm.speculative_config.enable_suffix_decoding
+    prompts = held_out_prompts()[:3]
+    plain = plain_llm.generate(prompts, GREEDY)
+    first = llm.generate(prompts, GREEDY)
+    again = llm.generate(prompts, GREEDY)
+    for out in (first, again):
+        assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+
+    def acceptance_length(outs: list[RequestOutput]) -> float:
+        drafts = sum(o.metrics.num_drafts for o in outs if o.metrics)
+        return 1 + sum(o.metrics.num_accepted_tokens for o in outs if o.metrics) / max(drafts, 1)
+
+    # The first time the head drafts (as without suffix decoding); asked again, each answer
+    # is copied from the first in long drafts.
+    assert acceptance_length(first) >= SHIPPED_HEAD_REFERENCE_AL - 0.3
+    assert acceptance_length(again) > acceptance_length(first) + 1.0, (
+        acceptance_length(first),
+        acceptance_length(again),
+    )
 
 
 def test_prompt_lookup_in_front_of_the_shipped_head_is_lossless_and_accepts_more(

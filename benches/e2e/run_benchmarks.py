@@ -121,6 +121,8 @@ SPECRS_CONFIGS = (
     "ngram-batch",
     "suffix",
     "suffix-cached",
+    "eagle-suffix-batch",
+    "eagle-suffix-cached",
     "synthetic",
 )
 SYNTHETIC_RATE = 0.7
@@ -418,6 +420,12 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
     eagle = {"speculative_method": "eagle", "num_speculative_tokens": args.eagle_k}
     ngram = {"speculative_method": "ngram", "num_speculative_tokens": 4}
     suffix = {"speculative_method": "suffix"}
+    shipped_suffix = {
+        **eagle,
+        "adaptive_speculative_widths": "all",
+        "enable_suffix_decoding": True,
+        "draft_confidence_threshold": SHIPPED_CONFIDENCE_THRESHOLD,
+    }
     synthetic = {
         "speculative_method": args.synthetic_drafter,
         "num_speculative_tokens": SYNTHETIC_K,
@@ -482,6 +490,24 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
         ),
         "suffix-cached": SpecJob(
             "suffix-cached", "suffix decoding (repeated requests)", args.spec_dtype, suffix, primed=True
+        ),
+        # The shipped default with suffix decoding in front of the head instead of prompt
+        # lookup: first-time requests (own trees only, as above) and repeated ones.
+        "eagle-suffix-batch": SpecJob(
+            "eagle-suffix-batch",
+            f"suffix decoding + EAGLE-3 (K={args.eagle_k}, adaptive, confidence cut; own text only)",
+            args.spec_dtype,
+            {**shipped_suffix, "suffix_decoding_max_cached_requests": 0},
+            draft,
+            (1, *big),
+        ),
+        "eagle-suffix-cached": SpecJob(
+            "eagle-suffix-cached",
+            f"suffix decoding + EAGLE-3 (K={args.eagle_k}, adaptive, confidence cut; repeated requests)",
+            args.spec_dtype,
+            shipped_suffix,
+            draft,
+            primed=True,
         ),
         "synthetic": SpecJob(
             "synthetic",
@@ -992,6 +1018,8 @@ OWN_PLAIN = {
     "ngram-batch": "plain",
     "suffix": "plain",
     "suffix-cached": "plain",
+    "eagle-suffix-batch": "plain",
+    "eagle-suffix-cached": "plain",
     "synthetic": "plain",
     "llama-lookup": "llama",
     "hf-lookup": "hf",
@@ -1272,6 +1300,8 @@ def batch_table(rows: list[Row]) -> list[str]:
                 "ngram",
                 "suffix",
                 "suffix-cached",
+                "eagle-suffix-batch",
+                "eagle-suffix-cached",
             ):
                 continue
             if not r.median:

@@ -9,8 +9,9 @@ spec-rs adds two methods that need no draft model: ``"ngram"`` (prompt lookup: d
 copied from earlier in the request's own text), configured by ``prompt_lookup_min`` and
 ``prompt_lookup_max``, and ``"suffix"`` (vLLM's suffix decoding: frequency-counted suffix
 trees over the request's text and earlier requests' outputs), configured by the
-``suffix_decoding_*`` fields under vLLM's names and defaults. Two more fields:
-``enable_prompt_lookup``, which puts prompt lookup in front of a draft model, and
+``suffix_decoding_*`` fields under vLLM's names and defaults. Three more fields:
+``enable_prompt_lookup``, which puts prompt lookup in front of a draft model,
+``enable_suffix_decoding``, which puts suffix decoding there instead, and
 ``draft_confidence_threshold``, which cuts a draft model's chain where its drafts become
 unlikely to be accepted.
 """
@@ -135,6 +136,16 @@ class SpeculativeConfig(BaseModel):
     suffix_decoding_min_token_prob: float = 0.1
     """suffix: drafting stops before a token whose probability, estimated from the trees'
     counts, falls below this."""
+    enable_suffix_decoding: bool = False
+    """spec-rs extension, with a draft model: suffix decoding's trees (the request's own text
+    and earlier requests' outputs, configured by the ``suffix_decoding_*`` fields) draft for a
+    row when the continuation they find scores, in expected accepted tokens, at least
+    ``suffix_decoding_min_score_ratio`` times ``num_speculative_tokens``: the row copies its
+    first ``num_speculative_tokens``, and the model drafts the other rows. Instead of
+    ``enable_prompt_lookup``, not with it."""
+    suffix_decoding_min_score_ratio: float = 1.2
+    """With ``enable_suffix_decoding``: the score a suffix draft needs, as a multiple of
+    ``num_speculative_tokens``."""
 
     @model_validator(mode="before")
     @classmethod

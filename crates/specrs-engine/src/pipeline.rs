@@ -32,6 +32,7 @@ use crate::proposer::lookup_first::LookupFirstProposer;
 use crate::proposer::ngram::NgramProposer;
 use crate::proposer::sequential::SequentialProposer;
 use crate::proposer::suffix::SuffixProposer;
+use crate::proposer::suffix_first::SuffixFirstProposer;
 use crate::tokenizer::TextTokenizer;
 use crate::width::{EngineWidthPolicy, WidthMode};
 
@@ -428,6 +429,11 @@ fn build_proposer(
             Box::new(proposer)
         }
     };
+    if spec.enable_suffix_decoding {
+        let cache = SuffixCache::new(SuffixCacheConfig::from_config(spec));
+        let proposer = SuffixFirstProposer::with_cache(cache, spec.suffix_decoding_min_score_ratio, model);
+        return Ok((Some(Box::new(proposer)), Some(loaded)));
+    }
     if !spec.enable_prompt_lookup {
         return Ok((Some(model), Some(loaded)));
     }

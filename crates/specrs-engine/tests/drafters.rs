@@ -247,6 +247,32 @@ fn suffix_decoding_drafts_a_repeated_request_from_the_earlier_answer() {
     );
 }
 
+/// Suffix decoding in front of a random EAGLE head (almost never accepted) on the bigram
+/// target: the first answer is drafted by the head, a repeat of the request copies the first
+/// answer (K at a time) once its match is long enough to score, and the output never changes.
+#[test]
+fn suffix_decoding_in_front_of_a_draft_model_copies_a_repeated_answer() {
+    let f = fixture();
+    let head = random_head(&f.bigram.parent().unwrap().join("rand-eagle1-suffix"), false, 400);
+    let ask = |h: &EngineHandle| h.generate(vec![greedy(vec![40], 40)]).unwrap().into_iter().next().unwrap();
+    let plain = ask(&engine(&f.bigram, None, None, 0));
+    let speculative = SpeculativeConfig {
+        speculative_method: Some(SpeculativeMethod::Eagle),
+        num_speculative_tokens: Some(2),
+        enable_suffix_decoding: true,
+        ..SpeculativeConfig::default()
+    };
+    let h = engine_with(&f.bigram, Some(&head), speculative, 8);
+    let (first, second) = (ask(&h), ask(&h));
+    assert_eq!(first.token_ids, plain.token_ids);
+    assert_eq!(second.token_ids, plain.token_ids);
+    let (first, second) = (&first.metrics, &second.metrics);
+    assert!(first.num_draft_tokens >= 20, "the head drafts the first answer: {first:?}");
+    assert!(first.num_accepted_tokens * 4 < first.num_draft_tokens, "and is rarely right: {first:?}");
+    assert!(second.num_accepted_tokens >= 20, "the repeat copies most of the first answer: {second:?}");
+    assert!(second.acceptance_length > 2.2, "nearly every copy is accepted (at most 3 for K = 2): {second:?}");
+}
+
 #[test]
 fn adaptive_plain_steps_stop_drafting_for_a_rejected_head_and_stay_lossless() {
     let f = fixture();

@@ -158,6 +158,16 @@ pub const SPECULATIVE_FLAGS: &[FieldFlag] = &[
         kind: FlagKind::Float,
         help: "suffix: stop drafting before a token whose frequency-estimated probability is below this",
     },
+    FieldFlag {
+        field: "enable_suffix_decoding",
+        kind: FlagKind::Bool,
+        help: "With a draft model: rows whose suffix-tree draft scores high enough take it; the model drafts the rest",
+    },
+    FieldFlag {
+        field: "suffix_decoding_min_score_ratio",
+        kind: FlagKind::Float,
+        help: "With --enable-suffix-decoding: a suffix draft is taken when its score reaches this times num_speculative_tokens",
+    },
 ];
 
 #[cfg(test)]

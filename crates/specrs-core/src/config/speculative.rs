@@ -18,13 +18,18 @@ pub const DEFAULT_SUFFIX_MAX_TREE_DEPTH: usize = 24;
 pub const DEFAULT_SUFFIX_MAX_CACHED_REQUESTS: usize = 10_000;
 pub const DEFAULT_SUFFIX_MAX_SPEC_FACTOR: f64 = 1.0;
 pub const DEFAULT_SUFFIX_MIN_TOKEN_PROB: f64 = 0.1;
+/// With `enable_suffix_decoding`, a row takes the trees' draft over the model's when the
+/// draft's score (its expected accepted tokens) reaches this times `num_speculative_tokens`
+/// (the default of SGLang's suffix-decoding fork).
+pub const DEFAULT_SUFFIX_MIN_SCORE_RATIO: f64 = 1.2;
 
 /// Configures speculative decoding for a pipeline. Field names, defaults and rules follow
 /// Modular MAX's `SpeculativeConfig`; `prompt_lookup_min`/`prompt_lookup_max` configure the
 /// spec-rs `ngram` method, `enable_prompt_lookup` puts that lookup in front of a model
 /// drafter, and `draft_confidence_threshold` cuts a model's drafts short where they become
 /// unlikely (both spec-rs's own); the `suffix_decoding_*` fields configure the `suffix` method
-/// as vLLM names them.
+/// as vLLM names them, and `enable_suffix_decoding` puts its trees in front of a model drafter
+/// instead of prompt lookup.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SpeculativeConfig {
@@ -51,6 +56,8 @@ pub struct SpeculativeConfig {
     pub suffix_decoding_max_cached_requests: i64,
     pub suffix_decoding_max_spec_factor: f64,
     pub suffix_decoding_min_token_prob: f64,
+    pub enable_suffix_decoding: bool,
+    pub suffix_decoding_min_score_ratio: f64,
 }
 
 impl Default for SpeculativeConfig {
@@ -79,6 +86,8 @@ impl Default for SpeculativeConfig {
             suffix_decoding_max_cached_requests: DEFAULT_SUFFIX_MAX_CACHED_REQUESTS as i64,
             suffix_decoding_max_spec_factor: DEFAULT_SUFFIX_MAX_SPEC_FACTOR,
             suffix_decoding_min_token_prob: DEFAULT_SUFFIX_MIN_TOKEN_PROB,
+            enable_suffix_decoding: false,
+            suffix_decoding_min_score_ratio: DEFAULT_SUFFIX_MIN_SCORE_RATIO,
         }
     }
 }
@@ -265,6 +274,36 @@ impl SpeculativeConfig {
                 Some(_) => {}
             }
         }
+        if self.enable_suffix_decoding {
+            match self.speculative_method {
+                None => {
+                    return Err(ConfigError::field(
+                        "enable_suffix_decoding",
+                        "enable_suffix_decoding puts suffix decoding in front of a draft model, but no \
+                         speculative_method is set; set one (eagle, mtp, dflash, dflash2, dspark), or \
+                         speculative_method='suffix' for suffix decoding alone",
+                    ));
+                }
+                Some(method) if method.is_model_free() => {
+                    return Err(ConfigError::field(
+                        "enable_suffix_decoding",
+                        format!(
+                            "enable_suffix_decoding combines suffix decoding with a draft model (eagle, mtp, \
+                             dflash, dflash2, dspark); speculative_method='{method}' has none: use \
+                             speculative_method='suffix' for suffix decoding alone"
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+            if self.enable_prompt_lookup {
+                return Err(ConfigError::field(
+                    "enable_suffix_decoding",
+                    "enable_suffix_decoding and enable_prompt_lookup both draft copies in front of the draft model; \
+                     set one (suffix decoding also matches the request's own text)",
+                ));
+            }
+        }
         let threshold = self.draft_confidence_threshold;
         if !(0.0..1.0).contains(&threshold) {
             return Err(ConfigError::field(
@@ -326,14 +365,29 @@ impl SpeculativeConfig {
         .filter_map(|(field, changed)| changed.then_some(field))
         .collect();
         if let Some(&field) = set.first()
-            && !self.is_suffix()
+            && !(self.is_suffix() || self.enable_suffix_decoding)
         {
             return Err(ConfigError::field(
                 field,
                 format!(
-                    "{} configure the suffix method: set speculative_method='suffix', or leave them unset",
+                    "{} configure suffix decoding: set speculative_method='suffix' (or enable_suffix_decoding with a \
+                     draft model), or leave them unset",
                     set.join(", ")
                 ),
+            ));
+        }
+        let ratio = self.suffix_decoding_min_score_ratio;
+        if ratio != defaults.suffix_decoding_min_score_ratio && !self.enable_suffix_decoding {
+            return Err(ConfigError::field(
+                "suffix_decoding_min_score_ratio",
+                "suffix_decoding_min_score_ratio decides between suffix drafts and a draft model's: it needs \
+                 enable_suffix_decoding (speculative_method='suffix' alone always takes the trees' drafts)",
+            ));
+        }
+        if !(ratio >= 0.0 && ratio.is_finite()) {
+            return Err(ConfigError::field(
+                "suffix_decoding_min_score_ratio",
+                format!("suffix_decoding_min_score_ratio must be a finite number >= 0, got {ratio}"),
             ));
         }
         if self.suffix_decoding_max_tree_depth < 1 {
@@ -561,5 +615,41 @@ mod tests {
         let err = eagle.validated().unwrap_err();
         assert_eq!(err.field.as_deref(), Some("suffix_decoding_min_token_prob"));
         assert!(err.to_string().contains("speculative_method='suffix'"), "{err}");
+    }
+
+    #[test]
+    fn suffix_decoding_goes_in_front_of_draft_models_instead_of_prompt_lookup() {
+        let c = |method, f: fn(&mut SpeculativeConfig)| {
+            let mut c =
+                SpeculativeConfig { speculative_method: method, enable_suffix_decoding: true, ..Default::default() };
+            f(&mut c);
+            c.validated()
+        };
+        let tuned = c(Some(SpeculativeMethod::Eagle), |c| {
+            c.suffix_decoding_min_score_ratio = 0.5;
+            c.suffix_decoding_max_tree_depth = 16;
+        })
+        .unwrap();
+        assert_eq!(tuned.num_speculative_tokens, Some(2), "the model's width, not the tree depth");
+        assert_eq!((tuned.suffix_decoding_min_score_ratio, tuned.suffix_decoding_max_tree_depth), (0.5, 16));
+        for (method, says) in [
+            (None, "no speculative_method is set"),
+            (Some(SpeculativeMethod::Ngram), "has none"),
+            (Some(SpeculativeMethod::Suffix), "has none"),
+        ] {
+            let err = c(method, |_| {}).unwrap_err();
+            assert_eq!(err.field.as_deref(), Some("enable_suffix_decoding"));
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        let both = c(Some(SpeculativeMethod::Mtp), |c| c.enable_prompt_lookup = true).unwrap_err();
+        assert!(both.to_string().contains("set one"), "{both}");
+        let negative = c(Some(SpeculativeMethod::Eagle), |c| c.suffix_decoding_min_score_ratio = -1.0);
+        assert_eq!(negative.unwrap_err().field.as_deref(), Some("suffix_decoding_min_score_ratio"));
+        let alone = SpeculativeConfig {
+            speculative_method: Some(SpeculativeMethod::Suffix),
+            suffix_decoding_min_score_ratio: 2.0,
+            ..Default::default()
+        };
+        assert!(alone.validated().unwrap_err().to_string().contains("needs enable_suffix_decoding"));
     }
 }

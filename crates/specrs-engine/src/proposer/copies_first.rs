@@ -1,6 +1,6 @@
 //! Drafts made without the model for some rows, in front of a model proposer: the one
-//! mechanism behind prompt lookup ([`super::lookup_first`]) and a grammar's forced text
-//! ([`super::guided_first`]).
+//! mechanism behind prompt lookup ([`super::lookup_first`]), suffix decoding's trees
+//! ([`super::suffix_first`]) and a grammar's forced text ([`super::guided_first`]).
 //!
 //! A row served by copies reaches the model as a row that does not draft this step, marked
 //! `catch_up_now`, so a sequential drafter feeds its positions in the forward it runs for the
@@ -35,8 +35,15 @@ pub trait CopySource: Send {
         true
     }
 
+    /// Sees every row of the step before any copies are asked for (a source with state of its
+    /// own brings it up to the committed tokens).
+    fn observe(&mut self, _rows: &[ProposeRow<'_>]) {}
+
     /// The drafts `row` copies, at most `max(num_drafts, num_copies)`; empty when none.
-    fn copies(&self, row: &ProposeRow<'_>) -> Vec<u32>;
+    fn copies(&mut self, row: &ProposeRow<'_>) -> Vec<u32>;
+
+    /// Forgets a sequence ([`Proposer::release`]).
+    fn release(&mut self, _seq: SeqId) {}
 }
 
 /// The copies a guided row may verify: those its guide allows in turn, up to and including
@@ -103,6 +110,7 @@ impl<S: CopySource> Proposer for CopiesFirst<S> {
         taps: &StepTaps<'_>,
         scheduler: &Scheduler,
     ) -> Result<Vec<Proposal>> {
+        self.source.observe(rows);
         if !rows.iter().any(|r| self.source.applies_to(r)) {
             return self.model.propose(rows, taps, scheduler);
         }
@@ -153,6 +161,7 @@ impl<S: CopySource> Proposer for CopiesFirst<S> {
     }
 
     fn release(&mut self, seq: SeqId) {
+        self.source.release(seq);
         self.model.release(seq);
     }
 

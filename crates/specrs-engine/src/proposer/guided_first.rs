@@ -40,7 +40,7 @@ impl CopySource for ForcedText {
         row.params.guide.is_some()
     }
 
-    fn copies(&self, row: &ProposeRow<'_>) -> Vec<u32> {
+    fn copies(&mut self, row: &ProposeRow<'_>) -> Vec<u32> {
         forced_drafts(&self.tokenizer, row)
     }
 }

@@ -37,7 +37,7 @@ impl CopySource for PromptLookup {
         model.draft_lookahead().max(model.num_speculative_tokens() + 1)
     }
 
-    fn copies(&self, row: &ProposeRow<'_>) -> Vec<u32> {
+    fn copies(&mut self, row: &ProposeRow<'_>) -> Vec<u32> {
         let mut drafts = self.lookup.propose(row.tokens);
         drafts.truncate(row.num_drafts.max(row.num_copies));
         drafts

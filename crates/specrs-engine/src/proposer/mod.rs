@@ -13,6 +13,7 @@ pub mod lookup_first;
 pub mod ngram;
 pub mod sequential;
 pub mod suffix;
+pub mod suffix_first;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,34 +6,67 @@ use std::collections::HashMap;
 
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::scheduler::Scheduler;
-use specrs_core::suffix::SuffixCache;
+use specrs_core::suffix::{SuffixCache, SuffixDraft};
 
 use super::{Proposal, ProposeRow, Proposer, StepTaps};
 use crate::error::Result;
 
-pub struct SuffixProposer {
+/// The suffix cache kept in step with the engine's rows: each running sequence is a request
+/// keyed by its id (ids are not reused while an output may be cached).
+pub struct SuffixRows {
     cache: SuffixCache,
-    num_speculative_tokens: usize,
-    /// Committed tokens the cache holds, per running sequence (its request key).
+    /// Committed tokens the cache holds, per running sequence.
     known: HashMap<SeqId, usize>,
+}
+
+impl SuffixRows {
+    pub fn new(cache: SuffixCache) -> Self {
+        Self { cache, known: HashMap::new() }
+    }
+
+    /// The longest draft the trees can make.
+    pub fn max_tree_depth(&self) -> usize {
+        self.cache.config().max_tree_depth
+    }
+
+    /// Brings the cache up to every row's committed tokens: the prompt when a sequence is new
+    /// (or back after preemption, which restarts it), then whatever it generated since. A row
+    /// still reading its prompt has nothing to match yet; every other row's output joins the
+    /// trees whether it drafts this step or not.
+    pub fn observe(&mut self, rows: &[ProposeRow<'_>]) {
+        for row in rows.iter().filter(|r| r.tokens.len() > r.prompt_len || r.may_draft()) {
+            let known = *self.known.entry(row.seq).or_insert_with(|| {
+                self.cache.start_request(row.seq, &row.tokens[..row.prompt_len]);
+                row.prompt_len
+            });
+            if row.tokens.len() > known {
+                self.cache.add_output(row.seq, &row.tokens[known..]);
+                self.known.insert(row.seq, row.tokens.len());
+            }
+        }
+    }
+
+    /// The trees' draft for an observed row, at most `max_tokens` long.
+    pub fn speculate(&self, row: &ProposeRow<'_>, max_tokens: usize) -> SuffixDraft {
+        self.cache.speculate(row.seq, row.tokens, max_tokens)
+    }
+
+    /// The sequence's own tree goes; its output stays cached for later requests. A preempted
+    /// sequence that returns starts over (its cached output is replaced).
+    pub fn release(&mut self, seq: SeqId) {
+        self.known.remove(&seq);
+        self.cache.stop_request(seq);
+    }
+}
+
+pub struct SuffixProposer {
+    rows: SuffixRows,
+    num_speculative_tokens: usize,
 }
 
 impl SuffixProposer {
     pub fn new(cache: SuffixCache, num_speculative_tokens: usize) -> Self {
-        Self { cache, num_speculative_tokens, known: HashMap::new() }
-    }
-
-    /// Brings the cache up to the row's committed tokens: the prompt when the sequence is new
-    /// (or back after preemption, which restarts it), then whatever it generated since.
-    fn observe(&mut self, row: &ProposeRow<'_>) {
-        let known = *self.known.entry(row.seq).or_insert_with(|| {
-            self.cache.start_request(row.seq, &row.tokens[..row.prompt_len]);
-            row.prompt_len
-        });
-        if row.tokens.len() > known {
-            self.cache.add_output(row.seq, &row.tokens[known..]);
-            self.known.insert(row.seq, row.tokens.len());
-        }
+        Self { rows: SuffixRows::new(cache), num_speculative_tokens }
     }
 }
 
@@ -52,33 +85,24 @@ impl Proposer for SuffixProposer {
         _taps: &StepTaps<'_>,
         _scheduler: &Scheduler,
     ) -> Result<Vec<Proposal>> {
-        let mut proposals = Vec::new();
-        for row in rows {
-            // A row still reading its prompt has nothing to match yet; every other row's
-            // output joins the trees whether it drafts this step or not.
-            if row.tokens.len() <= row.prompt_len && !row.may_draft() {
-                continue;
-            }
-            self.observe(row);
-            if row.may_draft() {
-                let width = row.num_drafts.max(row.num_copies).min(self.num_speculative_tokens);
-                let drafts = self.cache.speculate(row.seq, row.tokens, width).tokens;
-                proposals.push(Proposal { drafts, probs: None });
-            }
-        }
-        Ok(proposals)
+        self.rows.observe(rows);
+        Ok(rows
+            .iter()
+            .filter(|r| r.may_draft())
+            .map(|r| {
+                let width = r.num_drafts.max(r.num_copies).min(self.num_speculative_tokens);
+                Proposal { drafts: self.rows.speculate(r, width).tokens, probs: None }
+            })
+            .collect())
     }
 
-    /// The sequence's own tree goes; its output stays cached for later requests. A preempted
-    /// sequence that returns starts over (its cached output is replaced).
     fn release(&mut self, seq: SeqId) {
-        self.known.remove(&seq);
-        self.cache.stop_request(seq);
+        self.rows.release(seq);
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use specrs_core::kv_blocks::KvBlockManager;
     use specrs_core::sampling::SamplingParams;
     use specrs_core::scheduler::SchedulerConfig;
@@ -86,13 +110,22 @@ mod tests {
 
     use super::*;
 
-    fn proposer() -> SuffixProposer {
+    pub(crate) fn cache() -> SuffixCache {
         let config =
             SuffixCacheConfig { max_tree_depth: 24, max_cached_requests: 8, max_spec_factor: 1.0, min_token_prob: 0.1 };
-        SuffixProposer::new(SuffixCache::new(config), 6)
+        SuffixCache::new(config)
     }
 
-    fn row<'a>(seq: SeqId, tokens: &'a [u32], prompt_len: usize, params: &'a SamplingParams) -> ProposeRow<'a> {
+    fn proposer() -> SuffixProposer {
+        SuffixProposer::new(cache(), 6)
+    }
+
+    pub(crate) fn row<'a>(
+        seq: SeqId,
+        tokens: &'a [u32],
+        prompt_len: usize,
+        params: &'a SamplingParams,
+    ) -> ProposeRow<'a> {
         ProposeRow {
             seq,
             tokens,
@@ -110,7 +143,7 @@ mod tests {
         }
     }
 
-    fn propose(p: &mut SuffixProposer, rows: &[ProposeRow<'_>]) -> Vec<Vec<u32>> {
+    pub(crate) fn propose(p: &mut dyn Proposer, rows: &[ProposeRow<'_>]) -> Vec<Vec<u32>> {
         let scheduler = Scheduler::new(SchedulerConfig::default(), KvBlockManager::new(8, 4).unwrap());
         let taps = StepTaps { taps: &[], final_hidden: None };
         p.propose(rows, &taps, &scheduler).unwrap().into_iter().map(|p| p.drafts).collect()
