@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,18 +31,25 @@ def shipped_llm(default_model_path: str) -> LLM:
     return LLM(DEFAULT_MODEL, kv_cache_memory=TEST_KV_MEMORY, max_model_len=TEST_MAX_MODEL_LEN)
 
 
-@pytest.fixture(scope="module")
-def fixed_width_llm(default_model_path: str) -> LLM:
-    """The shipped head verifying 3 drafts every step (no adaptive widths): its quality alone."""
+def shipped_head_llm(**speculative: Any) -> LLM:
+    """The shipped head drafting 3 per step (no adaptive widths), with `speculative` added."""
     draft = _spec_rs.default_draft(DEFAULT_MODEL)
     assert draft is not None
     return LLM(
         DEFAULT_MODEL,
         draft_model=draft[0],
-        speculative_config=SpeculativeConfig(speculative_method="eagle", num_speculative_tokens=3),
+        speculative_config=SpeculativeConfig(
+            speculative_method="eagle", num_speculative_tokens=3, **speculative
+        ),
         kv_cache_memory=TEST_KV_MEMORY,
         max_model_len=TEST_MAX_MODEL_LEN,
     )
+
+
+@pytest.fixture(scope="module")
+def fixed_width_llm(default_model_path: str) -> LLM:
+    """The shipped head verifying 3 drafts every step (no adaptive widths): its quality alone."""
+    return shipped_head_llm()
 
 
 def held_out_prompts() -> list[list[int]]:
@@ -102,18 +110,7 @@ def test_shipped_head_is_lossless_and_accepted_on_held_out_prompts(
 
 
 def test_suffix_decoding_in_front_of_the_shipped_head_copies_repeated_requests(plain_llm: LLM) -> None:
-    draft = _spec_rs.default_draft(DEFAULT_MODEL)
-    assert draft is not None
-    config = SpeculativeConfig(
-        speculative_method="eagle", num_speculative_tokens=3, enable_suffix_decoding=True
-    )
-    llm = LLM(
-        DEFAULT_MODEL,
-        draft_model=draft[0],
-        speculative_config=config,
-        kv_cache_memory=TEST_KV_MEMORY,
-        max_model_len=TEST_MAX_MODEL_LEN,
-    )
+    llm = shipped_head_llm(enable_suffix_decoding=True)
     assert llm.speculative_config.enable_suffix_decoding
     prompts = held_out_prompts()[:3]
     plain = plain_llm.generate(prompts, GREEDY)
@@ -127,7 +124,7 @@ def test_suffix_decoding_in_front_of_the_shipped_head_copies_repeated_requests(p
         return 1 + sum(o.metrics.num_accepted_tokens for o in outs if o.metrics) / max(drafts, 1)
 
     # The first time the head drafts (as without suffix decoding); asked again, each answer
-    # is copied from the first in long drafts.
+    # is copied from the first, K drafts at a time.
     assert acceptance_length(first) >= SHIPPED_HEAD_REFERENCE_AL - 0.3
     assert acceptance_length(again) > acceptance_length(first) + 1.0, (
         acceptance_length(first),
@@ -138,18 +135,7 @@ def test_suffix_decoding_in_front_of_the_shipped_head_copies_repeated_requests(p
 def test_prompt_lookup_in_front_of_the_shipped_head_is_lossless_and_accepts_more(
     fixed_width_llm: LLM, plain_llm: LLM
 ) -> None:
-    draft = _spec_rs.default_draft(DEFAULT_MODEL)
-    assert draft is not None
-    config = SpeculativeConfig(
-        speculative_method="eagle", num_speculative_tokens=3, enable_prompt_lookup=True
-    )
-    lookup_llm = LLM(
-        DEFAULT_MODEL,
-        draft_model=draft[0],
-        speculative_config=config,
-        kv_cache_memory=TEST_KV_MEMORY,
-        max_model_len=TEST_MAX_MODEL_LEN,
-    )
+    lookup_llm = shipped_head_llm(enable_prompt_lookup=True)
     assert lookup_llm.speculative_config.enable_prompt_lookup
     prompts = held_out_prompts()
     # Long enough for the continuations to repeat spans (code, lists) of their own.
