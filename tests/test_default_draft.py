@@ -124,12 +124,10 @@ def test_suffix_decoding_in_front_of_the_shipped_head_copies_repeated_requests(p
         return 1 + sum(o.metrics.num_accepted_tokens for o in outs if o.metrics) / max(drafts, 1)
 
     # The first time the head drafts (as without suffix decoding); asked again, each answer
-    # is copied from the first, K drafts at a time.
+    # is copied from the first as far as the trees reach: past K = 3, so a step returns more
+    # than the 4 tokens the head's drafts ever could (3 rows copy past K: a small batch).
     assert acceptance_length(first) >= SHIPPED_HEAD_REFERENCE_AL - 0.3
-    assert acceptance_length(again) > acceptance_length(first) + 1.0, (
-        acceptance_length(first),
-        acceptance_length(again),
-    )
+    assert acceptance_length(again) > 4.0, (acceptance_length(first), acceptance_length(again))
 
 
 def test_prompt_lookup_in_front_of_the_shipped_head_is_lossless_and_accepts_more(

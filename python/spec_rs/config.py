@@ -140,9 +140,10 @@ class SpeculativeConfig(BaseModel):
     """spec-rs extension, with a draft model: suffix decoding's trees (the request's own text
     and earlier requests' outputs, configured by the ``suffix_decoding_*`` fields) draft for a
     row when the continuation they find scores, in expected accepted tokens, at least
-    ``suffix_decoding_min_score_ratio`` times ``num_speculative_tokens``: the row copies its
-    first ``num_speculative_tokens``, and the model drafts the other rows. Instead of
-    ``enable_prompt_lookup``, not with it."""
+    ``suffix_decoding_min_score_ratio`` times ``num_speculative_tokens``: the row copies that
+    continuation (up to ``suffix_decoding_max_tree_depth`` tokens, past
+    ``num_speculative_tokens``, in batches of fewer than 4 decoding rows), and the model drafts
+    the other rows. Instead of ``enable_prompt_lookup``, not with it."""
     suffix_decoding_min_score_ratio: float = 1.2
     """With ``enable_suffix_decoding``: the score a suffix draft needs, as a multiple of
     ``num_speculative_tokens``."""

@@ -367,6 +367,7 @@ impl Engine {
         let width = crate::pipeline::width_policy(
             &spec,
             k,
+            proposer.as_ref().map_or(0, |p| p.copy_width()),
             cfg.max_num_seqs,
             cfg.enable_spec_decode_mixed_batches && supports_mixed_batches,
         )?;

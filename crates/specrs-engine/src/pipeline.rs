@@ -228,10 +228,12 @@ pub fn select_builtin(target_arch: &str, method: SpeculativeMethod, draft_arch: 
     Ok(specs[idx].pipeline)
 }
 
-/// The width policy of a resolved config with `k` drafts per step.
+/// The width policy of a resolved config with `k` drafts per step, whose rows may copy up to
+/// `copy_width` ([`crate::proposer::Proposer::copy_width`]).
 pub fn width_policy(
     spec: &SpeculativeConfig,
     k: usize,
+    copy_width: usize,
     max_batch: usize,
     mixed_enabled: bool,
 ) -> Result<EngineWidthPolicy> {
@@ -271,6 +273,7 @@ pub fn width_policy(
     Ok(EngineWidthPolicy {
         mode,
         max_width: k,
+        max_copy_width: copy_width.max(k),
         mixed_enabled,
         mixed_width: spec.num_speculative_tokens_mixed_batch.map(|m| (m.max(0) as usize).min(k)),
         planned: None,

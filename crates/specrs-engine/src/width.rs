@@ -18,8 +18,11 @@ pub enum WidthMode {
 
 pub struct EngineWidthPolicy {
     pub mode: WidthMode,
-    /// Drafts per step (the cap of every width).
+    /// Drafts per step (the cap of every chosen width).
     pub max_width: usize,
+    /// The most drafts a row may copy ([`crate::proposer::Proposer::copy_width`], at least
+    /// `max_width`): copies widen a pure step up to this, past the drafts a model makes.
+    pub max_copy_width: usize,
     /// Mixed steps verify at all (`enable_spec_decode_mixed_batches` and architecture support).
     pub mixed_enabled: bool,
     /// `num_speculative_tokens_mixed_batch`.
@@ -133,7 +136,7 @@ impl WidthPolicy for EngineWidthPolicy {
             _ => self.schedule_width(decode_rows),
         }
         .min(self.max_width);
-        let width = chosen.max(copied.min(self.max_width));
+        let width = chosen.max(copied.min(self.max_copy_width));
         if width > chosen {
             self.widened_from = Some(chosen);
         }
@@ -152,6 +155,7 @@ mod tests {
         EngineWidthPolicy {
             mode: WidthMode::Adaptive(Box::new(c)),
             max_width: 2,
+            max_copy_width: 4,
             mixed_enabled: false,
             mixed_width: None,
             planned: None,
@@ -213,8 +217,12 @@ mod tests {
         let mut p = adaptive_policy();
         teach_plain_steps(&mut p, 2);
         assert_eq!(p.plan_next_pure_step(2), Some(0), "plain steps win");
-        p.copied = 5;
-        assert_eq!(p.step_width(2, false), 2, "widened to the copies, capped at K");
+        p.copied = 3;
+        assert_eq!(p.step_width(2, false), 3, "widened to the copies, past K");
+        assert_eq!(p.widened_from, Some(0), "the controller chose a plain step");
+        assert_eq!(p.plan_next_pure_step(2), Some(0));
+        p.copied = 7;
+        assert_eq!(p.step_width(2, false), 4, "capped at the longest copy a row may make");
         assert_eq!(p.widened_from, Some(0), "the controller chose a plain step");
         // The copies served that step only.
         assert_eq!(p.plan_next_pure_step(2), Some(0));
@@ -269,6 +277,7 @@ mod tests {
         let mut p = EngineWidthPolicy {
             mode: WidthMode::Fixed(3),
             max_width: 3,
+            max_copy_width: 3,
             mixed_enabled: false,
             mixed_width: None,
             planned: None,

@@ -249,7 +249,8 @@ fn suffix_decoding_drafts_a_repeated_request_from_the_earlier_answer() {
 
 /// Suffix decoding in front of a random EAGLE head (almost never accepted) on the bigram
 /// target: the first answer is drafted by the head, a repeat of the request copies the first
-/// answer (K at a time) once its match is long enough to score, and the output never changes.
+/// answer once its match is long enough to score, as far as the trees reach (past K), and the
+/// output never changes (the head catches up on the copied positions).
 #[test]
 fn suffix_decoding_in_front_of_a_draft_model_copies_a_repeated_answer() {
     let f = fixture();
@@ -270,7 +271,8 @@ fn suffix_decoding_in_front_of_a_draft_model_copies_a_repeated_answer() {
     assert!(first.num_draft_tokens >= 20, "the head drafts the first answer: {first:?}");
     assert!(first.num_accepted_tokens * 4 < first.num_draft_tokens, "and is rarely right: {first:?}");
     assert!(second.num_accepted_tokens >= 20, "the repeat copies most of the first answer: {second:?}");
-    assert!(second.acceptance_length > 2.2, "nearly every copy is accepted (at most 3 for K = 2): {second:?}");
+    assert!(second.accepted_per_position.len() >= 8, "copies run far past K = 2: {second:?}");
+    assert!(second.acceptance_length > 3.0, "more than K = 2 drafts can give (3 tokens a step): {second:?}");
 }
 
 #[test]

@@ -18,9 +18,10 @@ pub const DEFAULT_SUFFIX_MAX_TREE_DEPTH: usize = 24;
 pub const DEFAULT_SUFFIX_MAX_CACHED_REQUESTS: usize = 10_000;
 pub const DEFAULT_SUFFIX_MAX_SPEC_FACTOR: f64 = 1.0;
 pub const DEFAULT_SUFFIX_MIN_TOKEN_PROB: f64 = 0.1;
-/// With `enable_suffix_decoding`, a row takes the trees' draft over the model's when the
-/// draft's score (its expected accepted tokens) reaches this times `num_speculative_tokens`
-/// (the default of SGLang's suffix-decoding fork).
+/// With `enable_suffix_decoding`, a row takes the trees' draft (as long as they speculate, past
+/// `num_speculative_tokens`) over the model's when the draft's score (its expected accepted
+/// tokens) reaches this times `num_speculative_tokens` (the default of SGLang's
+/// suffix-decoding fork).
 pub const DEFAULT_SUFFIX_MIN_SCORE_RATIO: f64 = 1.2;
 
 /// Configures speculative decoding for a pipeline. Field names, defaults and rules follow

@@ -8,9 +8,12 @@
 //! rows. A request asked again, an agent's repeated tool call or a quoted passage is copied;
 //! fresh text goes to the model, whose drafts a weak tree match would displace for less.
 //!
-//! The engine verifies at most `K` drafts per row, so copies are cut to `K` (and, as prompt
-//! lookup's, verified in a small batch whatever width the adaptive controller planned for the
-//! model, see [`super::lookup_first`]; in a large batch cut to the planned width).
+//! A copy runs as far as the trees speculate (up to `suffix_decoding_max_tree_depth`), past the
+//! model's `K`: a repeated answer is verified 10 or 20 tokens at a time, as suffix decoding
+//! alone verifies it, rather than `K` at a time. As prompt lookup's, copies are verified in a
+//! small batch whatever width the adaptive controller planned for the model (see
+//! [`super::lookup_first`]); in a large batch, where every verified position costs about the
+//! token it may return, they are cut to the planned width.
 
 use specrs_core::kv_blocks::SeqId;
 use specrs_core::suffix::SuffixCache;
@@ -32,11 +35,11 @@ impl CopySource for SuffixLookup {
     }
 
     fn copy_width(&self, model: &dyn Proposer) -> usize {
-        model.num_speculative_tokens()
+        self.rows.max_tree_depth().max(model.num_speculative_tokens())
     }
 
     fn draft_lookahead(&self, model: &dyn Proposer) -> usize {
-        model.draft_lookahead().max(model.num_speculative_tokens() + 1)
+        model.draft_lookahead().max(self.copy_width(model) + 1)
     }
 
     fn observe(&mut self, rows: &[ProposeRow<'_>]) {
@@ -122,7 +125,11 @@ mod tests {
         // K = 2 and a ratio of 1: a suffix draft must be worth 2 accepted tokens.
         let mut p = SuffixFirstProposer::with_cache(cache(), 1.0, Box::new(model));
         assert_eq!(p.name(), "suffix+model");
-        assert_eq!((p.copy_width(), p.draft_lookahead()), (2, 3), "copies are verified as the model's drafts");
+        assert_eq!(
+            (p.num_speculative_tokens(), p.copy_width(), p.draft_lookahead()),
+            (2, 24, 25),
+            "copies run as deep as the trees, past the model's K"
+        );
         let params = SamplingParams::default();
         let first: Vec<u32> = [1, 2, 3, 40, 41, 42, 43, 44, 45, 46, 47].into();
         let first_row = ProposeRow { num_drafts: 2, ..row(1, &first, 3, &params) };
@@ -131,16 +138,16 @@ mod tests {
         assert_eq!(*released.lock().unwrap(), vec![1], "the model forgets it too");
 
         // Request 2 repeats request 1's answer (a 4-token match: a continuation of 4 tokens of
-        // probability 1/2, score 2, of which it copies K); request 3 has a one-token match (1
-        // token of probability 1/3) and goes to the model.
+        // probability 1/2, score 2, which it copies whole, past K); request 3 has a one-token
+        // match (1 token of probability 1/3) and goes to the model.
         let repeat: Vec<u32> = [1, 2, 3, 40, 41, 42, 43].into();
         let fresh: Vec<u32> = [7, 8, 43].into();
         let mut rows = [row(2, &repeat, 3, &params), row(3, &fresh, 2, &params)];
         for r in &mut rows {
-            (r.num_drafts, r.num_copies) = (2, 2);
+            (r.num_drafts, r.num_copies) = (2, p.copy_width());
         }
         asked.lock().unwrap().clear();
-        assert_eq!(propose(&mut p, &rows), vec![vec![44, 45], vec![900, 901]]);
+        assert_eq!(propose(&mut p, &rows), vec![vec![44, 45, 46, 47], vec![900, 901]]);
         assert_eq!(
             *asked.lock().unwrap(),
             vec![(2, 0, true), (3, 2, false)],
