@@ -113,9 +113,11 @@ def test_suffix_decoding_in_front_of_the_shipped_head_copies_repeated_requests(p
     llm = shipped_head_llm(enable_suffix_decoding=True)
     assert llm.speculative_config.enable_suffix_decoding
     prompts = held_out_prompts()[:3]
-    plain = plain_llm.generate(prompts, GREEDY)
-    first = llm.generate(prompts, GREEDY)
-    again = llm.generate(prompts, GREEDY)
+    # Long answers: a copy grows with its match (at most as long as the match, spec factor 1).
+    params = GREEDY.model_copy(update={"max_tokens": 96})
+    plain = plain_llm.generate(prompts, params)
+    first = llm.generate(prompts, params)
+    again = llm.generate(prompts, params)
     for out in (first, again):
         assert [o.token_ids for o in out] == [o.token_ids for o in plain]
 
@@ -127,7 +129,7 @@ def test_suffix_decoding_in_front_of_the_shipped_head_copies_repeated_requests(p
     # is copied from the first as far as the trees reach: past K = 3, so a step returns more
     # than the 4 tokens the head's drafts ever could (3 rows copy past K: a small batch).
     assert acceptance_length(first) >= SHIPPED_HEAD_REFERENCE_AL - 0.3
-    assert acceptance_length(again) > 4.0, (acceptance_length(first), acceptance_length(again))
+    assert acceptance_length(again) > 5.0, (acceptance_length(first), acceptance_length(again))
 
 
 def test_prompt_lookup_in_front_of_the_shipped_head_is_lossless_and_accepts_more(

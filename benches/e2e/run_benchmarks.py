@@ -120,6 +120,7 @@ SPECRS_CONFIGS = (
     "ngram",
     "ngram-batch",
     "suffix",
+    "suffix-batch",
     "suffix-cached",
     "eagle-suffix-batch",
     "eagle-suffix-cached",
@@ -487,6 +488,13 @@ def specrs_jobs(args: argparse.Namespace) -> list[SpecJob]:
             args.spec_dtype,
             {**suffix, "suffix_decoding_max_cached_requests": 0},
             batches=(1, *big),
+        ),
+        "suffix-batch": SpecJob(
+            "suffix-batch",
+            "suffix decoding (own text only, adaptive widths)",
+            args.spec_dtype,
+            {**suffix, "suffix_decoding_max_cached_requests": 0, "adaptive_speculative_widths": "all"},
+            batches=big,
         ),
         "suffix-cached": SpecJob(
             "suffix-cached", "suffix decoding (repeated requests)", args.spec_dtype, suffix, primed=True
@@ -1017,6 +1025,7 @@ OWN_PLAIN = {
     "ngram": "plain",
     "ngram-batch": "plain",
     "suffix": "plain",
+    "suffix-batch": "plain",
     "suffix-cached": "plain",
     "eagle-suffix-batch": "plain",
     "eagle-suffix-cached": "plain",
