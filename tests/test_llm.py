@@ -695,6 +695,24 @@ def test_engine_sizes_the_model_cannot_honour_raise_config_error_naming_them(
     assert excinfo.value.field == field
 
 
+@pytest.mark.parametrize(
+    ("speculative", "field"),
+    [
+        (
+            {"speculative_method": "suffix", "suffix_decoding_max_tree_depth": 10**12},
+            "suffix_decoding_max_tree_depth",
+        ),
+        ({"speculative_method": "ngram", "num_speculative_tokens": 8192}, "num_speculative_tokens"),
+    ],
+)
+def test_drafts_longer_than_the_context_raise_config_error_naming_the_setting(
+    speculative: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError, match="do not fit in max_model_len 8192") as excinfo:
+        LLM(speculative_config=SpeculativeConfig(**speculative))
+    assert excinfo.value.field == field
+
+
 def test_a_tokenizer_override_must_exist_and_hold_tokenizer_json(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="does not exist") as excinfo:
         LLM(speculative_config=SpeculativeConfig(), tokenizer=str(tmp_path / "absent"))

@@ -299,6 +299,7 @@ impl Engine {
         let max_model_len = checked_max_model_len(cfg.max_model_len, model_cfg.max_position_embeddings)?;
         let k = proposer.as_ref().map_or(0, |p| p.num_speculative_tokens());
         let lookahead = proposer.as_ref().map_or(0, |p| p.draft_lookahead());
+        check_drafts_fit_context(&spec, k, lookahead, max_model_len)?;
         let dtype_bytes = target.dtype().size_in_bytes();
         let bytes_per_token = model_cfg.kv_bytes_per_token(dtype_bytes) + drafter_kv_bytes_per_token;
         let capture = cfg.device_graph_capture && supports_device_graph_capture;
@@ -1444,9 +1445,61 @@ fn checked_max_model_len(requested: Option<usize>, model_context: usize) -> Resu
     }
 }
 
+/// Refuses drafts longer than the whole context (`k` drafts verified per step, `lookahead`
+/// positions written past a row's tokens while drafting), naming the setting that asked for
+/// them: no step could ever verify them, and the KV plan would blame `max_model_len`.
+fn check_drafts_fit_context(spec: &SpeculativeConfig, k: usize, lookahead: usize, max_model_len: usize) -> Result<()> {
+    let longest = k.max(lookahead.saturating_sub(1));
+    if longest < max_model_len {
+        return Ok(());
+    }
+    let suffix_depth = usize::try_from(spec.suffix_decoding_max_tree_depth).unwrap_or(usize::MAX);
+    let field = if (spec.is_suffix() || spec.enable_suffix_decoding) && suffix_depth >= longest {
+        "suffix_decoding_max_tree_depth"
+    } else {
+        "num_speculative_tokens"
+    };
+    Err(specrs_core::ConfigError::field(
+        field,
+        format!(
+            "{field} asks for drafts of up to {longest} tokens a step, which do not fit in max_model_len \
+             {max_model_len}: lower {field} well below the context"
+        ),
+    )
+    .into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drafts_longer_than_the_context_are_refused_by_the_setting_that_asked_for_them() {
+        let suffix = SpeculativeConfig {
+            speculative_method: Some(specrs_core::SpeculativeMethod::Suffix),
+            suffix_decoding_max_tree_depth: 1 << 40,
+            ..SpeculativeConfig::default()
+        };
+        let ngram = SpeculativeConfig {
+            speculative_method: Some(specrs_core::SpeculativeMethod::Ngram),
+            ..SpeculativeConfig::default()
+        };
+        assert!(check_drafts_fit_context(&ngram, 4, 5, 8192).is_ok());
+        assert!(check_drafts_fit_context(&suffix, 24, 25, 8192).is_ok());
+        for (spec, k, lookahead, field) in [
+            (&suffix, 1 << 40, (1 << 40) + 1, "suffix_decoding_max_tree_depth"),
+            (&ngram, 8192, 8193, "num_speculative_tokens"),
+            (&ngram, usize::MAX, usize::MAX, "num_speculative_tokens"),
+        ] {
+            match check_drafts_fit_context(spec, k, lookahead, 8192).unwrap_err() {
+                EngineError::Config(e) => {
+                    assert_eq!(e.field.as_deref(), Some(field));
+                    assert!(e.message.contains("do not fit in max_model_len 8192"), "{}", e.message);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn max_model_len_defaults_to_the_models_context_and_refuses_more_or_too_little() {
