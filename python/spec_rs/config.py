@@ -144,7 +144,7 @@ class SpeculativeConfig(BaseModel):
     continuation (up to ``suffix_decoding_max_tree_depth`` tokens, past
     ``num_speculative_tokens``, in batches of fewer than 4 decoding rows), and the model drafts
     the other rows. Instead of ``enable_prompt_lookup``, not with it."""
-    suffix_decoding_min_score_ratio: float = 1.2
+    suffix_decoding_min_score_ratio: float = 0.5
     """With ``enable_suffix_decoding``: the score a suffix draft needs, as a multiple of
     ``num_speculative_tokens``."""
 

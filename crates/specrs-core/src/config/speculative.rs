@@ -20,9 +20,11 @@ pub const DEFAULT_SUFFIX_MAX_SPEC_FACTOR: f64 = 1.0;
 pub const DEFAULT_SUFFIX_MIN_TOKEN_PROB: f64 = 0.1;
 /// With `enable_suffix_decoding`, a row takes the trees' draft (as long as they speculate, past
 /// `num_speculative_tokens`) over the model's when the draft's score (its expected accepted
-/// tokens) reaches this times `num_speculative_tokens` (the default of SGLang's
-/// suffix-decoding fork).
-pub const DEFAULT_SUFFIX_MIN_SCORE_RATIO: f64 = 1.2;
+/// tokens) reaches this times `num_speculative_tokens`. SGLang's suffix-decoding fork uses 1.2;
+/// in front of the shipped SmolLM2 head 0.5 measured better on first-time and repeated
+/// requests alike (docs/BENCHMARKS.md, 2026-12-07 09:25): a copy that is longer than `K` is
+/// worth taking at a lower expected count than `K` drafts the head would have made.
+pub const DEFAULT_SUFFIX_MIN_SCORE_RATIO: f64 = 0.5;
 
 /// Configures speculative decoding for a pipeline. Field names, defaults and rules follow
 /// Modular MAX's `SpeculativeConfig`; `prompt_lookup_min`/`prompt_lookup_max` configure the

@@ -153,5 +153,9 @@ mod tests {
             vec![(2, 0, true), (3, 2, false)],
             "the copying row only catches the model up; the other drafts from it"
         );
+
+        // In a large batch rows get no copies past the planned width: the copy is cut to it.
+        let large_batch_row = ProposeRow { num_drafts: 2, num_copies: 0, ..row(2, &repeat, 3, &params) };
+        assert_eq!(propose(&mut p, &[large_batch_row]), vec![vec![44, 45]]);
     }
 }
