@@ -20,6 +20,7 @@ use specrs_core::prefix_cache::BlockHasher;
 use specrs_core::sampling::{argmax, logprobs_of, rank_of};
 use specrs_core::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use specrs_core::structured::{GuideCache, TokenVocabulary};
+use specrs_core::width::adaptive::PARTIAL_PROBE_MIN_BATCH;
 use specrs_models::graph::{CapturePlan, FixedSteps, StepOutputs, WidthSource};
 use specrs_models::host::with_f32_slice;
 use specrs_models::reductions::{self, PositionQuery};
@@ -299,6 +300,7 @@ impl Engine {
         let max_model_len = checked_max_model_len(cfg.max_model_len, model_cfg.max_position_embeddings)?;
         let k = proposer.as_ref().map_or(0, |p| p.num_speculative_tokens());
         let lookahead = proposer.as_ref().map_or(0, |p| p.draft_lookahead());
+        let copy_width = proposer.as_ref().map_or(0, |p| p.copy_width());
         check_drafts_fit_context(&spec, k, lookahead, max_model_len)?;
         let dtype_bytes = target.dtype().size_in_bytes();
         let bytes_per_token = model_cfg.kv_bytes_per_token(dtype_bytes) + drafter_kv_bytes_per_token;
@@ -359,7 +361,12 @@ impl Engine {
         let scheduler = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: cfg.max_num_seqs,
-                max_num_batched_tokens: cfg.max_num_batched_tokens.max(cfg.max_num_seqs * (k + 1)),
+                // Room for every row's drafts, and for the rows of a small batch copying past them
+                // (`EngineWidthPolicy::copy_width`).
+                max_num_batched_tokens: cfg
+                    .max_num_batched_tokens
+                    .max(cfg.max_num_seqs * (k + 1))
+                    .max(cfg.max_num_seqs.min(PARTIAL_PROBE_MIN_BATCH - 1) * (copy_width + 1)),
                 max_prefill_chunk: cfg.max_prefill_chunk,
                 watermark_blocks: (plan.num_blocks / 100).max(1),
             },
@@ -368,7 +375,7 @@ impl Engine {
         let width = crate::pipeline::width_policy(
             &spec,
             k,
-            proposer.as_ref().map_or(0, |p| p.copy_width()),
+            copy_width,
             cfg.max_num_seqs,
             cfg.enable_spec_decode_mixed_batches && supports_mixed_batches,
         )?;
