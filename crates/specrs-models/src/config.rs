@@ -2114,8 +2114,8 @@ impl DecoderConfig {
                 "ERNIE 4.5 with biased projections is not supported; released ERNIE 4.5 checkpoints set use_bias to false",
             ));
         }
-        // The families whose MLP activation this reader fixes (`Activation::of_dense_mlp`); the
-        // others' configs name theirs without a choice (SwiGLU, Gemma's GeGLU).
+        // The activation `Activation::of_dense_mlp` runs for each family: a config naming
+        // another would be read by transformers with that one, and silently differ here.
         if let Some(act) = v.get("hidden_act").and_then(Value::as_str) {
             let supported: &[&str] = match architecture {
                 // Arcee and Nemotron square a ReLU; the GELUs are the tanh approximation under
@@ -2129,7 +2129,11 @@ impl DecoderConfig {
                 | Architecture::Bloom => &["gelu_pytorch_tanh", "gelu_new", "gelu_fast"],
                 Architecture::StableLm => &["silu"],
                 Architecture::GptNeoX | Architecture::Falcon | Architecture::Mpt => &["gelu"],
-                _ => &[act],
+                // Gemma's GeGLU is checked as `hidden_activation`; the first configs' `gelu`
+                // here means the tanh GELU.
+                Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => &[act],
+                // Every other family's MLP is SwiGLU (transformers' `swish` is SiLU too).
+                _ => &["silu", "swish"],
             };
             if !supported.contains(&act) {
                 return Err(ModelError::config(
@@ -2662,6 +2666,28 @@ mod tests {
         let mut v = smollm2();
         v["num_key_value_heads"] = json!(4);
         assert!(DecoderConfig::from_hf_json(&v).unwrap_err().to_string().contains("multiple"));
+    }
+
+    #[test]
+    fn swiglu_families_refuse_an_activation_they_would_not_run() {
+        for (architecture, act, ok) in [
+            ("LlamaForCausalLM", "silu", true),
+            ("LlamaForCausalLM", "swish", true),
+            ("LlamaForCausalLM", "gelu", false),
+            ("Qwen2ForCausalLM", "gelu_new", false),
+            ("MixtralForCausalLM", "relu", false),
+        ] {
+            let mut v = smollm2();
+            (v["architectures"], v["hidden_act"]) = (json!([architecture]), json!(act));
+            match DecoderConfig::from_hf_json(&v) {
+                Ok(_) => assert!(ok, "{architecture} with {act} was accepted"),
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(!ok, "{architecture} with {act}: {e}");
+                    assert!(e.contains("hidden_act") && e.contains(act) && e.contains("silu, swish"), "{e}");
+                }
+            }
+        }
     }
 
     #[test]
