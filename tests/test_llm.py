@@ -256,6 +256,15 @@ def test_suffix_decoding_accepts_more_each_time_a_request_is_repeated(default_mo
     assert rates[0] < rates[1], rates
     assert rates[2] > 0.8, rates
     assert runs[2].metrics is not None and runs[2].metrics.acceptance_length > 4.0, runs[2].metrics
+    # reset_suffix_cache forgets the earlier answers: the next repeat drafts as the first did.
+    assert llm.reset_suffix_cache() == 3
+    assert llm.reset_suffix_cache() == 0, "nothing left to forget"
+    cold = llm.chat(prompt, GREEDY)[0]
+    assert cold.token_ids == runs[0].token_ids and cold.metrics is not None and runs[0].metrics is not None
+    assert (cold.metrics.num_draft_tokens, cold.metrics.num_accepted_tokens) == (
+        runs[0].metrics.num_draft_tokens,
+        runs[0].metrics.num_accepted_tokens,
+    )
     # Without the shared tree, a repeat drafts only from its own text, as the first run did.
     alone = make_llm(
         SpeculativeConfig(

@@ -1158,6 +1158,28 @@ def test_a_repeated_prompt_reports_cached_tokens_until_the_prefix_cache_is_reset
     status, body = server.post_json("/reset_prefix_cache", {})
     assert status == 200 and body["status"] == "ok" and body["forgotten_blocks"] > 0
     assert ask().usage.prompt_tokens_details.cached_tokens == 0
+    status, body = server.post_json("/reset_suffix_cache", {})
+    assert (status, body) == (200, {"status": "ok", "forgotten_outputs": 0}), "n-gram keeps no outputs"
+
+
+def test_reset_suffix_cache_makes_a_repeated_request_draft_as_the_first_time(
+    serve: Callable[..., Server], default_model_path: str
+) -> None:
+    suffix = serve("--speculative-method", "suffix", "--num-speculative-tokens", "16", *SMALL_ENGINE_ARGS)
+    prompt = "List the colours of the rainbow, one per line:"
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+
+    def accepted() -> float:
+        status, out = suffix.post_json("/v1/completions", body, timeout=60)
+        assert status == 200, out
+        return suffix.metrics()["specrs_spec_decode_num_accepted_tokens_total"]
+
+    first = accepted()
+    repeat = accepted() - first
+    assert repeat >= 16, f"the repeat is drafted from the first answer ({repeat} accepted)"
+    status, reset = suffix.post_json("/reset_suffix_cache", {})
+    assert (status, reset) == (200, {"status": "ok", "forgotten_outputs": 2})
+    assert accepted() - first - repeat == first, "after the reset the request drafts as the first time"
 
 
 # --- overload --------------------------------------------------------------------------------

@@ -778,6 +778,14 @@ class LLM:
         self.pipeline.reset_prefix_cache()
         return True
 
+    def reset_suffix_cache(self) -> int:
+        """Forgets the outputs of finished requests that suffix decoding drafts from (the
+        shared tree of ``suffix_decoding_max_cached_requests`` outputs): a request asked again
+        is drafted as the first time. Running requests keep theirs. Returns how many outputs
+        went (0 without suffix decoding)."""
+        forgotten: int = self.pipeline.reset_suffix_cache()
+        return forgotten
+
     def metrics_text(self) -> str:
         """The engine's Prometheus metrics."""
         text: str = self.pipeline.metrics_text()

@@ -709,6 +709,13 @@ impl Engine {
         cached
     }
 
+    /// Forgets the outputs of finished requests that suffix decoding drafts from (its shared
+    /// tree), e.g. to measure first-time requests after repeated ones; running requests keep
+    /// theirs. Returns how many outputs went (0 without suffix decoding).
+    pub fn reset_suffix_cache(&mut self) -> usize {
+        self.proposer.as_mut().map_or(0, |p| p.forget_cached_outputs())
+    }
+
     /// Blocks holding cached prefixes (in use or parked).
     pub fn num_cached_blocks(&self) -> usize {
         self.scheduler.kv().num_cached_blocks()

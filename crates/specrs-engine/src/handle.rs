@@ -50,6 +50,8 @@ enum Command {
     KvStats(oneshot::Sender<(usize, usize)>),
     /// Forget every cached prefix; replies with how many blocks were cached.
     ResetPrefixCache(oneshot::Sender<usize>),
+    /// Forget suffix decoding's finished outputs; replies with how many went.
+    ResetSuffixCache(oneshot::Sender<usize>),
     /// Blocks holding cached prefixes.
     CachedBlocks(oneshot::Sender<usize>),
 }
@@ -318,6 +320,13 @@ impl EngineHandle {
         Ok(self.ask_every_replica(Command::ResetPrefixCache)?.into_iter().sum())
     }
 
+    /// Forgets the finished requests' outputs suffix decoding drafts from, on every replica
+    /// ([`Engine::reset_suffix_cache`]): a request asked again is drafted as the first time.
+    /// Returns how many outputs went, over all replicas.
+    pub fn reset_suffix_cache(&self) -> Result<usize> {
+        Ok(self.ask_every_replica(Command::ResetSuffixCache)?.into_iter().sum())
+    }
+
     /// Blocks holding cached prefixes (in use or parked), over all replicas.
     pub fn num_cached_blocks(&self) -> Result<usize> {
         Ok(self.ask_every_replica(Command::CachedBlocks)?.into_iter().sum())
@@ -550,6 +559,9 @@ fn handle(engine: &mut Engine, cmd: Command, shutdown: &mut Option<Instant>) {
         }
         Command::ResetPrefixCache(reply) => {
             let _ = reply.send(engine.reset_prefix_cache());
+        }
+        Command::ResetSuffixCache(reply) => {
+            let _ = reply.send(engine.reset_suffix_cache());
         }
         Command::CachedBlocks(reply) => {
             let _ = reply.send(engine.num_cached_blocks());

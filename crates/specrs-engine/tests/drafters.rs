@@ -210,8 +210,8 @@ fn random_drafters_never_change_greedy_output_in_batches() {
 
 /// Suffix decoding on the bigram target, asked for less than its 47-token cycle so that no
 /// answer repeats itself: a request asked again is drafted from the first answer, kept in the
-/// shared tree, and accepted everywhere; with `suffix_decoding_max_cached_requests = 0` the
-/// second answer gains nothing.
+/// shared tree, and accepted everywhere; after `reset_suffix_cache`, or with
+/// `suffix_decoding_max_cached_requests = 0`, a repeat gains nothing.
 #[test]
 fn suffix_decoding_drafts_a_repeated_request_from_the_earlier_answer() {
     let f = fixture();
@@ -228,9 +228,11 @@ fn suffix_decoding_drafts_a_repeated_request_from_the_earlier_answer() {
     };
     let cached = engine_with(&f.bigram, None, suffix(16), 8);
     let (first, second) = (ask(&cached), ask(&cached));
+    assert_eq!(cached.reset_suffix_cache().unwrap(), 2, "both answers were kept");
+    let after_reset = ask(&cached);
     let uncached = engine_with(&f.bigram, None, suffix(0), 8);
     let (alone, again) = (ask(&uncached), ask(&uncached));
-    for out in [&first, &second, &alone, &again] {
+    for out in [&first, &second, &after_reset, &alone, &again] {
         assert_eq!(out.token_ids, plain.token_ids, "suffix drafts never change the greedy output");
     }
     let distinct: std::collections::HashSet<u32> = plain.token_ids.iter().copied().collect();
@@ -241,6 +243,11 @@ fn suffix_decoding_drafts_a_repeated_request_from_the_earlier_answer() {
     assert_eq!(second.num_accepted_tokens, second.num_draft_tokens, "its drafts are the first answer: {second:?}");
     assert!(second.acceptance_length > 4.0, "{second:?}");
     assert_eq!(
+        (after_reset.metrics.num_draft_tokens, after_reset.metrics.num_accepted_tokens),
+        (first.metrics.num_draft_tokens, 0),
+        "the reset forgot the earlier answers: the repeat drafts as the first time did"
+    );
+    assert_eq!(
         (again.metrics.num_draft_tokens, again.metrics.num_accepted_tokens),
         (alone.metrics.num_draft_tokens, alone.metrics.num_accepted_tokens),
         "without the shared tree a repeat drafts exactly as the first time"
@@ -250,7 +257,9 @@ fn suffix_decoding_drafts_a_repeated_request_from_the_earlier_answer() {
 /// Suffix decoding in front of a random EAGLE head (almost never accepted) on the bigram
 /// target: the first answer is drafted by the head, a repeat of the request copies the first
 /// answer once its match is long enough to score, as far as the trees reach (past K), and the
-/// output never changes (the head catches up on the copied positions).
+/// output never changes (the head catches up on the copied positions). `reset_suffix_cache`
+/// reaches the trees through the proposer wrappers: a repeat after it is drafted by the head
+/// again.
 #[test]
 fn suffix_decoding_in_front_of_a_draft_model_copies_a_repeated_answer() {
     let f = fixture();
@@ -265,14 +274,22 @@ fn suffix_decoding_in_front_of_a_draft_model_copies_a_repeated_answer() {
     };
     let h = engine_with(&f.bigram, Some(&head), speculative, 8);
     let (first, second) = (ask(&h), ask(&h));
-    assert_eq!(first.token_ids, plain.token_ids);
-    assert_eq!(second.token_ids, plain.token_ids);
-    let (first, second) = (&first.metrics, &second.metrics);
+    assert_eq!(h.reset_suffix_cache().unwrap(), 2);
+    let after_reset = ask(&h);
+    for out in [&first, &second, &after_reset] {
+        assert_eq!(out.token_ids, plain.token_ids);
+    }
+    let (first, second, after_reset) = (&first.metrics, &second.metrics, &after_reset.metrics);
     assert!(first.num_draft_tokens >= 20, "the head drafts the first answer: {first:?}");
     assert!(first.num_accepted_tokens * 4 < first.num_draft_tokens, "and is rarely right: {first:?}");
     assert!(second.num_accepted_tokens >= 20, "the repeat copies most of the first answer: {second:?}");
     assert!(second.accepted_per_position.len() >= 8, "copies run far past K = 2: {second:?}");
     assert!(second.acceptance_length > 3.0, "more than K = 2 drafts can give (3 tokens a step): {second:?}");
+    assert_eq!(
+        (after_reset.num_draft_tokens, &after_reset.accepted_per_position),
+        (first.num_draft_tokens, &first.accepted_per_position),
+        "after the reset the head drafts the repeat exactly as it drafted the first answer"
+    );
 }
 
 #[test]

@@ -178,6 +178,11 @@ impl PyPipeline {
         py.detach(|| self.handle.reset_prefix_cache()).map_err(engine_error)
     }
 
+    /// Forgets the finished outputs suffix decoding drafts from; returns how many went.
+    fn reset_suffix_cache(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.handle.reset_suffix_cache()).map_err(engine_error)
+    }
+
     /// Prometheus text of the engine's metrics.
     fn metrics_text(&self) -> String {
         self.handle.metrics().render_prometheus("specrs")

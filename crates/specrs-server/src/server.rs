@@ -90,6 +90,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(crate::tokenize::detokenize))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/reset_suffix_cache", post(reset_suffix_cache))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .route("/health", get(health))
@@ -147,6 +148,16 @@ async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Response {
     let handle = state.handle.clone();
     match tokio::task::spawn_blocking(move || handle.reset_prefix_cache()).await {
         Ok(Ok(blocks)) => axum::Json(json!({"status": "ok", "forgotten_blocks": blocks})).into_response(),
+        _ => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped").into_response(),
+    }
+}
+
+/// Forgets the finished requests' outputs suffix decoding drafts from, e.g. to benchmark
+/// first-time requests after repeated ones. Requests running keep theirs.
+async fn reset_suffix_cache(State(state): State<Arc<AppState>>) -> Response {
+    let handle = state.handle.clone();
+    match tokio::task::spawn_blocking(move || handle.reset_suffix_cache()).await {
+        Ok(Ok(outputs)) => axum::Json(json!({"status": "ok", "forgotten_outputs": outputs})).into_response(),
         _ => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped").into_response(),
     }
 }

@@ -126,6 +126,23 @@ impl SuffixCache {
         self.running.remove(&request);
     }
 
+    /// Forgets the outputs of every request that has finished (the engine's
+    /// `reset_suffix_cache`): later requests draft from their own text and from requests still
+    /// running, whose outputs stay. Returns how many outputs went.
+    pub fn forget_finished_outputs(&mut self) -> usize {
+        let before = self.cached.len();
+        let (running, outputs, is_cached) = (&self.running, &mut self.outputs, &mut self.is_cached);
+        self.cached.retain(|request| {
+            let keep = running.contains_key(request);
+            if !keep {
+                is_cached.remove(request);
+                outputs.remove(*request);
+            }
+            keep
+        });
+        before - self.cached.len()
+    }
+
     /// The draft for a running request whose committed tokens end with `context`, at most
     /// `max_tokens` long; empty for a request that is not running.
     pub fn speculate(&self, request: RequestKey, context: &[u32], max_tokens: usize) -> SuffixDraft {
@@ -202,6 +219,28 @@ mod tests {
         cache.start_request(2, &[0]);
         assert!(cache.speculate(2, &[5, 6], 1).tokens.is_empty());
         assert_eq!(cache.num_cached_tokens(), 0);
+    }
+
+    #[test]
+    fn forgetting_finished_outputs_keeps_those_of_running_requests() {
+        let mut cache = SuffixCache::new(config(4));
+        for request in [1u64, 2] {
+            cache.start_request(request, &[0]);
+            cache.add_output(request, &[5, 6, 7]);
+            cache.stop_request(request);
+        }
+        cache.start_request(3, &[0]);
+        cache.add_output(3, &[20, 21, 22]);
+        cache.start_request(4, &[0]);
+        assert_eq!(cache.speculate(4, &[5, 6], 1).tokens, vec![7], "finished outputs draft before");
+
+        assert_eq!(cache.forget_finished_outputs(), 2, "requests 1 and 2 had finished");
+        assert_eq!((cache.num_cached(), cache.num_cached_tokens()), (2, 3), "3's output and 4's empty slot");
+        assert!(cache.speculate(4, &[5, 6], 1).tokens.is_empty(), "finished outputs are gone");
+        assert_eq!(cache.speculate(4, &[20, 21], 1).tokens, vec![22], "a running request's output stays");
+        cache.add_output(3, &[23]);
+        assert_eq!(cache.speculate(4, &[21, 22], 1).tokens, vec![23], "and keeps growing");
+        assert_eq!(cache.forget_finished_outputs(), 0);
     }
 
     #[test]

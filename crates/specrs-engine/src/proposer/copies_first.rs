@@ -44,6 +44,11 @@ pub trait CopySource: Send {
 
     /// Forgets a sequence ([`Proposer::release`]).
     fn release(&mut self, _seq: SeqId) {}
+
+    /// Forgets what finished requests left behind ([`Proposer::forget_cached_outputs`]).
+    fn forget_cached_outputs(&mut self) -> usize {
+        0
+    }
 }
 
 /// The copies a guided row may verify: those its guide allows in turn, up to and including
@@ -163,6 +168,10 @@ impl<S: CopySource> Proposer for CopiesFirst<S> {
     fn release(&mut self, seq: SeqId) {
         self.source.release(seq);
         self.model.release(seq);
+    }
+
+    fn forget_cached_outputs(&mut self) -> usize {
+        self.source.forget_cached_outputs() + self.model.forget_cached_outputs()
     }
 
     fn kv_final_len(&self, seq: SeqId, computed: usize) -> usize {

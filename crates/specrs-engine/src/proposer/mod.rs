@@ -235,6 +235,12 @@ pub trait Proposer: Send {
     /// Forgets a sequence (finished, cancelled or preempted).
     fn release(&mut self, _seq: SeqId) {}
 
+    /// Forgets what the drafter keeps from finished requests (suffix decoding's shared tree
+    /// of outputs). Returns how many requests' outputs went.
+    fn forget_cached_outputs(&mut self) -> usize {
+        0
+    }
+
     /// How many leading positions of `seq` hold final drafter KV, given that the target has
     /// computed `computed`: the prefix cache shares only blocks final in both. A drafter with
     /// no KV, or one that writes every committed position each step, has all of them.

@@ -51,6 +51,11 @@ impl SuffixRows {
         self.cache.speculate(row.seq, row.tokens, max_tokens)
     }
 
+    /// Forgets finished requests' outputs ([`SuffixCache::forget_finished_outputs`]).
+    pub fn forget_finished_outputs(&mut self) -> usize {
+        self.cache.forget_finished_outputs()
+    }
+
     /// The sequence's own tree goes; its output stays cached for later requests. A preempted
     /// sequence that returns starts over (its cached output is replaced).
     pub fn release(&mut self, seq: SeqId) {
@@ -98,6 +103,10 @@ impl Proposer for SuffixProposer {
 
     fn release(&mut self, seq: SeqId) {
         self.rows.release(seq);
+    }
+
+    fn forget_cached_outputs(&mut self) -> usize {
+        self.rows.forget_finished_outputs()
     }
 }
 
@@ -164,6 +173,21 @@ pub(crate) mod tests {
         assert_eq!(propose(&mut p, &[row(2, &second, 3, &params)]), vec![vec![42, 43]]);
         let later = [1, 2, 3, 40, 41, 42, 43, 44];
         assert_eq!(propose(&mut p, &[row(2, &later, 3, &params)]), vec![vec![45, 46, 47]]);
+    }
+
+    #[test]
+    fn forgetting_cached_outputs_drops_finished_answers_but_not_running_ones() {
+        let params = SamplingParams::default();
+        let mut p = proposer();
+        let done = [1, 2, 3, 40, 41, 42, 43];
+        propose(&mut p, &[row(1, &done, 3, &params)]);
+        p.release(1);
+        let running = [9, 60, 61, 62, 63];
+        propose(&mut p, &[row(2, &running, 1, &params)]);
+
+        assert_eq!(p.forget_cached_outputs(), 1, "request 1 had finished; request 2 runs on");
+        assert_eq!(propose(&mut p, &[row(3, &[5, 40, 41], 1, &params)]), vec![Vec::<u32>::new()], "1's answer is gone");
+        assert_eq!(propose(&mut p, &[row(4, &[5, 60, 61], 1, &params)]), vec![vec![62, 63]], "2's stays");
     }
 
     #[test]

@@ -59,6 +59,10 @@ impl CopySource for SuffixLookup {
     fn release(&mut self, seq: SeqId) {
         self.rows.release(seq);
     }
+
+    fn forget_cached_outputs(&mut self) -> usize {
+        self.rows.forget_finished_outputs()
+    }
 }
 
 pub type SuffixFirstProposer = CopiesFirst<SuffixLookup>;
