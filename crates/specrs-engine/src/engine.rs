@@ -558,7 +558,7 @@ impl Engine {
             Prompt::Text(text) => self.tokenizer.encode(&text, true)?,
             Prompt::Chat(conversation) => {
                 let text = self.tokenizer.render_conversation(&conversation)?;
-                self.tokenizer.encode(&text, true)?
+                self.tokenizer.encode_chat(&text)?
             }
         };
         if let Some(keep) = params.truncate_prompt_tokens

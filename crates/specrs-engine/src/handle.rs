@@ -456,7 +456,7 @@ impl Preparation {
             Prompt::Text(text) => Prompt::Tokens(self.tokenizer.encode(&text, true)?),
             Prompt::Chat(conversation) => {
                 let text = self.tokenizer.render_conversation(&conversation)?;
-                Prompt::Tokens(self.tokenizer.encode(&text, true)?)
+                Prompt::Tokens(self.tokenizer.encode_chat(&text)?)
             }
             tokens @ Prompt::Tokens(_) => tokens,
         };

@@ -557,17 +557,34 @@ impl TextTokenizer {
     }
 
     /// Encodes text. Special tokens written in the text (e.g. `<|im_start|>`) are recognised;
-    /// `add_bos` prepends the BOS token when the model wants one.
-    pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
-        let enc = self.tokenizer.encode(text, false).map_err(|e| tok_err("encoding", e))?;
+    /// `add_special_tokens` adds what transformers' `tokenizer(text)` adds: an HF tokenizer's
+    /// post-processor (Llama 3's `<|begin_of_text|>`, Gemma's `<bos>`), or the BOS a GGUF
+    /// vocabulary's `add_bos_token` asks for (as llama.cpp adds it).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self.tokenizer.encode(text, add_special_tokens).map_err(|e| tok_err("encoding", e))?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
-        if add_bos
+        if add_special_tokens
             && self.add_bos_token
             && let Some(bos) = self.bos_token_id
         {
             ids.push(bos);
         }
         ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Encodes a rendered chat prompt. The template writes the special tokens it wants
+    /// (transformers' `apply_chat_template` and vLLM's chat encode with
+    /// `add_special_tokens=False`); only a GGUF vocabulary whose `add_bos_token` asks for a BOS
+    /// the template did not write gets one, as llama.cpp's chat does. Never a second BOS.
+    pub fn encode_chat(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(text, false)?;
+        if self.add_bos_token
+            && let Some(bos) = self.bos_token_id
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
+        }
         Ok(ids)
     }
 
@@ -748,6 +765,28 @@ mod tests {
             words("deepseek-v3", "Hello 2024年の東京 a+b!\n\nOK"),
             ["Hello", "Ġ", "202", "4", "å¹´ãģ®æĿ±äº¬", "Ġa", "+b", "!ĊĊ", "OK"]
         );
+    }
+
+    #[test]
+    fn text_prompts_get_the_hf_post_processors_bos_and_chat_prompts_only_the_templates() {
+        // Llama 3's tokenizer.json adds `<|begin_of_text|>` in its post-processor, which
+        // transformers' `tokenizer(text)` runs and `apply_chat_template` does not.
+        let dir = tempfile::tempdir().unwrap();
+        let words = ["<s>", "hello", "world"].map(String::from);
+        specrs_models::testing::write_word_tokenizer(dir.path(), words).unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}
+        });
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tok = TextTokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.encode("hello world", true).unwrap(), [0, 1, 2], "a text prompt gets the BOS");
+        assert_eq!(tok.encode("hello world", false).unwrap(), [1, 2]);
+        assert_eq!(tok.encode_chat("hello world").unwrap(), [1, 2], "a chat prompt is the template's alone");
     }
 
     #[test]

@@ -125,6 +125,19 @@ fn phi3_special_tokens_eat_the_whitespace_after_them_and_llama_2_ones_do_not() {
 }
 
 #[test]
+fn a_chat_prompt_gets_one_bos_whether_or_not_its_template_wrote_it() {
+    // Llama 2's vocabulary sets `add_bos_token` (the BPE fixtures here predate the key).
+    let (tok, _) = vocab("llama-spm");
+    let bos = tok.bos_token_id().unwrap();
+    let bos_text = tok.decode(&[bos], false).unwrap();
+    let text = tok.encode("Hello", false).unwrap();
+    assert_eq!(tok.encode("Hello", true).unwrap(), [&[bos][..], &text].concat(), "a text prompt gets the BOS");
+    let templated = tok.encode_chat(&format!("{bos_text}Hello")).unwrap();
+    assert_eq!(templated, [&[bos][..], &text].concat(), "the template's BOS, and no second");
+    assert_eq!(tok.encode_chat("Hello").unwrap(), templated, "a BOS the template did not write");
+}
+
+#[test]
 fn command_r_vocabulary_tokenizes_like_hugging_face() {
     check("command-r");
 }

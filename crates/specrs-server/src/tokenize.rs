@@ -71,7 +71,12 @@ pub async fn tokenize(
             let text = tokenizer
                 .render_conversation(&conversation)
                 .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
-            tokenizer.encode(&text, req.add_special_tokens.unwrap_or(false)).map_err(engine_error)?
+            // Unset, the tokens a chat request with these messages feeds the model.
+            match req.add_special_tokens {
+                None => tokenizer.encode_chat(&text),
+                Some(add) => tokenizer.encode(&text, add),
+            }
+            .map_err(engine_error)?
         }
         _ => return Err(ApiError::bad_request("send exactly one of 'prompt' and 'messages'", None)),
     };

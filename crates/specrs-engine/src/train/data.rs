@@ -85,7 +85,7 @@ pub fn generate_samples(
         let outs = handle.generate(requests)?;
         for (p, out) in chunk.iter().zip(outs) {
             let text = handle.tokenizer().apply_chat_template(&[ChatMessage::new("user", p.as_str())], true)?;
-            let prompt_ids = handle.tokenizer().encode(&text, true)?;
+            let prompt_ids = handle.tokenizer().encode_chat(&text)?;
             let s = Sample { prompt: (*p).clone(), prompt_ids, response_ids: out.token_ids };
             writeln!(file, "{}", serde_json::to_string(&s).expect("samples serialise")).map_err(|e| io(path, e))?;
             samples.push(s);
