@@ -205,6 +205,32 @@ pub struct ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// Template instructions one render may run: real templates spend a few hundred a message,
+/// so this bounds a loop that never ends (a template from a request or a model repository)
+/// at well under a second, not a conversation's length.
+pub const RENDER_FUEL: u64 = 20_000_000;
+
+/// Bytes one render may write: far past any context's worth of text, far short of the
+/// memory a template that repeats its output could take.
+pub const MAX_RENDER_BYTES: usize = 64 << 20;
+
+/// The rendered prompt, refusing to grow past [`MAX_RENDER_BYTES`].
+struct BoundedText(Vec<u8>);
+
+impl std::io::Write for BoundedText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDER_BYTES {
+            return Err(std::io::Error::other("the rendered prompt passed its size limit"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn raise_exception(message: String) -> std::result::Result<JinjaValue, JinjaError> {
     Err(JinjaError::new(ErrorKind::InvalidOperation, message))
 }
@@ -273,6 +299,7 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(RENDER_FUEL));
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
@@ -291,25 +318,29 @@ impl ChatTemplate {
                 "chat_template_kwargs may not set '{reserved}': the request's own fields set it"
             )));
         }
-        template
-            .render(minijinja::context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => vars.bos_token,
-                eos_token => vars.eos_token,
-                tools => vars.tools.map_or(JinjaValue::from(()), JinjaValue::from_serialize),
-                ..JinjaValue::from_serialize(&extra)
-            })
-            .map_err(|e| {
-                if e.kind() == ErrorKind::InvalidOperation {
-                    EngineError::Request(format!(
-                        "the chat template rejected the messages: {}",
-                        e.detail().unwrap_or("")
-                    ))
-                } else {
-                    EngineError::Request(format!("rendering the chat template failed: {e}"))
-                }
-            })
+        let context = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => vars.bos_token,
+            eos_token => vars.eos_token,
+            tools => vars.tools.map_or(JinjaValue::from(()), JinjaValue::from_serialize),
+            ..JinjaValue::from_serialize(&extra)
+        };
+        let mut text = BoundedText(Vec::new());
+        template.render_captured_to(context, &mut text).map_err(|e| match e.kind() {
+            ErrorKind::InvalidOperation => {
+                EngineError::Request(format!("the chat template rejected the messages: {}", e.detail().unwrap_or("")))
+            }
+            ErrorKind::OutOfFuel => EngineError::Request(format!(
+                "the chat template ran past its budget of {RENDER_FUEL} instructions (a loop that does not end?)"
+            )),
+            ErrorKind::WriteFailure => EngineError::Request(format!(
+                "the chat template wrote more than {} MiB, past any context's worth of prompt",
+                MAX_RENDER_BYTES >> 20
+            )),
+            _ => EngineError::Request(format!("rendering the chat template failed: {e}")),
+        })?;
+        String::from_utf8(text.0).map_err(|_| EngineError::Request("the chat template wrote invalid UTF-8".into()))
     }
 }
 
@@ -329,6 +360,26 @@ mod tests {
         );
         let out = t.render(&[ChatMessage::new("user", "Hi")], false, TemplateVars::default()).unwrap();
         assert!(out.ends_with("Hi<|im_end|>\n"));
+    }
+
+    #[test]
+    fn a_template_that_loops_without_end_or_writes_without_bound_fails_fast() {
+        let hi = [ChatMessage::new("user", "hi")];
+        // 10^15 steps: runs out of instructions long before.
+        let endless = "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}\
+                       {% endfor %}{% endfor %}{% endfor %}";
+        let started = std::time::Instant::now();
+        let e = ChatTemplate::new(endless.into()).unwrap().render(&hi, true, TemplateVars::default()).unwrap_err();
+        assert!(e.to_string().contains("budget of 20000000 instructions"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "took {:?}", started.elapsed());
+        // 10 MB a line, 100 lines: a GB of prompt, cut at 64 MiB.
+        let flood = "{% set s = 'x' * 10000000 %}{% for i in range(100) %}{{ s }}{% endfor %}";
+        let e = ChatTemplate::new(flood.into()).unwrap().render(&hi, true, TemplateVars::default()).unwrap_err();
+        assert!(e.to_string().contains("more than 64 MiB"), "{e}");
+        // A long real conversation stays far inside both limits.
+        let long: Vec<ChatMessage> = (0..2000).map(|i| ChatMessage::new("user", &format!("message {i}"))).collect();
+        let text = ChatTemplate::new(CHATML.into()).unwrap().render(&long, true, TemplateVars::default()).unwrap();
+        assert!(text.contains("message 1999"));
     }
 
     #[test]
