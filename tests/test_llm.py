@@ -676,6 +676,23 @@ def test_a_list_of_sampling_params_gives_each_prompt_its_own(short_llm: LLM) -> 
         short_llm.generate([*prompts, "Hey"], [one, three])
     with pytest.raises(TypeError, match="sampling_params must be"):
         short_llm.generate(prompts, {"max_tokens": 3})  # type: ignore[arg-type]
+    # stream takes the same forms for its one prompt.
+    assert [t for d in short_llm.stream("Hello", [three]) for t in d.token_ids] == outs[1].token_ids
+    with pytest.raises(TypeError, match="sampling_params must be"):
+        next(iter(short_llm.stream("Hello", {"max_tokens": 3})))  # type: ignore[arg-type]
+
+
+def test_token_ids_outside_the_vocabulary_are_value_errors_naming_the_id(short_llm: LLM) -> None:
+    vocab_size = short_llm.info["vocab_size"]
+    assert short_llm.detokenize(short_llm.tokenize("Hello there")) == "Hello there"
+    for ids, shown in [([10**6], "token_ids[0] = 1000000"), ([1, -1], "token_ids[1] = -1"), ([vocab_size], "")]:
+        with pytest.raises(ValueError, match="is not a token id of this model") as excinfo:
+            short_llm.detokenize(ids)
+        assert shown in str(excinfo.value) and str(vocab_size - 1) in str(excinfo.value)
+    with pytest.raises(ValueError, match="non-negative, got -3"):
+        short_llm.generate([5, -3])
+    with pytest.raises(ValueError, match="non-negative"):
+        short_llm.generate({"prompt_token_ids": [-1]})
 
 
 def test_outputs_reads_the_completion_the_way_vllm_does(short_llm: LLM) -> None:

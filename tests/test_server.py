@@ -585,6 +585,17 @@ def test_retrieve_model_returns_the_listed_object_or_model_not_found(client: ope
         client.models.retrieve("gpt-5")
 
 
+def test_a_requests_own_chat_template_is_refused_unless_the_server_trusts_them(server: Server) -> None:
+    template = {"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}
+    for path, body in [
+        (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 2, **template}),
+        ("/tokenize", {"model": MODEL, "messages": HI, **template}),
+    ]:
+        status, _, raw = server.request("POST", path, body)
+        err = assert_openai_error(raw, 400, "chat_template", None)
+        assert "--trust-request-chat-template" in err["message"], err
+
+
 def test_tokenize_and_detokenize_use_the_served_tokenizer_and_chat_template(
     server: Server, ngram_llm: LLM
 ) -> None:
@@ -680,6 +691,8 @@ BAD_REQUESTS = [
     ("n-past-max-num-seqs", CHAT, chat(n=100_000), 400, "n", None),
     ("best-of-below-n", COMPLETIONS, cmpl(n=2, best_of=1), 400, "best_of", None),
     ("best-of-above-n", COMPLETIONS, cmpl(best_of=3), 400, "best_of", None),
+    ("beam-search", COMPLETIONS, cmpl(use_beam_search=True), 400, "use_beam_search", None),
+    ("reasoning-effort-unknown", CHAT, chat(reasoning_effort="max"), 400, "reasoning_effort", None),
     ("top-logprobs-50", CHAT, chat(logprobs=True, top_logprobs=50), 400, "top_logprobs", None),
     ("max-tokens-0", CHAT, chat(max_tokens=0), 400, "max_tokens", None),
     ("max-completion-tokens-0", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens", None),
@@ -899,6 +912,19 @@ def test_prompt_longer_than_the_context_is_context_length_exceeded(
         assert "128" in err["message"]
     status, _, raw = short.request("POST", COMPLETIONS, {"model": MODEL, "prompt": "Hello", "max_tokens": 2})
     assert status == 200, raw
+    # A prompt that fits but a max_tokens past the room it leaves is refused, as vLLM's server
+    # does, rather than cut short; unset, max_tokens runs to the end of the context.
+    for path, body in [
+        (COMPLETIONS, {"model": MODEL, "prompt": "Hello", "max_tokens": 200}),
+        (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 200}),
+        (CHAT, {"model": MODEL, "messages": HI, "max_completion_tokens": 128}),
+    ]:
+        status, _, raw = short.request("POST", path, body)
+        err = assert_openai_error(raw, 400, "max_tokens", "context_length_exceeded")
+        assert "128" in err["message"] and "lower max_tokens" in err["message"], err
+    status, out = short.post_json(CHAT, {"model": MODEL, "messages": HI, "temperature": 0, "ignore_eos": True})
+    assert status == 200 and out["choices"][0]["finish_reason"] == "length", out
+    assert out["usage"]["total_tokens"] == 128, out["usage"]
 
 
 # --- API key ---------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def called_and_answered(city: str, result: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def server(serve: Callable[..., Server], template_file: Path) -> Server:
     """The `ngram_llm` pipeline, with the tools template and `"auto"` read as Hermes calls."""
-    return tool_server(serve, template_file, "hermes", *SPEC_ARGS)
+    return tool_server(serve, template_file, "hermes", *SPEC_ARGS, "--trust-request-chat-template")
 
 
 @pytest.fixture(scope="module")

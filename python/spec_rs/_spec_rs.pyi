@@ -173,6 +173,7 @@ class Pipeline:
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
         exclude_tools_when_tool_choice_none: bool = False,
+        trust_request_chat_template: bool = False,
     ) -> None: ...
 
 @final

@@ -474,11 +474,19 @@ def _is_token_ids(value: Any) -> bool:
     )
 
 
+def _token_ids(ids: Sequence[int]) -> list[int]:
+    """Prompt token ids as the engine takes them; it checks them against the vocabulary."""
+    negative = next((t for t in ids if t < 0), None)
+    if negative is not None:
+        raise ValueError(f"prompt token ids must be non-negative, got {negative}")
+    return [int(t) for t in ids]
+
+
 def _prompt_json(prompt: Any) -> dict[str, Any]:
     if isinstance(prompt, str):
         return {"text": prompt}
     if _is_token_ids(prompt):
-        return {"tokens": [int(t) for t in prompt]}
+        return {"tokens": _token_ids(prompt)}
     # vLLM's TextPrompt / TokensPrompt dicts.
     if isinstance(prompt, dict) and set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
         return {"text": prompt["prompt"]}
@@ -487,7 +495,7 @@ def _prompt_json(prompt: Any) -> dict[str, Any]:
         and set(prompt) == {"prompt_token_ids"}
         and _is_token_ids(prompt["prompt_token_ids"])
     ):
-        return {"tokens": [int(t) for t in prompt["prompt_token_ids"]]}
+        return {"tokens": _token_ids(prompt["prompt_token_ids"])}
     raise TypeError(
         "a prompt must be a string, a list of token ids (ints), or vLLM's {'prompt': str} or "
         f"{{'prompt_token_ids': [int]}}, got {type(prompt).__name__}: {prompt!r:.80}"
@@ -707,7 +715,7 @@ class LLM:
     def stream(
         self,
         prompt: Prompt | Sequence[Message],
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         trace: bool = False,
         add_generation_prompt: bool = True,
@@ -732,9 +740,8 @@ class LLM:
                     add_generation_prompt, continue_final_message, tools, chat_template, chat_template_kwargs
                 ),
             }
-        request = json.dumps(
-            {"prompt": p, "params": (sampling_params or SamplingParams()).model_dump(), "trace": trace}
-        )
+        (params,) = _params_per_prompt(sampling_params, 1)
+        request = json.dumps({"prompt": p, "params": params.model_dump(), "trace": trace})
         stream = self.pipeline.submit(request)
         try:
             for delta in stream:

@@ -584,6 +584,16 @@ impl Engine {
             )));
         }
         let room = self.max_model_len - tokens.len();
+        if params.max_tokens_must_fit
+            && let Some(max_tokens) = params.max_tokens.filter(|&m| m > room)
+        {
+            return Err(EngineError::Request(format!(
+                "max_tokens is {max_tokens}, but the model's context holds {} tokens and the prompt takes {}, \
+                 leaving {room}; lower max_tokens (or leave it unset to run to the end of the context)",
+                self.max_model_len,
+                tokens.len()
+            )));
+        }
         let max_tokens = params.max_tokens.map_or(room, |m| m.min(room));
         if max_tokens == 0 {
             return Err(EngineError::Request("max_tokens must be at least 1".into()));

@@ -194,9 +194,24 @@ impl PyPipeline {
         self.handle.tokenizer().encode(text, add_special_tokens).map_err(engine_error)
     }
 
+    /// The text of `token_ids`; an id outside the model's vocabulary is a `ValueError` (the
+    /// tokenizer would drop it without a word).
     #[pyo3(signature = (token_ids, skip_special_tokens=true))]
-    fn detokenize(&self, token_ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
-        self.handle.tokenizer().decode(&token_ids, skip_special_tokens).map_err(engine_error)
+    fn detokenize(&self, token_ids: Vec<i64>, skip_special_tokens: bool) -> PyResult<String> {
+        let vocab_size = self.handle.info().vocab_size;
+        let ids = token_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                u32::try_from(id).ok().filter(|&id| (id as usize) < vocab_size).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "token_ids[{i}] = {id} is not a token id of this model (0 to {})",
+                        vocab_size - 1
+                    ))
+                })
+            })
+            .collect::<PyResult<Vec<u32>>>()?;
+        self.handle.tokenizer().decode(&ids, skip_special_tokens).map_err(engine_error)
     }
 
     /// Renders a conversation (the JSON of a request's `prompt`: `{"chat": [...], ...}`) with
@@ -212,8 +227,10 @@ impl PyPipeline {
     /// `tool_choice: "auto"` (the CLI's `--enable-auto-tool-choice --tool-call-parser`);
     /// `reasoning_parser` splits thinking into `reasoning_content` (`--reasoning-parser`);
     /// `exclude_tools_when_tool_choice_none` leaves tools out of the prompt of a request whose
-    /// `tool_choice` is `"none"` (`--exclude-tools-when-tool-choice-none`).
-    #[pyo3(signature = (host="127.0.0.1", port=8000, served_model_name=None, api_key=None, max_pending=256, shutdown_timeout=10.0, chat_template=None, tool_call_parser=None, reasoning_parser=None, exclude_tools_when_tool_choice_none=false))]
+    /// `tool_choice` is `"none"` (`--exclude-tools-when-tool-choice-none`);
+    /// `trust_request_chat_template` renders a `chat_template` a request sends
+    /// (`--trust-request-chat-template`).
+    #[pyo3(signature = (host="127.0.0.1", port=8000, served_model_name=None, api_key=None, max_pending=256, shutdown_timeout=10.0, chat_template=None, tool_call_parser=None, reasoning_parser=None, exclude_tools_when_tool_choice_none=false, trust_request_chat_template=false))]
     #[allow(clippy::too_many_arguments)]
     fn serve(
         &self,
@@ -228,6 +245,7 @@ impl PyPipeline {
         tool_call_parser: Option<String>,
         reasoning_parser: Option<String>,
         exclude_tools_when_tool_choice_none: bool,
+        trust_request_chat_template: bool,
     ) -> PyResult<()> {
         let invalid = |message: String| PyValueError::new_err(message);
         let args = specrs_server::cli::ServerArgs {
@@ -247,6 +265,7 @@ impl PyPipeline {
                 .map(|name| specrs_server::reasoning::ReasoningParser::parse(&name).map_err(invalid))
                 .transpose()?,
             exclude_tools_when_tool_choice_none,
+            trust_request_chat_template,
         };
         let name = self.info.model_path.display().to_string();
         py.detach(|| specrs_server::serve_blocking(self.handle.clone(), &name, &args))

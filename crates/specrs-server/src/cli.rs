@@ -77,6 +77,9 @@ pub struct ServerArgs {
     /// Requests with `tool_choice: "none"` render no tools into the prompt
     /// (`--exclude-tools-when-tool-choice-none`).
     pub exclude_tools_when_tool_choice_none: bool,
+    /// Render a `chat_template` a request sends (`--trust-request-chat-template`); refused by
+    /// default, as in vLLM: a template is code the server runs.
+    pub trust_request_chat_template: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -302,6 +305,12 @@ pub fn command() -> Command {
                         .action(ArgAction::SetTrue)
                         .help("Leave a request's tools out of its prompt when its tool_choice is 'none' (by default the template still sees them)"),
                 )
+                .arg(
+                    Arg::new("trust-request-chat-template")
+                        .long("trust-request-chat-template")
+                        .action(ArgAction::SetTrue)
+                        .help("Render a chat_template a request sends (refused by default: a template is code the server runs)"),
+                )
                 .arg(Arg::new("reasoning-parser").long("reasoning-parser").value_parser(ReasoningParser::NAMES).help(
                     "Split a reasoning model's thinking into reasoning_content: deepseek_r1 / minimax_m2 (up to </think>), qwen3 (a <think> block the output opens with), openai_gptoss (gpt-oss's analysis channel) or seed_oss (up to </seed:think>)",
                 ))
@@ -525,6 +534,7 @@ where
                         .transpose()
                         .map_err(CliError::Invalid)?,
                     exclude_tools_when_tool_choice_none: m.get_flag("exclude-tools-when-tool-choice-none"),
+                    trust_request_chat_template: m.get_flag("trust-request-chat-template"),
                 },
             })
         }
@@ -688,6 +698,8 @@ mod tests {
         assert!(server_args(&["--tool-call-parser", "no_such_parser"]).is_err(), "not a parser spec-rs has");
         assert!(!both.exclude_tools_when_tool_choice_none, "vLLM's default: the tools are rendered");
         assert!(server_args(&["--exclude-tools-when-tool-choice-none"]).unwrap().exclude_tools_when_tool_choice_none);
+        assert!(!both.trust_request_chat_template, "vLLM's default: request templates are refused");
+        assert!(server_args(&["--trust-request-chat-template"]).unwrap().trust_request_chat_template);
 
         let inline = "{% for m in messages %}{{ m.content }}{% endfor %}";
         assert_eq!(server_args(&["--chat-template", inline]).unwrap().chat_template.as_deref(), Some(inline));

@@ -50,10 +50,14 @@ impl ApiError {
     pub fn from_engine(e: EngineError, prompt_field: &str) -> Self {
         match e {
             EngineError::Config(c) => Self::bad_request(c.message, c.field.as_deref()),
+            EngineError::Request(m) if m.contains("max_tokens") => {
+                let code = m.contains("context").then_some("context_length_exceeded");
+                let e = Self::bad_request(m, Some("max_tokens"));
+                if let Some(code) = code { e.with_code(code) } else { e }
+            }
             EngineError::Request(m) if m.contains("context") && m.contains("prompt") => {
                 Self::bad_request(m, Some(prompt_field)).with_code("context_length_exceeded")
             }
-            EngineError::Request(m) if m.contains("max_tokens") => Self::bad_request(m, Some("max_tokens")),
             EngineError::Request(m) | EngineError::Tokenizer(m) => Self::bad_request(m, Some(prompt_field)),
             EngineError::Shutdown => Self::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"),
             other => Self::status(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),

@@ -87,6 +87,7 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
         auto_tool_parser: args.auto_tool_parser,
         reasoning_parser: args.reasoning_parser,
         exclude_tools_when_tool_choice_none: args.exclude_tools_when_tool_choice_none,
+        trust_request_chat_template: args.trust_request_chat_template,
         responses: Default::default(),
     });
     let addr = format!("{}:{}", args.host, args.port);

@@ -76,6 +76,8 @@ pub struct SamplingFields {
     pub stop_token_ids: Option<Vec<u32>>,
     pub n: Option<usize>,
     pub best_of: Option<usize>,
+    /// vLLM's beam search: refused when true (sampling would answer it silently otherwise).
+    pub use_beam_search: Option<bool>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub response_format: Option<Value>,
@@ -146,6 +148,9 @@ pub struct ChatCompletionRequest {
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// vLLM: send the reasoning a reasoning parser splits off (the default), or drop it.
     pub include_reasoning: Option<bool>,
+    /// OpenAI: how hard a reasoning model thinks; the template's `reasoning_effort` (gpt-oss
+    /// writes it in its system message), as the Responses API's `reasoning.effort`.
+    pub reasoning_effort: Option<Value>,
     /// OpenAI's deprecated function calling (refused, naming `tools` instead).
     pub functions: Option<Value>,
     pub function_call: Option<Value>,

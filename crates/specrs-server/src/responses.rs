@@ -161,21 +161,21 @@ impl ResponsesRequest {
         let Some(reasoning) = reasoning.as_object() else {
             return Err(bad("reasoning must be an object: {\"effort\": \"low\" | \"medium\" | \"high\"}", "reasoning"));
         };
-        match reasoning.get("effort") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(effort))
-                if ["none", "minimal", "low", "medium", "high", "xhigh"].contains(&effort.as_str()) =>
-            {
-                kwargs.insert("reasoning_effort".into(), json!(effort));
-            }
-            Some(other) => {
-                return Err(bad(
-                    format!("reasoning.effort must be one of none, minimal, low, medium, high, xhigh; got {other}"),
-                    "reasoning.effort",
-                ));
-            }
+        if let Some(effort) = reasoning_effort(reasoning.get("effort"), "reasoning.effort")? {
+            kwargs.insert("reasoning_effort".into(), json!(effort));
         }
         Ok(kwargs)
+    }
+}
+
+/// OpenAI's reasoning effort (`reasoning.effort` here, chat's `reasoning_effort`), checked;
+/// `None` when unset.
+pub(crate) fn reasoning_effort<'a>(value: Option<&'a Value>, field: &str) -> Result<Option<&'a str>, ApiError> {
+    const EFFORTS: [&str; 6] = ["none", "minimal", "low", "medium", "high", "xhigh"];
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(effort)) if EFFORTS.contains(&effort.as_str()) => Ok(Some(effort)),
+        Some(other) => Err(bad(format!("{field} must be one of {}; got {other}", EFFORTS.join(", ")), field)),
     }
 }
 

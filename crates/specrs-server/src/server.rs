@@ -64,6 +64,8 @@ pub struct AppState {
     pub reasoning_parser: Option<ReasoningParser>,
     /// Requests with `tool_choice: "none"` render no tools (`--exclude-tools-when-tool-choice-none`).
     pub exclude_tools_when_tool_choice_none: bool,
+    /// Requests may send their own `chat_template` (`--trust-request-chat-template`).
+    pub trust_request_chat_template: bool,
     /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
     pub responses: ResponseStore,
 }
@@ -248,6 +250,13 @@ pub(crate) fn sampling_params(
             Some("n"),
         ));
     }
+    if f.use_beam_search == Some(true) {
+        return Err(ApiError::bad_request(
+            "beam search is not supported; leave use_beam_search unset and sample (n choices, ranked by their \
+             logprobs, come closest)",
+            Some("use_beam_search"),
+        ));
+    }
     match f.best_of {
         Some(best_of) if best_of < n => {
             return Err(ApiError::bad_request(
@@ -334,6 +343,8 @@ pub(crate) fn sampling_params(
         frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
         presence_penalty: f.presence_penalty.unwrap_or(0.0),
         max_tokens,
+        // As vLLM's server: a max_tokens past the context is the client's error to know of.
+        max_tokens_must_fit: true,
         stop: f.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
         stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
         ignore_eos: f.ignore_eos.unwrap_or(false),
@@ -717,7 +728,7 @@ async fn chat_completions(
         params.skip_special_tokens = false;
     }
     let n = params.n;
-    check_template_fields(&req)?;
+    check_template_fields(&state, &req)?;
     let constrained = params.structured_outputs.is_some();
     let include_reasoning = req.include_reasoning.unwrap_or(true);
     let conversation = Conversation {
@@ -728,7 +739,7 @@ async fn chat_completions(
             .filter(|t| !(state.exclude_tools_when_tool_choice_none && t.choice == ToolChoice::None))
             .map(|t| t.tools.clone()),
         chat_template: req.chat_template.clone().or_else(|| state.chat_template.clone()),
-        chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+        chat_template_kwargs: chat_template_kwargs(&req)?,
     };
     let reasoning = reasoning_for(&state, &conversation, constrained);
     let reader = || {
@@ -811,12 +822,25 @@ pub(crate) fn reasoning_for(
         .filter(|p| !constrained || p.splits_constrained_output(thinks_first))
 }
 
-/// A request's own chat template compiles, and its variables leave the renderer's alone (so
-/// either mistake is a 400 naming its field, not an error about the messages).
-fn check_template_fields(req: &ChatCompletionRequest) -> Result<(), ApiError> {
-    if let Some(source) = &req.chat_template {
-        ChatTemplate::new(source.clone()).map_err(|e| ApiError::bad_request(e.to_string(), Some("chat_template")))?;
+/// A request's own chat template is one the server was told to trust, and compiles.
+pub(crate) fn check_request_template(state: &AppState, template: Option<&String>) -> Result<(), ApiError> {
+    let Some(source) = template else { return Ok(()) };
+    if !state.trust_request_chat_template {
+        return Err(ApiError::bad_request(
+            "this server does not render chat templates sent with requests (a template is code it would run); \
+             start it with --trust-request-chat-template to allow them, or with --chat-template to serve one",
+            Some("chat_template"),
+        ));
     }
+    ChatTemplate::new(source.clone()).map_err(|e| ApiError::bad_request(e.to_string(), Some("chat_template")))?;
+    Ok(())
+}
+
+/// A request's own chat template is trusted and compiles, and its variables leave the
+/// renderer's alone (so either mistake is a 400 naming its field, not an error about the
+/// messages).
+fn check_template_fields(state: &AppState, req: &ChatCompletionRequest) -> Result<(), ApiError> {
+    check_request_template(state, req.chat_template.as_ref())?;
     let reserved =
         req.chat_template_kwargs.iter().flat_map(|k| k.keys()).find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str()));
     if let Some(key) = reserved {
@@ -826,6 +850,16 @@ fn check_template_fields(req: &ChatCompletionRequest) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// The request's template variables, with its `reasoning_effort` as the template's (a value
+/// `chat_template_kwargs` sets itself wins).
+fn chat_template_kwargs(req: &ChatCompletionRequest) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(effort) = crate::responses::reasoning_effort(req.reasoning_effort.as_ref(), "reasoning_effort")? {
+        kwargs.entry("reasoning_effort").or_insert_with(|| Value::from(effort));
+    }
+    Ok(kwargs)
 }
 
 /// What a chat stream's chunks carry besides the output.
@@ -1260,5 +1294,28 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(extra: Value) -> ChatCompletionRequest {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn reasoning_effort_reaches_the_template_unless_its_kwargs_set_it() {
+        let kwargs = chat_template_kwargs(&chat(json!({"reasoning_effort": "high"}))).unwrap();
+        assert_eq!(kwargs.get("reasoning_effort"), Some(&json!("high")));
+        let both = json!({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}});
+        assert_eq!(chat_template_kwargs(&chat(both)).unwrap().get("reasoning_effort"), Some(&json!("low")));
+        assert!(chat_template_kwargs(&chat(json!({}))).unwrap().is_empty());
+        let e = chat_template_kwargs(&chat(json!({"reasoning_effort": "max"}))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("reasoning_effort"));
+        assert!(e.message.contains("low, medium, high"), "{}", e.message);
     }
 }

@@ -13,7 +13,7 @@ use specrs_engine::{ChatEnding, Conversation};
 
 use crate::error::ApiError;
 use crate::openai::ChatMessageIn;
-use crate::server::{AppState, chat_messages, check_model, parse_plain_body};
+use crate::server::{AppState, chat_messages, check_model, check_request_template, parse_plain_body};
 
 /// A text prompt, or a conversation rendered with the chat template (the request's, the
 /// server's or the model's), its tools and template variables, as the chat endpoint renders
@@ -59,6 +59,7 @@ pub async fn tokenize(
             tokenizer.encode(prompt, req.add_special_tokens.unwrap_or(true)).map_err(engine_error)?
         }
         (None, Some(messages)) => {
+            check_request_template(&state, req.chat_template.as_ref())?;
             let ending = ChatEnding::from_flags(req.add_generation_prompt, req.continue_final_message)
                 .map_err(|message| ApiError::bad_request(message, Some("continue_final_message")))?;
             let conversation = Conversation {

@@ -51,6 +51,7 @@ fn serve(model: &Path, reasoning_parser: Option<ReasoningParser>) -> (tokio::run
         auto_tool_parser: None,
         reasoning_parser,
         exclude_tools_when_tool_choice_none: false,
+        trust_request_chat_template: false,
         responses: Default::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();

@@ -56,6 +56,10 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Stop after this many generated tokens; `None` runs to the context limit.
     pub max_tokens: Option<usize>,
+    /// Refuse a `max_tokens` the prompt leaves no room for in the context, rather than
+    /// shortening it to the room left (vLLM's OpenAI server refuses; its offline `LLM`, and
+    /// spec-rs's, shortens).
+    pub max_tokens_must_fit: bool,
     /// Stop when the detokenized output contains one of these strings.
     pub stop: Vec<String>,
     /// Stop after emitting one of these token ids (in addition to EOS).
@@ -110,6 +114,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             max_tokens: None,
+            max_tokens_must_fit: false,
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
