@@ -685,7 +685,8 @@ def test_a_list_of_sampling_params_gives_each_prompt_its_own(short_llm: LLM) -> 
 def test_token_ids_outside_the_vocabulary_are_value_errors_naming_the_id(short_llm: LLM) -> None:
     vocab_size = short_llm.info["vocab_size"]
     assert short_llm.detokenize(short_llm.tokenize("Hello there")) == "Hello there"
-    for ids, shown in [([10**6], "token_ids[0] = 1000000"), ([1, -1], "token_ids[1] = -1"), ([vocab_size], "")]:
+    cases = [([10**6], "token_ids[0] = 1000000"), ([1, -1], "token_ids[1] = -1"), ([vocab_size], "")]
+    for ids, shown in cases:
         with pytest.raises(ValueError, match="is not a token id of this model") as excinfo:
             short_llm.detokenize(ids)
         assert shown in str(excinfo.value) and str(vocab_size - 1) in str(excinfo.value)

@@ -592,6 +592,7 @@ def test_a_requests_own_chat_template_is_refused_unless_the_server_trusts_them(s
         ("/tokenize", {"model": MODEL, "messages": HI, **template}),
     ]:
         status, _, raw = server.request("POST", path, body)
+        assert status == 400, raw
         err = assert_openai_error(raw, 400, "chat_template", None)
         assert "--trust-request-chat-template" in err["message"], err
 
@@ -920,9 +921,11 @@ def test_prompt_longer_than_the_context_is_context_length_exceeded(
         (CHAT, {"model": MODEL, "messages": HI, "max_completion_tokens": 128}),
     ]:
         status, _, raw = short.request("POST", path, body)
+        assert status == 400, raw
         err = assert_openai_error(raw, 400, "max_tokens", "context_length_exceeded")
         assert "128" in err["message"] and "lower max_tokens" in err["message"], err
-    status, out = short.post_json(CHAT, {"model": MODEL, "messages": HI, "temperature": 0, "ignore_eos": True})
+    unbounded = {"model": MODEL, "messages": HI, "temperature": 0, "ignore_eos": True}
+    status, out = short.post_json(CHAT, unbounded)
     assert status == 200 and out["choices"][0]["finish_reason"] == "length", out
     assert out["usage"]["total_tokens"] == 128, out["usage"]
 

@@ -377,7 +377,7 @@ mod tests {
         let e = ChatTemplate::new(flood.into()).unwrap().render(&hi, true, TemplateVars::default()).unwrap_err();
         assert!(e.to_string().contains("more than 64 MiB"), "{e}");
         // A long real conversation stays far inside both limits.
-        let long: Vec<ChatMessage> = (0..2000).map(|i| ChatMessage::new("user", &format!("message {i}"))).collect();
+        let long: Vec<ChatMessage> = (0..2000).map(|i| ChatMessage::new("user", format!("message {i}"))).collect();
         let text = ChatTemplate::new(CHATML.into()).unwrap().render(&long, true, TemplateVars::default()).unwrap();
         assert!(text.contains("message 1999"));
     }
