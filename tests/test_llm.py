@@ -828,6 +828,28 @@ def test_allowed_token_ids_confine_the_output_and_stay_lossless_under_speculatio
     assert set(sampled.token_ids) <= set(allowed)
 
 
+def test_masks_that_leave_no_token_are_a_config_error_up_front_or_an_error_output_later(
+    plain_llm: LLM, ngram_llm: LLM
+) -> None:
+    (yes,) = plain_llm.tokenize("Yes", add_special_tokens=False)
+    choice = StructuredOutputsParams(choice=["Yes"])
+    # Only EOS allowed, and min_tokens holds it back: nothing could be generated first.
+    with pytest.raises(ConfigError, match="allowed_token_ids and min_tokens") as excinfo:
+        plain_llm.generate("Hi", SamplingParams(allowed_token_ids=[IM_END], min_tokens=2, max_tokens=4))
+    assert excinfo.value.field == "allowed_token_ids"
+    # "Yes" is allowed and starts the choice, which then needs EOS, which is not allowed: the
+    # request ends after "Yes" with the reason, and a request beside it is untouched.
+    dead_end = SamplingParams(
+        temperature=0.0, max_tokens=8, allowed_token_ids=[yes], structured_outputs=choice
+    )
+    free = SamplingParams(temperature=0.0, max_tokens=4)
+    for llm in (plain_llm, ngram_llm):
+        failed, fine = llm.generate(["Is Paris in France?", "Name a colour."], [dead_end, free])
+        assert failed.finish_reason == "error" and failed.token_ids == [yes]
+        assert failed.error is not None and "output token 1" in failed.error, failed.error
+        assert fine.finish_reason == "length" and fine.error is None
+
+
 def test_bad_words_never_appear_and_stay_lossless_under_speculation(plain_llm: LLM, ngram_llm: LLM) -> None:
     prompt = user(SPEC_PROMPTS[5])  # "List the numbers from 1 to 20, ...": the n-gram drafter hits
     greedy = SamplingParams(temperature=0.0, max_tokens=40)

@@ -817,6 +817,22 @@ BAD_REQUESTS = [
     ("allowed-token-ids-empty", CHAT, chat(allowed_token_ids=[]), 400, "allowed_token_ids", None),
     ("bad-words-blank", CHAT, chat(bad_words=["  "]), 400, "bad_words", None),
     (
+        "allowed-token-ids-the-choice-cannot-start-with",
+        CHAT,
+        chat(allowed_token_ids=[2], structured_outputs={"choice": ["Yes"]}),
+        400,
+        "allowed_token_ids",
+        None,
+    ),
+    (
+        "allowed-token-ids-only-eos-under-min-tokens",
+        COMPLETIONS,
+        cmpl(allowed_token_ids=[2], min_tokens=3),
+        400,
+        "allowed_token_ids",
+        None,
+    ),
+    (
         "allowed-token-ids-outside-vocab",
         CHAT,
         chat(allowed_token_ids=[1 << 30]),
@@ -888,6 +904,37 @@ def test_unknown_endpoint_is_a_404_openai_error(server: Server) -> None:
     status, _, raw = server.request("GET", "/v1/embeddings")
     assert status == 404
     assert_openai_error(raw, 404, None, None)
+
+
+def test_masks_that_leave_no_token_mid_output_end_the_request_with_a_client_error(server: Server) -> None:
+    status, tokenized = server.post_json(
+        "/tokenize", {"model": MODEL, "prompt": "Yes", "add_special_tokens": False}
+    )
+    assert status == 200 and tokenized["count"] == 1, tokenized
+    # "Yes" is allowed and starts the choice; after it the choice needs EOS, which the request
+    # does not allow: a 400 naming the fields, not a 500 or junk text.
+    dead_end = {
+        "allowed_token_ids": tokenized["tokens"],
+        "structured_outputs": {"choice": ["Yes"]},
+        "temperature": 0,
+        "max_tokens": 8,
+    }
+    status, _, raw = server.request("POST", CHAT, chat(**dead_end))
+    err = assert_openai_error(raw, 400, None, None)
+    assert "output token 1" in err["message"], err
+    assert "allowed_token_ids and structured_outputs" in err["message"], err
+
+    # Streamed, the status is out before the dead end: the text so far, then an error event.
+    events = sse_events(server, COMPLETIONS, cmpl(stream=True, **dead_end))
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "invalid_request_error" and "output token 1" in error["message"], error
+    text = "".join(c["text"] for e in events[:-2] for c in json.loads(e)["choices"])
+    assert text == "Yes"
+
+    # The server goes on serving.
+    status, body = server.post_json(CHAT, chat(max_tokens=2, temperature=0))
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length", body
 
 
 def test_openai_client_raises_typed_errors(client: openai.OpenAI) -> None:

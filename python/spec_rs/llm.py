@@ -258,7 +258,7 @@ class CompletionOutput:
             logprobs=[_token_logprob(lp) for lp in d["logprobs"]],
             metrics=_metrics(d.get("metrics")),
             trace=[TraceStep(**t) for t in d["trace"]],
-            error=d.get("error"),
+            error=(d.get("error") or {}).get("message"),
         )
 
 

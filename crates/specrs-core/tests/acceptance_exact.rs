@@ -111,7 +111,7 @@ fn greedy_batch_of_rows_with_different_widths() {
         (vec![5u32, 6], peaked_logits(&[5, 1, 2])),
     ];
     let rows: Vec<VerifyRow> = rows_data.iter().map(|(d, l)| VerifyRow::new(d, l, &greedy, 0)).collect();
-    let tokens: Vec<Vec<u32>> = s.accept_batch(&rows).unwrap().into_iter().map(|o| o.tokens).collect();
+    let tokens: Vec<Vec<u32>> = s.accept_batch(&rows).into_iter().map(|o| o.unwrap().tokens).collect();
     assert_eq!(tokens, vec![vec![1, 2, 3, 4], vec![3], vec![0], vec![5, 1]]);
 }
 
@@ -338,7 +338,7 @@ fn rule_precedence_and_startup_line() {
 }
 
 #[test]
-fn malformed_rows_are_errors_that_name_the_row() {
+fn malformed_rows_are_errors_and_fail_alone_in_a_batch() {
     let s = sampler(&config());
     let params = SamplingParams::default();
     let logits = vec![0.0f32; 2 * V];
@@ -357,9 +357,11 @@ fn malformed_rows_are_errors_that_name_the_row() {
     ));
     let good = VerifyRow::new(&[1], &logits, &params, 0);
     let bad = VerifyRow::new(&[], &logits, &params, 0);
-    let err = s.accept_batch(&[good, bad]).unwrap_err();
-    assert!(matches!(err, VerifyError::InRow { row: 1, .. }));
-    assert!(err.to_string().starts_with("row 1: logits hold 16 values"), "{err}");
+    let results = s.accept_batch(&[good, bad]);
+    assert!(results[0].is_ok(), "a malformed row fails alone");
+    let err = results[1].clone().unwrap_err();
+    assert!(matches!(err, VerifyError::LogitsLen { got: 16, expected: 8, .. }));
+    assert!(err.to_string().starts_with("logits hold 16 values"), "{err}");
 }
 
 fn penalized(frequency: f32, presence: f32, repetition: f32) -> SamplingParams {
@@ -492,14 +494,15 @@ fn seeded_rows_are_bit_identical_across_repetitions() {
     let data = random_rows(12, 64);
     let rows = rows_of(&data);
     for s in every_rule(64) {
-        let first = s.accept_batch(&rows).unwrap();
+        let first = s.accept_batch(&rows);
+        assert!(first.iter().all(Result::is_ok));
         for _ in 0..20 {
-            assert_eq!(s.accept_batch(&rows).unwrap(), first, "{}", s.describe());
+            assert_eq!(s.accept_batch(&rows), first, "{}", s.describe());
         }
         // Different seeds do change stochastic outcomes somewhere in the batch.
         if s.rule() != AcceptanceRule::Greedy {
             let reseeded: Vec<VerifyRow> = rows.iter().map(|r| VerifyRow { seed: r.seed + 1, ..*r }).collect();
-            assert_ne!(s.accept_batch(&reseeded).unwrap(), first, "{}", s.describe());
+            assert_ne!(s.accept_batch(&reseeded), first, "{}", s.describe());
         }
     }
 }
@@ -509,7 +512,8 @@ fn a_rows_result_does_not_depend_on_its_batch() {
     let data = random_rows(16, 64);
     let rows = rows_of(&data);
     for s in every_rule(64) {
-        let alone: Vec<VerifyOutput> = rows.iter().map(|r| s.accept_row(r).unwrap()).collect();
+        let alone: Vec<Result<VerifyOutput, VerifyError>> = rows.iter().map(|r| s.accept_row(r)).collect();
+        assert!(alone.iter().all(Result::is_ok));
         for rotation in [0usize, 3, 7] {
             // Rotate, then reverse every other rotation: rows meet different neighbours.
             let mut order: Vec<usize> = (0..rows.len()).map(|i| (i + rotation) % rows.len()).collect();
@@ -517,12 +521,12 @@ fn a_rows_result_does_not_depend_on_its_batch() {
                 order.reverse();
             }
             let batch: Vec<VerifyRow> = order.iter().map(|&i| rows[i]).collect();
-            let outputs = s.accept_batch(&batch).unwrap();
+            let outputs = s.accept_batch(&batch);
             for (out, &i) in outputs.iter().zip(&order) {
                 assert_eq!(out, &alone[i], "{}: row {i}", s.describe());
             }
             // Sub-batches too.
-            let half = s.accept_batch(&batch[..batch.len() / 2]).unwrap();
+            let half = s.accept_batch(&batch[..batch.len() / 2]);
             for (out, &i) in half.iter().zip(&order) {
                 assert_eq!(out, &alone[i]);
             }
@@ -586,4 +590,64 @@ fn guided_rows_reject_drafts_the_grammar_forbids_and_recover_from_the_masked_tar
         seen.insert(out.tokens[0]);
     }
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), [1, 4]);
+}
+
+#[test]
+fn a_position_whose_masks_leave_no_token_fails_its_row_alone_under_every_rule() {
+    // The guide allows "a" then only "b"/"c"; the request also allows only "a" and "x" (and
+    // EOS): after "a" nothing is left.
+    let restricted = |params: SamplingParams| SamplingParams { allowed_token_ids: Some(vec![0, 1, 5]), ..params };
+    let flat = vec![0.0f32; 3 * V];
+    for (s, params) in [
+        (sampler(&greedy_config()), SamplingParams::greedy()),
+        (sampler(&config()), SamplingParams { temperature: 1.0, ..Default::default() }),
+    ] {
+        let params = restricted(guided(params, "a(b|c)c"));
+        // The draft "a" is allowed and the target agrees (it is the only allowed token), so the
+        // walk reaches position 1, where nothing is.
+        let dead = VerifyRow::new(&[1, 2], &flat, &params, 3);
+        assert_eq!(s.accept_row(&dead), Err(VerifyError::NothingAllowed { position: 1 }), "{}", s.describe());
+        // A plain decode step after "a" fails at its only (bonus) position.
+        let history = [7, 1];
+        let after_a = VerifyRow { history: &history, prompt_len: 1, ..VerifyRow::new(&[], &flat[..V], &params, 3) };
+        assert_eq!(s.accept_row(&after_a), Err(VerifyError::NothingAllowed { position: 0 }));
+        // The rows around it in a batch are verified as alone.
+        let unrestricted = guided(SamplingParams::greedy(), "a(b|c)c");
+        let fine = VerifyRow::new(&[1, 2], &flat, &unrestricted, 3);
+        let results = s.accept_batch(&[fine, dead, fine]);
+        assert_eq!(results[1], Err(VerifyError::NothingAllowed { position: 1 }));
+        assert_eq!(results[0], s.accept_row(&fine));
+        assert_eq!(results[2], s.accept_row(&fine));
+        assert!(results[0].is_ok());
+    }
+}
+
+#[test]
+fn bad_words_and_the_engines_own_masks_count_toward_a_dead_end() {
+    let s = sampler(&greedy_config());
+    // Every allowed token is a single-token bad word.
+    let params = SamplingParams {
+        allowed_token_ids: Some(vec![2, 3]),
+        bad_word_ids: vec![vec![2], vec![3]],
+        ..SamplingParams::greedy()
+    };
+    let logits = peaked_logits(&[2]);
+    assert_eq!(
+        s.accept_row(&VerifyRow::new(&[], &logits, &params, 0)),
+        Err(VerifyError::NothingAllowed { position: 0 })
+    );
+    // The only allowed token is EOS, which the engine masked (`-inf`) while `min_tokens` is unmet.
+    let eos_only = SamplingParams { allowed_token_ids: Some(vec![0]), ..SamplingParams::greedy() };
+    let mut held_back = peaked_logits(&[0]);
+    held_back[0] = f32::NEG_INFINITY;
+    assert_eq!(
+        s.accept_row(&VerifyRow::new(&[], &held_back, &eos_only, 0)),
+        Err(VerifyError::NothingAllowed { position: 0 })
+    );
+    // One allowed token left is enough, however unlikely the model finds it.
+    let mut unlikely = vec![-1e30f32; V];
+    unlikely[1] = 100.0;
+    let one_left =
+        SamplingParams { allowed_token_ids: Some(vec![1, 2]), bad_word_ids: vec![vec![1]], ..SamplingParams::greedy() };
+    assert_eq!(accept(&s, VerifyRow::new(&[], &unlikely, &one_left, 0)).tokens, [2]);
 }

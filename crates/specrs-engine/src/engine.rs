@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use specrs_core::SpeculativeConfig;
-use specrs_core::acceptance::{AcceptanceSampler, ReducedPosition, ReducedRow, VerifyOutput, VerifyRow};
+use specrs_core::acceptance::{AcceptanceSampler, ReducedPosition, ReducedRow, VerifyError, VerifyOutput, VerifyRow};
 use specrs_core::kv_blocks::{KvBlockManager, SeqId};
 use specrs_core::metrics::{SpecDecodeStats, format_log_line};
 use specrs_core::prefix_cache::BlockHasher;
-use specrs_core::sampling::{argmax, logprobs_of, rank_of};
+use specrs_core::sampling::{SamplingParams, argmax, logprobs_of, rank_of};
 use specrs_core::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use specrs_core::structured::{GuideCache, TokenVocabulary};
 use specrs_core::width::adaptive::PARTIAL_PROBE_MIN_BATCH;
@@ -30,7 +30,7 @@ use crate::detokenizer::{FinishReason, OutputState};
 use crate::error::{EngineError, Result};
 use crate::metrics::EngineMetrics;
 use crate::proposer::{DraftProbs, Proposal, ProposeRow, Proposer, StepTaps, TapRequest};
-use crate::request::{GenerationRequest, OutputSink, Prompt, TokenLogprob, TraceStep};
+use crate::request::{GenerationRequest, OutputSink, Prompt, RequestFailure, TokenLogprob, TraceStep};
 use crate::sequence::Sequence;
 use crate::tokenizer::TextTokenizer;
 use crate::width::{EngineWidthPolicy, WidthMode};
@@ -168,8 +168,24 @@ pub(crate) fn guide_vocabulary(tokenizer: &TextTokenizer) -> TokenVocabulary {
         .with_thinking_tokens(tokenizer.thinking_token_ids())
 }
 
-/// Each row's verify output (rows without logits have none), with its logprobs and trace.
-type Verified = (Vec<Option<VerifyOutput>>, Vec<(Vec<TokenLogprob>, Option<TraceStep>)>);
+/// `a`, `a and b`, `a, b and c`.
+fn list_fields(fields: &[&str]) -> String {
+    match fields {
+        [] => "masks".into(),
+        [one] => (*one).into(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// What verification gives the rows of a step.
+struct Verified {
+    /// Each row's verify output: none for rows without logits and for dead ends.
+    outputs: Vec<Option<VerifyOutput>>,
+    /// Each row's logprobs and trace.
+    extras: Vec<(Vec<TokenLogprob>, Option<TraceStep>)>,
+    /// `(row, verify position)` of the rows whose request masks every token at a position.
+    dead_ends: Vec<(usize, usize)>,
+}
 
 /// Position queries reduced together on one device, with the sampled drafts' distributions
 /// they read (`[positions, V]`: host rows uploaded together, device rows used where they are)
@@ -598,6 +614,7 @@ impl Engine {
         if max_tokens == 0 {
             return Err(EngineError::Request("max_tokens must be at least 1".into()));
         }
+        self.check_first_token_allowed(&params, &tokens)?;
         let arrival = Instant::now();
         for (index, seq_id) in ids.enumerate() {
             let params = params.for_choice(index);
@@ -649,6 +666,31 @@ impl Engine {
         Ok(())
     }
 
+    /// Refuses a request whose own masks leave no token to generate first (e.g. only EOS
+    /// allowed under `min_tokens`, every allowed token a bad word, allowed tokens the
+    /// structured-output constraint cannot start with); later dead ends end the request when
+    /// verification reaches them.
+    fn check_first_token_allowed(&self, params: &SamplingParams, prompt: &[u32]) -> Result<()> {
+        if !params.masks_tokens() {
+            return Ok(());
+        }
+        let holds_back_stops = params.min_tokens > 0;
+        let held_back = if holds_back_stops { self.stop_ids_of(params) } else { Vec::new() };
+        if specrs_core::sampling::first_token_allowed(params, prompt, self.vocab_size, &held_back) {
+            return Ok(());
+        }
+        let fields = params.masking_fields(holds_back_stops);
+        Err(specrs_core::ConfigError::field(
+            fields.first().copied().unwrap_or("allowed_token_ids"),
+            format!(
+                "this request's {} leave no token of the vocabulary to generate first, so nothing could be \
+                 generated; loosen one of them",
+                list_fields(&fields)
+            ),
+        )
+        .into())
+    }
+
     /// Cancels a request (every choice of it): its outputs stop and its KV blocks return to
     /// the pool at once.
     pub fn abort(&mut self, id: SeqId) -> bool {
@@ -673,7 +715,7 @@ impl Engine {
         self.finishing.clear();
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
-            self.finish(id, FinishReason::Error, Some(message.to_string()));
+            self.finish(id, FinishReason::Error, Some(RequestFailure::engine(message)));
         }
     }
 
@@ -693,7 +735,7 @@ impl Engine {
     }
 
     /// Ends one sequence (one choice) with `reason` and sends its last output.
-    fn finish(&mut self, id: SeqId, reason: FinishReason, error: Option<String>) {
+    fn finish(&mut self, id: SeqId, reason: FinishReason, error: Option<RequestFailure>) {
         if let Some(mut seq) = self.seqs.remove(&id) {
             let last_choice = !self.seqs.values().any(|s| s.request_id == seq.request_id);
             // Counted before the last output goes out: a client that reads /metrics right
@@ -746,9 +788,9 @@ impl Engine {
     }
 
     /// Token ids that end a request: EOS (unless ignored) and its stop ids.
-    fn stop_ids_of(&self, seq: &Sequence) -> Vec<u32> {
-        let mut ids = seq.params.stop_token_ids.clone();
-        if !seq.params.ignore_eos {
+    fn stop_ids_of(&self, params: &SamplingParams) -> Vec<u32> {
+        let mut ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
             ids.extend_from_slice(self.tokenizer.eos_token_ids());
         }
         ids.retain(|&t| (t as usize) < self.vocab_size);
@@ -779,7 +821,9 @@ impl Engine {
             self.finish(
                 *id,
                 FinishReason::Error,
-                Some(format!("the request needs more KV cache than the whole pool holds: {err}")),
+                Some(RequestFailure::request(format!(
+                    "the request needs more KV cache than the whole pool holds: {err}"
+                ))),
             );
         }
         for &id in &plan.preempted {
@@ -806,7 +850,7 @@ impl Engine {
                 let msg = format!("target forward failed: {e}");
                 tracing::error!("{msg}");
                 for r in &rows {
-                    self.finish(r.seq, FinishReason::Error, Some(msg.clone()));
+                    self.finish(r.seq, FinishReason::Error, Some(RequestFailure::engine(msg.clone())));
                 }
                 return Ok(0);
             }
@@ -956,7 +1000,7 @@ impl Engine {
         };
         self.score_prompts(rows, logits)?;
         let on_device = self.cfg.acceptance_on_device.unwrap_or(!logits.device().is_cpu());
-        let (outputs, extras) = if !on_device {
+        let Verified { outputs, extras, dead_ends } = if !on_device {
             let starts: Vec<Option<usize>> = rows.iter().map(|r| Some(r.logits_start)).collect();
             with_f32_slice(logits, |all| self.verify(rows, all, &starts, &[]))??
         } else {
@@ -1024,7 +1068,25 @@ impl Engine {
                 }
             }
         }
+        for (i, position) in dead_ends {
+            let id = rows[i].seq;
+            let Some(seq) = self.seqs.get(&id) else { continue };
+            let failure = RequestFailure::request(self.nothing_allowed_message(seq, position));
+            self.finish(id, FinishReason::Error, Some(failure));
+        }
         Ok(step_stats)
+    }
+
+    /// Why a request whose masks leave no token at verify `position` of this step ends: the
+    /// fields that masked, and where in the output.
+    fn nothing_allowed_message(&self, seq: &Sequence, position: usize) -> String {
+        let index = seq.num_generated() + position;
+        let fields = seq.params.masking_fields(index < seq.params.min_tokens);
+        format!(
+            "no token may be generated at output token {index}: this request's {} leave no token of the \
+             vocabulary there; loosen one of them",
+            list_fields(&fields)
+        )
     }
 
     /// How many drafts a row verifies this step (`Some(0)` for a completing prefill chunk),
@@ -1169,7 +1231,7 @@ impl Engine {
                     return None;
                 }
                 let mut copy = host_logits(i, n)?.to_vec();
-                let stops: Vec<u32> = self.stop_ids_of(seq);
+                let stops: Vec<u32> = self.stop_ids_of(&seq.params);
                 for pos in 0..=n {
                     if generated + pos < seq.params.min_tokens {
                         for &t in &stops {
@@ -1209,13 +1271,15 @@ impl Engine {
                 Some((i, row))
             })
             .collect();
-        let accepted = self
-            .acceptance
-            .accept_batch(&verify_rows.iter().map(|(_, r)| *r).collect::<Vec<_>>())
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let accepted = self.acceptance.accept_batch(&verify_rows.iter().map(|(_, r)| *r).collect::<Vec<_>>());
         let mut outputs: Vec<Option<VerifyOutput>> = vec![None; rows.len()];
-        for ((i, _), a) in verify_rows.into_iter().zip(accepted) {
-            outputs[i] = Some(a);
+        let mut dead_ends = Vec::new();
+        for ((i, _), result) in verify_rows.into_iter().zip(accepted) {
+            match result {
+                Ok(out) => outputs[i] = Some(out),
+                Err(VerifyError::NothingAllowed { position }) => dead_ends.push((i, position)),
+                Err(e) => return Err(EngineError::Internal(format!("verifying row {i}: {e}"))),
+            }
         }
         for (i, r) in rows.iter().enumerate() {
             let (Some(positions), Some(n)) = (reduced.get(i).and_then(Option::as_ref), Self::verified_drafts(r)) else {
@@ -1275,7 +1339,7 @@ impl Engine {
                 (logprobs, trace)
             })
             .collect();
-        Ok((outputs, extras))
+        Ok(Verified { outputs, extras, dead_ends })
     }
 
     /// Time drafting took since `proposing`, less any catch-up of positions kept through plain

@@ -25,7 +25,8 @@ use crate::error::{EngineError, Result};
 use crate::metrics::EngineMetrics;
 use crate::pipeline::PipelineInfo;
 use crate::request::{
-    GenerationRequest, OutputStream, Prompt, RequestId, RequestMetrics, RequestOutput, TokenLogprob, TraceStep,
+    GenerationRequest, OutputStream, Prompt, RequestFailure, RequestId, RequestMetrics, RequestOutput, TokenLogprob,
+    TraceStep,
 };
 use crate::routing::{SentPrefixes, choose_replica, prefix_chunks};
 use crate::tokenizer::TextTokenizer;
@@ -117,7 +118,7 @@ pub struct FinalOutput {
     pub prompt_logprobs: Vec<Option<TokenLogprob>>,
     pub prompt_token_ids: Vec<u32>,
     pub trace: Vec<TraceStep>,
-    pub error: Option<String>,
+    pub error: Option<RequestFailure>,
     pub num_prompt_tokens: usize,
 }
 

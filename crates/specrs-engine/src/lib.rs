@@ -29,5 +29,5 @@ pub use pipeline::{
     DeviceSpec, PipelineConfig, PipelineInfo, build_engine, build_engine_with, build_replicas, build_replicas_with,
     check_replica_devices,
 };
-pub use request::{GenerationRequest, Prompt, RequestMetrics, RequestOutput, TokenLogprob, TraceStep};
+pub use request::{GenerationRequest, Prompt, RequestFailure, RequestMetrics, RequestOutput, TokenLogprob, TraceStep};
 pub use tokenizer::TextTokenizer;

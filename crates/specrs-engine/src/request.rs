@@ -108,8 +108,35 @@ pub struct RequestOutput {
     /// Set on the final output.
     pub metrics: Option<RequestMetrics>,
     /// Why the request failed, for `FinishReason::Error`.
-    pub error: Option<String>,
+    pub error: Option<RequestFailure>,
     pub num_prompt_tokens: usize,
+}
+
+/// Why a request ended with `FinishReason::Error`, and whose doing it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestFailure {
+    pub message: String,
+    /// The request asked for what cannot be (e.g. its masks leave no token to generate): a
+    /// client error (HTTP 400), not an engine failure (500).
+    pub caused_by_request: bool,
+}
+
+impl std::fmt::Display for RequestFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl RequestFailure {
+    /// The engine failed to run the request.
+    pub fn engine(message: impl Into<String>) -> Self {
+        Self { message: message.into(), caused_by_request: false }
+    }
+
+    /// The request cannot go on as asked.
+    pub fn request(message: impl Into<String>) -> Self {
+        Self { message: message.into(), caused_by_request: true }
+    }
 }
 
 impl RequestOutput {

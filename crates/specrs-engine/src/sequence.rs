@@ -10,7 +10,7 @@ use specrs_core::sampling::SamplingParams;
 use crate::detokenizer::FinishReason;
 use crate::detokenizer::OutputState;
 use crate::proposer::DraftProbs;
-use crate::request::{OutputSink, RequestMetrics, RequestOutput, TokenLogprob, TraceStep};
+use crate::request::{OutputSink, RequestFailure, RequestMetrics, RequestOutput, TokenLogprob, TraceStep};
 
 /// One choice of a request: a request with `n` choices runs as `n` sequences.
 pub struct Sequence {
@@ -60,7 +60,7 @@ impl Sequence {
 
     /// Sends what was committed since the last send; `last_choice` marks the final piece of
     /// the request's last running choice. Returns false when the client is gone.
-    pub fn send(&mut self, finish: Option<FinishReason>, error: Option<String>, last_choice: bool) -> bool {
+    pub fn send(&mut self, finish: Option<FinishReason>, error: Option<RequestFailure>, last_choice: bool) -> bool {
         let finished = finish.is_some();
         let token_ids = self.output.token_ids[self.unsent_from..].to_vec();
         self.unsent_from = self.output.token_ids.len();

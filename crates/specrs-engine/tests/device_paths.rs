@@ -168,7 +168,12 @@ fn tokens(outs: &[FinalOutput]) -> Vec<Vec<u32>> {
 fn run(h: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<FinalOutput> {
     let out = h.generate(requests).unwrap();
     for (i, o) in out.iter().enumerate() {
-        assert!(o.error.is_none(), "request {i} failed ({:?}): {}", o.finish_reason, o.error.as_deref().unwrap_or(""));
+        assert!(
+            o.error.is_none(),
+            "request {i} failed ({:?}): {}",
+            o.finish_reason,
+            o.error.as_ref().map_or(String::new(), |e| e.message.clone())
+        );
     }
     let (free, total) = h.kv_blocks().unwrap();
     assert_eq!(free, total, "every KV block returns to the pool");

@@ -387,3 +387,69 @@ fn a_guide_after_reasoning_lets_the_model_think_first_with_or_without_speculatio
     }
     assert!(accepted >= 3, "the oracle's drafts are accepted while the model thinks: {accepted}");
 }
+
+#[test]
+fn masks_that_leave_no_token_are_refused_up_front_or_end_the_request_with_a_request_error() {
+    let plain = engine(false);
+    let tokenizer = plain.tokenizer().clone();
+    let yes = tokenizer.encode("Yes", false).unwrap();
+    assert_eq!(yes.len(), 1, "\"Yes\" is one token of SmolLM2's vocabulary");
+    let eos = tokenizer.eos_token_ids().to_vec();
+    let choice = || StructuredOutputs { choice: Some(vec!["Yes".into()]), ..Default::default() };
+
+    // Dead ends at the first output token are refused before anything runs, naming the fields.
+    let refused = [
+        // The choice cannot start with EOS.
+        (
+            ask("Hi", choice(), SamplingParams { allowed_token_ids: Some(eos.clone()), ..greedy(4) }),
+            "structured_outputs",
+        ),
+        // The only allowed token is EOS, which min_tokens holds back.
+        (
+            ask_free("Hi", SamplingParams { allowed_token_ids: Some(eos.clone()), min_tokens: 2, ..greedy(4) }),
+            "min_tokens",
+        ),
+        // The only allowed token is a bad word.
+        (
+            ask_free(
+                "Hi",
+                SamplingParams { allowed_token_ids: Some(yes.clone()), bad_words: vec!["Yes".into()], ..greedy(4) },
+            ),
+            "bad_words",
+        ),
+    ];
+    for (request, other_field) in refused {
+        let err = plain.generate(vec![request]).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("allowed_token_ids") && message.contains(other_field) && message.contains("first"),
+            "{message}"
+        );
+        assert!(
+            matches!(err, specrs_engine::EngineError::Config(ref c) if c.field.as_deref() == Some("allowed_token_ids"))
+        );
+    }
+
+    // "Yes" is allowed and starts the choice; after it the choice needs EOS, which the request
+    // does not allow. The request ends there with a request error, after its one token, with
+    // and without speculation; a request beside it in the batch runs to its normal end.
+    let speculative = engine(true);
+    for handle in [&plain, &speculative] {
+        let dead_end =
+            ask("Is Paris in France?", choice(), SamplingParams { allowed_token_ids: Some(yes.clone()), ..greedy(8) });
+        let beside = ask_free("Name a colour.", greedy(6));
+        let outs = handle.generate(vec![dead_end, beside]).unwrap();
+        assert_eq!(outs[0].finish_reason, FinishReason::Error);
+        assert_eq!(outs[0].token_ids, yes, "the allowed token before the dead end stays in the output");
+        let failure = outs[0].error.as_ref().expect("a failed request says why");
+        assert!(failure.caused_by_request, "the request's own masks caused it: {failure}");
+        assert!(
+            failure.message.contains("output token 1")
+                && failure.message.contains("allowed_token_ids and structured_outputs"),
+            "{failure}"
+        );
+        assert_eq!(outs[1].finish_reason, FinishReason::Length);
+        assert_eq!(outs[1].token_ids.len(), 6);
+        assert!(outs[1].error.is_none());
+    }
+}

@@ -75,7 +75,7 @@ pub fn run(handle: &EngineHandle, args: &GenerateArgs) -> Result<(), String> {
                 let _ = writeln!(stderr, "{line}");
             }
             if reason == FinishReason::Error {
-                return Err(out.error.unwrap_or_else(|| "generation failed".into()));
+                return Err(out.error.map_or_else(|| "generation failed".into(), |failure| failure.message));
             }
         }
         if out.is_finished() {

@@ -23,8 +23,8 @@ use futures::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use specrs_engine::{
-    ChatEnding, ChatMessage, Conversation, FinishReason, GenerationRequest, Prompt, RequestMetrics, RequestOutput,
-    TokenLogprob, text_messages,
+    ChatEnding, ChatMessage, Conversation, FinishReason, GenerationRequest, Prompt, RequestFailure, RequestMetrics,
+    RequestOutput, TokenLogprob, text_messages,
 };
 
 use crate::error::ApiError;
@@ -797,15 +797,16 @@ struct Pending {
 
 impl Pending {
     /// The finished response object.
-    fn finish(&self, items: &OutputItems, reason: FinishReason, usage: Value, error: Option<String>) -> Value {
+    fn finish(&self, items: &OutputItems, reason: FinishReason, usage: Value, error: Option<&RequestFailure>) -> Value {
         let (status, incomplete) = status_of(reason);
         let mut response = self.base.clone();
         response["status"] = json!(status);
         response["incomplete_details"] = incomplete;
         response["output"] = Value::Array(items.to_json());
         response["usage"] = usage;
-        if let Some(message) = error {
-            response["error"] = json!({"code": "server_error", "message": message});
+        if let Some(failure) = error {
+            let code = if failure.caused_by_request { "invalid_request_error" } else { "server_error" };
+            response["error"] = json!({"code": code, "message": failure.message});
         }
         response
     }
@@ -992,7 +993,7 @@ fn response_stream(
             items.finish(status, &mut out);
             let output_tokens = o.metrics.as_ref().map_or(generated, |m| m.num_generated_tokens);
             let usage = output_usage(&state, &items, o.num_prompt_tokens, output_tokens, o.metrics.as_ref());
-            let response = pending.finish(&items, reason, usage, o.error.clone());
+            let response = pending.finish(&items, reason, usage, o.error.as_ref());
             pending.store(&state, &response, &items);
             let kind = match status {
                 "completed" => "response.completed",

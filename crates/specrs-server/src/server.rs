@@ -29,7 +29,7 @@ use specrs_engine::chat_template::RESERVED_TEMPLATE_VARS;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
     ChatEnding, ChatMessage, ChatTemplate, Conversation, EngineHandle, FinalOutput, FinishReason, GenerationRequest,
-    Prompt, RequestOutput, TokenLogprob, text_messages,
+    Prompt, RequestFailure, RequestOutput, TokenLogprob, text_messages,
 };
 
 use crate::error::ApiError;
@@ -531,10 +531,11 @@ pub(crate) async fn collect(mut stream: OutputStream) -> Result<Vec<FinalOutput>
     }
     let choices = FinalOutput::collect_choices(outs);
     if let Some(failed) = choices.iter().find(|c| c.finish_reason == FinishReason::Error) {
-        return Err(ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            failed.error.clone().unwrap_or_else(|| "generation failed".into()),
-        ));
+        return Err(match &failed.error {
+            Some(failure) if failure.caused_by_request => ApiError::bad_request(failure.message.clone(), None),
+            Some(failure) => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, failure.message.clone()),
+            None => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "generation failed"),
+        });
     }
     Ok(choices)
 }
@@ -665,6 +666,17 @@ fn sse_done() -> Event {
 
 fn sse_json(v: &Value) -> Event {
     Event::default().data(v.to_string())
+}
+
+/// The event a stream sends in place of a failed choice's last chunk (the HTTP status went
+/// out with the first): OpenAI's error object, typed by whose failure it was.
+fn stream_error(failure: Option<&RequestFailure>) -> Value {
+    let (message, kind) = match failure {
+        Some(f) if f.caused_by_request => (f.message.as_str(), "invalid_request_error"),
+        Some(f) => (f.message.as_str(), "server_error"),
+        None => ("generation failed", "server_error"),
+    };
+    json!({"error": {"message": message, "type": kind}})
 }
 
 pub(crate) fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
@@ -930,9 +942,7 @@ fn chat_stream(
         }
         if let Some(reason) = o.finish_reason {
             if reason == FinishReason::Error {
-                events.push(sse_json(
-                    &json!({"error": {"message": o.error.clone().unwrap_or_default(), "type": "server_error"}}),
-                ));
+                events.push(sse_json(&stream_error(o.error.as_ref())));
             } else {
                 let finish = chat_finish(Some(reason), reports_calls && called[o.index]);
                 events.push(sse_json(&with_usage(chunk(o.index, json!({}), finish, Value::Null))));
@@ -1167,7 +1177,11 @@ fn completion_stream(
                     events.push(sse_json(&chunk(index, text, None, lps)));
                 }
                 if let Some(reason) = o.finish_reason {
-                    events.push(sse_json(&chunk(index, String::new(), Some(reason), Value::Null)));
+                    if reason == FinishReason::Error {
+                        events.push(sse_json(&stream_error(o.error.as_ref())));
+                    } else {
+                        events.push(sse_json(&chunk(index, String::new(), Some(reason), Value::Null)));
+                    }
                     if let Some(m) = &o.metrics {
                         totals.add_choice(o.index, m.num_generated_tokens, m);
                     }

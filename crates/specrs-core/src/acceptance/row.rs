@@ -99,8 +99,8 @@ impl VerifyOutput {
     }
 }
 
-/// A row that does not fit the verifier: a bug in the caller, reported instead of read out of
-/// bounds.
+/// A row the verifier cannot walk: one that does not fit it (a bug in the caller, reported
+/// instead of read out of bounds), or one whose request masks every token at a position.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum VerifyError {
     #[error(
@@ -111,16 +111,10 @@ pub enum VerifyError {
     DraftProbsLen { got: usize, expected: usize, num_drafts: usize, vocab_size: usize },
     #[error("draft token {token} at position {position} is outside the vocabulary of {vocab_size} tokens")]
     DraftOutOfVocab { position: usize, token: u32, vocab_size: usize },
-    #[error("row {row}: {source}")]
-    InRow {
-        row: usize,
-        #[source]
-        source: Box<VerifyError>,
-    },
-}
-
-impl VerifyError {
-    pub(crate) fn in_row(self, row: usize) -> Self {
-        Self::InRow { row, source: Box::new(self) }
-    }
+    /// The request's allowed tokens, bad words, structured-output guide and the engine's
+    /// masks together leave no token at verify position `position` (the drafts before it
+    /// were allowed). No rule can emit a token there that the request permits, so the
+    /// request must end instead of emitting junk.
+    #[error("every token is masked at verify position {position}: the request's masks leave nothing to emit")]
+    NothingAllowed { position: usize },
 }

@@ -152,13 +152,11 @@ impl AcceptanceSampler {
         self.accept_row_with(row, &mut Scratch::new(self.vocab_size))
     }
 
-    /// Verifies each row in order, sharing scratch buffers; errors name the row at fault.
-    pub fn accept_batch(&self, rows: &[VerifyRow]) -> Result<Vec<VerifyOutput>, VerifyError> {
+    /// Verifies each row in order, sharing scratch buffers; each row's result is its own (a
+    /// row whose request masks every token fails alone).
+    pub fn accept_batch(&self, rows: &[VerifyRow]) -> Vec<Result<VerifyOutput, VerifyError>> {
         let mut scratch = Scratch::new(self.vocab_size);
-        rows.iter()
-            .enumerate()
-            .map(|(i, row)| self.accept_row_with(row, &mut scratch).map_err(|e| e.in_row(i)))
-            .collect()
+        rows.iter().map(|row| self.accept_row_with(row, &mut scratch)).collect()
     }
 
     /// What [`Self::accept_reduced_row`] reads for a row with these parameters, or `None`
@@ -248,6 +246,7 @@ impl AcceptanceSampler {
         let mut walk = Walk::start(row, self.thinking);
         for (i, &draft) in row.drafts.iter().enumerate() {
             let pos = walk.position(row, i, self.vocab_size);
+            walk.check_allows_any_token(&pos, scratch)?;
             let verdict = match rule {
                 RowRule::Synthetic(synthetic) => {
                     synthetic.verify(&pos, || greedy::target_argmax(&pos, &mut scratch.workspace))
@@ -272,6 +271,7 @@ impl AcceptanceSampler {
             }
         }
         let pos = walk.position(row, row.drafts.len(), self.vocab_size);
+        walk.check_allows_any_token(&pos, scratch)?;
         let bonus = match rule {
             RowRule::Synthetic(_) | RowRule::Greedy => greedy::target_argmax(&pos, &mut scratch.workspace),
             RowRule::TargetSample { .. } | RowRule::Rejection { .. } => {
@@ -316,6 +316,21 @@ impl Walk {
             params: row.params,
             seed: row.seed,
             penalties: self.penalties.as_ref(),
+        }
+    }
+
+    /// Fails the row at `pos` when its request masks every token there. Only rows whose
+    /// request masks tokens can get there (penalties and biases are finite); the check costs
+    /// them one more pass over the row, and costs the others nothing.
+    fn check_allows_any_token(&self, pos: &Position, scratch: &mut Scratch) -> Result<(), VerifyError> {
+        match &self.penalties {
+            Some(context)
+                if pos.params.masks_tokens()
+                    && !scratch.workspace.allows_any_token(pos.logits, pos.params, Some(context)) =>
+            {
+                Err(VerifyError::NothingAllowed { position: pos.index })
+            }
+            _ => Ok(()),
         }
     }
 

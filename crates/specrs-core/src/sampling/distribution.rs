@@ -39,6 +39,20 @@ impl SamplingWorkspace {
         &self.row
     }
 
+    /// Whether any token survives the request's masks (allowed tokens, bad words, its
+    /// structured-output guide) at a position whose `logits` already carry the engine's own
+    /// (`-inf` for the stop tokens `min_tokens` holds back). A row where none survives has no
+    /// token that every rule agrees to emit: its argmax and its distribution would be junk.
+    pub fn allows_any_token(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+    ) -> bool {
+        self.load_penalized(logits, params, penalties);
+        self.row.iter().any(|&logit| logit > f32::NEG_INFINITY)
+    }
+
     /// The argmax after penalties; reads `logits` in place when no penalty applies.
     pub fn penalized_argmax(
         &mut self,
@@ -124,6 +138,22 @@ pub fn processed_probs(logits: &[f32], params: &SamplingParams, penalties: Optio
     let mut workspace = SamplingWorkspace::new(logits.len());
     workspace.processed_probs(logits, params, penalties);
     workspace.row
+}
+
+/// Whether a request with `params` may generate any token right after `prompt`, whatever the
+/// model says: its allowed tokens, single-token bad words and its guide's first state
+/// checked together, with `held_back` (the stop tokens `min_tokens` masks) masked too. The
+/// engine refuses a request whose masks leave nothing at its first position instead of
+/// emitting junk there; later positions are checked as they are verified.
+pub fn first_token_allowed(params: &SamplingParams, prompt: &[u32], vocab_size: usize, held_back: &[u32]) -> bool {
+    let mut logits = vec![0.0f32; vocab_size];
+    for &token in held_back {
+        if let Some(logit) = logits.get_mut(token as usize) {
+            *logit = f32::NEG_INFINITY;
+        }
+    }
+    let context = PenaltyContext::for_params(prompt, prompt.len(), params);
+    SamplingWorkspace::new(vocab_size).allows_any_token(&logits, params, Some(&context))
 }
 
 /// Sets every logit to `-inf` except those of `allowed` (ids outside the row are ignored).
@@ -389,5 +419,22 @@ mod tests {
         assert_eq!(ws.processed_probs(&a, &p, None), processed_probs(&a, &p, None).as_slice());
         assert_eq!(ws.penalized_logits(&a, &p, None), &a);
         assert_eq!(ws.penalized_argmax(&a, &p, None), 1);
+    }
+
+    #[test]
+    fn the_first_token_check_combines_allowed_tokens_bad_words_and_held_back_stops() {
+        let allowed = |ids: Vec<u32>| SamplingParams { allowed_token_ids: Some(ids), ..Default::default() };
+        assert!(first_token_allowed(&allowed(vec![3]), &[1, 2], 8, &[]));
+        // Only EOS is allowed and min_tokens holds it back.
+        assert!(!first_token_allowed(&allowed(vec![3]), &[1, 2], 8, &[3]));
+        assert!(first_token_allowed(&allowed(vec![3, 4]), &[1, 2], 8, &[3]));
+        // Every allowed token is a one-token bad word; a two-token bad word bans only its end.
+        let banned = SamplingParams { bad_word_ids: vec![vec![3], vec![4]], ..allowed(vec![3, 4]) };
+        assert!(!first_token_allowed(&banned, &[1, 2], 8, &[]));
+        let pair = SamplingParams { bad_word_ids: vec![vec![3], vec![2, 4]], ..allowed(vec![3, 4]) };
+        assert!(first_token_allowed(&pair, &[1, 2], 8, &[]), "the prompt does not start a bad word");
+        // Without masks of its own only the held-back tokens count.
+        assert!(first_token_allowed(&SamplingParams::default(), &[1], 2, &[0]));
+        assert!(!first_token_allowed(&SamplingParams::default(), &[1], 2, &[0, 1]));
     }
 }

@@ -17,7 +17,7 @@ mod rng;
 mod truncation;
 
 pub use bad_words::{OutputTail, bad_word_token_ids};
-pub use distribution::{SamplingWorkspace, processed_probs, sample_inverse_cdf};
+pub use distribution::{SamplingWorkspace, first_token_allowed, processed_probs, sample_inverse_cdf};
 pub use logits::{argmax, log_softmax_in_place, logprobs_of, logsumexp, max_value, rank_of, softmax_in_place, top_n};
 pub use params::{GREEDY_TEMPERATURE, MAX_ABS_ADDITIVE_PENALTY, MAX_LOGPROBS, SamplingParams, choice_seed};
 pub use penalties::PenaltyContext;

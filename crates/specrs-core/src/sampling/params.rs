@@ -162,6 +162,33 @@ impl SamplingParams {
             || self.guide.is_some()
     }
 
+    /// True when the request masks tokens outright (allowed tokens, bad words, a
+    /// structured-output guide), so that together with the engine's own masks it may leave
+    /// a position no token at all.
+    pub fn masks_tokens(&self) -> bool {
+        self.allowed_token_ids.is_some() || !self.bad_word_ids.is_empty() || self.guide.is_some()
+    }
+
+    /// The request fields that may mask tokens outright, in the order they are named to the
+    /// client when together they leave no token to generate; `holds_back_stops` adds
+    /// `min_tokens`, which masks the stop tokens while it is unmet.
+    pub fn masking_fields(&self, holds_back_stops: bool) -> Vec<&'static str> {
+        let mut fields = Vec::new();
+        if self.allowed_token_ids.is_some() {
+            fields.push("allowed_token_ids");
+        }
+        if !self.bad_word_ids.is_empty() {
+            fields.push("bad_words");
+        }
+        if self.guide.is_some() {
+            fields.push("structured_outputs");
+        }
+        if holds_back_stops {
+            fields.push("min_tokens");
+        }
+        fields
+    }
+
     /// The top-k cut for a vocabulary of `vocab_size` tokens, or `None` when it keeps
     /// everything.
     pub fn top_k_for(&self, vocab_size: usize) -> Option<usize> {
