@@ -89,6 +89,28 @@ fn gguf_str(meta: &HashMap<String, GgufValue>, key: &str) -> Option<String> {
     }
 }
 
+/// Pre-tokenizers of byte-level BPE vocabularies whose text starts with BOS when the GGUF does
+/// not say (`tokenizer.ggml.add_bos_token` came after many conversions): Llama 3's family,
+/// Mistral's Tekken and Chameleon, as llama.cpp's vocabulary loader defaults them.
+const BPE_PRE_TOKENIZERS_ADDING_BOS: &[&str] =
+    &["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "tekken", "chameleon"];
+
+/// Whether text prompts start with BOS: the GGUF's `tokenizer.ggml.add_bos_token` when it has
+/// one, else llama.cpp's default for the vocabulary (SentencePiece yes, byte-level BPE only for
+/// [`BPE_PRE_TOKENIZERS_ADDING_BOS`]), so a Llama 3 GGUF converted before the key existed
+/// still gets the `<|begin_of_text|>` its model was trained with.
+fn gguf_adds_bos(meta: &HashMap<String, GgufValue>, model: &str) -> bool {
+    if let Some(GgufValue::Bool(adds)) = meta.get("tokenizer.ggml.add_bos_token") {
+        return *adds;
+    }
+    match model {
+        "llama" => true,
+        "gpt2" => gguf_str(meta, "tokenizer.ggml.pre")
+            .is_some_and(|pre| BPE_PRE_TOKENIZERS_ADDING_BOS.contains(&pre.as_str())),
+        _ => false,
+    }
+}
+
 fn gguf_u32(meta: &HashMap<String, GgufValue>, key: &str) -> Option<u32> {
     match meta.get(key)? {
         GgufValue::U32(x) => Some(*x),
@@ -436,7 +458,7 @@ impl TextTokenizer {
             eos_token: name_of(eos_id),
             bos_token_id,
             eos_token_ids,
-            add_bos_token: matches!(meta.get("tokenizer.ggml.add_bos_token"), Some(GgufValue::Bool(true))),
+            add_bos_token: gguf_adds_bos(meta, &model),
             chat_template,
             thinking_token_ids: None,
             tokenizer,

@@ -125,8 +125,20 @@ fn phi3_special_tokens_eat_the_whitespace_after_them_and_llama_2_ones_do_not() {
 }
 
 #[test]
+fn a_vocabulary_without_add_bos_token_starts_text_with_bos_as_llama_cpp_defaults_it() {
+    // Neither fixture has the key. Llama 3's byte-level BPE ("llama-bpe") starts text with
+    // `<|begin_of_text|>`, as llama.cpp does; GPT-2's does not.
+    let (llama3, _) = vocab("llama-bpe");
+    let text = llama3.encode("Hello", false).unwrap();
+    let bos = llama3.token_to_id("<|begin_of_text|>").unwrap();
+    assert_eq!(llama3.encode("Hello", true).unwrap(), [&[bos][..], &text].concat());
+    let (gpt2, _) = vocab("gpt-2");
+    assert_eq!(gpt2.encode("Hello", true).unwrap(), gpt2.encode("Hello", false).unwrap());
+}
+
+#[test]
 fn a_chat_prompt_gets_one_bos_whether_or_not_its_template_wrote_it() {
-    // Llama 2's vocabulary sets `add_bos_token` (the BPE fixtures here predate the key).
+    // Llama 2's vocabulary sets `add_bos_token`.
     let (tok, _) = vocab("llama-spm");
     let bos = tok.bos_token_id().unwrap();
     let bos_text = tok.decode(&[bos], false).unwrap();
