@@ -850,6 +850,14 @@ def test_masks_that_leave_no_token_are_a_config_error_up_front_or_an_error_outpu
         assert fine.finish_reason == "length" and fine.error is None
 
 
+@pytest.mark.parametrize("grace", [float("inf"), float("nan"), -1.0, 1e20])
+def test_serve_refuses_a_shutdown_timeout_that_means_nothing_before_it_binds(
+    plain_llm: LLM, grace: float
+) -> None:
+    with pytest.raises(ValueError, match="shutdown_timeout must be between 0 and 86400"):
+        plain_llm.serve(port=0, shutdown_timeout=grace)
+
+
 def test_bad_words_never_appear_and_stay_lossless_under_speculation(plain_llm: LLM, ngram_llm: LLM) -> None:
     prompt = user(SPEC_PROMPTS[5])  # "List the numbers from 1 to 20, ...": the n-gram drafter hits
     greedy = SamplingParams(temperature=0.0, max_tokens=40)

@@ -698,6 +698,22 @@ BAD_REQUESTS = [
     ("max-tokens-0", CHAT, chat(max_tokens=0), 400, "max_tokens", None),
     ("max-completion-tokens-0", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens", None),
     (
+        "stream-options-without-stream",
+        CHAT,
+        chat(stream_options={"include_usage": True}),
+        400,
+        "stream_options",
+        None,
+    ),
+    (
+        "stream-options-with-stream-false",
+        COMPLETIONS,
+        cmpl(stream=False, stream_options={"include_usage": True}),
+        400,
+        "stream_options",
+        None,
+    ),
+    (
         "response-format-unknown-type",
         CHAT,
         chat(response_format={"type": "xml"}),
@@ -962,15 +978,15 @@ def test_prompt_longer_than_the_context_is_context_length_exceeded(
     assert status == 200, raw
     # A prompt that fits but a max_tokens past the room it leaves is refused, as vLLM's server
     # does, rather than cut short; unset, max_tokens runs to the end of the context.
-    for path, body in [
-        (COMPLETIONS, {"model": MODEL, "prompt": "Hello", "max_tokens": 200}),
-        (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 200}),
-        (CHAT, {"model": MODEL, "messages": HI, "max_completion_tokens": 128}),
+    for path, body, field in [
+        (COMPLETIONS, {"model": MODEL, "prompt": "Hello", "max_tokens": 200}, "max_tokens"),
+        (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 200}, "max_tokens"),
+        (CHAT, {"model": MODEL, "messages": HI, "max_completion_tokens": 128}, "max_completion_tokens"),
     ]:
         status, _, raw = short.request("POST", path, body)
         assert status == 400, raw
-        err = assert_openai_error(raw, 400, "max_tokens", "context_length_exceeded")
-        assert "128" in err["message"] and "lower max_tokens" in err["message"], err
+        err = assert_openai_error(raw, 400, field, "context_length_exceeded")
+        assert "128" in err["message"] and f"lower {field}" in err["message"], err
     unbounded = {"model": MODEL, "messages": HI, "temperature": 0, "ignore_eos": True}
     status, out = short.post_json(CHAT, unbounded)
     assert status == 200 and out["choices"][0]["finish_reason"] == "length", out
@@ -1292,6 +1308,13 @@ def test_overload_answers_429_with_retry_after_and_no_5xx(
             assert json.loads(raw)["usage"]["completion_tokens"] == 24
     status, _, _ = busy.request("POST", COMPLETIONS, {**body, "max_tokens": 2})
     assert status == 200
+    # A batch larger than the server ever holds (1 running + 1 pending) cannot succeed by
+    # retrying: a 400 naming the prompt, not a 429.
+    status, headers, raw = busy.request("POST", COMPLETIONS, {**body, "prompt": ["a", "b", "c"]})
+    assert status == 400, raw
+    err = json.loads(raw)["error"]
+    assert err["param"] == "prompt" and "split it" in err["message"], err
+    assert "retry-after" not in headers
 
 
 # --- graceful shutdown -------------------------------------------------------------------------

@@ -254,7 +254,7 @@ impl PyPipeline {
             served_model_name,
             api_key,
             max_pending,
-            shutdown_timeout,
+            shutdown_timeout: specrs_server::cli::check_shutdown_timeout(shutdown_timeout).map_err(invalid)?,
             chat_template: chat_template
                 .map(|t| specrs_server::cli::chat_template_arg(&t).map_err(|e| invalid(e.to_string())))
                 .transpose()?,

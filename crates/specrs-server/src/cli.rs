@@ -292,7 +292,9 @@ pub fn command() -> Command {
                 .arg(Arg::new("max-pending").long("max-pending").value_parser(value_parser!(usize)).help(
                     "Requests queued beyond the running batch before answering 429 (default: 4 x --max-num-seqs)",
                 ))
-                .arg(Arg::new("shutdown-timeout").long("shutdown-timeout").value_parser(value_parser!(f64)).default_value("10"))
+                .arg(Arg::new("shutdown-timeout").long("shutdown-timeout").value_parser(grace_seconds).default_value("10").help(
+                    "Seconds running requests get to finish after SIGINT/SIGTERM (0 to 86400)",
+                ))
                 .arg(Arg::new("chat-template").long("chat-template").help(
                     "A Jinja chat template (a file, or the template itself) used instead of the model's",
                 ))
@@ -393,6 +395,24 @@ pub enum CliError {
     Clap(#[from] clap::Error),
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Longest `--shutdown-timeout`: a day.
+const MAX_GRACE_SECONDS: f64 = 86_400.0;
+
+/// A shutdown grace period: finite seconds in `[0, MAX_GRACE_SECONDS]` (`inf` would overflow
+/// the shutdown deadline, NaN would mean nothing).
+pub fn check_shutdown_timeout(seconds: f64) -> Result<f64, String> {
+    if !(0.0..=MAX_GRACE_SECONDS).contains(&seconds) {
+        return Err(format!("shutdown_timeout must be between 0 and {MAX_GRACE_SECONDS} seconds, got {seconds}"));
+    }
+    Ok(seconds)
+}
+
+/// `--shutdown-timeout` (clap exits with code 2 on an error).
+fn grace_seconds(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text.trim().parse().map_err(|_| format!("'{text}' is not a number of seconds"))?;
+    check_shutdown_timeout(seconds)
 }
 
 fn speculative_values(m: &ArgMatches) -> Result<Map<String, Value>, CliError> {
@@ -738,6 +758,11 @@ mod tests {
         assert!(e.contains("synthetic_acceptance_rate must be between 0.0 and 1.0"), "{e}");
         assert!(parse(["serve", "--speculative-method", "medusa"]).is_err());
         assert!(parse(["serve", "--port", "-1"]).is_err());
+        // A grace period that would overflow the shutdown deadline, or mean nothing.
+        for bad in ["inf", "1e20", "NaN", "-1", "soon"] {
+            assert!(server_args(&["--shutdown-timeout", bad]).is_err(), "{bad}");
+        }
+        assert_eq!(server_args(&["--shutdown-timeout", "2.5"]).unwrap().shutdown_timeout, 2.5);
     }
 
     #[test]

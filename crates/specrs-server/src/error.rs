@@ -46,6 +46,16 @@ impl ApiError {
         self
     }
 
+    /// Names the request's own output-length field (`max_completion_tokens`,
+    /// `max_output_tokens`) where the engine's error speaks of `max_tokens`.
+    pub fn for_max_tokens_field(mut self, field: &str) -> Self {
+        if field != "max_tokens" && self.param.as_deref() == Some("max_tokens") {
+            self.param = Some(field.to_string());
+            self.message = self.message.replace("max_tokens", field);
+        }
+        self
+    }
+
     /// Maps an engine admission error onto the request field it concerns.
     pub fn from_engine(e: EngineError, prompt_field: &str) -> Self {
         match e {

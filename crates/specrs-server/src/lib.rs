@@ -98,9 +98,7 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
         tracing::info!("serving the OpenAI API on http://{local}/v1 (model '{}')", state.model_names[0]);
         // Tests and launchers read this line to learn the port.
         println!("spec-rs listening on http://{local}");
-        server::serve(listener, state, Duration::from_secs_f64(args.shutdown_timeout.max(0.0)))
-            .await
-            .map_err(|e| e.to_string())
+        server::serve(listener, state, Duration::from_secs_f64(args.shutdown_timeout)).await.map_err(|e| e.to_string())
     })?;
     if let Ok(h) = Arc::try_unwrap(handle) {
         h.shutdown(Duration::from_secs(1));

@@ -145,7 +145,7 @@ impl ResponsesRequest {
         if self.top_logprobs.is_some_and(|n| n > 20) {
             return Err(bad("top_logprobs must be at most 20", "top_logprobs"));
         }
-        Ok(())
+        self.metadata.as_ref().map_or(Ok(()), check_metadata)
     }
 
     /// `Some(top)` when the output's logprobs are asked for, with `top` alternatives each.
@@ -179,11 +179,51 @@ pub(crate) fn reasoning_effort<'a>(value: Option<&'a Value>, field: &str) -> Res
     }
 }
 
+/// OpenAI's limits on `metadata`: at most 16 pairs, keys of at most 64 characters, string
+/// values of at most 512 (the response echoes it, and clients index on it).
+fn check_metadata(metadata: &Map<String, Value>) -> Result<(), ApiError> {
+    const MAX_PAIRS: usize = 16;
+    const MAX_KEY_CHARS: usize = 64;
+    const MAX_VALUE_CHARS: usize = 512;
+    if metadata.len() > MAX_PAIRS {
+        return Err(bad(
+            format!("metadata holds at most {MAX_PAIRS} key-value pairs, got {}", metadata.len()),
+            "metadata",
+        ));
+    }
+    for (key, value) in metadata {
+        let field = format!("metadata.{key}");
+        if key.chars().count() > MAX_KEY_CHARS {
+            return Err(bad(format!("metadata keys are at most {MAX_KEY_CHARS} characters"), &field));
+        }
+        match value {
+            Value::String(s) if s.chars().count() <= MAX_VALUE_CHARS => {}
+            Value::String(_) => {
+                return Err(bad(format!("metadata values are at most {MAX_VALUE_CHARS} characters"), &field));
+            }
+            other => {
+                return Err(bad(format!("metadata values must be strings; '{key}' holds {other}"), &field));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The Responses API's `text.format` as chat's `response_format` (which the sampling reads).
 fn chat_response_format(text: Option<&Value>) -> Result<Option<Value>, ApiError> {
-    let Some(format) = text.filter(|t| !t.is_null()).map(|t| t.get("format").cloned().unwrap_or(Value::Null)) else {
-        return Ok(None);
+    let text = match text {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(text)) => text,
+        Some(_) => return Err(bad("text must be an object like {\"format\": {\"type\": \"text\"}}", "text")),
     };
+    // A misspelt key would otherwise leave the output unconstrained without a word.
+    if let Some(key) = text.keys().find(|k| !["format", "verbosity"].contains(&k.as_str())) {
+        return Err(bad(
+            format!("text has no field '{key}'; it takes 'format' and 'verbosity'"),
+            &format!("text.{key}"),
+        ));
+    }
+    let format = text.get("format").cloned().unwrap_or(Value::Null);
     if format.is_null() {
         return Ok(None);
     }
@@ -899,16 +939,12 @@ pub(crate) async fn create_response(
         logprobs: top.is_some(),
     };
     let mut reader = MessageReader::new(reasoning, true, calls);
-    let guards = admit(&state, 1)?;
+    let guards = admit(&state, 1, "input")?;
     let mut request = GenerationRequest::new(Prompt::Chat(conversation_prompt), params);
     request.trace = req.sampling.trace.unwrap_or(false);
     let penalty = penalty_field(&req.sampling);
     let (_, stream) = state.handle.submit_async(request).await.map_err(|e| {
-        let mut e = ApiError::from_engine(e, "input").for_penalty(penalty);
-        if e.param.as_deref() == Some("max_tokens") {
-            e.param = Some("max_output_tokens".into());
-        }
-        e
+        ApiError::from_engine(e, "input").for_penalty(penalty).for_max_tokens_field("max_output_tokens")
     })?;
     if req.sampling.stream.unwrap_or(false) {
         let events = response_stream(state, stream, pending, reader, guards);
@@ -1196,6 +1232,15 @@ mod tests {
             chat_response_format(Some(&json!({"format": {"type": "yaml"}}))).unwrap_err().param.as_deref(),
             Some("text.format")
         );
+        // Shapes that would leave the output unconstrained without a word.
+        for (text, param) in [
+            (json!("json_object"), "text"),
+            (json!({"fromat": {"type": "json_object"}}), "text.fromat"),
+            (json!({"format": "json_object"}), "text.format"),
+        ] {
+            assert_eq!(chat_response_format(Some(&text)).unwrap_err().param.as_deref(), Some(param), "{text}");
+        }
+        assert_eq!(chat_response_format(Some(&json!({"verbosity": "low"}))).unwrap(), None);
     }
 
     fn request(body: Value) -> ResponsesRequest {
@@ -1215,12 +1260,17 @@ mod tests {
             (json!({"top_logprobs": 21}), "top_logprobs"),
             (json!({"max_tool_calls": 2}), "max_tool_calls"),
             (json!({"conversation": "conv_1"}), "conversation"),
+            (json!({"metadata": {"k": {"nested": 1}}}), "metadata.k"),
+            (json!({"metadata": {"k": "v".repeat(513)}}), "metadata.k"),
+            (json!({"metadata": {"k".repeat(65): "v"}}), &*format!("metadata.{}", "k".repeat(65))),
+            (json!({"metadata": (0..17).map(|i| (i.to_string(), json!("v"))).collect::<Map<_, _>>()}), "metadata"),
         ] {
             let e = request(body.clone()).check_supported().unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field), "{body}: {}", e.message);
         }
         let fine =
-            request(json!({"truncation": "disabled", "background": false, "include": ["reasoning.encrypted_content"]}));
+            request(json!({"truncation": "disabled", "background": false, "include": ["reasoning.encrypted_content"],
+                                  "metadata": {"user": "u-1"}}));
         assert!(fine.check_supported().is_ok());
         assert_eq!(fine.logprobs(), None);
         assert_eq!(request(json!({"include": ["message.output_text.logprobs"]})).logprobs(), Some(0));

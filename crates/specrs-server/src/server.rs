@@ -250,6 +250,12 @@ pub(crate) fn sampling_params(
             Some("n"),
         ));
     }
+    if f.stream_options.is_some() && f.stream != Some(true) {
+        return Err(ApiError::bad_request(
+            "stream_options can only be set when stream is true; drop stream_options or set stream: true",
+            Some("stream_options"),
+        ));
+    }
     if f.use_beam_search == Some(true) {
         return Err(ApiError::bad_request(
             "beam search is not supported; leave use_beam_search unset and sample (n choices, ranked by their \
@@ -493,10 +499,22 @@ pub(crate) fn penalty_field(f: &SamplingFields) -> &'static str {
     }
 }
 
-pub(crate) fn admit(state: &Arc<AppState>, n: usize) -> Result<Vec<InFlight>, ApiError> {
+/// Counts `n` sequences in flight, or refuses them: a 429 while the server is full, a 400
+/// naming `param` for a request larger than the server ever holds (retrying cannot help).
+pub(crate) fn admit(state: &Arc<AppState>, n: usize, param: &str) -> Result<Vec<InFlight>, ApiError> {
+    let capacity = state.max_pending + state.handle.info().max_num_seqs;
+    if n > capacity {
+        return Err(ApiError::bad_request(
+            format!(
+                "the request runs {n} sequences (prompts x n), more than this server holds at once ({capacity}: \
+                 --max-num-seqs plus --max-pending); split it into smaller requests"
+            ),
+            Some(param),
+        ));
+    }
     let now = state.in_flight.fetch_add(n, Ordering::Relaxed) + n;
     let guards: Vec<InFlight> = (0..n).map(|_| InFlight(state.clone())).collect();
-    if now > state.max_pending + state.handle.info().max_num_seqs {
+    if now > capacity {
         return Err(ApiError::status(StatusCode::TOO_MANY_REQUESTS, "the server is at capacity; retry shortly"));
     }
     Ok(guards)
@@ -713,7 +731,7 @@ async fn chat_completions(
         (true, n) => Some(n.unwrap_or(0)),
         (false, _) => None,
     };
-    let (max_tokens, field) = match (req.max_completion_tokens, req.max_tokens) {
+    let (max_tokens, max_tokens_field) = match (req.max_completion_tokens, req.max_tokens) {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
     };
@@ -731,7 +749,7 @@ async fn chat_completions(
         req.parallel_tool_calls,
         state.auto_tool_parser,
     )?;
-    let mut params = sampling_params(&req.sampling, max_tokens, field, top, &state, tools.as_ref())?;
+    let mut params = sampling_params(&req.sampling, max_tokens, max_tokens_field, top, &state, tools.as_ref())?;
     // gpt-oss's harmony markers and Magistral's `[THINK]` / `[/THINK]` are special tokens the
     // reasoning reader needs in the text.
     if req.sampling.skip_special_tokens.is_none()
@@ -758,15 +776,13 @@ async fn chat_completions(
         let calls = tools.as_ref().map_or_else(CallStream::text, ToolRequest::call_stream);
         MessageReader::new(reasoning, include_reasoning, calls)
     };
-    let guards = admit(&state, n)?;
+    let guards = admit(&state, n, "n")?;
     let mut request = GenerationRequest::new(Prompt::Chat(conversation), params);
     request.trace = req.sampling.trace.unwrap_or(false);
     let penalty = penalty_field(&req.sampling);
-    let (_, stream) = state
-        .handle
-        .submit_async(request)
-        .await
-        .map_err(|e| ApiError::from_engine(e, "messages").for_penalty(penalty))?;
+    let (_, stream) = state.handle.submit_async(request).await.map_err(|e| {
+        ApiError::from_engine(e, "messages").for_penalty(penalty).for_max_tokens_field(max_tokens_field)
+    })?;
     let id = request_id("chatcmpl");
     let created = now_secs();
     let model = req.model.clone();
@@ -1020,7 +1036,7 @@ async fn completions(
         params.prompt_logprobs = params.prompt_logprobs.max(req.logprobs);
     }
     let n = params.n;
-    let guards = admit(&state, prompts.len() * n)?;
+    let guards = admit(&state, prompts.len() * n, "prompt")?;
     let mut streams = Vec::with_capacity(prompts.len());
     for prompt in prompts {
         let mut request = GenerationRequest::new(prompt, params.clone());

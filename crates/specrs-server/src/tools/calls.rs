@@ -16,6 +16,9 @@ use crate::message::{MessageDelta, held_prefix_len};
 pub struct CallStream {
     format: Format,
     ids: CallIds,
+    /// `parallel_tool_calls: false`: the model's first call is the message's only one (as
+    /// vLLM keeps it); later calls are dropped, the text around them kept.
+    first_call_only: bool,
 }
 
 /// How tool call ids are written.
@@ -80,7 +83,7 @@ enum Format {
 
 impl CallStream {
     fn of(format: Format) -> Self {
-        Self { format, ids: CallIds::default() }
+        Self { format, ids: CallIds::default(), first_call_only: false }
     }
 
     pub fn text() -> Self {
@@ -176,8 +179,18 @@ impl CallStream {
         self
     }
 
-    /// Gives each new call its id, unless the model wrote one (Kimi's).
-    fn identify(&self, mut out: Vec<MessageDelta>) -> Vec<MessageDelta> {
+    /// The same reader keeping only the first call the model writes.
+    pub fn first_call_only(mut self) -> Self {
+        self.first_call_only = true;
+        self
+    }
+
+    /// The pieces the message gets: each new call with its id, unless the model wrote one
+    /// (Kimi's); without the calls after the first when only one is wanted.
+    fn emit(&self, mut out: Vec<MessageDelta>) -> Vec<MessageDelta> {
+        if self.first_call_only {
+            out.retain(|d| !matches!(d, MessageDelta::CallStart { index, .. } | MessageDelta::Arguments { index, .. } if *index > 0));
+        }
         for delta in &mut out {
             if let MessageDelta::CallStart { id, .. } = delta
                 && id.is_empty()
@@ -212,7 +225,7 @@ impl CallStream {
             Format::Harmony(scanner) => scanner.push(text, &mut out),
             Format::Xlam(scanner) => scanner.push(text, &mut out),
         }
-        self.identify(out)
+        self.emit(out)
     }
 
     /// What is left once the output is complete: text held back in case it began a call, or a
@@ -235,7 +248,7 @@ impl CallStream {
             Format::Harmony(scanner) => scanner.finish(&mut out),
             Format::Xlam(scanner) => scanner.finish(&mut out),
         }
-        self.identify(out)
+        self.emit(out)
     }
 }
 
@@ -1126,6 +1139,20 @@ mod tests {
         assert_eq!(plain.content, "No tools needed: a < b and <tool is fine.");
         assert!(plain.tool_calls.is_empty());
         assert_eq!(plain.to_json()["content"], "No tools needed: a < b and <tool is fine.");
+    }
+
+    #[test]
+    fn parallel_tool_calls_false_keeps_the_first_call_and_the_text() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\n Done.";
+        for size in [1, 4, 1000] {
+            let message = read_in_pieces(CallStream::hermes().first_call_only(), text, size);
+            assert_eq!(calls(&message), vec![("get_weather", r#"{"city": "Oslo"}"#)], "pieces of {size}");
+            assert_eq!(message.content, "Let me check.\n\n Done.", "pieces of {size}");
+        }
+        let listed = CallStream::llama_json()
+            .first_call_only()
+            .read_all(r#"{"name": "f", "parameters": {}}; {"name": "g", "parameters": {}}"#);
+        assert_eq!(calls(&listed), vec![("f", "{}")]);
     }
 
     #[test]

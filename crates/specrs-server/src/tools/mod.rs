@@ -177,6 +177,8 @@ pub struct ToolRequest {
     pub choice: ToolChoice,
     /// How call ids are written: Mistral's form on a server that reads Mistral calls.
     pub ids: CallIds,
+    /// `parallel_tool_calls` (default true): false makes the model's first call the only one.
+    pub parallel_calls: bool,
 }
 
 impl ToolRequest {
@@ -244,7 +246,7 @@ impl ToolRequest {
             return Err(bad("tool_choice 'required' needs tools to call", "tool_choice"));
         }
         let ids = if auto_parser == Some(ToolCallParser::Mistral) { CallIds::Mistral } else { CallIds::OpenAi };
-        Ok(Some(Self { tools, functions, choice, ids }))
+        Ok(Some(Self { tools, functions, choice, ids, parallel_calls: parallel_tool_calls.unwrap_or(true) }))
     }
 
     /// The output constraint the choice imposes: a named function's arguments, or the list of
@@ -328,7 +330,8 @@ impl ToolRequest {
             ToolChoice::Required { .. } => CallStream::call_list(),
             ToolChoice::Function(name) => CallStream::named(name),
         };
-        stream.with_ids(self.ids)
+        let stream = stream.with_ids(self.ids);
+        if self.parallel_calls { stream } else { stream.first_call_only() }
     }
 
     /// Whether the model's own tool-call markers must stay in the text for the parser to see
@@ -429,6 +432,20 @@ mod tests {
 
     fn parse(choice: Value) -> Result<Option<ToolRequest>, ApiError> {
         ToolRequest::parse(Some(&weather_and_time()), Some(&choice), None, None)
+    }
+
+    #[test]
+    fn parallel_tool_calls_false_under_auto_reads_one_call() {
+        let text = "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"get_weather\", \"arguments\": {}}</tool_call>";
+        let names = |parallel: Option<bool>| {
+            let request = ToolRequest::parse(Some(&weather_and_time()), None, parallel, Some(ToolCallParser::Hermes))
+                .unwrap()
+                .unwrap();
+            let message = crate::message::MessageReader::new(None, true, request.call_stream()).read_all(text);
+            message.tool_calls.into_iter().map(|(_, name, _)| name).collect::<Vec<_>>()
+        };
+        assert_eq!(names(None), ["get_time", "get_weather"]);
+        assert_eq!(names(Some(false)), ["get_time"]);
     }
 
     fn matches(schema: &Value, text: &str) -> bool {
