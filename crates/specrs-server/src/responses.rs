@@ -292,6 +292,16 @@ fn chat_tools(tools: Option<&Value>) -> Result<Option<Value>, ApiError> {
 
 /// A Responses `tool_choice` (`"none" | "auto" | "required"` or `{"type": "function", "name"}`)
 /// in chat's form.
+/// A tool error in the Responses API's own terms: chat's `tools[i].function.x` is
+/// `tools[i].x` there, and a named choice is `{"type": "function", "name": ...}`.
+fn in_responses_terms(mut e: ApiError) -> ApiError {
+    e.param = e.param.map(|p| p.replacen(".function", "", 1));
+    e.message = e
+        .message
+        .replace("{\"type\": \"function\", \"function\": {\"name\": ...}}", "{\"type\": \"function\", \"name\": ...}");
+    e
+}
+
 fn chat_tool_choice(choice: Option<&Value>) -> Result<Option<Value>, ApiError> {
     match choice {
         None | Some(Value::Null) => Ok(None),
@@ -887,7 +897,8 @@ pub(crate) async fn create_response(
     let chat_tools = chat_tools(req.sampling.tools.as_ref())?;
     let chat_choice = chat_tool_choice(req.sampling.tool_choice.as_ref())?;
     let tools =
-        ToolRequest::parse(chat_tools.as_ref(), chat_choice.as_ref(), req.parallel_tool_calls, state.auto_tool_parser)?;
+        ToolRequest::parse(chat_tools.as_ref(), chat_choice.as_ref(), req.parallel_tool_calls, state.auto_tool_parser)
+            .map_err(in_responses_terms)?;
     let fields = SamplingFields {
         response_format: chat_response_format(req.text.as_ref())?,
         tools: chat_tools,
@@ -1211,6 +1222,24 @@ mod tests {
         );
         assert_eq!(chat_tool_choice(Some(&json!("required"))).unwrap(), Some(json!("required")));
         assert!(chat_tool_choice(Some(&json!({"type": "allowed_tools", "tools": []}))).is_err());
+    }
+
+    #[test]
+    fn tool_errors_name_the_responses_fields() {
+        let parse = |tools: Value, choice: Option<Value>| {
+            let tools = chat_tools(Some(&tools)).unwrap();
+            let choice = chat_tool_choice(choice.as_ref()).unwrap();
+            ToolRequest::parse(tools.as_ref(), choice.as_ref(), None, Some(crate::tools::ToolCallParser::Hermes))
+                .map_err(in_responses_terms)
+                .unwrap_err()
+        };
+        let named = |name: &str| json!([{"type": "function", "name": name}]);
+        assert_eq!(parse(named("get weather"), None).param.as_deref(), Some("tools[0].name"));
+        let schema_not_object = json!([{"type": "function", "name": "f", "parameters": "x"}]);
+        assert_eq!(parse(schema_not_object, None).param.as_deref(), Some("tools[0].parameters"));
+        let e = parse(named("f"), Some(json!("bogus")));
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
+        assert!(e.message.contains(r#"{"type": "function", "name": ...}"#), "{}", e.message);
     }
 
     #[test]
