@@ -31,8 +31,8 @@ use crate::error::ApiError;
 use crate::message::{MessageDelta, MessageReader};
 use crate::openai::{SamplingFields, Usage};
 use crate::server::{
-    AppState, InFlight, admit, chat_logprobs, check_model, collect, now_secs, output_events, parse_body, penalty_field,
-    reasoning_for, sampling_params, unique_suffix, usage_of,
+    AppState, InFlight, admit, chat_logprobs, check_model, collect, failure_type, now_secs, output_events, parse_body,
+    penalty_field, reasoning_for, sampling_params, unique_suffix, usage_of,
 };
 use crate::tools::{CallStream, ToolChoice, ToolRequest};
 
@@ -855,8 +855,7 @@ impl Pending {
         response["output"] = Value::Array(items.to_json());
         response["usage"] = usage;
         if let Some(failure) = error {
-            let code = if failure.caused_by_request { "invalid_request_error" } else { "server_error" };
-            response["error"] = json!({"code": code, "message": failure.message});
+            response["error"] = json!({"code": failure_type(failure), "message": failure.message});
         }
         response
     }

@@ -686,14 +686,15 @@ fn sse_json(v: &Value) -> Event {
     Event::default().data(v.to_string())
 }
 
+/// OpenAI's error type for a failed request: the client's doing, or the server's.
+pub(crate) fn failure_type(failure: &RequestFailure) -> &'static str {
+    if failure.caused_by_request { "invalid_request_error" } else { "server_error" }
+}
+
 /// The event a stream sends in place of a failed choice's last chunk (the HTTP status went
 /// out with the first): OpenAI's error object, typed by whose failure it was.
 fn stream_error(failure: Option<&RequestFailure>) -> Value {
-    let (message, kind) = match failure {
-        Some(f) if f.caused_by_request => (f.message.as_str(), "invalid_request_error"),
-        Some(f) => (f.message.as_str(), "server_error"),
-        None => ("generation failed", "server_error"),
-    };
+    let (message, kind) = failure.map_or(("generation failed", "server_error"), |f| (&f.message, failure_type(f)));
     json!({"error": {"message": message, "type": kind}})
 }
 
