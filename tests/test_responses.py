@@ -280,6 +280,24 @@ def test_a_named_function_is_called_and_its_output_continues_the_conversation(cl
     assert stateless.output_text == answer.output_text
 
 
+def test_a_response_cut_inside_its_call_is_refused_as_a_start_naming_it(server: Server) -> None:
+    body = {"model": MODEL, "input": ASK, "tools": RESPONSE_TOOLS, "tool_choice": WEATHER_CHOICE}
+    status, raw = request(server, "POST", "/v1/responses", {**body, "temperature": 0, "max_output_tokens": 3})
+    assert status == 200, raw
+    cut = json.loads(raw)
+    assert cut["status"] == "incomplete" and cut["output"][-1]["type"] == "function_call", cut
+    call_id = cut["output"][-1]["call_id"]
+    follow_up = {
+        "model": MODEL,
+        "previous_response_id": cut["id"],
+        "input": [{"type": "function_call_output", "call_id": call_id, "output": "sunny"}],
+    }
+    status, raw = request(server, "POST", "/v1/responses", follow_up)
+    assert status == 400, raw
+    assert_openai_error(raw, 400, "previous_response_id")
+    assert call_id in json.loads(raw)["error"]["message"]
+
+
 def test_required_tool_calls_stream_their_arguments(server: Server) -> None:
     body = {
         "model": MODEL,

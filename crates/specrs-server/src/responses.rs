@@ -733,6 +733,27 @@ impl OutputItems {
     }
 }
 
+/// Refuses to continue a stored response whose output ends in a function call cut short
+/// (`max_output_tokens` stopped it inside the arguments): no chat template can render its
+/// arguments, and the client cannot mend what the server stored.
+fn check_continuable(id: &str, response: &Value) -> Result<(), ApiError> {
+    let cut = response["output"].as_array().into_iter().flatten().find(|item| {
+        item["type"] == "function_call"
+            && item["arguments"].as_str().is_none_or(|a| serde_json::from_str::<Value>(a).is_err())
+    });
+    match cut {
+        Some(call) => Err(bad(
+            format!(
+                "response {id} ended inside function call {} (max_output_tokens cut its arguments short), so it \
+                 cannot be continued; send its input again with a larger max_output_tokens",
+                call["call_id"]
+            ),
+            "previous_response_id",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `{prefix}_{unique}`, as OpenAI names responses and their items.
 fn item_id(prefix: &str) -> String {
     format!("{prefix}_{}", unique_suffix())
@@ -881,7 +902,11 @@ pub(crate) async fn create_response(
     check_model(&state, &req.model)?;
     req.check_supported()?;
     let mut conversation = match &req.previous_response_id {
-        Some(id) => state.responses.get(id).ok_or_else(|| not_found(id, Some("previous_response_id")))?.conversation,
+        Some(id) => {
+            let stored = state.responses.get(id).ok_or_else(|| not_found(id, Some("previous_response_id")))?;
+            check_continuable(id, &stored.response)?;
+            stored.conversation
+        }
         None => Vec::new(),
     };
     conversation.extend(input_messages(&req.input)?);
@@ -1221,6 +1246,23 @@ mod tests {
         );
         assert_eq!(chat_tool_choice(Some(&json!("required"))).unwrap(), Some(json!("required")));
         assert!(chat_tool_choice(Some(&json!({"type": "allowed_tools", "tools": []}))).is_err());
+    }
+
+    #[test]
+    fn a_response_cut_inside_a_call_cannot_be_continued() {
+        let response = |arguments: &str| {
+            json!({"status": "incomplete", "output": [
+                {"type": "message", "content": [{"type": "output_text", "text": "Checking."}]},
+                {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": arguments},
+            ]})
+        };
+        assert!(check_continuable("resp_1", &response(r#"{"city": "Oslo"}"#)).is_ok());
+        for cut in ["", r#"{"city": "Os"#] {
+            let e = check_continuable("resp_1", &response(cut)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("previous_response_id"));
+            assert!(e.message.contains("resp_1") && e.message.contains("call_1"), "{}", e.message);
+        }
+        assert!(check_continuable("resp_2", &json!({"status": "completed", "output": []})).is_ok());
     }
 
     #[test]
