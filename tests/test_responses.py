@@ -423,6 +423,12 @@ BAD_RESPONSES: list[tuple[str, dict[str, Any], int, str | None]] = [
         "input[0].content[0].type",
     ),
     ("unknown role", {"input": [{"role": "wizard", "content": "hi"}]}, 400, "input[0].role"),
+    (
+        "output answering no call",
+        {"input": [{"type": "function_call_output", "call_id": "call_nowhere", "output": "12 C"}]},
+        400,
+        "input[0].call_id",
+    ),
     ("hosted tool", {"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     (
         "unknown named tool",

@@ -358,15 +358,16 @@ fn item_text(content: Option<&Value>, field: &str) -> Result<String, ApiError> {
 /// The input items as chat messages: messages keep their role; a model's `function_call`
 /// items join the assistant turn before them (or start one); `function_call_output` items are
 /// tool messages. Reasoning items are left out, as chat templates leave out earlier turns'
-/// thinking.
-fn input_messages(input: &ResponseInput) -> Result<Vec<ChatMessage>, ApiError> {
+/// thinking. `earlier` is the conversation the input continues (a stored response's, or none):
+/// an output must answer a call made there or earlier in the input, as OpenAI requires.
+fn input_messages(input: &ResponseInput, earlier: &[ChatMessage]) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match input {
         ResponseInput::Text(text) => return Ok(vec![ChatMessage::new("user", text.clone())]),
         ResponseInput::Items(items) => items,
     };
     let mut messages: Vec<ChatMessage> = Vec::with_capacity(items.len());
     // A call's function name by call id, for the tool message that answers it.
-    let mut call_names: HashMap<String, String> = HashMap::new();
+    let mut call_names: HashMap<String, String> = earlier_call_names(earlier);
     for (i, item) in items.iter().enumerate() {
         let field = format!("input[{i}]");
         let text_of = |key: &str| item.get(key).and_then(Value::as_str);
@@ -405,12 +406,22 @@ fn input_messages(input: &ResponseInput) -> Result<Vec<ChatMessage>, ApiError> {
             Some("function_call_output") => {
                 let call_id = text_of("call_id")
                     .ok_or_else(|| bad("a function_call_output needs its 'call_id'", &format!("{field}.call_id")))?;
+                let name = call_names.get(call_id).cloned().ok_or_else(|| {
+                    bad(
+                        format!(
+                            "no function call with call_id '{call_id}' for this output to answer: send the \
+                             function_call item before it, or continue the response that made the call with \
+                             previous_response_id"
+                        ),
+                        &format!("{field}.call_id"),
+                    )
+                })?;
                 let output = item_text(item.get("output"), &format!("{field}.output"))?;
                 messages.push(ChatMessage {
                     role: "tool".into(),
                     content: Value::String(output),
                     tool_call_id: Some(call_id.to_string()),
-                    name: call_names.get(call_id).cloned(),
+                    name: Some(name),
                     ..Default::default()
                 });
             }
@@ -428,6 +439,19 @@ fn input_messages(input: &ResponseInput) -> Result<Vec<ChatMessage>, ApiError> {
         }
     }
     Ok(messages)
+}
+
+/// The function name of each call the assistant turns of `conversation` made, by call id.
+fn earlier_call_names(conversation: &[ChatMessage]) -> HashMap<String, String> {
+    conversation
+        .iter()
+        .flat_map(|turn| turn.tool_calls.iter().flatten())
+        .filter_map(|call| {
+            let id = call.get("id")?.as_str()?;
+            let name = call.get("function")?.get("name")?.as_str()?;
+            Some((id.to_string(), name.to_string()))
+        })
+        .collect()
 }
 
 /// The input as OpenAI lists it back: items, each with an id (given, or made here), text input
@@ -909,7 +933,8 @@ pub(crate) async fn create_response(
         }
         None => Vec::new(),
     };
-    conversation.extend(input_messages(&req.input)?);
+    let input = input_messages(&req.input, &conversation)?;
+    conversation.extend(input);
     if conversation.is_empty() {
         return Err(bad("input must hold at least one item", "input"));
     }
@@ -1173,7 +1198,7 @@ mod tests {
             {"type": "function_call_output", "call_id": "call_1", "output": "12 C"},
             {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "noon"}]},
         ]));
-        let messages = input_messages(&input).unwrap();
+        let messages = input_messages(&input, &[]).unwrap();
         let roles: Vec<&str> = messages.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(
             roles,
@@ -1194,12 +1219,15 @@ mod tests {
         );
         assert_eq!((messages[4].content.clone(), messages[4].name.as_deref()), (json!("noon"), Some("get_time")));
 
-        let text = input_messages(&ResponseInput::Text("Hi".into())).unwrap();
+        let text = input_messages(&ResponseInput::Text("Hi".into()), &[]).unwrap();
         assert_eq!(text, vec![ChatMessage::new("user", "Hi")]);
-        let bare_call = input_messages(&items(json!([
-            {"role": "user", "content": "Go"},
-            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
-        ])))
+        let bare_call = input_messages(
+            &items(json!([
+                {"role": "user", "content": "Go"},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+            ])),
+            &[],
+        )
         .unwrap();
         assert_eq!(
             (bare_call[1].role.as_str(), &bare_call[1].content),
@@ -1219,14 +1247,45 @@ mod tests {
             (json!([{"role": "user", "content": "hi"}, {"type": "web_search_call", "id": "ws"}]), "input[1].type"),
             (json!([{"type": "function_call", "call_id": "c", "name": "f"}]), "input[0].arguments"),
             (json!([{"type": "function_call_output", "output": "x"}]), "input[0].call_id"),
+            (json!([{"type": "function_call_output", "call_id": "nowhere", "output": "x"}]), "input[0].call_id"),
+            (
+                json!([
+                    {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "C", "output": "x"},
+                ]),
+                "input[1].call_id",
+            ),
             (json!([{"content": "no role or type"}]), "input[0]"),
             (json!([{"role": "user", "content": 7}]), "input[0].content"),
         ];
         for (input, field) in cases {
-            let e = input_messages(&items(input.clone())).unwrap_err();
+            let e = input_messages(&items(input.clone()), &[]).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field), "{input}: {}", e.message);
             assert_eq!(e.status, StatusCode::BAD_REQUEST);
         }
+    }
+
+    #[test]
+    fn an_output_answering_a_stored_call_is_named_after_its_function() {
+        let earlier = vec![
+            ChatMessage::new("user", "Weather in Oslo?"),
+            ChatMessage {
+                role: "assistant".into(),
+                content: Value::Null,
+                tool_calls: Some(vec![
+                    json!({"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}),
+                ]),
+                ..Default::default()
+            },
+        ];
+        let answer = items(json!([{"type": "function_call_output", "call_id": "call_9", "output": "12 C"}]));
+        let messages = input_messages(&answer, &earlier).unwrap();
+        assert_eq!(
+            (messages[0].role.as_str(), messages[0].tool_call_id.as_deref(), messages[0].name.as_deref()),
+            ("tool", Some("call_9"), Some("get_weather"))
+        );
+        let e = input_messages(&answer, &earlier[..1]).unwrap_err();
+        assert!(e.message.contains("previous_response_id"), "{}", e.message);
     }
 
     #[test]
