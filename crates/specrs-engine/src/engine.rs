@@ -327,9 +327,11 @@ impl Engine {
             );
         }
         if capture && cfg.max_seq_len_to_capture == 0 {
-            return Err(EngineError::Request(
-                "max_seq_len_to_capture must be at least 1 with device_graph_capture (e.g. 4096)".into(),
-            ));
+            return Err(specrs_core::ConfigError::field(
+                "max_seq_len_to_capture",
+                "max_seq_len_to_capture must be at least 1 with device_graph_capture (e.g. 4096)",
+            )
+            .into());
         }
         // Captured steps write their padding rows' keys and values to one scratch block past
         // the planned ones, paid from the same budget, which the block manager never hands out.
@@ -349,8 +351,7 @@ impl Engine {
             0 => "",
             _ => " (the budget shown is after one block kept for device_graph_capture's padding)",
         };
-        let mut plan =
-            plan_within(cfg.kv_cache_bytes).map_err(|e| EngineError::Request(format!("{e}{scratch_note}")))?;
+        let mut plan = plan_within(cfg.kv_cache_bytes).map_err(|e| kv_plan_error(e, scratch_note))?;
         if guest_drafter_kv_replicas > 0 && drafter_kv_bytes_per_token > 0 {
             // Every other replica plans exactly what this one would with the whole budget.
             let guest_bytes = guest_drafter_kv_replicas as u64
@@ -1531,6 +1532,18 @@ fn checked_max_model_len(requested: Option<usize>, model_context: usize) -> Resu
         .into()),
         Some(n) => Ok(n),
     }
+}
+
+/// A KV plan that cannot be made, as the configuration error it is, naming the setting to
+/// change (`kv_cache_bytes` for a budget too small or too large to address).
+fn kv_plan_error(e: specrs_core::kv_blocks::KvError, note: &str) -> EngineError {
+    use specrs_core::kv_blocks::KvError;
+    let field = match &e {
+        KvError::ZeroParameter { name } => *name,
+        KvError::BudgetTooSmall { .. } | KvError::TooManySlots { .. } => "kv_cache_bytes",
+        _ => return EngineError::Internal(format!("{e}{note}")),
+    };
+    specrs_core::ConfigError::field(field, format!("{e}{note}")).into()
 }
 
 /// Refuses drafts longer than the whole context (`k` drafts verified per step, `lookahead`

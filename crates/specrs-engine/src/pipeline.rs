@@ -192,8 +192,30 @@ pub fn target_architecture(store: &WeightStore, config: &specrs_models::DecoderC
     config.architecture.hf_name().to_string()
 }
 
+/// Refuses a draft model that `method` would not use: with no method the pipeline decodes
+/// plainly and would drop it without a word, and n-gram and suffix decoding draft from the
+/// text itself.
+pub fn check_draft_model_use(method: Option<SpeculativeMethod>, has_draft_model: bool) -> Result<()> {
+    const DRAFTING_METHODS: &str = "eagle, mtp, dflash, dflash2 or dspark";
+    let unused = match method {
+        _ if !has_draft_model => return Ok(()),
+        None => format!(
+            "a draft model is given but no speculative_method: set speculative_method to the method the draft \
+             was trained for ({DRAFTING_METHODS}), or leave the draft model out to decode plainly"
+        ),
+        Some(m) if m.is_model_free() => format!(
+            "speculative_method='{}' drafts from the text itself and takes no draft model: leave the draft \
+             model out, or pick a method that drafts with one ({DRAFTING_METHODS})",
+            m.as_str()
+        ),
+        Some(_) => return Ok(()),
+    };
+    Err(ConfigError::field("draft_model", unused).into())
+}
+
 /// A draft checkpoint's `architectures[0]` (rewritten as MAX does for one-layer EAGLE drafts).
 pub fn draft_architecture(method: SpeculativeMethod, draft: &Path) -> Result<String> {
+    check_draft_model_use(Some(method), true)?;
     let cfg_path = if draft.is_dir() { draft.join("config.json") } else { draft.with_file_name("config.json") };
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
         specrs_models::ModelError::file(
@@ -507,6 +529,7 @@ fn build_replica(
     shared: Option<&LoadedDraft>,
     guest_drafter_kv_replicas: usize,
 ) -> Result<(Engine, PipelineInfo, Option<LoadedDraft>)> {
+    check_draft_model_use(cfg.speculative.speculative_method, cfg.draft_model.is_some())?;
     let path = resolve_model_path(&cfg.model)?;
     let device = device_spec.device_for(cfg.engine.device_graph_capture)?;
     let store = WeightStore::open(&path, device, cfg.dtype)?;
@@ -679,6 +702,22 @@ mod tests {
         cfg.tokenizer = Some(dir.path().join("target").to_str().unwrap().to_string());
         let Err(e) = build_engine(&cfg) else { panic!("a directory without tokenizer.json was accepted") };
         assert!(e.to_string().contains("tokenizer") && e.to_string().contains("holds no tokenizer.json"), "{e}");
+    }
+
+    #[test]
+    fn a_draft_model_the_method_would_not_use_is_refused_naming_draft_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = PipelineConfig::new("smollm2-135m-instruct");
+        cfg.draft_model = Some(dir.path().to_str().unwrap().to_string());
+        for method in [None, Some(SpeculativeMethod::Ngram), Some(SpeculativeMethod::Suffix)] {
+            cfg.speculative.speculative_method = method;
+            let Err(EngineError::Config(e)) = build_engine(&cfg) else { panic!("{method:?}: the draft was dropped") };
+            assert_eq!(e.field.as_deref(), Some("draft_model"), "{method:?}: {e}");
+            let hint = if method.is_none() { "set speculative_method" } else { "takes no draft model" };
+            assert!(e.to_string().contains(hint), "{method:?}: {e}");
+        }
+        assert!(check_draft_model_use(Some(SpeculativeMethod::Eagle), true).is_ok());
+        assert!(check_draft_model_use(None, false).is_ok());
     }
 
     #[test]
