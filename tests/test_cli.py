@@ -160,7 +160,20 @@ TRAIN_DRAFT_BAD_FLAGS = [
     ("prompts-missing", ["--prompts", "/nonexistent/prompts.json"], "--prompts /nonexistent/prompts.json: "),
     ("zero-max-new-tokens", ["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     ("zero-generation-batch", ["--generation-batch", "0"], "--generation-batch must be at least 1"),
-    ("negative-learning-rate", ["--learning-rate", "-1"], "--epochs and --learning-rate must be positive"),
+    ("negative-learning-rate", ["--learning-rate", "-1"], "--learning-rate must be a positive finite number"),
+    (
+        "infinite-learning-rate",
+        ["--learning-rate", "inf"],
+        "--learning-rate must be a positive finite number",
+    ),
+    ("endless-epochs", ["--epochs", "inf"], "--epochs must be in (0, 10000]"),
+    ("nan-epochs", ["--epochs", "nan"], "--epochs must be in (0, 10000], got NaN"),
+    ("too-many-prompts", ["--num-prompts", "1000000000000000000"], "--num-prompts must be at most 1000000"),
+    (
+        "skip-past-any-list",
+        ["--skip-prompts", "18446744073709551615"],
+        "--skip-prompts must be at most 1000000",
+    ),
     ("tap-past-the-layers", ["--taps", "2,15,31"], "--taps: tap 31 is past the target's hidden states"),
     (
         "draft-vocab-past-the-target",

@@ -105,6 +105,17 @@ def test_strings_that_do_not_coerce_are_rejected(field: str, value: str) -> None
 
 
 @pytest.mark.parametrize(
+    "field", ["synthetic_acceptance_rate", "relaxed_delta", "suffix_decoding_min_score_ratio"]
+)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "inf"])
+def test_non_finite_floats_are_refused_naming_the_field(field: str, value: float | str) -> None:
+    # JSON has no NaN or infinity; serialised for the rules, they would read as unset.
+    with pytest.raises(ValidationError, match="finite number") as excinfo:
+        SpeculativeConfig(speculative_method="ngram", **{field: value})
+    assert field in blamed_fields(excinfo.value)
+
+
+@pytest.mark.parametrize(
     "schedule",
     [
         '[{"batch_start": 9, "batch_end": 64, "num_tokens": 1},'
@@ -294,6 +305,11 @@ def test_config_file_values_are_validated_like_arguments(tmp_path: Path) -> None
     path = write_yaml(tmp_path, "speculative_method: eagle\nsynthetic_acceptance_rate: 1.5\n")
     with pytest.raises(ValidationError, match=r"must be between 0\.0 and 1\.0, got 1\.5"):
         SpeculativeConfig(config_file=path)
+
+
+def test_section_name_without_a_config_file_is_refused() -> None:
+    with pytest.raises(ValidationError, match="section_name names a section of config_file"):
+        SpeculativeConfig(section_name="speculative")
 
 
 def test_missing_config_file_raises_file_not_found(tmp_path: Path) -> None:

@@ -584,6 +584,15 @@ def test_invalid_sampling_params_fail_when_built_naming_the_field(field: str, va
     assert field in str(excinfo.value)
 
 
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_floats_fail_when_built_naming_the_field(field: str, value: float) -> None:
+    # JSON cannot carry NaN or infinity to the engine's rules: pydantic refuses them first.
+    with pytest.raises(ValidationError, match="finite number") as excinfo:
+        SamplingParams(**{field: value})
+    assert field in str(excinfo.value)
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "min_tokens", "logprobs", "seed"])
 def test_negative_counts_fail_when_built(field: str) -> None:
     with pytest.raises(ValidationError, match=field):
@@ -694,6 +703,21 @@ def test_token_ids_outside_the_vocabulary_are_value_errors_naming_the_id(short_l
         short_llm.generate([5, -3])
     with pytest.raises(ValueError, match="non-negative"):
         short_llm.generate({"prompt_token_ids": [-1]})
+    with pytest.raises(ValueError, match="prompt token id 1099511627776 is outside any vocabulary"):
+        short_llm.generate([1 << 40])
+    with pytest.raises(ValueError, match=r"token_ids\[1\] = 1180591620717411303424 is not a token id"):
+        short_llm.detokenize([1, 1 << 70])
+    with pytest.raises(TypeError, match=r"token_ids\[0\] = 'a' is not an int"):
+        short_llm.detokenize(["a"])  # type: ignore[list-item]
+
+
+def test_bytes_and_bools_are_not_token_ids_and_bad_messages_are_named(short_llm: LLM) -> None:
+    with pytest.raises(TypeError, match=r"prompts must be a string \(decode bytes first\)"):
+        short_llm.generate(b"hi")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a prompt must be a string"):
+        short_llm.generate([True, 5])
+    with pytest.raises(ValueError, match=r"messages\[1\]: missing field `role`"):
+        short_llm.chat([user("Hi")[0], {"content": "no role"}])
 
 
 def test_outputs_reads_the_completion_the_way_vllm_does(short_llm: LLM) -> None:
@@ -712,6 +736,10 @@ def test_outputs_reads_the_completion_the_way_vllm_does(short_llm: LLM) -> None:
         ({"max_model_len": 1}, "max_model_len", "at least 2"),
         ({"kv_cache_memory": -5}, "kv_cache_memory", "non-negative integer"),
         ({"max_num_seqs": 2.5}, "max_num_seqs", "non-negative integer"),
+        ({"kv_cache_memory": 1 << 64}, "kv_cache_memory", "below 2\\*\\*64"),
+        ({"max_num_seqs": 0}, "max_num_seqs", "max_num_seqs must be at least 1"),
+        ({"block_size": 0}, "block_size", "block_size must be at least 1"),
+        ({"kv_cache_memory": 1024}, "kv_cache_memory", "raise the KV memory budget"),
     ],
 )
 def test_engine_sizes_the_model_cannot_honour_raise_config_error_naming_them(
@@ -738,6 +766,43 @@ def test_drafts_longer_than_the_context_raise_config_error_naming_the_setting(
     with pytest.raises(ConfigError, match="do not fit in max_model_len 8192") as excinfo:
         LLM(speculative_config=SpeculativeConfig(**speculative))
     assert excinfo.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("speculative_config", "hint"),
+    [(None, "set speculative_method"), ({"speculative_method": "ngram"}, "takes no draft model")],
+)
+def test_a_draft_model_the_method_would_not_use_raises_config_error(
+    tmp_path: Any, speculative_config: dict[str, Any] | None, hint: str
+) -> None:
+    # Without a method the draft used to be dropped in silence, decoding plainly.
+    with pytest.raises(ConfigError, match=hint) as excinfo:
+        LLM(draft_model=str(tmp_path), speculative_config=speculative_config)
+    assert excinfo.value.field == "draft_model"
+
+
+def test_speculative_config_may_be_a_dict_of_its_fields() -> None:
+    llm = LLM(speculative_config={"speculative_method": "ngram", "num_speculative_tokens": 2})
+    assert llm.speculative_config == SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=2)
+    assert (llm.info["method"], llm.info["num_speculative_tokens"]) == ("ngram", 2)
+    with pytest.raises(ValidationError, match="speculative_method"):
+        LLM(speculative_config={"speculative_method": "medusa"})
+    with pytest.raises(TypeError, match="a SpeculativeConfig or a dict of its fields, got str"):
+        LLM(speculative_config='{"speculative_method": "ngram"}')  # type: ignore[arg-type]
+
+
+def test_chat_flags_and_serve_port_of_the_wrong_type_are_refused(short_llm: LLM) -> None:
+    messages = user("Hi")
+    for flag in ("add_generation_prompt", "continue_final_message"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False, got 0"):
+            short_llm.apply_chat_template(messages, **{flag: 0})
+    with pytest.raises(TypeError, match="chat_template must be a Jinja template string"):
+        short_llm.chat(messages, chat_template=b"{{ x }}")  # type: ignore[arg-type]
+    for port in (70000, -1, "8000"):
+        with pytest.raises(ValueError, match=r"port must be an integer in 0\.\.=65535"):
+            short_llm.serve(port=port)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="api_key is empty"):
+        short_llm.serve(port=0, api_key="")
 
 
 def test_a_tokenizer_override_must_exist_and_hold_tokenizer_json(tmp_path: Any) -> None:

@@ -8,12 +8,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from spec_rs import _spec_rs, architectures
+from spec_rs import SpeculativeConfig, _spec_rs, architectures
 from spec_rs.errors import ConfigError, SpeculatorSelectionError
+from spec_rs.llm import build_pipeline
 from spec_rs.registry import (
     ARCH_LOOKUP,
     ArchLookup,
@@ -664,3 +665,45 @@ def test_weights_format_values() -> None:
     assert WeightsFormat.SAFETENSORS == "safetensors"
     with pytest.raises(ValueError, match="'pt'"):
         WeightsFormat("pt")
+
+
+# --- what build_pipeline takes from the architecture ---
+
+
+class RecordingPipeline:
+    """Stands in for a pipeline class: keeps the engine arguments it was built with."""
+
+    built: ClassVar[list[dict[str, Any]]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        RecordingPipeline.built.append(kwargs)
+
+
+def recording_lookup(**fields: Any) -> ArchLookup:
+    lookup = ArchLookup()
+    lookup.register(
+        SupportedArchitecture(name="LlamaForCausalLM", pipeline_model=RecordingPipeline, **fields)
+    )
+    return lookup
+
+
+def test_an_architectures_encodings_and_required_arguments_shape_the_engine_it_builds() -> None:
+    lookup = recording_lookup(
+        supported_encodings={"f32", "q8_0"},
+        default_encoding="f32",
+        required_arguments={"enable_prefix_caching": False, "max_num_seqs": 4},
+    )
+    plain = SpeculativeConfig()
+    build_pipeline(speculative_config=plain, arch_lookup=lookup)
+    built = RecordingPipeline.built[-1]
+    assert built["dtype"] == "f32", "no dtype (or auto) takes the default encoding"
+    assert (built["enable_prefix_caching"], built["max_num_seqs"]) == (False, 4), "required arguments win"
+    build_pipeline(speculative_config=plain, arch_lookup=lookup, dtype="q8_0")
+    assert RecordingPipeline.built[-1]["dtype"] == "q8_0"
+    with pytest.raises(ConfigError, match="does not run dtype='q4_0'") as excinfo:
+        build_pipeline(speculative_config=plain, arch_lookup=lookup, dtype="q4_0")
+    assert excinfo.value.field == "dtype"
+    with pytest.raises(ConfigError, match="requires arguments the engine does not take: warp_speed"):
+        build_pipeline(
+            speculative_config=plain, arch_lookup=recording_lookup(required_arguments={"warp_speed": 9})
+        )

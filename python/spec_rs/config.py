@@ -69,10 +69,11 @@ class SpeculativeConfig(BaseModel):
     """Configures speculative decoding for a pipeline.
 
     Instances are immutable: assigning a field raises. Unknown fields are rejected. Values
-    given as strings (from the command line, environment or YAML) are coerced.
+    given as strings (from the command line, environment or YAML) are coerced. NaN and
+    infinity are refused by field: no rule can compare them.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
     config_file: str | None = Field(default=None, exclude=True)
     """YAML file whose values (or whose ``section_name`` section) form the base of the
@@ -151,7 +152,11 @@ class SpeculativeConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _load_config_file(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("config_file") is None:
+        if not isinstance(data, dict):
+            return data
+        if data.get("config_file") is None:
+            if data.get("section_name") is not None:
+                raise ValueError("section_name names a section of config_file: give config_file too")
             return data
         file_values = json.loads(
             _spec_rs.load_config_file(str(data["config_file"]), data.get("section_name"))

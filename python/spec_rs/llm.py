@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -84,10 +84,11 @@ class SamplingParams(BaseModel):
     ``repetition_penalty=1``, ``frequency_penalty=presence_penalty=0``, ``logit_bias={}``.
 
     Values are checked when the object is built, by the rules the engine applies to every
-    request (one implementation, in Rust): a bad one raises ``ValidationError`` naming it.
+    request (one implementation, in Rust): a bad one raises ``ValidationError`` naming it
+    (NaN and infinity too, which JSON cannot carry to those rules).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -360,8 +361,10 @@ def _check_sizes(**sizes: int | None) -> None:
     """The engine takes unsigned sizes: name the one that is not, rather than an OverflowError
     from the binding. Their rules (at least 1, fits the model) are the engine's."""
     for name, value in sizes.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            error = ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64
+        ):
+            error = ConfigError(f"{name} must be a non-negative integer below 2**64, got {value!r}")
             error.field = name
             raise error
 
@@ -369,7 +372,7 @@ def _check_sizes(**sizes: int | None) -> None:
 def build_pipeline(
     model: str = DEFAULT_MODEL,
     draft_model: str | None = None,
-    speculative_config: SpeculativeConfig | None = None,
+    speculative_config: SpeculativeConfig | Mapping[str, Any] | None = None,
     *,
     dtype: str | None = None,
     device: str | Sequence[str] = "cpu",
@@ -395,6 +398,14 @@ def build_pipeline(
         max_seq_len_to_capture=max_seq_len_to_capture,
     )
     lookup = arch_lookup or ARCH_LOOKUP
+    if isinstance(speculative_config, Mapping):
+        # vLLM's habit: the config's fields as a dict (validated, and refused, the same way).
+        speculative_config = SpeculativeConfig.model_validate(dict(speculative_config))
+    elif speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
+        raise TypeError(
+            "speculative_config must be a SpeculativeConfig or a dict of its fields, "
+            f"got {type(speculative_config).__name__}"
+        )
     if speculative_config is None and draft_model is None:
         shipped = _spec_rs.default_draft(model)
         if shipped is not None:
@@ -412,7 +423,7 @@ def build_pipeline(
     if spec.speculative_method in DRAFT_CHECKPOINT_METHODS and draft_path is None:
         error = ConfigError(
             f"speculative_method={spec.speculative_method!r} needs a draft checkpoint: "
-            "pass draft_model=<directory>"
+            "pass draft_model=<directory> (--draft-model on the command line)"
         )
         error.field = "draft_model"
         raise error
@@ -435,24 +446,65 @@ def build_pipeline(
             )
             spec = spec.with_width(width)
         spec.check_pipeline_combinations()
-    pipeline = arch.pipeline_model(
-        target_path,
-        draft_path,
-        json.dumps(spec.model_dump(mode="json")),
-        dtype=dtype or "auto",
-        device=device if isinstance(device, str) else ",".join(device),
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=max_num_batched_tokens,
-        kv_cache_bytes=kv_cache_memory,
-        block_size=block_size,
-        enable_spec_decode_mixed_batches=enable_spec_decode_mixed_batches,
-        device_graph_capture=device_graph_capture,
-        max_seq_len_to_capture=max_seq_len_to_capture,
-        enable_prefix_caching=enable_prefix_caching,
-        tokenizer=str(resolve_tokenizer(tokenizer)) if tokenizer is not None else None,
+    engine_args = _with_required_arguments(
+        arch,
+        {
+            "max_num_seqs": max_num_seqs,
+            "max_model_len": max_model_len,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "kv_cache_memory": kv_cache_memory,
+            "block_size": block_size,
+            "enable_spec_decode_mixed_batches": enable_spec_decode_mixed_batches,
+            "device_graph_capture": device_graph_capture,
+            "max_seq_len_to_capture": max_seq_len_to_capture,
+            "enable_prefix_caching": enable_prefix_caching,
+        },
     )
+    kv_cache_bytes = engine_args.pop("kv_cache_memory")
+    try:
+        pipeline = arch.pipeline_model(
+            target_path,
+            draft_path,
+            json.dumps(spec.model_dump(mode="json")),
+            dtype=_encoding(arch, dtype),
+            device=device if isinstance(device, str) else ",".join(device),
+            kv_cache_bytes=kv_cache_bytes,
+            tokenizer=str(resolve_tokenizer(tokenizer)) if tokenizer is not None else None,
+            **engine_args,
+        )
+    except ConfigError as error:
+        if error.field == "kv_cache_bytes":  # the engine's name for this argument
+            error.field = "kv_cache_memory"
+        raise
     return ResolvedPipeline(target_arch, arch, spec, pipeline)
+
+
+def _encoding(arch: SupportedArchitecture, dtype: str | None) -> str:
+    """The weight dtype: the one asked for, which the architecture must support, or (for
+    none, or ``"auto"``) its ``default_encoding``."""
+    if dtype is None or dtype == "auto":
+        return arch.default_encoding
+    if dtype not in arch.supported_encodings:
+        error = ConfigError(
+            f"{arch.name} does not run dtype={dtype!r}: its supported encodings are "
+            f"{', '.join(sorted(arch.supported_encodings))}"
+        )
+        error.field = "dtype"
+        raise error
+    return dtype
+
+
+def _with_required_arguments(arch: SupportedArchitecture, engine_args: dict[str, Any]) -> dict[str, Any]:
+    """``engine_args`` with the values ``arch.required_arguments`` forces (as MAX applies them)."""
+    unknown = sorted(set(arch.required_arguments) - set(engine_args))
+    if unknown:
+        raise ConfigError(
+            f"{arch.name} requires arguments the engine does not take: {', '.join(unknown)} "
+            f"(required_arguments may set {', '.join(engine_args)})"
+        )
+    forced = {**engine_args, **arch.required_arguments}
+    _check_sizes(**{k: v for k, v in forced.items() if not isinstance(engine_args[k], bool)})
+    return forced
 
 
 def resolve_tokenizer(tokenizer: str | os.PathLike[str]) -> Path:
@@ -469,8 +521,11 @@ def resolve_tokenizer(tokenizer: str | os.PathLike[str]) -> Path:
 
 
 def _is_token_ids(value: Any) -> bool:
+    # Bytes are a sequence of ints too, but they are text, not token ids; bools are not ids.
     return (
-        isinstance(value, Sequence) and not isinstance(value, str) and all(isinstance(t, int) for t in value)
+        isinstance(value, Sequence)
+        and not isinstance(value, str | bytes | bytearray)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
     )
 
 
@@ -479,6 +534,9 @@ def _token_ids(ids: Sequence[int]) -> list[int]:
     negative = next((t for t in ids if t < 0), None)
     if negative is not None:
         raise ValueError(f"prompt token ids must be non-negative, got {negative}")
+    huge = next((t for t in ids if t >= 1 << 32), None)
+    if huge is not None:
+        raise ValueError(f"prompt token id {huge} is outside any vocabulary (token ids are below 2**32)")
     return [int(t) for t in ids]
 
 
@@ -506,9 +564,9 @@ def _prompt_batch(prompts: Any) -> list[dict[str, Any]]:
     """One prompt (text, token ids or a vLLM prompt dict) or a list of them, as request prompts."""
     if isinstance(prompts, str | dict) or (_is_token_ids(prompts) and len(prompts) > 0):
         return [_prompt_json(prompts)]
-    if not isinstance(prompts, Sequence):
+    if not isinstance(prompts, Sequence) or isinstance(prompts, bytes | bytearray):
         raise TypeError(
-            "prompts must be a string, a list of token ids, or a list of those, "
+            "prompts must be a string (decode bytes first), a list of token ids, or a list of those, "
             f"got {type(prompts).__name__}: {prompts!r:.80}"
         )
     return [_prompt_json(p) for p in prompts]
@@ -538,6 +596,14 @@ def _template_options(
     chat_template_kwargs: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """How a conversation is rendered, as the engine reads it beside ``chat``."""
+    for name, flag in (
+        ("add_generation_prompt", add_generation_prompt),
+        ("continue_final_message", continue_final_message),
+    ):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise TypeError(f"chat_template must be a Jinja template string, got {type(chat_template).__name__}")
     if tools is not None and not (
         isinstance(tools, Sequence) and not isinstance(tools, str) and all(isinstance(t, dict) for t in tools)
     ):
@@ -601,7 +667,7 @@ class LLM:
         model: str = DEFAULT_MODEL,
         draft_model: str | None = None,
         *,
-        speculative_config: SpeculativeConfig | None = None,
+        speculative_config: SpeculativeConfig | Mapping[str, Any] | None = None,
         dtype: str | None = None,
         device: str | Sequence[str] = "cpu",
         max_num_seqs: int = 64,
@@ -754,7 +820,16 @@ class LLM:
         return tokens
 
     def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        text: str = self.pipeline.detokenize(list(token_ids), skip_special_tokens)
+        ids = list(token_ids)
+        for i, token in enumerate(ids):
+            if isinstance(token, bool) or not isinstance(token, int):
+                raise TypeError(f"token_ids[{i}] = {token!r} is not an int token id")
+            if not -(1 << 63) <= token < 1 << 63:  # past what the engine reads; it checks the rest
+                raise ValueError(
+                    f"token_ids[{i}] = {token} is not a token id of this model "
+                    f"(0 to {self.info['vocab_size'] - 1})"
+                )
+        text: str = self.pipeline.detokenize(ids, skip_special_tokens)
         return text
 
     def apply_chat_template(
@@ -800,6 +875,8 @@ class LLM:
 
     def serve(self, host: str = "127.0.0.1", port: int = 8000, **kwargs: Any) -> None:
         """Serves the OpenAI API on this model until SIGINT/SIGTERM."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an integer in 0..=65535 (0 picks a free one), got {port!r}")
         self.pipeline.serve(host, port, **kwargs)
 
 

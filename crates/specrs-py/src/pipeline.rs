@@ -37,7 +37,20 @@ fn json_err(e: serde_json::Error) -> PyErr {
 /// A conversation as the Python layer sends it: `{"chat": [messages], "add_generation_prompt",
 /// "continue_final_message", "tools", "chat_template", "chat_template_kwargs"}`.
 fn conversation(prompt: &serde_json::Value) -> PyResult<Conversation> {
-    let messages = serde_json::from_value::<Vec<ChatMessage>>(prompt["chat"].clone()).map_err(json_err)?;
+    let messages = prompt["chat"]
+        .as_array()
+        .ok_or_else(|| PyValueError::new_err("messages must be a list of {\"role\": ..., \"content\": ...} dicts"))?
+        .iter()
+        .enumerate()
+        .map(|(i, message)| {
+            serde_json::from_value::<ChatMessage>(message.clone()).map_err(|e| {
+                PyValueError::new_err(format!(
+                    "messages[{i}]: {e}; a message is {{\"role\": ..., \"content\": ...}} (tool calls and \
+                     tool results as in OpenAI's chat API)"
+                ))
+            })
+        })
+        .collect::<PyResult<Vec<ChatMessage>>>()?;
     let flag = |name: &str, default: bool| prompt.get(name).and_then(|f| f.as_bool()).unwrap_or(default);
     let ending = ChatEnding::from_flags(flag("add_generation_prompt", true), flag("continue_final_message", false))
         .map_err(|message| raise("RequestError", message, &[]))?;
@@ -252,7 +265,7 @@ impl PyPipeline {
             host: host.to_string(),
             port,
             served_model_name,
-            api_key,
+            api_key: specrs_server::cli::check_api_key(api_key).map_err(invalid)?,
             max_pending,
             shutdown_timeout: specrs_server::cli::check_shutdown_timeout(shutdown_timeout).map_err(invalid)?,
             chat_template: chat_template

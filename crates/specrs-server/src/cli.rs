@@ -409,6 +409,17 @@ pub fn check_shutdown_timeout(seconds: f64) -> Result<f64, String> {
     Ok(seconds)
 }
 
+/// An API key, refused when empty: no client could send a bearer token that matches it.
+pub fn check_api_key(key: Option<String>) -> Result<Option<String>, String> {
+    match key {
+        Some(k) if k.trim().is_empty() => {
+            Err("api_key is empty: no client could authenticate; give a key, or leave it out to serve without one"
+                .into())
+        }
+        key => Ok(key),
+    }
+}
+
 /// `--shutdown-timeout` (clap exits with code 2 on an error).
 fn grace_seconds(text: &str) -> Result<f64, String> {
     let seconds: f64 = text.trim().parse().map_err(|_| format!("'{text}' is not a number of seconds"))?;
@@ -429,7 +440,16 @@ fn speculative_values(m: &ArgMatches) -> Result<Map<String, Value>, CliError> {
                 }
             }
             FlagKind::Int => m.get_one::<i64>(f.field).map(|v| Value::from(*v)),
-            FlagKind::Float => m.get_one::<f64>(f.field).map(|v| Value::from(*v)),
+            FlagKind::Float => match m.get_one::<f64>(f.field) {
+                // JSON has no NaN or infinity: `Value::from` would make them null, i.e. unset.
+                Some(v) if !v.is_finite() => {
+                    return Err(CliError::Invalid(format!(
+                        "--{} must be a finite number, got {v}",
+                        f.field.replace('_', "-")
+                    )));
+                }
+                v => v.map(|v| Value::from(*v)),
+            },
             FlagKind::Str => m.get_one::<String>(f.field).map(|v| Value::String(v.clone())),
             FlagKind::Choice(_) => m.get_one::<String>(f.field).map(|v| Value::String(v.to_lowercase())),
             FlagKind::Json => match m.get_one::<String>(f.field) {
@@ -543,7 +563,8 @@ where
                     host: m.get_one::<String>("host").expect("default").clone(),
                     port: *m.get_one::<u16>("port").expect("default"),
                     served_model_name: m.get_one::<String>("served-model-name").cloned(),
-                    api_key: m.get_one::<String>("api-key").cloned(),
+                    api_key: check_api_key(m.get_one::<String>("api-key").cloned())
+                        .map_err(|e| CliError::Invalid(format!("--api-key: {e}")))?,
                     max_pending: m.get_one::<usize>("max-pending").copied().unwrap_or(4 * max_num_seqs),
                     shutdown_timeout: *m.get_one::<f64>("shutdown-timeout").expect("default"),
                     chat_template: m.get_one::<String>("chat-template").map(|t| chat_template_arg(t)).transpose()?,
@@ -757,12 +778,22 @@ mod tests {
         let e = p.speculative_config().unwrap_err().to_string();
         assert!(e.contains("synthetic_acceptance_rate must be between 0.0 and 1.0"), "{e}");
         assert!(parse(["serve", "--speculative-method", "medusa"]).is_err());
+        // JSON has no NaN or infinity: they must not become an unset value.
+        for bad in ["inf", "NaN", "infinity"] {
+            let e = parse(["serve", "--synthetic-acceptance-rate", bad]).unwrap_err().to_string();
+            assert!(e.contains("--synthetic-acceptance-rate must be a finite number"), "{bad}: {e}");
+        }
         assert!(parse(["serve", "--port", "-1"]).is_err());
         // A grace period that would overflow the shutdown deadline, or mean nothing.
         for bad in ["inf", "1e20", "NaN", "-1", "soon"] {
             assert!(server_args(&["--shutdown-timeout", bad]).is_err(), "{bad}");
         }
         assert_eq!(server_args(&["--shutdown-timeout", "2.5"]).unwrap().shutdown_timeout, 2.5);
+        for empty in ["", "  "] {
+            let e = server_args(&["--api-key", empty]).unwrap_err().to_string();
+            assert!(e.contains("--api-key: api_key is empty: no client could authenticate"), "{e}");
+        }
+        assert_eq!(server_args(&["--api-key", "k"]).unwrap().api_key.as_deref(), Some("k"));
     }
 
     #[test]

@@ -58,6 +58,11 @@ pub struct TrainDraftArgs {
     pub eval_max_tokens: usize,
 }
 
+/// Bound on `--num-prompts` and `--skip-prompts`: a million answers is far past a CPU's reach.
+const MAX_PROMPTS: usize = 1_000_000;
+/// Bound on `--epochs`.
+const MAX_EPOCHS: f64 = 10_000.0;
+
 pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
     let taps = match m.get_one::<String>("taps") {
         None => None,
@@ -124,8 +129,20 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
     if let Some(file) = &config.prompts_file {
         prompts::prompts_from_file(file).map_err(CliError::Invalid)?;
     }
-    if config.epochs.is_nan() || config.epochs <= 0.0 || config.learning_rate.is_nan() || config.learning_rate <= 0.0 {
-        return Err(CliError::Invalid("--epochs and --learning-rate must be positive".into()));
+    // Past these the run could never finish (or its prompt list never fit in memory).
+    for (name, v) in [("--num-prompts", config.num_prompts), ("--skip-prompts", config.skip_prompts)] {
+        if v > MAX_PROMPTS {
+            return Err(CliError::Invalid(format!("{name} must be at most {MAX_PROMPTS}, got {v}")));
+        }
+    }
+    if !(config.epochs > 0.0 && config.epochs <= MAX_EPOCHS) {
+        return Err(CliError::Invalid(format!("--epochs must be in (0, {MAX_EPOCHS}], got {}", config.epochs)));
+    }
+    if !(config.learning_rate > 0.0 && config.learning_rate.is_finite()) {
+        return Err(CliError::Invalid(format!(
+            "--learning-rate must be a positive finite number, got {}",
+            config.learning_rate
+        )));
     }
     Ok(TrainDraftArgs { config, eval_max_tokens: *m.get_one::<usize>("eval-max-tokens").expect("default") })
 }
