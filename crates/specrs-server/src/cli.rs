@@ -613,7 +613,10 @@ impl PipelineArgs {
     pub fn speculative_config(&self) -> Result<SpeculativeConfig, CliError> {
         let mut values = match &self.config_file {
             Some(path) => {
-                load_config_file(path, self.section_name.as_deref()).map_err(|e| CliError::Invalid(e.to_string()))?
+                let mut values = load_config_file(path, self.section_name.as_deref())
+                    .map_err(|e| CliError::Invalid(e.to_string()))?;
+                specrs_core::config::flags::coerce_loose_values(&mut values);
+                values
             }
             None if self.section_name.is_some() => {
                 return Err(CliError::Invalid("--section-name needs --config-file".into()));
@@ -870,6 +873,13 @@ mod tests {
         assert_eq!(cfg.num_speculative_tokens, Some(2));
         let p = serve(&["--config-file", path, "--section-name", "runtime"]);
         assert!(p.speculative_config().unwrap_err().to_string().contains("sections present: speculative"));
+        // Loosely typed YAML reads as the Python config reads it (MAX's non-strict model).
+        std::fs::write(f.path(), "speculative_method: Ngram\nnum_speculative_tokens: \"3\"\n").unwrap();
+        let cfg = serve(&["--config-file", path]).speculative_config().unwrap();
+        assert_eq!(
+            (cfg.speculative_method, cfg.num_speculative_tokens),
+            (Some(specrs_core::SpeculativeMethod::Ngram), Some(3))
+        );
     }
 
     #[test]

@@ -170,10 +170,75 @@ pub const SPECULATIVE_FLAGS: &[FieldFlag] = &[
     },
 ];
 
+/// Coerces loosely typed values (YAML files, environment) to each field's kind, as MAX's
+/// non-strict pydantic model does: numbers and booleans written as strings, whole floats for
+/// integers, choices in any case, the schedule as a JSON string. Values that do not coerce are
+/// left as they are, for the typed reader to name.
+pub fn coerce_loose_values(values: &mut serde_json::Map<String, serde_json::Value>) {
+    use serde_json::Value;
+    for flag in SPECULATIVE_FLAGS {
+        let Some(value) = values.get_mut(flag.field) else { continue };
+        let coerced = match (flag.kind, &*value) {
+            (FlagKind::Int, Value::String(s)) => s.trim().parse::<i64>().ok().map(Value::from),
+            (FlagKind::Int, Value::Number(n)) => n
+                .as_f64()
+                .filter(|x| !n.is_i64() && x.fract() == 0.0 && x.abs() < 9.0e15)
+                .map(|x| Value::from(x as i64)),
+            (FlagKind::Float, Value::String(s)) => {
+                s.trim().parse::<f64>().ok().and_then(serde_json::Number::from_f64).map(Value::Number)
+            }
+            (FlagKind::Bool, Value::String(s)) => match s.trim().to_ascii_lowercase().as_str() {
+                "true" | "t" | "yes" | "y" | "on" | "1" => Some(Value::Bool(true)),
+                "false" | "f" | "no" | "n" | "off" | "0" => Some(Value::Bool(false)),
+                _ => None,
+            },
+            (FlagKind::Bool, Value::Number(n)) => match n.as_i64() {
+                Some(0) => Some(Value::Bool(false)),
+                Some(1) => Some(Value::Bool(true)),
+                _ => None,
+            },
+            (FlagKind::Choice(_), Value::String(s)) => Some(Value::String(s.trim().to_lowercase())),
+            (FlagKind::Json, Value::String(s)) => serde_json::from_str(s).ok(),
+            _ => None,
+        };
+        if let Some(coerced) = coerced {
+            *value = coerced;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::SpeculativeConfig;
+
+    #[test]
+    fn loose_values_coerce_to_each_fields_kind_and_the_rest_stay_for_the_reader() {
+        let mut values = serde_json::json!({
+            "speculative_method": " Ngram ",
+            "num_speculative_tokens": "3",
+            "relaxed_topk": 5.0,
+            "relaxed_delta": "0.25",
+            "use_greedy_acceptance": "yes",
+            "logit_penalties": 0,
+            "num_speculative_tokens_per_batch_size": "[[1, 8, 3]]",
+            "adaptive_speculative_min_batch_size": "three",
+        });
+        coerce_loose_values(values.as_object_mut().unwrap());
+        assert_eq!(
+            values,
+            serde_json::json!({
+                "speculative_method": "ngram",
+                "num_speculative_tokens": 3,
+                "relaxed_topk": 5,
+                "relaxed_delta": 0.25,
+                "use_greedy_acceptance": true,
+                "logit_penalties": false,
+                "num_speculative_tokens_per_batch_size": [[1, 8, 3]],
+                "adaptive_speculative_min_batch_size": "three",
+            })
+        );
+    }
 
     #[test]
     fn table_covers_every_config_field_in_order() {
