@@ -93,12 +93,18 @@ impl DeviceSpec {
         match self {
             Self::Cpu => Ok(Device::Cpu),
             #[cfg(feature = "cuda")]
-            Self::Cuda(i) if graph_capture => specrs_models::graph::cuda::graph_ready_device(i)
-                .map_err(|e| EngineError::Request(format!("cannot open CUDA device {i} for graph capture: {e}"))),
+            Self::Cuda(i) if graph_capture => specrs_models::graph::cuda::graph_ready_device(i).map_err(|e| {
+                ConfigError::field("device", format!("cannot open CUDA device {i} for graph capture: {e}")).into()
+            }),
             Self::Cuda(i) => Device::new_cuda(i).map_err(|e| {
-                EngineError::Request(format!(
-                    "cannot open CUDA device {i}: {e}. spec-rs CPU builds run on device='cpu'; the CUDA build is a separate artifact (see README)"
-                ))
+                ConfigError::field(
+                    "device",
+                    format!(
+                        "cannot open CUDA device {i}: {e}. spec-rs CPU builds run on device='cpu'; the CUDA build is a \
+                         separate artifact (see README)"
+                    ),
+                )
+                .into()
             }),
         }
     }
@@ -718,6 +724,14 @@ mod tests {
         }
         assert!(check_draft_model_use(Some(SpeculativeMethod::Eagle), true).is_ok());
         assert!(check_draft_model_use(None, false).is_ok());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn a_cuda_device_in_a_cpu_build_is_a_config_error_naming_device() {
+        let Err(EngineError::Config(e)) = DeviceSpec::Cuda(0).device_for(false) else { panic!("opened CUDA") };
+        assert_eq!(e.field.as_deref(), Some("device"));
+        assert!(e.to_string().contains("CPU builds run on device='cpu'"), "{e}");
     }
 
     #[test]
