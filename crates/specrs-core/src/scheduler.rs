@@ -388,7 +388,10 @@ impl Scheduler {
         }
         let new_len = cached_len + len;
         let takes = self.kv.blocks_needed(cached_len, new_len) + self.kv.num_parked(hit);
-        if self.kv.num_free_blocks() < takes + self.cfg.watermark_blocks {
+        // The watermark keeps room for running rows to grow; with none running, holding it
+        // back would leave a prompt that needs the whole pool waiting forever.
+        let watermark = if self.running.is_empty() { 0 } else { self.cfg.watermark_blocks };
+        if self.kv.num_free_blocks() < takes + watermark {
             return None;
         }
         if self.kv.adopt_prefix(seq, hit).is_err() || self.kv.grow(seq, new_len).is_err() {
@@ -533,6 +536,24 @@ mod tests {
         assert_eq!((p.decode.len(), p.verify_width), (2, 3));
         // KV reserved for the last token plus three drafts.
         assert!(s.kv().len(1) >= s.num_computed(1) + 4);
+    }
+
+    #[test]
+    fn the_watermark_holds_back_newcomers_only_while_others_run() {
+        // 4 blocks of 4 tokens, one held back while a row runs: a 13-token prompt needs all
+        // four, so it starts at once on an idle engine (it used to wait forever behind the
+        // watermark), and a second waits until the first frees its blocks.
+        let mut s = Scheduler::new(
+            SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 64, max_prefill_chunk: 64, watermark_blocks: 1 },
+            KvBlockManager::new(4, 4).unwrap(),
+        );
+        s.add(1, 13);
+        let p = s.schedule(&mut 0usize);
+        assert_eq!(p.prefill, vec![PrefillChunk { seq: 1, start: 0, len: 13, completes: true }]);
+        run_step(&mut s, &p, 0);
+        s.add(2, 2);
+        let p = s.schedule(&mut 0usize);
+        assert_eq!((p.decode.as_slice(), p.prefill.len()), (&[1][..], 0), "the newcomer waits for room");
     }
 
     #[test]

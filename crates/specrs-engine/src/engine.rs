@@ -373,6 +373,13 @@ impl Engine {
         if let Some(p) = proposer.as_mut() {
             p.allocate(usable_blocks + scratch_blocks, cfg.block_size)?;
         }
+        if cfg.max_prefill_chunk == 0 {
+            return Err(specrs_core::ConfigError::field(
+                "max_prefill_chunk",
+                "max_prefill_chunk must be at least 1 (prompt tokens a step prefills per sequence; default 512)",
+            )
+            .into());
+        }
         let manager =
             KvBlockManager::new(usable_blocks, cfg.block_size)?.with_prefix_caching(cfg.enable_prefix_caching);
         let scheduler = Scheduler::new(
@@ -653,6 +660,7 @@ impl Engine {
                     trace: trace.then(Vec::new),
                     pending_logprobs: Vec::new(),
                     pending_prompt_logprobs: Vec::new(),
+                    prompt_scored: 0,
                     sink: sink.clone(),
                     arrival,
                     first_token: None,
@@ -980,8 +988,13 @@ impl Engine {
             let tokens = &seq.tokens[chunk.start..chunk.start + chunk.len];
             let kind = RowKind::Prefill { len: chunk.len, completes: chunk.completes };
             let sampled = usize::from(chunk.completes);
-            // Every fed position whose next token is a prompt token scores it.
-            let scored = if seq.params.prompt_logprobs.is_some() { chunk.len - sampled } else { 0 };
+            // Every fed position whose next token is a prompt token not yet scored scores it
+            // (a recompute after preemption feeds the prompt again, and the output after it).
+            let scored = if seq.params.prompt_logprobs.is_some() && seq.prompt_scored < seq.prompt_len {
+                (chunk.len - sampled).min(seq.prompt_len.saturating_sub(chunk.start + 1))
+            } else {
+                0
+            };
             push_row(&mut batch, chunk.seq, tokens, chunk.start, kind, sampled, scored)?;
         }
         Ok((batch, rows))
@@ -1105,23 +1118,33 @@ impl Engine {
     /// Only these rows cross to the host, and only for requests that ask.
     fn score_prompts(&mut self, rows: &[FedRow], logits: &Tensor) -> Result<()> {
         let v = self.vocab_size;
-        for r in rows.iter().filter(|r| r.prompt_logit_rows > 0) {
+        for r in rows.iter().filter(|r| matches!(r.kind, RowKind::Prefill { .. })) {
+            let seq = self.seqs.get_mut(&r.seq).expect("scheduled sequences are known");
+            let Some(top) = seq.params.prompt_logprobs else { continue };
+            if r.start == 0 && seq.prompt_scored == 0 {
+                seq.pending_prompt_logprobs.push(None);
+                seq.prompt_scored = 1;
+            }
+            if r.prompt_logit_rows == 0 {
+                continue;
+            }
             let first = r.logits_start - r.prompt_logit_rows;
             let scores: Vec<f32> = logits
                 .narrow(0, first, r.prompt_logit_rows)?
                 .to_dtype(candle_core::DType::F32)?
                 .flatten_all()?
                 .to_vec1()?;
-            let seq = self.seqs.get_mut(&r.seq).expect("scheduled sequences are known");
-            let top = seq.params.prompt_logprobs.unwrap_or(0);
-            if r.start == 0 {
-                seq.pending_prompt_logprobs.push(None);
-            }
             for (k, row) in scores.chunks_exact(v).enumerate() {
-                let token = seq.tokens[r.start + k + 1];
+                // Positions a recompute feeds again were scored the first time.
+                let at = r.start + k + 1;
+                if at != seq.prompt_scored {
+                    continue;
+                }
+                let token = seq.tokens[at];
                 let (logprob, top) = logprobs_of(row, token, top);
                 let rank = rank_of(row, token);
                 seq.pending_prompt_logprobs.push(Some(TokenLogprob { token, logprob, rank, top }));
+                seq.prompt_scored += 1;
             }
         }
         Ok(())
@@ -1550,12 +1573,14 @@ fn kv_plan_error(e: specrs_core::kv_blocks::KvError, note: &str) -> EngineError 
 /// positions written past a row's tokens while drafting), naming the setting that asked for
 /// them: no step could ever verify them, and the KV plan would blame `max_model_len`.
 fn check_drafts_fit_context(spec: &SpeculativeConfig, k: usize, lookahead: usize, max_model_len: usize) -> Result<()> {
-    let longest = k.max(lookahead.saturating_sub(1));
+    let suffix_depth = usize::try_from(spec.suffix_decoding_max_tree_depth).unwrap_or(usize::MAX);
+    let uses_suffix = spec.is_suffix() || spec.enable_suffix_decoding;
+    // Suffix trees copy continuations up to their depth, past `k` in small batches.
+    let longest = k.max(lookahead.saturating_sub(1)).max(if uses_suffix { suffix_depth } else { 0 });
     if longest < max_model_len {
         return Ok(());
     }
-    let suffix_depth = usize::try_from(spec.suffix_decoding_max_tree_depth).unwrap_or(usize::MAX);
-    let field = if (spec.is_suffix() || spec.enable_suffix_decoding) && suffix_depth >= longest {
+    let field = if uses_suffix && suffix_depth >= longest {
         "suffix_decoding_max_tree_depth"
     } else {
         "num_speculative_tokens"
@@ -1585,10 +1610,13 @@ mod tests {
             speculative_method: Some(specrs_core::SpeculativeMethod::Ngram),
             ..SpeculativeConfig::default()
         };
+        let shallow = SpeculativeConfig { suffix_decoding_max_tree_depth: 24, ..suffix.clone() };
         assert!(check_drafts_fit_context(&ngram, 4, 5, 8192).is_ok());
-        assert!(check_drafts_fit_context(&suffix, 24, 25, 8192).is_ok());
+        assert!(check_drafts_fit_context(&shallow, 24, 25, 8192).is_ok());
         for (spec, k, lookahead, field) in [
             (&suffix, 1 << 40, (1 << 40) + 1, "suffix_decoding_max_tree_depth"),
+            // Trees copy up to their depth whatever the width: a depth past the context is refused.
+            (&suffix, 24, 25, "suffix_decoding_max_tree_depth"),
             (&ngram, 8192, 8193, "num_speculative_tokens"),
             (&ngram, usize::MAX, usize::MAX, "num_speculative_tokens"),
         ] {

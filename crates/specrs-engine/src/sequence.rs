@@ -36,6 +36,9 @@ pub struct Sequence {
     pub pending_logprobs: Vec<TokenLogprob>,
     /// Prompt logprobs computed so far (`prompt_logprobs`), sent with the first output.
     pub pending_prompt_logprobs: Vec<Option<TokenLogprob>>,
+    /// Prompt positions given a prompt logprob so far: a request preempted and prefilled
+    /// again (with its output) must not score its prompt twice, nor score its output.
+    pub prompt_scored: usize,
     pub sink: OutputSink,
     pub arrival: Instant,
     pub first_token: Option<Instant>,

@@ -114,6 +114,61 @@ fn prompt_logprobs_score_each_prompt_token_against_its_context_across_prefill_ch
 }
 
 #[test]
+fn a_zero_prefill_chunk_is_refused_naming_it_rather_than_stalling_every_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = testing::bigram_target(Architecture::Llama, &SHAPE).unwrap();
+    testing::write_checkpoint(dir.path(), &testing::target_config(Architecture::Llama, &SHAPE, false), &t).unwrap();
+    let mut cfg = PipelineConfig::new(dir.path().to_str().unwrap());
+    cfg.dtype = ModelDType::F32;
+    cfg.engine = EngineConfig { max_prefill_chunk: 0, kv_cache_bytes: 16 << 20, ..EngineConfig::default() };
+    let Err(specrs_engine::EngineError::Config(e)) = build_engine(&cfg) else {
+        panic!("built an engine that never prefills")
+    };
+    assert_eq!(e.field.as_deref(), Some("max_prefill_chunk"));
+}
+
+#[test]
+fn prompt_logprobs_are_one_per_prompt_token_after_preemption_and_for_a_one_token_prompt() {
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(20),
+        ignore_eos: true,
+        prompt_logprobs: Some(1),
+        ..SamplingParams::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..4u32).map(|i| (0..6).map(|t| (i * 5 + t) % 40 + 1).collect()).collect();
+    let requests = || -> Vec<GenerationRequest> {
+        prompts.iter().map(|p| GenerationRequest::new(Prompt::Tokens(p.clone()), params.clone())).collect()
+    };
+    let roomy_dir = tempfile::tempdir().unwrap();
+    let roomy = engine(roomy_dir.path()).generate(requests()).unwrap();
+    // K and V, f32, per token of the target's layers; 10 blocks of 4 tokens hold one
+    // 32-token sequence, so four growing to 26 tokens each preempt one another.
+    let per_token = 2 * SHAPE.kv_heads * SHAPE.head_dim * 4 * SHAPE.layers;
+    let tight = EngineConfig {
+        max_num_seqs: 4,
+        block_size: 4,
+        max_model_len: Some(32),
+        kv_cache_bytes: (per_token * 4 * 10) as u64,
+        enable_prefix_caching: false,
+        ..EngineConfig::default()
+    };
+    let tight_dir = tempfile::tempdir().unwrap();
+    let h = engine_with(tight_dir.path(), tight);
+    let pressed = h.generate(requests()).unwrap();
+    assert!(h.metrics().num_preemptions.load(std::sync::atomic::Ordering::Relaxed) > 0, "the pool was under pressure");
+    for (i, (a, b)) in pressed.iter().zip(&roomy).enumerate() {
+        assert_eq!(a.token_ids, b.token_ids, "request {i}");
+        assert_eq!(a.prompt_logprobs.len(), prompts[i].len(), "request {i}: scored once, output never");
+        for (x, y) in a.prompt_logprobs.iter().zip(&b.prompt_logprobs) {
+            assert_eq!(x.as_ref().map(|l| l.token), y.as_ref().map(|l| l.token), "request {i}");
+        }
+    }
+    let one = h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![3]), params)]).unwrap().remove(0);
+    assert_eq!(one.prompt_logprobs, vec![None], "a one-token prompt has its one unpredicted entry");
+}
+
+#[test]
 fn one_generate_call_starts_all_its_requests_in_the_same_step() {
     let dir = tempfile::tempdir().unwrap();
     let h = engine(dir.path());
