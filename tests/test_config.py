@@ -307,6 +307,31 @@ def test_config_file_values_are_validated_like_arguments(tmp_path: Path) -> None
         SpeculativeConfig(config_file=path)
 
 
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        (
+            {
+                "speculative_method": "eagle",
+                "num_speculative_tokens": 1 << 40,
+                "adaptive_speculative_widths": "all",
+            },
+            "num_speculative_tokens",
+        ),
+        (
+            {"speculative_method": "suffix", "suffix_decoding_max_tree_depth": 1 << 40},
+            "suffix_decoding_max_tree_depth",
+        ),
+    ],
+)
+def test_widths_past_any_context_are_refused_before_they_are_expanded(
+    settings: dict[str, Any], field: str
+) -> None:
+    # "all" used to expand into 2**40 widths (an abort); trees that deep, a capacity panic.
+    with pytest.raises(ValidationError, match=f"{field} must be between 1 and 1048576"):
+        SpeculativeConfig(**settings)
+
+
 def test_section_name_without_a_config_file_is_refused() -> None:
     with pytest.raises(ValidationError, match="section_name names a section of config_file"):
         SpeculativeConfig(section_name="speculative")

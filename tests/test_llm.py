@@ -754,7 +754,16 @@ def test_engine_sizes_the_model_cannot_honour_raise_config_error_naming_them(
     ("speculative", "field"),
     [
         (
-            {"speculative_method": "suffix", "suffix_decoding_max_tree_depth": 10**12},
+            {"speculative_method": "suffix", "suffix_decoding_max_tree_depth": 10**5},
+            "suffix_decoding_max_tree_depth",
+        ),
+        (
+            # A depth past the context with a narrower width: the trees copy up to their depth.
+            {
+                "speculative_method": "suffix",
+                "num_speculative_tokens": 8,
+                "suffix_decoding_max_tree_depth": 10**5,
+            },
             "suffix_decoding_max_tree_depth",
         ),
         ({"speculative_method": "ngram", "num_speculative_tokens": 8192}, "num_speculative_tokens"),

@@ -25,6 +25,10 @@ pub const DEFAULT_SUFFIX_MIN_TOKEN_PROB: f64 = 0.1;
 /// requests alike (docs/BENCHMARKS.md, 2026-12-07 09:25): a copy that is longer than `K` is
 /// worth taking at a lower expected count than `K` drafts the head would have made.
 pub const DEFAULT_SUFFIX_MIN_SCORE_RATIO: f64 = 0.5;
+/// Bound on `num_speculative_tokens` and `suffix_decoding_max_tree_depth`: the longest
+/// contexts models serve. Widths past the model's own context are refused when the pipeline is
+/// built; this bound keeps what validation expands (adaptive widths "all") finite before that.
+pub const MAX_DRAFT_TOKENS: i64 = 1 << 20;
 
 /// Configures speculative decoding for a pipeline. Field names, defaults and rules follow
 /// Modular MAX's `SpeculativeConfig`; `prompt_lookup_min`/`prompt_lookup_max` configure the
@@ -167,11 +171,11 @@ impl SpeculativeConfig {
     /// default width filled in and the schedule sorted.
     pub fn validated(mut self) -> Result<Self, ConfigError> {
         if let Some(k) = self.num_speculative_tokens
-            && k < 1
+            && !(1..=MAX_DRAFT_TOKENS).contains(&k)
         {
             return Err(ConfigError::field(
                 "num_speculative_tokens",
-                format!("num_speculative_tokens must be >= 1, got {k}"),
+                format!("num_speculative_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {k}"),
             ));
         }
         self.check_suffix_decoding()?;
@@ -393,10 +397,13 @@ impl SpeculativeConfig {
                 format!("suffix_decoding_min_score_ratio must be a finite number >= 0, got {ratio}"),
             ));
         }
-        if self.suffix_decoding_max_tree_depth < 1 {
+        if !(1..=MAX_DRAFT_TOKENS).contains(&self.suffix_decoding_max_tree_depth) {
             return Err(ConfigError::field(
                 "suffix_decoding_max_tree_depth",
-                format!("suffix_decoding_max_tree_depth must be >= 1, got {}", self.suffix_decoding_max_tree_depth),
+                format!(
+                    "suffix_decoding_max_tree_depth must be between 1 and {MAX_DRAFT_TOKENS}, got {}",
+                    self.suffix_decoding_max_tree_depth
+                ),
             ));
         }
         if self.suffix_decoding_max_cached_requests < 0 {

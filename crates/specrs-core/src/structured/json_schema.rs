@@ -88,8 +88,33 @@ fn error(path: &str, message: impl Into<String>) -> SchemaError {
     SchemaError { path: path.to_string(), message: message.into() }
 }
 
+/// Bound on the regex a schema becomes (and on any part of it): past it the automaton could
+/// not be built within its own limit, and building the text alone could exhaust memory (each
+/// optional property repeats the ones after it).
+pub const MAX_SCHEMA_REGEX_BYTES: usize = 4 << 20;
+
+fn too_large(path: &str, bytes: usize) -> SchemaError {
+    error(
+        path,
+        format!(
+            "the schema's regex would take {bytes} bytes, past the {} MiB limit: fewer optional properties, \
+             alternatives or nesting would bring it within",
+            MAX_SCHEMA_REGEX_BYTES >> 20
+        ),
+    )
+}
+
 impl Builder<'_> {
+    /// [`Self::unbounded_value`] within [`MAX_SCHEMA_REGEX_BYTES`].
     fn value(&mut self, schema: &Value, path: &str) -> Result<String, SchemaError> {
+        let regex = self.unbounded_value(schema, path)?;
+        if regex.len() > MAX_SCHEMA_REGEX_BYTES {
+            return Err(too_large(path, regex.len()));
+        }
+        Ok(regex)
+    }
+
+    fn unbounded_value(&mut self, schema: &Value, path: &str) -> Result<String, SchemaError> {
         let map = match schema {
             Value::Bool(true) => return Ok(any_json_value_regex(ANY_VALUE_DEPTH)),
             Value::Bool(false) => return Err(error(path, "the schema `false` allows no value")),
@@ -265,15 +290,23 @@ impl Builder<'_> {
             let key = regex_syntax::escape(&serde_json::to_string(name).expect("strings serialise"));
             members.push((format!("{key}:{SPACE}{value}"), required.contains(&name.as_str())));
         }
-        Ok(format!("\\{{{PAD}{}{PAD}\\}}", ordered_members(&members)))
+        Ok(format!("\\{{{PAD}{}{PAD}\\}}", ordered_members(&members, path)?))
     }
 }
 
 /// Members in order, each required one present, each optional one present or not, commas
 /// only between present ones. Alternatives by which member comes first: any of the leading
 /// optional ones, or the first required one.
-fn ordered_members(members: &[(String, bool)]) -> String {
+fn ordered_members(members: &[(String, bool)], path: &str) -> Result<String, SchemaError> {
     let sep = format!(",{SPACE}");
+    // Measured before it is built: each member up to the first required one opens a branch
+    // repeating every member after it.
+    let tail_bytes: usize = members.iter().map(|(m, _)| m.len() + sep.len() + 8).sum();
+    let branches = members.iter().position(|(_, required)| *required).map_or(members.len(), |i| i + 1);
+    let bytes = branches.saturating_mul(tail_bytes);
+    if bytes > MAX_SCHEMA_REGEX_BYTES {
+        return Err(too_large(path, bytes));
+    }
     let mut firsts = Vec::new();
     for (i, (member, required)) in members.iter().enumerate() {
         let rest: String = members[i + 1..]
@@ -282,11 +315,11 @@ fn ordered_members(members: &[(String, bool)]) -> String {
             .collect();
         firsts.push(format!("{member}{rest}"));
         if *required {
-            return alternatives(firsts);
+            return Ok(alternatives(firsts));
         }
     }
     // Every member optional: the object may also be empty.
-    format!("(?:{})?", alternatives(firsts))
+    Ok(format!("(?:{})?", alternatives(firsts)))
 }
 
 fn object_of(member: &str) -> String {
@@ -520,6 +553,28 @@ mod tests {
                 assert!(!matches(&schema, text), "{schema} should refuse {text}");
             }
         }
+    }
+
+    #[test]
+    fn schemas_whose_regex_would_pass_the_size_limit_are_refused_before_it_is_built() {
+        // 3000 optional properties: each opens a branch repeating the ones after it (~300 MB).
+        let properties: serde_json::Map<String, Value> =
+            (0..3000).map(|i| (format!("property_{i}"), json!({"type": "integer"}))).collect();
+        let e = schema_to_regex(&json!({"type": "object", "properties": properties})).unwrap_err();
+        assert!(e.message.contains("past the 4 MiB limit"), "{e:?}");
+        assert_eq!(e.path, "#");
+        // Nested within the limit at each level but not in all: named where it passes it.
+        let mut schema = json!({"type": "integer"});
+        for _ in 0..6 {
+            schema = json!({"anyOf": [schema.clone(), schema.clone(), schema.clone(), schema.clone(), schema.clone(), schema.clone(), schema.clone(), schema]});
+        }
+        assert!(schema_to_regex(&schema).unwrap_err().message.contains("past the 4 MiB limit"));
+        let few: serde_json::Map<String, Value> =
+            (0..20).map(|i| (format!("p{i}"), json!({"type": "boolean"}))).collect();
+        assert!(
+            schema_to_regex(&json!({"type": "object", "properties": few})).is_ok(),
+            "real schemas stay well within"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use regex_automata::dfa::{Automaton, StartKind, dense};
+use regex_automata::nfa::thompson;
 use regex_automata::util::primitives::StateID;
 use regex_automata::util::start;
 use regex_automata::{Anchored, MatchKind};
@@ -31,6 +32,9 @@ pub struct RegexGrammar {
 impl RegexGrammar {
     pub fn new(pattern: &str) -> Result<Self, RegexError> {
         let dfa = dense::Builder::new()
+            // The NFA first: counted repetitions (`a{1000000000}`) expand there, before any
+            // DFA limit applies.
+            .thompson(thompson::Config::new().nfa_size_limit(Some(MAX_DFA_BYTES)))
             .configure(
                 dense::Config::new()
                     .match_kind(MatchKind::All)
@@ -40,7 +44,13 @@ impl RegexGrammar {
             )
             .build(pattern)
             .map_err(|e| {
-                let message = e.to_string();
+                // The cause (an NFA past its limit) sits under "error building NFA".
+                let mut message = e.to_string();
+                let mut cause = std::error::Error::source(&e);
+                while let Some(c) = cause {
+                    message = format!("{message}: {c}");
+                    cause = c.source();
+                }
                 if message.contains("exceeded") || message.contains("limit") {
                     RegexError(format!(
                         "the pattern's automaton is larger than {} MiB ({message}); simplify it or bound its \
@@ -153,5 +163,12 @@ mod tests {
         assert!(RegexGrammar::new("(").unwrap_err().0.contains("not a valid regex"));
         let huge = RegexGrammar::new("(?:[a-z]{40}|[0-9a-z]{41}){1,200}").unwrap_err().0;
         assert!(huge.contains("larger than 64 MiB"), "{huge}");
+        // Counted repetitions expand in the NFA: refused there, before they take the memory.
+        let started = std::time::Instant::now();
+        for counted in ["a{1000000000}", "[a-z]{100000000}"] {
+            let e = RegexGrammar::new(counted).unwrap_err().0;
+            assert!(e.contains("larger than 64 MiB"), "{counted}: {e}");
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "refused without building it");
     }
 }

@@ -232,7 +232,7 @@ impl SuffixTree {
             return false;
         };
         let tokens = sequence.tokens;
-        let mut path = Vec::with_capacity(self.max_depth);
+        let mut path = Vec::with_capacity(self.max_depth.min(tokens.len()));
         for start in 0..tokens.len() {
             self.nodes[ROOT as usize].count -= 1;
             path.clear();
