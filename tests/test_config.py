@@ -332,6 +332,12 @@ def test_widths_past_any_context_are_refused_before_they_are_expanded(
         SpeculativeConfig(**settings)
 
 
+def test_config_file_infinities_are_refused_naming_the_key(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path, "speculative_method: ngram\nsynthetic_acceptance_rate: .inf\n")
+    with pytest.raises(ValidationError, match=r"'synthetic_acceptance_rate' in config file .* is inf"):
+        SpeculativeConfig(config_file=path)
+
+
 def test_section_name_without_a_config_file_is_refused() -> None:
     with pytest.raises(ValidationError, match="section_name names a section of config_file"):
         SpeculativeConfig(section_name="speculative")

@@ -698,8 +698,11 @@ def test_an_architectures_encodings_and_required_arguments_shape_the_engine_it_b
     built = RecordingPipeline.built[-1]
     assert built["dtype"] == "f32", "no dtype (or auto) takes the default encoding"
     assert (built["enable_prefix_caching"], built["max_num_seqs"]) == (False, 4), "required arguments win"
-    build_pipeline(speculative_config=plain, arch_lookup=lookup, dtype="q8_0")
-    assert RecordingPipeline.built[-1]["dtype"] == "q8_0"
+    for spelling in ("q8_0", "Q8_0", "q8"):
+        build_pipeline(speculative_config=plain, arch_lookup=lookup, dtype=spelling)
+        assert RecordingPipeline.built[-1]["dtype"] == "q8_0", spelling
+    build_pipeline(speculative_config=plain, arch_lookup=lookup, dtype="float32")
+    assert RecordingPipeline.built[-1]["dtype"] == "f32", "the engine's spellings all name its dtypes"
     with pytest.raises(ConfigError, match="does not run dtype='q4_0'") as excinfo:
         build_pipeline(speculative_config=plain, arch_lookup=lookup, dtype="q4_0")
     assert excinfo.value.field == "dtype"

@@ -399,7 +399,7 @@ def build_pipeline(
     )
     lookup = arch_lookup or ARCH_LOOKUP
     if isinstance(speculative_config, Mapping):
-        # vLLM's habit: the config's fields as a dict (validated, and refused, the same way).
+        # The config's own fields as a dict, validated (and refused) as the model is.
         speculative_config = SpeculativeConfig.model_validate(dict(speculative_config))
     elif speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
         raise TypeError(
@@ -482,8 +482,9 @@ def build_pipeline(
 def _encoding(arch: SupportedArchitecture, dtype: str | None) -> str:
     """The weight dtype: the one asked for, which the architecture must support, or (for
     none, or ``"auto"``) its ``default_encoding``."""
-    if dtype is None or dtype == "auto":
+    if dtype is None or _spec_rs.canonical_dtype(dtype) == "auto":
         return arch.default_encoding
+    dtype = _spec_rs.canonical_dtype(dtype)
     if dtype not in arch.supported_encodings:
         error = ConfigError(
             f"{arch.name} does not run dtype={dtype!r}: its supported encodings are "
@@ -875,8 +876,10 @@ class LLM:
 
     def serve(self, host: str = "127.0.0.1", port: int = 8000, **kwargs: Any) -> None:
         """Serves the OpenAI API on this model until SIGINT/SIGTERM."""
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ValueError(f"port must be an integer in 0..=65535 (0 picks a free one), got {port!r}")
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise TypeError(f"port must be an int, got {type(port).__name__}")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in 0..=65535 (0 picks a free one), got {port}")
         self.pipeline.serve(host, port, **kwargs)
 
 

@@ -40,4 +40,6 @@ pub enum ConfigFileError {
     MissingSection { path: String, section: String, available: String },
     #[error("section '{section}' of config file '{path}' must be a mapping, found {found}")]
     SectionNotAMapping { path: String, section: String, found: &'static str },
+    #[error("'{key}' in config file '{path}' is {value}; give a finite number")]
+    NonFinite { path: String, key: String, value: f64 },
 }

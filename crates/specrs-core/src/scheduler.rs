@@ -540,20 +540,34 @@ mod tests {
 
     #[test]
     fn the_watermark_holds_back_newcomers_only_while_others_run() {
-        // 4 blocks of 4 tokens, one held back while a row runs: a 13-token prompt needs all
-        // four, so it starts at once on an idle engine (it used to wait forever behind the
-        // watermark), and a second waits until the first frees its blocks.
-        let mut s = Scheduler::new(
-            SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 64, max_prefill_chunk: 64, watermark_blocks: 1 },
-            KvBlockManager::new(4, 4).unwrap(),
-        );
+        // 4 blocks of 4 tokens, one held back while a row runs.
+        let with_watermark = |watermark_blocks: usize| {
+            let cfg = SchedulerConfig {
+                max_num_seqs: 4,
+                max_num_batched_tokens: 64,
+                max_prefill_chunk: 64,
+                watermark_blocks,
+            };
+            Scheduler::new(cfg, KvBlockManager::new(4, 4).unwrap())
+        };
+        // A 13-token prompt needs all four: it starts at once on an idle engine (it used to
+        // wait forever behind the watermark).
+        let mut s = with_watermark(1);
         s.add(1, 13);
         let p = s.schedule(&mut 0usize);
         assert_eq!(p.prefill, vec![PrefillChunk { seq: 1, start: 0, len: 13, completes: true }]);
-        run_step(&mut s, &p, 0);
-        s.add(2, 2);
-        let p = s.schedule(&mut 0usize);
-        assert_eq!((p.decode.as_slice(), p.prefill.len()), (&[1][..], 0), "the newcomer waits for room");
+        // A 9-token row holds three blocks; a newcomer needing the last one waits while the
+        // watermark keeps it for the row's growth, and is admitted without a watermark.
+        for (watermark, admitted) in [(1, false), (0, true)] {
+            let mut s = with_watermark(watermark);
+            s.add(1, 9);
+            let p = s.schedule(&mut 0usize);
+            run_step(&mut s, &p, 0);
+            s.add(2, 2);
+            let p = s.schedule(&mut 0usize);
+            assert_eq!(p.decode, vec![1]);
+            assert_eq!(p.prefill.len() == 1, admitted, "watermark {watermark}");
+        }
     }
 
     #[test]

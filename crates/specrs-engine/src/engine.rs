@@ -333,6 +333,13 @@ impl Engine {
             )
             .into());
         }
+        if cfg.max_prefill_chunk == 0 {
+            return Err(specrs_core::ConfigError::field(
+                "max_prefill_chunk",
+                "max_prefill_chunk must be at least 1 (prompt tokens a step prefills per sequence; default 512)",
+            )
+            .into());
+        }
         // Captured steps write their padding rows' keys and values to one scratch block past
         // the planned ones, paid from the same budget, which the block manager never hands out.
         let scratch_blocks = usize::from(capture);
@@ -359,13 +366,13 @@ impl Engine {
                 * cfg.block_size as u64
                 * drafter_kv_bytes_per_token;
             plan = plan_within(cfg.kv_cache_bytes.saturating_sub(guest_bytes)).map_err(|e| {
-                EngineError::Request(format!(
-                    "{e}{scratch_note}: this device also holds the drafter KV of {guest_drafter_kv_replicas} other \
-                     replica(s) under draft_head_parallelism=\"device0\" ({guest_bytes} bytes of \
-                     kv_cache_bytes={}); raise kv_cache_bytes, lower max_num_seqs, or set \
-                     draft_head_parallelism=\"replica\"",
+                let note = format!(
+                    "{scratch_note}: this device also holds the drafter KV of {guest_drafter_kv_replicas} other \
+                     replica(s) under draft_head_parallelism=\"device0\" ({guest_bytes} bytes of the KV budget of \
+                     {} bytes); raise the budget, lower max_num_seqs, or set draft_head_parallelism=\"replica\"",
                     cfg.kv_cache_bytes
-                ))
+                );
+                kv_plan_error(e, &note)
             })?;
         }
         let usable_blocks = plan.num_blocks;
@@ -373,15 +380,9 @@ impl Engine {
         if let Some(p) = proposer.as_mut() {
             p.allocate(usable_blocks + scratch_blocks, cfg.block_size)?;
         }
-        if cfg.max_prefill_chunk == 0 {
-            return Err(specrs_core::ConfigError::field(
-                "max_prefill_chunk",
-                "max_prefill_chunk must be at least 1 (prompt tokens a step prefills per sequence; default 512)",
-            )
-            .into());
-        }
-        let manager =
-            KvBlockManager::new(usable_blocks, cfg.block_size)?.with_prefix_caching(cfg.enable_prefix_caching);
+        let manager = KvBlockManager::new(usable_blocks, cfg.block_size)
+            .map_err(|e| kv_plan_error(e, ""))?
+            .with_prefix_caching(cfg.enable_prefix_caching);
         let scheduler = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: cfg.max_num_seqs,
@@ -1558,11 +1559,12 @@ fn checked_max_model_len(requested: Option<usize>, model_context: usize) -> Resu
 }
 
 /// A KV plan that cannot be made, as the configuration error it is, naming the setting to
-/// change (`kv_cache_bytes` for a budget too small or too large to address).
+/// change (`kv_cache_bytes` for a budget too small or too large to address). A zero size per
+/// token is the model's, not a setting: an internal error.
 fn kv_plan_error(e: specrs_core::kv_blocks::KvError, note: &str) -> EngineError {
     use specrs_core::kv_blocks::KvError;
     let field = match &e {
-        KvError::ZeroParameter { name } => *name,
+        KvError::ZeroParameter { name } if *name != "bytes_per_token" => *name,
         KvError::BudgetTooSmall { .. } | KvError::TooManySlots { .. } => "kv_cache_bytes",
         _ => return EngineError::Internal(format!("{e}{note}")),
     };

@@ -202,16 +202,20 @@ pub fn target_architecture(store: &WeightStore, config: &specrs_models::DecoderC
 /// plainly and would drop it without a word, and n-gram and suffix decoding draft from the
 /// text itself.
 pub fn check_draft_model_use(method: Option<SpeculativeMethod>, has_draft_model: bool) -> Result<()> {
-    const DRAFTING_METHODS: &str = "eagle, mtp, dflash, dflash2 or dspark";
+    if !has_draft_model {
+        return Ok(());
+    }
+    let drafting: Vec<&str> =
+        SpeculativeMethod::ALL.iter().filter(|m| !m.is_model_free()).map(|m| m.as_str()).collect();
+    let drafting = drafting.join(", ");
     let unused = match method {
-        _ if !has_draft_model => return Ok(()),
         None => format!(
             "a draft model is given but no speculative_method: set speculative_method to the method the draft \
-             was trained for ({DRAFTING_METHODS}), or leave the draft model out to decode plainly"
+             was trained for ({drafting}), or leave the draft model out to decode plainly"
         ),
         Some(m) if m.is_model_free() => format!(
             "speculative_method='{}' drafts from the text itself and takes no draft model: leave the draft \
-             model out, or pick a method that drafts with one ({DRAFTING_METHODS})",
+             model out, or pick a method that drafts with one ({drafting})",
             m.as_str()
         ),
         Some(_) => return Ok(()),

@@ -160,8 +160,11 @@ fn prompt_logprobs_are_one_per_prompt_token_after_preemption_and_for_a_one_token
     for (i, (a, b)) in pressed.iter().zip(&roomy).enumerate() {
         assert_eq!(a.token_ids, b.token_ids, "request {i}");
         assert_eq!(a.prompt_logprobs.len(), prompts[i].len(), "request {i}: scored once, output never");
-        for (x, y) in a.prompt_logprobs.iter().zip(&b.prompt_logprobs) {
-            assert_eq!(x.as_ref().map(|l| l.token), y.as_ref().map(|l| l.token), "request {i}");
+        assert_eq!(a.prompt_logprobs[0], None);
+        for (x, y) in a.prompt_logprobs.iter().zip(&b.prompt_logprobs).skip(1) {
+            let (x, y) = (x.as_ref().unwrap(), y.as_ref().unwrap());
+            assert_eq!((x.token, x.top[0].0), (y.token, y.top[0].0), "request {i}");
+            assert!((x.logprob - y.logprob).abs() < 1e-4, "request {i}: scored in its own context: {x:?} vs {y:?}");
         }
     }
     let one = h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![3]), params)]).unwrap().remove(0);

@@ -40,6 +40,6 @@ pub fn config_file_error(err: specrs_core::ConfigFileError) -> PyErr {
         E::MissingSection { .. } => pyo3::exceptions::PyKeyError::new_err(message),
         E::NotAMapping { .. } | E::SectionNotAMapping { .. } => pyo3::exceptions::PyTypeError::new_err(message),
         E::Io { .. } => pyo3::exceptions::PyOSError::new_err(message),
-        E::Yaml { .. } => pyo3::exceptions::PyValueError::new_err(message),
+        E::Yaml { .. } | E::NonFinite { .. } => pyo3::exceptions::PyValueError::new_err(message),
     }
 }

@@ -27,6 +27,12 @@ fn draft_architecture(method: &str, path: &str) -> PyResult<String> {
     specrs_engine::pipeline::draft_architecture(method, Path::new(path)).map_err(pipeline::engine_error)
 }
 
+/// The engine's own name of a dtype spelled any way it reads (`bfloat16` is `bf16`).
+#[pyfunction]
+fn canonical_dtype(name: &str) -> PyResult<&'static str> {
+    pipeline::parse_dtype(name).map(|d| d.as_str())
+}
+
 /// Resolves a model alias to its file (paths are returned as given).
 #[pyfunction]
 fn resolve_model(py: Python<'_>, name: &str) -> PyResult<String> {
@@ -88,6 +94,7 @@ fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(drafters::checkpoint_draft_width, m)?)?;
     m.add_function(wrap_pyfunction!(peek_architecture, m)?)?;
     m.add_function(wrap_pyfunction!(draft_architecture, m)?)?;
+    m.add_function(wrap_pyfunction!(canonical_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_model, m)?)?;
     m.add_function(wrap_pyfunction!(default_draft, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;

@@ -118,9 +118,7 @@ fn build(
         }
         None => SpeculativeConfig::default(),
     };
-    let dtype: ModelDType = dtype.parse().map_err(|e: specrs_models::ModelError| {
-        raise("ConfigError", e.to_string(), &[("field", Some("dtype".into()))])
-    })?;
+    let dtype = parse_dtype(dtype)?;
     let devices = DeviceSpec::parse_list(device).map_err(engine_error)?;
     let cfg = PipelineConfig {
         model,
@@ -284,6 +282,13 @@ impl PyPipeline {
         py.detach(|| specrs_server::serve_blocking(self.handle.clone(), &name, &args))
             .map_err(|e| raise("EngineError", e, &[]))
     }
+}
+
+/// A dtype name in any spelling the engine reads (`bfloat16`, `Q4_K_M`, ...), or a
+/// `ConfigError` naming `dtype`.
+pub fn parse_dtype(name: &str) -> PyResult<ModelDType> {
+    name.parse()
+        .map_err(|e: specrs_models::ModelError| raise("ConfigError", e.to_string(), &[("field", Some("dtype".into()))]))
 }
 
 /// An iterator over one request's output deltas (JSON strings).

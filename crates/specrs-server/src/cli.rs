@@ -288,7 +288,7 @@ pub fn command() -> Command {
                 .arg(Arg::new("host").long("host").default_value("127.0.0.1"))
                 .arg(Arg::new("port").long("port").value_parser(value_parser!(u16)).default_value("8000"))
                 .arg(Arg::new("served-model-name").long("served-model-name").help("Model name clients send (default: the --model value)"))
-                .arg(Arg::new("api-key").long("api-key").env("SPEC_RS_API_KEY").help("Require 'Authorization: Bearer KEY' on every endpoint but /health"))
+                .arg(Arg::new("api-key").long("api-key").env("SPEC_RS_API_KEY").help("Require 'Authorization: Bearer KEY' on every endpoint but /health (an empty key is refused: leave it unset to serve without one)"))
                 .arg(Arg::new("max-pending").long("max-pending").value_parser(value_parser!(usize)).help(
                     "Requests queued beyond the running batch before answering 429 (default: 4 x --max-num-seqs)",
                 ))
@@ -613,10 +613,7 @@ impl PipelineArgs {
     pub fn speculative_config(&self) -> Result<SpeculativeConfig, CliError> {
         let mut values = match &self.config_file {
             Some(path) => {
-                let mut values = load_config_file(path, self.section_name.as_deref())
-                    .map_err(|e| CliError::Invalid(e.to_string()))?;
-                specrs_core::config::flags::coerce_loose_values(&mut values);
-                values
+                load_config_file(path, self.section_name.as_deref()).map_err(|e| CliError::Invalid(e.to_string()))?
             }
             None if self.section_name.is_some() => {
                 return Err(CliError::Invalid("--section-name needs --config-file".into()));

@@ -58,7 +58,8 @@ pub struct TrainDraftArgs {
     pub eval_max_tokens: usize,
 }
 
-/// Bound on `--num-prompts` and `--skip-prompts`: a million answers is far past a CPU's reach.
+/// Bound on `--num-prompts` and `--skip-prompts` over the seeded prompt list: a million
+/// answers is far past a CPU's reach.
 const MAX_PROMPTS: usize = 1_000_000;
 /// Bound on `--epochs`.
 const MAX_EPOCHS: f64 = 10_000.0;
@@ -129,9 +130,9 @@ pub fn parse(m: &ArgMatches) -> Result<TrainDraftArgs, CliError> {
     if let Some(file) = &config.prompts_file {
         prompts::prompts_from_file(file).map_err(CliError::Invalid)?;
     }
-    // Past these the run could never finish (or its prompt list never fit in memory).
+    // Past these the seeded list could never be built (a --prompts file is only read so far).
     for (name, v) in [("--num-prompts", config.num_prompts), ("--skip-prompts", config.skip_prompts)] {
-        if v > MAX_PROMPTS {
+        if config.prompts_file.is_none() && v > MAX_PROMPTS {
             return Err(CliError::Invalid(format!("{name} must be at most {MAX_PROMPTS}, got {v}")));
         }
     }

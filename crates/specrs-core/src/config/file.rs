@@ -20,8 +20,32 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
-/// Reads `path` (YAML) and returns the mapping at its root, or at `section` when given.
+/// The first non-finite number in `yaml` (`.inf`, `.nan`), by its dotted key: JSON has none,
+/// and read into JSON it would silently become null, an unset field.
+fn non_finite(yaml: &serde_yaml::Value, key: &str) -> Option<(String, f64)> {
+    match yaml {
+        serde_yaml::Value::Number(n) => n.as_f64().filter(|x| !x.is_finite()).map(|x| (key.to_string(), x)),
+        serde_yaml::Value::Sequence(items) => {
+            items.iter().enumerate().find_map(|(i, item)| non_finite(item, &format!("{key}[{i}]")))
+        }
+        serde_yaml::Value::Mapping(map) => map.iter().find_map(|(k, v)| {
+            let name = k.as_str().map_or_else(|| format!("{k:?}"), str::to_string);
+            non_finite(v, &if key.is_empty() { name } else { format!("{key}.{name}") })
+        }),
+        serde_yaml::Value::Tagged(tagged) => non_finite(&tagged.value, key),
+        _ => None,
+    }
+}
+
+/// Reads `path` (YAML) and returns the mapping at its root, or at `section` when given, its
+/// speculative fields coerced to their kinds ([`super::flags::coerce_loose_values`]).
 pub fn load_config_file(path: &Path, section: Option<&str>) -> Result<Map<String, Value>, ConfigFileError> {
+    let mut values = read_config_file(path, section)?;
+    super::flags::coerce_loose_values(&mut values);
+    Ok(values)
+}
+
+fn read_config_file(path: &Path, section: Option<&str>) -> Result<Map<String, Value>, ConfigFileError> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| {
         if source.kind() == std::io::ErrorKind::NotFound {
@@ -33,7 +57,12 @@ pub fn load_config_file(path: &Path, section: Option<&str>) -> Result<Map<String
     let root: Value = if text.trim().is_empty() {
         Value::Object(Map::new())
     } else {
-        serde_yaml::from_str(&text)
+        let yaml: serde_yaml::Value = serde_yaml::from_str(&text)
+            .map_err(|e| ConfigFileError::Yaml { path: shown.clone(), message: e.to_string() })?;
+        if let Some((key, value)) = non_finite(&yaml, "") {
+            return Err(ConfigFileError::NonFinite { path: shown, key, value });
+        }
+        serde_yaml::from_value(yaml)
             .map_err(|e| ConfigFileError::Yaml { path: shown.clone(), message: e.to_string() })?
     };
     let Value::Object(root) = root else {
@@ -105,6 +134,10 @@ mod tests {
         assert!(e.contains("sections present: speculative, runtime"), "{e}");
         let e = load_config_file(f.path(), Some("name")).unwrap_err().to_string();
         assert!(e.contains("must be a mapping, found a string"), "{e}");
+        // YAML's infinities read into JSON would be null, an unset field.
+        let f = write("speculative:\n  synthetic_acceptance_rate: .inf\n");
+        let e = load_config_file(f.path(), Some("speculative")).unwrap_err().to_string();
+        assert!(e.contains("'speculative.synthetic_acceptance_rate'") && e.contains("is inf"), "{e}");
     }
 
     #[test]

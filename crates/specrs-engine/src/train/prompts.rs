@@ -665,7 +665,8 @@ pub fn training_prompts(count: usize, seed: u64) -> Vec<String> {
 /// Prompts `skip..skip + count` of the list [`training_prompts`] shuffles with `seed`: a round
 /// that continues a draft passes over the prompts earlier rounds answered.
 pub fn training_prompts_from(skip: usize, count: usize, seed: u64) -> Vec<String> {
-    training_prompts(skip + count, seed).split_off(skip)
+    let mut prompts = training_prompts(skip.saturating_add(count), seed);
+    prompts.split_off(skip.min(prompts.len()))
 }
 
 /// User requests read from a file of the user's own prompts (`train-draft --prompts`): a JSON
