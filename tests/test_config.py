@@ -251,7 +251,7 @@ def test_with_width_resolves_a_copy_and_revalidates() -> None:
     assert config.num_speculative_tokens is None
     with pytest.raises(ValidationError, match=r"Verify widths \[15\] are outside 1..8"):
         config.with_width(8)
-    with pytest.raises(ValidationError, match="must be >= 1"):
+    with pytest.raises(ValidationError, match="must be between 1 and 1048576, got 0"):
         config.with_width(0)
 
 
