@@ -23,6 +23,7 @@ __all__ = [
     "builtin_architectures",
     "builtin_speculators",
     "canonical_draft_arch",
+    "canonical_dtype",
     "check_pipeline_combinations",
     "checkpoint_draft_width",
     "cli_main",
