@@ -536,7 +536,9 @@ impl Engine {
     /// `id` cancels them all. Errors describe what the client must change.
     pub fn add_request(&mut self, id: SeqId, request: GenerationRequest, sink: OutputSink) -> Result<()> {
         let GenerationRequest { prompt, mut params, trace } = request;
-        if !params.bad_words.is_empty() {
+        // The handle tokenizes them before the request reaches this thread; an engine driven
+        // directly tokenizes them here.
+        if !params.bad_words.is_empty() && params.bad_word_ids.is_empty() {
             params.bad_word_ids = specrs_core::sampling::bad_word_token_ids(&params.bad_words, |word| {
                 self.tokenizer.encode(word, false)
             })?;

@@ -462,6 +462,12 @@ impl Preparation {
             tokens @ Prompt::Tokens(_) => tokens,
         };
         let params = &mut request.params;
+        if !params.bad_words.is_empty() && params.bad_word_ids.is_empty() {
+            // Tokenized here, off the engine thread: a long list must not stall running requests.
+            params.bad_word_ids = specrs_core::sampling::bad_word_token_ids(&params.bad_words, |word| {
+                self.tokenizer.encode(word, false)
+            })?;
+        }
         if let Some(constraint) = &params.structured_outputs
             && params.guide.is_none()
         {

@@ -14,11 +14,13 @@ pub fn bad_word_token_ids<E>(
     mut encode: impl FnMut(&str) -> Result<Vec<u32>, E>,
 ) -> Result<Vec<Vec<u32>>, E> {
     let mut sequences: Vec<Vec<u32>> = Vec::new();
+    // A set, not a scan of the list: long lists must not take quadratic time.
+    let mut seen: std::collections::HashSet<Vec<u32>> = std::collections::HashSet::new();
     for word in words {
         let bare = word.trim_start();
         for spelling in [bare.to_string(), format!(" {bare}")] {
             let ids = encode(&spelling)?;
-            if !ids.is_empty() && !sequences.contains(&ids) {
+            if !ids.is_empty() && seen.insert(ids.clone()) {
                 sequences.push(ids);
             }
         }
