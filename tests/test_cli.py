@@ -112,6 +112,11 @@ BAD_FLAGS = [
     ("device-listed-twice", ["--device", "cuda:0,cuda:0"], "cuda:0 is listed twice"),
     ("devices-mixed", ["--device", "cpu,cuda:1"], "all run on CUDA or all on the CPU"),
     ("unknown-flag", ["--bogus"], "unexpected argument '--bogus'"),
+    (
+        "vllm-method-spec-rs-lacks",
+        ["--speculative-config", '{"method": "medusa"}'],
+        "--speculative-config: method 'medusa' (a vLLM method) is not supported",
+    ),
 ]
 
 
@@ -287,6 +292,16 @@ def test_generate_with_ngram_prints_the_greedy_text_and_acceptance_statistics(pl
     per_position = ints(m[6])
     assert len(per_position) == 4  # the ngram default width
     assert sum(per_position) == accepted
+
+
+def test_generate_reads_a_vllm_speculative_config_as_the_flags_it_spells() -> None:
+    vllm_style = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+    proc = run([*console_script(), "generate", "--speculative-config", vllm_style, *GENERATE[3:]])
+    flags = run([*console_script(), *GENERATE])
+    assert proc.returncode == 0 and flags.returncode == 0, (proc.stderr, flags.stderr)
+    assert proc.stdout == flags.stdout
+    # The same width and drafts: the statistics line matches but for the timing.
+    assert STATS.search(proc.stderr).groups()[2:] == STATS.search(flags.stderr).groups()[2:]  # type: ignore[union-attr]
 
 
 def test_generate_with_an_output_constraint_prints_what_llm_chat_gives(ngram_llm: LLM) -> None:

@@ -28,6 +28,7 @@ from spec_rs import (
     SpecRsError,
     SpeculativeConfig,
     StructuredOutputsParams,
+    _spec_rs,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -796,8 +797,45 @@ def test_speculative_config_may_be_a_dict_of_its_fields() -> None:
     assert (llm.info["method"], llm.info["num_speculative_tokens"]) == ("ngram", 2)
     with pytest.raises(ValidationError, match="speculative_method"):
         LLM(speculative_config={"speculative_method": "medusa"})
-    with pytest.raises(TypeError, match="a SpeculativeConfig or a dict of its fields, got str"):
+    with pytest.raises(TypeError, match=r"a SpeculativeConfig or a dict of its fields \(or vLLM's\), got"):
         LLM(speculative_config='{"speculative_method": "ngram"}')  # type: ignore[arg-type]
+
+
+def test_speculative_config_in_vllms_spelling_runs_with_the_draft_it_names() -> None:
+    shipped_draft, _ = _spec_rs.default_draft("smollm2-135m-instruct")
+    vllm_style = {"method": "eagle3", "model": shipped_draft, "num_speculative_tokens": 2}
+    llm = LLM(speculative_config=vllm_style)
+    assert (llm.info["method"], llm.info["num_speculative_tokens"]) == ("eagle", 2)
+    assert llm.speculative_config == SpeculativeConfig(speculative_method="eagle", num_speculative_tokens=2)
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    plain = LLM(speculative_config=SpeculativeConfig()).generate(["Name a color."], params)[0].text
+    assert llm.generate(["Name a color."], params)[0].text == plain
+    # vLLM's batch-size cut-off is a verify-width schedule: nothing verified past it.
+    ngram = LLM(speculative_config={"method": "ngram", "disable_by_batch_size": 4, "prompt_lookup_max": 3})
+    assert ngram.speculative_config.prompt_lookup_max == 3
+    assert [r.as_tuple() for r in ngram.speculative_config.num_speculative_tokens_per_batch_size or []] == [
+        (1, 4, 1 << 20),
+        (5, 5, 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("speculative_config", "draft_model", "field", "hint"),
+    [
+        ({"method": "medusa"}, None, "method", "not supported by spec-rs"),
+        ({"method": "ngram", "speculative_method": "ngram"}, None, "method", "set only one"),
+        ({"method": "eagle3", "quantization": "fp8"}, None, "quantization", "pass dtype"),
+        ({"method": "ngram", "draft_tensor_parallel_size": 2}, None, "draft_tensor_parallel_size", "one dev"),
+        ({"methd": "ngram"}, None, "methd", "unknown field"),
+        ({"method": "eagle3", "model": "/a"}, "/b", "draft_model", "name different drafts"),
+    ],
+)
+def test_vllm_spelled_config_errors_name_the_key(
+    speculative_config: dict[str, Any], draft_model: str | None, field: str, hint: str
+) -> None:
+    with pytest.raises(ConfigError, match=hint) as excinfo:
+        LLM(draft_model=draft_model, speculative_config=speculative_config)
+    assert excinfo.value.field == field
 
 
 def test_chat_flags_and_serve_port_of_the_wrong_type_are_refused(short_llm: LLM) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "schedule_lookup",
     "select_speculator",
     "speculative_flags",
+    "translate_vllm_speculative_config",
     "validate_sampling_params",
     "validate_speculative_config",
 ]
@@ -52,6 +53,9 @@ def check_pipeline_combinations(config_json: str) -> None: ...
 def acceptance_rule(config_json: str) -> Literal["synthetic", "stochastic", "greedy"]: ...
 def load_config_file(path: str, section_name: str | None = None) -> str: ...
 def merge_config(base_json: str, overrides_json: str) -> str: ...
+def translate_vllm_speculative_config(
+    dialect_json: str, spec_fields: list[str]
+) -> tuple[str, str | None]: ...
 
 class _FlagRow(TypedDict):
     field: str

@@ -369,6 +369,31 @@ def _check_sizes(**sizes: int | None) -> None:
             raise error
 
 
+def _speculative_config_from_mapping(
+    mapping: Mapping[str, Any], draft_model: str | None
+) -> tuple[SpeculativeConfig, str | None]:
+    """A dict of ``SpeculativeConfig`` fields, or of vLLM's spelling of them (``{"method":
+    "eagle3", "model": "<draft dir>", ...}``): the config, and the draft ``model`` names."""
+    fields = dict(mapping)
+    dialect = {key: fields.pop(key) for key in list(fields) if key not in SpeculativeConfig.model_fields}
+    if dialect:
+        translated, dialect_draft = _spec_rs.translate_vllm_speculative_config(
+            json.dumps(dialect, default=str), sorted(fields)
+        )
+        fields.update(json.loads(translated))
+        if dialect_draft is not None:
+            if draft_model is not None and str(draft_model) != dialect_draft:
+                error = ConfigError(
+                    f"draft_model={draft_model!r} and speculative_config's model={dialect_draft!r} "
+                    "name different drafts: give one"
+                )
+                error.field = "draft_model"
+                raise error
+            draft_model = dialect_draft
+    # Validated (and refused) as the model is.
+    return SpeculativeConfig.model_validate(fields), draft_model
+
+
 def build_pipeline(
     model: str = DEFAULT_MODEL,
     draft_model: str | None = None,
@@ -399,11 +424,10 @@ def build_pipeline(
     )
     lookup = arch_lookup or ARCH_LOOKUP
     if isinstance(speculative_config, Mapping):
-        # The config's own fields as a dict, validated (and refused) as the model is.
-        speculative_config = SpeculativeConfig.model_validate(dict(speculative_config))
+        speculative_config, draft_model = _speculative_config_from_mapping(speculative_config, draft_model)
     elif speculative_config is not None and not isinstance(speculative_config, SpeculativeConfig):
         raise TypeError(
-            "speculative_config must be a SpeculativeConfig or a dict of its fields, "
+            "speculative_config must be a SpeculativeConfig or a dict of its fields (or vLLM's), "
             f"got {type(speculative_config).__name__}"
         )
     if speculative_config is None and draft_model is None:
@@ -651,6 +675,11 @@ class LLM:
     (``max_num_seqs`` and ``kv_cache_memory`` each), new requests going to the replica that
     cached their prompt's start (unless it is much busier) or else the least-loaded one.
     ``speculative_config.draft_head_parallelism`` places the draft head.
+
+    ``speculative_config`` may also be a dict: of its fields, or in vLLM's spelling
+    (``{"method": "eagle3", "model": "<draft dir>", "num_speculative_tokens": 3}``, where
+    ``model`` is the draft checkpoint and vLLM's family MTP methods are ``mtp``); vLLM keys
+    spec-rs has no use for are refused by name, with what to set instead.
 
     ``enable_prefix_caching`` (on, as in vLLM) reuses the KV blocks, the target's and the
     drafter's, of prompt prefixes earlier requests computed: shared system prompts,

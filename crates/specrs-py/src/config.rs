@@ -8,6 +8,7 @@ use pyo3::types::{PyDict, PyList};
 use specrs_core::SpeculativeConfig;
 use specrs_core::config::file::{deep_merge, load_config_file as load_file};
 use specrs_core::config::flags::{FlagKind, SPECULATIVE_FLAGS};
+use specrs_core::config::vllm;
 use specrs_core::sampling::SamplingParams;
 use specrs_core::width::{
     AdaptiveWidthController as CoreController, AdaptiveWidthParams, VerifyWidthRange, VerifyWidthSchedule,
@@ -52,6 +53,22 @@ pub fn check_pipeline_combinations(config_json: &str) -> PyResult<()> {
 pub fn acceptance_rule(config_json: &str) -> PyResult<&'static str> {
     let cfg = SpeculativeConfig::from_json(&json_arg(config_json)?).map_err(config_error)?;
     Ok(cfg.acceptance_rule().as_str())
+}
+
+/// Reads the keys of a speculative config given in vLLM's spelling (`dialect_json`, a JSON
+/// object: `method`, `model`, ...) into spec-rs fields; `spec_fields` names the spec-rs fields
+/// given beside them. Returns the fields as JSON and the draft checkpoint `model` names.
+#[pyfunction]
+pub fn translate_vllm_speculative_config(
+    dialect_json: &str,
+    spec_fields: Vec<String>,
+) -> PyResult<(String, Option<String>)> {
+    let serde_json::Value::Object(dialect) = json_arg(dialect_json)? else {
+        return Err(pyo3::exceptions::PyTypeError::new_err("translate_vllm_speculative_config takes a JSON object"));
+    };
+    let names: Vec<&str> = spec_fields.iter().map(String::as_str).collect();
+    let translated = vllm::translate(&dialect, &names).map_err(config_error)?;
+    Ok((serde_json::Value::Object(translated.fields).to_string(), translated.draft_model))
 }
 
 /// Reads a YAML config file (optionally one section of it) and returns it as JSON.

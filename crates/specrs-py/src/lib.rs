@@ -83,6 +83,7 @@ fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config::acceptance_rule, m)?)?;
     m.add_function(wrap_pyfunction!(config::load_config_file, m)?)?;
     m.add_function(wrap_pyfunction!(config::merge_config, m)?)?;
+    m.add_function(wrap_pyfunction!(config::translate_vllm_speculative_config, m)?)?;
     m.add_function(wrap_pyfunction!(config::speculative_flags, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_adaptive_widths, m)?)?;
     m.add_function(wrap_pyfunction!(config::schedule_lookup, m)?)?;

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use specrs_core::SpeculativeConfig;
 use specrs_core::config::file::{deep_merge, load_config_file};
 use specrs_core::config::flags::{FlagKind, SPECULATIVE_FLAGS};
+use specrs_core::config::vllm;
 use specrs_core::model_alias::DEFAULT_MODEL_ALIAS;
 use specrs_core::sampling::SamplingParams;
 use specrs_core::structured::StructuredOutputs;
@@ -47,6 +48,9 @@ pub struct PipelineArgs {
     pub tokenizer: Option<String>,
     /// Speculative fields given on the command line (explicit values only).
     pub speculative: Map<String, Value>,
+    /// `--speculative-config`, read into spec-rs fields (its `model`, vLLM's draft, is in
+    /// `draft_model`).
+    pub speculative_json: Map<String, Value>,
     pub config_file: Option<PathBuf>,
     pub section_name: Option<String>,
     pub dtype: ModelDType,
@@ -169,6 +173,11 @@ fn pipeline_args(cmd: Command) -> Command {
                 .action(ArgAction::SetTrue)
                 .help("Decode the default model without its shipped EAGLE-3 draft (plain decoding)"),
         )
+        .arg(Arg::new("speculative-config").long("speculative-config").value_name("JSON").help(
+            "Speculative settings as a JSON object (or a file), in spec-rs's field names or vLLM's: \
+             '{\"method\": \"eagle3\", \"model\": \"<draft dir>\", \"num_speculative_tokens\": 3}'; \
+             it overrides --config-file, and flags given explicitly override it",
+        ))
         .arg(
             Arg::new("config-file")
                 .long("config-file")
@@ -476,6 +485,23 @@ fn parse_json_flag(field: &str, text: &str) -> Result<Value, CliError> {
     serde_yaml::from_str::<Value>(&content).map_err(|e| CliError::Invalid(format!("{flag}: {text}: {e}")))
 }
 
+/// `--speculative-config`: spec-rs fields, and the draft checkpoint when it is in vLLM's spelling
+/// (`model`).
+fn speculative_config_json(m: &ArgMatches) -> Result<(Map<String, Value>, Option<String>), CliError> {
+    let Some(text) = m.get_one::<String>("speculative-config") else {
+        return Ok((Map::new(), None));
+    };
+    let invalid = |message: String| CliError::Invalid(format!("--speculative-config: {message}"));
+    let Value::Object(values) = parse_json_flag("speculative_config", text)? else {
+        return Err(invalid("must be a JSON object of field names to values".into()));
+    };
+    let (mut fields, dialect) = vllm::split_dialect(values);
+    let names: Vec<&str> = fields.keys().map(String::as_str).collect();
+    let translated = vllm::translate(&dialect, &names).map_err(|e| invalid(e.message))?;
+    fields.extend(translated.fields);
+    Ok((fields, translated.draft_model))
+}
+
 fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
     let invalid = |e: specrs_engine::EngineError| CliError::Invalid(e.to_string());
     let engine = EngineConfig {
@@ -495,11 +521,21 @@ fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
             "--max-num-seqs, --block-size and --max-seq-len-to-capture must be at least 1".into(),
         ));
     }
+    let (speculative_json, json_draft) = speculative_config_json(m)?;
+    let draft_model = match (m.get_one::<String>("draft-model").cloned(), json_draft) {
+        (Some(flag), Some(json)) if flag != json => {
+            return Err(CliError::Invalid(format!(
+                "--draft-model '{flag}' and --speculative-config's model '{json}' name different drafts: give one"
+            )));
+        }
+        (flag, json) => flag.or(json),
+    };
     Ok(PipelineArgs {
         model: m.get_one::<String>("model").expect("default").clone(),
-        draft_model: m.get_one::<String>("draft-model").cloned(),
+        draft_model,
         tokenizer: m.get_one::<String>("tokenizer").cloned(),
         speculative: speculative_values(m)?,
+        speculative_json,
         config_file: m.get_one::<PathBuf>("config-file").cloned(),
         section_name: m.get_one::<String>("section-name").cloned(),
         dtype: m
@@ -620,6 +656,7 @@ impl PipelineArgs {
             }
             None => Map::new(),
         };
+        deep_merge(&mut values, &self.speculative_json);
         deep_merge(&mut values, &self.speculative);
         SpeculativeConfig::from_json(&Value::Object(values))
             .and_then(SpeculativeConfig::validated)
@@ -630,7 +667,10 @@ impl PipelineArgs {
     /// shipped draft when nothing speculative was asked for (no draft, flags or config file).
     pub fn speculation(&self) -> Result<(Option<String>, SpeculativeConfig), CliError> {
         let spec = self.speculative_config()?;
-        let asked_nothing = self.draft_model.is_none() && self.config_file.is_none() && self.speculative.is_empty();
+        let asked_nothing = self.draft_model.is_none()
+            && self.config_file.is_none()
+            && self.speculative.is_empty()
+            && self.speculative_json.is_empty();
         if self.default_draft && asked_nothing {
             let shipped = specrs_engine::default_draft(&self.model).map_err(|e| CliError::Invalid(e.to_string()))?;
             if let Some(draft) = shipped {
@@ -857,6 +897,50 @@ mod tests {
             }
         }
         assert!(matches!(parse(["generate", "hi", "--regex", "a", "--json-object"]), Err(CliError::Clap(_))));
+    }
+
+    #[test]
+    fn vllm_speculative_config_json_runs_with_its_draft_between_file_and_flags() {
+        let p = serve(&[
+            "--speculative-config",
+            r#"{"method": "eagle3", "model": "/ckpt/eagle3", "num_speculative_tokens": 5}"#,
+            "--num-speculative-tokens",
+            "2",
+        ]);
+        assert_eq!(p.draft_model.as_deref(), Some("/ckpt/eagle3"));
+        let (draft, cfg) = p.speculation().unwrap();
+        assert_eq!(draft.as_deref(), Some("/ckpt/eagle3"));
+        assert_eq!(cfg.speculative_method, Some(specrs_core::SpeculativeMethod::Eagle));
+        assert_eq!(cfg.num_speculative_tokens, Some(2), "an explicit flag overrides the JSON");
+
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), "speculative_method: ngram\nprompt_lookup_max: 6\nnum_speculative_tokens: 6\n")
+            .unwrap();
+        let path = f.path().to_str().unwrap();
+        let cfg = serve(&["--config-file", path, "--speculative-config", r#"{"num_speculative_tokens": 3}"#])
+            .speculative_config()
+            .unwrap();
+        assert_eq!((cfg.prompt_lookup_max, cfg.num_speculative_tokens), (6, Some(3)), "the JSON overrides the file");
+    }
+
+    #[test]
+    fn bad_speculative_config_json_is_a_usage_error_naming_the_flag() {
+        let err = |args: &[&str]| {
+            let mut v = vec!["serve"];
+            v.extend_from_slice(args);
+            parse(v).unwrap_err().to_string()
+        };
+        let e = err(&["--speculative-config", r#"{"method": "medusa"}"#]);
+        assert!(e.starts_with("--speculative-config: ") && e.contains("medusa"), "{e}");
+        let e = err(&["--speculative-config", "{not json"]);
+        assert!(e.contains("--speculative-config") && e.contains("invalid JSON"), "{e}");
+        let e = err(&["--speculative-config", "[1, 2]"]);
+        assert!(e.contains("JSON object"), "{e}");
+        let e = err(&["--draft-model", "/a", "--speculative-config", r#"{"method": "eagle", "model": "/b"}"#]);
+        assert!(e.contains("name different drafts"), "{e}");
+        // The same draft named twice is no conflict.
+        let p = serve(&["--draft-model", "/a", "--speculative-config", r#"{"method": "eagle", "model": "/a"}"#]);
+        assert_eq!(p.draft_model.as_deref(), Some("/a"));
     }
 
     #[test]
