@@ -1463,10 +1463,34 @@ pub struct DecoderConfig {
 }
 
 fn req_usize(v: &Value, key: &str) -> Result<usize> {
-    v.get(key)
+    let n = v
+        .get(key)
         .and_then(Value::as_u64)
-        .map(|x| x as usize)
-        .ok_or_else(|| ModelError::config(key, "missing or not a non-negative integer in config.json"))
+        .map(|x| usize::try_from(x).unwrap_or(usize::MAX))
+        .ok_or_else(|| ModelError::config(key, "missing or not a non-negative integer in config.json"))?;
+    // Layer counts size per-layer tables built while the config is read, before `check`.
+    match key {
+        "num_hidden_layers" | "num_layers" => check_layer_count(key, n),
+        _ => Ok(n),
+    }
+}
+
+/// Widest attention head a checkpoint may declare.
+pub const MAX_HEAD_DIM: usize = 1 << 14;
+
+/// Most decoder layers a checkpoint may declare: far past any published model (Llama 3.1 405B
+/// has 126); more is a corrupt file, whose per-layer tables would take the memory.
+pub const MAX_LAYERS: usize = 4096;
+
+/// A declared layer count, refused past [`MAX_LAYERS`].
+pub fn check_layer_count(key: &str, n: usize) -> Result<usize> {
+    if n > MAX_LAYERS {
+        return Err(ModelError::config(
+            key,
+            format!("{n} layers is past any real model (at most {MAX_LAYERS}): the checkpoint's config is corrupt"),
+        ));
+    }
+    Ok(n)
 }
 
 fn opt_f64(v: &Value, key: &str) -> Option<f64> {
@@ -2360,6 +2384,24 @@ impl DecoderConfig {
 
     /// Shape invariants every loader relies on.
     pub fn check(&self) -> Result<()> {
+        if self.num_hidden_layers == 0 {
+            return Err(ModelError::config("num_hidden_layers", "a model needs at least one layer, got 0"));
+        }
+        if self.max_position_embeddings == 0 {
+            return Err(ModelError::config("max_position_embeddings", "the model's context must be at least 1"));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(ModelError::config(
+                "rope_theta",
+                format!("the RoPE base must be a positive number, got {}", self.rope_theta),
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(ModelError::config(
+                "rms_norm_eps",
+                format!("the norm epsilon must be a non-negative number, got {}", self.rms_norm_eps),
+            ));
+        }
         if self.num_attention_heads == 0 || self.num_key_value_heads == 0 {
             return Err(ModelError::config("num_attention_heads", "head counts must be positive"));
         }
@@ -2372,10 +2414,12 @@ impl DecoderConfig {
                 ),
             ));
         }
-        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+        // Published heads are at most a few hundred dims (576 with MLA's latent); a larger one is
+        // a corrupt file whose per-row tables would take the memory.
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
             return Err(ModelError::config(
                 "head_dim",
-                format!("head_dim must be even and positive, got {}", self.head_dim),
+                format!("head_dim must be even, positive and at most {MAX_HEAD_DIM}, got {}", self.head_dim),
             ));
         }
         if self.rotary_dim == 0 || !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
@@ -2641,6 +2685,27 @@ mod tests {
         assert!(c.tie_word_embeddings && !c.attention_bias && !c.qk_norm);
         assert_eq!(c.eos_token_ids, vec![2]);
         assert_eq!(c.default_eagle3_taps(), [2, 15, 27]);
+    }
+
+    #[test]
+    fn corrupt_sizes_and_constants_are_refused_by_key() {
+        for (arch, key, value, message) in [
+            ("LlamaForCausalLM", "num_hidden_layers", json!(0), "at least one layer"),
+            ("LlamaForCausalLM", "num_hidden_layers", json!(1u64 << 40), "past any real model"),
+            // Gemma 2 builds its per-layer window table while the config is read.
+            ("Gemma2ForCausalLM", "num_hidden_layers", json!(1u64 << 40), "past any real model"),
+            ("LlamaForCausalLM", "head_dim", json!(1u64 << 31), "at most 16384"),
+            ("LlamaForCausalLM", "rope_theta", json!(0.0), "RoPE base must be a positive number"),
+            ("LlamaForCausalLM", "rope_theta", json!(-1.0), "RoPE base must be a positive number"),
+            ("LlamaForCausalLM", "rms_norm_eps", json!(-1e-5), "epsilon must be a non-negative number"),
+            ("LlamaForCausalLM", "max_position_embeddings", json!(0), "context must be at least 1"),
+        ] {
+            let mut v = smollm2();
+            v["architectures"] = json!([arch]);
+            v[key] = value;
+            let e = DecoderConfig::from_hf_json(&v).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(message), "{arch} {key}: {e}");
+        }
     }
 
     #[test]

@@ -6,6 +6,10 @@ use candle_core::{DType, Device, Result, Tensor};
 
 use crate::config::RopeScaling;
 
+/// Most cos (and sin) table entries built, positions x frequencies: 4 GiB of f32 each, 16M
+/// positions of a 128-dim head (Llama 4 Scout's 10M context fits).
+const MAX_TABLE_ENTRIES: usize = 1 << 30;
+
 #[derive(Debug, Clone)]
 pub struct RotaryEmbedding {
     /// `[max_positions, rotary_dim / 2]`.
@@ -85,6 +89,13 @@ impl RotaryEmbedding {
         let inv_freq = inverse_frequencies(rotary_dim, theta, scaling);
         let magnitude = scaling.map_or(1.0, RopeScaling::attention_factor);
         let half = rotary_dim / 2;
+        // A context past any real model's is a corrupt config: refuse it before the allocation.
+        if max_positions.checked_mul(half).is_none_or(|n| n > MAX_TABLE_ENTRIES) {
+            candle_core::bail!(
+                "RoPE tables for max_position_embeddings = {max_positions} ({half} frequencies each) would \
+                 exceed {MAX_TABLE_ENTRIES} entries: the checkpoint's context length is corrupt"
+            );
+        }
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for p in 0..max_positions {
@@ -144,6 +155,14 @@ pub fn half_rotation_rows(heads: usize, head_dim: usize, rotary: usize) -> Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_corrupt_context_length_is_refused_before_the_tables_are_allocated() {
+        let e = RotaryEmbedding::new(64, 10_000.0, None, 1 << 40, DType::F32, &Device::Cpu).unwrap_err().to_string();
+        assert!(e.contains("max_position_embeddings = 1099511627776") && e.contains("corrupt"), "{e}");
+        let e = RotaryEmbedding::new(64, 10_000.0, None, usize::MAX, DType::F32, &Device::Cpu).unwrap_err();
+        assert!(e.to_string().contains("exceed"), "{e}");
+    }
 
     #[test]
     fn rotation_matches_rotate_half_reference() {

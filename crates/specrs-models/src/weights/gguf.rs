@@ -19,6 +19,7 @@ use crate::config::{
 };
 use crate::error::{ModelError, Result};
 use crate::rope::half_rotation_rows;
+use crate::weights::gguf_header;
 
 pub struct GgufSource {
     content: Content,
@@ -167,6 +168,8 @@ impl GgufSource {
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| ModelError::file(path, e.to_string()))?;
         let mut reader = BufReader::new(file);
+        gguf_header::check_alignment(gguf_header::declared_alignment(&mut reader))
+            .map_err(|e| ModelError::file(path, e))?;
         let content =
             Content::read(&mut reader).map_err(|e| ModelError::file(path, format!("not a readable GGUF file: {e}")))?;
         let file_len = std::fs::metadata(path).map_err(|e| ModelError::file(path, e.to_string()))?.len();
@@ -325,9 +328,14 @@ impl GgufSource {
         let v = self
             .meta(key)
             .ok_or_else(|| ModelError::config(format!("{}.{key}", self.arch_key), "missing from GGUF metadata"))?;
-        value_as_u64(v).map(|x| x as usize).ok_or_else(|| {
+        let n = value_as_u64(v).map(|x| usize::try_from(x).unwrap_or(usize::MAX)).ok_or_else(|| {
             ModelError::config(format!("{}.{key}", self.arch_key), format!("expected an integer, got {v:?}"))
-        })
+        })?;
+        // The layer count sizes per-layer tables built while the metadata is read.
+        match key {
+            "block_count" => crate::config::check_layer_count(&format!("{}.{key}", self.arch_key), n),
+            _ => Ok(n),
+        }
     }
 
     fn meta_f64(&self, key: &str) -> Option<f64> {
@@ -1114,6 +1122,24 @@ mod tests {
         let e =
             metadata_only(&[("llama.rope.scaling.type", Value::String("longrope2".into()))]).unwrap_err().to_string();
         assert!(e.contains("llama.rope.scaling.type") && e.contains("longrope2"), "{e}");
+    }
+
+    #[test]
+    fn corrupt_sizes_are_refused_by_key_before_anything_is_allocated() {
+        // candle would divide by this alignment; 2^30 layers or a 2^31-dim head would abort on
+        // the allocation of per-layer or per-row tables.
+        for (key, value, message) in [
+            ("general.alignment", Value::U32(0), "general.alignment is 0"),
+            ("general.alignment", Value::U32(48), "must be a power of two"),
+            ("llama.block_count", Value::U32(1 << 30), "layers is past any real model"),
+            ("llama.block_count", Value::U32(0), "at least one layer"),
+            ("llama.rope.dimension_count", Value::U32(1 << 31), "head_dim must be even, positive and at most"),
+            ("llama.rope.freq_base", Value::F32(-10_000.0), "RoPE base must be a positive number"),
+            ("llama.attention.layer_norm_rms_epsilon", Value::F32(-1e-5), "epsilon must be a non-negative"),
+        ] {
+            let e = metadata_only(&[(key, value)]).unwrap_err().to_string();
+            assert!(e.contains(message), "{key}: {e}");
+        }
     }
 
     #[test]

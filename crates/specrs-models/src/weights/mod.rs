@@ -3,6 +3,7 @@
 
 mod dtype;
 pub mod gguf;
+mod gguf_header;
 pub mod mxfp4;
 pub mod packed_int;
 pub mod safetensors;
