@@ -593,7 +593,7 @@ fn guided_rows_reject_drafts_the_grammar_forbids_and_recover_from_the_masked_tar
 }
 
 #[test]
-fn a_position_whose_masks_leave_no_token_fails_its_row_alone_under_every_rule() {
+fn a_position_whose_masks_leave_no_token_ends_its_row_alone_after_its_accepted_drafts() {
     // The guide allows "a" then only "b"/"c"; the request also allows only "a" and "x" (and
     // EOS): after "a" nothing is left.
     let restricted = |params: SamplingParams| SamplingParams { allowed_token_ids: Some(vec![0, 1, 5]), ..params };
@@ -606,19 +606,23 @@ fn a_position_whose_masks_leave_no_token_fails_its_row_alone_under_every_rule() 
         // The draft "a" is allowed and the target agrees (it is the only allowed token), so the
         // walk reaches position 1, where nothing is.
         let dead = VerifyRow::new(&[1, 2], &flat, &params, 3);
-        assert_eq!(s.accept_row(&dead), Err(VerifyError::NothingAllowed { position: 1 }), "{}", s.describe());
+        // The accepted draft is kept: the request ends after it (or stops, if it finishes it).
+        let out = s.accept_row(&dead).unwrap();
+        assert_eq!((out.dead_end_position(), out.tokens.clone()), (Some(1), vec![1]), "{}", s.describe());
+        assert_eq!(out.next_token(), None);
         // A plain decode step after "a" fails at its only (bonus) position.
         let history = [7, 1];
         let after_a = VerifyRow { history: &history, prompt_len: 1, ..VerifyRow::new(&[], &flat[..V], &params, 3) };
-        assert_eq!(s.accept_row(&after_a), Err(VerifyError::NothingAllowed { position: 0 }));
+        let out = s.accept_row(&after_a).unwrap();
+        assert_eq!((out.dead_end_position(), out.tokens), (Some(0), vec![]));
         // The rows around it in a batch are verified as alone.
         let unrestricted = guided(SamplingParams::greedy(), "a(b|c)c");
         let fine = VerifyRow::new(&[1, 2], &flat, &unrestricted, 3);
         let results = s.accept_batch(&[fine, dead, fine]);
-        assert_eq!(results[1], Err(VerifyError::NothingAllowed { position: 1 }));
+        assert_eq!(results[1], s.accept_row(&dead));
         assert_eq!(results[0], s.accept_row(&fine));
         assert_eq!(results[2], s.accept_row(&fine));
-        assert!(results[0].is_ok());
+        assert!(!results[0].as_ref().unwrap().dead_end);
     }
 }
 
@@ -632,18 +636,12 @@ fn bad_words_and_the_engines_own_masks_count_toward_a_dead_end() {
         ..SamplingParams::greedy()
     };
     let logits = peaked_logits(&[2]);
-    assert_eq!(
-        s.accept_row(&VerifyRow::new(&[], &logits, &params, 0)),
-        Err(VerifyError::NothingAllowed { position: 0 })
-    );
+    assert_eq!(s.accept_row(&VerifyRow::new(&[], &logits, &params, 0)).unwrap().dead_end_position(), Some(0));
     // The only allowed token is EOS, which the engine masked (`-inf`) while `min_tokens` is unmet.
     let eos_only = SamplingParams { allowed_token_ids: Some(vec![0]), ..SamplingParams::greedy() };
     let mut held_back = peaked_logits(&[0]);
     held_back[0] = f32::NEG_INFINITY;
-    assert_eq!(
-        s.accept_row(&VerifyRow::new(&[], &held_back, &eos_only, 0)),
-        Err(VerifyError::NothingAllowed { position: 0 })
-    );
+    assert_eq!(s.accept_row(&VerifyRow::new(&[], &held_back, &eos_only, 0)).unwrap().dead_end_position(), Some(0));
     // One allowed token left is enough, however unlikely the model finds it.
     let mut unlikely = vec![-1e30f32; V];
     unlikely[1] = 100.0;

@@ -37,7 +37,7 @@ fn measured_mean_joint_acceptance_matches_the_configured_rate() {
                     *count += 1;
                 }
                 let position = &logits[out.num_accepted * V..(out.num_accepted + 1) * V];
-                assert_eq!(out.next_token(), argmax(position), "rate {rate} k {k} step {step}");
+                assert_eq!(out.next_token(), Some(argmax(position)), "rate {rate} k {k} step {step}");
                 assert_eq!(out.next_is_bonus, out.num_accepted == k);
             }
             // P(first i accepted) for i = 1..=K, and its mean.

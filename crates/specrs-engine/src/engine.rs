@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use specrs_core::SpeculativeConfig;
-use specrs_core::acceptance::{AcceptanceSampler, ReducedPosition, ReducedRow, VerifyError, VerifyOutput, VerifyRow};
+use specrs_core::acceptance::{AcceptanceSampler, ReducedPosition, ReducedRow, VerifyOutput, VerifyRow};
 use specrs_core::kv_blocks::{KvBlockManager, SeqId};
 use specrs_core::metrics::{SpecDecodeStats, format_log_line};
 use specrs_core::prefix_cache::BlockHasher;
@@ -179,12 +179,10 @@ fn list_fields(fields: &[&str]) -> String {
 
 /// What verification gives the rows of a step.
 struct Verified {
-    /// Each row's verify output: none for rows without logits and for dead ends.
+    /// Each row's verify output: none for rows without logits.
     outputs: Vec<Option<VerifyOutput>>,
     /// Each row's logprobs and trace.
     extras: Vec<(Vec<TokenLogprob>, Option<TraceStep>)>,
-    /// `(row, verify position)` of the rows whose request masks every token at a position.
-    dead_ends: Vec<(usize, usize)>,
 }
 
 /// Position queries reduced together on one device, with the sampled drafts' distributions
@@ -1017,7 +1015,7 @@ impl Engine {
         };
         self.score_prompts(rows, logits)?;
         let on_device = self.cfg.acceptance_on_device.unwrap_or(!logits.device().is_cpu());
-        let Verified { outputs, extras, dead_ends } = if !on_device {
+        let Verified { outputs, extras } = if !on_device {
             let starts: Vec<Option<usize>> = rows.iter().map(|r| Some(r.logits_start)).collect();
             with_f32_slice(logits, |all| self.verify(rows, all, &starts, &[]))??
         } else {
@@ -1063,6 +1061,13 @@ impl Engine {
             let finish =
                 outcome.finish.or_else(|| (seq.tokens.len() >= self.max_model_len).then_some(FinishReason::Length));
             let (n_tokens, id) = (seq.tokens.len(), seq.id);
+            if out.dead_end && finish.is_none() {
+                // The request's masks leave nothing after the drafts just committed, which did
+                // not finish it: it ends here, with them, as plain decoding would.
+                let failure = RequestFailure::request(Self::nothing_allowed_message(seq));
+                self.finish(id, FinishReason::Error, Some(failure));
+                continue;
+            }
             match finish {
                 Some(reason) if self.cfg.enable_prefix_caching => {
                     // The step's keys and values are final for the target: record them so the
@@ -1085,19 +1090,13 @@ impl Engine {
                 }
             }
         }
-        for (i, position) in dead_ends {
-            let id = rows[i].seq;
-            let Some(seq) = self.seqs.get(&id) else { continue };
-            let failure = RequestFailure::request(self.nothing_allowed_message(seq, position));
-            self.finish(id, FinishReason::Error, Some(failure));
-        }
         Ok(step_stats)
     }
 
-    /// Why a request whose masks leave no token at verify `position` of this step ends: the
-    /// fields that masked, and where in the output.
-    fn nothing_allowed_message(&self, seq: &Sequence, position: usize) -> String {
-        let index = seq.num_generated() + position;
+    /// Why a request whose masks leave no token after its committed output ends: the fields
+    /// that masked, and where in the output.
+    fn nothing_allowed_message(seq: &Sequence) -> String {
+        let index = seq.num_generated();
         let fields = seq.params.masking_fields(index < seq.params.min_tokens);
         format!(
             "no token may be generated at output token {index}: this request's {} leave no token of the \
@@ -1300,13 +1299,8 @@ impl Engine {
             .collect();
         let accepted = self.acceptance.accept_batch(&verify_rows.iter().map(|(_, r)| *r).collect::<Vec<_>>());
         let mut outputs: Vec<Option<VerifyOutput>> = vec![None; rows.len()];
-        let mut dead_ends = Vec::new();
         for ((i, _), result) in verify_rows.into_iter().zip(accepted) {
-            match result {
-                Ok(out) => outputs[i] = Some(out),
-                Err(VerifyError::NothingAllowed { position }) => dead_ends.push((i, position)),
-                Err(e) => return Err(EngineError::Internal(format!("verifying row {i}: {e}"))),
-            }
+            outputs[i] = Some(result.map_err(|e| EngineError::Internal(format!("verifying row {i}: {e}")))?);
         }
         for (i, r) in rows.iter().enumerate() {
             let (Some(positions), Some(n)) = (reduced.get(i).and_then(Option::as_ref), Self::verified_drafts(r)) else {
@@ -1366,7 +1360,7 @@ impl Engine {
                 (logprobs, trace)
             })
             .collect();
-        Ok(Verified { outputs, extras, dead_ends })
+        Ok(Verified { outputs, extras })
     }
 
     /// Time drafting took since `proposing`, less any catch-up of positions kept through plain

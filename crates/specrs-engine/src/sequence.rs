@@ -53,8 +53,12 @@ pub struct Sequence {
 }
 
 impl Sequence {
+    /// The seed of the step starting at the next position: the request's generator advanced
+    /// by the committed tokens, so position `p` of the sequence always draws counter `p` of one
+    /// SplitMix64 sequence (`seed + p·γ`) however the steps around it are cut. A seeded request
+    /// then samples the same tokens at any draft width, batch or timing, as plain decoding does.
     pub fn step_seed(&self) -> u64 {
-        self.seed.wrapping_add(self.tokens.len() as u64)
+        self.seed.wrapping_add((self.tokens.len() as u64).wrapping_mul(specrs_core::sampling::GOLDEN_GAMMA))
     }
 
     pub fn num_generated(&self) -> usize {

@@ -161,3 +161,43 @@ fn cutting_unlikely_drafts_of_the_shipped_head_is_lossless_and_wastes_fewer_draf
     assert!(rate(&cut) > rate(&full) + 0.15, "and more of those it verifies are accepted");
     assert!(cut.accepted_tokens > full.accepted_tokens * 6 / 10, "while keeping most accepted drafts");
 }
+
+#[test]
+fn a_seeded_sampled_request_draws_the_same_tokens_at_any_draft_width_as_plain_decoding() {
+    // Position p of a sequence draws counter p of its seed's stream however the steps around
+    // it are cut (the step seed advances by the committed tokens times SplitMix64's γ), and
+    // argmax drafts are verified by matching a target sample: so the emitted tokens are the
+    // plain decode's samples at any width, batch or adaptive timing.
+    let sampled = |seed: u64| SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: Some(seed),
+        max_tokens: Some(40),
+        ..SamplingParams::default()
+    };
+    let cases = reference_cases();
+    let requests =
+        |seed| cases.iter().map(|(p, _)| GenerationRequest::new(Prompt::Tokens(p.clone()), sampled(seed))).collect();
+    let plain = engine(None, None).generate(requests(7)).unwrap();
+    let other_seed = engine(None, None).generate(requests(8)).unwrap();
+    assert!(plain.iter().zip(&other_seed).any(|(a, b)| a.token_ids != b.token_ids), "the seed matters");
+    let mut default = PipelineConfig::new("smollm2-135m-instruct");
+    default.dtype = ModelDType::F32;
+    assert!(apply_default_draft(&mut default).unwrap());
+    let (shipped, info) = build_engine(&default).unwrap();
+    let handles = [
+        ("ngram K=2", engine(Some(SpeculativeMethod::Ngram), Some(2))),
+        ("ngram K=5", engine(Some(SpeculativeMethod::Ngram), Some(5))),
+        ("shipped head, adaptive widths", EngineHandle::spawn(shipped, Some(info))),
+    ];
+    for (name, handle) in &handles {
+        // Alone and in a batch with the others: the batch (and the widths it leads the
+        // adaptive controller to) changes nothing.
+        let batched = handle.generate(requests(7)).unwrap();
+        let alone = handle.generate(requests(7).into_iter().take(1).collect()).unwrap();
+        for (a, b) in plain.iter().zip(&batched) {
+            assert_eq!(a.token_ids, b.token_ids, "{name}");
+        }
+        assert_eq!(alone[0].token_ids, plain[0].token_ids, "{name}");
+    }
+}

@@ -453,3 +453,50 @@ fn masks_that_leave_no_token_are_refused_up_front_or_end_the_request_with_a_requ
         assert!(outs[1].error.is_none());
     }
 }
+
+#[test]
+fn a_stop_accepted_mid_step_before_a_dead_end_stops_the_request_as_plain_decoding_does() {
+    // Digits only; "5" stops (as a token id, then as a string); nothing may follow a "5" (the
+    // bad words "50".."59"). Plain decoding stops at the "5". A drafter that copies the
+    // prompt's digits has the "5" accepted mid-step, and the dead end after it used to fail
+    // the request and drop the step's accepted tokens.
+    let plain = engine(false);
+    let tokenizer = plain.tokenizer().clone();
+    let id = |text: &str| match tokenizer.encode(text, false).unwrap()[..] {
+        [id] => id,
+        ref ids => panic!("{text:?} is {} tokens", ids.len()),
+    };
+    let digits: Vec<u32> = (0..10).map(|d| id(&d.to_string())).collect();
+    let masks = SamplingParams {
+        allowed_token_ids: Some(digits),
+        bad_words: (0..10).map(|d| format!("5{d}")).collect(),
+        ..greedy(40)
+    };
+    let by_id = SamplingParams { stop_token_ids: vec![id("5")], ..masks.clone() };
+    let by_string = SamplingParams { stop: vec!["5".into()], ..masks };
+    let request = |params: &SamplingParams| {
+        ask_free("Repeat exactly: 12345678901234567890123456789012345678901234567890", params.clone())
+    };
+    let mut ngram_cfg = PipelineConfig::new("smollm2-135m-instruct");
+    ngram_cfg.dtype = ModelDType::F32;
+    ngram_cfg.speculative = SpeculativeConfig {
+        speculative_method: Some(SpeculativeMethod::Ngram),
+        num_speculative_tokens: Some(4),
+        ..SpeculativeConfig::default()
+    };
+    let (ngram_engine, info) = build_engine(&ngram_cfg).unwrap();
+    let ngram = EngineHandle::spawn(ngram_engine, Some(info));
+    let shipped_default = engine(true);
+    for params in [&by_id, &by_string] {
+        let expected = plain.generate(vec![request(params)]).unwrap().remove(0);
+        assert_eq!(expected.finish_reason, FinishReason::Stop, "{:?}", expected.error);
+        for handle in [&ngram, &shipped_default] {
+            let out = handle.generate(vec![request(params)]).unwrap().remove(0);
+            assert_eq!((out.finish_reason, &out.error), (FinishReason::Stop, &None));
+            assert_eq!(out.text, expected.text);
+            assert_eq!(out.token_ids, expected.token_ids);
+        }
+    }
+    let drafted = ngram.generate(vec![request(&by_id)]).unwrap().remove(0).metrics;
+    assert!(drafted.num_accepted_tokens > 0, "the stop was reached through accepted drafts: {drafted:?}");
+}

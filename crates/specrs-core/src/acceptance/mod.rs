@@ -15,8 +15,10 @@
 //! | synthetic | every row | a coin with the calibrated rate | argmax |
 //!
 //! Argmax and penalties read the history plus the drafts accepted before the position. Every
-//! random number comes from a `(step seed, stream, position)` counter, so results never depend
-//! on batch composition. The modules state each rule and why it is exact (or, for relaxed and
+//! random number comes from a `(step seed, stream, position)` counter whose step seed advances
+//! with the committed tokens, so a sequence position always draws the same numbers: results
+//! never depend on batch composition, and with argmax drafts a seeded request emits the tokens
+//! plain decoding samples at any draft width. The modules state each rule and why it is exact (or, for relaxed and
 //! synthetic, what it gives up).
 
 mod greedy;

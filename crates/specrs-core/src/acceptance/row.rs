@@ -19,8 +19,9 @@ pub struct VerifyRow<'a> {
     /// Without it, or where `q(draft) = 0`, the draft is verified as a one-hot proposal.
     pub draft_probs: Option<&'a [f32]>,
     pub params: &'a SamplingParams,
-    /// This step's seed: the engine passes `request seed + committed tokens`, so every step
-    /// draws fresh numbers and no row depends on its batch.
+    /// This step's seed: the engine passes `request seed + committed tokens · γ`, so position
+    /// `i` of the step draws the request's counter for its sequence position, and no row
+    /// depends on its batch or on where its steps begin.
     pub seed: u64,
     /// Prompt followed by the generated tokens; read only by the penalties and bad words.
     pub history: &'a [u32],
@@ -68,14 +69,15 @@ impl<'a> VerifyRow<'a> {
     }
 }
 
-/// The outcome of one row: `tokens = drafts[..num_accepted] ++ [next]`.
+/// The outcome of one row: `tokens = drafts[..num_accepted] ++ [next]`, or the accepted drafts
+/// alone at a dead end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyOutput {
     /// `n`, the number of drafts verified.
     pub num_drafts: usize,
     /// Drafts accepted, a prefix of the drafts (`0..=n`).
     pub num_accepted: usize,
-    /// The tokens to commit, `num_accepted + 1` of them.
+    /// The tokens to commit, `num_accepted + 1` of them (`num_accepted` at a dead end).
     pub tokens: Vec<u32>,
     /// True when every draft was accepted and the last token is the bonus token; false when
     /// it is the recovered token of the first rejection.
@@ -85,12 +87,23 @@ pub struct VerifyOutput {
     /// Accepted drafts that only the relaxed thinking rule admitted (see
     /// [`RelaxedRule`](super::RelaxedRule)).
     pub num_relaxed_accepted: usize,
+    /// The request's allowed tokens, bad words, structured-output guide and the engine's masks
+    /// together leave no token at the position after the accepted drafts, so no rule can emit
+    /// one there: `tokens` holds the accepted drafts alone, and the request ends after them
+    /// unless they finish it (a stop token or string among them ends it normally, as plain
+    /// decoding would have stopped before reaching the dead end).
+    pub dead_end: bool,
 }
 
 impl VerifyOutput {
-    /// The token emitted after the accepted drafts (recovered or bonus).
-    pub fn next_token(&self) -> u32 {
-        self.tokens[self.num_accepted]
+    /// The token emitted after the accepted drafts (recovered or bonus); `None` at a dead end.
+    pub fn next_token(&self) -> Option<u32> {
+        self.tokens.get(self.num_accepted).copied()
+    }
+
+    /// The verify position the dead end is at (the first after the accepted drafts).
+    pub fn dead_end_position(&self) -> Option<usize> {
+        self.dead_end.then_some(self.num_accepted)
     }
 
     /// Per verify position, whether its draft was accepted (`n` flags, a true prefix).
@@ -111,10 +124,4 @@ pub enum VerifyError {
     DraftProbsLen { got: usize, expected: usize, num_drafts: usize, vocab_size: usize },
     #[error("draft token {token} at position {position} is outside the vocabulary of {vocab_size} tokens")]
     DraftOutOfVocab { position: usize, token: u32, vocab_size: usize },
-    /// The request's allowed tokens, bad words, structured-output guide and the engine's
-    /// masks together leave no token at verify position `position` (the drafts before it
-    /// were allowed). No rule can emit a token there that the request permits, so the
-    /// request must end instead of emitting junk.
-    #[error("every token is masked at verify position {position}: the request's masks leave nothing to emit")]
-    NothingAllowed { position: usize },
 }

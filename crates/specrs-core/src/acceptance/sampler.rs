@@ -153,7 +153,7 @@ impl AcceptanceSampler {
     }
 
     /// Verifies each row in order, sharing scratch buffers; each row's result is its own (a
-    /// row whose request masks every token fails alone).
+    /// row whose request masks every token at a position ends there alone).
     pub fn accept_batch(&self, rows: &[VerifyRow]) -> Vec<Result<VerifyOutput, VerifyError>> {
         let mut scratch = Scratch::new(self.vocab_size);
         rows.iter().map(|row| self.accept_row_with(row, &mut scratch)).collect()
@@ -246,7 +246,9 @@ impl AcceptanceSampler {
         let mut walk = Walk::start(row, self.thinking);
         for (i, &draft) in row.drafts.iter().enumerate() {
             let pos = walk.position(row, i, self.vocab_size);
-            walk.check_allows_any_token(&pos, scratch)?;
+            if !walk.allows_any_token(&pos, scratch) {
+                return Ok(walk.dead_end(row.drafts));
+            }
             let verdict = match rule {
                 RowRule::Synthetic(synthetic) => {
                     synthetic.verify(&pos, || greedy::target_argmax(&pos, &mut scratch.workspace))
@@ -271,7 +273,9 @@ impl AcceptanceSampler {
             }
         }
         let pos = walk.position(row, row.drafts.len(), self.vocab_size);
-        walk.check_allows_any_token(&pos, scratch)?;
+        if !walk.allows_any_token(&pos, scratch) {
+            return Ok(walk.dead_end(row.drafts));
+        }
         let bonus = match rule {
             RowRule::Synthetic(_) | RowRule::Greedy => greedy::target_argmax(&pos, &mut scratch.workspace),
             RowRule::TargetSample { .. } | RowRule::Rejection { .. } => {
@@ -319,18 +323,15 @@ impl Walk {
         }
     }
 
-    /// Fails the row at `pos` when its request masks every token there. Only rows whose
-    /// request masks tokens can get there (penalties and biases are finite); the check costs
-    /// them one more pass over the row, and costs the others nothing.
-    fn check_allows_any_token(&self, pos: &Position, scratch: &mut Scratch) -> Result<(), VerifyError> {
+    /// Whether the request leaves any token at `pos`. Only rows whose request masks tokens can
+    /// leave none (penalties and biases are finite); the check costs them one more pass over
+    /// the row, and costs the others nothing.
+    fn allows_any_token(&self, pos: &Position, scratch: &mut Scratch) -> bool {
         match &self.penalties {
-            Some(context)
-                if pos.params.masks_tokens()
-                    && !scratch.workspace.allows_any_token(pos.logits, pos.params, Some(context)) =>
-            {
-                Err(VerifyError::NothingAllowed { position: pos.index })
+            Some(context) if pos.params.masks_tokens() => {
+                scratch.workspace.allows_any_token(pos.logits, pos.params, Some(context))
             }
-            _ => Ok(()),
+            _ => true,
         }
     }
 
@@ -359,6 +360,20 @@ impl Walk {
             next_is_bonus,
             in_thinking_after: self.phase_after(next),
             num_relaxed_accepted: self.num_relaxed_accepted,
+            dead_end: false,
+        }
+    }
+
+    /// Ends the walk at a position where nothing is allowed, with the drafts accepted before it.
+    fn dead_end(self, drafts: &[u32]) -> VerifyOutput {
+        VerifyOutput {
+            num_drafts: drafts.len(),
+            num_accepted: self.num_accepted,
+            tokens: drafts[..self.num_accepted].to_vec(),
+            next_is_bonus: false,
+            in_thinking_after: self.in_thinking,
+            num_relaxed_accepted: self.num_relaxed_accepted,
+            dead_end: true,
         }
     }
 }

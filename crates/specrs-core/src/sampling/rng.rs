@@ -2,8 +2,8 @@
 //!
 //! A row's draws therefore never depend on which other rows share its batch, on the order
 //! rows are processed in, or on how many draws other positions consumed: the engine passes
-//! each row a step seed (`request seed + committed tokens`) and position `p` of the step uses
-//! counter `p`.
+//! each row a step seed (`request seed + committed tokens · γ`) and position `p` of the step
+//! uses counter `p`, so a sequence position draws the same numbers however steps are cut.
 //!
 //! The generator is SplitMix64 (Steele, Lea and Flood 2014): `uniform(seed, stream, p)` is the
 //! first output of a SplitMix64 generator seeded at `seed + stream + p·γ`, which is how Modular
