@@ -863,6 +863,15 @@ def test_a_tokenizer_override_must_exist_and_hold_tokenizer_json(tmp_path: Any) 
     assert excinfo.value.field == "tokenizer"
 
 
+def test_a_missing_model_path_or_a_corrupt_tokenizer_is_a_load_error_not_a_request_err(tmp_path: Any) -> None:
+    with pytest.raises(ModelNotInstalledError, match="neither a known alias") as missing:
+        LLM(str(tmp_path / "no-such-model.gguf"), speculative_config=SpeculativeConfig())
+    assert isinstance(missing.value, FileNotFoundError)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="tokenizer"):
+        LLM(speculative_config=SpeculativeConfig(), tokenizer=str(tmp_path))
+
+
 def test_a_draft_directory_without_a_config_raises_model_load_error(tmp_path: Any) -> None:
     with pytest.raises(ModelLoadError) as excinfo:
         LLM(draft_model=str(tmp_path), speculative_config=SpeculativeConfig(speculative_method="eagle"))

@@ -23,7 +23,8 @@ class ConfigError(SpecRsError, ValueError):
 
 
 class ModelNotInstalledError(SpecRsError, FileNotFoundError):
-    """A model alias resolved to nothing installed; the message says how to install it."""
+    """A model alias resolved to nothing installed (the message says how to install it), or a
+    model path names no file or directory."""
 
 
 class ModelLoadError(SpecRsError, ValueError):

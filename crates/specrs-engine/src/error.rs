@@ -10,6 +10,9 @@ pub enum EngineError {
     Config(#[from] specrs_core::ConfigError),
     #[error(transparent)]
     ModelNotInstalled(#[from] specrs_core::model_alias::ModelNotInstalled),
+    /// A model path that names no file or directory.
+    #[error("{0}")]
+    ModelNotFound(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     /// The request itself is invalid; the message says what to change.

@@ -354,7 +354,7 @@ pub fn load_tokenizer_from(tokenizer: &str) -> Result<TextTokenizer> {
 pub fn resolve_model_path(model: &str) -> Result<PathBuf> {
     let path = specrs_core::model_alias::resolve_model(model)?;
     if !path.exists() {
-        return Err(EngineError::Request(format!(
+        return Err(EngineError::ModelNotFound(format!(
             "model '{model}' is neither a known alias ({}) nor an existing file or directory",
             specrs_core::model_alias::ALIASES.iter().map(|a| a.alias).collect::<Vec<_>>().join(", ")
         )));

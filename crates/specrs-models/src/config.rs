@@ -1475,6 +1475,37 @@ fn req_usize(v: &Value, key: &str) -> Result<usize> {
     }
 }
 
+/// Keys whose values are numbers wherever a config sets them (`null` means unset); a value of
+/// another type would otherwise read as unset and fall back to a default silently.
+const NUMERIC_KEYS: [&str; 14] = [
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "rope_theta",
+    "rms_norm_eps",
+    "layer_norm_eps",
+    "layer_norm_epsilon",
+    "partial_rotary_factor",
+    "sliding_window",
+];
+
+fn check_number_types(v: &Value) -> Result<()> {
+    for key in NUMERIC_KEYS {
+        match v.get(key) {
+            None | Some(Value::Null | Value::Number(_)) => {}
+            Some(other) => {
+                return Err(ModelError::config(key, format!("must be a number in config.json, got {other}")));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Widest attention head a checkpoint may declare.
 pub const MAX_HEAD_DIM: usize = 1 << 14;
 
@@ -1958,6 +1989,7 @@ impl DecoderConfig {
 
     /// Reads a Hugging Face config for a known family (drafters reuse target layer shapes).
     pub fn from_hf_json_as(v: &Value, architecture: Architecture) -> Result<Self> {
+        check_number_types(v)?;
         // Families whose configs name or omit keys differently are normalised first (Gemma 3's
         // omit what Gemma 2's list).
         let filled = match architecture {
@@ -2699,6 +2731,9 @@ mod tests {
             ("LlamaForCausalLM", "rope_theta", json!(-1.0), "RoPE base must be a positive number"),
             ("LlamaForCausalLM", "rms_norm_eps", json!(-1e-5), "epsilon must be a non-negative number"),
             ("LlamaForCausalLM", "max_position_embeddings", json!(0), "context must be at least 1"),
+            // A string used to read as unset, and the default took its place.
+            ("LlamaForCausalLM", "rope_theta", json!("abc"), "must be a number"),
+            ("LlamaForCausalLM", "max_position_embeddings", json!("big"), "must be a number"),
         ] {
             let mut v = smollm2();
             v["architectures"] = json!([arch]);

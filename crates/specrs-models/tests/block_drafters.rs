@@ -579,6 +579,8 @@ fn dspark_config_rules_fail_naming_their_key() {
     };
     assert_eq!(broken(&|v| v["block_size"] = json!(1)), "block_size");
     assert_eq!(broken(&|v| v["mask_token_id"] = json!(48)), "mask_token_id");
+    // Past u32: refused, not wrapped into the vocabulary (2^32 + 3 used to read as 3).
+    assert_eq!(broken(&|v| v["mask_token_id"] = json!((1u64 << 32) + 3)), "mask_token_id");
     assert_eq!(broken(&|v| v["draft_vocab_size"] = json!(0)), "draft_vocab_size");
     assert_eq!(broken(&|v| v["draft_vocab_size"] = json!(49)), "draft_vocab_size");
     for ids in [json!([]), json!([0, 2]), json!([3, 1]), json!([2, 2]), json!([1, 5])] {
@@ -649,6 +651,7 @@ fn dflash_config_errors_name_their_key() {
         "dflash_config.mask_token_id"
     );
     assert_eq!(broken(&|v| v["dflash_config"]["mask_token_id"] = json!(48)), "mask_token_id");
+    assert_eq!(broken(&|v| v["dflash_config"]["mask_token_id"] = json!((1u64 << 32) + 3)), "mask_token_id");
     assert_eq!(
         broken(&|v| drop(v["dflash_config"].as_object_mut().unwrap().remove("target_layer_ids"))),
         "dflash_config.target_layer_ids"

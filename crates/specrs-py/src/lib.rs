@@ -17,14 +17,14 @@ use specrs_core::SpeculativeMethod;
 /// directory), read without loading weights.
 #[pyfunction]
 fn peek_architecture(py: Python<'_>, path: &str) -> PyResult<String> {
-    py.detach(|| specrs_engine::pipeline::peek_architecture(Path::new(path))).map_err(pipeline::engine_error)
+    py.detach(|| specrs_engine::pipeline::peek_architecture(Path::new(path))).map_err(pipeline::load_error)
 }
 
 /// A draft checkpoint's `architectures[0]`, rewritten as MAX does for one-layer EAGLE drafts.
 #[pyfunction]
 fn draft_architecture(method: &str, path: &str) -> PyResult<String> {
     let method: SpeculativeMethod = method.parse().map_err(errors::config_error)?;
-    specrs_engine::pipeline::draft_architecture(method, Path::new(path)).map_err(pipeline::engine_error)
+    specrs_engine::pipeline::draft_architecture(method, Path::new(path)).map_err(pipeline::load_error)
 }
 
 /// The engine's own name of a dtype spelled any way it reads (`bfloat16` is `bf16`).
@@ -45,7 +45,7 @@ fn resolve_model(py: Python<'_>, name: &str) -> PyResult<String> {
 /// speculative config as JSON)`, or `None` when the model has none.
 #[pyfunction]
 fn default_draft(py: Python<'_>, model: &str) -> PyResult<Option<(String, String)>> {
-    let draft = py.detach(|| specrs_engine::default_draft(model)).map_err(pipeline::engine_error)?;
+    let draft = py.detach(|| specrs_engine::default_draft(model)).map_err(pipeline::load_error)?;
     Ok(draft.map(|d| (d.path.display().to_string(), d.speculative.to_json().to_string())))
 }
 

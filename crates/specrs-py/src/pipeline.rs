@@ -24,9 +24,19 @@ pub fn engine_error(e: EngineError) -> PyErr {
     match e {
         EngineError::Config(c) => config_error(c),
         EngineError::ModelNotInstalled(m) => raise("ModelNotInstalledError", m.to_string(), &[]),
+        EngineError::ModelNotFound(m) => raise("ModelNotInstalledError", m, &[]),
         EngineError::Model(m) => raise("ModelLoadError", m.to_string(), &[]),
         EngineError::Request(m) | EngineError::Tokenizer(m) => raise("RequestError", m, &[]),
         other => raise("EngineError", other.to_string(), &[]),
+    }
+}
+
+/// Converts an error from loading a model: a tokenizer (or chat template) that cannot be built
+/// is the checkpoint's fault, a `ModelLoadError`, where at request time it is the request's.
+pub fn load_error(e: EngineError) -> PyErr {
+    match e {
+        EngineError::Tokenizer(m) => raise("ModelLoadError", format!("tokenizer: {m}"), &[]),
+        other => engine_error(other),
     }
 }
 
@@ -140,8 +150,8 @@ fn build(
             ..EngineConfig::default()
         },
     };
-    let (engines, info) = py.detach(|| specrs_engine::build_replicas_with(&cfg, kind)).map_err(engine_error)?;
-    let handle = Arc::new(EngineHandle::spawn_replicas(engines, Some(info.clone())).map_err(engine_error)?);
+    let (engines, info) = py.detach(|| specrs_engine::build_replicas_with(&cfg, kind)).map_err(load_error)?;
+    let handle = Arc::new(EngineHandle::spawn_replicas(engines, Some(info.clone())).map_err(load_error)?);
     Ok(PyPipeline { handle, info })
 }
 

@@ -664,14 +664,7 @@ impl BlockBackbone {
         };
         let draft_to_target = if cfg.draft_vocab_size < vocab {
             let d2t = store.int_tensor("d2t", &[cfg.draft_vocab_size])?.to_device(&Device::Cpu)?.to_vec1::<i64>()?;
-            let map: Vec<u32> = d2t.iter().enumerate().map(|(i, &o)| (i as i64 + o) as u32).collect();
-            if let Some(&bad) = map.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ModelError::config(
-                    "d2t",
-                    format!("maps a draft token to target id {bad}, outside the vocabulary"),
-                ));
-            }
-            Some(Arc::new(map))
+            Some(Arc::new(draft_to_target_ids(&d2t, vocab)?))
         } else {
             None
         };
@@ -808,5 +801,48 @@ impl BlockBackbone {
     pub fn kv_bytes_per_token(&self) -> u64 {
         let c = &self.cfg.layer;
         (2 * self.layers.len() * c.num_key_value_heads * c.head_dim * self.dtype.size_in_bytes()) as u64
+    }
+}
+
+/// The mask token's id, which must be a token of the target's vocabulary (its embedding is
+/// looked up there).
+pub(crate) fn mask_token_id(id: usize, target: &TargetDims) -> LoadResult<u32> {
+    u32::try_from(id).ok().filter(|&t| (t as usize) < target.vocab_size).ok_or_else(|| {
+        ModelError::config(
+            "mask_token_id",
+            format!("{id} is outside the target's vocabulary of {} tokens", target.vocab_size),
+        )
+    })
+}
+
+/// The target id of each draft token from `d2t` (the offsets speculators checkpoints store:
+/// target id = draft id + `d2t[draft id]`), each checked to lie in the target's vocabulary
+/// before it is narrowed, so an id past u32 cannot wrap into it.
+pub(crate) fn draft_to_target_ids(d2t: &[i64], target_vocab: usize) -> LoadResult<Vec<u32>> {
+    d2t.iter()
+        .enumerate()
+        .map(|(i, &offset)| {
+            let id = (i as i64).saturating_add(offset);
+            u32::try_from(id).ok().filter(|&t| (t as usize) < target_vocab).ok_or_else(|| {
+                ModelError::config(
+                    "d2t",
+                    format!("maps draft token {i} to target id {id}, outside the vocabulary of {target_vocab}"),
+                )
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod d2t_tests {
+    use super::*;
+
+    #[test]
+    fn d2t_offsets_map_into_the_target_vocabulary_or_are_refused_unwrapped() {
+        assert_eq!(draft_to_target_ids(&[0, 1, 5], 10).unwrap(), vec![0, 2, 7]);
+        for (d2t, bad_id) in [(vec![0, 9], "10"), (vec![-1], "-1"), (vec![(1i64 << 32) + 3], "4294967299")] {
+            let e = draft_to_target_ids(&d2t, 10).unwrap_err().to_string();
+            assert!(e.contains("d2t") && e.contains(&format!("target id {bad_id}")), "{e}");
+        }
     }
 }

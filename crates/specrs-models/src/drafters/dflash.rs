@@ -84,7 +84,7 @@ pub(crate) fn zlab_block_config(json: &Value, target: &TargetDims) -> LoadResult
     Ok(BlockConfig {
         taps,
         block_size,
-        mask_token_id: mask_token_id as u32,
+        mask_token_id: super::block::mask_token_id(mask_token_id, target)?,
         samples_from_anchor: false,
         draft_vocab_size: target.vocab_size,
         attention,
@@ -113,7 +113,7 @@ fn speculators_block_config(json: &Value, target: &TargetDims) -> LoadResult<Blo
     Ok(BlockConfig {
         taps,
         block_size: req_usize(json, "block_size", "block_size")?,
-        mask_token_id: req_usize(json, "mask_token_id", "mask_token_id")? as u32,
+        mask_token_id: super::block::mask_token_id(req_usize(json, "mask_token_id", "mask_token_id")?, target)?,
         samples_from_anchor: opt_bool(json, "sample_from_anchor", "sample_from_anchor")?.unwrap_or(false),
         draft_vocab_size: opt_usize(json, "draft_vocab_size", "draft_vocab_size")?.unwrap_or(target.vocab_size),
         attention,

@@ -105,7 +105,7 @@ fn deepspec_config(json: &Value, target: &TargetDims) -> LoadResult<BlockConfig>
     Ok(BlockConfig {
         taps,
         block_size: req_usize(json, "block_size", "block_size")?,
-        mask_token_id: req_usize(json, "mask_token_id", "mask_token_id")? as u32,
+        mask_token_id: super::block::mask_token_id(req_usize(json, "mask_token_id", "mask_token_id")?, target)?,
         samples_from_anchor: opt_bool(json, "sample_from_anchor", "sample_from_anchor")?.unwrap_or(true),
         draft_vocab_size: opt_usize(json, "draft_vocab_size", "draft_vocab_size")?.unwrap_or(target.vocab_size),
         attention: keys.resolve(layer.num_hidden_layers, false)?,
@@ -146,7 +146,7 @@ fn speculators_config(json: &Value, target: &TargetDims) -> LoadResult<BlockConf
     Ok(BlockConfig {
         taps,
         block_size: req_usize(json, "block_size", "block_size")?,
-        mask_token_id: req_usize(json, "mask_token_id", "mask_token_id")? as u32,
+        mask_token_id: super::block::mask_token_id(req_usize(json, "mask_token_id", "mask_token_id")?, target)?,
         samples_from_anchor: opt_bool(json, "sample_from_anchor", "sample_from_anchor")?.unwrap_or(true),
         draft_vocab_size: opt_usize(json, "draft_vocab_size", "draft_vocab_size")?.unwrap_or(target.vocab_size),
         attention: keys.resolve(layer.num_hidden_layers, false)?,

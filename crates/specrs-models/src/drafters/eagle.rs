@@ -297,14 +297,7 @@ impl EagleDraft {
                 let d2t = if cfg.draft_vocab_size < target.config().vocab_size {
                     let d2t =
                         store.int_tensor("d2t", &[cfg.draft_vocab_size])?.to_device(&Device::Cpu)?.to_vec1::<i64>()?;
-                    let map: Vec<u32> = d2t.iter().enumerate().map(|(i, &o)| (i as i64 + o) as u32).collect();
-                    if let Some(&bad) = map.iter().find(|&&t| t as usize >= target.config().vocab_size) {
-                        return Err(ModelError::config(
-                            "d2t",
-                            format!("maps a draft token to target id {bad}, outside the vocabulary"),
-                        ));
-                    }
-                    Some(Arc::new(map))
+                    Some(Arc::new(super::block::draft_to_target_ids(&d2t, target.config().vocab_size)?))
                 } else {
                     None
                 };

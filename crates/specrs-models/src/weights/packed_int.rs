@@ -101,7 +101,17 @@ impl PackedIntFormat {
                 }
                 Ok(Some(Self::Awq { group_size: group_size as usize }))
             }
-            _ => Ok(None),
+            // gpt-oss's MXFP4 experts read their own blocks; a config naming no method packs nothing.
+            Some("mxfp4") | None => Ok(None),
+            // Loading any other method's weights as plain floats would run without their scales
+            // and generate garbage (FP8 blocks without `weight_scale_inv`, say).
+            Some(other) => Err(config_error(
+                "quant_method",
+                format!(
+                    "'{other}' checkpoints are not supported: spec-rs reads GPTQ, AWQ and gpt-oss's MXFP4 \
+                     ones; use the model's bf16 / f16 checkpoint or a GGUF file"
+                ),
+            )),
         }
     }
 
@@ -226,6 +236,10 @@ mod tests {
         );
         assert_eq!(format(json!({"quant_method": "mxfp4"})).unwrap(), None, "gpt-oss's experts read their own");
         assert_eq!(PackedIntFormat::from_hf(&json!({})).unwrap(), None);
+        for method in ["fp8", "compressed-tensors", "bitsandbytes"] {
+            let e = format(json!({"quant_method": method, "weight_block_size": [128, 128]})).unwrap_err().to_string();
+            assert!(e.contains("quantization_config.quant_method") && e.contains(method), "{e}");
+        }
         for (q, key) in [
             (json!({"quant_method": "gptq", "bits": 3}), "bits"),
             (json!({"quant_method": "gptq", "checkpoint_format": "marlin"}), "checkpoint_format"),
