@@ -25,9 +25,14 @@ MODEL_DIR_ENV = "SPEC_RS_MODEL_DIR"
 
 
 def resolve_model(name: str) -> str:
-    """The file of an alias, or the argument unchanged when it is a path."""
+    """The file of an alias, or the argument unchanged when it is an existing path."""
     entry = ALIASES.get(name.strip().lower())
     if entry is None:
+        if not Path(name).exists():
+            raise ModelNotInstalledError(
+                f"model '{name}' is neither a known alias ({', '.join(sorted(ALIASES))}) "
+                "nor an existing file or directory"
+            )
         return name
     package, version, module, file_name = entry
     candidates = []
