@@ -382,7 +382,7 @@ def _speculative_config_from_mapping(
         )
         fields.update(json.loads(translated))
         if dialect_draft is not None:
-            if draft_model is not None and str(draft_model) != dialect_draft:
+            if draft_model is not None and os.path.normpath(draft_model) != os.path.normpath(dialect_draft):
                 error = ConfigError(
                     f"draft_model={draft_model!r} and speculative_config's model={dialect_draft!r} "
                     "name different drafts: give one"

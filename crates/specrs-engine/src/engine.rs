@@ -1050,7 +1050,7 @@ impl Engine {
             seq.in_thinking = out.in_thinking_after;
             seq.drafts.clear();
             seq.draft_probs = None;
-            if seq.first_token.is_none() {
+            if seq.first_token.is_none() && !kept.is_empty() {
                 seq.first_token = Some(Instant::now());
             }
             seq.pending_logprobs.extend(logprobs.into_iter().take(outcome.kept));

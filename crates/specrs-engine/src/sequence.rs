@@ -55,8 +55,8 @@ pub struct Sequence {
 impl Sequence {
     /// The seed of the step starting at the next position: the request's generator advanced
     /// by the committed tokens, so position `p` of the sequence always draws counter `p` of one
-    /// SplitMix64 sequence (`seed + p·γ`) however the steps around it are cut. A seeded request
-    /// then samples the same tokens at any draft width, batch or timing, as plain decoding does.
+    /// SplitMix64 sequence (`seed + p·γ`) however the steps around it are cut, so with argmax
+    /// drafts a seeded request samples what plain decoding samples at any width or batch.
     pub fn step_seed(&self) -> u64 {
         self.seed.wrapping_add((self.tokens.len() as u64).wrapping_mul(specrs_core::sampling::GOLDEN_GAMMA))
     }

@@ -497,6 +497,12 @@ fn a_stop_accepted_mid_step_before_a_dead_end_stops_the_request_as_plain_decodin
             assert_eq!(out.token_ids, expected.token_ids);
         }
     }
-    let drafted = ngram.generate(vec![request(&by_id)]).unwrap().remove(0).metrics;
-    assert!(drafted.num_accepted_tokens > 0, "the stop was reached through accepted drafts: {drafted:?}");
+    // The path under test was taken: a step accepted the "5" as a draft, with a position after it.
+    let traced = ngram.generate(vec![GenerationRequest { trace: true, ..request(&by_id) }]).unwrap().remove(0);
+    let five = id("5");
+    assert!(
+        traced.trace.iter().any(|step| step.drafted[..step.num_accepted].contains(&five)),
+        "the stop token was an accepted draft mid-step: {:?}",
+        traced.trace
+    );
 }

@@ -523,7 +523,7 @@ fn pipeline_from(m: &ArgMatches) -> Result<PipelineArgs, CliError> {
     }
     let (speculative_json, json_draft) = speculative_config_json(m)?;
     let draft_model = match (m.get_one::<String>("draft-model").cloned(), json_draft) {
-        (Some(flag), Some(json)) if flag != json => {
+        (Some(flag), Some(json)) if std::path::Path::new(&flag) != std::path::Path::new(&json) => {
             return Err(CliError::Invalid(format!(
                 "--draft-model '{flag}' and --speculative-config's model '{json}' name different drafts: give one"
             )));
@@ -939,7 +939,7 @@ mod tests {
         let e = err(&["--draft-model", "/a", "--speculative-config", r#"{"method": "eagle", "model": "/b"}"#]);
         assert!(e.contains("name different drafts"), "{e}");
         // The same draft named twice is no conflict.
-        let p = serve(&["--draft-model", "/a", "--speculative-config", r#"{"method": "eagle", "model": "/a"}"#]);
+        let p = serve(&["--draft-model", "/a", "--speculative-config", r#"{"method": "eagle", "model": "/a/"}"#]);
         assert_eq!(p.draft_model.as_deref(), Some("/a"));
     }
 

@@ -17,8 +17,9 @@
 //! Argmax and penalties read the history plus the drafts accepted before the position. Every
 //! random number comes from a `(step seed, stream, position)` counter whose step seed advances
 //! with the committed tokens, so a sequence position always draws the same numbers: results
-//! never depend on batch composition, and with argmax drafts a seeded request emits the tokens
-//! plain decoding samples at any draft width. The modules state each rule and why it is exact (or, for relaxed and
+//! never depend on batch composition, and with argmax drafts (outside relaxed acceptance) a
+//! seeded request emits the tokens plain decoding samples at any draft width, as far as the
+//! target's logits are the same at every width (bit for bit on the CPU's f32 path). The modules state each rule and why it is exact (or, for relaxed and
 //! synthetic, what it gives up).
 
 mod greedy;

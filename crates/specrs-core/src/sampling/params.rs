@@ -353,8 +353,8 @@ impl SamplingParams {
 
 /// The seed of choice `index` of a request seeded with `seed`: `seed` itself for choice 0 (so a
 /// seeded request's first choice equals the same request with `n = 1`), a SplitMix64 mix of
-/// both for the others. The engine's per-step streams use `seed + position`, so seeds one
-/// apart (vLLM's `seed + index`) would replay each other's draws shifted by one token.
+/// both for the others, so no two choices' streams are related by a simple offset (vLLM's
+/// `seed + index` would make choice seeds differ by one).
 pub fn choice_seed(seed: u64, index: usize) -> u64 {
     if index == 0 {
         return seed;

@@ -7,9 +7,10 @@ use std::io::{Read, Seek, SeekFrom};
 /// Deepest array nesting walked (llama.cpp writes flat arrays).
 const MAX_DEPTH: usize = 4;
 
-/// The declared `general.alignment`, if the file declares one as an integer. `None` as well for
-/// a header this walk cannot follow: candle's parser then reports what is wrong with it.
-pub fn declared_alignment<R: Read + Seek>(reader: &mut R) -> Option<i64> {
+/// The declared `general.alignment` (the last, if the key repeats: candle keeps the last), if
+/// the file declares one as an integer. `None` as well for a header this walk cannot follow:
+/// candle's parser then reports what is wrong with it.
+pub fn declared_alignment<R: Read + Seek>(reader: &mut R) -> Option<i128> {
     let start = reader.stream_position().ok()?;
     let found = walk_metadata(reader);
     reader.seek(SeekFrom::Start(start)).ok()?;
@@ -17,9 +18,9 @@ pub fn declared_alignment<R: Read + Seek>(reader: &mut R) -> Option<i64> {
 }
 
 /// Checks the declared alignment: a power of two, as every GGUF writer produces.
-pub fn check_alignment(alignment: Option<i64>) -> Result<(), String> {
+pub fn check_alignment(alignment: Option<i128>) -> Result<(), String> {
     match alignment {
-        Some(a) if a <= 0 || !(a as u64).is_power_of_two() => Err(format!(
+        Some(a) if !u64::try_from(a).is_ok_and(u64::is_power_of_two) => Err(format!(
             "general.alignment is {a}; GGUF tensor data alignment must be a power of two (llama.cpp writes 32): \
              the file is corrupt, convert or download it again"
         )),
@@ -27,7 +28,7 @@ pub fn check_alignment(alignment: Option<i64>) -> Result<(), String> {
     }
 }
 
-fn walk_metadata<R: Read + Seek>(reader: &mut R) -> Option<i64> {
+fn walk_metadata<R: Read + Seek>(reader: &mut R) -> Option<i128> {
     let magic = read_u32(reader)?;
     if magic != 0x4655_4747 && magic != 0x4747_5546 {
         return None;
@@ -40,20 +41,23 @@ fn walk_metadata<R: Read + Seek>(reader: &mut R) -> Option<i64> {
     let _tensor_count = read_len(reader, wide)?;
     let kv_count = read_len(reader, wide)?;
     // Each entry reads bytes, so a count past the file's size ends at its end.
+    let mut alignment = None;
     for _ in 0..kv_count {
         let key_len = read_len(reader, wide)?;
         let mut key = vec![0u8; usize::try_from(key_len).ok().filter(|&n| n <= 1 << 16)?];
         reader.read_exact(&mut key).ok()?;
         let value_type = read_u32(reader)?;
-        if key == b"general.alignment" {
-            return read_integer(reader, value_type);
+        match read_integer(reader, value_type) {
+            Some(value) if key == b"general.alignment" => alignment = Some(value),
+            Some(_) => {}
+            None => skip_value(reader, value_type, wide, 0)?,
         }
-        skip_value(reader, value_type, wide, 0)?;
     }
-    None
+    alignment
 }
 
-fn read_integer<R: Read>(reader: &mut R, value_type: u32) -> Option<i64> {
+/// An integer-typed value, read; `None` (nothing read) for other types.
+fn read_integer<R: Read>(reader: &mut R, value_type: u32) -> Option<i128> {
     let width = match value_type {
         0 | 1 => 1,
         2 | 3 => 2,
@@ -68,9 +72,9 @@ fn read_integer<R: Read>(reader: &mut R, value_type: u32) -> Option<i64> {
     Some(if signed {
         // Sign-extend from the value's width.
         let shift = 64 - 8 * width as u32;
-        ((unsigned << shift) as i64) >> shift
+        i128::from(((unsigned << shift) as i64) >> shift)
     } else {
-        i64::try_from(unsigned).unwrap_or(i64::MAX)
+        i128::from(unsigned)
     })
 }
 
@@ -109,9 +113,10 @@ fn skip_value<R: Read + Seek>(reader: &mut R, value_type: u32, wide: bool, depth
     }
 }
 
-/// Skips `n` bytes; a skip past the end fails at the next read.
+/// Skips `n` bytes (within a `BufReader`'s buffer, without a system call, when it holds them);
+/// a skip past the end fails at the next read.
 fn skip<R: Seek>(reader: &mut R, n: u64) -> Option<()> {
-    reader.seek(SeekFrom::Current(i64::try_from(n).ok()?)).ok().map(drop)
+    reader.seek_relative(i64::try_from(n).ok()?).ok()
 }
 
 fn read_u32<R: Read>(reader: &mut R) -> Option<u32> {
@@ -136,6 +141,11 @@ mod tests {
 
     /// A v3 header with a string, an array of strings, an array of u32 and the alignment.
     fn header(alignment_type: u32, alignment: &[u8]) -> Vec<u8> {
+        header_with(alignment_type, alignment, None)
+    }
+
+    /// The same with a second `general.alignment` entry (u32) at the end.
+    fn header_with(alignment_type: u32, alignment: &[u8], repeated: Option<u32>) -> Vec<u8> {
         fn string(out: &mut Vec<u8>, s: &str) {
             out.extend((s.len() as u64).to_le_bytes());
             out.extend(s.as_bytes());
@@ -144,7 +154,7 @@ mod tests {
         out.extend(0x4655_4747u32.to_le_bytes());
         out.extend(3u32.to_le_bytes());
         out.extend(0u64.to_le_bytes());
-        out.extend(4u64.to_le_bytes());
+        out.extend((4 + u64::from(repeated.is_some())).to_le_bytes());
         string(&mut out, "general.architecture");
         out.extend(8u32.to_le_bytes());
         string(&mut out, "llama");
@@ -162,6 +172,11 @@ mod tests {
         string(&mut out, "general.alignment");
         out.extend(alignment_type.to_le_bytes());
         out.extend(alignment);
+        if let Some(again) = repeated {
+            string(&mut out, "general.alignment");
+            out.extend(4u32.to_le_bytes());
+            out.extend(again.to_le_bytes());
+        }
         out
     }
 
@@ -172,11 +187,14 @@ mod tests {
         assert_eq!(r.position(), 0, "the reader is left where it was");
         assert_eq!(declared_alignment(&mut Cursor::new(header(5, &(-8i32).to_le_bytes()))), Some(-8));
         assert_eq!(declared_alignment(&mut Cursor::new(header(0, &[16]))), Some(16));
+        assert_eq!(declared_alignment(&mut Cursor::new(header(10, &u64::MAX.to_le_bytes()))), Some(u64::MAX.into()));
+        // candle keeps the last of a repeated key, so the check reads the last.
+        assert_eq!(declared_alignment(&mut Cursor::new(header_with(4, &32u32.to_le_bytes(), Some(0)))), Some(0));
     }
 
     #[test]
     fn zero_and_non_power_of_two_alignments_are_refused() {
-        for bad in [0, 3, 48, -32] {
+        for bad in [0, 3, 48, -32, i128::from(u64::MAX)] {
             let e = check_alignment(Some(bad)).unwrap_err();
             assert!(e.contains(&format!("general.alignment is {bad}")) && e.contains("power of two"), "{e}");
         }

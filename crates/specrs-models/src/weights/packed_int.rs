@@ -45,8 +45,8 @@ fn config_error(key: &str, message: impl Into<String>) -> ModelError {
 }
 
 impl PackedIntFormat {
-    /// The packed format `config.json`'s `quantization_config` names, if any. Other methods
-    /// (gpt-oss's `mxfp4`, read by its experts) are left to their families.
+    /// The packed format `config.json`'s `quantization_config` names, if any: GPTQ and AWQ.
+    /// gpt-oss's `mxfp4` is left to its experts; every other method is refused.
     pub fn from_hf(config: &Value) -> Result<Option<Self>> {
         let Some(q) = config.get("quantization_config").filter(|q| !q.is_null()) else { return Ok(None) };
         let usize_of = |keys: &[&str]| keys.iter().find_map(|k| q.get(*k)).and_then(Value::as_i64);
