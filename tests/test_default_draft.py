@@ -79,6 +79,21 @@ def test_default_model_without_a_config_runs_the_shipped_eagle3_head(shipped_llm
     assert shipped_llm.speculative_config.draft_confidence_threshold == 0.2
 
 
+def test_the_default_model_runs_penalised_requests_as_plain_decoding_does(
+    shipped_llm: LLM, plain_llm: LLM
+) -> None:
+    # The user asked for no speculation, so nothing plain decoding runs may be refused: the
+    # shipped config applies penalties at every draft position (logit_penalties).
+    assert shipped_llm.speculative_config.logit_penalties
+    prompt = [{"role": "user", "content": "List the days of the week, then list them again."}]
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=40, repetition_penalty=1.3),
+        SamplingParams(temperature=0.0, max_tokens=40, presence_penalty=0.8, frequency_penalty=0.4),
+    ):
+        out = shipped_llm.chat(prompt, params)[0]
+        assert out.token_ids == plain_llm.chat(prompt, params)[0].token_ids
+
+
 def test_other_models_have_no_shipped_draft() -> None:
     assert _spec_rs.default_draft("/models/Qwen3-8B") is None
 

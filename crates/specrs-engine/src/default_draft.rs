@@ -49,8 +49,10 @@ pub fn default_draft(model: &str) -> Result<Option<DefaultDraft>> {
 /// controller choosing among widths 1..=3 and plain steps per batch size, so that a loaded
 /// server (large, compute-bound batches, where verifying drafts costs more than they return)
 /// is not slower than plain decoding; prompt lookup in front of the head, which copies
-/// repeated spans (quoting, editing, lists) far better than the head predicts them; and each
-/// row's drafts cut where they become unlikely to be accepted.
+/// repeated spans (quoting, editing, lists) far better than the head predicts them; each row's
+/// drafts cut where they become unlikely to be accepted; and repetition / frequency / presence
+/// penalties applied at every draft position (`logit_penalties`): the user asked for no
+/// speculation, so a request plain decoding runs must not be refused for it.
 pub fn default_config() -> SpeculativeConfig {
     SpeculativeConfig {
         speculative_method: Some(SpeculativeMethod::Eagle),
@@ -58,6 +60,7 @@ pub fn default_config() -> SpeculativeConfig {
         adaptive_speculative_widths: Some("all".into()),
         enable_prompt_lookup: true,
         draft_confidence_threshold: DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
+        logit_penalties: true,
         ..SpeculativeConfig::default()
     }
 }
