@@ -540,6 +540,39 @@ pub enum RopeScaling {
 }
 
 impl RopeScaling {
+    /// Refuses factors no scaling can use: a zero or negative divisor turns every angle into
+    /// infinity (or flips it), and the model loads but generates garbage.
+    fn check(&self) -> Result<()> {
+        let positive = |key: &str, value: f64| {
+            if value.is_finite() && value > 0.0 {
+                Ok(())
+            } else {
+                Err(ModelError::config(format!("rope_scaling.{key}"), format!("must be positive, got {value}")))
+            }
+        };
+        match self {
+            Self::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                positive("factor", *factor)?;
+                positive("low_freq_factor", *low_freq_factor)?;
+                positive("original_max_position_embeddings", *original_max_position_embeddings)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(ModelError::config(
+                        "rope_scaling.high_freq_factor",
+                        format!("must exceed low_freq_factor ({low_freq_factor}), got {high_freq_factor}"),
+                    ));
+                }
+                Ok(())
+            }
+            Self::Linear { factor } => positive("factor", *factor),
+            Self::FrequencyFactors(factors) => factors.iter().try_for_each(|&f| positive("factors", f.into())),
+            Self::LongRope { short_factor, long_factor, .. } => {
+                short_factor.iter().try_for_each(|&f| positive("short_factor", f.into()))?;
+                long_factor.iter().try_for_each(|&f| positive("long_factor", f.into()))
+            }
+            Self::Yarn { .. } => Ok(()),
+        }
+    }
+
     /// The factor cos and sin are multiplied by (1 except for LongRoPE and YaRN).
     pub fn attention_factor(&self) -> f64 {
         match self {
@@ -2428,6 +2461,9 @@ impl DecoderConfig {
                 format!("the RoPE base must be a positive number, got {}", self.rope_theta),
             ));
         }
+        if let Some(scaling) = &self.rope_scaling {
+            scaling.check()?;
+        }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return Err(ModelError::config(
                 "rms_norm_eps",
@@ -2731,6 +2767,13 @@ mod tests {
             ("LlamaForCausalLM", "rope_theta", json!(-1.0), "RoPE base must be a positive number"),
             ("LlamaForCausalLM", "rms_norm_eps", json!(-1e-5), "epsilon must be a non-negative number"),
             ("LlamaForCausalLM", "max_position_embeddings", json!(0), "context must be at least 1"),
+            ("LlamaForCausalLM", "rope_scaling", json!({"rope_type": "linear", "factor": 0.0}), "factor"),
+            (
+                "LlamaForCausalLM",
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0}),
+                "must exceed low_freq_factor",
+            ),
             // A string used to read as unset, and the default took its place.
             ("LlamaForCausalLM", "rope_theta", json!("abc"), "must be a number"),
             ("LlamaForCausalLM", "max_position_embeddings", json!("big"), "must be a number"),
