@@ -804,14 +804,11 @@ impl BlockBackbone {
     }
 }
 
-/// The mask token's id, which must be a token of the target's vocabulary (its embedding is
-/// looked up there).
+/// The mask token's id as a token id, refused past u32 rather than wrapped into the vocabulary
+/// (the config's validation checks it lies inside the target's).
 pub(crate) fn mask_token_id(id: usize, target: &TargetDims) -> LoadResult<u32> {
-    u32::try_from(id).ok().filter(|&t| (t as usize) < target.vocab_size).ok_or_else(|| {
-        ModelError::config(
-            "mask_token_id",
-            format!("{id} is outside the target's vocabulary of {} tokens", target.vocab_size),
-        )
+    u32::try_from(id).map_err(|_| {
+        ModelError::config("mask_token_id", format!("{id} is outside the target vocabulary [0, {})", target.vocab_size))
     })
 }
 
