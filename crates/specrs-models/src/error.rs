@@ -10,6 +10,12 @@ pub enum ModelError {
     #[error("tensor '{name}' in {source_desc} has shape {got:?}, expected {expected:?}")]
     ShapeMismatch { name: String, source_desc: String, expected: Vec<usize>, got: Vec<usize> },
 
+    #[error(
+        "tensor '{name}' in {source_desc} is stored as {got}, where spec-rs reads floating-point weights \
+         (f32, f16, bf16): the checkpoint is corrupt, or a quantized one without its quantization_config"
+    )]
+    NotFloat { name: String, source_desc: String, got: String },
+
     #[error("unknown architecture '{name}'; supported architectures: {supported}")]
     UnknownArchitecture { name: String, supported: String },
 

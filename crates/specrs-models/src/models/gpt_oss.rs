@@ -89,7 +89,7 @@ impl ExpertWeights {
             ));
         }
         let bytes = |tensor: &str, shape: &[usize]| -> Result<Vec<u8>> {
-            let t = store.tensor_any_shape(tensor)?;
+            let t = store.stored_tensor(tensor)?;
             if t.dtype() != DType::U8 || t.dims() != shape {
                 return Err(ModelError::ShapeMismatch {
                     name: format!("{tensor} (u8)"),

@@ -264,10 +264,31 @@ impl WeightStore {
         match &self.source {
             WeightSource::Safetensors(s) => {
                 let raw = self.load_safetensors(s, name, &self.device)?;
-                if raw.dtype().is_float() { Ok(raw.to_dtype(dtype)?) } else { Ok(raw) }
+                Ok(self.require_float(name, raw)?.to_dtype(dtype)?)
             }
             WeightSource::Gguf(g) => Ok(self.load_gguf(g, name)?.dequantize(&self.device)?.to_dtype(dtype)?),
         }
+    }
+
+    /// A tensor in the dtype it is stored in (gpt-oss's MXFP4 bytes); GGUF tensors dequantized.
+    pub fn stored_tensor(&self, name: &str) -> Result<Tensor> {
+        match &self.source {
+            WeightSource::Safetensors(s) => self.load_safetensors(s, name, &self.device),
+            WeightSource::Gguf(g) => Ok(self.load_gguf(g, name)?.dequantize(&self.device)?),
+        }
+    }
+
+    /// Integer weights where floats belong would be cast to numbers that mean nothing, and the
+    /// model would load and generate garbage.
+    fn require_float(&self, name: &str, t: Tensor) -> Result<Tensor> {
+        if t.dtype().is_float() {
+            return Ok(t);
+        }
+        Err(ModelError::NotFloat {
+            name: name.to_string(),
+            source_desc: self.description().to_string(),
+            got: format!("{:?}", t.dtype()).to_lowercase(),
+        })
     }
 
     /// A learned scalar (Apertus's `act_fn.alpha_p`): a one-value tensor of a safetensors
@@ -320,7 +341,7 @@ impl WeightStore {
                 if let Some(shape) = self.safetensors_shape(s, name) {
                     self.check_shape(name, &shape, &expected)?;
                 }
-                let w = self.load_safetensors(s, name, &Device::Cpu)?;
+                let w = self.require_float(name, self.load_safetensors(s, name, &Device::Cpu)?)?;
                 self.place_dense(&w, None)
             }
         }
@@ -425,5 +446,28 @@ mod tests {
         let q = quantize_or_fallback(&second, GgmlDType::Q8_0).unwrap().dequantize(&Device::Cpu).unwrap();
         let diff = crate::testing::max_abs_diff(&q, &second).unwrap();
         assert!(diff < 2e-2, "expert 1 quantized to other values: {diff}");
+    }
+
+    #[test]
+    fn integer_tensors_in_float_slots_are_refused_by_name() {
+        use crate::config::Architecture;
+        use crate::testing::{self, TinyShape};
+        let shape =
+            TinyShape { vocab: 40, hidden: 32, layers: 1, heads: 4, kv_heads: 2, head_dim: 8, intermediate: 48 };
+        let cfg = testing::target_config(Architecture::Llama, &shape, false);
+        // A norm weight (read by `tensor`) and a projection (read by `linear_weight`).
+        for (name, dtype) in [("model.norm.weight", DType::I64), ("model.layers.0.self_attn.q_proj.weight", DType::U8)]
+        {
+            let mut tensors = testing::random_target(Architecture::Llama, &shape, false, 3).unwrap();
+            let t = tensors[name].to_dtype(dtype).unwrap();
+            tensors.insert(name.to_string(), t);
+            let dir = tempfile::tempdir().unwrap();
+            testing::write_checkpoint(dir.path(), &cfg, &tensors).unwrap();
+            let err = crate::models::load_causal_lm(dir.path(), &Device::Cpu, ModelDType::F32).err().unwrap();
+            let text = err.to_string();
+            assert!(matches!(err, ModelError::NotFloat { .. }), "{name}: {text}");
+            let stored = format!("{dtype:?}").to_lowercase();
+            assert!(text.contains(name) && text.contains(&stored), "{name}: {text}");
+        }
     }
 }
