@@ -1509,8 +1509,9 @@ fn req_usize(v: &Value, key: &str) -> Result<usize> {
 }
 
 /// Keys whose values are numbers wherever a config sets them (`null` means unset); a value of
-/// another type would otherwise read as unset and fall back to a default silently.
-const NUMERIC_KEYS: [&str; 14] = [
+/// another type would otherwise read as unset and fall back to a default silently. Every key
+/// `opt_f64` reads is here (a test holds the source to it).
+const NUMERIC_KEYS: [&str; 32] = [
     "hidden_size",
     "intermediate_size",
     "num_hidden_layers",
@@ -1519,20 +1520,66 @@ const NUMERIC_KEYS: [&str; 14] = [
     "head_dim",
     "vocab_size",
     "max_position_embeddings",
+    "sliding_window",
+    // Positions.
     "rope_theta",
+    "rope_local_base_freq",
+    "rope_ratio",
+    "rotary_emb_base",
+    "rotary_pct",
+    "partial_rotary_factor",
+    // Norm epsilons, by family.
     "rms_norm_eps",
     "layer_norm_eps",
     "layer_norm_epsilon",
-    "partial_rotary_factor",
-    "sliding_window",
+    "layernorm_epsilon",
+    "norm_eps",
+    "norm_epsilon",
+    // Constant scales (Granite, Gemma, Cohere, Llama 4).
+    "embedding_multiplier",
+    "residual_multiplier",
+    "attention_multiplier",
+    "logits_scaling",
+    "query_pre_attn_scalar",
+    "logit_scale",
+    "floor_scale",
+    "attn_scale",
+    // Experts.
+    "routed_scaling_factor",
+    "router_jitter_noise",
+    "swiglu_limit",
+];
+
+/// The numbers of a `rope_scaling` object, checked the same way.
+const ROPE_SCALING_NUMERIC_KEYS: [&str; 12] = [
+    "factor",
+    "original_max_position_embeddings",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+    "beta_fast",
+    "beta_slow",
+    "short_mscale",
+    "long_mscale",
+    "low_freq_factor",
+    "high_freq_factor",
+    "alpha",
 ];
 
 fn check_number_types(v: &Value) -> Result<()> {
+    let not_a_number =
+        |key: String, got: &Value| ModelError::config(key, format!("must be a number in config.json, got {got}"));
     for key in NUMERIC_KEYS {
         match v.get(key) {
             None | Some(Value::Null | Value::Number(_)) => {}
-            Some(other) => {
-                return Err(ModelError::config(key, format!("must be a number in config.json, got {other}")));
+            Some(other) => return Err(not_a_number(key.to_string(), other)),
+        }
+    }
+    if let Some(Value::Object(rs)) = v.get("rope_scaling") {
+        for key in ROPE_SCALING_NUMERIC_KEYS {
+            match rs.get(key) {
+                None | Some(Value::Null | Value::Number(_)) => {}
+                Some(other) => return Err(not_a_number(format!("rope_scaling.{key}"), other)),
             }
         }
     }
@@ -2777,12 +2824,37 @@ mod tests {
             // A string used to read as unset, and the default took its place.
             ("LlamaForCausalLM", "rope_theta", json!("abc"), "must be a number"),
             ("LlamaForCausalLM", "max_position_embeddings", json!("big"), "must be a number"),
+            ("GraniteForCausalLM", "embedding_multiplier", json!("12"), "must be a number"),
+            ("Gemma2ForCausalLM", "query_pre_attn_scalar", json!([256]), "must be a number"),
+            (
+                "LlamaForCausalLM",
+                "rope_scaling",
+                json!({"rope_type": "llama3", "factor": "8", "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
+                "rope_scaling.factor",
+            ),
         ] {
             let mut v = smollm2();
             v["architectures"] = json!([arch]);
             v[key] = value;
             let e = DecoderConfig::from_hf_json(&v).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains(message), "{arch} {key}: {e}");
+        }
+    }
+
+    /// Every key read through `opt_f64` (a default when unset) is type-checked first, so a
+    /// mistyped value is refused instead of silently replaced by the default.
+    #[test]
+    fn every_defaulted_number_is_type_checked() {
+        let source = include_str!("config.rs");
+        for (object, listed) in [("v", &NUMERIC_KEYS[..]), ("rs", &ROPE_SCALING_NUMERIC_KEYS[..])] {
+            let call = format!("opt_f64({object}, \"");
+            let mut seen = 0;
+            for rest in source.split(call.as_str()).skip(1) {
+                let key = &rest[..rest.find('"').unwrap()];
+                assert!(listed.contains(&key), "opt_f64({object}, \"{key}\") is read but not type-checked");
+                seen += 1;
+            }
+            assert!(seen > 5, "found only {seen} opt_f64({object}, ..) calls: has the helper been renamed?");
         }
     }
 
