@@ -123,6 +123,16 @@ impl AcceptanceRule {
 }
 
 impl SpeculativeConfig {
+    /// Every field's name, sorted, as the config serialises (what `from_json` accepts).
+    pub fn field_names() -> Vec<String> {
+        let serde_json::Value::Object(fields) = Self::default().to_json() else {
+            unreachable!("a struct serialises to an object")
+        };
+        let mut names: Vec<String> = fields.into_iter().map(|(name, _)| name).collect();
+        names.sort_unstable();
+        names
+    }
+
     /// Parses a JSON object (the pydantic model's dump or a config file section).
     ///
     /// Errors name the field at fault: unknown keys are rejected (extra fields are forbidden)
@@ -131,15 +141,12 @@ impl SpeculativeConfig {
         let serde_json::Value::Object(map) = value else {
             return Err(ConfigError::new("a speculative config must be a mapping of field names to values"));
         };
-        let known = Self::default().to_json();
-        let known = known.as_object().expect("config serialises to an object");
+        let known = Self::field_names();
         for (key, v) in map {
-            if !known.contains_key(key) {
-                let mut names: Vec<&str> = known.keys().map(String::as_str).collect();
-                names.sort_unstable();
+            if !known.contains(key) {
                 return Err(ConfigError::field(
                     key.as_str(),
-                    format!("unknown field '{key}' (extra fields are forbidden); known fields: {}", names.join(", ")),
+                    format!("unknown field '{key}' (extra fields are forbidden); known fields: {}", known.join(", ")),
                 ));
             }
             if let serde_json::Value::String(s) = v {

@@ -39,9 +39,8 @@ pub struct VllmTranslation {
 /// Splits a config mapping into its spec-rs fields and the keys in vLLM's spelling (everything
 /// that is not a spec-rs field).
 pub fn split_dialect(values: Map<String, Value>) -> (Map<String, Value>, Map<String, Value>) {
-    let known = SpeculativeConfig::default().to_json();
-    let known = known.as_object().expect("config serialises to an object");
-    values.into_iter().partition(|(key, _)| known.contains_key(key))
+    let known = SpeculativeConfig::field_names();
+    values.into_iter().partition(|(key, _)| known.contains(key))
 }
 
 /// Reads the keys in vLLM's spelling (`dialect`); `spec_fields` names the spec-rs fields given
@@ -144,8 +143,8 @@ fn unknown_key(key: &str) -> ConfigError {
     if let Some((_, instead)) = UNSUPPORTED_KEYS.iter().find(|(name, _)| *name == key) {
         return ConfigError::field(key, format!("{key} (a vLLM speculative_config key) is not supported: {instead}"));
     }
-    let known = SpeculativeConfig::default().to_json();
-    let mut names: Vec<&str> = known.as_object().expect("object").keys().map(String::as_str).collect();
+    let known = SpeculativeConfig::field_names();
+    let mut names: Vec<&str> = known.iter().map(String::as_str).collect();
     names.extend(VLLM_KEYS);
     names.sort_unstable();
     ConfigError::field(
