@@ -26,7 +26,7 @@ pub enum EngineError {
 
 impl From<candle_core::Error> for EngineError {
     fn from(e: candle_core::Error) -> Self {
-        Self::Internal(e.to_string())
+        Self::Internal(specrs_models::error::without_backtrace(e).to_string())
     }
 }
 
