@@ -140,6 +140,7 @@ SERVE_BAD_FLAGS = [
     ),
     ("chat-template-broken", ["--chat-template", "{% for %}"], "invalid chat template"),
     ("unknown-reasoning-parser", ["--reasoning-parser", "o1"], "invalid value 'o1' for '--reasoning-parser"),
+    ("host-not-an-address", ["--host", "999.1.1.1"], "--host: host '999.1.1.1' is not a valid IPv4 address"),
 ]
 
 

@@ -981,6 +981,11 @@ def test_serve_refuses_a_shutdown_timeout_that_means_nothing_before_it_binds(
         plain_llm.serve(port=0, shutdown_timeout=grace)
 
 
+def test_serve_refuses_a_host_that_names_no_address_before_it_binds(plain_llm: LLM) -> None:
+    with pytest.raises(ValueError, match="host '999.1.1.1' is not a valid IPv4 address"):
+        plain_llm.serve(host="999.1.1.1", port=0)
+
+
 def test_bad_words_never_appear_and_stay_lossless_under_speculation(plain_llm: LLM, ngram_llm: LLM) -> None:
     prompt = user(SPEC_PROMPTS[5])  # "List the numbers from 1 to 20, ...": the n-gram drafter hits
     greedy = SamplingParams(temperature=0.0, max_tokens=40)

@@ -288,6 +288,7 @@ impl PyPipeline {
             exclude_tools_when_tool_choice_none,
             trust_request_chat_template,
         };
+        args.listen_addrs().map_err(invalid)?;
         let name = self.info.model_path.display().to_string();
         py.detach(|| specrs_server::serve_blocking(self.handle.clone(), &name, &args))
             .map_err(|e| raise("EngineError", e, &[]))

@@ -86,6 +86,31 @@ pub struct ServerArgs {
     pub trust_request_chat_template: bool,
 }
 
+impl ServerArgs {
+    /// The addresses `host` and `port` name: an IP address (IPv6 with or without brackets) or
+    /// a name this machine resolves. Checked before the model loads, so a mistyped host is a
+    /// usage error rather than a failed bind minutes later.
+    pub fn listen_addrs(&self) -> Result<Vec<std::net::SocketAddr>, String> {
+        use std::net::ToSocketAddrs;
+        let host = self.host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(&self.host);
+        let hint = "give an IP address (127.0.0.1, 0.0.0.0, ::1, ::) or a name this machine resolves";
+        // Digits and dots alone are an IPv4 address or a typo, never a host name to look up.
+        if host.chars().all(|c| c.is_ascii_digit() || c == '.') && host.parse::<std::net::Ipv4Addr>().is_err() {
+            return Err(format!("host '{}' is not a valid IPv4 address; {hint}", self.host));
+        }
+        match (host, self.port).to_socket_addrs() {
+            Ok(addrs) => {
+                let addrs: Vec<_> = addrs.collect();
+                if addrs.is_empty() {
+                    return Err(format!("host '{}' resolves to no address; {hint}", self.host));
+                }
+                Ok(addrs)
+            }
+            Err(e) => Err(format!("host '{}' is not an address this machine can listen on ({e}); {hint}", self.host)),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct GenerateArgs {
     pub prompt: String,
@@ -593,27 +618,26 @@ where
         Some(("serve", m)) => {
             let pipeline = pipeline_from(m)?;
             let max_num_seqs = pipeline.engine.max_num_seqs;
-            Ok(CliCommand::Serve {
-                pipeline,
-                server: ServerArgs {
-                    host: m.get_one::<String>("host").expect("default").clone(),
-                    port: *m.get_one::<u16>("port").expect("default"),
-                    served_model_name: m.get_one::<String>("served-model-name").cloned(),
-                    api_key: check_api_key(m.get_one::<String>("api-key").cloned())
-                        .map_err(|e| CliError::Invalid(format!("--api-key: {e}")))?,
-                    max_pending: m.get_one::<usize>("max-pending").copied().unwrap_or(4 * max_num_seqs),
-                    shutdown_timeout: *m.get_one::<f64>("shutdown-timeout").expect("default"),
-                    chat_template: m.get_one::<String>("chat-template").map(|t| chat_template_arg(t)).transpose()?,
-                    auto_tool_parser: auto_tool_parser(m)?,
-                    reasoning_parser: m
-                        .get_one::<String>("reasoning-parser")
-                        .map(|name| ReasoningParser::parse(name))
-                        .transpose()
-                        .map_err(CliError::Invalid)?,
-                    exclude_tools_when_tool_choice_none: m.get_flag("exclude-tools-when-tool-choice-none"),
-                    trust_request_chat_template: m.get_flag("trust-request-chat-template"),
-                },
-            })
+            let server = ServerArgs {
+                host: m.get_one::<String>("host").expect("default").clone(),
+                port: *m.get_one::<u16>("port").expect("default"),
+                served_model_name: m.get_one::<String>("served-model-name").cloned(),
+                api_key: check_api_key(m.get_one::<String>("api-key").cloned())
+                    .map_err(|e| CliError::Invalid(format!("--api-key: {e}")))?,
+                max_pending: m.get_one::<usize>("max-pending").copied().unwrap_or(4 * max_num_seqs),
+                shutdown_timeout: *m.get_one::<f64>("shutdown-timeout").expect("default"),
+                chat_template: m.get_one::<String>("chat-template").map(|t| chat_template_arg(t)).transpose()?,
+                auto_tool_parser: auto_tool_parser(m)?,
+                reasoning_parser: m
+                    .get_one::<String>("reasoning-parser")
+                    .map(|name| ReasoningParser::parse(name))
+                    .transpose()
+                    .map_err(CliError::Invalid)?,
+                exclude_tools_when_tool_choice_none: m.get_flag("exclude-tools-when-tool-choice-none"),
+                trust_request_chat_template: m.get_flag("trust-request-chat-template"),
+            };
+            server.listen_addrs().map_err(|e| CliError::Invalid(format!("--host: {e}")))?;
+            Ok(CliCommand::Serve { pipeline, server })
         }
         Some(("generate", m)) => {
             let generate = GenerateArgs {
@@ -740,6 +764,29 @@ mod tests {
         match parse(v).unwrap() {
             CliCommand::Serve { pipeline, .. } => pipeline,
             other => panic!("{other:?}"),
+        }
+    }
+
+    fn server(args: &[&str]) -> Result<ServerArgs, CliError> {
+        match parse([&["serve"], args].concat())? {
+            CliCommand::Serve { server, .. } => Ok(server),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn hosts_that_name_no_address_are_usage_errors_and_ipv6_literals_bind() {
+        for host in ["999.1.1.1", "1.2.3", "127.0.0.1.5"] {
+            let e = server(&["--host", host]).unwrap_err().to_string();
+            assert!(e.contains("--host") && e.contains(host) && e.contains("not a valid IPv4 address"), "{e}");
+        }
+        let e = server(&["--host", "bad host!"]).unwrap_err().to_string();
+        assert!(e.contains("not an address this machine can listen on"), "{e}");
+        for (host, want) in
+            [("127.0.0.1", "127.0.0.1:0"), ("::1", "[::1]:0"), ("[::1]", "[::1]:0"), ("0.0.0.0", "0.0.0.0:0")]
+        {
+            let addrs = server(&["--host", host, "--port", "0"]).unwrap().listen_addrs().unwrap();
+            assert_eq!(addrs[0].to_string(), want, "{host}");
         }
     }
 

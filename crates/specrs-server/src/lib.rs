@@ -90,10 +90,11 @@ pub fn serve_blocking(handle: Arc<EngineHandle>, model_name: &str, args: &Server
         trust_request_chat_template: args.trust_request_chat_template,
         responses: Default::default(),
     });
-    let addr = format!("{}:{}", args.host, args.port);
+    let addrs = args.listen_addrs()?;
     runtime.block_on(async {
-        let listener =
-            tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let listener = tokio::net::TcpListener::bind(&addrs[..])
+            .await
+            .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!("serving the OpenAI API on http://{local}/v1 (model '{}')", state.model_names[0]);
         // Tests and launchers read this line to learn the port.
