@@ -578,6 +578,8 @@ fn dspark_config_rules_fail_naming_their_key() {
         key_of(dspark_config(&v, &dims()))
     };
     assert_eq!(broken(&|v| v["block_size"] = json!(1)), "block_size");
+    // A corrupt width, refused by its key (it used to surface as num_speculative_tokens).
+    assert_eq!(broken(&|v| v["block_size"] = json!(1u64 << 21)), "block_size");
     assert_eq!(broken(&|v| v["mask_token_id"] = json!(48)), "mask_token_id");
     // Past u32: refused, not wrapped into the vocabulary (2^32 + 3 used to read as 3).
     assert_eq!(broken(&|v| v["mask_token_id"] = json!((1u64 << 32) + 3)), "mask_token_id");
@@ -660,6 +662,7 @@ fn dflash_config_errors_name_their_key() {
     assert_eq!(broken(&|v| v["dflash_config"]["target_layer_ids"] = json!([0, 4])), "dflash_config.target_layer_ids");
     assert_eq!(broken(&|v| drop(v.as_object_mut().unwrap().remove("block_size"))), "block_size");
     assert_eq!(broken(&|v| v["block_size"] = json!(1)), "block_size");
+    assert_eq!(broken(&|v| v["block_size"] = json!(1u64 << 21)), "block_size");
     assert_eq!(broken(&|v| v["target_hidden_size"] = json!(128)), "target_hidden_size");
     assert_eq!(broken(&|v| v["layer_types"] = json!(["full_attention"])), "layer_types");
     let mut v = valid.clone();

@@ -124,6 +124,9 @@ pub struct BlockConfig {
     pub taps_key: &'static str,
 }
 
+/// Most slots a block drafter's block may declare.
+pub const MAX_BLOCK_SIZE: usize = 1024;
+
 impl BlockConfig {
     /// Drafts one block forward was trained to produce.
     pub fn trained_width(&self) -> usize {
@@ -137,6 +140,18 @@ impl BlockConfig {
                 "block_size",
                 format!(
                     "a block holds the anchor and at least one draft slot: block_size must be >= 2, got {}",
+                    self.block_size
+                ),
+            ));
+        }
+        if self.block_size > MAX_BLOCK_SIZE {
+            // Refused here, by its own key: the engine would take it as the default
+            // num_speculative_tokens and blame that.
+            return Err(ModelError::config(
+                "block_size",
+                format!(
+                    "{} slots is past any real block drafter (at most {MAX_BLOCK_SIZE}; published ones use 8 to \
+                     16): the draft config is corrupt",
                     self.block_size
                 ),
             ));
