@@ -8,6 +8,7 @@ import itertools
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -819,6 +820,30 @@ def test_speculative_config_in_vllms_spelling_runs_with_the_draft_it_names() -> 
     ]
 
 
+def test_a_draft_given_without_a_method_runs_the_method_its_config_names(
+    plain_llm: LLM, tmp_path: Path
+) -> None:
+    shipped_draft, _ = _spec_rs.default_draft("smollm2-135m-instruct")
+    assert _spec_rs.draft_method(shipped_draft) == "eagle"
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    plain = plain_llm.generate(["Count from one to ten."], params)[0]
+    # Both spellings, as vLLM infers the method from the draft: spec-rs's draft_model with the
+    # config's width, and vLLM's speculative_config={"model": ...} with no method.
+    for llm in (
+        LLM(draft_model=shipped_draft, speculative_config={"num_speculative_tokens": 3}),
+        LLM(speculative_config={"model": shipped_draft, "num_speculative_tokens": 3}),
+    ):
+        assert (llm.info["method"], llm.info["num_speculative_tokens"]) == ("eagle", 3)
+        out = llm.generate(["Count from one to ten."], params)[0]
+        assert out.token_ids == plain.token_ids
+        assert out.metrics is not None and out.metrics.num_accepted_tokens > 0
+    # A language model is no drafter: the method must be given.
+    language_model = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30}
+    (tmp_path / "config.json").write_text(json.dumps(language_model))
+    with pytest.raises(ConfigError, match=r"no speculative_method, and its config\.json names no drafter"):
+        LLM(draft_model=str(tmp_path), speculative_config={"num_speculative_tokens": 3})
+
+
 @pytest.mark.parametrize(
     ("speculative_config", "draft_model", "field", "hint"),
     [
@@ -982,7 +1007,7 @@ def test_serve_refuses_a_shutdown_timeout_that_means_nothing_before_it_binds(
 
 
 def test_serve_refuses_a_host_that_names_no_address_before_it_binds(plain_llm: LLM) -> None:
-    with pytest.raises(ValueError, match="host '999.1.1.1' is not a valid IPv4 address"):
+    with pytest.raises(ValueError, match=r"host '999\.1\.1\.1' is not a valid IPv4 address"):
         plain_llm.serve(host="999.1.1.1", port=0)
 
 

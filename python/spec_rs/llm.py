@@ -444,6 +444,11 @@ def build_pipeline(
         raise ConfigError(
             f"architecture {target_arch!r} of {model!r} is not registered; register it in ARCH_LOOKUP"
         )
+    if spec.speculative_method is None and draft_path is not None:
+        # As vLLM does: a draft given alone runs the method its config names.
+        inferred = _spec_rs.draft_method(draft_path)
+        if inferred is not None:
+            spec = SpeculativeConfig.model_validate({**spec.model_dump(), "speculative_method": inferred})
     if spec.speculative_method in DRAFT_CHECKPOINT_METHODS and draft_path is None:
         error = ConfigError(
             f"speculative_method={spec.speculative_method!r} needs a draft checkpoint: "

@@ -210,8 +210,9 @@ pub fn check_draft_model_use(method: Option<SpeculativeMethod>, has_draft_model:
     let drafting = drafting.join(", ");
     let unused = match method {
         None => format!(
-            "a draft model is given but no speculative_method: set speculative_method to the method the draft \
-             was trained for ({drafting}), or leave the draft model out to decode plainly"
+            "a draft model is given but no speculative_method, and its config.json names no drafter spec-rs \
+             knows: set speculative_method to the method the draft was trained for ({drafting}), or leave the \
+             draft model out to decode plainly"
         ),
         Some(m) if m.is_model_free() => format!(
             "speculative_method='{}' drafts from the text itself and takes no draft model: leave the draft \
@@ -226,6 +227,32 @@ pub fn check_draft_model_use(method: Option<SpeculativeMethod>, has_draft_model:
 /// A draft checkpoint's `architectures[0]` (rewritten as MAX does for one-layer EAGLE drafts).
 pub fn draft_architecture(method: SpeculativeMethod, draft: &Path) -> Result<String> {
     check_draft_model_use(Some(method), true)?;
+    let json = read_draft_config(draft)?;
+    let name = json["architectures"][0].as_str().unwrap_or_default().to_string();
+    let has_draft_vocab = json.get("draft_vocab_size").is_some() || json.get("truncated_vocab_size").is_some();
+    Ok(canonical_draft_arch(method, &name, has_draft_vocab))
+}
+
+/// The method a draft checkpoint was trained for, read from its config, for a draft given
+/// without a `speculative_method` (vLLM infers it the same way); `None` when the config does
+/// not say ([`specrs_models::drafters::trained_method`]).
+pub fn draft_method(draft: &Path) -> Result<Option<SpeculativeMethod>> {
+    Ok(specrs_models::drafters::trained_method(&read_draft_config(draft)?))
+}
+
+/// `cfg` running its own method, else its draft checkpoint's (logged) when a draft is given.
+pub fn with_draft_method(cfg: &PipelineConfig) -> Result<PipelineConfig> {
+    let mut cfg = cfg.clone();
+    if let (None, Some(draft)) = (cfg.speculative.speculative_method, &cfg.draft_model)
+        && let Some(method) = draft_method(&resolve_model_path(draft)?)?
+    {
+        tracing::info!("speculative_method '{}' read from the draft checkpoint {draft}", method.as_str());
+        cfg.speculative.speculative_method = Some(method);
+    }
+    Ok(cfg)
+}
+
+fn read_draft_config(draft: &Path) -> Result<serde_json::Value> {
     let cfg_path = if draft.is_dir() { draft.join("config.json") } else { draft.with_file_name("config.json") };
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
         specrs_models::ModelError::file(
@@ -236,11 +263,8 @@ pub fn draft_architecture(method: SpeculativeMethod, draft: &Path) -> Result<Str
             ),
         )
     })?;
-    let json: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| specrs_models::ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?;
-    let name = json["architectures"][0].as_str().unwrap_or_default().to_string();
-    let has_draft_vocab = json.get("draft_vocab_size").is_some() || json.get("truncated_vocab_size").is_some();
-    Ok(canonical_draft_arch(method, &name, has_draft_vocab))
+    Ok(serde_json::from_str(&text)
+        .map_err(|e| specrs_models::ModelError::file(&cfg_path, format!("invalid JSON: {e}")))?)
 }
 
 /// Picks the built-in speculator for the target and method, as the `spec-rs` binary does.
@@ -526,8 +550,10 @@ pub fn build_replicas_with(cfg: &PipelineConfig, kind: PipelineKind) -> Result<(
 }
 
 /// [`build_replicas_with`], choosing the pipeline from the built-in registry.
+/// A draft given without a method runs the method its config names ([`with_draft_method`]).
 pub fn build_replicas(cfg: &PipelineConfig) -> Result<(Vec<Engine>, PipelineInfo)> {
-    build_replicas_with(cfg, builtin_kind(cfg)?)
+    let cfg = with_draft_method(cfg)?;
+    build_replicas_with(&cfg, builtin_kind(&cfg)?)
 }
 
 /// One replica on `device_spec`, drafting with `shared` where given, whose device also holds
@@ -645,9 +671,11 @@ fn auto_draft_dtype(bits_per_weight: f64) -> ModelDType {
     }
 }
 
-/// Builds the engine choosing the pipeline from the built-in registry.
+/// Builds the engine choosing the pipeline from the built-in registry. A draft given without
+/// a method runs the method its config names ([`with_draft_method`]).
 pub fn build_engine(cfg: &PipelineConfig) -> Result<(Engine, PipelineInfo)> {
-    build_engine_with(cfg, builtin_kind(cfg)?)
+    let cfg = with_draft_method(cfg)?;
+    build_engine_with(&cfg, builtin_kind(&cfg)?)
 }
 
 /// The built-in registry's pipeline for the target, method and draft of `cfg`.

@@ -179,6 +179,33 @@ fn oracle_drafters_are_accepted_at_every_position() {
     }
 }
 
+/// A draft checkpoint given with no `speculative_method` runs the method its config names (as
+/// vLLM infers it): each oracle head is accepted everywhere; a full language model as "draft"
+/// is refused, naming the missing method.
+#[test]
+fn a_draft_without_a_method_runs_the_method_its_config_names() {
+    let f = fixture();
+    let no_method = SpeculativeConfig { num_speculative_tokens: Some(3), ..SpeculativeConfig::default() };
+    let plain = run(&engine(&f.bigram, None, None, 0), &[20; 4]);
+    for (method, draft, target) in oracle_drafts(&f) {
+        let Some(draft) = draft else { continue };
+        let h = engine_with(&target, Some(&draft), no_method.clone(), 8);
+        let pipeline = h.info().pipeline.clone().unwrap();
+        assert_eq!(pipeline.method, Some(method), "{draft:?}");
+        let spec = run(&h, &[20; 4]);
+        for (p, s) in plain.iter().zip(&spec) {
+            assert_eq!(p.token_ids, s.token_ids, "{draft:?}");
+            assert!(s.metrics.num_draft_tokens > 0, "{draft:?}: nothing was drafted");
+            assert_eq!(s.metrics.num_accepted_tokens, s.metrics.num_draft_tokens, "{draft:?}");
+        }
+    }
+    let mut cfg = PipelineConfig::new(f.bigram.to_str().unwrap());
+    cfg.draft_model = Some(f.random.to_str().unwrap().to_string());
+    cfg.speculative = no_method;
+    let e = build_engine(&cfg).err().unwrap().to_string();
+    assert!(e.contains("no speculative_method") && e.contains("names no drafter"), "{e}");
+}
+
 #[test]
 fn random_drafters_never_change_greedy_output_in_batches() {
     let f = fixture();

@@ -27,6 +27,14 @@ fn draft_architecture(method: &str, path: &str) -> PyResult<String> {
     specrs_engine::pipeline::draft_architecture(method, Path::new(path)).map_err(pipeline::load_error)
 }
 
+/// The method a draft checkpoint's config names (`speculators_model_type` or its
+/// architecture), for a draft given without a `speculative_method`; `None` when it names none.
+#[pyfunction]
+fn draft_method(path: &str) -> PyResult<Option<&'static str>> {
+    let method = specrs_engine::pipeline::draft_method(Path::new(path)).map_err(pipeline::load_error)?;
+    Ok(method.map(|m| m.as_str()))
+}
+
 /// The engine's own name of a dtype spelled any way it reads (`bfloat16` is `bf16`).
 #[pyfunction]
 fn canonical_dtype(name: &str) -> PyResult<&'static str> {
@@ -95,6 +103,7 @@ fn _spec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(drafters::checkpoint_draft_width, m)?)?;
     m.add_function(wrap_pyfunction!(peek_architecture, m)?)?;
     m.add_function(wrap_pyfunction!(draft_architecture, m)?)?;
+    m.add_function(wrap_pyfunction!(draft_method, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_model, m)?)?;
     m.add_function(wrap_pyfunction!(default_draft, m)?)?;

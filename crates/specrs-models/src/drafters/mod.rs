@@ -21,10 +21,40 @@ pub mod mtp;
 use std::sync::Arc;
 
 use candle_core::{DType, Result, Tensor};
+use specrs_core::config::SpeculativeMethod;
 
 use crate::batch::ForwardBatch;
 use crate::kv_cache::PagedKvCache;
 use block::BlockBackbone;
+
+/// The method a draft checkpoint was trained for, from its `config.json`: the speculators
+/// `speculators_model_type`, else the architecture its trainer writes (a one-layer
+/// `LlamaForCausalLM` being an EAGLE head, as MAX and vLLM read it). `None` when the config
+/// names no drafter spec-rs runs (a full language model, Medusa, an unknown format).
+pub fn trained_method(config: &serde_json::Value) -> Option<SpeculativeMethod> {
+    if let Some(kind) = config.get("speculators_model_type") {
+        return match kind.as_str()? {
+            "eagle3" => Some(SpeculativeMethod::Eagle),
+            "dflash" => Some(SpeculativeMethod::Dflash),
+            "dspark" => Some(SpeculativeMethod::Dspark),
+            "mtp" => Some(SpeculativeMethod::Mtp),
+            _ => None,
+        };
+    }
+    let layers = config.get("num_hidden_layers").and_then(serde_json::Value::as_u64);
+    match config.get("architectures")?.get(0)?.as_str()? {
+        "LlamaForCausalLMEagle3"
+        | "Eagle3LlamaForCausalLM"
+        | "Eagle3DraftModel"
+        | "Eagle3Speculator"
+        | "LlamaForCausalLMEagle" => Some(SpeculativeMethod::Eagle),
+        "LlamaForCausalLM" if layers == Some(1) => Some(SpeculativeMethod::Eagle),
+        "DFlashDraftModel" => Some(SpeculativeMethod::Dflash),
+        "DFlash2DraftModel" => Some(SpeculativeMethod::Dflash2),
+        "Qwen3DSparkModel" | "DSparkDraftModel" => Some(SpeculativeMethod::Dspark),
+        _ => None,
+    }
+}
 
 /// Draft logits and, for a reduced draft vocabulary, the map from draft index to target id.
 #[derive(Debug, Clone)]
@@ -221,4 +251,36 @@ pub(crate) fn logits_at(
     }
     let idx = Tensor::from_slice(indices, indices.len(), out.device())?;
     head(&out.index_select(&idx, 0)?)?.to_dtype(DType::F32)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_draft_config_names_the_method_it_was_trained_for() {
+        let cases = [
+            (json!({"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"]}), Some("eagle")),
+            (json!({"speculators_model_type": "dflash"}), Some("dflash")),
+            (json!({"speculators_model_type": "dspark"}), Some("dspark")),
+            (json!({"speculators_model_type": "mtp", "architectures": ["MTPDraftModel"]}), Some("mtp")),
+            (json!({"speculators_model_type": "peagle"}), None),
+            (json!({"architectures": ["LlamaForCausalLMEagle3"]}), Some("eagle")),
+            (json!({"architectures": ["Eagle3LlamaForCausalLM"]}), Some("eagle")),
+            // EAGLE-1 heads and EAGLE-3 ones with a draft vocabulary: one Llama layer.
+            (json!({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}), Some("eagle")),
+            (json!({"architectures": ["DFlashDraftModel"], "num_hidden_layers": 5}), Some("dflash")),
+            (json!({"architectures": ["DFlash2DraftModel"]}), Some("dflash2")),
+            (json!({"architectures": ["Qwen3DSparkModel"]}), Some("dspark")),
+            // A language model is not a drafter spec-rs runs (vLLM's draft_model method).
+            (json!({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30}), None),
+            (json!({"architectures": ["MedusaModel"], "medusa_num_heads": 4}), None),
+            (json!({}), None),
+        ];
+        for (config, want) in cases {
+            assert_eq!(trained_method(&config).map(|m| m.as_str()), want, "{config}");
+        }
+    }
 }
