@@ -178,10 +178,12 @@ impl OutputState {
     fn truncate_at_stop_string(&mut self, before: usize) -> bool {
         let mut cut: Option<(usize, usize)> = None;
         for s in &self.stop {
-            // A match must end inside the new text, so it starts at most len(s) bytes earlier.
-            let mut from = before.saturating_sub(s.len());
+            // A match must end inside the new text: it starts after `before - len(s)`. One
+            // ending at `before` lies in text checked earlier, or passed under `min_tokens`, and
+            // part of it has been sent.
+            let mut from = (before + 1).saturating_sub(s.len());
             while !self.text.is_char_boundary(from) {
-                from -= 1;
+                from += 1;
             }
             if let Some(p) = self.text[from..].find(s.as_str()) {
                 let at = from + p;

@@ -84,6 +84,28 @@ fn stop_strings_cut_the_text_and_hold_back_partial_matches() {
     assert_eq!(streamed, "Hello world. ");
 }
 
+/// Stop strings count from `min_tokens` on, as in vLLM: one that appeared in the text before
+/// (here "here" inside " there", token 2 of 2) is passed over, and the first later occurrence
+/// stops the output, cutting it where the streamed deltas left off.
+#[test]
+fn stop_strings_inside_the_min_tokens_text_are_passed_over() {
+    let tok = tokenizer();
+    let ids = tok.encode("Hello there! I'm here to help.", false).unwrap();
+    let params = SamplingParams { stop: vec!["here".into()], min_tokens: 2, ..SamplingParams::default() };
+    let mut state = OutputState::new(&params, tok.eos_token_ids(), 1000);
+    let mut streamed = String::new();
+    let mut finish = None;
+    for &t in &ids {
+        finish = state.commit(&tok, &[t]).unwrap().finish;
+        streamed.push_str(&state.take_delta(finish.is_some()));
+        if finish.is_some() {
+            break;
+        }
+    }
+    assert_eq!(finish, Some(specrs_engine::FinishReason::Stop));
+    assert_eq!(streamed, "Hello there! I'm ");
+}
+
 #[test]
 fn a_conversation_ends_in_a_new_turn_closed_or_open_for_its_final_message_to_continue() {
     let tok = tokenizer();
@@ -122,6 +144,14 @@ fn token_bytes_spell_exactly_the_text_the_tokens_encode() {
     }
     let im_start = tok.token_to_id("<|im_start|>").unwrap();
     assert!(bytes[im_start as usize].is_none());
+    // One token at a time (logprobs' `bytes`): a token holding part of a character decodes to
+    // U+FFFD alone, but its bytes with its neighbours' spell the character.
+    let party = tok.encode("🎉", false).unwrap();
+    assert!(party.len() > 1, "the emoji spans several tokens: {party:?}");
+    assert!(tok.decode(&party[..1], false).unwrap().contains('\u{FFFD}'));
+    let spelled: Vec<u8> = party.iter().flat_map(|&id| tok.bytes_of(id).unwrap()).collect();
+    assert_eq!(spelled, "🎉".as_bytes());
+    assert_eq!(tok.bytes_of(tok.vocab_size() as u32), None, "past the vocabulary");
     // Every printable ASCII byte, newline and tab is a token of its own (byte-level BPE).
     let singles: std::collections::BTreeSet<u8> =
         bytes.iter().flatten().filter(|b| b.len() == 1).map(|b| b[0]).collect();
