@@ -319,8 +319,14 @@ def test_two_data_parallel_replicas_give_each_request_the_text_one_engine_gives(
             assert out.token_ids == ref.token_ids, (prompt, first_divergence(out.token_ids, ref.token_ids))
         free, total = wait_for_free_kv(llm)
         assert free == total, "every replica's KV blocks return to its pool"
-    with pytest.raises(RequestError, match="cuda:0 is listed twice"):
-        make_llm(device="cuda:0,cuda:0")
+    for devices, message in [
+        ("cuda:0,cuda:0", "cuda:0 is listed twice"),
+        ("tpu", "unknown device 'tpu'"),
+        (["cpu", "cuda:0"], "all run on CUDA or all on the CPU"),
+    ]:
+        with pytest.raises(ConfigError, match=message) as excinfo:
+            make_llm(device=devices)
+        assert excinfo.value.field == "device"
 
 
 def test_synthetic_acceptance_hits_the_configured_rate_and_emits_target_argmax(

@@ -58,7 +58,7 @@ impl std::str::FromStr for DeviceSpec {
         if let Some(i) = s.strip_prefix("cuda:").and_then(|i| i.parse().ok()) {
             return Ok(Self::Cuda(i));
         }
-        Err(EngineError::Request(format!("unknown device '{s}'; expected 'cpu', 'cuda' or 'cuda:N'")))
+        Err(ConfigError::field("device", format!("unknown device '{s}'; expected 'cpu', 'cuda' or 'cuda:N'")).into())
     }
 }
 
@@ -115,22 +115,30 @@ impl DeviceSpec {
 /// speed, but run the data-parallel paths where no GPU pair exists (tests).
 pub fn check_replica_devices(devices: &[DeviceSpec]) -> Result<()> {
     if devices.is_empty() {
-        return Err(EngineError::Request(
-            "no device given; pass 'cpu', 'cuda:N' or a list like 'cuda:0,cuda:1'".into(),
-        ));
+        return Err(ConfigError::field(
+            "device",
+            "no device given; pass 'cpu', 'cuda:N' or a list like 'cuda:0,cuda:1'",
+        )
+        .into());
     }
     let cuda: Vec<usize> =
         devices.iter().filter_map(|d| if let DeviceSpec::Cuda(i) = d { Some(*i) } else { None }).collect();
     if !cuda.is_empty() && cuda.len() != devices.len() {
-        return Err(EngineError::Request(format!(
-            "data-parallel replicas must all run on CUDA or all on the CPU, got {}",
-            devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
-        )));
+        return Err(ConfigError::field(
+            "device",
+            format!(
+                "data-parallel replicas must all run on CUDA or all on the CPU, got {}",
+                devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+            ),
+        )
+        .into());
     }
     if let Some((_, i)) = cuda.iter().enumerate().find(|&(k, i)| cuda[..k].contains(i)) {
-        return Err(EngineError::Request(format!(
-            "cuda:{i} is listed twice; each data-parallel replica needs a device of its own"
-        )));
+        return Err(ConfigError::field(
+            "device",
+            format!("cuda:{i} is listed twice; each data-parallel replica needs a device of its own"),
+        )
+        .into());
     }
     Ok(())
 }
@@ -747,6 +755,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = PipelineConfig::new("smollm2-135m-instruct");
         cfg.draft_model = Some(dir.path().to_str().unwrap().to_string());
+        // Without a method the draft's config is read for one first.
+        let Err(e) = build_engine(&cfg) else { panic!("a draft without config.json loaded") };
+        assert!(e.to_string().contains("cannot read the draft model's config"), "{e}");
+        // A language model's config names no drafter.
+        let language_model = serde_json::json!({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30});
+        std::fs::write(dir.path().join("config.json"), language_model.to_string()).unwrap();
         for method in [None, Some(SpeculativeMethod::Ngram), Some(SpeculativeMethod::Suffix)] {
             cfg.speculative.speculative_method = method;
             let Err(EngineError::Config(e)) = build_engine(&cfg) else { panic!("{method:?}: the draft was dropped") };

@@ -16,8 +16,8 @@ use specrs_core::config::{DraftProposal, SpeculativeMethod};
 use specrs_core::sampling::SamplingParams;
 use specrs_core::{DraftPlacement, SpeculativeConfig};
 use specrs_engine::{
-    DeviceSpec, EngineConfig, EngineHandle, FinalOutput, FinishReason, GenerationRequest, PipelineConfig, Prompt,
-    build_engine, build_replicas,
+    DeviceSpec, EngineConfig, EngineError, EngineHandle, FinalOutput, FinishReason, GenerationRequest, PipelineConfig,
+    Prompt, build_engine, build_replicas,
 };
 use specrs_models::ModelDType;
 use specrs_models::testing;
@@ -371,7 +371,11 @@ fn a_generate_call_spreads_its_requests_and_counts_tokens_once() {
 
 #[test]
 fn replica_devices_are_checked_with_errors_that_say_what_to_pass() {
-    let err = |s: &str| DeviceSpec::parse_list(s).unwrap_err().to_string();
+    let err = |s: &str| {
+        let e = DeviceSpec::parse_list(s).unwrap_err();
+        assert!(matches!(&e, EngineError::Config(c) if c.field.as_deref() == Some("device")), "{s}: {e:?}");
+        e.to_string()
+    };
     assert_eq!(DeviceSpec::parse_list("cuda:0,cuda:1").unwrap(), vec![DeviceSpec::Cuda(0), DeviceSpec::Cuda(1)]);
     assert_eq!(DeviceSpec::parse_list("cpu,cpu").unwrap(), vec![DeviceSpec::Cpu; 2]);
     assert!(err("cuda:0,cuda:0").contains("cuda:0 is listed twice"), "{}", err("cuda:0,cuda:0"));
