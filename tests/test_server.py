@@ -253,6 +253,42 @@ def test_streamed_echo_opens_each_choice_with_its_prompt_and_adds_up_to_the_whol
         assert streamed["token_logprobs"][1:] == pytest.approx(c["logprobs"]["token_logprobs"][1:], abs=1e-4)
 
 
+def test_completion_logprobs_count_characters_hold_the_chosen_token_and_stream_the_same_offsets(
+    server: Server,
+) -> None:
+    prompt = "Café au lait, naïve résumé, and"
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0, "echo": True, "logprobs": 0}
+    status, _, raw = server.request("POST", COMPLETIONS, body)
+    assert status == 200, raw
+    choice = json.loads(raw)["choices"][0]
+    lps = choice["logprobs"]
+    # Offsets count characters, as OpenAI's: each token sits at its offset in the text.
+    for token, at in zip(lps["tokens"], lps["text_offset"], strict=True):
+        if "\ufffd" in token:
+            break  # a token holding part of a character: its text is not the text's
+        assert choice["text"][at : at + len(token)] == token, (token, at)
+    # logprobs=0 still reports the chosen token (up to logprobs + 1 entries).
+    scored = zip(lps["tokens"][1:], lps["token_logprobs"][1:], lps["top_logprobs"][1:], strict=True)
+    for token, logprob, top in scored:
+        assert top == {token: pytest.approx(logprob)}
+    # Streamed with a stop string (text held back while it might begin one), the chunks'
+    # offsets continue the whole response's.
+    stop = choice["text"][len(prompt) :].split()[3]
+    body = {**body, "stop": [stop], "logprobs": 1}
+    status, _, raw = server.request("POST", COMPLETIONS, body)
+    assert status == 200, raw
+    whole = json.loads(raw)["choices"][0]
+    assert whole["finish_reason"] == "stop" and not whole["text"].endswith(stop)
+    streamed: list[int] = []
+    for event in sse_events(server, COMPLETIONS, {**body, "stream": True})[:-1]:
+        for c in json.loads(event)["choices"]:
+            streamed += (c["logprobs"] or {}).get("text_offset", [])
+    assert streamed == whole["logprobs"]["text_offset"]
+    tops = whole["logprobs"]["top_logprobs"][1:]
+    for token, top in zip(whole["logprobs"]["tokens"][1:], tops, strict=True):
+        assert token in top and len(top) <= 2
+
+
 def test_n_choices_are_the_offline_apis_choices_with_usage_summed_over_them(
     client: openai.OpenAI, ngram_llm: LLM
 ) -> None:

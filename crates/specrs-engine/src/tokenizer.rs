@@ -62,20 +62,55 @@ impl std::fmt::Debug for TextTokenizer {
 
 /// GPT-2's byte-level alphabet backwards: printable Latin-1 bytes stand for themselves, the
 /// other 68 bytes for the characters from U+0100 up, in byte order.
-fn gpt2_char_to_byte() -> HashMap<char, u8> {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut next = 0x100u32;
-    (0..=255u8)
-        .map(|b| {
-            if printable(b) {
-                (char::from(b), b)
-            } else {
-                let c = char::from_u32(next).expect("U+0100.. are characters");
-                next += 1;
-                (c, b)
-            }
+fn gpt2_char_to_byte() -> &'static HashMap<char, u8> {
+    static TABLE: std::sync::OnceLock<HashMap<char, u8>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut next = 0x100u32;
+        (0..=255u8)
+            .map(|b| {
+                if printable(b) {
+                    (char::from(b), b)
+                } else {
+                    let c = char::from_u32(next).expect("U+0100.. are characters");
+                    next += 1;
+                    (c, b)
+                }
+            })
+            .collect()
+    })
+}
+
+/// Spells tokens as the bytes they append to the text, under one vocabulary's conventions.
+struct TokenSpeller<'a> {
+    tokenizer: &'a Tokenizer,
+    /// Byte-level BPE: each byte written as one printable character (GPT-2's table).
+    byte_level: bool,
+    special: std::collections::HashSet<u32>,
+}
+
+impl TokenSpeller<'_> {
+    fn bytes_of(&self, id: u32) -> Option<Vec<u8>> {
+        if self.special.contains(&id) {
+            return None;
+        }
+        let text = self.tokenizer.id_to_token(id)?;
+        Some(if self.byte_level {
+            let byte_of_char = gpt2_char_to_byte();
+            text.chars()
+                .flat_map(|c| match byte_of_char.get(&c) {
+                    Some(&b) => vec![b],
+                    None => c.to_string().into_bytes(),
+                })
+                .collect()
+        } else if let Some(hex) = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'))
+            && let Ok(byte) = u8::from_str_radix(hex, 16)
+        {
+            vec![byte]
+        } else {
+            text.replace('\u{2581}', " ").into_bytes()
         })
-        .collect()
+    }
 }
 
 fn tok_err(context: &str, e: impl std::fmt::Display) -> EngineError {
@@ -615,6 +650,17 @@ impl TextTokenizer {
     /// bytes as printable characters; SentencePiece ones write spaces as `▁` and unknown
     /// bytes as `<0xNN>` tokens.
     pub fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
+        let speller = self.speller();
+        (0..self.vocab_size() as u32).map(|id| speller.bytes_of(id)).collect()
+    }
+
+    /// What token `id` appends to the output text, as bytes ([`Self::token_bytes`] for one
+    /// token; `None` for special tokens and ids outside the vocabulary).
+    pub fn bytes_of(&self, id: u32) -> Option<Vec<u8>> {
+        self.speller().bytes_of(id)
+    }
+
+    fn speller(&self) -> TokenSpeller<'_> {
         let byte_level = match self.tokenizer.get_decoder() {
             Some(DecoderWrapper::ByteLevel(_)) => true,
             Some(DecoderWrapper::Sequence(seq)) => {
@@ -622,35 +668,13 @@ impl TextTokenizer {
             }
             _ => false,
         };
-        let special: std::collections::HashSet<u32> = self
+        let special = self
             .tokenizer
             .get_added_tokens_decoder()
             .into_iter()
             .filter_map(|(id, token)| token.special.then_some(id))
             .collect();
-        let byte_of_char = gpt2_char_to_byte();
-        (0..self.vocab_size() as u32)
-            .map(|id| {
-                if special.contains(&id) {
-                    return None;
-                }
-                let text = self.tokenizer.id_to_token(id)?;
-                Some(if byte_level {
-                    text.chars()
-                        .flat_map(|c| match byte_of_char.get(&c) {
-                            Some(&b) => vec![b],
-                            None => c.to_string().into_bytes(),
-                        })
-                        .collect()
-                } else if let Some(hex) = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'))
-                    && let Ok(byte) = u8::from_str_radix(hex, 16)
-                {
-                    vec![byte]
-                } else {
-                    text.replace('\u{2581}', " ").into_bytes()
-                })
-            })
-            .collect()
+        TokenSpeller { tokenizer: &self.tokenizer, byte_level, special }
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {

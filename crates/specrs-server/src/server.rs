@@ -619,9 +619,13 @@ fn token_text(state: &AppState, id: u32) -> String {
 }
 
 pub(crate) fn chat_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
+    // `bytes` are the token's own (OpenAI's): a token holding part of a character decodes to
+    // U+FFFD, but its bytes joined with its neighbours' spell the character.
+    let tokenizer = state.handle.tokenizer();
     let entry = |id: u32, lp: f32| {
         let t = token_text(state, id);
-        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+        let bytes = tokenizer.bytes_of(id).unwrap_or_else(|| t.as_bytes().to_vec());
+        json!({"token": t, "logprob": lp, "bytes": bytes})
     };
     let content: Vec<Value> = lps
         .iter()
@@ -634,24 +638,28 @@ pub(crate) fn chat_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
     json!({"content": content})
 }
 
-/// OpenAI's completion `logprobs` for tokens from text offset `offset`; an entry without a
-/// logprob (an echoed prompt's first token, which nothing predicts) has nulls.
+/// OpenAI's completion `logprobs` for tokens from character offset `*offset`, which moves past
+/// them (a stream's chunks continue where the last left off, whatever text was held back); an
+/// entry without a logprob (an echoed prompt's first token, which nothing predicts) has nulls.
+/// `top_logprobs` holds the chosen token too, as OpenAI's (up to `logprobs + 1` entries).
 fn completion_logprobs<'a>(
     state: &AppState,
     entries: impl IntoIterator<Item = (u32, Option<&'a TokenLogprob>)>,
-    offset: usize,
+    offset: &mut usize,
 ) -> Value {
     let (mut tokens, mut token_logprobs, mut top, mut text_offset) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut at = offset;
     for (token, lp) in entries {
         let t = token_text(state, token);
-        text_offset.push(at);
-        at += t.len();
-        tokens.push(t);
+        text_offset.push(*offset);
+        *offset += t.chars().count();
         token_logprobs.push(lp.map_or(Value::Null, |l| json!(l.logprob)));
         top.push(lp.map_or(Value::Null, |l| {
-            Value::Object(l.top.iter().map(|&(id, lp)| (token_text(state, id), json!(lp))).collect())
+            let mut by_text: serde_json::Map<String, Value> =
+                l.top.iter().map(|&(id, lp)| (token_text(state, id), json!(lp))).collect();
+            by_text.entry(t.clone()).or_insert(json!(l.logprob));
+            Value::Object(by_text)
         }));
+        tokens.push(t);
     }
     json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": text_offset})
 }
@@ -1073,13 +1081,16 @@ async fn completions(
             totals.add_choice(out.index, out.token_ids.len(), &out.metrics);
             let (text, choice_logprobs) = match &echoed[prompt_index] {
                 None => {
-                    let lps = logprobs.then(|| completion_logprobs(&state, own_logprobs(&out.logprobs), 0));
+                    let lps = logprobs.then(|| completion_logprobs(&state, own_logprobs(&out.logprobs), &mut 0));
                     (out.text.clone(), lps)
                 }
                 Some(prompt_text) => {
                     let scored = prompt_logprobs.iter().map(Option::as_ref).chain(std::iter::repeat(None));
                     let entries = prompt_ids.iter().copied().zip(scored).chain(own_logprobs(&out.logprobs));
-                    (format!("{prompt_text}{}", out.text), logprobs.then(|| completion_logprobs(&state, entries, 0)))
+                    (
+                        format!("{prompt_text}{}", out.text),
+                        logprobs.then(|| completion_logprobs(&state, entries, &mut 0)),
+                    )
                 }
             };
             // vLLM's numbering: prompt i's choices are i·n .. i·n + n - 1.
@@ -1155,7 +1166,7 @@ fn completion_stream(
                    "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish_str(finish)}]})
         }
     };
-    // Text offsets per choice; vLLM's numbering: prompt p's choices are p·n .. p·n + n - 1.
+    // Character offsets of each choice's next logprob entry; vLLM's numbering: prompt p's choices are p·n .. p·n + n - 1.
     let mut offsets = vec![0usize; num_prompts * n];
     let mut remaining = num_prompts;
     let mut totals = UsageTotals::default();
@@ -1184,12 +1195,11 @@ fn completion_stream(
                 let (prompt_text, prompt_scores) = echo.prefix(prompt_index, index);
                 let lps = if logprobs && (!o.logprobs.is_empty() || !prompt_scores.is_empty()) {
                     let prompt_entries = prompt_scores.iter().map(|(t, l)| (*t, l.as_ref()));
-                    completion_logprobs(&state, prompt_entries.chain(own_logprobs(&o.logprobs)), offsets[index])
+                    completion_logprobs(&state, prompt_entries.chain(own_logprobs(&o.logprobs)), &mut offsets[index])
                 } else {
                     Value::Null
                 };
                 let text = format!("{prompt_text}{}", o.text);
-                offsets[index] += text.len();
                 if !text.is_empty() || !lps.is_null() {
                     events.push(sse_json(&chunk(index, text, None, lps)));
                 }
