@@ -9,14 +9,15 @@
 //! ([`TokenGuide::forced_bytes`](super::guide::TokenGuide::forced_bytes)) take them whole. Keywords that only annotate (titles, descriptions,
 //! examples) are ignored; keywords whose constraint a regex here cannot express are refused
 //! by name rather than silently dropped, so an output never violates the schema it was asked
-//! to follow. Recursive `$ref`s are expanded [`MAX_REF_DEPTH`] deep; past that a recursive
-//! branch cannot be taken.
+//! to follow. A recursive `$ref` is expanded [`MAX_REF_DEPTH`] times inside itself; past that
+//! its branch cannot be taken (other `$ref`s nest freely).
 
 use serde_json::{Map, Value};
 
 use super::integer_range::integer_range_regex;
+use super::regex_dfa::RegexGrammar;
 
-/// How deep `$ref`s are expanded inside one another (recursive schemas).
+/// How many times a `$ref` is expanded inside itself (recursive schemas).
 pub const MAX_REF_DEPTH: usize = 3;
 
 /// How deep schemas that allow any JSON value (`{}`, `true`, an untyped property) nest.
@@ -65,7 +66,7 @@ pub struct SchemaError {
 /// The regex matching exactly the JSON texts (in the layout described above) valid under
 /// `schema`.
 pub fn schema_to_regex(schema: &Value) -> Result<String, SchemaError> {
-    Builder { root: schema, ref_depth: 0 }.value(schema, "#")
+    Builder { root: schema, expanding: Vec::new() }.value(schema, "#")
 }
 
 /// The regex of any JSON value nested at most `depth` containers deep.
@@ -81,7 +82,8 @@ pub fn any_json_value_regex(depth: usize) -> String {
 
 struct Builder<'a> {
     root: &'a Value,
-    ref_depth: usize,
+    /// The `$ref` pointers being expanded, outermost first.
+    expanding: Vec<String>,
 }
 
 fn error(path: &str, message: impl Into<String>) -> SchemaError {
@@ -121,19 +123,26 @@ impl Builder<'_> {
             Value::Object(map) => map,
             other => return Err(error(path, format!("a schema must be an object or a boolean, not {other}"))),
         };
+        for keyword in ["$ref", "anyOf", "oneOf", "allOf"] {
+            if map.contains_key(keyword) {
+                refuse_siblings(map, keyword, path)?;
+            }
+        }
         if let Some(reference) = map.get("$ref") {
             return self.reference(reference, path);
         }
         if let Some(constant) = map.get("const") {
-            return Ok(literal(constant));
+            return self.enumeration(std::slice::from_ref(constant), map, "const", path);
         }
         if let Some(options) = map.get("enum") {
             let options = options.as_array().ok_or_else(|| error(path, "`enum` must be a list of values"))?;
             if options.is_empty() {
                 return Err(error(path, "`enum` must list at least one value"));
             }
-            return Ok(alternatives(options.iter().map(literal)));
+            return self.enumeration(options, map, "enum", path);
         }
+        // `oneOf` is taken as `anyOf`: a value its branches both allow is not refused (as
+        // xgrammar and outlines take it).
         for keyword in ["anyOf", "oneOf"] {
             if let Some(branches) = map.get(keyword) {
                 return self.branches(branches, &format!("{path}/{keyword}"));
@@ -167,6 +176,45 @@ impl Builder<'_> {
         }
     }
 
+    /// The values `options` lists that the schema's other keywords allow (`{"type": "string",
+    /// "enum": [...]}`): each one checked against the regex of those keywords.
+    fn enumeration(
+        &mut self,
+        options: &[Value],
+        map: &Map<String, Value>,
+        keyword: &str,
+        path: &str,
+    ) -> Result<String, SchemaError> {
+        let rest: Map<String, Value> = map
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "enum" | "const") && !ANNOTATIONS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if rest.is_empty() {
+            return Ok(alternatives(options.iter().map(literal)));
+        }
+        if options.iter().any(|o| o.is_object() || o.is_array()) && rest.keys().any(|k| k != "type") {
+            return Err(error(
+                path,
+                format!("`{keyword}` listing objects or arrays takes no other keyword than `type`"),
+            ));
+        }
+        let others = RegexGrammar::new(&self.value(&Value::Object(rest), path)?)
+            .map_err(|e| error(path, format!("the keywords beside `{keyword}`: {e}")))?;
+        let allowed: Vec<String> = options
+            .iter()
+            .filter(|o| match o {
+                Value::Object(_) | Value::Array(_) => type_allows(map.get("type"), o),
+                _ => others.matches(literal_text(o).as_bytes()),
+            })
+            .map(literal)
+            .collect();
+        if allowed.is_empty() {
+            return Err(error(path, format!("no `{keyword}` value satisfies the schema's other keywords")));
+        }
+        Ok(alternatives(allowed))
+    }
+
     fn branches(&mut self, branches: &Value, path: &str) -> Result<String, SchemaError> {
         let list = branches.as_array().filter(|l| !l.is_empty()).ok_or_else(|| error(path, "must list schemas"))?;
         let regexes = list
@@ -185,12 +233,12 @@ impl Builder<'_> {
             .root
             .pointer(pointer)
             .ok_or_else(|| error(path, format!("`$ref` {reference} points at nothing in the schema")))?;
-        if self.ref_depth >= MAX_REF_DEPTH {
+        if self.expanding.iter().filter(|p| *p == pointer).count() >= MAX_REF_DEPTH {
             return Ok(NOTHING.to_string());
         }
-        self.ref_depth += 1;
+        self.expanding.push(pointer.to_string());
         let regex = self.value(target, &format!("#{pointer}"));
-        self.ref_depth -= 1;
+        self.expanding.pop();
         regex
     }
 
@@ -213,8 +261,10 @@ impl Builder<'_> {
             "maximum",
             "exclusiveMaximum",
         ];
-        for key in map.keys() {
-            if !UNDERSTOOD.contains(&key.as_str()) && !ANNOTATIONS.contains(&key.as_str()) {
+        for (key, value) in map {
+            // `uniqueItems: false` constrains nothing.
+            let no_constraint = key == "uniqueItems" && *value == Value::Bool(false);
+            if !UNDERSTOOD.contains(&key.as_str()) && !ANNOTATIONS.contains(&key.as_str()) && !no_constraint {
                 return Err(error(
                     path,
                     format!(
@@ -236,10 +286,11 @@ impl Builder<'_> {
                 (lo, hi) => integer_range_regex(lo, hi)
                     .ok_or_else(|| error(path, "the bounds leave no integer (`minimum` is above `maximum`)")),
             },
-            "number" => {
-                let integer = if non_negative(map, path)? { NON_NEGATIVE_INTEGER } else { INTEGER };
-                Ok(format!("{integer}{FRACTION_EXPONENT}"))
-            }
+            "number" => Ok(match number_floor(map, path)? {
+                NumberFloor::None => format!("{INTEGER}{FRACTION_EXPONENT}"),
+                NumberFloor::NonNegative => format!("{NON_NEGATIVE_INTEGER}{FRACTION_EXPONENT}"),
+                NumberFloor::Positive => POSITIVE_NUMBER.to_string(),
+            }),
             "boolean" => Ok(BOOLEAN.to_string()),
             "null" => Ok(NULL.to_string()),
             "array" => {
@@ -346,34 +397,135 @@ fn string_regex(min: usize, max: Option<usize>) -> String {
     }
 }
 
+/// Formats enforced by [`format_regex`].
+const FORMATS: &[&str] = &["date", "time", "date-time", "uuid", "email", "hostname", "ipv4", "uri"];
+
 fn string_schema(map: &Map<String, Value>, path: &str) -> Result<String, SchemaError> {
+    let shape = ["pattern", "format"].into_iter().find(|k| map.contains_key(*k));
+    if let Some(shape) = shape
+        && let Some(other) =
+            ["pattern", "format", "minLength", "maxLength"].into_iter().find(|k| *k != shape && map.contains_key(*k))
+    {
+        return Err(error(
+            path,
+            format!(
+                "`{shape}` with `{other}` is not supported: one of them shapes the string (a length fits in a pattern, e.g. `^.{{1,20}}$`)"
+            ),
+        ));
+    }
     if let Some(pattern) = map.get("pattern") {
         let pattern = pattern.as_str().ok_or_else(|| error(path, "`pattern` must be a string"))?;
         // JSON schema patterns search; generation needs the whole string, so anchors go.
         let inner = pattern.strip_prefix('^').unwrap_or(pattern);
         let inner = inner.strip_suffix('$').filter(|s| !s.ends_with('\\')).unwrap_or(inner);
-        regex_syntax::Parser::new()
+        let hir = regex_syntax::Parser::new()
             .parse(inner)
             .map_err(|e| error(path, format!("`pattern` is not a valid regex: {e}")))?;
-        return Ok(format!("\"(?:{inner})\""));
+        let escaped = json_escaped(&hir).map_err(|message| error(path, message))?;
+        return Ok(format!("\"(?:{escaped})\""));
     }
-    if let Some(format) = map.get("format").and_then(Value::as_str) {
-        let digits = |n: usize| format!("[0-9]{{{n}}}");
-        let date = format!("{}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])", digits(4));
-        let time = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?"
-            .to_string();
-        let hex = |n: usize| format!("[0-9a-fA-F]{{{n}}}");
-        let inner = match format {
-            "date" => date,
-            "time" => time,
-            "date-time" => format!("{date}T{time}"),
-            "uuid" => format!("{}-{}-{}-{}-{}", hex(8), hex(4), hex(4), hex(4), hex(12)),
-            // Other formats (email, uri, ...) are annotations here, as JSON schema allows.
-            _ => return string_with_length(map, path),
-        };
+    if let Some(format) = map.get("format") {
+        let format = format.as_str().ok_or_else(|| error(path, "`format` must be a string"))?;
+        let inner = format_regex(format).ok_or_else(|| {
+            error(path, format!("format {format:?} is not supported; supported formats: {}", FORMATS.join(", ")))
+        })?;
         return Ok(format!("\"{inner}\""));
     }
     string_with_length(map, path)
+}
+
+/// The regex of a string `format` (its JSON text needs no escapes), as RFC 3339 (`date`,
+/// `time`, `date-time`: years 0001-9999, month lengths and leap days checked, a time zone
+/// required, no leap second), RFC 4122,
+/// the HTML5 e-mail rule, RFC 1123 host names, dotted-quad IPv4 and RFC 3986 absolute URIs.
+fn format_regex(format: &str) -> Option<String> {
+    let hex = |n: usize| format!("[0-9a-fA-F]{{{n}}}");
+    let day = |last: &str| format!("(?:0[1-9]|1[0-9]|2[0-8]{last})");
+    // Years 0001-9999; those whose February has a 29th: divisible by 4, centuries by 400.
+    let year = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])";
+    let leap = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)";
+    let date = format!(
+        "(?:{year}-(?:(?:0[13578]|1[02])-(?:{}|3[01])|(?:0[469]|11)-(?:{}|30)|02-{})|{leap}-02-29)",
+        day("|29"),
+        day("|29"),
+        day("")
+    );
+    let time = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+    let label = "[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?";
+    let octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
+    // Characters a URI may hold unescaped; a JSON string holds them as they are.
+    let uri_char = "(?:[A-Za-z0-9._~:/?#\\[\\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})";
+    Some(match format {
+        "date" => date,
+        "time" => time.to_string(),
+        "date-time" => format!("{date}T{time}"),
+        "uuid" => format!("{}-{}-{}-{}-{}", hex(8), hex(4), hex(4), hex(4), hex(12)),
+        "email" => format!("[a-zA-Z0-9.!#$%&'*+/=?^_`{{|}}~-]+@{label}(?:\\.{label})*"),
+        "hostname" => format!("{label}(?:\\.{label})*"),
+        "ipv4" => format!("{octet}(?:\\.{octet}){{3}}"),
+        "uri" => format!("[a-zA-Z][a-zA-Z0-9+.-]*:{uri_char}*"),
+        _ => return None,
+    })
+}
+
+/// `hir` matching the same decoded strings, written as JSON string contents: `"` and `\`
+/// as their escapes, control characters as `\n`-style or `\u00XX` escapes (so the output is
+/// valid JSON whose string value matches the pattern).
+fn json_escaped(hir: &regex_syntax::hir::Hir) -> Result<String, String> {
+    Ok(escape_hir(hir)?.to_string())
+}
+
+fn escape_hir(hir: &regex_syntax::hir::Hir) -> Result<regex_syntax::hir::Hir, String> {
+    use regex_syntax::hir::{Capture, Class, ClassUnicode, ClassUnicodeRange, Hir, HirKind, Repetition};
+    Ok(match hir.kind() {
+        HirKind::Empty | HirKind::Look(_) => hir.clone(),
+        HirKind::Literal(literal) => {
+            let text = std::str::from_utf8(&literal.0).map_err(|_| "`pattern` must match text, not bytes")?;
+            Hir::literal(text.chars().map(json_char).collect::<String>().into_bytes())
+        }
+        HirKind::Class(Class::Bytes(_)) => return Err("`pattern` must match text, not bytes (no `(?-u)`)".into()),
+        HirKind::Class(Class::Unicode(class)) => {
+            let must_escape = ClassUnicode::new([
+                ClassUnicodeRange::new('\0', '\x1f'),
+                ClassUnicodeRange::new('"', '"'),
+                ClassUnicodeRange::new('\\', '\\'),
+                ClassUnicodeRange::new('\x7f', '\x7f'),
+            ]);
+            let mut escaped = class.clone();
+            escaped.intersect(&must_escape);
+            if escaped.ranges().is_empty() {
+                return Ok(hir.clone());
+            }
+            let mut plain = class.clone();
+            plain.difference(&must_escape);
+            let mut branches = vec![Hir::class(Class::Unicode(plain))];
+            for range in escaped.ranges() {
+                for c in range.start()..=range.end() {
+                    branches.push(Hir::literal(json_char(c).into_bytes()));
+                }
+            }
+            Hir::alternation(branches)
+        }
+        HirKind::Repetition(rep) => Hir::repetition(Repetition { sub: Box::new(escape_hir(&rep.sub)?), ..rep.clone() }),
+        HirKind::Capture(cap) => Hir::capture(Capture { sub: Box::new(escape_hir(&cap.sub)?), ..cap.clone() }),
+        HirKind::Concat(parts) => Hir::concat(parts.iter().map(escape_hir).collect::<Result<_, _>>()?),
+        HirKind::Alternation(parts) => Hir::alternation(parts.iter().map(escape_hir).collect::<Result<_, _>>()?),
+    })
+}
+
+/// How a JSON string writes `c`.
+fn json_char(c: char) -> String {
+    match c {
+        '"' => "\\\"".into(),
+        '\\' => "\\\\".into(),
+        '\n' => "\\n".into(),
+        '\t' => "\\t".into(),
+        '\r' => "\\r".into(),
+        '\u{8}' => "\\b".into(),
+        '\u{c}' => "\\f".into(),
+        c if (c as u32) < 0x20 || c == '\x7f' => format!("\\u{:04x}", c as u32),
+        c => c.to_string(),
+    }
 }
 
 fn string_with_length(map: &Map<String, Value>, path: &str) -> Result<String, SchemaError> {
@@ -417,9 +569,22 @@ fn integer_bounds(map: &Map<String, Value>, path: &str) -> Result<(Option<i64>, 
     Ok((lo.map(|v| v as i64), hi.map(|v| v as i64)))
 }
 
-/// Whether `minimum` / `exclusiveMinimum` rule out negative numbers; other bounds on a
-/// number (not an integer) cannot be written as a regex here and are refused.
-fn non_negative(map: &Map<String, Value>, path: &str) -> Result<bool, SchemaError> {
+/// The lower bound a number (not an integer) may take: a regex can say "not negative" and
+/// "positive", nothing finer.
+enum NumberFloor {
+    None,
+    /// `minimum: 0`.
+    NonNegative,
+    /// `exclusiveMinimum: 0` (or draft 4's `minimum: 0, exclusiveMinimum: true`).
+    Positive,
+}
+
+/// A number above zero: a mantissa with a non-zero digit (then any exponent keeps it positive).
+const POSITIVE_NUMBER: &str = "(?:[1-9][0-9]*(?:\\.[0-9]+)?|0\\.[0-9]*[1-9][0-9]*)(?:[eE][+-]?[0-9]+)?";
+
+/// The [`NumberFloor`] of `minimum` / `exclusiveMinimum`; other bounds on a number (not an
+/// integer) cannot be written as a regex here and are refused.
+fn number_floor(map: &Map<String, Value>, path: &str) -> Result<NumberFloor, SchemaError> {
     for keyword in ["maximum", "exclusiveMaximum"] {
         if map.contains_key(keyword) {
             return Err(error(
@@ -428,20 +593,24 @@ fn non_negative(map: &Map<String, Value>, path: &str) -> Result<bool, SchemaErro
             ));
         }
     }
-    let mut non_negative = false;
-    for keyword in ["minimum", "exclusiveMinimum"] {
-        match map.get(keyword).map(|v| v.as_f64()) {
-            None => {}
-            Some(Some(0.0)) => non_negative = true,
-            Some(_) => {
-                return Err(error(
-                    path,
-                    format!("on a number, `{keyword}` is supported only as 0 (integers take any bounds)"),
-                ));
-            }
-        }
+    let zero_only = |keyword: &str| {
+        error(path, format!("on a number, `{keyword}` is supported only as 0 (integers take any bounds)"))
+    };
+    let draft4_exclusive = map.get("exclusiveMinimum") == Some(&Value::Bool(true));
+    let mut floor = NumberFloor::None;
+    match map.get("minimum").map(Value::as_f64) {
+        None => {}
+        Some(Some(0.0)) if draft4_exclusive => floor = NumberFloor::Positive,
+        Some(Some(0.0)) => floor = NumberFloor::NonNegative,
+        Some(_) => return Err(zero_only("minimum")),
     }
-    Ok(non_negative)
+    match map.get("exclusiveMinimum") {
+        None | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) if map.contains_key("minimum") => {}
+        Some(value) if value.as_f64() == Some(0.0) => floor = NumberFloor::Positive,
+        Some(_) => return Err(zero_only("exclusiveMinimum")),
+    }
+    Ok(floor)
 }
 
 fn count(map: &Map<String, Value>, keyword: &str, path: &str) -> Result<Option<usize>, SchemaError> {
@@ -456,7 +625,51 @@ fn count(map: &Map<String, Value>, keyword: &str, path: &str) -> Result<Option<u
 
 /// The compact JSON text of `value`, as a regex.
 fn literal(value: &Value) -> String {
-    regex_syntax::escape(&serde_json::to_string(value).expect("JSON values serialise"))
+    regex_syntax::escape(&literal_text(value))
+}
+
+fn literal_text(value: &Value) -> String {
+    serde_json::to_string(value).expect("JSON values serialise")
+}
+
+/// Whether `value` is of a type `kind` (a `type` keyword, absent: any) names.
+fn type_allows(kind: Option<&Value>, value: &Value) -> bool {
+    let is = |name: &str| match name {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "boolean" => value.is_boolean(),
+        "null" => value.is_null(),
+        "number" => value.is_number(),
+        "integer" => value.as_f64().is_some_and(|n| n.fract() == 0.0),
+        _ => false,
+    };
+    match kind {
+        None => true,
+        Some(Value::String(name)) => is(name),
+        Some(Value::Array(names)) => names.iter().filter_map(Value::as_str).any(is),
+        Some(_) => false,
+    }
+}
+
+/// `$ref` and the combinators take no constraining keyword beside them: a sibling would apply
+/// too (JSON schema's conjunction), which the translation cannot express, and silently
+/// dropping it would let outputs break it.
+fn refuse_siblings(map: &Map<String, Value>, keyword: &str, path: &str) -> Result<(), SchemaError> {
+    let siblings: Vec<&str> =
+        map.keys().map(String::as_str).filter(|k| *k != keyword && !ANNOTATIONS.contains(k)).collect();
+    if siblings.is_empty() {
+        return Ok(());
+    }
+    Err(error(
+        path,
+        format!(
+            "`{keyword}` with {} beside it is not supported: move {} into the {}",
+            siblings.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
+            if siblings.len() == 1 { "it" } else { "them" },
+            if keyword == "$ref" { "referenced schema" } else { "branches" }
+        ),
+    ))
 }
 
 fn alternatives(branches: impl IntoIterator<Item = String>) -> String {
@@ -555,6 +768,81 @@ mod tests {
         }
     }
 
+    /// A pattern constrains the string's value; its JSON text escapes what JSON must, so every
+    /// output parses (a `"` a pattern class allowed used to end the string early).
+    #[test]
+    fn patterned_strings_are_valid_json_whose_value_matches_the_pattern() {
+        let schema = json!({"type": "string", "pattern": "^[^0-9]+$"});
+        for text in [r#""a b""#, r#""say \"hi\"""#, r#""back\\slash""#, r#""tab\there""#] {
+            assert!(matches(&schema, text), "{text}");
+            assert!(serde_json::from_str::<String>(text).unwrap().chars().all(|c| !c.is_ascii_digit()));
+        }
+        // A bare quote, an escape JSON lacks, a raw newline, a digit.
+        for text in [r#""a"b""#, r#""a\q""#, "\"line\nbreak\"", r#""a1""#] {
+            assert!(!matches(&schema, text), "{text}");
+        }
+        let quoted = json!({"type": "string", "pattern": "^\"[a-z]+\"$"});
+        assert!(matches(&quoted, r#""\"word\"""#));
+        assert!(!matches(&quoted, r#"""word"""#));
+    }
+
+    #[test]
+    fn formats_are_enforced_as_their_rfcs_write_them() {
+        let cases = [
+            (
+                "date",
+                vec!["2024-02-29", "2000-02-29", "2023-04-30", "0001-01-01"],
+                vec!["2023-02-29", "1900-02-29", "2023-04-31", "0000-01-01"],
+            ),
+            ("time", vec!["12:30:00Z", "23:59:59.5+05:30"], vec!["12:30:00", "24:00:00Z"]),
+            (
+                "date-time",
+                vec!["2023-01-01T12:30:00Z", "2023-01-01T12:30:00-08:00"],
+                vec!["2023-01-01T12:30:00", "2023-01-01 12:30:00Z"],
+            ),
+            ("email", vec!["a.b+c@example.com", "x@y"], vec!["no-at-sign", "a@@b", "@example.com"]),
+            ("hostname", vec!["example.com", "a-b.c"], vec!["-a.com", "a..b"]),
+            ("ipv4", vec!["192.168.0.1", "0.0.0.0"], vec!["256.1.1.1", "1.2.3"]),
+            ("uri", vec!["https://example.com/a?b=c#d", "urn:isbn:0451450523"], vec!["example.com", "http://a b"]),
+        ];
+        for (format, good, bad) in cases {
+            let schema = json!({"type": "string", "format": format});
+            for text in good {
+                assert!(matches(&schema, &format!("\"{text}\"")), "{format} should allow {text}");
+            }
+            for text in bad {
+                assert!(!matches(&schema, &format!("\"{text}\"")), "{format} should refuse {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn numbers_above_an_exclusive_zero_are_positive() {
+        for schema in [
+            json!({"type": "number", "exclusiveMinimum": 0}),
+            json!({"type": "number", "minimum": 0, "exclusiveMinimum": true}),
+        ] {
+            for text in ["1", "0.5", "0.001e3", "12.75"] {
+                assert!(matches(&schema, text), "{schema}: {text}");
+            }
+            for text in ["0", "0.0", "0e5", "-1"] {
+                assert!(!matches(&schema, text), "{schema}: {text}");
+            }
+        }
+        assert!(matches(&json!({"type": "number", "minimum": 0}), "0"));
+    }
+
+    #[test]
+    fn enum_values_are_kept_where_the_other_keywords_allow_them() {
+        let schema = json!({"type": "string", "enum": ["a", 1, "bb"], "maxLength": 1});
+        assert!(matches(&schema, r#""a""#));
+        assert!(!matches(&schema, "1") && !matches(&schema, r#""bb""#));
+        let objects = json!({"type": "object", "enum": [{"k": 1}, [1]]});
+        assert!(matches(&objects, r#"{"k":1}"#) && !matches(&objects, "[1]"));
+        assert!(matches(&json!({"type": "integer", "const": 3}), "3"));
+        assert!(matches(&json!({"type": "array", "uniqueItems": false}), "[1, 1]"));
+    }
+
     #[test]
     fn schemas_whose_regex_would_pass_the_size_limit_are_refused_before_it_is_built() {
         // 3000 optional properties: each opens a branch repeating the ones after it (~300 MB).
@@ -586,6 +874,17 @@ mod tests {
         assert!(matches(&schema, r#"{"value": 1, "next": {"value": 2, "next": null}}"#));
         let deep = r#"{"value": 1, "next": {"value": 2, "next": {"value": 3, "next": {"value": 4, "next": null}}}}"#;
         assert!(!matches(&schema, deep), "a fourth level is past MAX_REF_DEPTH");
+        // Distinct `$ref`s nest as deep as the schema does; only recursion is bounded.
+        let chain = json!({
+            "$defs": {
+                "a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
+                "b": {"type": "object", "properties": {"c": {"$ref": "#/$defs/c"}}, "required": ["c"]},
+                "c": {"type": "object", "properties": {"d": {"$ref": "#/$defs/d"}}, "required": ["d"]},
+                "d": {"type": "object", "properties": {"e": {"type": "integer"}}, "required": ["e"]}
+            },
+            "$ref": "#/$defs/a"
+        });
+        assert!(matches(&chain, r#"{"b": {"c": {"d": {"e": 1}}}}"#));
     }
 
     #[test]
@@ -604,6 +903,21 @@ mod tests {
             (json!({"enum": []}), "at least one"),
             (json!(false), "allows no value"),
             (json!(3), "must be an object"),
+            // Keywords beside `$ref` / combinators / a pattern used to be dropped silently.
+            (
+                json!({"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s", "maxLength": 3}),
+                "`$ref` with `maxLength`",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]}),
+                "`anyOf` with `type`, `properties` beside it",
+            ),
+            (json!({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}), "`pattern` with `maxLength`"),
+            (json!({"type": "string", "format": "date", "minLength": 3}), "`format` with `minLength`"),
+            (json!({"type": "string", "enum": [1, 2]}), "no `enum` value satisfies"),
+            (json!({"type": "string", "format": "bogus"}), "format \"bogus\" is not supported"),
+            (json!({"type": "number", "exclusiveMinimum": 1}), "supported only as 0"),
+            (json!({"type": "array", "uniqueItems": true}), "keyword `uniqueItems`"),
         ];
         for (schema, expected) in cases {
             let err = schema_to_regex(&schema).unwrap_err().to_string();

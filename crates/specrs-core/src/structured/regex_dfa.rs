@@ -65,6 +65,11 @@ impl RegexGrammar {
             .start_state(&start::Config::new().anchored(Anchored::Yes))
             .map_err(|e| RegexError(format!("the pattern has no anchored start: {e}")))?;
         let live = live_states(&dfa, start);
+        // A constraint no text satisfies would leave a request nothing to write: refused here
+        // rather than answered with an empty output.
+        if !live.get(start.as_usize() >> dfa.stride2()).copied().unwrap_or(false) {
+            return Err(RegexError("the constraint allows no text at all (its pattern can never match)".into()));
+        }
         Ok(Self { dfa, start, live })
     }
 
@@ -148,6 +153,15 @@ mod tests {
         let yes = RegexGrammar::new("yes").unwrap();
         let done = b"yes".iter().try_fold(yes.start(), |s, &b| yes.step(s, b)).unwrap();
         assert!(yes.accepts(done) && (0..=255).all(|b| yes.step(done, b).is_none()), "nothing follows a whole match");
+    }
+
+    #[test]
+    fn a_pattern_no_text_matches_is_refused() {
+        for pattern in ["a^b", "[a&&b]", "x[a&&b]y"] {
+            let e = RegexGrammar::new(pattern).unwrap_err().to_string();
+            assert!(e.contains("allows no text"), "{pattern}: {e}");
+        }
+        assert!(RegexGrammar::new("").unwrap().matches(b""), "the empty text is still a text");
     }
 
     #[test]

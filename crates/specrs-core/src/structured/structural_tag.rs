@@ -335,7 +335,7 @@ impl Builder {
     }
 
     /// The `tags` list of `triggered_tags` or `tags_with_separator`: each a `tag` with a
-    /// string begin.
+    /// string begin (`"type": "tag"` may be left out, as xgrammar's `TagFormat` defaults it).
     fn tags(
         &mut self,
         object: &Map<String, Value>,
@@ -350,7 +350,7 @@ impl Builder {
             .map(|(i, tag)| {
                 let at = format!("{path}.tags[{i}]");
                 match tag.as_object() {
-                    Some(tag) if tag.get("type").and_then(Value::as_str) == Some("tag") => {
+                    Some(tag) if tag.get("type").is_none_or(|t| t.as_str() == Some("tag")) => {
                         let (begin, body) = self.tag(tag, &at, depth + 1)?;
                         let rule = self.define(&at, body);
                         Ok(Tagged { begin, rule, path: at })
@@ -642,6 +642,11 @@ mod tests {
         let from_text = grammar(Value::String(text));
         assert!(from_text.matches(b"x <a>12</a> y"));
         assert!(!from_text.matches(b"x <a>1.5</a> y"));
+        // A tag of `tags` may leave out `"type": "tag"`, as xgrammar's `TagFormat` defaults it.
+        let untyped = grammar(json!({"type": "triggered_tags", "triggers": ["<a>"], "tags": [
+            {"begin": "<a>", "content": {"type": "json_schema", "json_schema": {"type": "integer"}}, "end": "</a>"}
+        ]}));
+        assert!(untyped.matches(b"x <a>12</a> y") && !untyped.matches(b"x <a>1.5</a> y"));
     }
 
     #[test]
