@@ -1357,6 +1357,24 @@ SAMPLED_SCHEMAS: list[dict[str, Any]] = [
 ]
 
 
+def test_a_patterned_string_stays_json_when_the_model_writes_quotes(plain_llm: LLM) -> None:
+    # The pattern allows '"'; it used to end the JSON string early ('{ "q": "a "quoted" w...').
+    text = {"type": "string", "pattern": "^[^0-9]+$"}
+    schema = {"type": "object", "properties": {"q": text}, "required": ["q"]}
+    prompt = user('Give JSON with q: a sentence with a "quoted" word.')
+    structured = StructuredOutputsParams(json=schema)
+    finished = 0
+    for seed, temperature in [(0, 0.0), (1, 1.0), (2, 1.0)]:
+        params = SamplingParams(
+            temperature=temperature, seed=seed, max_tokens=80, structured_outputs=structured
+        )
+        out = plain_llm.chat(prompt, params)[0]
+        if out.finish_reason == "stop":
+            finished += 1
+            jsonschema.validate(json.loads(out.text), schema)
+    assert finished >= 1, "an output completes within max_tokens"
+
+
 def test_sampled_structured_outputs_validate_against_their_schema(plain_llm: LLM) -> None:
     prompt = user("Produce some JSON data.")
     finished = 0
