@@ -790,9 +790,12 @@ def test_drafts_longer_than_the_context_raise_config_error_naming_the_setting(
     [(None, "set speculative_method"), ({"speculative_method": "ngram"}, "takes no draft model")],
 )
 def test_a_draft_model_the_method_would_not_use_raises_config_error(
-    tmp_path: Any, speculative_config: dict[str, Any] | None, hint: str
+    tmp_path: Path, speculative_config: dict[str, Any] | None, hint: str
 ) -> None:
-    # Without a method the draft used to be dropped in silence, decoding plainly.
+    # Without a method the draft used to be dropped in silence, decoding plainly. (A draft
+    # whose config names its method runs that method; a language model's names none.)
+    language_model = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30}
+    (tmp_path / "config.json").write_text(json.dumps(language_model))
     with pytest.raises(ConfigError, match=hint) as excinfo:
         LLM(draft_model=str(tmp_path), speculative_config=speculative_config)
     assert excinfo.value.field == "draft_model"
