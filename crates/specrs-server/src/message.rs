@@ -98,14 +98,33 @@ impl MessageReader {
         coalesce(out)
     }
 
-    /// The whole message of a finished output.
-    pub fn read_all(mut self, text: &str) -> AssistantMessage {
+    /// The whole message of a finished output. Calls the model wrote on its own must each have
+    /// a JSON object for arguments, or the answer is the text as written (as vLLM's parsers
+    /// fall back): a call cut short or written broken is no call a client could make.
+    pub fn read_all(self, text: &str) -> AssistantMessage {
         let mut message =
             AssistantMessage { reasoning: self.reports_reasoning().then(String::new), ..Default::default() };
-        for delta in self.push(text).into_iter().chain(self.finish()) {
+        for delta in self.read_whole(text) {
             message.add(delta);
         }
         message
+    }
+
+    /// The pieces of a finished output's whole message, read as [`Self::read_all`] reads it.
+    pub fn read_whole(mut self, text: &str) -> Vec<MessageDelta> {
+        let (reasoning, include_reasoning) = (self.reasoning, self.include_reasoning);
+        let checks_arguments = self.calls.reads_model_written_json();
+        let mut deltas = self.push(text);
+        deltas.extend(self.finish());
+        let mut calls = AssistantMessage::default();
+        deltas.iter().cloned().for_each(|d| calls.add(d));
+        let broken = |arguments: &str| serde_json::from_str::<Value>(arguments).map_or(true, |v| !v.is_object());
+        if checks_arguments && calls.tool_calls.iter().any(|(_, _, arguments)| broken(arguments)) {
+            let mut as_text = Self::new(reasoning, include_reasoning, CallStream::text());
+            deltas = as_text.push(text);
+            deltas.extend(as_text.finish());
+        }
+        deltas
     }
 }
 
@@ -151,9 +170,13 @@ impl AssistantMessage {
         }
     }
 
-    /// The response's `message`: `content` is null when the model only called tools.
+    /// The response's `message`: `content` is null when the model only called tools, or only
+    /// reasoned (as vLLM's).
     pub fn to_json(&self) -> Value {
-        let mut message = if self.tool_calls.is_empty() {
+        let only_reasoned = self.content.is_empty() && self.reasoning.as_ref().is_some_and(|r| !r.is_empty());
+        let mut message = if only_reasoned && self.tool_calls.is_empty() {
+            json!({"role": "assistant", "content": Value::Null})
+        } else if self.tool_calls.is_empty() {
             json!({"role": "assistant", "content": self.content})
         } else {
             let content = if self.content.trim().is_empty() { Value::Null } else { json!(self.content) };
@@ -204,6 +227,15 @@ mod tests {
         assert_eq!(plain.to_json(), json!({"role": "assistant", "content": "Hi.", "reasoning_content": null}));
         let none = MessageReader::new(None, true, CallStream::text()).read_all("Hi.");
         assert_eq!(none.to_json(), json!({"role": "assistant", "content": "Hi."}));
+        // Thinking that never ended: all reasoning, and no content (null, as vLLM's).
+        let thinking = MessageReader::new(Some(ReasoningParser::Qwen3), true, CallStream::text()).read_all("<think>Hm");
+        assert_eq!(thinking.to_json(), json!({"role": "assistant", "content": null, "reasoning_content": "Hm"}));
+        // A broken call after the thinking leaves the answer as written, the thinking split off.
+        let broken =
+            "<think>Need the time.</think><tool_call>{\"name\": \"t\", \"arguments\": {\"tz\": UTC}}</tool_call>";
+        let message = MessageReader::new(Some(ReasoningParser::Qwen3), true, CallStream::hermes()).read_all(broken);
+        assert_eq!(message.reasoning.as_deref(), Some("Need the time."));
+        assert!(message.tool_calls.is_empty() && message.content.starts_with("<tool_call>"), "{message:?}");
     }
 
     #[test]

@@ -768,8 +768,9 @@ fn check_continuable(id: &str, response: &Value) -> Result<(), ApiError> {
     match cut {
         Some(call) => Err(bad(
             format!(
-                "response {id} ended inside function call {} (max_output_tokens cut its arguments short), so it \
-                 cannot be continued; send its input again with a larger max_output_tokens",
+                "response {id} ended inside function call {}: its arguments are not a whole JSON object \
+                 (max_output_tokens cut them short, or the model wrote them broken), so it cannot be continued; \
+                 send its input again (with a larger max_output_tokens if it was cut)",
                 call["call_id"]
             ),
             "previous_response_id",
@@ -998,7 +999,7 @@ pub(crate) async fn create_response(
         input_items: listed_input_items(&req.input),
         logprobs: top.is_some(),
     };
-    let mut reader = MessageReader::new(reasoning, true, calls);
+    let reader = MessageReader::new(reasoning, true, calls);
     let guards = admit(&state, 1, "input")?;
     let mut request = GenerationRequest::new(Prompt::Chat(conversation_prompt), params);
     request.trace = req.sampling.trace.unwrap_or(false);
@@ -1016,8 +1017,7 @@ pub(crate) async fn create_response(
     let mut items = OutputItems::default();
     let logprobs = if pending.logprobs { token_logprobs(&state, &out.logprobs) } else { Vec::new() };
     let mut ignored = Vec::new();
-    let mut deltas = reader.push(&out.text);
-    deltas.extend(reader.finish());
+    let deltas = reader.read_whole(&out.text);
     items.push(deltas, logprobs, &mut ignored);
     let (status, _) = status_of(out.finish_reason);
     items.finish(status, &mut ignored);

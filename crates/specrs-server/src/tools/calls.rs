@@ -173,6 +173,12 @@ impl CallStream {
         matches!(self.format, Format::Text)
     }
 
+    /// Whether the calls are ones the model chose to write (`tool_choice: "auto"`), in a
+    /// format whose arguments are JSON text as written: unconstrained, so possibly broken.
+    pub fn reads_model_written_json(&self) -> bool {
+        matches!(self.format, Format::Blocks(_) | Format::JsonCalls(_) | Format::Xlam(_))
+    }
+
     /// The same reader writing its calls' ids as `ids` says.
     pub fn with_ids(mut self, ids: CallIds) -> Self {
         self.ids = ids;
@@ -1162,8 +1168,17 @@ mod tests {
         assert!(broken.tool_calls.is_empty());
         let unclosed = CallStream::hermes().read_all("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}");
         assert_eq!(calls(&unclosed), vec![("f", r#"{"a": [1, 2]}"#)]);
-        let cut = CallStream::hermes().read_all("<tool_call>{\"name\": \"f\", \"argu");
-        assert_eq!((cut.content.as_str(), calls(&cut)), ("", vec![("f", "")]), "a call, once named, stays one");
+        // A finished message holds only calls whose arguments are a JSON object, as vLLM's
+        // parsers keep them: a cut or broken one leaves the text as it was written.
+        let no_arguments = CallStream::hermes().read_all("<tool_call>\n{\"name\": \"get_time\"}\n</tool_call>");
+        assert_eq!(calls(&no_arguments), vec![("get_time", "{}")], "a call without arguments takes none");
+        for text in [
+            "<tool_call>{\"name\": \"f\", \"argu",
+            "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": UTC}}\n</tool_call>",
+        ] {
+            let kept = CallStream::hermes().read_all(text);
+            assert_eq!((kept.content.as_str(), kept.tool_calls.len()), (text, 0), "{text}");
+        }
         let nameless = CallStream::hermes().read_all("<tool_call>{\"arguments\": {}, \"na");
         assert_eq!(nameless.content, "<tool_call>{\"arguments\": {}, \"na");
     }
@@ -1202,8 +1217,13 @@ mod tests {
         assert_eq!(object.content, r#"{"answer": 4}"#);
         let cut = CallStream::llama_json().read_all(r#"{"nam"#);
         assert_eq!(cut.content, r#"{"nam"#);
+        // Named but cut before its arguments: no call a client could make, so the text stays.
         let named = CallStream::llama_json().read_all(r#"{"name": "f", "param"#);
-        assert_eq!((named.content.as_str(), calls(&named)), ("", vec![("f", "")]));
+        assert_eq!((named.content.as_str(), calls(&named)), (r#"{"name": "f", "param"#, vec![]));
+        // Streamed, the call was announced as it came (a stream cannot take it back).
+        let mut stream = CallStream::llama_json();
+        let streamed = stream.push(r#"{"name": "f", "param"#);
+        assert!(matches!(&streamed[..], [MessageDelta::CallStart { name, .. }] if name == "f"), "{streamed:?}");
     }
 
     #[test]
