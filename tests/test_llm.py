@@ -653,9 +653,10 @@ def test_chat_checks_roles_and_content_the_way_the_server_does(short_llm: LLM) -
         short_llm.apply_chat_template([{"role": "wizard", "content": "x"}])
     with pytest.raises(TypeError, match="messages must be a conversation"):
         short_llm.chat("Hi", params)  # type: ignore[arg-type]
-    parts = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi."}]}]
-    assert short_llm.apply_chat_template(parts) == short_llm.apply_chat_template(user("Say hi."))
-    assert short_llm.chat(parts, params)[0].token_ids == short_llm.chat(user("Say hi."), params)[0].token_ids
+    # Text parts are joined by newlines, as vLLM joins them.
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": "hi."}]}]
+    assert short_llm.apply_chat_template(parts) == short_llm.apply_chat_template(user("Say\nhi."))
+    assert short_llm.chat(parts, params)[0].token_ids == short_llm.chat(user("Say\nhi."), params)[0].token_ids
 
 
 def test_continue_final_message_prefills_the_answer_and_contradicting_flags_are_refused(

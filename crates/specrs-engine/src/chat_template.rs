@@ -126,7 +126,8 @@ impl ChatMessageError {
 }
 
 /// Checks a conversation and flattens each message's content to text: a string as is, `null`
-/// as empty, a list of `{"type": "text", "text": ...}` parts joined. Every entry point (the
+/// as empty, a list of `{"type": "text", "text": ...}` parts joined by newlines (as vLLM joins
+/// them for templates that read text). Every entry point (the
 /// server, Python, the Rust API) goes through this, so a conversation one accepts the others do.
 pub fn text_messages(messages: &[ChatMessage]) -> std::result::Result<Vec<ChatMessage>, ChatMessageError> {
     if messages.is_empty() {
@@ -143,14 +144,14 @@ pub fn text_messages(messages: &[ChatMessage]) -> std::result::Result<Vec<ChatMe
                 serde_json::Value::Null => String::new(),
                 serde_json::Value::String(s) => s.clone(),
                 serde_json::Value::Array(parts) => {
-                    let mut text = String::new();
+                    let mut texts = Vec::with_capacity(parts.len());
                     for part in parts {
                         match (part.get("type").and_then(|t| t.as_str()), part.get("text").and_then(|t| t.as_str())) {
-                            (Some("text"), Some(t)) => text.push_str(t),
+                            (Some("text"), Some(t)) => texts.push(t),
                             _ => return Err(ChatMessageError::NonTextPart { index }),
                         }
                     }
-                    text
+                    texts.join("\n")
                 }
                 _ => return Err(ChatMessageError::BadContent { index }),
             };
@@ -276,21 +277,60 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
-fn tojson(value: JinjaValue, indent: Option<usize>) -> std::result::Result<JinjaValue, JinjaError> {
-    let json = serde_json::to_value(&value).map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    let text = match indent {
-        Some(n) => {
-            let buf = Vec::new();
-            let indent_str = " ".repeat(n);
-            let formatter = serde_json::ser::PrettyFormatter::with_indent(indent_str.as_bytes());
-            let mut ser = serde_json::Serializer::with_formatter(buf, formatter);
-            serde::Serialize::serialize(&json, &mut ser)
-                .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
-            String::from_utf8(ser.into_inner()).unwrap_or_default()
+/// transformers' `tojson`: `json.dumps(value, ensure_ascii=False, indent=None,
+/// separators=None, sort_keys=False)`, its arguments by position or name, no HTML escaping.
+fn tojson(
+    value: JinjaValue,
+    args: minijinja::value::Rest<JinjaValue>,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<JinjaValue, JinjaError> {
+    const NAMES: [&str; 4] = ["ensure_ascii", "indent", "separators", "sort_keys"];
+    let invalid = |message: String| JinjaError::new(ErrorKind::InvalidOperation, message);
+    if args.len() > NAMES.len() {
+        return Err(invalid(format!("tojson takes at most {} arguments, got {}", NAMES.len(), args.len())));
+    }
+    let mut given: [Option<JinjaValue>; 4] = Default::default();
+    for (slot, arg) in given.iter_mut().zip(args.iter()) {
+        *slot = Some(arg.clone());
+    }
+    for (slot, name) in given.iter_mut().zip(NAMES) {
+        if let Some(value) = kwargs.get::<Option<JinjaValue>>(name)? {
+            if slot.is_some() {
+                return Err(invalid(format!("tojson got `{name}` twice")));
+            }
+            *slot = Some(value);
         }
-        None => serde_json::to_string(&json).unwrap_or_default(),
+    }
+    kwargs.assert_all_used()?;
+    let [ensure_ascii, indent, separators, sort_keys] = given.map(|v| v.filter(|v| !v.is_none() && !v.is_undefined()));
+    let indent = match indent {
+        None => None,
+        Some(v) if v.as_str().is_some() => Some(v.as_str().unwrap_or_default().to_string()),
+        Some(v) => match i64::try_from(v.clone()) {
+            Ok(n) => Some(" ".repeat(n.clamp(0, 64) as usize)),
+            Err(_) => return Err(invalid(format!("tojson's indent must be a number or a string, not {v}"))),
+        },
     };
-    Ok(JinjaValue::from_safe_string(text))
+    let separators = match separators {
+        None => None,
+        Some(v) => {
+            let pair: Vec<JinjaValue> = v.try_iter().map(Iterator::collect).unwrap_or_default();
+            match &pair[..] {
+                [item, key] if item.as_str().is_some() && key.as_str().is_some() => {
+                    Some((item.to_string(), key.to_string()))
+                }
+                _ => return Err(invalid(format!("tojson's separators must be two strings, not {v}"))),
+            }
+        }
+    };
+    let options = crate::python_json::DumpOptions {
+        ensure_ascii: ensure_ascii.is_some_and(|v| v.is_true()),
+        indent,
+        separators,
+        sort_keys: sort_keys.is_some_and(|v| v.is_true()),
+    };
+    let json = serde_json::to_value(&value).map_err(|e| invalid(e.to_string()))?;
+    Ok(JinjaValue::from_safe_string(crate::python_json::dumps(&json, &options)))
 }
 
 impl ChatTemplate {
@@ -303,8 +343,6 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        // Reversal by slicing is the one Python idiom minijinja parses differently.
-        let source = source.replace("[::-1]", "|reverse");
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| EngineError::Tokenizer(format!("invalid chat template: {e}")))?;
         Ok(Self { env })
@@ -312,7 +350,9 @@ impl ChatTemplate {
 
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, vars: TemplateVars) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME).expect("added at construction");
-        let extra = vars.extra.cloned().unwrap_or_default();
+        let mut extra = vars.extra.cloned().unwrap_or_default();
+        // transformers passes `documents` (RAG templates test `documents is not none`).
+        extra.entry("documents").or_insert(serde_json::Value::Null);
         if let Some(reserved) = extra.keys().find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str())) {
             return Err(EngineError::Request(format!(
                 "chat_template_kwargs may not set '{reserved}': the request's own fields set it"
@@ -387,7 +427,24 @@ mod tests {
         let t =
             ChatTemplate::new("{{ messages[0]['content'].strip().upper() }}|{{ messages | tojson }}".into()).unwrap();
         let out = t.render(&[ChatMessage::new("user", "  a<b  ")], false, TemplateVars::default()).unwrap();
-        assert_eq!(out, r#"A<B|[{"role":"user","content":"  a<b  "}]"#);
+        assert_eq!(out, r#"A<B|[{"role": "user", "content": "  a<b  "}]"#);
+        // transformers' arguments, by name or position (`ensure_ascii` first), and Python's
+        // reversal by slicing.
+        let t = ChatTemplate::new(
+            "{{ {'b': [1, 2.5e-5], 'a': 'é'} | tojson(indent=2, sort_keys=true) }}|{{ 'é' | tojson(true) }}|\
+             {{ messages[::-1][0].content }}|{{ documents is none }}"
+                .into(),
+        )
+        .unwrap();
+        let two = [ChatMessage::new("user", "first"), ChatMessage::new("assistant", "last")];
+        let out = t.render(&two, false, TemplateVars::default()).unwrap();
+        assert_eq!(out, "{\n  \"a\": \"é\",\n  \"b\": [\n    1,\n    2.5e-05\n  ]\n}|\"\\u00e9\"|last|True");
+        for bad in
+            ["{{ 1 | tojson(indent=[1]) }}", "{{ 1 | tojson(color=1) }}", "{{ 1 | tojson(false, ensure_ascii=true) }}"]
+        {
+            let rendered = ChatTemplate::new(bad.into()).and_then(|t| t.render(&two, false, TemplateVars::default()));
+            assert!(rendered.is_err(), "{bad}: {rendered:?}");
+        }
         let t = ChatTemplate::new("{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}".into()).unwrap();
         let e =
             t.render(&[ChatMessage::new("assistant", "x")], false, TemplateVars::default()).unwrap_err().to_string();
@@ -403,7 +460,7 @@ mod tests {
         };
         let system = ChatMessage { role: "system".into(), content: serde_json::Value::Null, ..Default::default() };
         let out = text_messages(&[system, parts]).unwrap();
-        assert_eq!(out, vec![ChatMessage::new("system", ""), ChatMessage::new("user", "Hi there")]);
+        assert_eq!(out, vec![ChatMessage::new("system", ""), ChatMessage::new("user", "Hi \nthere")]);
 
         let e = text_messages(&[ChatMessage::new("user", "a"), ChatMessage::new("wizard", "b")]).unwrap_err();
         assert_eq!(e, ChatMessageError::UnknownRole { index: 1, role: "wizard".into() });
@@ -444,7 +501,7 @@ mod tests {
         let out = t.render(&messages, false, vars).unwrap();
         assert_eq!(
             out,
-            r#"[get_weather;]user:Weather?|assistant:<call get_weather Oslo {"city":"Oslo"}>|tool:3 C<answers c1>|hello"#
+            r#"[get_weather;]user:Weather?|assistant:<call get_weather Oslo {"city": "Oslo"}>|tool:3 C<answers c1>|hello"#
         );
         // Flattening twice changes nothing (the server checks messages before the engine does).
         assert_eq!(text_messages(&messages).unwrap(), messages);

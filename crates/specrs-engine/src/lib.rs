@@ -10,6 +10,7 @@ pub mod handle;
 pub mod metrics;
 pub mod pipeline;
 pub mod proposer;
+pub mod python_json;
 pub mod request;
 pub mod routing;
 pub mod sequence;

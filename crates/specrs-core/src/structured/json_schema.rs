@@ -397,19 +397,25 @@ fn string_regex(min: usize, max: Option<usize>) -> String {
     }
 }
 
-/// Formats enforced by [`format_regex`].
-const FORMATS: &[&str] = &["date", "time", "date-time", "uuid", "email", "hostname", "ipv4", "uri"];
-
 fn string_schema(map: &Map<String, Value>, path: &str) -> Result<String, SchemaError> {
-    let shape = ["pattern", "format"].into_iter().find(|k| map.contains_key(*k));
+    let format = match map.get("format") {
+        None => None,
+        Some(Value::String(name)) => format_regex(name),
+        Some(_) => return Err(error(path, "`format` must be a string")),
+    };
+    // Other formats (OpenAPI's `password`, `byte`, ...) are annotations, as JSON schema
+    // treats a format it does not assert.
+    let shaped_by = |key: &str| if key == "format" { format.is_some() } else { map.contains_key(key) };
+    let shape = ["pattern", "format"].into_iter().find(|k| shaped_by(k));
     if let Some(shape) = shape
         && let Some(other) =
-            ["pattern", "format", "minLength", "maxLength"].into_iter().find(|k| *k != shape && map.contains_key(*k))
+            ["pattern", "format", "minLength", "maxLength"].into_iter().find(|k| *k != shape && shaped_by(k))
     {
         return Err(error(
             path,
             format!(
-                "`{shape}` with `{other}` is not supported: one of them shapes the string (a length fits in a pattern, e.g. `^.{{1,20}}$`)"
+                "`{shape}` with `{other}` is not supported: one of them shapes the string (a length fits in a \
+                 pattern, e.g. `^.{{1,20}}$`)"
             ),
         ));
     }
@@ -424,11 +430,7 @@ fn string_schema(map: &Map<String, Value>, path: &str) -> Result<String, SchemaE
         let escaped = json_escaped(&hir).map_err(|message| error(path, message))?;
         return Ok(format!("\"(?:{escaped})\""));
     }
-    if let Some(format) = map.get("format") {
-        let format = format.as_str().ok_or_else(|| error(path, "`format` must be a string"))?;
-        let inner = format_regex(format).ok_or_else(|| {
-            error(path, format!("format {format:?} is not supported; supported formats: {}", FORMATS.join(", ")))
-        })?;
+    if let Some(inner) = format {
         return Ok(format!("\"{inner}\""));
     }
     string_with_length(map, path)
@@ -841,6 +843,9 @@ mod tests {
         assert!(matches(&objects, r#"{"k":1}"#) && !matches(&objects, "[1]"));
         assert!(matches(&json!({"type": "integer", "const": 3}), "3"));
         assert!(matches(&json!({"type": "array", "uniqueItems": false}), "[1, 1]"));
+        // A format no regex here asserts is an annotation (OpenAPI's `password`), lengths apply.
+        let password = json!({"type": "string", "format": "password", "maxLength": 3});
+        assert!(matches(&password, r#""abc""#) && !matches(&password, r#""abcd""#));
     }
 
     #[test]
@@ -915,7 +920,6 @@ mod tests {
             (json!({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}), "`pattern` with `maxLength`"),
             (json!({"type": "string", "format": "date", "minLength": 3}), "`format` with `minLength`"),
             (json!({"type": "string", "enum": [1, 2]}), "no `enum` value satisfies"),
-            (json!({"type": "string", "format": "bogus"}), "format \"bogus\" is not supported"),
             (json!({"type": "number", "exclusiveMinimum": 1}), "supported only as 0"),
             (json!({"type": "array", "uniqueItems": true}), "keyword `uniqueItems`"),
         ];
