@@ -237,11 +237,14 @@ fn raise_exception(message: String) -> std::result::Result<JinjaValue, JinjaErro
 }
 
 fn strftime_now(format: String) -> String {
-    // The date is the only thing templates ask for (system prompts); UTC keeps it deterministic
-    // per day without a timezone database.
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-    let days = secs.div_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
+    strftime(&format, secs)
+}
+
+/// Python's `strftime` for the instant `secs` after the epoch, in UTC (deterministic without
+/// a timezone database): the C directives templates use (dates, weekdays, times, day of year);
+/// others are written as they stand, as Python leaves them.
+fn strftime(format: &str, secs: i64) -> String {
     const MONTHS: [&str; 12] = [
         "January",
         "February",
@@ -256,12 +259,60 @@ fn strftime_now(format: String) -> String {
         "November",
         "December",
     ];
-    format
-        .replace("%Y", &y.to_string())
-        .replace("%m", &format!("{m:02}"))
-        .replace("%d", &format!("{d:02}"))
-        .replace("%B", MONTHS[(m - 1) as usize])
-        .replace("%b", &MONTHS[(m - 1) as usize][..3])
+    const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    let days = secs.div_euclid(86_400);
+    let seconds = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let (hour, minute, second) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    // 1970-01-01 was a Thursday (index 3 from Monday).
+    let weekday = WEEKDAYS[(days + 3).rem_euclid(7) as usize];
+    let month = MONTHS[(m - 1) as usize];
+    let day_of_year = (1..m).map(|month| days_in_month(y, month)).sum::<i64>() + d;
+    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
+    let mut out = String::with_capacity(format.len() + 16);
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('e') => out.push_str(&format!("{d:>2}")),
+            Some('B') => out.push_str(month),
+            Some('b' | 'h') => out.push_str(&month[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('H') => out.push_str(&format!("{hour:02}")),
+            Some('I') => out.push_str(&format!("{hour12:02}")),
+            Some('M') => out.push_str(&format!("{minute:02}")),
+            Some('S') => out.push_str(&format!("{second:02}")),
+            Some('p') => out.push_str(if hour < 12 { "AM" } else { "PM" }),
+            Some('j') => out.push_str(&format!("{day_of_year:03}")),
+            Some('Z') => out.push_str("UTC"),
+            Some('z') => out.push_str("+0000"),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+fn days_in_month(year: i64, month: i64) -> i64 {
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
 }
 
 /// Days since 1970-01-01 → (year, month, day), proleptic Gregorian.
@@ -275,6 +326,30 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// transformers' `{% generation %}` ... `{% endgeneration %}` (its assistant-mask extension)
+/// marks text without changing it; minijinja has no such tag, so each becomes a block that
+/// always renders, with the same whitespace control.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else { break };
+        let inner = &tag[2..end];
+        let (open, body) = inner.strip_prefix('-').map_or(("", inner), |b| ("-", b));
+        let (body, close) = body.strip_suffix('-').map_or((body, ""), |b| (b, "-"));
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{open} if true {close}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{open} endif {close}%}}")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// transformers' `tojson`: `json.dumps(value, ensure_ascii=False, indent=None,
@@ -343,7 +418,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source)
+        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(&source))
             .map_err(|e| EngineError::Tokenizer(format!("invalid chat template: {e}")))?;
         Ok(Self { env })
     }
@@ -437,6 +512,12 @@ mod tests {
         )
         .unwrap();
         let two = [ChatMessage::new("user", "first"), ChatMessage::new("assistant", "last")];
+        // transformers' assistant-mask tags render their contents, whitespace control kept.
+        let masked = "{% for m in messages %}{% if m.role == 'assistant' %}{%- generation -%}\n  {{ m.content }}\n{%- endgeneration %}{% else %}{{ m.content }};{% endif %}{% endfor %}";
+        assert_eq!(
+            ChatTemplate::new(masked.into()).unwrap().render(&two, false, TemplateVars::default()).unwrap(),
+            "first;last"
+        );
         let out = t.render(&two, false, TemplateVars::default()).unwrap();
         assert_eq!(out, "{\n  \"a\": \"é\",\n  \"b\": [\n    1,\n    2.5e-05\n  ]\n}|\"\\u00e9\"|last|True");
         for bad in
@@ -532,5 +613,19 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_819), (2027, 1, 1));
         assert_eq!(civil_from_days(-1), (1969, 12, 31));
+    }
+
+    /// As Python's `datetime.fromtimestamp(secs, timezone.utc).strftime(format)` writes them.
+    #[test]
+    fn strftime_writes_the_directives_templates_use() {
+        // 2024-03-01 13:05:09 UTC, a Friday, the 61st day of a leap year.
+        let secs = 1_709_298_309;
+        assert_eq!(strftime("%d %b %Y", secs), "01 Mar 2024");
+        assert_eq!(strftime("%A, %B %e %y", secs), "Friday, March  1 24");
+        assert_eq!(
+            strftime("%a %H:%M:%S %I%p day %j %Z%z 100%% %Q", secs),
+            "Fri 13:05:09 01PM day 061 UTC+0000 100% %Q"
+        );
+        assert_eq!(strftime("%Y-%m-%d %H:%M", 0), "1970-01-01 00:00");
     }
 }
