@@ -431,11 +431,14 @@ def test_stop_string_truncates_before_it_and_finishes_with_stop(
     params = SamplingParams(temperature=0.0, max_tokens=40, stop=[stop, "@@never@@"])
     out = plain_llm.generate("The capital of France is", params)[0]
     assert out.finish_reason == "stop"
+    assert out.outputs[0].stop_reason == stop, "vLLM's stop_reason names the string"
+    assert base_output.outputs[0].stop_reason is None
     assert stop not in out.text
     assert out.text == base_output.text[: base_output.text.index(stop)]
     streamed = list(plain_llm.stream("The capital of France is", params))
     assert all(stop not in d.text for d in streamed)
     assert "".join(d.text for d in streamed) == out.text
+    assert streamed[-1].outputs[0].stop_reason == stop
 
 
 def test_stop_token_ids_end_the_output_at_that_token(plain_llm: LLM, base_output: RequestOutput) -> None:
@@ -449,6 +452,7 @@ def test_stop_token_ids_end_the_output_at_that_token(plain_llm: LLM, base_output
         "The capital of France is", SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop_id])
     )[0]
     assert out.finish_reason == "stop"
+    assert out.outputs[0].stop_reason == stop_id
     assert out.token_ids == base_output.token_ids[: k + 1]
     # The stop token's own text is not emitted.
     assert out.text == plain_llm.detokenize(base_output.token_ids[:k])

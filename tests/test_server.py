@@ -418,8 +418,14 @@ def test_vllms_output_controls_pass_through_the_server(server: Server, ngram_llm
         body = json.loads(raw)
         want = ngram_llm.chat(user(CHAT_PROMPTS[0]), SamplingParams(**fields))[0]
         assert body["choices"][0]["message"]["content"] == want.text
+        assert body["choices"][0]["stop_reason"] == want.outputs[0].stop_reason
         assert body["usage"]["prompt_tokens"] == want.num_prompt_tokens
     assert want.num_prompt_tokens == 8
+    request = chat(messages=user(CHAT_PROMPTS[0]), **controls)
+    stopped = json.loads(server.request("POST", CHAT, request)[2])
+    assert stopped["choices"][0]["stop_reason"] == stop, "vLLM's stop_reason names the stop string"
+    streamed = [json.loads(e) for e in sse_events(server, CHAT, {**request, "stream": True})[:-1]]
+    assert streamed[-1]["choices"][0]["stop_reason"] == stop
     assert base.text.index(stop) + len(stop) == len(
         ngram_llm.chat(user(CHAT_PROMPTS[0]), SamplingParams(**controls))[0].text
     ), "the output ends with its stop string"

@@ -245,6 +245,9 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     metrics: SpecDecodeMetrics | None = None
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that ended the choice (vLLM's); ``None`` for EOS and
+    length limits, and on a stream's earlier deltas."""
     """This choice's speculative-decoding statistics (on its last delta when streaming)."""
     trace: list[TraceStep] = field(default_factory=list)
     error: str | None = None
@@ -258,6 +261,7 @@ class CompletionOutput:
             finish_reason=d["finish_reason"],
             logprobs=[_token_logprob(lp) for lp in d["logprobs"]],
             metrics=_metrics(d.get("metrics")),
+            stop_reason=d.get("stop_reason"),
             trace=[TraceStep(**t) for t in d["trace"]],
             error=(d.get("error") or {}).get("message"),
         )

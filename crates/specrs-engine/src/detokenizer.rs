@@ -89,6 +89,15 @@ impl IncrementalDetokenizer {
     }
 }
 
+/// What stopped a request that finished with [`FinishReason::Stop`] other than by EOS (vLLM's
+/// `stop_reason`): one of its `stop_token_ids`, or one of its `stop` strings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StopReason {
+    Token(u32),
+    Text(String),
+}
+
 /// The outcome of committing tokens to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitOutcome {
@@ -116,6 +125,7 @@ pub struct OutputState {
     /// Characters held back while streaming, so a stop string split across steps is never
     /// partially emitted.
     holdback: usize,
+    stop_reason: Option<StopReason>,
 }
 
 impl OutputState {
@@ -135,11 +145,18 @@ impl OutputState {
             max_tokens,
             min_tokens: params.min_tokens,
             holdback,
+            stop_reason: None,
         }
     }
 
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()
+    }
+
+    /// The stop token id or stop string that finished the request (`None` for EOS, a length
+    /// limit, or while it runs).
+    pub fn stop_reason(&self) -> Option<&StopReason> {
+        self.stop_reason.as_ref()
     }
 
     /// Tokens still allowed before max_tokens.
@@ -154,6 +171,8 @@ impl OutputState {
             let may_stop = self.token_ids.len() > self.min_tokens;
             let is_eos = !self.ignore_eos && self.eos_token_ids.contains(&t);
             if may_stop && (is_eos || self.stop_token_ids.contains(&t)) {
+                // EOS stops without a reason, as vLLM reports it, even when also listed.
+                self.stop_reason = (!is_eos).then_some(StopReason::Token(t));
                 if self.include_stop {
                     let delta = self.detok.step(tokenizer, &self.token_ids)?;
                     self.text.push_str(&delta);
@@ -176,7 +195,7 @@ impl OutputState {
     /// Looks for a stop string that ends in the text added since byte `before`; truncates
     /// the text where the first such match starts (or, with `include_stop`, where it ends).
     fn truncate_at_stop_string(&mut self, before: usize) -> bool {
-        let mut cut: Option<(usize, usize)> = None;
+        let mut cut: Option<(usize, usize, &String)> = None;
         for s in &self.stop {
             // A match must end inside the new text: it starts after `before - len(s)`. One
             // ending at `before` lies in text checked earlier, or passed under `min_tokens`, and
@@ -187,13 +206,14 @@ impl OutputState {
             }
             if let Some(p) = self.text[from..].find(s.as_str()) {
                 let at = from + p;
-                if cut.is_none_or(|(start, _)| at < start) {
-                    cut = Some((at, at + s.len()));
+                if cut.is_none_or(|(start, _, _)| at < start) {
+                    cut = Some((at, at + s.len(), s));
                 }
             }
         }
         match cut {
-            Some((start, end)) => {
+            Some((start, end, stop)) => {
+                self.stop_reason = Some(StopReason::Text(stop.clone()));
                 let at = if self.include_stop { end } else { start };
                 self.text.truncate(at);
                 self.sent = self.sent.min(at);

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use specrs_core::structured::GuideCache;
 use tokio::sync::oneshot;
 
-use crate::detokenizer::FinishReason;
+use crate::detokenizer::{FinishReason, StopReason};
 use crate::engine::{Engine, GUIDE_CACHE_CAPACITY, guide_vocabulary};
 use crate::error::{EngineError, Result};
 use crate::metrics::EngineMetrics;
@@ -113,6 +113,8 @@ pub struct FinalOutput {
     pub token_ids: Vec<u32>,
     pub text: String,
     pub finish_reason: FinishReason,
+    /// The stop token id or stop string that ended the choice (vLLM's `stop_reason`).
+    pub stop_reason: Option<StopReason>,
     pub metrics: RequestMetrics,
     pub logprobs: Vec<TokenLogprob>,
     pub prompt_logprobs: Vec<Option<TokenLogprob>>,
@@ -141,6 +143,7 @@ impl FinalOutput {
                 token_ids: Vec::new(),
                 text: String::new(),
                 finish_reason: FinishReason::Error,
+                stop_reason: None,
                 metrics: RequestMetrics::default(),
                 logprobs: Vec::new(),
                 prompt_logprobs: Vec::new(),
@@ -157,6 +160,7 @@ impl FinalOutput {
             a.trace.extend(o.trace);
             if let Some(r) = o.finish_reason {
                 a.finish_reason = r;
+                a.stop_reason = o.stop_reason;
                 a.metrics = o.metrics.unwrap_or_default();
                 a.error = o.error;
             }

@@ -22,7 +22,7 @@ pub use chat_template::{
     ChatEnding, ChatMessage, ChatMessageError, ChatTemplate, Conversation, TemplateVars, text_messages,
 };
 pub use default_draft::{DefaultDraft, apply_default_draft, default_draft};
-pub use detokenizer::{FinishReason, IncrementalDetokenizer, OutputState};
+pub use detokenizer::{FinishReason, IncrementalDetokenizer, OutputState, StopReason};
 pub use engine::{Engine, EngineConfig, EngineParts, MAX_CAPTURED_CONTEXT};
 pub use error::{EngineError, Result};
 pub use handle::{EngineHandle, FinalOutput};

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use specrs_core::sampling::SamplingParams;
 
 use crate::chat_template::Conversation;
-use crate::detokenizer::FinishReason;
+use crate::detokenizer::{FinishReason, StopReason};
 
 pub type RequestId = u64;
 
@@ -105,6 +105,9 @@ pub struct RequestOutput {
     pub prompt_token_ids: Vec<u32>,
     pub trace: Vec<TraceStep>,
     pub finish_reason: Option<FinishReason>,
+    /// With the finish reason: the stop token id or stop string that ended the choice (vLLM's
+    /// `stop_reason`; `None` for EOS and length limits).
+    pub stop_reason: Option<StopReason>,
     /// Set on the final output.
     pub metrics: Option<RequestMetrics>,
     /// Why the request failed, for `FinishReason::Error`.

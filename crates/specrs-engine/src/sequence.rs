@@ -84,6 +84,7 @@ impl Sequence {
             prompt_token_ids: if self.prompt_sent { Vec::new() } else { self.tokens[..self.prompt_len].to_vec() },
             trace: self.trace.as_mut().map(std::mem::take).unwrap_or_default(),
             finish_reason: finish,
+            stop_reason: if finished { self.output.stop_reason().cloned() } else { None },
             metrics,
             error,
             num_prompt_tokens: self.prompt_len,

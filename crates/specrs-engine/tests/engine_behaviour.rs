@@ -5,7 +5,7 @@
 use candle_core::{Device, Tensor};
 use specrs_core::sampling::SamplingParams;
 use specrs_engine::{
-    EngineConfig, EngineHandle, FinishReason, GenerationRequest, PipelineConfig, Prompt, build_engine,
+    EngineConfig, EngineHandle, FinishReason, GenerationRequest, PipelineConfig, Prompt, StopReason, build_engine,
 };
 use specrs_models::ModelDType;
 use specrs_models::config::Architecture;
@@ -375,6 +375,12 @@ fn stop_strings_and_stop_tokens_stay_in_the_text_only_when_asked() {
     assert_eq!(kept.text, full.text[..at + stop.len()]);
     assert_eq!((left_out.finish_reason, kept.finish_reason), (FinishReason::Stop, FinishReason::Stop));
     assert_eq!(kept.token_ids, left_out.token_ids);
+    // vLLM's stop_reason: the string or token id that stopped it; none for a length limit.
+    assert_eq!(left_out.stop_reason, Some(StopReason::Text(stop.clone())));
+    assert_eq!(full.stop_reason, None);
+    let by_token = SamplingParams { stop_token_ids: vec![full.token_ids[3]], ..greedy.clone() };
+    let by_token = h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 2]), by_token)]).unwrap().remove(0);
+    assert_eq!(by_token.stop_reason, Some(StopReason::Token(full.token_ids[3])));
 
     // Token 5's successor is EOS (`</s>`, a special token): its text shows only when special
     // tokens are kept, and, as the token that stopped the output, only with the stop included.
@@ -394,6 +400,9 @@ fn stop_strings_and_stop_tokens_stay_in_the_text_only_when_asked() {
     assert_eq!(eos(false, false, false), "");
     assert_eq!(eos(false, true, false), "</s>");
     assert_eq!(eos(false, true, true), "");
+    let params = SamplingParams { temperature: 0.0, max_tokens: Some(2), ..SamplingParams::default() };
+    let at_eos = h.generate(vec![GenerationRequest::new(Prompt::Tokens(vec![1, 5]), params)]).unwrap().remove(0);
+    assert_eq!((at_eos.finish_reason, at_eos.stop_reason), (FinishReason::Stop, None), "EOS stops without a reason");
 }
 
 #[test]

@@ -29,7 +29,7 @@ use specrs_engine::chat_template::RESERVED_TEMPLATE_VARS;
 use specrs_engine::request::OutputStream;
 use specrs_engine::{
     ChatEnding, ChatMessage, ChatTemplate, Conversation, EngineHandle, FinalOutput, FinishReason, GenerationRequest,
-    Prompt, RequestFailure, RequestOutput, TokenLogprob, text_messages,
+    Prompt, RequestFailure, RequestOutput, StopReason, TokenLogprob, text_messages,
 };
 
 use crate::error::ApiError;
@@ -614,6 +614,11 @@ fn finish_str(r: Option<FinishReason>) -> Value {
     }
 }
 
+/// vLLM's `stop_reason`: the stop token id or stop string that ended a choice, else null.
+fn stop_reason_json(reason: Option<&StopReason>) -> Value {
+    reason.map_or(Value::Null, |r| serde_json::to_value(r).unwrap_or(Value::Null))
+}
+
 fn token_text(state: &AppState, id: u32) -> String {
     state.handle.tokenizer().decode(&[id], false).unwrap_or_default()
 }
@@ -823,6 +828,7 @@ async fn chat_completions(
                 "message": message.to_json(),
                 "logprobs": if top.is_some() { chat_logprobs(&state, &out.logprobs) } else { Value::Null },
                 "finish_reason": chat_finish(Some(out.finish_reason), called),
+                "stop_reason": stop_reason_json(out.stop_reason.as_ref()),
             });
             if !out.trace.is_empty() {
                 choice["trace"] = serde_json::to_value(&out.trace).unwrap_or(Value::Null);
@@ -970,7 +976,9 @@ fn chat_stream(
                 events.push(sse_json(&stream_error(o.error.as_ref())));
             } else {
                 let finish = chat_finish(Some(reason), reports_calls && called[o.index]);
-                events.push(sse_json(&with_usage(chunk(o.index, json!({}), finish, Value::Null))));
+                let mut last = chunk(o.index, json!({}), finish, Value::Null);
+                last["choices"][0]["stop_reason"] = stop_reason_json(o.stop_reason.as_ref());
+                events.push(sse_json(&with_usage(last)));
             }
             totals.prompt_tokens = o.num_prompt_tokens;
             if let Some(m) = &o.metrics {
@@ -1098,6 +1106,7 @@ async fn completions(
                 "index": prompt_index * n + out.index, "text": text,
                 "logprobs": choice_logprobs.unwrap_or(Value::Null),
                 "finish_reason": finish_str(Some(out.finish_reason)),
+                "stop_reason": stop_reason_json(out.stop_reason.as_ref()),
             });
             if let Some(lps) = &requested_prompt_logprobs {
                 choice["prompt_logprobs"] = lps.clone();
@@ -1207,7 +1216,9 @@ fn completion_stream(
                     if reason == FinishReason::Error {
                         events.push(sse_json(&stream_error(o.error.as_ref())));
                     } else {
-                        events.push(sse_json(&chunk(index, String::new(), Some(reason), Value::Null)));
+                        let mut last = chunk(index, String::new(), Some(reason), Value::Null);
+                        last["choices"][0]["stop_reason"] = stop_reason_json(o.stop_reason.as_ref());
+                        events.push(sse_json(&last));
                     }
                     if let Some(m) = &o.metrics {
                         totals.add_choice(o.index, m.num_generated_tokens, m);
