@@ -245,10 +245,10 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     metrics: SpecDecodeMetrics | None = None
+    """This choice's speculative-decoding statistics (on its last delta when streaming)."""
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended the choice (vLLM's); ``None`` for EOS and
     length limits, and on a stream's earlier deltas."""
-    """This choice's speculative-decoding statistics (on its last delta when streaming)."""
     trace: list[TraceStep] = field(default_factory=list)
     error: str | None = None
 

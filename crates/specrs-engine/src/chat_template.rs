@@ -337,7 +337,8 @@ fn without_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else { break };
+        // The tag's end after its opening (`{%}` opens a tag and does not close it).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else { break };
         let inner = &tag[2..end];
         let (open, body) = inner.strip_prefix('-').map_or(("", inner), |b| ("-", b));
         let (body, close) = body.strip_suffix('-').map_or((body, ""), |b| (b, "-"));
@@ -513,6 +514,8 @@ mod tests {
         .unwrap();
         let two = [ChatMessage::new("user", "first"), ChatMessage::new("assistant", "last")];
         // transformers' assistant-mask tags render their contents, whitespace control kept.
+        // An unclosed tag is the template's syntax error, not a panic.
+        assert!(ChatTemplate::new("{%}".into()).is_err());
         let masked = "{% for m in messages %}{% if m.role == 'assistant' %}{%- generation -%}\n  {{ m.content }}\n{%- endgeneration %}{% else %}{{ m.content }};{% endif %}{% endfor %}";
         assert_eq!(
             ChatTemplate::new(masked.into()).unwrap().render(&two, false, TemplateVars::default()).unwrap(),

@@ -200,7 +200,7 @@ impl OutputState {
             // A match must end inside the new text: it starts after `before - len(s)`. One
             // ending at `before` lies in text checked earlier, or passed under `min_tokens`, and
             // part of it has been sent.
-            let mut from = (before + 1).saturating_sub(s.len());
+            let mut from = (before + 1).saturating_sub(s.len()).min(self.text.len());
             while !self.text.is_char_boundary(from) {
                 from += 1;
             }

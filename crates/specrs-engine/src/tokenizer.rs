@@ -82,7 +82,7 @@ fn gpt2_char_to_byte() -> &'static HashMap<char, u8> {
 }
 
 /// Spells tokens as the bytes they append to the text, under one vocabulary's conventions.
-struct TokenSpeller<'a> {
+pub struct TokenSpeller<'a> {
     tokenizer: &'a Tokenizer,
     /// Byte-level BPE: each byte written as one printable character (GPT-2's table).
     byte_level: bool,
@@ -90,7 +90,9 @@ struct TokenSpeller<'a> {
 }
 
 impl TokenSpeller<'_> {
-    fn bytes_of(&self, id: u32) -> Option<Vec<u8>> {
+    /// What token `id` appends to the output text, as bytes; `None` for special tokens and ids
+    /// outside the vocabulary.
+    pub fn bytes_of(&self, id: u32) -> Option<Vec<u8>> {
         if self.special.contains(&id) {
             return None;
         }
@@ -654,13 +656,9 @@ impl TextTokenizer {
         (0..self.vocab_size() as u32).map(|id| speller.bytes_of(id)).collect()
     }
 
-    /// What token `id` appends to the output text, as bytes ([`Self::token_bytes`] for one
-    /// token; `None` for special tokens and ids outside the vocabulary).
-    pub fn bytes_of(&self, id: u32) -> Option<Vec<u8>> {
-        self.speller().bytes_of(id)
-    }
-
-    fn speller(&self) -> TokenSpeller<'_> {
+    /// Spells single tokens as [`Self::token_bytes`] does (build one per response: it reads
+    /// the vocabulary's conventions once).
+    pub fn speller(&self) -> TokenSpeller<'_> {
         let byte_level = match self.tokenizer.get_decoder() {
             Some(DecoderWrapper::ByteLevel(_)) => true,
             Some(DecoderWrapper::Sequence(seq)) => {

@@ -319,22 +319,23 @@ fn chat_tool_choice(choice: Option<&Value>) -> Result<Option<Value>, ApiError> {
     }
 }
 
-/// The text of a message item's `content`: a string, or text parts.
+/// The text of a message item's `content`: a string, or text parts joined by newlines (as
+/// chat messages' parts are).
 fn item_text(content: Option<&Value>, field: &str) -> Result<String, ApiError> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
-            let mut text = String::new();
+            let mut texts = Vec::with_capacity(parts.len());
             for (j, part) in parts.iter().enumerate() {
                 let at = format!("{field}[{j}]");
                 match part.get("type").and_then(Value::as_str) {
-                    Some("input_text" | "output_text" | "text" | "reasoning_text") => text.push_str(
+                    Some("input_text" | "output_text" | "text" | "reasoning_text") => texts.push(
                         part.get("text")
                             .and_then(Value::as_str)
                             .ok_or_else(|| bad("a text part needs its 'text'", &format!("{at}.text")))?,
                     ),
-                    Some("refusal") => text.push_str(part.get("refusal").and_then(Value::as_str).unwrap_or_default()),
+                    Some("refusal") => texts.push(part.get("refusal").and_then(Value::as_str).unwrap_or_default()),
                     Some(kind @ ("input_image" | "input_file" | "input_audio")) => {
                         return Err(bad(
                             format!("{kind} parts are not supported: this server runs text models; send input_text"),
@@ -349,7 +350,7 @@ fn item_text(content: Option<&Value>, field: &str) -> Result<String, ApiError> {
                     }
                 }
             }
-            Ok(text)
+            Ok(texts.join("\n"))
         }
         Some(_) => Err(bad("content must be text or a list of content parts", field)),
     }
@@ -1190,7 +1191,7 @@ mod tests {
     fn input_items_become_the_chat_turns_they_stand_for() {
         let input = items(json!([
             {"role": "developer", "content": "Be brief."},
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in "}, {"type": "input_text", "text": "Oslo?"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in"}, {"type": "input_text", "text": "Oslo?"}]},
             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Need a call."}]},
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"},
@@ -1205,7 +1206,7 @@ mod tests {
             ["developer", "user", "assistant", "tool", "tool"],
             "reasoning left out, calls join the turn"
         );
-        assert_eq!(messages[1].content, json!("Weather in Oslo?"));
+        assert_eq!(messages[1].content, json!("Weather in\nOslo?"), "parts joined as chat parts are");
         assert_eq!(messages[2].content, json!("Checking."));
         let calls = messages[2].tool_calls.as_ref().unwrap();
         assert_eq!(calls.len(), 2);

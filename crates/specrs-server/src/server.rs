@@ -626,10 +626,10 @@ fn token_text(state: &AppState, id: u32) -> String {
 pub(crate) fn chat_logprobs(state: &AppState, lps: &[TokenLogprob]) -> Value {
     // `bytes` are the token's own (OpenAI's): a token holding part of a character decodes to
     // U+FFFD, but its bytes joined with its neighbours' spell the character.
-    let tokenizer = state.handle.tokenizer();
+    let speller = state.handle.tokenizer().speller();
     let entry = |id: u32, lp: f32| {
         let t = token_text(state, id);
-        let bytes = tokenizer.bytes_of(id).unwrap_or_else(|| t.as_bytes().to_vec());
+        let bytes = speller.bytes_of(id).unwrap_or_else(|| t.as_bytes().to_vec());
         json!({"token": t, "logprob": lp, "bytes": bytes})
     };
     let content: Vec<Value> = lps

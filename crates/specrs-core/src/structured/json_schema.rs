@@ -132,6 +132,9 @@ impl Builder<'_> {
             return self.reference(reference, path);
         }
         if let Some(constant) = map.get("const") {
+            if map.get("enum").and_then(Value::as_array).is_some_and(|options| !options.contains(constant)) {
+                return Err(error(path, "`const` is not among `enum`: no value satisfies both"));
+            }
             return self.enumeration(std::slice::from_ref(constant), map, "const", path);
         }
         if let Some(options) = map.get("enum") {
@@ -190,8 +193,13 @@ impl Builder<'_> {
             .filter(|(k, _)| !matches!(k.as_str(), "enum" | "const") && !ANNOTATIONS.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        if rest.is_empty() {
-            return Ok(alternatives(options.iter().map(literal)));
+        if rest.keys().all(|k| k == "type") {
+            let allowed: Vec<String> =
+                options.iter().filter(|o| type_allows(map.get("type"), o)).map(literal).collect();
+            if allowed.is_empty() {
+                return Err(error(path, format!("no `{keyword}` value satisfies the schema's other keywords")));
+            }
+            return Ok(alternatives(allowed));
         }
         if options.iter().any(|o| o.is_object() || o.is_array()) && rest.keys().any(|k| k != "type") {
             return Err(error(
@@ -201,14 +209,9 @@ impl Builder<'_> {
         }
         let others = RegexGrammar::new(&self.value(&Value::Object(rest), path)?)
             .map_err(|e| error(path, format!("the keywords beside `{keyword}`: {e}")))?;
-        let allowed: Vec<String> = options
-            .iter()
-            .filter(|o| match o {
-                Value::Object(_) | Value::Array(_) => type_allows(map.get("type"), o),
-                _ => others.matches(literal_text(o).as_bytes()),
-            })
-            .map(literal)
-            .collect();
+        // Objects and arrays were refused above: these are scalars, whose text the regex reads.
+        let allowed: Vec<String> =
+            options.iter().filter(|o| others.matches(literal_text(o).as_bytes())).map(literal).collect();
         if allowed.is_empty() {
             return Err(error(path, format!("no `{keyword}` value satisfies the schema's other keywords")));
         }
@@ -233,7 +236,10 @@ impl Builder<'_> {
             .root
             .pointer(pointer)
             .ok_or_else(|| error(path, format!("`$ref` {reference} points at nothing in the schema")))?;
-        if self.expanding.iter().filter(|p| *p == pointer).count() >= MAX_REF_DEPTH {
+        // Re-entries over the whole stack (not per pointer): a cycle through several
+        // definitions stops after as many turns as one through itself.
+        let reentries = self.expanding.iter().enumerate().filter(|(i, p)| self.expanding[..*i].contains(p)).count();
+        if reentries + usize::from(self.expanding.iter().any(|p| p == pointer)) >= MAX_REF_DEPTH {
             return Ok(NOTHING.to_string());
         }
         self.expanding.push(pointer.to_string());
@@ -842,6 +848,9 @@ mod tests {
         let objects = json!({"type": "object", "enum": [{"k": 1}, [1]]});
         assert!(matches(&objects, r#"{"k":1}"#) && !matches(&objects, "[1]"));
         assert!(matches(&json!({"type": "integer", "const": 3}), "3"));
+        assert!(matches(&json!({"const": "a", "enum": ["a", "b"]}), r#""a""#));
+        let e = schema_to_regex(&json!({"const": "c", "enum": ["a", "b"]})).unwrap_err().to_string();
+        assert!(e.contains("`const` is not among `enum`"), "{e}");
         assert!(matches(&json!({"type": "array", "uniqueItems": false}), "[1, 1]"));
         // A format no regex here asserts is an annotation (OpenAPI's `password`), lengths apply.
         let password = json!({"type": "string", "format": "password", "maxLength": 3});
@@ -890,6 +899,16 @@ mod tests {
             "$ref": "#/$defs/a"
         });
         assert!(matches(&chain, r#"{"b": {"c": {"d": {"e": 1}}}}"#));
+        // A cycle through two definitions stops after as many turns as one through itself.
+        let ping_pong = json!({
+            "$defs": {
+                "ping": {"type": "object", "properties": {"pong": {"anyOf": [{"$ref": "#/$defs/pong"}, {"type": "null"}]}}, "required": ["pong"]},
+                "pong": {"type": "object", "properties": {"ping": {"anyOf": [{"$ref": "#/$defs/ping"}, {"type": "null"}]}}, "required": ["ping"]}
+            },
+            "$ref": "#/$defs/ping"
+        });
+        assert!(matches(&ping_pong, r#"{"pong": {"ping": {"pong": {"ping": null}}}}"#));
+        assert!(!matches(&ping_pong, r#"{"pong": {"ping": {"pong": {"ping": {"pong": null}}}}}"#));
     }
 
     #[test]

@@ -42,13 +42,15 @@ pub fn trained_method(config: &serde_json::Value) -> Option<SpeculativeMethod> {
         };
     }
     let layers = config.get("num_hidden_layers").and_then(serde_json::Value::as_u64);
+    // EAGLE-3 heads name a reduced vocabulary (as `EagleConfig` tells them apart).
+    let draft_vocab = config.get("draft_vocab_size").is_some() || config.get("truncated_vocab_size").is_some();
     match config.get("architectures")?.get(0)?.as_str()? {
         "LlamaForCausalLMEagle3"
         | "Eagle3LlamaForCausalLM"
         | "Eagle3DraftModel"
         | "Eagle3Speculator"
         | "LlamaForCausalLMEagle" => Some(SpeculativeMethod::Eagle),
-        "LlamaForCausalLM" if layers == Some(1) => Some(SpeculativeMethod::Eagle),
+        "LlamaForCausalLM" if layers == Some(1) || draft_vocab => Some(SpeculativeMethod::Eagle),
         "DFlashDraftModel" => Some(SpeculativeMethod::Dflash),
         "DFlash2DraftModel" => Some(SpeculativeMethod::Dflash2),
         "Qwen3DSparkModel" | "DSparkDraftModel" => Some(SpeculativeMethod::Dspark),
@@ -271,6 +273,7 @@ mod tests {
             (json!({"architectures": ["Eagle3LlamaForCausalLM"]}), Some("eagle")),
             // EAGLE-1 heads and EAGLE-3 ones with a draft vocabulary: one Llama layer.
             (json!({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}), Some("eagle")),
+            (json!({"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000}), Some("eagle")),
             (json!({"architectures": ["DFlashDraftModel"], "num_hidden_layers": 5}), Some("dflash")),
             (json!({"architectures": ["DFlash2DraftModel"]}), Some("dflash2")),
             (json!({"architectures": ["Qwen3DSparkModel"]}), Some("dspark")),

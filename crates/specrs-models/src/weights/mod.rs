@@ -313,10 +313,7 @@ impl WeightStore {
 
     /// An integer tensor as stored (e.g. EAGLE-3 `d2t` offsets), converted to i64.
     pub fn int_tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = match &self.source {
-            WeightSource::Safetensors(s) => self.load_safetensors(s, name, &self.device)?,
-            WeightSource::Gguf(g) => self.load_gguf(g, name)?.dequantize(&self.device)?,
-        };
+        let t = self.stored_tensor(name)?;
         self.check_shape(name, t.dims(), shape)?;
         Ok(t.to_dtype(DType::I64)?)
     }

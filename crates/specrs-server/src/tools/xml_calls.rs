@@ -413,17 +413,7 @@ fn typed_value(value: &str, ty: Option<&str>) -> Value {
 /// JSON text in Python's `json.dumps` layout (`, ` and `: ` separators), the layout vLLM sends
 /// arguments in.
 fn dumps(value: &Value) -> String {
-    match value {
-        Value::Array(items) => format!("[{}]", items.iter().map(dumps).collect::<Vec<_>>().join(", ")),
-        Value::Object(map) => format!(
-            "{{{}}}",
-            map.iter()
-                .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), dumps(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        scalar => scalar.to_string(),
-    }
+    specrs_engine::python_json::dumps(value, &Default::default())
 }
 
 #[cfg(test)]
