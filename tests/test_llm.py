@@ -1381,6 +1381,15 @@ def test_a_patterned_string_stays_json_when_the_model_writes_quotes(plain_llm: L
             finished += 1
             jsonschema.validate(json.loads(out.text), schema)
     assert finished >= 1, "an output completes within max_tokens"
+    # A pattern that needs quotes in the value: they are written escaped, and the text parses.
+    said = {"type": "string", "pattern": '^say "[a-z]+"$'}
+    quoted = {"type": "object", "properties": {"q": said}, "required": ["q"]}
+    guide = StructuredOutputsParams(json=quoted)
+    out = plain_llm.chat(prompt, SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=guide))[0]
+    assert out.finish_reason == "stop", out.text
+    value = json.loads(out.text)
+    jsonschema.validate(value, quoted)
+    assert '\\"' in out.text and value["q"].startswith('say "'), out.text
 
 
 def test_sampled_structured_outputs_validate_against_their_schema(plain_llm: LLM) -> None:
